@@ -1,0 +1,336 @@
+#include "server/common/server_host.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/gauge.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/logging.h"
+#include "server/common/status_macros.h"
+
+ABSL_FLAG(std::string, listen, "",
+          "gRPC listen address HOST:PORT; port 0 picks a free port (see "
+          "--port_file). Default: 0.0.0.0:7070 for the coordinator, "
+          "0.0.0.0:7071 for the data server.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write the bound addresses here once listening, as lines "
+          "\"grpc=HOST:PORT\" and \"metrics=HOST:PORT\" (written atomically).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Prometheus /metrics listen address HOST:PORT (port 0 allowed); "
+          "\"off\" disables it. Default: 0.0.0.0:9070 for the coordinator, "
+          "0.0.0.0:9071 for the data server.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for TLS on the gRPC listener (needs "
+          "--tls_key). Unset: plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; when set, clients must present a certificate "
+          "signed by it (mutual TLS). Needs --tls_cert.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
+          "On SIGTERM/SIGINT, how long live calls may take to finish before "
+          "they are cancelled.");
+
+namespace sluice {
+namespace {
+
+constexpr char kReadinessService[] = "readiness";
+
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", flag, "=", path));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+}  // namespace
+
+std::string HostPort::ToString() const {
+  if (absl::StrContains(host, ':')) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view text,
+                                       absl::string_view flag) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid ", flag, "=", text, ": ", why,
+        " (expected HOST:PORT, e.g. 127.0.0.1:0 or [::1]:7070)"));
+  };
+  HostPort result;
+  absl::string_view port_text;
+  if (absl::StartsWith(text, "[")) {
+    const size_t close = text.find(']');
+    if (close == absl::string_view::npos || close + 1 >= text.size() ||
+        text[close + 1] != ':') {
+      return bad("malformed IPv6 address");
+    }
+    result.host = std::string(text.substr(1, close - 1));
+    port_text = text.substr(close + 2);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == absl::string_view::npos) return bad("no port");
+    result.host = std::string(text.substr(0, colon));
+    if (absl::StrContains(result.host, ':')) {
+      return bad("IPv6 hosts need brackets");
+    }
+    port_text = text.substr(colon + 1);
+  }
+  if (result.host.empty()) result.host = "0.0.0.0";
+  if (!absl::SimpleAtoi(port_text, &result.port) || result.port < 0 ||
+      result.port > 65535) {
+    return bad("port must be a number from 0 to 65535");
+  }
+  return result;
+}
+
+absl::StatusOr<ServerConfig> ServerConfigFromFlags(
+    absl::string_view program, absl::string_view default_listen,
+    absl::string_view default_metrics_listen) {
+  ServerConfig config;
+  config.program = std::string(program);
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  if (listen.empty()) listen = std::string(default_listen);
+  ASSIGN_OR_RETURN(config.listen, ParseHostPort(listen, "--listen"));
+
+  std::string metrics = absl::GetFlag(FLAGS_metrics_listen);
+  if (metrics.empty()) metrics = std::string(default_metrics_listen);
+  if (metrics != "off") {
+    ASSIGN_OR_RETURN(HostPort metrics_hp,
+                     ParseHostPort(metrics, "--metrics_listen"));
+    config.metrics_listen = metrics_hp.ToString();
+  }
+  config.port_file = absl::GetFlag(FLAGS_port_file);
+  config.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  config.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  config.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  if (config.tls.cert_file.empty() != config.tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key must be given together");
+  }
+  if (!config.tls.client_ca_file.empty() && config.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca (mutual TLS) needs --tls_cert and --tls_key");
+  }
+  config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  if (config.drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_timeout must not be negative");
+  }
+  return config;
+}
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+std::vector<char*> ParseServerFlags(int argc, char** argv,
+                                    absl::string_view program,
+                                    absl::string_view usage) {
+  SetLogProgramName(program);
+  absl::FlagsUsageConfig usage_config;
+  // --help lists Sluice's own flags (those defined under server/ and
+  // client/), not Abseil's internal ones; --helpfull lists everything.
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "server/") ||
+           absl::StrContains(file, "client/");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  usage_config.version_string = [] { return std::string("sluice 0.1.0\n"); };
+  usage_config.normalize_filename = [](absl::string_view file) {
+    const size_t pos = file.find("server/");
+    return std::string(pos == absl::string_view::npos ? file : file.substr(pos));
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::SetProgramUsageMessage(usage);
+  return absl::ParseCommandLine(argc, argv);
+}
+
+absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
+    const ServerConfig& config, const std::vector<grpc::Service*>& services,
+    std::shared_ptr<prometheus::Registry> registry) {
+  std::unique_ptr<ServerHost> host(new ServerHost());
+  host->config_ = config;
+
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (config.tls.enabled()) {
+    grpc::SslServerCredentialsOptions options;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(config.tls.cert_file, "--tls_cert"));
+    ASSIGN_OR_RETURN(pair.private_key, ReadFile(config.tls.key_file, "--tls_key"));
+    options.pem_key_cert_pairs.push_back(std::move(pair));
+    if (!config.tls.client_ca_file.empty()) {
+      ASSIGN_OR_RETURN(options.pem_root_certs,
+                       ReadFile(config.tls.client_ca_file, "--tls_client_ca"));
+      options.client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    creds = grpc::SslServerCredentials(options);
+  } else {
+    creds = grpc::InsecureServerCredentials();
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.listen.ToString(), creds, &host->grpc_port_);
+  // Long-lived streams (sessions, registrations) must notice dead peers and
+  // survive idle NATs/load balancers; clients ping every 10 s at most.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Inline manifests of large datasets arrive in one CreateJob.
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  // gRPC sets SO_REUSEPORT by default: a second server on the same port would
+  // silently share it. A busy port must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  host->server_ = builder.BuildAndStart();
+  if (host->server_ == nullptr || host->grpc_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on --listen=", config.listen.ToString(),
+        " (address in use, or not an address of this host?)"));
+  }
+  host->SetReady(false);
+
+  if (!config.metrics_listen.empty()) {
+    try {
+      host->exposer_ = std::make_unique<prometheus::Exposer>(config.metrics_listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen on --metrics_listen=", config.metrics_listen, ": ",
+          e.what()));
+    }
+    host->exposer_->RegisterCollectable(registry);
+    const std::vector<int> ports = host->exposer_->GetListeningPorts();
+    host->metrics_port_ = ports.empty() ? 0 : ports.front();
+  }
+  RETURN_IF_ERROR(host->WritePortFile());
+  LogInfo("listening on %s:%d (%s)%s", config.listen.host, host->grpc_port_,
+          config.tls.enabled()
+              ? (config.tls.client_ca_file.empty() ? "TLS" : "mutual TLS")
+              : "plaintext",
+          host->exposer_ ? absl::StrFormat(", metrics on port %d", host->metrics_port_)
+                         : std::string());
+  return host;
+}
+
+absl::Status ServerHost::WritePortFile() const {
+  if (config_.port_file.empty()) return absl::OkStatus();
+  HostPort grpc_addr{config_.listen.host, grpc_port_};
+  std::string text = absl::StrCat("grpc=", grpc_addr.ToString(), "\n");
+  if (exposer_) {
+    HostPort metrics_addr = *ParseHostPort(config_.metrics_listen, "");
+    metrics_addr.port = metrics_port_;
+    absl::StrAppend(&text, "metrics=", metrics_addr.ToString(), "\n");
+  }
+  // Temp file + rename: a reader polling for the file never sees half of it.
+  const std::string tmp = absl::StrCat(config_.port_file, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write --port_file=", config_.port_file));
+    }
+  }
+  if (std::rename(tmp.c_str(), config_.port_file.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write --port_file=", config_.port_file));
+  }
+  return absl::OkStatus();
+}
+
+ServerHost::~ServerHost() { Shutdown(); }
+
+void ServerHost::SetReady(bool ready) {
+  if (server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(kReadinessService, ready);
+}
+
+void ServerHost::RunUntilSignal(const std::function<void()>& on_drain) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int signal_number = 0;
+  while (sigwait(&set, &signal_number) != 0) {
+  }
+  LogInfo("received %s; draining (up to %s)", strsignal(signal_number),
+          absl::FormatDuration(config_.drain_timeout));
+  SetReady(false);
+  if (on_drain) on_drain();
+  Shutdown();
+  LogInfo("stopped");
+}
+
+void ServerHost::Shutdown() {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  SetReady(false);
+  // Health watchers see NOT_SERVING for everything from here on.
+  if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + config_.drain_timeout));
+  server_->Wait();
+  exposer_.reset();
+}
+
+int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
+  BlockTerminationSignals();
+  ParseServerFlags(argc, argv, options.program, options.usage);
+  absl::StatusOr<ServerConfig> config = ServerConfigFromFlags(
+      options.program, options.default_listen, options.default_metrics_listen);
+  if (!config.ok()) {
+    LogError("%s", config.status().message());
+    return 2;
+  }
+  auto registry = std::make_shared<prometheus::Registry>();
+  prometheus::BuildGauge()
+      .Name("sluice_build_info")
+      .Help("Always 1; labels say which Sluice program and version this is.")
+      .Register(*registry)
+      .Add({{"program", options.program}, {"version", "0.1.0"}})
+      .Set(1);
+  absl::StatusOr<std::unique_ptr<ServiceSet>> services =
+      options.make_services(registry);
+  if (!services.ok()) {
+    LogError("%s", services.status().message());
+    return services.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  absl::StatusOr<std::unique_ptr<ServerHost>> host =
+      ServerHost::Start(*config, (*services)->services(), registry);
+  if (!host.ok()) {
+    LogError("%s", host.status().message());
+    return 1;
+  }
+  (*host)->SetReady(true);
+  (*host)->RunUntilSignal([&] { (*services)->Drain(); });
+  return 0;
+}
+
+}  // namespace sluice

@@ -1,0 +1,209 @@
+// Both real server binaries: ports read back from --port_file, health and
+// readiness, reflection, /metrics, SIGTERM, bad flags, TLS and mutual TLS.
+#include <signal.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "tests/testing/http.h"
+#include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tls_fixture.h"
+
+namespace sluice {
+namespace {
+
+using ::grpc::health::v1::Health;
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::sluice::testing::ChildProcess;
+using ::sluice::testing::ReadWholeFile;
+using ::sluice::testing::ServerProcess;
+using ::sluice::testing::TempDir;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+
+// Returns the health status, or the RPC's error code as a negative number.
+int CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                const std::string& service) {
+  auto stub = Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  HealthCheckRequest req;
+  req.set_service(service);
+  HealthCheckResponse resp;
+  grpc::Status s = stub->Check(&ctx, req, &resp);
+  if (!s.ok()) return -static_cast<int>(s.error_code());
+  return resp.status();
+}
+
+std::vector<std::string> ListServices(const std::shared_ptr<grpc::Channel>& channel) {
+  using namespace ::grpc::reflection::v1alpha;
+  auto stub = ServerReflection::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  ServerReflectionRequest req;
+  req.set_list_services("");
+  std::vector<std::string> names;
+  if (!stream->Write(req)) return names;
+  stream->WritesDone();
+  ServerReflectionResponse resp;
+  while (stream->Read(&resp)) {
+    for (const auto& s : resp.list_services_response().service()) names.push_back(s.name());
+  }
+  stream->Finish().IgnoreError();
+  return names;
+}
+
+struct BinaryCase {
+  std::string binary;
+  std::string service;
+};
+
+void PrintTo(const BinaryCase& c, std::ostream* os) { *os << c.binary; }
+
+class ServerBootstrapTest : public ::testing::TestWithParam<BinaryCase> {};
+
+TEST_P(ServerBootstrapTest, ServesHealthReflectionMetricsAndStopsOnSigterm) {
+  TempDir dir;
+  auto server = ServerProcess::Start(GetParam().binary, dir.path());
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT(server->grpc_address, HasSubstr("127.0.0.1:"));
+  EXPECT_NE(server->grpc_address, "127.0.0.1:0");
+
+  auto channel = grpc::CreateChannel(server->grpc_address, grpc::InsecureChannelCredentials());
+  EXPECT_EQ(CheckHealth(channel, ""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(CheckHealth(channel, "readiness"), HealthCheckResponse::SERVING);
+  EXPECT_EQ(CheckHealth(channel, "no.such.Service"), -grpc::StatusCode::NOT_FOUND);
+
+  const std::vector<std::string> services = ListServices(channel);
+  EXPECT_THAT(services, Contains(GetParam().service));
+  EXPECT_THAT(services, Contains("grpc.health.v1.Health"));
+  EXPECT_THAT(services, Contains("grpc.reflection.v1alpha.ServerReflection"));
+
+  auto metrics = testing::HttpGet("http://" + server->metrics_address + "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(metrics->code, 200);
+  EXPECT_THAT(metrics->body,
+              HasSubstr("sluice_build_info{program=\"" + GetParam().binary + "\""));
+
+  server->process.Signal(SIGTERM);
+  auto exit_code = server->process.WaitForExit(absl::Seconds(15));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_THAT(ReadWholeFile(server->log_path).value_or(""), HasSubstr("draining"));
+}
+
+TEST_P(ServerBootstrapTest, BadListenFlagExitsNonZeroNamingTheFlag) {
+  TempDir dir;
+  const std::string log = dir.File("bad.log");
+  auto child = ChildProcess::Start(
+      {testing::BinDir() + "/" + GetParam().binary, "--listen=nonsense"}, log);
+  ASSERT_TRUE(child.ok());
+  auto exit_code = child->WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 2);
+  EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("--listen=nonsense"));
+}
+
+TEST_P(ServerBootstrapTest, UnknownFlagExitsNonZero) {
+  TempDir dir;
+  const std::string log = dir.File("bad.log");
+  auto child = ChildProcess::Start(
+      {testing::BinDir() + "/" + GetParam().binary, "--no_such_flag=1"}, log);
+  ASSERT_TRUE(child.ok());
+  auto exit_code = child->WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(exit_code.ok());
+  EXPECT_NE(*exit_code, 0);
+  EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("no_such_flag"));
+}
+
+TEST_P(ServerBootstrapTest, HelpDescribesEveryServerFlag) {
+  TempDir dir;
+  const std::string log = dir.File("help.log");
+  auto child = ChildProcess::Start({testing::BinDir() + "/" + GetParam().binary, "--help"}, log);
+  ASSERT_TRUE(child.ok());
+  ASSERT_TRUE(child->WaitForExit(absl::Seconds(10)).ok());
+  const std::string help = ReadWholeFile(log).value_or("");
+  for (const char* flag : {"--listen", "--port_file", "--metrics_listen", "--tls_cert",
+                           "--tls_key", "--tls_client_ca", "--drain_timeout"}) {
+    EXPECT_THAT(help, HasSubstr(flag));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Binaries, ServerBootstrapTest,
+    ::testing::Values(BinaryCase{"sluice-coordinator", "sluice.v1.Coordinator"},
+                      BinaryCase{"sluice-dataserver", "sluice.v1.DataServer"}),
+    [](const auto& info) {
+      return info.param.binary == "sluice-coordinator" ? "Coordinator" : "DataServer";
+    });
+
+std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address,
+                                          const testing::TestPki& pki, bool with_client_cert) {
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = *ReadWholeFile(pki.ca_cert);
+  if (with_client_cert) {
+    options.pem_cert_chain = *ReadWholeFile(pki.client_cert);
+    options.pem_private_key = *ReadWholeFile(pki.client_key);
+  }
+  return grpc::CreateChannel(address, grpc::SslCredentials(options));
+}
+
+TEST(ServerTlsTest, TlsAcceptsTrustingClientsAndRefusesPlaintext) {
+  TempDir dir;
+  auto pki = testing::MakeTestPki(dir.path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  auto server = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {"--tls_cert=" + pki->server_cert, "--tls_key=" + pki->server_key});
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  EXPECT_EQ(CheckHealth(TlsChannel(server->grpc_address, *pki, false), ""),
+            HealthCheckResponse::SERVING);
+  EXPECT_EQ(CheckHealth(grpc::CreateChannel(server->grpc_address,
+                                            grpc::InsecureChannelCredentials()),
+                        ""),
+            -grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(ServerTlsTest, MutualTlsRefusesClientsWithoutACertificate) {
+  TempDir dir;
+  auto pki = testing::MakeTestPki(dir.path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  auto server = ServerProcess::Start(
+      "sluice-dataserver", dir.path(),
+      {"--tls_cert=" + pki->server_cert, "--tls_key=" + pki->server_key,
+       "--tls_client_ca=" + pki->ca_cert});
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  EXPECT_EQ(CheckHealth(TlsChannel(server->grpc_address, *pki, true), ""),
+            HealthCheckResponse::SERVING);
+  EXPECT_EQ(CheckHealth(TlsChannel(server->grpc_address, *pki, false), ""),
+            -grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(CheckHealth(grpc::CreateChannel(server->grpc_address,
+                                            grpc::InsecureChannelCredentials()),
+                        ""),
+            -grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(ServerTlsTest, TlsFlagsMustComeTogether) {
+  TempDir dir;
+  const std::string log = dir.File("tls.log");
+  auto child = ChildProcess::Start(
+      {testing::BinDir() + "/sluice-coordinator", "--listen=127.0.0.1:0",
+       "--tls_cert=/nonexistent.pem"},
+      log);
+  ASSERT_TRUE(child.ok());
+  auto exit_code = child->WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(exit_code.ok());
+  EXPECT_EQ(*exit_code, 2);
+  EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("--tls_key"));
+}
+
+}  // namespace
+}  // namespace sluice

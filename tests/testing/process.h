@@ -1,0 +1,72 @@
+// Real child processes for integration tests: start a binary, wait for its
+// port file, signal it, wait for its exit with a deadline. Every process is
+// stopped by its own PID (SIGKILL in the destructor if still running).
+#ifndef SLUICE_TESTS_TESTING_PROCESS_H_
+#define SLUICE_TESTS_TESTING_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace sluice::testing {
+
+// Directory holding the built binaries (build/bin).
+std::string BinDir();
+
+// Reads "key=value" lines (the servers' --port_file format).
+std::map<std::string, std::string> ParseKeyValueFile(const std::string& text);
+
+// Reads a whole file; empty optional when it cannot be opened.
+std::optional<std::string> ReadWholeFile(const std::string& path);
+
+class ChildProcess {
+ public:
+  // Starts `argv[0]` (a path) with `argv`; stdout and stderr go to
+  // `log_path` (appended) when set.
+  static absl::StatusOr<ChildProcess> Start(const std::vector<std::string>& argv,
+                                            const std::string& log_path = "");
+  // An empty handle (no process).
+  ChildProcess() = default;
+  ChildProcess(ChildProcess&& other) noexcept;
+  ChildProcess& operator=(ChildProcess&& other) noexcept;
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  void Signal(int signo);
+  // Waits for exit; returns the exit code, or 128+signal when killed, or
+  // DEADLINE_EXCEEDED.
+  absl::StatusOr<int> WaitForExit(absl::Duration timeout);
+  // SIGKILL and reap.
+  void Kill();
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+};
+
+// A Sluice server binary started with --listen=127.0.0.1:0,
+// --metrics_listen=127.0.0.1:0 and --port_file in `dir`, plus `extra_args`.
+struct ServerProcess {
+  ChildProcess process;
+  std::string grpc_address;     // "127.0.0.1:PORT"
+  std::string metrics_address;  // "127.0.0.1:PORT"
+  std::string log_path;
+
+  // Starts the binary named `binary` (e.g. "sluice-coordinator") and waits
+  // until its port file appears (or it exits, or `timeout` passes).
+  static absl::StatusOr<ServerProcess> Start(
+      const std::string& binary, const std::string& dir,
+      const std::vector<std::string>& extra_args = {},
+      absl::Duration timeout = absl::Seconds(20));
+};
+
+}  // namespace sluice::testing
+
+#endif  // SLUICE_TESTS_TESTING_PROCESS_H_
