@@ -1,0 +1,104 @@
+// EpochPlanner: the order of an epoch's work units, and each rank's share.
+//
+// Pure: no I/O, no clock, no hash-map iteration, no std:: distributions. The
+// plan of epoch `e` is a function of (seed, e, shard sample counts, options)
+// alone, specified here so another implementation can reproduce it exactly:
+//
+//   1. Shard order. Without shuffle: manifest order. With shuffle: start
+//      from manifest order [0, 1, ..., n-1] and run Fisher-Yates from the
+//      back: for i = n-1 down to 1, j = Next() mod (i+1), swap(order[i],
+//      order[j]). Next() is SplitMix64 over a 64-bit state initialised to
+//      Mix(seed) XOR Mix(e XOR 0xD1B54A32D192ED03); each call adds
+//      0x9E3779B97F4A7C15 to the state and returns Mix(state), where
+//      Mix(z) = z ^= z >> 30, z *= 0xBF58476D1CE4E5B9, z ^= z >> 27,
+//               z *= 0x94D049BB133111EB, z ^= z >> 31   (all mod 2^64)
+//      (the state add happens before Mix, as in SplitMix64).
+//   2. Epoch sequence: every shard's samples 0..num_samples-1, shards in that
+//      order. Its length T is the dataset's total sample count.
+//   3. Quotas (W = max(world_size, 1)): DROP gives every rank q = floor(T/W)
+//      and serves the first q*W samples of the sequence; PAD gives q =
+//      ceil(T/W) and serves the sequence followed by its own first q*W - T
+//      samples again (cyclically, should that exceed T). world_size 0 means
+//      one pool with q = T.
+//   4. Ranks: rank r owns positions [r*q, (r+1)*q) of the served sequence
+//      (contiguous blocks keep each rank on few shards).
+//   5. Units: each rank's block is cut at shard boundaries and every
+//      max_samples_per_lease samples (counted from where the rank's block
+//      enters the shard). Units are numbered 0, 1, ... in served order
+//      (`sequence`).
+#ifndef SLUICE_SERVER_COORDINATOR_EPOCH_PLANNER_H_
+#define SLUICE_SERVER_COORDINATOR_EPOCH_PLANNER_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace sluice {
+
+enum class RemainderPolicy { kDrop, kPad };
+
+struct PlanOptions {
+  uint64_t seed = 0;
+  bool shuffle = false;
+  // 0 = no quotas (one pool).
+  int32_t world_size = 0;
+  RemainderPolicy remainder = RemainderPolicy::kDrop;
+  // 0 = no limit below a shard (units end at shard and rank boundaries).
+  int64_t max_samples_per_lease = 0;
+};
+
+struct PlannedUnit {
+  int32_t shard_index = 0;
+  int64_t begin = 0;  // first sample, inclusive
+  int64_t end = 0;    // one past the last sample
+  int64_t sequence = 0;
+  int32_t rank = 0;   // the rank whose block holds the unit (0 without quotas)
+  int64_t size() const { return end - begin; }
+  bool operator==(const PlannedUnit& o) const {
+    return shard_index == o.shard_index && begin == o.begin && end == o.end &&
+           sequence == o.sequence && rank == o.rank;
+  }
+};
+
+struct EpochPlan {
+  int64_t epoch = 0;
+  int64_t total_samples = 0;     // T
+  int32_t num_ranks = 1;         // max(world_size, 1)
+  int64_t samples_per_rank = 0;  // q
+  int64_t dropped = 0;           // samples not served (DROP)
+  int64_t padded = 0;            // samples served twice (PAD)
+  // All units in served order; rank r's units are
+  // units[rank_begin[r] .. rank_begin[r+1]).
+  std::vector<PlannedUnit> units;
+  std::vector<int64_t> rank_begin;
+};
+
+// SplitMix64, as specified above; exposed for tests and other planners.
+class SplitMix64 {
+ public:
+  SplitMix64(uint64_t seed, int64_t epoch);
+  uint64_t Next();
+  static uint64_t Mix(uint64_t z);
+
+ private:
+  uint64_t state_;
+};
+
+// Step 1: the epoch's shard order.
+std::vector<int32_t> ShardOrder(int32_t num_shards, uint64_t seed,
+                                int64_t epoch, bool shuffle);
+
+// Steps 1-5. `shard_samples[i]` is shard i's sample count (>= 0).
+EpochPlan PlanEpoch(const std::vector<int64_t>& shard_samples,
+                    const PlanOptions& options, int64_t epoch);
+
+// Per-rank quota and remainder without building units (for job status).
+struct Quota {
+  int64_t samples_per_rank = 0;
+  int64_t dropped = 0;
+  int64_t padded = 0;
+};
+Quota ComputeQuota(int64_t total_samples, const PlanOptions& options);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVER_COORDINATOR_EPOCH_PLANNER_H_

@@ -1,0 +1,126 @@
+#include "server/coordinator/lease_table.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+
+void LeaseTable::Schedule(LeaseEntry& lease, absl::Duration ttl) {
+  lease.expires_at = clock_->Now() + std::max(ttl, kMinTtl);
+  const uint64_t generation = next_generation_++;
+  generation_[lease.lease_id] = generation;
+  heap_.push(HeapEntry{lease.expires_at, lease.lease_id, generation});
+}
+
+absl::Status LeaseTable::Add(LeaseEntry lease, absl::Duration ttl) {
+  if (leases_.count(lease.lease_id) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("lease ", lease.lease_id, " exists"));
+  }
+  const std::string id = lease.lease_id;
+  by_holder_[lease.holder].push_back(id);
+  LeaseEntry& stored = leases_.emplace(id, std::move(lease)).first->second;
+  Schedule(stored, ttl);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const LeaseEntry*> LeaseTable::Check(const std::string& lease_id,
+                                                    uint64_t fence) const {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("lease ", lease_id, " is not held (expired, completed or never granted)"));
+  }
+  if (it->second.fence != fence) {
+    return absl::AbortedError(absl::StrCat("lease ", lease_id, ": stale fence ", fence,
+                                           " (current ", it->second.fence, ")"));
+  }
+  return &it->second;
+}
+
+absl::Status LeaseTable::SetProgress(const std::string& lease_id, uint64_t fence,
+                                     int64_t consumed) {
+  absl::StatusOr<const LeaseEntry*> lease = Check(lease_id, fence);
+  if (!lease.ok()) return lease.status();
+  LeaseEntry& entry = leases_.find(lease_id)->second;
+  if (consumed < entry.consumed || consumed > entry.end - entry.begin) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease ", lease_id, ": progress.consumed=", consumed, " must be in [",
+        entry.consumed, ", ", entry.end - entry.begin, "]"));
+  }
+  entry.consumed = consumed;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LeaseEntry> LeaseTable::Remove(const std::string& lease_id) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held"));
+  }
+  LeaseEntry lease = std::move(it->second);
+  leases_.erase(it);
+  generation_.erase(lease_id);  // its heap entries are now stale
+  auto holder = by_holder_.find(lease.holder);
+  if (holder != by_holder_.end()) {
+    auto& ids = holder->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), lease_id), ids.end());
+    if (ids.empty()) by_holder_.erase(holder);
+  }
+  return lease;
+}
+
+int LeaseTable::RenewHolder(const std::string& holder, absl::Duration ttl) {
+  auto it = by_holder_.find(holder);
+  if (it == by_holder_.end()) return 0;
+  for (const std::string& id : it->second) Schedule(leases_.at(id), ttl);
+  return static_cast<int>(it->second.size());
+}
+
+void LeaseTable::RefreshAll(absl::Duration ttl) {
+  for (auto& [id, lease] : leases_) Schedule(lease, ttl);
+}
+
+void LeaseTable::DropStaleTop() {
+  while (!heap_.empty()) {
+    const HeapEntry& top = heap_.top();
+    auto gen = generation_.find(top.lease_id);
+    if (gen != generation_.end() && gen->second == top.generation) return;
+    heap_.pop();
+  }
+}
+
+std::vector<std::string> LeaseTable::FindExpired(size_t limit) {
+  std::vector<std::string> expired;
+  const absl::Time now = clock_->Now();
+  std::vector<HeapEntry> keep;
+  while (expired.size() < limit) {
+    DropStaleTop();
+    if (heap_.empty() || heap_.top().expires_at > now) break;
+    expired.push_back(heap_.top().lease_id);
+    keep.push_back(heap_.top());
+    heap_.pop();
+  }
+  // Finding is not reclaiming: the entries stay until Remove or renewal.
+  for (HeapEntry& e : keep) heap_.push(std::move(e));
+  return expired;
+}
+
+absl::Time LeaseTable::NextExpiry() {
+  DropStaleTop();
+  return heap_.empty() ? absl::InfiniteFuture() : heap_.top().expires_at;
+}
+
+const LeaseEntry* LeaseTable::Find(const std::string& lease_id) const {
+  auto it = leases_.find(lease_id);
+  return it == leases_.end() ? nullptr : &it->second;
+}
+
+std::vector<const LeaseEntry*> LeaseTable::HeldBy(const std::string& holder) const {
+  std::vector<const LeaseEntry*> result;
+  auto it = by_holder_.find(holder);
+  if (it == by_holder_.end()) return result;
+  for (const std::string& id : it->second) result.push_back(&leases_.at(id));
+  return result;
+}
+
+}  // namespace sluice

@@ -1,0 +1,109 @@
+// LeaseTable: the coordinator's live shard leases and their expiry.
+//
+// Modelled on etcd's lessor: a minimum TTL; expiry kept in a min-heap on an
+// injected Clock; finding expired leases (FindExpired) is separate from
+// reclaiming them (Remove), so the caller can journal and re-queue each one;
+// renewals are not journaled and happen per holder (one heartbeat renews every
+// lease the trainer holds); after recovery RefreshAll gives every lease a
+// fresh TTL.
+//
+// Heap entries are invalidated lazily: each renewal pushes a new entry and
+// bumps the lease's generation; popped entries whose generation is stale are
+// dropped.
+//
+// Not thread-safe: owned by CoordinatorService and used under its mutex.
+#ifndef SLUICE_SERVER_COORDINATOR_LEASE_TABLE_H_
+#define SLUICE_SERVER_COORDINATOR_LEASE_TABLE_H_
+
+#include <cstdint>
+#include <map>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/common/clock.h"
+
+namespace sluice {
+
+struct LeaseEntry {
+  std::string lease_id;
+  uint64_t fence = 0;
+  std::string job;
+  int64_t epoch = 0;
+  int32_t rank = 0;
+  int32_t shard_index = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t sequence = 0;
+  std::string holder;       // trainer_id
+  std::string data_server;  // where the holder reads it
+  int64_t consumed = 0;     // from the last accepted Progress
+  absl::Time expires_at;
+  int64_t remaining() const { return end - begin - consumed; }
+};
+
+class LeaseTable {
+ public:
+  static constexpr absl::Duration kMinTtl = absl::Milliseconds(500);
+
+  explicit LeaseTable(Clock* clock) : clock_(clock) {}
+
+  // Adds `lease`, expiring max(ttl, kMinTtl) from now. Replaces nothing:
+  // ALREADY_EXISTS if the id is taken.
+  absl::Status Add(LeaseEntry lease, absl::Duration ttl);
+
+  // The lease if `fence` is current: NOT_FOUND for an unknown id (expired and
+  // reclaimed leases are unknown), ABORTED for a stale fence.
+  absl::StatusOr<const LeaseEntry*> Check(const std::string& lease_id,
+                                          uint64_t fence) const;
+
+  // Records cumulative progress. INVALID_ARGUMENT if `consumed` goes
+  // backwards or past the unit's size.
+  absl::Status SetProgress(const std::string& lease_id, uint64_t fence,
+                           int64_t consumed);
+
+  // Removes the lease (complete, release, reroute, expiry) and returns it.
+  absl::StatusOr<LeaseEntry> Remove(const std::string& lease_id);
+
+  // Extends every lease of `holder` to now + ttl. Returns how many.
+  int RenewHolder(const std::string& holder, absl::Duration ttl);
+
+  // Ids of leases whose expiry has passed, soonest first, at most `limit`.
+  // Does not remove them.
+  std::vector<std::string> FindExpired(size_t limit);
+
+  // Gives every lease a fresh TTL (after coordinator recovery).
+  void RefreshAll(absl::Duration ttl);
+
+  // Earliest expiry among live leases; InfiniteFuture when none.
+  absl::Time NextExpiry();
+
+  const LeaseEntry* Find(const std::string& lease_id) const;
+  std::vector<const LeaseEntry*> HeldBy(const std::string& holder) const;
+  size_t size() const { return leases_.size(); }
+  const std::map<std::string, LeaseEntry>& leases() const { return leases_; }
+
+ private:
+  struct HeapEntry {
+    absl::Time expires_at;
+    std::string lease_id;
+    uint64_t generation;
+    bool operator>(const HeapEntry& o) const { return expires_at > o.expires_at; }
+  };
+  void Schedule(LeaseEntry& lease, absl::Duration ttl);
+  void DropStaleTop();
+
+  Clock* const clock_;
+  std::map<std::string, LeaseEntry> leases_;
+  std::map<std::string, uint64_t> generation_;
+  std::map<std::string, std::vector<std::string>> by_holder_;
+  std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
+  uint64_t next_generation_ = 1;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVER_COORDINATOR_LEASE_TABLE_H_
