@@ -1,0 +1,221 @@
+#include "server/coordinator/journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/common/logging.h"
+
+namespace sluice {
+namespace {
+
+constexpr size_t kHeaderBytes = 8;
+// A frame claiming more than this is corruption, not a record.
+constexpr uint32_t kMaxRecordBytes = 512u << 20;
+
+uint32_t Crc(const char* data, size_t n) {
+  return static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n)));
+}
+
+void PutU32(std::string* out, uint32_t v) {
+  char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8),
+               static_cast<char>(v >> 16), static_cast<char>(v >> 24)};
+  out->append(b, 4);
+}
+
+uint32_t GetU32(const char* p) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  return u[0] | (u[1] << 8) | (u[2] << 16) | (static_cast<uint32_t>(u[3]) << 24);
+}
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  const int e = errno;
+  const std::string message = absl::StrCat(what, " ", path, ": ", strerror(e));
+  return e == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+}
+
+absl::StatusOr<std::string> ReadAll(int fd, const std::string& path) {
+  std::string data;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("cannot read journal", path);
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  return data;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
+    const std::string& dir, bool create,
+    const std::function<absl::Status(const JournalRecord&)>& apply,
+    FsyncObserver on_fsync) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    if (!create) return Errno("journal directory", dir);
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Errno("cannot create journal directory", dir);
+    }
+  } else if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("journal path ", dir, " is not a directory"));
+  }
+  const std::string path = dir + "/journal.log";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot open journal", path);
+  std::unique_ptr<FileJournal> journal(new FileJournal(fd, path, std::move(on_fsync)));
+
+  absl::StatusOr<std::string> data = ReadAll(fd, path);
+  if (!data.ok()) return data.status();
+  size_t offset = 0;
+  while (offset < data->size()) {
+    const size_t left = data->size() - offset;
+    bool bad = false;
+    uint32_t length = 0;
+    if (left < kHeaderBytes) {
+      bad = true;
+    } else {
+      length = GetU32(data->data() + offset);
+      const uint32_t crc = GetU32(data->data() + offset + 4);
+      if (length > kMaxRecordBytes || left - kHeaderBytes < length) {
+        bad = true;
+      } else if (Crc(data->data() + offset + kHeaderBytes, length) != crc) {
+        bad = true;
+      }
+    }
+    if (bad) {
+      // A bad frame is a torn tail only if it is the last thing in the file.
+      const bool last = left < kHeaderBytes ||
+                        length > kMaxRecordBytes ||
+                        left - kHeaderBytes <= length;
+      if (!last) {
+        return absl::DataLossError(absl::StrCat(
+            "journal ", path, " is corrupt at offset ", offset,
+            " (bad record followed by ", left, " more bytes); refusing to start"));
+      }
+      journal->truncated_ = static_cast<int64_t>(left);
+      LogWarning("journal %s: torn tail of %d bytes at offset %d truncated", path,
+                 left, offset);
+      if (ftruncate(fd, static_cast<off_t>(offset)) != 0 || fsync(fd) != 0) {
+        return Errno("cannot truncate torn journal tail", path);
+      }
+      break;
+    }
+    JournalRecord record;
+    if (!record.ParseFromArray(data->data() + offset + kHeaderBytes,
+                               static_cast<int>(length))) {
+      return absl::DataLossError(absl::StrCat("journal ", path, ": record at offset ",
+                                              offset, " has a valid CRC but does not parse"));
+    }
+    if (absl::Status s = apply(record); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("journal ", path, ": replaying record at offset ",
+                                              offset, ": ", s.message()));
+    }
+    ++journal->replayed_;
+    offset += kHeaderBytes + length;
+  }
+  if (lseek(fd, static_cast<off_t>(offset), SEEK_SET) < 0) {
+    return Errno("cannot seek journal", path);
+  }
+  {
+    absl::MutexLock lock(&journal->mu_);
+    journal->bytes_written_ = static_cast<int64_t>(offset);
+  }
+  return journal;
+}
+
+FileJournal::~FileJournal() { close(fd_); }
+
+absl::Status FileJournal::Append(const std::vector<JournalRecord>& records) {
+  if (records.empty()) return absl::OkStatus();
+  std::string framed;
+  for (const JournalRecord& record : records) {
+    const std::string payload = record.SerializeAsString();
+    PutU32(&framed, static_cast<uint32_t>(payload.size()));
+    PutU32(&framed, Crc(payload.data(), payload.size()));
+    framed += payload;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!write_status_.ok()) return write_status_;
+  pending_ += framed;
+  const uint64_t my_seq = ++queued_seq_;
+  // Group commit: whoever finds no write in progress becomes the leader and
+  // writes everything queued so far with one fsync; the others wait for it.
+  while (synced_seq_ < my_seq && write_status_.ok()) {
+    if (writing_) {
+      auto leader_done = [this, my_seq] {
+        mu_.AssertHeld();
+        return !writing_ || synced_seq_ >= my_seq || !write_status_.ok();
+      };
+      mu_.Await(absl::Condition(&leader_done));
+      continue;
+    }
+    writing_ = true;
+    std::string batch;
+    batch.swap(pending_);
+    const uint64_t batch_seq = queued_seq_;
+    mu_.Unlock();
+    absl::Status status;
+    size_t done = 0;
+    while (done < batch.size()) {
+      const ssize_t n = write(fd_, batch.data() + done, batch.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        status = Errno("cannot write journal", path_);
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    const absl::Time start = absl::Now();
+    if (status.ok() && fdatasync(fd_) != 0) status = Errno("cannot fsync journal", path_);
+    if (on_fsync_) on_fsync_(absl::ToDoubleSeconds(absl::Now() - start));
+    mu_.Lock();
+    writing_ = false;
+    bytes_written_ += static_cast<int64_t>(done);
+    if (!status.ok()) {
+      // After a failed write the file's tail is unknown: refuse further
+      // appends rather than acknowledge state that may not be durable.
+      write_status_ = status;
+    } else {
+      synced_seq_ = batch_seq;
+    }
+  }
+  return write_status_;
+}
+
+int64_t FileJournal::bytes_written() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_written_;
+}
+
+absl::Status MemoryJournal::Append(const std::vector<JournalRecord>& records) {
+  absl::MutexLock lock(&mu_);
+  for (const JournalRecord& r : records) {
+    bytes_ += static_cast<int64_t>(r.ByteSizeLong());
+    records_.push_back(r);
+  }
+  return absl::OkStatus();
+}
+
+int64_t MemoryJournal::bytes_written() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+std::vector<JournalRecord> MemoryJournal::records() const {
+  absl::MutexLock lock(&mu_);
+  return records_;
+}
+
+}  // namespace sluice

@@ -1,0 +1,179 @@
+#include "server/coordinator/journal.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sluice {
+namespace {
+
+using ::sluice::testing::StatusIs;
+using ::sluice::testing::TempDir;
+using ::testing::HasSubstr;
+
+JournalRecord Deleted(const std::string& job, int64_t t) {
+  JournalRecord r;
+  r.set_time_unix_ms(t);
+  r.mutable_job_deleted()->set_job(job);
+  return r;
+}
+
+// Opens `dir` and collects the replayed job names.
+absl::StatusOr<std::unique_ptr<FileJournal>> OpenCollect(const std::string& dir,
+                                                         std::vector<std::string>* seen) {
+  return FileJournal::Open(dir, true, [seen](const JournalRecord& r) {
+    seen->push_back(r.job_deleted().job());
+    return absl::OkStatus();
+  });
+}
+
+int64_t FileSize(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  return static_cast<int64_t>(in.tellg());
+}
+
+TEST(FileJournalTest, RoundTripAndAppendAfterReopen) {
+  TempDir dir;
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK(j);
+    EXPECT_TRUE(seen.empty());
+    ASSERT_OK((*j)->Append({Deleted("a", 1), Deleted("b", 2)}));
+    ASSERT_OK((*j)->Append({Deleted("c", 3)}));
+  }
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK(j);
+    EXPECT_EQ(seen, (std::vector<std::string>{"a", "b", "c"}));
+    EXPECT_EQ((*j)->replayed_records(), 3);
+    ASSERT_OK((*j)->Append({Deleted("d", 4)}));
+  }
+  std::vector<std::string> seen;
+  ASSERT_OK(OpenCollect(dir.path(), &seen));
+  EXPECT_EQ(seen, (std::vector<std::string>{"a", "b", "c", "d"}));
+}
+
+TEST(FileJournalTest, MissingDirectoryIsNotFoundUnlessCreating) {
+  TempDir dir;
+  auto j = FileJournal::Open(dir.File("absent"), false,
+                             [](const JournalRecord&) { return absl::OkStatus(); });
+  EXPECT_THAT(j, StatusIs(absl::StatusCode::kNotFound, HasSubstr("absent")));
+  EXPECT_OK(FileJournal::Open(dir.File("absent"), true,
+                              [](const JournalRecord&) { return absl::OkStatus(); }));
+}
+
+// Every proper prefix of the last frame is a torn tail: truncated, the
+// earlier records kept, and appending continues cleanly.
+TEST(FileJournalTest, TornTailAtEveryCutIsTruncated) {
+  TempDir dir;
+  const std::string log = dir.File("journal.log");
+  int64_t whole_two = 0, whole_three = 0;
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK((*j)->Append({Deleted("a", 1), Deleted("b", 2)}));
+    whole_two = FileSize(log);
+    ASSERT_OK((*j)->Append({Deleted("c", 3)}));
+    whole_three = FileSize(log);
+  }
+  std::ifstream in(log, std::ios::binary);
+  const std::string full((std::istreambuf_iterator<char>(in)), {});
+  for (int64_t cut = whole_two + 1; cut < whole_three; ++cut) {
+    std::ofstream(log, std::ios::binary | std::ios::trunc) << full.substr(0, cut);
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK(j) << "cut at " << cut;
+    EXPECT_EQ(seen, (std::vector<std::string>{"a", "b"})) << "cut at " << cut;
+    EXPECT_EQ((*j)->truncated_bytes(), cut - whole_two);
+    EXPECT_EQ(FileSize(log), whole_two);
+  }
+  // A garbled (not short) last frame is a torn tail too.
+  std::string garbled = full;
+  garbled[whole_three - 1] ^= 0x5a;
+  std::ofstream(log, std::ios::binary | std::ios::trunc) << garbled;
+  std::vector<std::string> seen;
+  auto j = OpenCollect(dir.path(), &seen);
+  ASSERT_OK(j);
+  EXPECT_EQ(seen, (std::vector<std::string>{"a", "b"}));
+  ASSERT_OK((*j)->Append({Deleted("z", 9)}));
+  j->reset();
+  seen.clear();
+  ASSERT_OK(OpenCollect(dir.path(), &seen));
+  EXPECT_EQ(seen, (std::vector<std::string>{"a", "b", "z"}));
+}
+
+TEST(FileJournalTest, CorruptMiddleIsDataLossNamingTheOffset) {
+  TempDir dir;
+  const std::string log = dir.File("journal.log");
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK((*j)->Append({Deleted("a", 1), Deleted("b", 2), Deleted("c", 3)}));
+  }
+  std::fstream f(log, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekp(10);  // inside the first record's payload
+  f.put('\x7f');
+  f.close();
+  std::vector<std::string> seen;
+  EXPECT_THAT(OpenCollect(dir.path(), &seen),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("offset 0")));
+  EXPECT_GT(FileSize(log), 0);  // nothing was truncated
+}
+
+TEST(FileJournalTest, ConcurrentAppendsAreAllDurableAndWhole) {
+  TempDir dir;
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK(j);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 50; ++i) {
+          ASSERT_OK((*j)->Append({Deleted("t" + std::to_string(t) + "-" + std::to_string(i), i)}));
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  std::vector<std::string> seen;
+  ASSERT_OK(OpenCollect(dir.path(), &seen));
+  EXPECT_EQ(seen.size(), 400u);
+  // Each thread's records stay in its own order.
+  for (int t = 0; t < 8; ++t) {
+    int next = 0;
+    for (const std::string& s : seen) {
+      if (s.rfind("t" + std::to_string(t) + "-", 0) == 0) {
+        EXPECT_EQ(s, "t" + std::to_string(t) + "-" + std::to_string(next));
+        ++next;
+      }
+    }
+    EXPECT_EQ(next, 50);
+  }
+}
+
+TEST(FileJournalTest, ReplayErrorStopsStartup) {
+  TempDir dir;
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK((*j)->Append({Deleted("a", 1)}));
+  }
+  auto j = FileJournal::Open(dir.path(), true, [](const JournalRecord&) {
+    return absl::FailedPreconditionError("job a unknown");
+  });
+  EXPECT_THAT(j, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job a unknown")));
+}
+
+}  // namespace
+}  // namespace sluice
