@@ -137,8 +137,7 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
 
 FileJournal::~FileJournal() { close(fd_); }
 
-absl::Status FileJournal::Append(const std::vector<JournalRecord>& records) {
-  if (records.empty()) return absl::OkStatus();
+uint64_t FileJournal::Enqueue(const std::vector<JournalRecord>& records) {
   std::string framed;
   for (const JournalRecord& record : records) {
     const std::string payload = record.SerializeAsString();
@@ -147,9 +146,12 @@ absl::Status FileJournal::Append(const std::vector<JournalRecord>& records) {
     framed += payload;
   }
   absl::MutexLock lock(&mu_);
-  if (!write_status_.ok()) return write_status_;
   pending_ += framed;
-  const uint64_t my_seq = ++queued_seq_;
+  return ++queued_seq_;
+}
+
+absl::Status FileJournal::WaitDurable(uint64_t my_seq) {
+  absl::MutexLock lock(&mu_);
   // Group commit: whoever finds no write in progress becomes the leader and
   // writes everything queued so far with one fsync; the others wait for it.
   while (synced_seq_ < my_seq && write_status_.ok()) {
@@ -199,13 +201,13 @@ int64_t FileJournal::bytes_written() const {
   return bytes_written_;
 }
 
-absl::Status MemoryJournal::Append(const std::vector<JournalRecord>& records) {
+uint64_t MemoryJournal::Enqueue(const std::vector<JournalRecord>& records) {
   absl::MutexLock lock(&mu_);
   for (const JournalRecord& r : records) {
     bytes_ += static_cast<int64_t>(r.ByteSizeLong());
     records_.push_back(r);
   }
-  return absl::OkStatus();
+  return records_.size();
 }
 
 int64_t MemoryJournal::bytes_written() const {

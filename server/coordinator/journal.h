@@ -27,9 +27,17 @@ using JournalRecord = ::sluice::v1::internal::JournalRecord;
 class Journal {
  public:
   virtual ~Journal() = default;
-  // Appends `records` atomically with respect to other appends; OK means they
-  // are durable.
-  virtual absl::Status Append(const std::vector<JournalRecord>& records) = 0;
+  // Queues `records` without blocking; their place in the journal is fixed
+  // by the order of Enqueue calls (callers enqueue under their state lock, so
+  // journal order is apply order). Returns a ticket for WaitDurable.
+  virtual uint64_t Enqueue(const std::vector<JournalRecord>& records) = 0;
+  // Blocks until everything up to `ticket` is durable (written + fsync'd),
+  // sharing one fsync among all waiters (group commit).
+  virtual absl::Status WaitDurable(uint64_t ticket) = 0;
+  // Enqueue + WaitDurable.
+  absl::Status Append(const std::vector<JournalRecord>& records) {
+    return WaitDurable(Enqueue(records));
+  }
   // Bytes written since open (for metrics).
   virtual int64_t bytes_written() const = 0;
 };
@@ -53,7 +61,8 @@ class FileJournal final : public Journal {
 
   ~FileJournal() override;
 
-  absl::Status Append(const std::vector<JournalRecord>& records) override;
+  uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
+  absl::Status WaitDurable(uint64_t ticket) override;
   int64_t bytes_written() const override;
 
   // Records replayed at Open.
@@ -83,7 +92,8 @@ class FileJournal final : public Journal {
 // In-memory Journal for unit tests of the coordinator logic.
 class MemoryJournal final : public Journal {
  public:
-  absl::Status Append(const std::vector<JournalRecord>& records) override;
+  uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
+  absl::Status WaitDurable(uint64_t) override { return absl::OkStatus(); }
   int64_t bytes_written() const override;
   std::vector<JournalRecord> records() const;
 

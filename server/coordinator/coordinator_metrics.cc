@@ -1,0 +1,51 @@
+#include "server/coordinator/coordinator_metrics.h"
+
+namespace sluice {
+namespace {
+
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r, const char* name,
+                                                       const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, const char* name,
+                                                   const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
+    : jobs(GaugeFamily(r, "sluice_coordinator_jobs", "Jobs known to the coordinator.").Add({})),
+      sessions(GaugeFamily(r, "sluice_coordinator_sessions", "Open trainer sessions.").Add({})),
+      live_leases(GaugeFamily(r, "sluice_coordinator_live_leases", "Leases currently held.").Add({})),
+      grant_latency(prometheus::BuildHistogram()
+                        .Name("sluice_coordinator_lease_grant_latency_seconds")
+                        .Help("Time from a session having credit to its Grant being durable.")
+                        .Register(r)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                     0.025, 0.05, 0.1, 0.25})),
+      fsync_latency(prometheus::BuildHistogram()
+                        .Name("sluice_coordinator_journal_fsync_seconds")
+                        .Help("Duration of each journal fsync (one per group commit).")
+                        .Register(r)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                     0.025, 0.05, 0.1, 0.25, 1})),
+      journal_bytes(GaugeFamily(r, "sluice_coordinator_journal_bytes",
+                                "Size of the journal file in bytes.")
+                        .Add({})),
+      granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total", "Leases granted.")),
+      completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",
+                               "Leases completed by their holder.")),
+      expired_(CounterFamily(r, "sluice_coordinator_leases_expired_total",
+                             "Leases reclaimed after their TTL (holder presumed dead).")),
+      released_(CounterFamily(r, "sluice_coordinator_leases_revoked_total",
+                              "Leases given back or re-routed before completion.")),
+      epoch_total_(GaugeFamily(r, "sluice_coordinator_epoch_samples",
+                               "Samples served per epoch (after drop/pad).")),
+      epoch_done_(GaugeFamily(r, "sluice_coordinator_epoch_samples_completed",
+                              "Samples of the current epoch acknowledged.")),
+      epoch_(GaugeFamily(r, "sluice_coordinator_epoch", "Current epoch of the job.")) {}
+
+}  // namespace sluice

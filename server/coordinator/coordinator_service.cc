@@ -1,0 +1,714 @@
+#include "server/coordinator/coordinator_service.h"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/logging.h"
+#include "server/common/status_macros.h"
+
+namespace sluice {
+namespace {
+
+using v1::CoordinatorMessage;
+using v1::internal::JournalRecord;
+
+constexpr int64_t kDefaultLeaseTtlMs = 10000;
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+  });
+}
+
+bool SupportedUrl(const std::string& url) {
+  return absl::StartsWith(url, "/") || absl::StartsWith(url, "file:///") ||
+         absl::StartsWith(url, "http://") || absl::StartsWith(url, "https://") ||
+         absl::StartsWith(url, "s3://");
+}
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+CoordinatorMessage Rejected(const std::string& lease_id, const absl::Status& s) {
+  CoordinatorMessage m;
+  m.mutable_rejected()->set_lease_id(lease_id);
+  m.mutable_rejected()->set_code(s.raw_code());
+  m.mutable_rejected()->set_message(std::string(s.message()));
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in) {
+  v1::JobSpec spec = in;
+  if (!ValidName(spec.name())) {
+    return Invalid("spec.name", absl::StrCat("\"", spec.name(),
+                                             "\" must be 1-128 characters of [A-Za-z0-9._-]"));
+  }
+  if (spec.dataset_case() == v1::JobSpec::kManifestPath) {
+    const std::string path = spec.manifest_path();
+    std::ifstream file(path);
+    if (!file) return Invalid("spec.manifest_path", absl::StrCat("cannot read ", path));
+    std::stringstream text;
+    text << file.rdbuf();
+    v1::Manifest manifest;
+    const auto parsed = google::protobuf::util::JsonStringToMessage(text.str(), &manifest);
+    if (!parsed.ok()) {
+      return Invalid("spec.manifest_path",
+                     absl::StrCat(path, " is not a valid manifest: ", parsed.ToString()));
+    }
+    *spec.mutable_manifest() = std::move(manifest);
+  } else if (spec.dataset_case() != v1::JobSpec::kManifest) {
+    return Invalid("spec.dataset", "set manifest or manifest_path");
+  }
+  const auto& shards = spec.manifest().shards();
+  if (shards.empty()) return Invalid("spec.manifest", "empty dataset (no shards)");
+  std::map<std::string, int> seen;
+  int64_t total = 0;
+  for (int i = 0; i < shards.size(); ++i) {
+    const v1::Shard& s = shards[i];
+    const std::string field = absl::StrCat("spec.manifest.shards[", i, "]");
+    if (!SupportedUrl(s.url())) {
+      return Invalid(field + ".url", absl::StrCat("\"", s.url(),
+                                                  "\": use an absolute path, file://, "
+                                                  "http(s):// or s3://"));
+    }
+    auto [it, inserted] = seen.emplace(s.url(), i);
+    if (!inserted) {
+      return Invalid(field + ".url",
+                     absl::StrCat("\"", s.url(), "\" duplicates shards[", it->second, "]"));
+    }
+    if (s.num_samples() < 0) return Invalid(field + ".num_samples", "must be >= 0");
+    if (s.size_bytes() < 0) return Invalid(field + ".size_bytes", "must be >= 0");
+    total += s.num_samples();
+  }
+  if (total == 0) return Invalid("spec.manifest", "empty dataset (0 samples)");
+  if (spec.world_size() < 0) return Invalid("spec.world_size", "must be >= 0 (0 = no quotas)");
+  if (spec.num_epochs() < 0) return Invalid("spec.num_epochs", "must be >= 0 (0 = endless)");
+  if (spec.lease_ttl_ms() < 0 ||
+      (spec.lease_ttl_ms() > 0 &&
+       spec.lease_ttl_ms() < absl::ToInt64Milliseconds(LeaseTable::kMinTtl))) {
+    return Invalid("spec.lease_ttl_ms",
+                   absl::StrCat(spec.lease_ttl_ms(), " is below the minimum of ",
+                                absl::ToInt64Milliseconds(LeaseTable::kMinTtl)));
+  }
+  if (spec.max_samples_per_lease() < 0) return Invalid("spec.max_samples_per_lease", "must be >= 0");
+  if (!v1::Mode_IsValid(spec.mode())) return Invalid("spec.mode", "unknown value");
+  if (!v1::Remainder_IsValid(spec.remainder())) return Invalid("spec.remainder", "unknown value");
+  if (!v1::CorruptPolicy_IsValid(spec.on_corrupt())) return Invalid("spec.on_corrupt", "unknown value");
+  if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::MODE_STATIC);
+  if (spec.remainder() == v1::REMAINDER_UNSPECIFIED) spec.set_remainder(v1::REMAINDER_DROP);
+  if (spec.on_corrupt() == v1::CORRUPT_POLICY_UNSPECIFIED) spec.set_on_corrupt(v1::CORRUPT_POLICY_SKIP);
+  if (spec.lease_ttl_ms() == 0) spec.set_lease_ttl_ms(kDefaultLeaseTtlMs);
+  return spec;
+}
+
+CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
+    : options_(options), leases_(options.clock) {}
+
+absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
+    const CoordinatorOptions& options) {
+  std::unique_ptr<CoordinatorService> service(new CoordinatorService(options));
+  absl::MutexLock lock(&service->mu_);
+  if (options.journal_dir.empty()) {
+    service->journal_ = std::make_unique<MemoryJournal>();
+  } else {
+    FsyncObserver observer;
+    if (options.metrics != nullptr) {
+      observer = [m = options.metrics](double s) { m->fsync_latency.Observe(s); };
+    }
+    CoordinatorState* state = &service->state_;
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<FileJournal> journal,
+        FileJournal::Open(
+            options.journal_dir, /*create=*/true,
+            [state](const JournalRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return state->Apply(r);
+            },
+            std::move(observer)));
+    service->recovered_records_ = journal->replayed_records();
+    service->journal_ = std::move(journal);
+  }
+  // Recovered leases get a fresh TTL (as etcd does): their holders may be
+  // reconnecting right now.
+  for (const auto& [name, job] : service->state_.jobs()) {
+    service->RebuildQueuesLocked(name);
+    for (const auto& [id, d] : job.leases) {
+      LeaseEntry lease;
+      lease.lease_id = d.lease_id;
+      lease.fence = d.fence;
+      lease.job = name;
+      lease.epoch = job.epoch;
+      lease.rank = d.rank;
+      lease.shard_index = d.shard_index;
+      lease.begin = d.begin;
+      lease.end = d.end;
+      lease.sequence = d.sequence;
+      lease.holder = d.holder;
+      lease.consumed = d.acked;
+      RETURN_IF_ERROR(service->leases_.Add(lease, service->TtlLocked(job)));
+    }
+  }
+  if (service->recovered_records_ > 0) {
+    LogInfo("recovered %d journal records: %d jobs, %d live leases (fresh TTLs)",
+            service->recovered_records_, service->state_.jobs().size(), service->leases_.size());
+  }
+  service->UpdateGaugesLocked();
+  return service;
+}
+
+absl::Duration CoordinatorService::TtlLocked(const JobData& job) const {
+  return job.spec.lease_ttl_ms() > 0 ? absl::Milliseconds(job.spec.lease_ttl_ms())
+                                     : options_.default_lease_ttl;
+}
+
+absl::Status CoordinatorService::CommitLocked(JournalRecord record, Effects& fx) {
+  record.set_time_unix_ms(absl::ToUnixMillis(options_.clock->Now()));
+  fx.ticket = journal_->Enqueue({record});
+  return state_.Apply(record);
+}
+
+void CoordinatorService::Deliver(Effects& fx) {
+  if (fx.ticket != 0) {
+    absl::Status durable = journal_->WaitDurable(fx.ticket);
+    if (!durable.ok()) {
+      // Nothing that depends on a lost write may reach a trainer.
+      LogError("journal write failed: %s", durable.message());
+      std::set<SessionSink*> done;
+      for (auto& [sink, msg] : fx.sends) {
+        if (done.insert(sink.get()).second) {
+          sink->Finish(absl::UnavailableError(
+              absl::StrCat("coordinator journal failed: ", durable.message())));
+        }
+      }
+      return;
+    }
+  }
+  for (auto& [sink, msg] : fx.sends) sink->Send(msg);
+  for (auto& [sink, status] : fx.finishes) sink->Finish(status);
+  if (options_.metrics != nullptr) {
+    options_.metrics->journal_bytes.Set(static_cast<double>(journal_->bytes_written()));
+  }
+}
+
+void CoordinatorService::RebuildQueuesLocked(const std::string& name) {
+  const JobData* job = state_.FindJob(name);
+  if (job == nullptr) {
+    runtime_.erase(name);
+    return;
+  }
+  JobRuntime& rt = runtime_[name];
+  const bool per_rank = job->spec.mode() == v1::MODE_STATIC && job->spec.world_size() > 0;
+  rt.queues.assign(per_rank ? job->plan.num_ranks : 1, {});
+  for (const Piece& p : state_.PendingPieces(*job)) {
+    rt.queues[per_rank ? p.rank : 0].push_back(p);
+  }
+}
+
+std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job, JobRuntime& rt,
+                                                      int32_t rank) {
+  const bool per_rank = job.spec.mode() == v1::MODE_STATIC && job.spec.world_size() > 0;
+  return rt.queues[per_rank ? rank : 0];
+}
+
+absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request) {
+  ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(request));
+  Effects fx;
+  v1::Job result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (const JobData* existing = state_.FindJob(spec.name())) {
+      if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec, spec)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("job ", spec.name(), " exists with a different spec"));
+      }
+      return JobToProtoLocked(*existing, false);
+    }
+    JournalRecord record;
+    *record.mutable_job_created()->mutable_spec() = spec;
+    RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+    RebuildQueuesLocked(spec.name());
+    result = JobToProtoLocked(*state_.FindJob(spec.name()), false);
+    UpdateGaugesLocked();
+  }
+  Deliver(fx);
+  LogInfo("created job %s: %d shards, %d samples/epoch, world_size %d", spec.name(),
+          spec.manifest().shards_size(), result.status().samples_per_epoch(), spec.world_size());
+  return result;
+}
+
+absl::StatusOr<v1::Job> CoordinatorService::GetJob(const std::string& name,
+                                                   bool include_manifest) {
+  absl::MutexLock lock(&mu_);
+  const JobData* job = state_.FindJob(name);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", name, " not found"));
+  return JobToProtoLocked(*job, include_manifest);
+}
+
+std::vector<v1::Job> CoordinatorService::ListJobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> jobs;
+  for (const auto& [name, job] : state_.jobs()) jobs.push_back(JobToProtoLocked(job, false));
+  return jobs;
+}
+
+absl::Status CoordinatorService::DeleteJob(const std::string& name) {
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    const JobData* job = state_.FindJob(name);
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", name, " not found"));
+    for (const auto& [id, lease] : job->leases) leases_.Remove(id).IgnoreError();
+    JournalRecord record;
+    record.mutable_job_deleted()->set_job(name);
+    RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+    runtime_.erase(name);
+    for (auto& [id, s] : sessions_) {
+      if (s.hello && s.job == name) {
+        FinishSessionLocked(s, absl::NotFoundError(absl::StrCat("job ", name, " was deleted")), fx);
+      }
+    }
+    UpdateGaugesLocked();
+  }
+  Deliver(fx);
+  return absl::OkStatus();
+}
+
+v1::Job CoordinatorService::JobToProtoLocked(const JobData& job, bool include_manifest) {
+  v1::Job out;
+  *out.mutable_spec() = job.spec;
+  if (!include_manifest) out.mutable_spec()->clear_manifest();
+  out.set_create_time_unix_ms(job.create_time_unix_ms);
+  v1::JobStatus* st = out.mutable_status();
+  st->set_state(job.done ? v1::JOB_STATE_DONE
+                         : (job.epoch == 0 && job.consumed_total == 0 && job.leases.empty()
+                                ? v1::JOB_STATE_PENDING
+                                : v1::JOB_STATE_RUNNING));
+  st->set_epoch(job.epoch);
+  st->set_samples_per_epoch(job.served_per_epoch());
+  st->set_samples_per_rank(job.plan.samples_per_rank);
+  st->set_consumed_in_epoch(job.consumed_total);
+  st->set_dropped_per_epoch(job.plan.dropped);
+  st->set_total_samples(job.plan.total_samples);
+  st->set_num_shards(static_cast<int32_t>(job.shard_samples.size()));
+  for (int32_t r = 0; r < job.plan.num_ranks; ++r) {
+    v1::RankStatus* rs = st->add_ranks();
+    rs->set_rank(r);
+    rs->set_consumed(job.consumed_per_rank[r]);
+    rs->set_quota(job.plan.samples_per_rank);
+    int32_t live = 0;
+    for (const auto& [id, l] : job.leases) live += l.rank == r;
+    rs->set_live_leases(live);
+    int32_t sessions = 0;
+    for (const auto& [id, s] : sessions_) {
+      sessions += s.hello && !s.finished && s.job == job.spec.name() && s.rank == r;
+    }
+    rs->set_sessions(sessions);
+  }
+  return out;
+}
+
+v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease, const JobData& job) {
+  v1::Lease out;
+  out.set_lease_id(lease.lease_id);
+  out.set_fence(lease.fence);
+  out.set_job(lease.job);
+  out.set_epoch(lease.epoch);
+  out.set_rank(job.spec.world_size() > 0 ? lease.rank : -1);
+  v1::WorkUnit* unit = out.mutable_unit();
+  unit->set_shard_index(lease.shard_index);
+  unit->set_shard_url(job.spec.manifest().shards(lease.shard_index).url());
+  unit->set_begin(lease.begin);
+  unit->set_end(lease.end);
+  unit->set_sequence(lease.sequence);
+  out.set_data_server(lease.data_server);
+  out.set_expires_at_unix_ms(absl::ToUnixMillis(lease.expires_at));
+  out.set_on_corrupt(job.spec.on_corrupt());
+  return out;
+}
+
+int64_t CoordinatorService::OpenSession(std::shared_ptr<SessionSink> sink) {
+  absl::MutexLock lock(&mu_);
+  const int64_t id = next_session_id_++;
+  Session& s = sessions_[id];
+  s.id = id;
+  s.sink = std::move(sink);
+  UpdateGaugesLocked();
+  return id;
+}
+
+void CoordinatorService::CloseSession(int64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  auto owner = session_of_trainer_.find(it->second.trainer_id);
+  if (owner != session_of_trainer_.end() && owner->second == session_id) {
+    session_of_trainer_.erase(owner);
+  }
+  sessions_.erase(it);
+  UpdateGaugesLocked();
+}
+
+void CoordinatorService::FinishSessionLocked(Session& s, const absl::Status& status, Effects& fx) {
+  if (s.finished) return;
+  s.finished = true;
+  fx.finishes.emplace_back(s.sink, status);
+}
+
+void CoordinatorService::OnMessage(int64_t session_id, const v1::TrainerMessage& message) {
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || it->second.finished) return;
+    Session& s = it->second;
+    if (message.has_hello()) {
+      if (s.hello) {
+        FinishSessionLocked(s, absl::FailedPreconditionError("session: second Hello"), fx);
+      } else {
+        HandleHelloLocked(s, message.hello(), fx);
+      }
+    } else if (!s.hello) {
+      FinishSessionLocked(s, absl::FailedPreconditionError(
+                                 "session: the first message must be Hello"), fx);
+    } else {
+      leases_.RenewHolder(s.trainer_id, TtlLocked(*state_.FindJob(s.job)));
+      absl::Status status = HandleLeaseMessageLocked(s, message, fx);
+      if (!status.ok()) FinishSessionLocked(s, status, fx);
+    }
+    UpdateGaugesLocked();
+  }
+  Deliver(fx);
+}
+
+void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, Effects& fx) {
+  const JobData* job = state_.FindJob(hello.job());
+  if (job == nullptr) {
+    FinishSessionLocked(s, absl::NotFoundError(absl::StrCat("job ", hello.job(), " not found")), fx);
+    return;
+  }
+  const int32_t ws = job->spec.world_size();
+  if (hello.rank() < 0 || (ws > 0 && hello.rank() >= ws) || (ws == 0 && hello.rank() != 0)) {
+    FinishSessionLocked(
+        s, absl::InvalidArgumentError(absl::StrCat(
+               "hello.rank=", hello.rank(), " is out of range for job ", hello.job(),
+               ws > 0 ? absl::StrCat(" (world_size ", ws, ")") : " (world_size 0: use rank 0)")),
+        fx);
+    return;
+  }
+  s.hello = true;
+  s.job = hello.job();
+  s.rank = hello.rank();
+  s.trainer_id = hello.trainer_id().empty() ? absl::StrCat("session-", s.id) : hello.trainer_id();
+  // One live session per trainer: a reconnect replaces the old stream.
+  auto [owner, inserted] = session_of_trainer_.emplace(s.trainer_id, s.id);
+  if (!inserted && owner->second != s.id) {
+    auto old = sessions_.find(owner->second);
+    if (old != sessions_.end()) {
+      FinishSessionLocked(old->second,
+                          absl::AbortedError(absl::StrCat("trainer ", s.trainer_id,
+                                                          " reconnected on a new session")),
+                          fx);
+    }
+    owner->second = s.id;
+  }
+  CoordinatorMessage welcome;
+  welcome.mutable_welcome()->set_heartbeat_interval_ms(
+      absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  welcome.mutable_welcome()->set_lease_ttl_ms(absl::ToInt64Milliseconds(TtlLocked(*job)));
+  welcome.mutable_welcome()->set_session_id(absl::StrCat(s.id));
+  welcome.mutable_welcome()->set_world_size(ws);
+  fx.sends.emplace_back(s.sink, welcome);
+  // A reconnecting trainer keeps its leases: renew and re-announce them.
+  leases_.RenewHolder(s.trainer_id, TtlLocked(*job));
+  PumpLocked(s.job, fx);  // announces the epoch first
+  for (const LeaseEntry* lease : leases_.HeldBy(s.trainer_id)) {
+    CoordinatorMessage grant;
+    *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*lease, *job);
+    fx.sends.emplace_back(s.sink, grant);
+  }
+}
+
+absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m,
+                                                          Effects& fx) {
+  const JobData* job = state_.FindJob(s.job);
+  switch (m.msg_case()) {
+    case v1::TrainerMessage::kWant:
+      if (m.want().credits() < 0) {
+        return absl::InvalidArgumentError("want.credits must be >= 0");
+      }
+      s.credits = m.want().credits();
+      PumpLocked(s.job, fx);
+      return absl::OkStatus();
+    case v1::TrainerMessage::kHeartbeat:
+      return absl::OkStatus();  // the renewal above is all it does
+    case v1::TrainerMessage::kProgress:
+    case v1::TrainerMessage::kComplete:
+    case v1::TrainerMessage::kRelease:
+    case v1::TrainerMessage::kReroute: {
+      std::string lease_id;
+      uint64_t fence = 0;
+      int64_t consumed = -1;
+      if (m.has_progress()) {
+        lease_id = m.progress().lease_id(), fence = m.progress().fence(), consumed = m.progress().consumed();
+      } else if (m.has_complete()) {
+        lease_id = m.complete().lease_id(), fence = m.complete().fence();
+      } else if (m.has_release()) {
+        lease_id = m.release().lease_id(), fence = m.release().fence(), consumed = m.release().consumed();
+      } else {
+        lease_id = m.reroute().lease_id(), fence = m.reroute().fence(), consumed = m.reroute().consumed();
+      }
+      absl::StatusOr<const LeaseEntry*> found = leases_.Check(lease_id, fence);
+      if (found.ok() && (*found)->holder != s.trainer_id) {
+        found = absl::AbortedError(absl::StrCat("lease ", lease_id, " is held by another trainer"));
+      }
+      if (!found.ok()) {
+        // Not fatal: the trainer drops the unit and carries on.
+        fx.sends.emplace_back(s.sink, Rejected(lease_id, found.status()));
+        return absl::OkStatus();
+      }
+      const LeaseEntry lease = **found;
+      const int64_t size = lease.end - lease.begin;
+      const bool complete = m.has_complete();
+      if (complete) consumed = size;
+      if (consumed < lease.consumed || consumed > size) {
+        fx.sends.emplace_back(
+            s.sink, Rejected(lease_id, absl::InvalidArgumentError(absl::StrCat(
+                                           "lease ", lease_id, ": consumed=", consumed,
+                                           " must be in [", lease.consumed, ", ", size, "]"))));
+        return absl::OkStatus();
+      }
+      if (consumed > lease.consumed || complete) {
+        JournalRecord record;
+        auto* ack = record.mutable_unit_acked();
+        ack->set_job(lease.job);
+        ack->set_epoch(lease.epoch);
+        ack->set_rank(lease.rank);
+        ack->set_sequence(lease.sequence);
+        ack->set_shard_index(lease.shard_index);
+        ack->set_begin(lease.begin + lease.consumed);
+        ack->set_consumed(consumed - lease.consumed);
+        ack->set_complete(complete);
+        ack->set_fence(lease.fence);
+        ack->set_lease_id(lease_id);
+        RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+        RETURN_IF_ERROR(leases_.SetProgress(lease_id, fence, consumed));
+      }
+      if (complete) {
+        leases_.Remove(lease_id).IgnoreError();
+        if (options_.metrics) options_.metrics->LeasesCompleted(lease.job).Increment();
+      } else if (m.has_release() || m.has_reroute()) {
+        EndLeaseLocked(lease.job, lease_id, m.has_release() ? "released" : "rerouted", fx);
+      }
+      MaybeAdvanceEpochLocked(s.job, fx);
+      PumpLocked(s.job, fx);
+      (void)job;
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError("session: empty or unknown trainer message");
+  }
+}
+
+void CoordinatorService::EndLeaseLocked(const std::string& job_name, const std::string& lease_id,
+                                        const std::string& reason, Effects& fx) {
+  absl::StatusOr<LeaseEntry> lease = leases_.Remove(lease_id);
+  if (!lease.ok()) return;
+  JournalRecord record;
+  record.mutable_lease_ended()->set_job(job_name);
+  record.mutable_lease_ended()->set_lease_id(lease_id);
+  record.mutable_lease_ended()->set_reason(reason);
+  if (!CommitLocked(std::move(record), fx).ok()) return;
+  const JobData* job = state_.FindJob(job_name);
+  if (job == nullptr || job->epoch != lease->epoch) return;
+  // The unconsumed remainder goes back to the front of its queue.
+  if (lease->remaining() > 0) {
+    Piece piece{lease->sequence, lease->shard_index, lease->begin + lease->consumed, lease->end,
+                lease->rank};
+    QueueForLocked(*job, runtime_[job_name], lease->rank).push_front(piece);
+  }
+  if (options_.metrics) {
+    (reason == "expired" ? options_.metrics->LeasesExpired(job_name)
+                         : options_.metrics->LeasesReleased(job_name))
+        .Increment();
+  }
+}
+
+void CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name, Effects& fx) {
+  const JobData* job = state_.FindJob(name);
+  if (job == nullptr || job->done || !job->epoch_complete()) return;
+  JournalRecord record;
+  record.mutable_epoch_advanced()->set_job(name);
+  record.mutable_epoch_advanced()->set_epoch(job->epoch + 1);
+  if (!CommitLocked(std::move(record), fx).ok()) return;
+  RebuildQueuesLocked(name);
+  LogInfo("job %s: epoch %d complete", name, job->epoch - 1);
+}
+
+bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt,
+                                        Effects& fx, std::string* why_not) {
+  std::deque<Piece>& queue = QueueForLocked(job, rt, s.rank);
+  int64_t limit = INT64_MAX;
+  if (job.spec.world_size() > 0 && job.spec.mode() == v1::MODE_DYNAMIC) {
+    // Dynamic: FCFS within the rank's quota.
+    int64_t assigned = job.consumed_per_rank[s.rank];
+    for (const auto& [id, l] : job.leases) {
+      if (l.rank == s.rank) assigned += (l.end - l.begin) - l.acked;
+    }
+    limit = job.plan.samples_per_rank - assigned;
+    if (limit <= 0) {
+      *why_not = absl::StrCat("rank ", s.rank, " has its quota for epoch ", job.epoch,
+                              "; waiting for the other ranks to finish it");
+      return false;
+    }
+  }
+  if (queue.empty()) {
+    *why_not = absl::StrCat("no unassigned work left in epoch ", job.epoch,
+                            " for rank ", s.rank, "; waiting for held leases to complete");
+    return false;
+  }
+  Piece piece = queue.front();
+  queue.pop_front();
+  if (piece.size() > limit) {
+    queue.push_front(Piece{piece.sequence, piece.shard_index, piece.begin + limit, piece.end,
+                           piece.rank});
+    piece.end = piece.begin + limit;
+  }
+  const uint64_t fence = job.next_fence;
+  const std::string lease_id = absl::StrCat(job.spec.name(), "/e", job.epoch, "/f", fence);
+  JournalRecord record;
+  auto* g = record.mutable_lease_granted();
+  g->set_job(job.spec.name());
+  g->set_epoch(job.epoch);
+  g->set_rank(s.rank);
+  g->set_sequence(piece.sequence);
+  g->set_shard_index(piece.shard_index);
+  g->set_begin(piece.begin);
+  g->set_end(piece.end);
+  g->set_fence(fence);
+  g->set_lease_id(lease_id);
+  g->set_holder(s.trainer_id);
+  if (!CommitLocked(std::move(record), fx).ok()) return false;
+  LeaseEntry lease;
+  lease.lease_id = lease_id;
+  lease.fence = fence;
+  lease.job = job.spec.name();
+  lease.epoch = job.epoch;
+  lease.rank = s.rank;
+  lease.shard_index = piece.shard_index;
+  lease.begin = piece.begin;
+  lease.end = piece.end;
+  lease.sequence = piece.sequence;
+  lease.holder = s.trainer_id;
+  leases_.Add(lease, TtlLocked(job)).IgnoreError();
+  CoordinatorMessage grant;
+  *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*leases_.Find(lease_id), job);
+  fx.sends.emplace_back(s.sink, grant);
+  if (options_.metrics) options_.metrics->LeasesGranted(job.spec.name()).Increment();
+  return true;
+}
+
+void CoordinatorService::PumpLocked(const std::string& name, Effects& fx) {
+  const JobData* job = state_.FindJob(name);
+  if (job == nullptr) return;
+  JobRuntime& rt = runtime_[name];
+  for (auto& [id, s] : sessions_) {
+    if (!s.hello || s.finished || s.job != name) continue;
+    if (s.announced_epoch != job->epoch) {
+      if (s.announced_epoch >= 0) {
+        CoordinatorMessage end;
+        end.mutable_epoch_end()->set_epoch(job->epoch - 1);
+        fx.sends.emplace_back(s.sink, end);
+      }
+      s.announced_epoch = job->epoch;
+      if (job->done) {
+        CoordinatorMessage done;
+        done.mutable_job_done();
+        fx.sends.emplace_back(s.sink, done);
+        FinishSessionLocked(s, absl::OkStatus(), fx);
+        continue;
+      }
+      CoordinatorMessage begin;
+      begin.mutable_epoch_begin()->set_epoch(job->epoch);
+      begin.mutable_epoch_begin()->set_samples_for_rank(job->plan.samples_per_rank);
+      begin.mutable_epoch_begin()->set_already_consumed(job->consumed_per_rank[s.rank]);
+      fx.sends.emplace_back(s.sink, begin);
+    }
+    if (job->done) continue;
+    int32_t held = static_cast<int32_t>(leases_.HeldBy(s.trainer_id).size());
+    std::string why_not;
+    while (held < s.credits && GrantOneLocked(s, *job, rt, fx, &why_not)) ++held;
+    if (held < s.credits && !why_not.empty() && why_not != s.waiting) {
+      s.waiting = why_not;
+      CoordinatorMessage waiting;
+      waiting.mutable_waiting()->set_reason(why_not);
+      fx.sends.emplace_back(s.sink, waiting);
+    } else if (held >= s.credits) {
+      s.waiting.clear();
+    }
+  }
+}
+
+int CoordinatorService::ExpireLeases() {
+  Effects fx;
+  int expired = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string> jobs;
+    for (const std::string& id : leases_.FindExpired(1024)) {
+      const LeaseEntry* lease = leases_.Find(id);
+      if (lease == nullptr) continue;
+      const std::string job = lease->job;
+      LogInfo("lease %s of trainer %s expired; %d samples return to the queue", id,
+              lease->holder, lease->remaining());
+      EndLeaseLocked(job, id, "expired", fx);
+      jobs.insert(job);
+      ++expired;
+    }
+    for (const std::string& job : jobs) PumpLocked(job, fx);
+    UpdateGaugesLocked();
+  }
+  Deliver(fx);
+  return expired;
+}
+
+absl::Time CoordinatorService::NextExpiry() {
+  absl::MutexLock lock(&mu_);
+  return leases_.NextExpiry();
+}
+
+void CoordinatorService::Drain() {
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, s] : sessions_) {
+      FinishSessionLocked(s, absl::UnavailableError("coordinator is shutting down; reconnect"), fx);
+    }
+  }
+  Deliver(fx);
+}
+
+void CoordinatorService::UpdateGaugesLocked() {
+  CoordinatorMetrics* m = options_.metrics;
+  if (m == nullptr) return;
+  m->jobs.Set(static_cast<double>(state_.jobs().size()));
+  m->sessions.Set(static_cast<double>(sessions_.size()));
+  m->live_leases.Set(static_cast<double>(leases_.size()));
+  for (const auto& [name, job] : state_.jobs()) {
+    m->EpochSamplesTotal(name).Set(static_cast<double>(job.served_per_epoch()));
+    m->EpochSamplesCompleted(name).Set(static_cast<double>(job.consumed_total));
+    m->Epoch(name).Set(static_cast<double>(job.epoch));
+  }
+}
+
+}  // namespace sluice

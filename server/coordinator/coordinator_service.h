@@ -1,0 +1,162 @@
+// CoordinatorService: jobs, trainer sessions and shard leases (logic only;
+// grpc_coordinator_service.cc adapts it to gRPC).
+//
+// Every state change goes: validate -> journal Enqueue (under mu_, so journal
+// order is apply order) -> CoordinatorState::Apply -> release mu_ ->
+// WaitDurable (group commit) -> deliver the messages that depend on it. No
+// trainer ever hears of state that a crash could lose (G5).
+//
+// Worked example (world_size 2, static): CreateJob; session A Hello{rank 0},
+// Want{2} -> Welcome, EpochBegin{0, q}, Grant x2 of rank 0's first units;
+// Progress/Complete journal UnitAcked; when every rank has consumed its q
+// samples the epoch advances: EpochEnd{0}, EpochBegin{1} to every session.
+// A session whose stream breaks keeps its leases until their TTL; a Hello
+// with the same trainer_id within it takes them over (Grants are re-sent).
+//
+// Thread-safety: all public methods may be called from any thread.
+#ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+#define SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/common/clock.h"
+#include "server/coordinator/coordinator_metrics.h"
+#include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/journal.h"
+#include "server/coordinator/lease_table.h"
+#include "sluice/v1/coordinator.pb.h"
+
+namespace sluice {
+
+// Where a session's outgoing messages go. Implementations queue and return
+// at once; they never call back into the service.
+class SessionSink {
+ public:
+  virtual ~SessionSink() = default;
+  virtual void Send(const v1::CoordinatorMessage& message) = 0;
+  // Ends the stream with `status` after the queued messages.
+  virtual void Finish(const absl::Status& status) = 0;
+};
+
+struct CoordinatorOptions {
+  Clock* clock = Clock::Real();
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration default_lease_ttl = absl::Seconds(10);
+  // Journal directory; empty = in memory (tests only).
+  std::string journal_dir;
+  CoordinatorMetrics* metrics = nullptr;  // optional
+};
+
+class CoordinatorService {
+ public:
+  // Opens (or creates) the journal, replays it and gives every recovered
+  // lease a fresh TTL.
+  static absl::StatusOr<std::unique_ptr<CoordinatorService>> Create(
+      const CoordinatorOptions& options);
+
+  absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> GetJob(const std::string& name, bool include_manifest);
+  std::vector<v1::Job> ListJobs();
+  absl::Status DeleteJob(const std::string& name);
+
+  // A new Session stream. Returns its id for OnMessage/CloseSession.
+  int64_t OpenSession(std::shared_ptr<SessionSink> sink);
+  // Handles one trainer message. Protocol errors end the stream through the
+  // sink; per-lease errors (stale fence ...) are answered with Rejected.
+  void OnMessage(int64_t session_id, const v1::TrainerMessage& message);
+  // The stream ended (either side). Leases stay until their TTL.
+  void CloseSession(int64_t session_id);
+
+  // Reclaims expired leases; returns how many. Called by the expiry thread
+  // (grpc layer) or directly by tests with a fake clock.
+  int ExpireLeases();
+  // When the next lease expires (for the expiry thread's wait).
+  absl::Time NextExpiry();
+
+  // Ends every session with UNAVAILABLE so trainers reconnect elsewhere/later.
+  void Drain();
+
+  int64_t recovered_records() const { return recovered_records_; }
+
+ private:
+  struct Session {
+    int64_t id = 0;
+    std::shared_ptr<SessionSink> sink;
+    bool hello = false;
+    std::string job;
+    int32_t rank = 0;
+    std::string trainer_id;
+    int32_t credits = 0;
+    int64_t announced_epoch = -1;
+    std::string waiting;
+    bool finished = false;
+  };
+  // Runtime (derived) per-job data: queues of unassigned pieces.
+  struct JobRuntime {
+    std::vector<std::deque<Piece>> queues;  // static: per rank; else [0]
+  };
+  struct Effects {
+    std::vector<std::pair<std::shared_ptr<SessionSink>, v1::CoordinatorMessage>> sends;
+    std::vector<std::pair<std::shared_ptr<SessionSink>, absl::Status>> finishes;
+    uint64_t ticket = 0;
+  };
+
+  explicit CoordinatorService(const CoordinatorOptions& options);
+
+  // Journals and applies one record (under mu_).
+  absl::Status CommitLocked(v1::internal::JournalRecord record, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Deliver(Effects& fx);
+  void RebuildQueuesLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt, int32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PumpLocked(const std::string& job, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt, Effects& fx,
+                      std::string* why_not) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLeaseLocked(const std::string& job, const std::string& lease_id,
+                      const std::string& reason, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeAdvanceEpochLocked(const std::string& job, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleHelloLocked(Session& s, const v1::Hello& hello, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishSessionLocked(Session& s, const absl::Status& status, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Job JobToProtoLocked(const JobData& job, bool include_manifest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Lease LeaseToProtoLocked(const LeaseEntry& lease, const JobData& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration TtlLocked(const JobData& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  std::unique_ptr<Journal> journal_;
+  int64_t recovered_records_ = 0;
+
+  absl::Mutex mu_;
+  CoordinatorState state_ ABSL_GUARDED_BY(mu_);
+  LeaseTable leases_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> session_of_trainer_ ABSL_GUARDED_BY(mu_);
+  int64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+// Validates `spec` and returns it with defaults filled in and the manifest
+// inline (manifest_path read and parsed). INVALID_ARGUMENT names the field.
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& spec);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_

@@ -1,0 +1,102 @@
+// CoordinatorState: the coordinator's durable state, changed only by
+// Apply(JournalRecord). Pure: no I/O, no clock, no randomness, so replaying
+// the journal rebuilds exactly the state the live server had.
+//
+// Per job it keeps the spec, the current epoch and its plan, which sample
+// ranges of the epoch have been acknowledged (per unit sequence), samples
+// consumed per rank, and the live leases (durable part: holder, range,
+// fence, acknowledged prefix). Queues of unassigned work are derived from it
+// (PendingPieces).
+//
+// Not thread-safe: owned by CoordinatorService under its mutex.
+#ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_STATE_H_
+#define SLUICE_SERVER_COORDINATOR_COORDINATOR_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/coordinator/epoch_planner.h"
+#include "sluice/v1/coordinator.pb.h"
+#include "sluice/v1/journal.pb.h"
+
+namespace sluice {
+
+// A sorted set of disjoint half-open intervals.
+class IntervalSet {
+ public:
+  void Add(int64_t begin, int64_t end);
+  // Parts of [begin, end) not in the set, in order.
+  std::vector<std::pair<int64_t, int64_t>> Missing(int64_t begin, int64_t end) const;
+  int64_t Covered() const;
+
+ private:
+  std::map<int64_t, int64_t> ranges_;  // begin -> end
+};
+
+struct DurableLease {
+  std::string lease_id;
+  uint64_t fence = 0;
+  int32_t rank = 0;
+  int64_t sequence = 0;
+  int32_t shard_index = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::string holder;
+  int64_t acked = 0;  // acknowledged prefix, samples
+};
+
+// A range of unassigned samples of one planned unit.
+struct Piece {
+  int64_t sequence = 0;
+  int32_t shard_index = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  int32_t rank = 0;  // planned rank (static mode)
+  int64_t size() const { return end - begin; }
+};
+
+struct JobData {
+  v1::JobSpec spec;  // defaults filled, manifest inline
+  std::vector<int64_t> shard_samples;
+  PlanOptions options;
+  int64_t create_time_unix_ms = 0;
+  int64_t epoch = 0;
+  bool done = false;
+  EpochPlan plan;  // of `epoch`
+  std::map<int64_t, IntervalSet> acked;  // sequence -> acknowledged ranges
+  std::vector<int64_t> consumed_per_rank;
+  int64_t consumed_total = 0;
+  uint64_t next_fence = 1;
+  std::map<std::string, DurableLease> leases;
+
+  int64_t served_per_epoch() const {
+    return plan.samples_per_rank * plan.num_ranks;
+  }
+  bool epoch_complete() const { return consumed_total >= served_per_epoch(); }
+};
+
+class CoordinatorState {
+ public:
+  absl::Status Apply(const v1::internal::JournalRecord& record);
+
+  const JobData* FindJob(const std::string& name) const;
+  const std::map<std::string, JobData>& jobs() const { return jobs_; }
+
+  // Unassigned work of `job`'s current epoch: every planned unit minus the
+  // acknowledged ranges and the ranges of live leases, in plan order.
+  std::vector<Piece> PendingPieces(const JobData& job) const;
+
+ private:
+  static void StartEpoch(JobData& job, int64_t epoch);
+  std::map<std::string, JobData> jobs_;
+};
+
+// Fills defaults into a validated spec's copy and converts options.
+PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVER_COORDINATOR_COORDINATOR_STATE_H_

@@ -1,0 +1,318 @@
+#include "server/coordinator/coordinator_service.h"
+
+#include <map>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sluice {
+namespace {
+
+using ::sluice::testing::FakeClock;
+using ::sluice::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Records what the service sends to one session.
+class RecordingSink : public SessionSink {
+ public:
+  void Send(const v1::CoordinatorMessage& m) override { inbox.push_back(m); }
+  void Finish(const absl::Status& s) override { finished = s; }
+  // Pops every Grant received so far.
+  std::vector<v1::Lease> TakeGrants() {
+    std::vector<v1::Lease> grants;
+    std::vector<v1::CoordinatorMessage> rest;
+    for (auto& m : inbox) {
+      if (m.has_grant()) grants.push_back(m.grant().lease());
+      else rest.push_back(m);
+    }
+    inbox = rest;
+    return grants;
+  }
+  int Count(v1::CoordinatorMessage::MsgCase c) const {
+    int n = 0;
+    for (const auto& m : inbox) n += m.msg_case() == c;
+    return n;
+  }
+  std::vector<v1::CoordinatorMessage> inbox;
+  std::optional<absl::Status> finished;
+};
+
+v1::JobSpec Spec(const std::string& name, std::vector<int64_t> sizes, int32_t world_size,
+                 int64_t epochs) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  spec.mutable_manifest();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto* s = spec.mutable_manifest()->add_shards();
+    s->set_url("/data/shard-" + std::to_string(i) + ".tar");
+    s->set_num_samples(sizes[i]);
+  }
+  spec.set_world_size(world_size);
+  spec.set_num_epochs(epochs);
+  spec.set_shuffle(true);
+  spec.set_seed(5);
+  spec.set_lease_ttl_ms(2000);
+  return spec;
+}
+
+v1::TrainerMessage Hello(const std::string& job, int rank, const std::string& trainer) {
+  v1::TrainerMessage m;
+  m.mutable_hello()->set_job(job);
+  m.mutable_hello()->set_rank(rank);
+  m.mutable_hello()->set_trainer_id(trainer);
+  return m;
+}
+v1::TrainerMessage Want(int n) {
+  v1::TrainerMessage m;
+  m.mutable_want()->set_credits(n);
+  return m;
+}
+v1::TrainerMessage Complete(const v1::Lease& l) {
+  v1::TrainerMessage m;
+  m.mutable_complete()->set_lease_id(l.lease_id());
+  m.mutable_complete()->set_fence(l.fence());
+  return m;
+}
+v1::TrainerMessage Progress(const v1::Lease& l, int64_t consumed) {
+  v1::TrainerMessage m;
+  m.mutable_progress()->set_lease_id(l.lease_id());
+  m.mutable_progress()->set_fence(l.fence());
+  m.mutable_progress()->set_consumed(consumed);
+  return m;
+}
+
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions options;
+    options.clock = &clock_;
+    auto service = CoordinatorService::Create(options);
+    ASSERT_OK(service);
+    service_ = std::move(*service);
+  }
+  FakeClock clock_;
+  std::unique_ptr<CoordinatorService> service_;
+};
+
+
+// Four ranks consume three epochs; every served sample is acknowledged
+// exactly once per epoch and the ranks get identical counts (G1-G3).
+TEST_F(CoordinatorServiceTest, ThreeEpochsCoverEverySampleOnceWithEqualRanks) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {7, 0, 1, 13, 5, 9}, 4, 3)));  // T = 35
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  std::vector<int64_t> ids;
+  for (int r = 0; r < 4; ++r) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    ids.push_back(service_->OpenSession(sinks.back()));
+    service_->OnMessage(ids[r], Hello("j", r, "t" + std::to_string(r)));
+    service_->OnMessage(ids[r], Want(2));
+  }
+  std::map<int64_t, std::map<std::pair<int, int64_t>, int>> seen;  // epoch -> sample -> n
+  std::map<int64_t, std::vector<int64_t>> per_rank;
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < 4; ++r) {
+      for (const v1::Lease& lease : sinks[r]->TakeGrants()) {
+        progress = true;
+        EXPECT_EQ(lease.rank(), r);
+        auto& counts = per_rank[lease.epoch()];
+        counts.resize(4);
+        counts[r] += lease.unit().end() - lease.unit().begin();
+        for (int64_t k = lease.unit().begin(); k < lease.unit().end(); ++k) {
+          ++seen[lease.epoch()][{lease.unit().shard_index(), k}];
+        }
+        service_->OnMessage(ids[r], Complete(lease));
+      }
+    }
+  }
+  ASSERT_EQ(seen.size(), 3u);
+  for (const auto& [epoch, samples] : seen) {
+    EXPECT_EQ(samples.size(), 32u) << "epoch " << epoch;  // 35 - 3 dropped
+    for (const auto& [sample, n] : samples) EXPECT_EQ(n, 1);
+    EXPECT_EQ(per_rank[epoch], (std::vector<int64_t>{8, 8, 8, 8}));
+  }
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(sinks[r]->Count(v1::CoordinatorMessage::kEpochBegin), 3);
+    EXPECT_EQ(sinks[r]->Count(v1::CoordinatorMessage::kEpochEnd), 3);
+    EXPECT_EQ(sinks[r]->Count(v1::CoordinatorMessage::kJobDone), 1);
+    ASSERT_TRUE(sinks[r]->finished.has_value());
+    EXPECT_OK(*sinks[r]->finished);
+  }
+  auto job = service_->GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().state(), v1::JOB_STATE_DONE);
+}
+
+// A holder that stops heartbeating loses its lease at the TTL, and only the
+// unconsumed remainder (after its last Progress) is granted again (G2, G4).
+TEST_F(CoordinatorServiceTest, ExpiredLeaseRequeuesOnlyTheRemainder) {
+  v1::JobSpec spec = Spec("j", {10}, 0, 1);
+  spec.set_shuffle(false);
+  ASSERT_OK(service_->CreateJob(spec));
+  auto a = std::make_shared<RecordingSink>();
+  const int64_t ida = service_->OpenSession(a);
+  service_->OnMessage(ida, Hello("j", 0, "dead"));
+  service_->OnMessage(ida, Want(1));
+  std::vector<v1::Lease> grants = a->TakeGrants();
+  ASSERT_EQ(grants.size(), 1u);
+  service_->OnMessage(ida, Progress(grants[0], 4));
+  service_->CloseSession(ida);  // stream cut, no goodbye
+
+  auto b = std::make_shared<RecordingSink>();
+  const int64_t idb = service_->OpenSession(b);
+  service_->OnMessage(idb, Hello("j", 0, "alive"));
+  service_->OnMessage(idb, Want(1));
+  EXPECT_TRUE(b->TakeGrants().empty());
+  clock_.Advance(absl::Milliseconds(1999));
+  EXPECT_EQ(service_->ExpireLeases(), 0);
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(service_->ExpireLeases(), 1);
+  std::vector<v1::Lease> regrant = b->TakeGrants();
+  ASSERT_EQ(regrant.size(), 1u);
+  EXPECT_EQ(regrant[0].unit().begin(), 4);
+  EXPECT_EQ(regrant[0].unit().end(), 10);
+  EXPECT_GT(regrant[0].fence(), grants[0].fence());
+  // The dead holder's late Complete carries a stale lease: rejected, ABORTED
+  // or NOT_FOUND, never counted.
+  auto late = std::make_shared<RecordingSink>();
+  const int64_t idl = service_->OpenSession(late);
+  service_->OnMessage(idl, Hello("j", 0, "dead"));
+  service_->OnMessage(idl, Complete(grants[0]));
+  ASSERT_EQ(late->Count(v1::CoordinatorMessage::kRejected), 1);
+  service_->OnMessage(idb, Complete(regrant[0]));
+  auto job = service_->GetJob("j", false);
+  EXPECT_EQ(job->status().state(), v1::JOB_STATE_DONE);
+}
+
+TEST_F(CoordinatorServiceTest, StaleFenceIsRejectedWithAborted) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {10}, 0, 1)));
+  auto a = std::make_shared<RecordingSink>();
+  const int64_t id = service_->OpenSession(a);
+  service_->OnMessage(id, Hello("j", 0, "t"));
+  service_->OnMessage(id, Want(1));
+  v1::Lease lease = a->TakeGrants().at(0);
+  lease.set_fence(lease.fence() + 7);
+  service_->OnMessage(id, Progress(lease, 1));
+  ASSERT_EQ(a->Count(v1::CoordinatorMessage::kRejected), 1);
+  for (const auto& m : a->inbox) {
+    if (m.has_rejected()) {
+      EXPECT_EQ(m.rejected().code(), static_cast<int>(absl::StatusCode::kAborted));
+      EXPECT_THAT(m.rejected().message(), HasSubstr(lease.lease_id()));
+    }
+  }
+  EXPECT_FALSE(a->finished.has_value());  // the stream goes on
+}
+
+TEST_F(CoordinatorServiceTest, BadInputGetsTheDocumentedCodes) {
+  EXPECT_THAT(service_->GetJob("nope", false),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  EXPECT_THAT(service_->CreateJob(Spec("e", {}, 1, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.manifest")));
+  v1::JobSpec dup = Spec("d", {1, 2}, 1, 1);
+  dup.mutable_manifest()->mutable_shards(1)->set_url("/data/shard-0.tar");
+  EXPECT_THAT(service_->CreateJob(dup),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.manifest.shards[1].url")));
+  v1::JobSpec scheme = Spec("s", {1}, 1, 1);
+  scheme.mutable_manifest()->mutable_shards(0)->set_url("ftp://x/y.tar");
+  EXPECT_THAT(service_->CreateJob(scheme),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shards[0].url")));
+  EXPECT_THAT(service_->CreateJob(Spec("w", {1}, -1, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.world_size")));
+  EXPECT_THAT(service_->CreateJob(Spec("bad name!", {1}, 1, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.name")));
+  // Idempotent by name.
+  ASSERT_OK(service_->CreateJob(Spec("j", {3}, 2, 1)));
+  EXPECT_OK(service_->CreateJob(Spec("j", {3}, 2, 1)));
+  EXPECT_THAT(service_->CreateJob(Spec("j", {3}, 3, 1)),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("j")));
+  // rank >= world_size ends the session with INVALID_ARGUMENT.
+  auto a = std::make_shared<RecordingSink>();
+  service_->OnMessage(service_->OpenSession(a), Hello("j", 2, "t"));
+  ASSERT_TRUE(a->finished.has_value());
+  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello.rank=2")));
+  auto b = std::make_shared<RecordingSink>();
+  service_->OnMessage(service_->OpenSession(b), Hello("zzz", 0, "t"));
+  EXPECT_THAT(*b->finished, StatusIs(absl::StatusCode::kNotFound, HasSubstr("zzz")));
+  EXPECT_THAT(service_->DeleteJob("zzz"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(service_->DeleteJob("j"));
+  EXPECT_THAT(service_->GetJob("j", false), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// Dynamic mode: a fast rank cannot take more than its quota.
+TEST_F(CoordinatorServiceTest, DynamicModeRespectsQuotas) {
+  v1::JobSpec spec = Spec("j", {10, 10}, 2, 1);
+  spec.set_mode(v1::MODE_DYNAMIC);
+  ASSERT_OK(service_->CreateJob(spec));
+  auto fast = std::make_shared<RecordingSink>();
+  const int64_t id = service_->OpenSession(fast);
+  service_->OnMessage(id, Hello("j", 0, "fast"));
+  service_->OnMessage(id, Want(8));
+  int64_t got = 0;
+  bool more = true;
+  while (more) {
+    more = false;
+    for (const v1::Lease& l : fast->TakeGrants()) {
+      more = true;
+      got += l.unit().end() - l.unit().begin();
+      service_->OnMessage(id, Complete(l));
+    }
+  }
+  EXPECT_EQ(got, 10);
+  EXPECT_EQ(fast->Count(v1::CoordinatorMessage::kWaiting), 1);
+}
+
+// Replaying the journal yields the live state: same status, same leases.
+TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
+  testing::TempDir dir;
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.journal_dir = dir.path();
+  v1::Job before;
+  std::string held_lease;
+  {
+    auto service = CoordinatorService::Create(options);
+    ASSERT_OK(service);
+    v1::JobSpec spec = Spec("j", {5, 5, 5}, 3, 2);
+    spec.set_max_samples_per_lease(2);
+    ASSERT_OK((*service)->CreateJob(spec));
+    auto sink = std::make_shared<RecordingSink>();
+    const int64_t id = (*service)->OpenSession(sink);
+    (*service)->OnMessage(id, Hello("j", 1, "t1"));
+    (*service)->OnMessage(id, Want(2));
+    std::vector<v1::Lease> grants = sink->TakeGrants();
+    ASSERT_EQ(grants.size(), 2u);
+    (*service)->OnMessage(id, Complete(grants[0]));
+    (*service)->OnMessage(id, Progress(grants[1], 1));
+    held_lease = grants[1].lease_id();
+    before = *(*service)->GetJob("j", false);
+    // Sessions are not durable state.
+    before.mutable_status()->mutable_ranks(1)->clear_sessions();
+  }
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  EXPECT_GT((*service)->recovered_records(), 0);
+  v1::Job after = *(*service)->GetJob("j", false);
+  EXPECT_EQ(after.status().DebugString(), before.status().DebugString());
+  // The recovered lease has a fresh TTL and is handed back to its holder.
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = (*service)->OpenSession(sink);
+  (*service)->OnMessage(id, Hello("j", 1, "t1"));
+  // Both leases it held (the progressed one and the one granted for the
+  // credit its Complete freed) come back, each with a fresh TTL.
+  std::vector<v1::Lease> again = sink->TakeGrants();
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_TRUE(again[0].lease_id() == held_lease || again[1].lease_id() == held_lease);
+  for (const v1::Lease& l : again) {
+    EXPECT_EQ(l.expires_at_unix_ms(), absl::ToUnixMillis(clock.Now()) + 2000);
+  }
+}
+
+}  // namespace
+}  // namespace sluice
