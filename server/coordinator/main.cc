@@ -1,17 +1,47 @@
 // sluice-coordinator: hands out epoch-consistent shard leases to trainers.
 #include <memory>
 
+#include <prometheus/registry.h>
+
+#include "absl/flags/flag.h"
 #include "server/common/server_host.h"
-#include "sluice/v1/coordinator.grpc.pb.h"
+#include "server/common/status_macros.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/grpc_coordinator_service.h"
+
+ABSL_FLAG(std::string, journal_dir, "sluice-journal",
+          "Directory of the coordinator's journal (created if missing). Jobs, "
+          "acknowledged progress and leases survive restarts through it.");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
+          "How often trainers heartbeat (sent to them in Welcome).");
+ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
+          "Lease TTL for jobs that do not set lease_ttl_ms.");
 
 namespace {
 
 class CoordinatorServices : public sluice::ServiceSet {
  public:
-  std::vector<grpc::Service*> services() override { return {&coordinator_}; }
+  static absl::StatusOr<std::unique_ptr<CoordinatorServices>> Create(
+      std::shared_ptr<prometheus::Registry> registry) {
+    auto services = std::unique_ptr<CoordinatorServices>(new CoordinatorServices());
+    services->metrics_ = std::make_unique<sluice::CoordinatorMetrics>(*registry);
+    sluice::CoordinatorOptions options;
+    options.journal_dir = absl::GetFlag(FLAGS_journal_dir);
+    options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+    options.default_lease_ttl = absl::GetFlag(FLAGS_default_lease_ttl);
+    options.metrics = services->metrics_.get();
+    ASSIGN_OR_RETURN(services->logic_, sluice::CoordinatorService::Create(options));
+    services->grpc_ = std::make_unique<sluice::GrpcCoordinatorService>(services->logic_.get());
+    return services;
+  }
+  std::vector<grpc::Service*> services() override { return {grpc_.get()}; }
+  void Drain() override { grpc_->Drain(); }
 
  private:
-  sluice::v1::Coordinator::CallbackService coordinator_;
+  CoordinatorServices() = default;
+  std::unique_ptr<sluice::CoordinatorMetrics> metrics_;
+  std::unique_ptr<sluice::CoordinatorService> logic_;
+  std::unique_ptr<sluice::GrpcCoordinatorService> grpc_;
 };
 
 }  // namespace
@@ -25,9 +55,10 @@ int main(int argc, char** argv) {
       "SIGTERM/SIGINT (exit 0).";
   options.default_listen = "0.0.0.0:7070";
   options.default_metrics_listen = "0.0.0.0:9070";
-  options.make_services = [](std::shared_ptr<prometheus::Registry>)
+  options.make_services = [](std::shared_ptr<prometheus::Registry> registry)
       -> absl::StatusOr<std::unique_ptr<sluice::ServiceSet>> {
-    return std::make_unique<CoordinatorServices>();
+    ASSIGN_OR_RETURN(auto services, CoordinatorServices::Create(std::move(registry)));
+    return std::unique_ptr<sluice::ServiceSet>(std::move(services));
   };
   return sluice::RunServerMain(argc, argv, options);
 }

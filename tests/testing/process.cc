@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -130,6 +131,14 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(
       BinDir() + "/" + binary, "--listen=127.0.0.1:0",
       "--metrics_listen=127.0.0.1:0", "--port_file=" + port_file};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  // A coordinator keeps its journal inside the test's directory unless the
+  // test names one (e.g. to restart on the same journal).
+  if (binary == "sluice-coordinator" &&
+      std::none_of(extra_args.begin(), extra_args.end(), [](const std::string& a) {
+        return a.rfind("--journal_dir=", 0) == 0;
+      })) {
+    argv.push_back(absl::StrCat("--journal_dir=", dir, "/", tag, ".journal"));
+  }
   auto child = ChildProcess::Start(argv, server.log_path);
   if (!child.ok()) return child.status();
   server.process = std::move(*child);

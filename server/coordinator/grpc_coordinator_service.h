@@ -1,0 +1,48 @@
+// GrpcCoordinatorService: the gRPC adapter over CoordinatorService. Converts
+// protos and statuses, runs Session streams as callback reactors, and runs
+// the lease-expiry thread. No coordination logic lives here.
+#ifndef SLUICE_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
+#define SLUICE_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
+
+#include <memory>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "server/coordinator/coordinator_service.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+
+namespace sluice {
+
+class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
+ public:
+  explicit GrpcCoordinatorService(CoordinatorService* service);
+  ~GrpcCoordinatorService() override;
+
+  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CreateJobRequest* req, v1::Job* resp) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
+                                   const v1::GetJobRequest* req, v1::Job* resp) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
+                                      const v1::DeleteJobRequest* req,
+                                      v1::DeleteJobResponse* resp) override;
+  grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* Session(
+      grpc::CallbackServerContext* ctx) override;
+
+  // Ends every session (UNAVAILABLE) and stops the expiry thread.
+  void Drain();
+
+ private:
+  void ExpiryLoop();
+
+  CoordinatorService* const service_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread expiry_thread_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
