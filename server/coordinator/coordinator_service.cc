@@ -47,6 +47,23 @@ CoordinatorMessage Rejected(const std::string& lease_id, const absl::Status& s) 
   return m;
 }
 
+// The live-table form of a lease from its durable record.
+LeaseEntry LiveLease(const DurableLease& d, const std::string& job, int64_t epoch) {
+  LeaseEntry lease;
+  lease.lease_id = d.lease_id;
+  lease.fence = d.fence;
+  lease.job = job;
+  lease.epoch = epoch;
+  lease.rank = d.rank;
+  lease.shard_index = d.shard_index;
+  lease.begin = d.begin;
+  lease.end = d.end;
+  lease.sequence = d.sequence;
+  lease.holder = d.holder;
+  lease.consumed = d.acked;
+  return lease;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in) {
@@ -144,19 +161,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   for (const auto& [name, job] : service->state_.jobs()) {
     service->RebuildQueuesLocked(name);
     for (const auto& [id, d] : job.leases) {
-      LeaseEntry lease;
-      lease.lease_id = d.lease_id;
-      lease.fence = d.fence;
-      lease.job = name;
-      lease.epoch = job.epoch;
-      lease.rank = d.rank;
-      lease.shard_index = d.shard_index;
-      lease.begin = d.begin;
-      lease.end = d.end;
-      lease.sequence = d.sequence;
-      lease.holder = d.holder;
-      lease.consumed = d.acked;
-      RETURN_IF_ERROR(service->leases_.Add(lease, service->TtlLocked(job)));
+      RETURN_IF_ERROR(
+          service->leases_.Add(LiveLease(d, name, job.epoch), service->TtlLocked(job)));
     }
   }
   if (service->recovered_records_ > 0) {
@@ -599,18 +605,8 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
   g->set_lease_id(lease_id);
   g->set_holder(s.trainer_id);
   if (!CommitLocked(std::move(record), fx).ok()) return false;
-  LeaseEntry lease;
-  lease.lease_id = lease_id;
-  lease.fence = fence;
-  lease.job = job.spec.name();
-  lease.epoch = job.epoch;
-  lease.rank = s.rank;
-  lease.shard_index = piece.shard_index;
-  lease.begin = piece.begin;
-  lease.end = piece.end;
-  lease.sequence = piece.sequence;
-  lease.holder = s.trainer_id;
-  leases_.Add(lease, TtlLocked(job)).IgnoreError();
+  leases_.Add(LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch), TtlLocked(job))
+      .IgnoreError();
   CoordinatorMessage grant;
   *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*leases_.Find(lease_id), job);
   fx.sends.emplace_back(s.sink, grant);
