@@ -18,13 +18,6 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
     : jobs(GaugeFamily(r, "sluice_coordinator_jobs", "Jobs known to the coordinator.").Add({})),
       sessions(GaugeFamily(r, "sluice_coordinator_sessions", "Open trainer sessions.").Add({})),
       live_leases(GaugeFamily(r, "sluice_coordinator_live_leases", "Leases currently held.").Add({})),
-      grant_latency(prometheus::BuildHistogram()
-                        .Name("sluice_coordinator_lease_grant_latency_seconds")
-                        .Help("Time from a session having credit to its Grant being durable.")
-                        .Register(r)
-                        .Add({}, prometheus::Histogram::BucketBoundaries{
-                                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                     0.025, 0.05, 0.1, 0.25})),
       fsync_latency(prometheus::BuildHistogram()
                         .Name("sluice_coordinator_journal_fsync_seconds")
                         .Help("Duration of each journal fsync (one per group commit).")

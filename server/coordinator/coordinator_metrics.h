@@ -28,7 +28,6 @@ class CoordinatorMetrics {
   prometheus::Gauge& jobs;
   prometheus::Gauge& sessions;
   prometheus::Gauge& live_leases;
-  prometheus::Histogram& grant_latency;
   prometheus::Histogram& fsync_latency;
   prometheus::Gauge& journal_bytes;
 

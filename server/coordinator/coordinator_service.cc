@@ -447,7 +447,6 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
 
 absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m,
                                                           Effects& fx) {
-  const JobData* job = state_.FindJob(s.job);
   switch (m.msg_case()) {
     case v1::TrainerMessage::kWant:
       if (m.want().credits() < 0) {
@@ -518,7 +517,6 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
       }
       MaybeAdvanceEpochLocked(s.job, fx);
       PumpLocked(s.job, fx);
-      (void)job;
       return absl::OkStatus();
     }
     default:

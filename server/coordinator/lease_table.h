@@ -84,7 +84,6 @@ class LeaseTable {
   const LeaseEntry* Find(const std::string& lease_id) const;
   std::vector<const LeaseEntry*> HeldBy(const std::string& holder) const;
   size_t size() const { return leases_.size(); }
-  const std::map<std::string, LeaseEntry>& leases() const { return leases_; }
 
  private:
   struct HeapEntry {
