@@ -12,7 +12,7 @@ DEB_PACKAGES := \
   build-essential cmake ninja-build pkg-config git ca-certificates openssl curl \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev grpc-proto \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev \
-  zlib1g-dev libturbojpeg0-dev libpng-dev libgtest-dev libgmock-dev libbenchmark-dev
+  zlib1g-dev libturbojpeg0-dev libpng-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 

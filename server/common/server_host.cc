@@ -328,6 +328,13 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
     LogError("%s", host.status().message());
     return 1;
   }
+  absl::Status started =
+      (*services)->Started(HostPort{config->listen.host, (*host)->grpc_port()});
+  if (!started.ok()) {
+    LogError("%s", started.message());
+    (*host)->Shutdown();
+    return started.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
   (*host)->SetReady(true);
   (*host)->RunUntilSignal([&] { (*services)->Drain(); });
   return 0;

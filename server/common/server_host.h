@@ -130,6 +130,12 @@ class ServiceSet {
   // Called once on SIGTERM/SIGINT before gRPC shutdown; ends streams that
   // would otherwise run until the drain deadline.
   virtual void Drain() {}
+  // Called once the server listens, before it is marked ready, with the
+  // address it bound (the real port when --listen asked for port 0).
+  virtual absl::Status Started(const HostPort& bound) {
+    (void)bound;
+    return absl::OkStatus();
+  }
 };
 
 struct ServerMainOptions {

@@ -1,17 +1,88 @@
 // sluice-dataserver: streams samples of WebDataset tar shards to trainers.
 #include <memory>
+#include <string>
+#include <vector>
 
+#include <prometheus/registry.h>
+
+#include "absl/flags/flag.h"
+#include "server/common/lease_token.h"
+#include "server/common/logging.h"
 #include "server/common/server_host.h"
-#include "sluice/v1/dataserver.grpc.pb.h"
+#include "server/common/status_macros.h"
+#include "server/dataserver/dataserver_metrics.h"
+#include "server/dataserver/dataserver_service.h"
+#include "server/dataserver/grpc_dataserver_service.h"
+
+ABSL_FLAG(std::vector<std::string>, roots, {},
+          "Comma-separated directories shards may be read from. Anything "
+          "resolving outside them (\"..\", symlinks) is PERMISSION_DENIED. "
+          "Required.");
+ABSL_FLAG(std::string, lease_secret_file, "",
+          "File holding the lease-token secret shared with the coordinator. "
+          "Set = every ReadSamples must carry a valid token. Empty = tokens "
+          "are not checked (trusted networks only).");
+ABSL_FLAG(int, index_cache_entries, 4096,
+          "Shard indexes kept in memory (LRU).");
+ABSL_FLAG(int, decode_threads, 0,
+          "Worker threads for tar reading and decoding; 0 = one per core.");
+ABSL_FLAG(int64_t, default_batch_bytes, 1 << 20,
+          "SampleBatch size when a request does not set max_batch_bytes.");
+ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
+          "Upper bound on a request's max_batch_bytes (clients must accept "
+          "messages this big).");
 
 namespace {
 
+using sluice::dataserver::DataServerMetrics;
+using sluice::dataserver::DataServerOptions;
+using sluice::dataserver::DataServerService;
+using sluice::dataserver::GrpcDataServerService;
+using sluice::dataserver::LocalShardStore;
+
 class DataServerServices : public sluice::ServiceSet {
  public:
-  std::vector<grpc::Service*> services() override { return {&dataserver_}; }
+  static absl::StatusOr<std::unique_ptr<DataServerServices>> Create(
+      std::shared_ptr<prometheus::Registry> registry) {
+    auto s = std::unique_ptr<DataServerServices>(new DataServerServices());
+    s->metrics_ = std::make_unique<DataServerMetrics>(*registry);
+    DataServerOptions options;
+    ASSIGN_OR_RETURN(options.store,
+                     LocalShardStore::Create(absl::GetFlag(FLAGS_roots)));
+    ASSIGN_OR_RETURN(options.lease_secret,
+                     sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
+                                            "lease_secret_file"));
+    if (options.lease_secret.empty()) {
+      sluice::LogWarning(
+          "no --lease_secret_file: lease tokens are not checked; anyone who "
+          "can reach this port can read shards under --roots");
+    }
+    if (absl::GetFlag(FLAGS_index_cache_entries) <= 0) {
+      return absl::InvalidArgumentError("--index_cache_entries must be positive");
+    }
+    options.index_cache_entries =
+        static_cast<size_t>(absl::GetFlag(FLAGS_index_cache_entries));
+    options.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+    options.default_batch_bytes = absl::GetFlag(FLAGS_default_batch_bytes);
+    options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
+    if (options.default_batch_bytes <= 0 || options.max_batch_bytes <= 0) {
+      return absl::InvalidArgumentError(
+          "--default_batch_bytes and --max_batch_bytes must be positive");
+    }
+    options.metrics = s->metrics_.get();
+    ASSIGN_OR_RETURN(s->logic_, DataServerService::Create(std::move(options)));
+    s->grpc_ = std::make_unique<GrpcDataServerService>(s->logic_.get());
+    return s;
+  }
+
+  std::vector<grpc::Service*> services() override { return {grpc_.get()}; }
+  void Drain() override { logic_->Drain(); }
 
  private:
-  sluice::v1::DataServer::CallbackService dataserver_;
+  DataServerServices() = default;
+  std::unique_ptr<DataServerMetrics> metrics_;
+  std::unique_ptr<DataServerService> logic_;
+  std::unique_ptr<GrpcDataServerService> grpc_;
 };
 
 }  // namespace
@@ -20,14 +91,15 @@ int main(int argc, char** argv) {
   sluice::ServerMainOptions options;
   options.program = "sluice-dataserver";
   options.usage =
-      "Streams samples of WebDataset tar shards to "
-      "trainers.\n\nUsage: sluice-dataserver [flags]\nStops cleanly on "
-      "SIGTERM/SIGINT (exit 0).";
+      "Streams samples of WebDataset tar shards to trainers.\n\n"
+      "Usage: sluice-dataserver --roots=/data/shards [flags]\n"
+      "Stops cleanly on SIGTERM/SIGINT (exit 0).";
   options.default_listen = "0.0.0.0:7071";
   options.default_metrics_listen = "0.0.0.0:9071";
-  options.make_services = [](std::shared_ptr<prometheus::Registry>)
+  options.make_services = [](std::shared_ptr<prometheus::Registry> registry)
       -> absl::StatusOr<std::unique_ptr<sluice::ServiceSet>> {
-    return std::make_unique<DataServerServices>();
+    ASSIGN_OR_RETURN(auto services, DataServerServices::Create(std::move(registry)));
+    return std::unique_ptr<sluice::ServiceSet>(std::move(services));
   };
   return sluice::RunServerMain(argc, argv, options);
 }

@@ -1,0 +1,93 @@
+#include "server/common/lease_token.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+namespace {
+
+void PutInt(std::string* out, int64_t v) {
+  auto u = static_cast<uint64_t>(v);
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(u >> (8 * i)));
+}
+
+void PutString(std::string* out, absl::string_view s) {
+  auto n = static_cast<uint32_t>(s.size());
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(n >> (8 * i)));
+  out->append(s.data(), s.size());
+}
+
+}  // namespace
+
+std::string CanonicalLeaseBytes(const v1::Lease& lease) {
+  std::string out = "sluice-lease-v1";
+  PutString(&out, lease.lease_id());
+  PutInt(&out, static_cast<int64_t>(lease.fence()));
+  PutString(&out, lease.job());
+  PutInt(&out, lease.epoch());
+  PutInt(&out, lease.rank());
+  PutInt(&out, lease.unit().shard_index());
+  PutString(&out, lease.unit().shard_url());
+  PutInt(&out, lease.unit().begin());
+  PutInt(&out, lease.unit().end());
+  PutInt(&out, lease.unit().sequence());
+  PutString(&out, lease.data_server());
+  PutInt(&out, lease.on_corrupt());
+  return out;
+}
+
+std::string SignLease(const v1::Lease& lease, absl::string_view secret) {
+  std::string data = CanonicalLeaseBytes(lease);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac,
+       &mac_len);
+  return std::string(reinterpret_cast<const char*>(mac), mac_len);
+}
+
+absl::Status VerifyLeaseToken(const v1::Lease& lease,
+                              absl::string_view secret) {
+  if (lease.token().empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "lease \"", lease.lease_id(), "\" has no token; this server requires "
+        "leases signed by the coordinator"));
+  }
+  std::string expected = SignLease(lease, secret);
+  if (lease.token().size() != expected.size() ||
+      CRYPTO_memcmp(lease.token().data(), expected.data(), expected.size()) !=
+          0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\", shard \"",
+        lease.unit().shard_url(), "\"): token does not match its fields"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path,
+                                           absl::string_view flag) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": cannot read \"", path, "\""));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string secret(absl::StripAsciiWhitespace(buffer.str()));
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": \"", path, "\" is empty"));
+  }
+  return secret;
+}
+
+}  // namespace sluice

@@ -1,0 +1,42 @@
+// Lease tokens: an HMAC-SHA256 over a lease's fields, keyed by a secret the
+// coordinator and the data servers share, so a data server checks a lease
+// without calling the coordinator.
+//
+// Canonical encoding (version 1), everything little-endian:
+//   "sluice-lease-v1"
+//   then, in this order, strings as u32 length + bytes and integers as
+//   8-byte two's complement:
+//   lease_id, fence, job, epoch, rank, unit.shard_index, unit.shard_url,
+//   unit.begin, unit.end, unit.sequence, data_server, on_corrupt.
+// expires_at_unix_ms is left out: renewals and recovery change it without a
+// new token.
+#ifndef SLUICE_SERVER_COMMON_LEASE_TOKEN_H_
+#define SLUICE_SERVER_COMMON_LEASE_TOKEN_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "sluice/v1/common.pb.h"
+
+namespace sluice {
+
+// The bytes the token signs.
+std::string CanonicalLeaseBytes(const v1::Lease& lease);
+
+// HMAC-SHA256 of the canonical bytes (32 bytes).
+std::string SignLease(const v1::Lease& lease, absl::string_view secret);
+
+// OK when lease.token is the HMAC of lease under `secret`;
+// PERMISSION_DENIED naming the lease otherwise (missing or wrong token).
+absl::Status VerifyLeaseToken(const v1::Lease& lease, absl::string_view secret);
+
+// Reads a secret from a file (surrounding whitespace trimmed). Empty path =
+// no secret. An empty or unreadable file is an error naming `flag`.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path,
+                                           absl::string_view flag);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVER_COMMON_LEASE_TOKEN_H_

@@ -1,0 +1,43 @@
+// Prometheus metrics of a data server. Labels are bounded: codec (six
+// values), skip reason (a fixed set), gRPC status code.
+#ifndef SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_
+#define SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_
+
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace sluice::dataserver {
+
+// Bounded set of reasons for skipped / corrupt samples.
+enum class CorruptReason { kDamagedTar, kDuplicateField, kUndecodable, kLost };
+const char* CorruptReasonLabel(CorruptReason reason);
+
+class DataServerMetrics {
+ public:
+  explicit DataServerMetrics(prometheus::Registry& registry);
+
+  prometheus::Histogram& DecodeSeconds(const char* codec);
+  prometheus::Counter& Skipped(CorruptReason reason);
+  prometheus::Counter& Corrupt(CorruptReason reason);
+  prometheus::Counter& StreamErrors(const std::string& code);
+
+  prometheus::Counter& samples_served;
+  prometheus::Counter& bytes_served;
+  prometheus::Gauge& active_streams;
+  prometheus::Counter& index_cache_hits;
+  prometheus::Counter& index_cache_misses;
+
+ private:
+  prometheus::Family<prometheus::Histogram>& decode_seconds_;
+  prometheus::Family<prometheus::Counter>& skipped_;
+  prometheus::Family<prometheus::Counter>& corrupt_;
+  prometheus::Family<prometheus::Counter>& stream_errors_;
+};
+
+}  // namespace sluice::dataserver
+
+#endif  // SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_

@@ -1,0 +1,489 @@
+#include "server/dataserver/dataserver_service.h"
+
+#include <atomic>
+#include <chrono>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/lease_token.h"
+#include "server/common/status_macros.h"
+
+namespace sluice::dataserver {
+namespace {
+
+// Samples read per produce step at most (bounds the work of one step when
+// samples are tiny).
+constexpr size_t kMaxSamplesPerStep = 1024;
+constexpr int kMaxImageSide = 16384;
+constexpr size_t kMaxFences = 1 << 20;
+
+CorruptReason Classify(const std::string& reason) {
+  if (absl::StrContains(reason, "duplicate field")) {
+    return CorruptReason::kDuplicateField;
+  }
+  if (absl::StrContains(reason, "unreadable after")) return CorruptReason::kLost;
+  return CorruptReason::kDamagedTar;
+}
+
+}  // namespace
+
+// One produce step's samples, decoded in parallel.
+struct SampleStream::Batch {
+  std::vector<RawSample> raw;
+  std::vector<absl::StatusOr<OutSample>> out;
+  std::vector<char> needs_decode;  // out[i] is still to be produced
+  std::atomic<size_t> remaining{0};
+  bool at_end = false;
+};
+
+SampleStream::SampleStream(DataServerService* service, Params params)
+    : service_(service), params_(std::move(params)) {
+  next_ = params_.start;
+  {
+    absl::MutexLock lock(&service_->mu_);
+    ++service_->active_streams_;
+  }
+  if (service_->metrics() != nullptr) service_->metrics()->active_streams.Increment();
+}
+
+SampleStream::~SampleStream() {
+  {
+    absl::MutexLock lock(&service_->mu_);
+    --service_->active_streams_;
+  }
+  if (service_->metrics() != nullptr) service_->metrics()->active_streams.Decrement();
+}
+
+void SampleStream::Next(NextCallback done) {
+  absl::StatusOr<std::optional<EncodedMessage>> result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) {
+      result = absl::CancelledError("stream cancelled");
+    } else if (!ready_.empty()) {
+      result = std::optional<EncodedMessage>(std::move(ready_.front()));
+      ready_.pop_front();
+      MaybeProduceLocked();
+    } else if (!error_.ok()) {
+      result = error_;
+    } else if (finished_) {
+      result = std::optional<EncodedMessage>();
+    } else {
+      waiter_ = std::move(done);
+      MaybeProduceLocked();
+      return;
+    }
+  }
+  if (result.ok() && result->has_value() && service_->metrics() != nullptr) {
+    service_->metrics()->samples_served.Increment(
+        static_cast<double>((*result)->num_samples()));
+    service_->metrics()->bytes_served.Increment(
+        static_cast<double>((*result)->size()));
+  }
+  done(std::move(result));
+}
+
+void SampleStream::Cancel() {
+  NextCallback waiter;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    ready_.clear();
+    waiter = std::move(waiter_);
+    waiter_ = nullptr;
+  }
+  if (waiter) waiter(absl::CancelledError("stream cancelled"));
+}
+
+void SampleStream::MaybeProduceLocked() {
+  if (producing_ || finished_ || cancelled_ || !error_.ok() ||
+      ready_.size() >= service_->options().prefetch_messages) {
+    return;
+  }
+  producing_ = true;
+  service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
+}
+
+absl::Status SampleStream::OpenLocked() {
+  index_ = service_->GetIndex(params_.shard);
+  const int64_t count = index_->num_samples();
+  if (params_.end > count && index_->damage.empty()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "lease \"", params_.lease.lease_id(), "\": samples [",
+        params_.lease.unit().begin(), ", ", params_.end, ") of shard \"",
+        params_.lease.unit().shard_url(), "\" are beyond its ", count,
+        " samples"));
+  }
+  if (next_ < count) {
+    ASSIGN_OR_RETURN(reader_,
+                     TarSampleReader::Open(params_.shard, index_, next_));
+  }
+  opened_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OutSample> SampleStream::Corrupt(int64_t index,
+                                                const std::string& key,
+                                                const std::string& reason,
+                                                CorruptReason kind) {
+  DataServerMetrics* metrics = service_->metrics();
+  if (metrics != nullptr) metrics->Corrupt(kind).Increment();
+  if (params_.policy == v1::CORRUPT_POLICY_FAIL) {
+    return absl::DataLossError(absl::StrCat("sample ", index, " (\"", key,
+                                            "\"): ", reason));
+  }
+  if (metrics != nullptr) metrics->Skipped(kind).Increment();
+  OutSample sample;
+  sample.key = key;
+  sample.index = index;
+  sample.skipped = true;
+  sample.skip_reason = reason;
+  return sample;
+}
+
+void SampleStream::Produce() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) {
+      producing_ = false;
+      return;
+    }
+  }
+  if (!opened_) {
+    absl::Status opened = OpenLocked();
+    if (!opened.ok()) {
+      Publish(opened, true);
+      return;
+    }
+  }
+  auto batch = std::make_shared<Batch>();
+  const int64_t count = index_->num_samples();
+  int64_t budget = params_.batch_bytes;
+  while (next_ < params_.end && batch->out.size() < kMaxSamplesPerStep) {
+    if (next_ >= count) {
+      // Past the damage that ended the shard's index: these samples are lost.
+      batch->out.push_back(Corrupt(next_, "",
+                                   absl::StrCat("lost: ", index_->damage),
+                                   CorruptReason::kLost));
+      batch->raw.emplace_back();
+      batch->needs_decode.push_back(0);
+      ++next_;
+      continue;
+    }
+    int64_t size = index_->samples[next_].bytes;
+    if (!batch->raw.empty() && size > budget) break;
+    budget -= size;
+    auto sample = reader_->Next();
+    if (!sample.ok()) {
+      Publish(sample.status(), true);
+      return;
+    }
+    if (!sample->has_value()) break;  // cannot happen while next_ < count
+    ++next_;
+    RawSample& raw = **sample;
+    if (!raw.corrupt.empty()) {
+      batch->out.push_back(
+          Corrupt(raw.index, raw.key, raw.corrupt, Classify(raw.corrupt)));
+      batch->raw.emplace_back();
+      batch->needs_decode.push_back(0);
+      continue;
+    }
+    if (!params_.fields.empty()) {
+      std::vector<RawField> kept;
+      for (RawField& f : raw.fields) {
+        if (params_.fields.contains(f.name)) kept.push_back(std::move(f));
+      }
+      raw.fields = std::move(kept);
+    }
+    batch->out.push_back(absl::UnknownError("not decoded"));
+    batch->raw.push_back(std::move(raw));
+    batch->needs_decode.push_back(1);
+  }
+  batch->at_end = next_ >= params_.end;
+  // Samples that need a real decoder go to the pool, one task per sample;
+  // the last task to finish frames the batch.
+  std::vector<size_t> to_decode;
+  for (size_t i = 0; i < batch->raw.size(); ++i) {
+    if (!batch->needs_decode[i]) continue;  // a skipped sample or an error
+    bool heavy = false;
+    if (params_.decode) {
+      for (const RawField& f : batch->raw[i].fields) {
+        Codec c = CodecForField(f.name);
+        heavy |= c == Codec::kJpeg || c == Codec::kPng || c == Codec::kNpy;
+      }
+    }
+    if (heavy) {
+      to_decode.push_back(i);
+    } else {
+      DecodeSample(batch, i);
+    }
+  }
+  if (to_decode.empty()) {
+    FinishBatch(batch);
+    return;
+  }
+  batch->remaining = to_decode.size();
+  // Keep one decode on this thread; hand the rest to the pool.
+  for (size_t k = 1; k < to_decode.size(); ++k) {
+    size_t i = to_decode[k];
+    service_->pool().Schedule([self = shared_from_this(), batch, i] {
+      self->DecodeSample(batch, i);
+      if (batch->remaining.fetch_sub(1) == 1) self->FinishBatch(batch);
+    });
+  }
+  DecodeSample(batch, to_decode[0]);
+  if (batch->remaining.fetch_sub(1) == 1) FinishBatch(batch);
+}
+
+void SampleStream::DecodeSample(const std::shared_ptr<Batch>& batch, size_t i) {
+  RawSample& raw = batch->raw[i];
+  OutSample out;
+  out.key = raw.key;
+  out.index = raw.index;
+  out.fields.reserve(raw.fields.size());
+  DataServerMetrics* metrics = service_->metrics();
+  for (RawField& f : raw.fields) {
+    OutField field;
+    field.name = std::move(f.name);
+    if (!params_.decode) {
+      field.value.kind = DecodedField::Kind::kRaw;
+      field.value.bytes = std::move(f.data);
+      out.fields.push_back(std::move(field));
+      continue;
+    }
+    Codec codec = CodecForField(field.name);
+    auto started = std::chrono::steady_clock::now();
+    auto decoded = DecodeField(codec, f.data, params_.image);
+    if (metrics != nullptr && codec != Codec::kRaw) {
+      metrics->DecodeSeconds(CodecName(codec))
+          .Observe(std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - started)
+                       .count());
+    }
+    if (!decoded.ok()) {
+      batch->out[i] = Corrupt(
+          raw.index, raw.key,
+          absl::StrCat("shard \"", params_.lease.unit().shard_url(),
+                       "\", member \"", raw.key, ".", field.name,
+                       "\": ", decoded.status().message()),
+          CorruptReason::kUndecodable);
+      return;
+    }
+    field.value = *std::move(decoded);
+    out.fields.push_back(std::move(field));
+  }
+  batch->out[i] = std::move(out);
+}
+
+void SampleStream::FinishBatch(const std::shared_ptr<Batch>& batch) {
+  BatchEncoder encoder(static_cast<size_t>(params_.batch_bytes));
+  std::vector<EncodedMessage> messages;
+  for (auto& out : batch->out) {
+    if (!out.ok()) {
+      Publish(out.status(), true);
+      return;
+    }
+    encoder.Add(*std::move(out), &messages);
+  }
+  encoder.Flush(&messages);
+  Publish(std::move(messages), batch->at_end);
+}
+
+void SampleStream::Publish(absl::StatusOr<std::vector<EncodedMessage>> messages,
+                           bool at_end) {
+  NextCallback waiter;
+  absl::StatusOr<std::optional<EncodedMessage>> result;
+  {
+    absl::MutexLock lock(&mu_);
+    producing_ = false;
+    if (cancelled_) return;
+    if (!messages.ok()) {
+      error_ = messages.status();
+    } else {
+      for (EncodedMessage& m : *messages) ready_.push_back(std::move(m));
+      if (at_end) finished_ = true;
+    }
+    if (waiter_) {
+      if (!ready_.empty()) {
+        result = std::optional<EncodedMessage>(std::move(ready_.front()));
+        ready_.pop_front();
+        waiter = std::move(waiter_);
+        waiter_ = nullptr;
+      } else if (!error_.ok()) {
+        result = error_;
+        waiter = std::move(waiter_);
+        waiter_ = nullptr;
+      } else if (finished_) {
+        result = std::optional<EncodedMessage>();
+        waiter = std::move(waiter_);
+        waiter_ = nullptr;
+      }
+    }
+    MaybeProduceLocked();
+  }
+  if (waiter) {
+    if (result.ok() && result->has_value() && service_->metrics() != nullptr) {
+      service_->metrics()->samples_served.Increment(
+          static_cast<double>((*result)->num_samples()));
+      service_->metrics()->bytes_served.Increment(
+          static_cast<double>((*result)->size()));
+    }
+    waiter(std::move(result));
+  }
+}
+
+// ------------------------------------------------------------------ service
+
+absl::StatusOr<std::unique_ptr<DataServerService>> DataServerService::Create(
+    DataServerOptions options) {
+  if (options.store == nullptr) {
+    return absl::InvalidArgumentError("a shard store is required");
+  }
+  if (options.default_batch_bytes <= 0 || options.max_batch_bytes <= 0) {
+    return absl::InvalidArgumentError("--max_batch_bytes must be positive");
+  }
+  if (options.prefetch_messages == 0) options.prefetch_messages = 1;
+  return std::unique_ptr<DataServerService>(
+      new DataServerService(std::move(options)));
+}
+
+DataServerService::DataServerService(DataServerOptions options)
+    : options_(std::move(options)),
+      index_cache_(options_.index_cache_entries),
+      pool_(options_.decode_threads) {}
+
+std::shared_ptr<const ShardIndex> DataServerService::GetIndex(
+    const std::shared_ptr<const ShardData>& shard) {
+  std::string key = absl::StrCat(shard->path(), "@", shard->version());
+  if (auto index = index_cache_.Find(key)) {
+    if (options_.metrics != nullptr) options_.metrics->index_cache_hits.Increment();
+    return index;
+  }
+  if (options_.metrics != nullptr) options_.metrics->index_cache_misses.Increment();
+  // Two streams may scan the same new shard at once; both get the same
+  // result and the second insert wins. Cheaper than a lock around a scan.
+  auto index = std::make_shared<const ShardIndex>(BuildShardIndex(shard));
+  index_cache_.Insert(key, index);
+  return index;
+}
+
+absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
+  std::string unit = absl::StrCat(lease.job(), "/", lease.epoch(), "/",
+                                  lease.unit().sequence(), "/",
+                                  lease.unit().shard_index());
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = fences_.try_emplace(unit, lease.fence());
+  if (!inserted) {
+    if (lease.fence() < it->second) {
+      return absl::AbortedError(absl::StrCat(
+          "lease \"", lease.lease_id(), "\" (job \"", lease.job(),
+          "\") has fence ", lease.fence(), " but fence ", it->second,
+          " was already presented for this unit: the lease was granted again"));
+    }
+    it->second = lease.fence();
+  }
+  if (fences_.size() > kMaxFences) fences_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
+    const v1::ReadRequest& request) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) {
+      return absl::UnavailableError("data server is shutting down");
+    }
+  }
+  const v1::Lease& lease = request.lease();
+  if (!options_.lease_secret.empty()) {
+    RETURN_IF_ERROR(VerifyLeaseToken(lease, options_.lease_secret));
+    RETURN_IF_ERROR(CheckFence(lease));
+  }
+  const v1::WorkUnit& unit = lease.unit();
+  if (unit.shard_url().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease \"", lease.lease_id(), "\": lease.unit.shard_url is empty"));
+  }
+  if (unit.begin() < 0 || unit.end() <= unit.begin()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "lease \"", lease.lease_id(), "\": lease.unit range [", unit.begin(),
+        ", ", unit.end(), ") of shard \"", unit.shard_url(), "\" is empty or negative"));
+  }
+  int64_t start = request.start() == 0 ? unit.begin() : request.start();
+  if (start < unit.begin() || start > unit.end()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "lease \"", lease.lease_id(), "\": start ", request.start(),
+        " is outside the unit [", unit.begin(), ", ", unit.end(), ")"));
+  }
+  if (request.max_batch_bytes() < 0) {
+    return absl::InvalidArgumentError("max_batch_bytes is negative");
+  }
+  const v1::DecodeSpec& d = request.decode();
+  for (auto [value, name] : {std::pair{d.resize_shorter_side(), "decode.resize_shorter_side"},
+                             std::pair{d.crop_height(), "decode.crop_height"},
+                             std::pair{d.crop_width(), "decode.crop_width"}}) {
+    if (value < 0 || value > kMaxImageSide) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " is ", value, "; it must be in [0, ", kMaxImageSide, "]"));
+    }
+  }
+  if ((d.crop_height() == 0) != (d.crop_width() == 0)) {
+    return absl::InvalidArgumentError(
+        "decode.crop_height and decode.crop_width must be set together");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> shard,
+                   options_.store->Open(unit.shard_url()));
+  SampleStream::Params params;
+  params.shard = std::move(shard);
+  params.lease = lease;
+  params.start = start;
+  params.end = unit.end();
+  params.decode = d.decode();
+  params.image.resize_shorter_side = d.resize_shorter_side();
+  params.image.crop_height = d.crop_height();
+  params.image.crop_width = d.crop_width();
+  for (const std::string& f : request.fields()) params.fields.insert(f);
+  params.batch_bytes = request.max_batch_bytes() == 0
+                           ? options_.default_batch_bytes
+                           : std::min(request.max_batch_bytes(),
+                                      options_.max_batch_bytes);
+  params.policy = lease.on_corrupt() == v1::CORRUPT_POLICY_FAIL
+                      ? v1::CORRUPT_POLICY_FAIL
+                      : v1::CORRUPT_POLICY_SKIP;
+  return std::make_shared<SampleStream>(this, std::move(params));
+}
+
+absl::StatusOr<v1::ShardIndex> DataServerService::IndexShard(
+    const v1::IndexShardRequest& request) {
+  if (request.url().empty()) return absl::InvalidArgumentError("url is empty");
+  ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> shard,
+                   options_.store->Open(request.url()));
+  std::shared_ptr<const ShardIndex> index = GetIndex(shard);
+  if (!index->damage.empty()) {
+    return absl::DataLossError(index->damage);
+  }
+  v1::ShardIndex out;
+  out.set_url(request.url());
+  out.set_num_samples(index->num_samples());
+  out.set_size_bytes(index->size_bytes);
+  if (request.include_samples()) {
+    for (const IndexedSample& s : index->samples) {
+      out.add_keys(s.key);
+      out.add_sample_bytes(s.bytes);
+    }
+  }
+  return out;
+}
+
+void DataServerService::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+int DataServerService::active_streams() const {
+  absl::MutexLock lock(&mu_);
+  return active_streams_;
+}
+
+}  // namespace sluice::dataserver

@@ -1,0 +1,161 @@
+// The data server's logic, free of gRPC types: checks a ReadRequest (lease
+// token, range, decode spec) and hands out a SampleStream, a pull-based
+// producer of encoded SampleBatch messages that the gRPC adapter pumps.
+//
+// Pipeline of one stream (at most one batch being produced, at most
+// `prefetch_messages` encoded messages waiting; nothing is unbounded):
+//
+//   Next() --> ready message? --yes--> deliver, top up the pipeline
+//                 | no
+//                 v
+//   produce on the pool: read samples from the tar (index seek, no copy)
+//     --> decode fields, one pool task per sample (raw mode: inline)
+//     --> frame into messages of <= max_batch_bytes --> ready --> deliver
+//
+// A client that goes away calls Cancel(): production stops after the batch
+// in hand and nothing more is read. Thread-safe.
+#ifndef SLUICE_SERVER_DATASERVER_DATASERVER_SERVICE_H_
+#define SLUICE_SERVER_DATASERVER_DATASERVER_SERVICE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/common/thread_pool.h"
+#include "server/dataserver/dataserver_metrics.h"
+#include "server/dataserver/decoders.h"
+#include "server/dataserver/sample_encoder.h"
+#include "server/dataserver/sample_index.h"
+#include "server/dataserver/shard_store.h"
+#include "server/dataserver/tar_shard_reader.h"
+#include "sluice/v1/dataserver.pb.h"
+
+namespace sluice::dataserver {
+
+struct DataServerOptions {
+  std::unique_ptr<ShardStore> store;
+  // Lease-token secret shared with the coordinator; empty = tokens are not
+  // checked (only lease.unit is used).
+  std::string lease_secret;
+  size_t index_cache_entries = 4096;
+  int decode_threads = 0;  // 0 = one per core
+  int64_t default_batch_bytes = 1 << 20;
+  // Requests asking for bigger messages are clamped to this.
+  int64_t max_batch_bytes = 16 << 20;
+  size_t prefetch_messages = 2;
+  DataServerMetrics* metrics = nullptr;  // may be null
+};
+
+class DataServerService;
+
+class SampleStream : public std::enable_shared_from_this<SampleStream> {
+ public:
+  // Receives the next message, nullopt at the end of the range, or the error
+  // that ends the stream. Runs on a pool thread or inline in Next().
+  using NextCallback =
+      std::function<void(absl::StatusOr<std::optional<EncodedMessage>>)>;
+
+  // At most one call outstanding.
+  void Next(NextCallback done);
+  // Stops production; an outstanding Next gets CANCELLED.
+  void Cancel();
+
+  // Construction goes through DataServerService::ReadSamples.
+  struct Params {
+    std::shared_ptr<const ShardData> shard;
+    v1::Lease lease;
+    int64_t start = 0;
+    int64_t end = 0;
+    bool decode = false;
+    ImageOptions image;
+    absl::flat_hash_set<std::string> fields;  // empty = all
+    int64_t batch_bytes = 0;
+    v1::CorruptPolicy policy = v1::CORRUPT_POLICY_SKIP;
+  };
+  SampleStream(DataServerService* service, Params params);
+  ~SampleStream();
+
+ private:
+  struct Batch;
+  void MaybeProduceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Produce();
+  absl::Status OpenLocked();
+  void DecodeSample(const std::shared_ptr<Batch>& batch, size_t i);
+  void FinishBatch(const std::shared_ptr<Batch>& batch);
+  void Publish(absl::StatusOr<std::vector<EncodedMessage>> messages,
+               bool at_end);
+  // A corrupt sample under the stream's policy: a skipped sample, or the
+  // DATA_LOSS error that ends the stream.
+  absl::StatusOr<OutSample> Corrupt(int64_t index, const std::string& key,
+                                    const std::string& reason,
+                                    CorruptReason kind);
+
+  DataServerService* const service_;
+  const Params params_;
+
+  // Touched only by the producing task (one at a time).
+  std::shared_ptr<const ShardIndex> index_;
+  std::unique_ptr<TarSampleReader> reader_;
+  int64_t next_ = 0;
+  bool opened_ = false;
+
+  absl::Mutex mu_;
+  std::deque<EncodedMessage> ready_ ABSL_GUARDED_BY(mu_);
+  NextCallback waiter_ ABSL_GUARDED_BY(mu_);
+  bool producing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+class DataServerService {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataServerService>> Create(
+      DataServerOptions options);
+
+  // Checks the request (token, fence, range shape, decode spec) before any
+  // I/O, resolves the shard, and returns its stream. Range errors that need
+  // the index (OUT_OF_RANGE) come from the stream's first Next().
+  absl::StatusOr<std::shared_ptr<SampleStream>> ReadSamples(
+      const v1::ReadRequest& request);
+  absl::StatusOr<v1::ShardIndex> IndexShard(
+      const v1::IndexShardRequest& request);
+
+  // The shard's index, from the cache or by scanning it.
+  std::shared_ptr<const ShardIndex> GetIndex(
+      const std::shared_ptr<const ShardData>& shard);
+
+  // New streams are refused (UNAVAILABLE) from now on.
+  void Drain();
+  int active_streams() const;
+
+  ThreadPool& pool() { return pool_; }
+  DataServerMetrics* metrics() { return options_.metrics; }
+  const DataServerOptions& options() const { return options_; }
+
+ private:
+  friend class SampleStream;
+  explicit DataServerService(DataServerOptions options);
+  absl::Status CheckFence(const v1::Lease& lease);
+
+  DataServerOptions options_;
+  SampleIndexCache index_cache_;
+  ThreadPool pool_;
+
+  mutable absl::Mutex mu_;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  // Newest fence seen per (job, epoch, unit sequence); bounded by clearing.
+  absl::flat_hash_map<std::string, uint64_t> fences_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sluice::dataserver
+
+#endif  // SLUICE_SERVER_DATASERVER_DATASERVER_SERVICE_H_

@@ -1,0 +1,72 @@
+// Field decoders, chosen by the field's last extension as webdataset's
+// default decoders are ("seg.png" decodes as png):
+//
+//   jpg, jpeg  -> uint8 [H, W, 3] RGB (TurboJPEG; scaled decode when resizing)
+//   png        -> uint8 [H, W, C], C = 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA
+//                 (libpng's simplified API; 16-bit samples become 8-bit)
+//   cls, index -> int64 (ASCII decimal, surrounding whitespace allowed)
+//   json, txt  -> text, as is (must be valid UTF-8)
+//   npy        -> tensor with the dtype and shape of its header (C order;
+//                 Fortran order and big-endian data are converted)
+//   anything else -> raw bytes
+//
+// Images can be resized so the shorter side is N pixels (the longer side
+// scales to floor(long * N / short), as torchvision's Resize(N)), then
+// center-cropped to H x W (zero-padded where the image is smaller, as
+// torchvision's CenterCrop). Decoders are pure functions and thread-safe.
+#ifndef SLUICE_SERVER_DATASERVER_DECODERS_H_
+#define SLUICE_SERVER_DATASERVER_DECODERS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/dataserver/tar_shard_reader.h"
+#include "sluice/v1/dataserver.pb.h"
+
+namespace sluice::dataserver {
+
+enum class Codec { kRaw, kJpeg, kPng, kInt, kText, kNpy };
+
+// The codec for a field name ("jpg", "seg.png", "cls") by its last extension.
+Codec CodecForField(absl::string_view field);
+// "jpeg", "png", ... for metric labels.
+const char* CodecName(Codec codec);
+
+struct ImageOptions {
+  int resize_shorter_side = 0;  // 0 = keep size
+  int crop_height = 0;          // 0 = no crop
+  int crop_width = 0;
+};
+
+struct DecodedField {
+  enum class Kind { kRaw, kTensor, kInt, kText };
+  Kind kind = Kind::kRaw;
+  // kRaw / kText: the bytes; kTensor: the tensor data (little-endian,
+  // C order). May share the input's owner (no copy) or own new memory.
+  Payload bytes;
+  int64_t int_value = 0;
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+};
+
+// Decodes one field. An error is the data's fault (INVALID_ARGUMENT /
+// DATA_LOSS with the reason); the caller names shard and member.
+absl::StatusOr<DecodedField> DecodeField(Codec codec, const Payload& data,
+                                         const ImageOptions& image);
+
+// Pieces exposed for tests.
+absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
+                                        const ImageOptions& image);
+absl::StatusOr<DecodedField> DecodePng(const Payload& data,
+                                       const ImageOptions& image);
+absl::StatusOr<DecodedField> DecodeNpy(const Payload& data);
+// Size of an image whose shorter side is resized to `shorter`.
+void ResizedSize(int width, int height, int shorter, int* out_width,
+                 int* out_height);
+
+}  // namespace sluice::dataserver
+
+#endif  // SLUICE_SERVER_DATASERVER_DECODERS_H_

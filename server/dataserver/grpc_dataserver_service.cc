@@ -1,0 +1,134 @@
+#include "server/dataserver/grpc_dataserver_service.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "server/common/grpc_status.h"
+#include "server/common/logging.h"
+
+namespace sluice::dataserver {
+namespace {
+
+void ReleaseOwner(void* owner) {
+  delete static_cast<std::shared_ptr<const void>*>(owner);
+}
+
+void CountError(DataServerService* service, const absl::Status& status) {
+  if (status.ok() || service->metrics() == nullptr) return;
+  service->metrics()->StreamErrors(absl::StatusCodeToString(status.code()))
+      .Increment();
+}
+
+// Pumps one SampleStream into a server stream.
+class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  ReadReactor(DataServerService* service,
+              absl::StatusOr<std::shared_ptr<SampleStream>> stream)
+      : service_(service) {
+    if (!stream.ok()) {
+      CountError(service_, stream.status());
+      FinishOnce(stream.status());
+      return;
+    }
+    stream_ = *std::move(stream);
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {  // the client went away
+      stream_->Cancel();
+      FinishOnce(absl::CancelledError("client went away"));
+      return;
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    if (stream_ != nullptr) stream_->Cancel();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Pump() {
+    stream_->Next([this](absl::StatusOr<std::optional<EncodedMessage>> next) {
+      if (!next.ok()) {
+        if (!absl::IsCancelled(next.status())) CountError(service_, next.status());
+        FinishOnce(next.status());
+        return;
+      }
+      if (!next->has_value()) {
+        FinishOnce(absl::OkStatus());
+        return;
+      }
+      buffer_ = ToByteBuffer(**next);
+      StartWrite(&buffer_);
+    });
+  }
+
+  void FinishOnce(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(ToGrpcStatus(status));
+  }
+
+  DataServerService* const service_;
+  std::shared_ptr<SampleStream> stream_;
+  grpc::ByteBuffer buffer_;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ByteBuffer ToByteBuffer(const EncodedMessage& message) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(message.chunks().size());
+  for (const EncodedMessage::Chunk& chunk : message.chunks()) {
+    slices.emplace_back(const_cast<char*>(chunk.bytes.data()),
+                        chunk.bytes.size(), &ReleaseOwner,
+                        new std::shared_ptr<const void>(chunk.owner));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcDataServerService::ReadSamples(
+    grpc::CallbackServerContext*, const grpc::ByteBuffer* request) {
+  std::vector<grpc::Slice> slices;
+  v1::ReadRequest parsed;
+  std::string bytes;
+  if (request->Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  if (!parsed.ParseFromString(bytes)) {
+    return new ReadReactor(service_,
+                           absl::InvalidArgumentError("ReadRequest does not parse"));
+  }
+  return new ReadReactor(service_, service_->ReadSamples(parsed));
+}
+
+grpc::ServerUnaryReactor* GrpcDataServerService::IndexShard(
+    grpc::CallbackServerContext* context, const v1::IndexShardRequest* request,
+    v1::ShardIndex* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  service_->pool().Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::ShardIndex> index = service_->IndexShard(*request);
+    if (!index.ok()) {
+      CountError(service_, index.status());
+      reactor->Finish(ToGrpcStatus(index.status()));
+      return;
+    }
+    *response = *std::move(index);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+}  // namespace sluice::dataserver

@@ -1,0 +1,39 @@
+// gRPC adapter of the data server: ReadSamples is a raw (ByteBuffer)
+// callback method so that encoded SampleBatch chunks go to gRPC as slices
+// over their own buffers; the reactor only pumps a SampleStream (one write in
+// flight, Finish exactly once). IndexShard scans on the service's pool, off
+// gRPC's callback threads.
+#ifndef SLUICE_SERVER_DATASERVER_GRPC_DATASERVER_SERVICE_H_
+#define SLUICE_SERVER_DATASERVER_GRPC_DATASERVER_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "server/dataserver/dataserver_service.h"
+#include "sluice/v1/dataserver.grpc.pb.h"
+
+namespace sluice::dataserver {
+
+// The message as a ByteBuffer of slices that keep each chunk's owner alive.
+grpc::ByteBuffer ToByteBuffer(const EncodedMessage& message);
+
+class GrpcDataServerService final
+    : public v1::DataServer::WithRawCallbackMethod_ReadSamples<
+          v1::DataServer::CallbackService> {
+ public:
+  explicit GrpcDataServerService(DataServerService* service)
+      : service_(service) {}
+
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadSamples(
+      grpc::CallbackServerContext* context,
+      const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* IndexShard(grpc::CallbackServerContext* context,
+                                       const v1::IndexShardRequest* request,
+                                       v1::ShardIndex* response) override;
+
+ private:
+  DataServerService* const service_;
+};
+
+}  // namespace sluice::dataserver
+
+#endif  // SLUICE_SERVER_DATASERVER_GRPC_DATASERVER_SERVICE_H_

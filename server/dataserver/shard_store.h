@@ -1,0 +1,96 @@
+// Where shard bytes come from. A ShardStore turns a shard URL into a
+// read-only, memory-mapped view of the whole shard; the tar reader and the
+// sample encoder hand out views into it, so a served payload is never copied
+// in user space (the mapping lives as long as any view's owner holds it).
+//
+// LocalShardStore serves local and network-mounted paths ("/data/x.tar",
+// "file:///data/x.tar") restricted to a set of root directories. Remote
+// stores (http(s), s3) and the shard cache implement the same interface.
+//
+// Shards are immutable by contract (WebDataset shards are written once):
+// truncating a file in place while it is served would fault the mapping.
+// Replace files by rename, as the cache does.
+#ifndef SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
+#define SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace sluice::dataserver {
+
+// A whole shard mapped read-only. Thread-safe (immutable).
+class ShardData {
+ public:
+  // Maps `fd` (which it closes); `path` is for messages only.
+  static absl::StatusOr<std::shared_ptr<const ShardData>> Map(int fd,
+                                                              std::string path);
+  // For tests and small in-memory shards.
+  static std::shared_ptr<const ShardData> FromString(std::string bytes,
+                                                     std::string path);
+  ~ShardData();
+  ShardData(const ShardData&) = delete;
+  ShardData& operator=(const ShardData&) = delete;
+
+  absl::string_view bytes() const { return {data_, size_}; }
+  int64_t size() const { return static_cast<int64_t>(size_); }
+  // Resolved path (or URL) for messages and index-cache keys.
+  const std::string& path() const { return path_; }
+  // Changes when the file behind the path changes (size + mtime + inode),
+  // so a cached index of an older version is not reused.
+  const std::string& version() const { return version_; }
+
+ private:
+  ShardData() = default;
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+  bool mapped_ = false;
+  std::string owned_;
+  std::string path_;
+  std::string version_;
+};
+
+class ShardStore {
+ public:
+  virtual ~ShardStore() = default;
+  // NOT_FOUND for a missing shard, PERMISSION_DENIED for a location the
+  // store may not serve (checked before anything is opened),
+  // INVALID_ARGUMENT for a URL it cannot parse.
+  virtual absl::StatusOr<std::shared_ptr<const ShardData>> Open(
+      absl::string_view url) = 0;
+};
+
+class LocalShardStore : public ShardStore {
+ public:
+  // `roots` are directories; each must exist. Their real paths (symlinks
+  // resolved) bound every shard served.
+  static absl::StatusOr<std::unique_ptr<LocalShardStore>> Create(
+      const std::vector<std::string>& roots);
+
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(
+      absl::string_view url) override;
+
+  // The absolute path `url` names, lexically normalised and checked against
+  // the roots, then with symlinks resolved and checked again. Exposed for
+  // tests.
+  absl::StatusOr<std::string> Resolve(absl::string_view url) const;
+
+  const std::vector<std::string>& roots() const { return roots_; }
+
+ private:
+  explicit LocalShardStore(std::vector<std::string> roots)
+      : roots_(std::move(roots)) {}
+  bool UnderRoot(absl::string_view path) const;
+  std::vector<std::string> roots_;
+};
+
+// "/a/./b/../c" -> "/a/c". Only absolute paths; ".." above "/" stays at "/".
+std::string NormalizeAbsolutePath(absl::string_view path);
+
+}  // namespace sluice::dataserver
+
+#endif  // SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
