@@ -129,6 +129,10 @@ bool TarMemberIterator::seekable() const {
   return archive_filter_code(archive_, 0) == ARCHIVE_FILTER_NONE;
 }
 
+int64_t TarMemberIterator::consumed() const {
+  return archive_filter_bytes(archive_, 0);
+}
+
 absl::StatusOr<std::optional<TarMemberIterator::Member>>
 TarMemberIterator::Next() {
   struct archive_entry* entry = nullptr;
@@ -221,7 +225,10 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
   absl::flat_hash_set<std::string> fields;
   IndexedSample* current = nullptr;
   bool first = true;
+  int64_t data_end = -1;  // after the last member's (padded) data
+  std::string last_member;
   while (true) {
+    const int64_t before = members.consumed();
     auto next = members.Next();
     if (first) {
       index.seekable = members.seekable();
@@ -235,7 +242,20 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
       }
       break;
     }
-    if (!next->has_value()) break;
+    if (!next->has_value()) {
+      // A tar ends with zero blocks. Without them the file was cut at a
+      // header boundary, and the last sample may be missing members.
+      if (data_end >= 0 && members.consumed() - std::max(before, data_end) < 512) {
+        index.damage = absl::StrCat(
+            "shard \"", shard->path(),
+            "\" ends without the tar end-of-archive marker (truncated after "
+            "member \"", last_member, "\")");
+        if (current != nullptr && current->corrupt.empty()) {
+          current->corrupt = index.damage;
+        }
+      }
+      break;
+    }
     const TarMemberIterator::Member& member = **next;
     std::optional<MemberName> name;
     if (member.regular) name = SplitMemberName(member.path);
@@ -257,6 +277,8 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
       current->bytes += member.size;
     }
     absl::Status skipped = members.SkipData(member);
+    data_end = members.consumed();
+    last_member = member.path;
     if (!skipped.ok()) {
       index.damage = std::string(skipped.message());
       if (current != nullptr && name.has_value() && current->corrupt.empty()) {

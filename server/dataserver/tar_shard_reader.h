@@ -87,6 +87,8 @@ class TarMemberIterator {
   absl::Status SkipData(const Member& member);
   // Valid after the first Next(): no compression filter.
   bool seekable() const;
+  // Uncompressed bytes libarchive has consumed so far.
+  int64_t consumed() const;
 
  private:
   TarMemberIterator() = default;

@@ -1,0 +1,91 @@
+#include "tests/testing/image_fixtures.h"
+
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace sluice::testing {
+
+std::string TestPixels(int width, int height, int channels, int seed) {
+  std::string out(static_cast<size_t>(width) * height * channels, '\0');
+  uint32_t state = 2463534242u + static_cast<uint32_t>(seed);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      for (int c = 0; c < channels; ++c) {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        int v = (x * 255 / std::max(1, width - 1) + y * 3 + c * 40 + seed * 7 +
+                 static_cast<int>(state % 16)) & 0xff;
+        out[(static_cast<size_t>(y) * width + x) * channels + c] =
+            static_cast<char>(v);
+      }
+    }
+  }
+  return out;
+}
+
+std::string EncodeJpeg(const std::string& rgb, int width, int height,
+                       int quality) {
+  tjhandle h = tjInitCompress();
+  unsigned char* jpeg = nullptr;
+  unsigned long size = 0;
+  if (tjCompress2(h, reinterpret_cast<const unsigned char*>(rgb.data()), width,
+                  0, height, TJPF_RGB, &jpeg, &size, TJSAMP_420, quality,
+                  0) != 0) {
+    tjDestroy(h);
+    throw std::runtime_error("tjCompress2 failed");
+  }
+  std::string out(reinterpret_cast<char*>(jpeg), size);
+  tjFree(jpeg);
+  tjDestroy(h);
+  return out;
+}
+
+std::string EncodePng(const std::string& pixels, int width, int height,
+                      int channels) {
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  image.width = static_cast<png_uint_32>(width);
+  image.height = static_cast<png_uint_32>(height);
+  static const png_uint_32 kFormats[] = {0, PNG_FORMAT_GRAY, PNG_FORMAT_GA,
+                                         PNG_FORMAT_RGB, PNG_FORMAT_RGBA};
+  image.format = kFormats[channels];
+  png_alloc_size_t size = 0;
+  if (!png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data(), 0,
+                                 nullptr)) {
+    throw std::runtime_error("png size failed");
+  }
+  std::string out(size, '\0');
+  if (!png_image_write_to_memory(&image, out.data(), &size, 0, pixels.data(), 0,
+                                 nullptr)) {
+    throw std::runtime_error("png write failed");
+  }
+  out.resize(size);
+  return out;
+}
+
+std::string MakeNpy(const std::string& descr, const std::vector<int64_t>& shape,
+                    const std::string& data, bool fortran_order) {
+  std::string dims;
+  for (int64_t d : shape) dims += std::to_string(d) + ", ";
+  if (shape.size() > 1) dims.resize(dims.size() - 2);  // "(2, 3)"; "(4,)"
+  else if (shape.size() == 1) dims.resize(dims.size() - 1);
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': " +
+                       (fortran_order ? "True" : "False") + ", 'shape': (" +
+                       dims + "), }";
+  size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  return out + header + data;
+}
+
+}  // namespace sluice::testing

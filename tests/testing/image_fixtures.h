@@ -1,0 +1,25 @@
+// Test images and arrays: deterministic pixels, JPEG via TurboJPEG, PNG via
+// libpng's simplified writer, .npy bytes.
+#ifndef SLUICE_TESTS_TESTING_IMAGE_FIXTURES_H_
+#define SLUICE_TESTS_TESTING_IMAGE_FIXTURES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sluice::testing {
+
+// width x height x channels bytes of a smooth gradient with some texture.
+std::string TestPixels(int width, int height, int channels, int seed = 0);
+std::string EncodeJpeg(const std::string& rgb, int width, int height,
+                       int quality = 90);
+// channels: 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA.
+std::string EncodePng(const std::string& pixels, int width, int height,
+                      int channels);
+// A .npy file (format 1.0) with the given descr ("<f4"), shape and raw data.
+std::string MakeNpy(const std::string& descr, const std::vector<int64_t>& shape,
+                    const std::string& data, bool fortran_order = false);
+
+}  // namespace sluice::testing
+
+#endif  // SLUICE_TESTS_TESTING_IMAGE_FIXTURES_H_

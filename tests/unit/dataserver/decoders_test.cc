@@ -1,0 +1,189 @@
+#include "server/dataserver/decoders.h"
+
+#include <turbojpeg.h>
+
+#include <cstring>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/image_fixtures.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sluice::dataserver {
+namespace {
+
+using ::sluice::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+Payload P(const std::string& s) { return Payload{s, nullptr}; }
+
+// libjpeg-turbo decoding the same bytes directly: the reference.
+std::string ReferenceJpeg(const std::string& jpeg, int w, int h) {
+  tjhandle t = tjInitDecompress();
+  std::string out(static_cast<size_t>(w) * h * 3, '\0');
+  EXPECT_EQ(tjDecompress2(t, reinterpret_cast<const unsigned char*>(jpeg.data()),
+                          jpeg.size(), reinterpret_cast<unsigned char*>(out.data()), w, 0,
+                          h, TJPF_RGB, 0),
+            0);
+  tjDestroy(t);
+  return out;
+}
+
+TEST(CodecTest, ByLastExtension) {
+  EXPECT_EQ(CodecForField("jpg"), Codec::kJpeg);
+  EXPECT_EQ(CodecForField("jpeg"), Codec::kJpeg);
+  EXPECT_EQ(CodecForField("seg.png"), Codec::kPng);
+  EXPECT_EQ(CodecForField("cls"), Codec::kInt);
+  EXPECT_EQ(CodecForField("index"), Codec::kInt);
+  EXPECT_EQ(CodecForField("json"), Codec::kText);
+  EXPECT_EQ(CodecForField("txt"), Codec::kText);
+  EXPECT_EQ(CodecForField("npy"), Codec::kNpy);
+  EXPECT_EQ(CodecForField("bin"), Codec::kRaw);
+  EXPECT_EQ(CodecForField("png.bin"), Codec::kRaw);
+}
+
+TEST(JpegTest, PixelExactAgainstReferenceDecode) {
+  std::string jpeg = testing::EncodeJpeg(testing::TestPixels(64, 48, 3), 64, 48);
+  auto decoded = DecodeJpeg(P(jpeg), {});
+  ASSERT_OK(decoded.status());
+  EXPECT_EQ(decoded->dtype, v1::DTYPE_UINT8);
+  EXPECT_THAT(decoded->shape, ElementsAre(48, 64, 3));
+  EXPECT_EQ(decoded->bytes.bytes, ReferenceJpeg(jpeg, 64, 48));
+}
+
+TEST(JpegTest, ScaledDecodeThenResizeAndCrop) {
+  std::string jpeg = testing::EncodeJpeg(testing::TestPixels(500, 375, 3), 500, 375);
+  // 375 -> 1/2 scale (188) is the smallest with shorter side >= 100, then
+  // resize to shorter side 100: 250 * 100 / 188 = 133 wide.
+  auto resized = DecodeJpeg(P(jpeg), {100, 0, 0});
+  ASSERT_OK(resized.status());
+  EXPECT_THAT(resized->shape, ElementsAre(100, 133, 3));
+  auto cropped = DecodeJpeg(P(jpeg), {100, 96, 96});
+  ASSERT_OK(cropped.status());
+  EXPECT_THAT(cropped->shape, ElementsAre(96, 96, 3));
+  EXPECT_EQ(cropped->bytes.bytes.size(), 96u * 96 * 3);
+  // Exactly 1/2: no resampling after the scaled decode; equals the
+  // reference's own scaled decode.
+  auto half = DecodeJpeg(P(jpeg), {188, 0, 0});
+  ASSERT_OK(half.status());
+  EXPECT_THAT(half->shape, ElementsAre(188, 250, 3));
+  EXPECT_EQ(half->bytes.bytes, ReferenceJpeg(jpeg, 250, 188));
+}
+
+TEST(JpegTest, TruncatedOrGarbageIsAnError) {
+  std::string jpeg = testing::EncodeJpeg(testing::TestPixels(64, 64, 3), 64, 64);
+  EXPECT_THAT(DecodeJpeg(P(jpeg.substr(0, jpeg.size() / 2)), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("JPEG")));
+  EXPECT_THAT(DecodeJpeg(P("not a jpeg"), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("JPEG")));
+  EXPECT_THAT(DecodeJpeg(P(""), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(PngTest, LosslessRoundTripForEveryChannelCount) {
+  for (int channels = 1; channels <= 4; ++channels) {
+    std::string pixels = testing::TestPixels(31, 17, channels, channels);
+    std::string png = testing::EncodePng(pixels, 31, 17, channels);
+    auto decoded = DecodePng(P(png), {});
+    ASSERT_OK(decoded.status());
+    EXPECT_THAT(decoded->shape, ElementsAre(17, 31, channels));
+    EXPECT_EQ(decoded->bytes.bytes, pixels) << channels << " channels";
+  }
+}
+
+TEST(PngTest, CenterCropIsExactAndPadsWhenLarger) {
+  std::string pixels = testing::TestPixels(10, 6, 1);
+  std::string png = testing::EncodePng(pixels, 10, 6, 1);
+  auto crop = DecodePng(P(png), {0, 2, 4});
+  ASSERT_OK(crop.status());
+  EXPECT_THAT(crop->shape, ElementsAre(2, 4, 1));
+  // top = round((6-2)/2) = 2, left = round((10-4)/2) = 3
+  std::string want;
+  for (int y = 2; y < 4; ++y) want += pixels.substr(y * 10 + 3, 4);
+  EXPECT_EQ(crop->bytes.bytes, want);
+  auto pad = DecodePng(P(png), {0, 8, 10});
+  ASSERT_OK(pad.status());
+  EXPECT_THAT(pad->shape, ElementsAre(8, 10, 1));
+  EXPECT_EQ(pad->bytes.bytes.substr(0, 10), std::string(10, '\0'));
+  EXPECT_EQ(pad->bytes.bytes.substr(10, 10), pixels.substr(0, 10));
+}
+
+TEST(PngTest, ResizeShorterSide) {
+  std::string png = testing::EncodePng(testing::TestPixels(40, 20, 3), 40, 20, 3);
+  auto up = DecodePng(P(png), {30, 0, 0});
+  ASSERT_OK(up.status());
+  EXPECT_THAT(up->shape, ElementsAre(30, 60, 3));
+  EXPECT_THAT(DecodePng(P(png.substr(0, 40)), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PNG")));
+}
+
+TEST(NpyTest, DtypesAndShapes) {
+  struct Case {
+    std::string descr;
+    v1::DType dtype;
+    int size;
+  };
+  for (const Case& c : std::vector<Case>{{"|u1", v1::DTYPE_UINT8, 1},
+                                         {"<i2", v1::DTYPE_INT16, 2},
+                                         {"<f4", v1::DTYPE_FLOAT32, 4},
+                                         {"<i8", v1::DTYPE_INT64, 8},
+                                         {"<f8", v1::DTYPE_FLOAT64, 8},
+                                         {"|b1", v1::DTYPE_BOOL, 1}}) {
+    std::string data(static_cast<size_t>(2 * 3 * c.size), '\x05');
+    std::string npy = testing::MakeNpy(c.descr, {2, 3}, data);
+    auto decoded = DecodeNpy(Payload{npy, nullptr});
+    ASSERT_OK(decoded.status()) << c.descr;
+    EXPECT_EQ(decoded->dtype, c.dtype);
+    EXPECT_THAT(decoded->shape, ElementsAre(2, 3));
+    EXPECT_EQ(decoded->bytes.bytes, data);
+  }
+  auto scalar = DecodeNpy(Payload{testing::MakeNpy("<f4", {}, "abcd"), nullptr});
+  ASSERT_OK(scalar.status());
+  EXPECT_TRUE(scalar->shape.empty());
+  auto vec = DecodeNpy(Payload{testing::MakeNpy("<i4", {2}, std::string(8, 'x')), nullptr});
+  ASSERT_OK(vec.status());
+  EXPECT_THAT(vec->shape, ElementsAre(2));
+}
+
+TEST(NpyTest, FortranOrderAndBigEndianAreConverted) {
+  // 2x3 Fortran order: column-major 0..5 -> C order 0,2,4,1,3,5.
+  std::string col = {0, 1, 2, 3, 4, 5};
+  auto f = DecodeNpy(Payload{testing::MakeNpy("|u1", {2, 3}, col, true), nullptr});
+  ASSERT_OK(f.status());
+  EXPECT_EQ(f->bytes.bytes, std::string({0, 2, 4, 1, 3, 5}));
+  auto be = DecodeNpy(Payload{testing::MakeNpy(">i2", {2}, std::string("\x01\x02\x03\x04", 4)), nullptr});
+  ASSERT_OK(be.status());
+  EXPECT_EQ(be->dtype, v1::DTYPE_INT16);
+  EXPECT_EQ(be->bytes.bytes, std::string("\x02\x01\x04\x03", 4));
+}
+
+TEST(NpyTest, BadInputIsAnError) {
+  EXPECT_THAT(DecodeNpy(Payload{"garbage!!!!!", nullptr}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("magic")));
+  EXPECT_THAT(DecodeNpy(Payload{testing::MakeNpy("<f4", {4}, "short"), nullptr}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("promises 16 bytes")));
+  EXPECT_THAT(DecodeNpy(Payload{testing::MakeNpy("<c8", {1}, "12345678"), nullptr}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
+}
+
+TEST(ScalarsTest, IntTextRaw) {
+  auto cls = DecodeField(Codec::kInt, P(" 42\n"), {});
+  ASSERT_OK(cls.status());
+  EXPECT_EQ(cls->kind, DecodedField::Kind::kInt);
+  EXPECT_EQ(cls->int_value, 42);
+  EXPECT_THAT(DecodeField(Codec::kInt, P("x1"), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("integer")));
+  auto text = DecodeField(Codec::kText, P("{\"a\": \"é\"}"), {});
+  ASSERT_OK(text.status());
+  EXPECT_EQ(text->kind, DecodedField::Kind::kText);
+  EXPECT_EQ(text->bytes.bytes, "{\"a\": \"é\"}");
+  EXPECT_THAT(DecodeField(Codec::kText, P("\xff\xfe"), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("UTF-8")));
+  auto raw = DecodeField(Codec::kRaw, P("\x00\x01"), {});
+  ASSERT_OK(raw.status());
+  EXPECT_EQ(raw->kind, DecodedField::Kind::kRaw);
+}
+
+}  // namespace
+}  // namespace sluice::dataserver
