@@ -43,9 +43,9 @@ test: build
 # starts one coordinator and one data server in the foreground; Ctrl-C stops
 # both.
 run: build
-	@mkdir -p .sluice; \
+	@mkdir -p .sluice/shards; \
 	$(BUILD_DIR)/bin/sluice-coordinator --listen=127.0.0.1:7070 --metrics_listen=127.0.0.1:9070 --journal_dir=.sluice/journal & c=$$!; \
-	$(BUILD_DIR)/bin/sluice-dataserver --listen=127.0.0.1:7071 --metrics_listen=127.0.0.1:9071 & d=$$!; \
+	$(BUILD_DIR)/bin/sluice-dataserver --listen=127.0.0.1:7071 --metrics_listen=127.0.0.1:9071 --roots=$(CURDIR)/.sluice/shards & d=$$!; \
 	trap 'kill -TERM $$c $$d 2>/dev/null' INT TERM; \
 	echo "coordinator on 127.0.0.1:7070 (metrics :9070), data server on 127.0.0.1:7071 (metrics :9071); Ctrl-C stops both"; \
 	wait $$c $$d; trap - INT TERM; wait

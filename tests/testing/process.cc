@@ -139,6 +139,13 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(
       })) {
     argv.push_back(absl::StrCat("--journal_dir=", dir, "/", tag, ".journal"));
   }
+  // A data server needs --roots; default to the test's directory.
+  if (binary == "sluice-dataserver" &&
+      std::none_of(extra_args.begin(), extra_args.end(), [](const std::string& a) {
+        return a.rfind("--roots=", 0) == 0;
+      })) {
+    argv.push_back(absl::StrCat("--roots=", dir));
+  }
   auto child = ChildProcess::Start(argv, server.log_path);
   if (!child.ok()) return child.status();
   server.process = std::move(*child);

@@ -1,0 +1,151 @@
+// The real sluice-dataserver binary on 127.0.0.1:0, read over real gRPC with
+// the generated (typed) client.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/v1/dataserver.grpc.pb.h"
+#include "tests/testing/http.h"
+#include "tests/testing/image_fixtures.h"
+#include "tests/testing/process.h"
+#include "tests/testing/tar_writer.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sluice {
+namespace {
+
+using ::sluice::testing::ServerProcess;
+using ::sluice::testing::TempDir;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class DataServerBinaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    jpeg_ = testing::EncodeJpeg(testing::TestPixels(80, 60, 3), 80, 60);
+    testing::TarWriter tar;
+    for (int i = 0; i < 50; ++i) {
+      tar.File(absl::StrCat("s", i, ".jpg"), jpeg_).File(absl::StrCat("s", i, ".cls"),
+                                                        std::to_string(i % 10));
+    }
+    mkdir(dir_.File("shards").c_str(), 0755);
+    shard_ = dir_.File("shards/train-0.tar");
+    testing::WriteFile(shard_, tar.Finish());
+    testing::WriteFile(dir_.File("secret.tar"), "outside the roots");
+    auto server = ServerProcess::Start("sluice-dataserver", dir_.path(),
+                                       {"--roots=" + dir_.File("shards")});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = v1::DataServer::NewStub(
+        grpc::CreateChannel(server_.grpc_address, grpc::InsecureChannelCredentials()));
+  }
+
+  v1::ReadRequest Request(const std::string& url, int64_t begin, int64_t end) {
+    v1::ReadRequest r;
+    r.mutable_lease()->set_lease_id("it");
+    r.mutable_lease()->mutable_unit()->set_shard_url(url);
+    r.mutable_lease()->mutable_unit()->set_begin(begin);
+    r.mutable_lease()->mutable_unit()->set_end(end);
+    return r;
+  }
+
+  grpc::Status Read(const v1::ReadRequest& r, std::vector<v1::Sample>* out) {
+    grpc::ClientContext ctx;
+    auto reader = stub_->ReadSamples(&ctx, r);
+    v1::SampleBatch batch;
+    while (reader->Read(&batch)) {
+      for (const auto& s : batch.samples()) out->push_back(s);
+    }
+    return reader->Finish();
+  }
+
+  TempDir dir_;
+  std::string shard_, jpeg_;
+  ServerProcess server_;
+  std::unique_ptr<v1::DataServer::Stub> stub_;
+};
+
+TEST_F(DataServerBinaryTest, StreamsRawAndDecodedSamples) {
+  std::vector<v1::Sample> raw;
+  ASSERT_TRUE(Read(Request(shard_, 10, 40), &raw).ok());
+  ASSERT_EQ(raw.size(), 30u);
+  for (int i = 0; i < 30; ++i) {
+    EXPECT_EQ(raw[i].index(), 10 + i);
+    EXPECT_EQ(raw[i].key(), absl::StrCat("s", 10 + i));
+    EXPECT_EQ(raw[i].fields(0).raw(), jpeg_);
+  }
+  auto request = Request("file://" + shard_, 0, 5);
+  request.mutable_decode()->set_decode(true);
+  request.mutable_decode()->set_resize_shorter_side(30);
+  request.mutable_decode()->set_crop_height(24);
+  request.mutable_decode()->set_crop_width(24);
+  std::vector<v1::Sample> decoded;
+  ASSERT_TRUE(Read(request, &decoded).ok());
+  ASSERT_EQ(decoded.size(), 5u);
+  EXPECT_THAT(decoded[4].fields(0).tensor().shape(), ElementsAre(24, 24, 3));
+  EXPECT_EQ(decoded[4].fields(1).int_value(), 4);
+
+  auto metrics = testing::HttpGet("http://" + server_.metrics_address + "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_samples_served_total 35"));
+  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_decode_seconds_count{codec=\"jpeg\"} 5"));
+}
+
+TEST_F(DataServerBinaryTest, ErrorsCarryTheRightCodes) {
+  std::vector<v1::Sample> out;
+  grpc::Status s = Read(Request(dir_.File("shards/../secret.tar"), 0, 1), &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  s = Read(Request(dir_.File("shards/missing.tar"), 0, 1), &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("missing.tar"));
+  s = Read(Request(shard_, 45, 60), &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(s.error_message(), HasSubstr("50 samples"));
+  EXPECT_TRUE(out.empty());
+
+  grpc::ClientContext ctx;
+  v1::IndexShardRequest index_request;
+  index_request.set_url(shard_);
+  v1::ShardIndex index;
+  ASSERT_TRUE(stub_->IndexShard(&ctx, index_request, &index).ok());
+  EXPECT_EQ(index.num_samples(), 50);
+
+  auto metrics = testing::HttpGet("http://" + server_.metrics_address + "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_THAT(metrics->body,
+              HasSubstr("sluice_dataserver_stream_errors_total{code=\"PERMISSION_DENIED\"} 1"));
+}
+
+TEST_F(DataServerBinaryTest, AClientThatLeavesEarlyEndsTheStream) {
+  grpc::ClientContext ctx;
+  auto request = Request(shard_, 0, 50);
+  request.set_max_batch_bytes(1);
+  auto reader = stub_->ReadSamples(&ctx, request);
+  v1::SampleBatch batch;
+  ASSERT_TRUE(reader->Read(&batch));
+  ctx.TryCancel();
+  while (reader->Read(&batch)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The server is still healthy and serving.
+  std::vector<v1::Sample> out;
+  ASSERT_TRUE(Read(Request(shard_, 0, 2), &out).ok());
+  EXPECT_EQ(out.size(), 2u);
+}
+
+TEST(DataServerFlagsTest, MissingRootsIsAnError) {
+  TempDir dir;
+  auto child = testing::ChildProcess::Start(
+      {testing::BinDir() + "/sluice-dataserver", "--listen=127.0.0.1:0",
+       "--metrics_listen=off", "--roots="},
+      dir.File("log"));
+  ASSERT_TRUE(child.ok());
+  auto code = child->WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(testing::ReadWholeFile(dir.File("log")).value_or(""), HasSubstr("--roots"));
+}
+
+}  // namespace
+}  // namespace sluice

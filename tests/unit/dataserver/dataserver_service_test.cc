@@ -1,0 +1,288 @@
+#include "server/dataserver/dataserver_service.h"
+
+#include <prometheus/registry.h>
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/common/lease_token.h"
+#include "tests/testing/image_fixtures.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tar_writer.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sluice::dataserver {
+namespace {
+
+using ::sluice::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Counts Open calls, to prove a request was refused before any I/O.
+class CountingStore : public ShardStore {
+ public:
+  explicit CountingStore(std::unique_ptr<ShardStore> inner) : inner_(std::move(inner)) {}
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(absl::string_view url) override {
+    ++opens;
+    return inner_->Open(url);
+  }
+  std::atomic<int> opens{0};
+
+ private:
+  std::unique_ptr<ShardStore> inner_;
+};
+
+absl::StatusOr<std::vector<v1::SampleBatch>> ReadAll(SampleStream& stream) {
+  std::vector<v1::SampleBatch> out;
+  while (true) {
+    absl::Notification done;
+    absl::StatusOr<std::optional<EncodedMessage>> next;
+    stream.Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
+      next = std::move(v);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) return out;
+    v1::SampleBatch batch;
+    if (!batch.ParseFromString((*next)->Flatten())) {
+      return absl::InternalError("message does not parse");
+    }
+    out.push_back(std::move(batch));
+  }
+}
+
+std::vector<v1::Sample> Samples(const std::vector<v1::SampleBatch>& batches) {
+  std::vector<v1::Sample> out;
+  for (const auto& b : batches) out.insert(out.end(), b.samples().begin(), b.samples().end());
+  return out;
+}
+
+class DataServerServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    jpeg_ = testing::EncodeJpeg(testing::TestPixels(64, 48, 3), 64, 48);
+    testing::TarWriter tar;
+    for (int i = 0; i < 20; ++i) {
+      std::string key = absl::StrCat("img/", i);
+      tar.File(key + ".jpg", i == 7 ? std::string("not a jpeg") : jpeg_)
+          .File(key + ".cls", std::to_string(i))
+          .File(key + ".json", absl::StrCat("{\"i\": ", i, "}"));
+    }
+    shard_ = dir_.File("a.tar");
+    testing::WriteFile(shard_, tar.Finish());
+    Make("");
+  }
+
+  void Make(const std::string& secret) {
+    auto local = LocalShardStore::Create({dir_.path()});
+    ASSERT_OK(local.status());
+    auto store = std::make_unique<CountingStore>(*std::move(local));
+    store_ = store.get();
+    DataServerOptions options;
+    options.store = std::move(store);
+    options.lease_secret = secret;
+    options.decode_threads = 2;
+    options.metrics = &metrics_;
+    auto service = DataServerService::Create(std::move(options));
+    ASSERT_OK(service.status());
+    service_ = *std::move(service);
+  }
+
+  v1::ReadRequest Request(int64_t begin, int64_t end) {
+    v1::ReadRequest r;
+    r.mutable_lease()->set_lease_id("j/e0/u1/f1");
+    r.mutable_lease()->set_job("j");
+    r.mutable_lease()->set_fence(1);
+    r.mutable_lease()->mutable_unit()->set_shard_url(shard_);
+    r.mutable_lease()->mutable_unit()->set_begin(begin);
+    r.mutable_lease()->mutable_unit()->set_end(end);
+    return r;
+  }
+
+  absl::StatusOr<std::vector<v1::Sample>> Read(const v1::ReadRequest& r) {
+    auto stream = service_->ReadSamples(r);
+    if (!stream.ok()) return stream.status();
+    auto batches = ReadAll(**stream);
+    if (!batches.ok()) return batches.status();
+    return Samples(*batches);
+  }
+
+  double Metric(prometheus::Counter& c) { return c.Value(); }
+
+  testing::TempDir dir_;
+  std::string shard_, jpeg_;
+  prometheus::Registry registry_;
+  DataServerMetrics metrics_{registry_};
+  CountingStore* store_ = nullptr;
+  std::unique_ptr<DataServerService> service_;
+};
+
+TEST_F(DataServerServiceTest, RawRangeInOrderWithExactBytes) {
+  auto samples = Read(Request(3, 12));
+  ASSERT_OK(samples.status());
+  ASSERT_EQ(samples->size(), 9u);
+  for (int i = 0; i < 9; ++i) {
+    const v1::Sample& s = (*samples)[i];
+    EXPECT_EQ(s.index(), 3 + i);
+    EXPECT_EQ(s.key(), absl::StrCat("img/", 3 + i));
+    ASSERT_EQ(s.fields_size(), 3);
+    EXPECT_EQ(s.fields(0).name(), "jpg");
+    EXPECT_EQ(s.fields(0).raw(), 3 + i == 7 ? "not a jpeg" : jpeg_);
+    EXPECT_EQ(s.fields(1).raw(), std::to_string(3 + i));
+  }
+  EXPECT_EQ(metrics_.samples_served.Value(), 9);
+}
+
+TEST_F(DataServerServiceTest, StartResumesInsideTheUnit) {
+  auto r = Request(3, 12);
+  r.set_start(10);
+  auto samples = Read(r);
+  ASSERT_OK(samples.status());
+  ASSERT_EQ(samples->size(), 2u);
+  EXPECT_EQ((*samples)[0].index(), 10);
+}
+
+TEST_F(DataServerServiceTest, DecodedFieldsAndSelection) {
+  auto r = Request(0, 3);
+  r.mutable_decode()->set_decode(true);
+  r.add_fields("jpg");
+  r.add_fields("cls");
+  auto samples = Read(r);
+  ASSERT_OK(samples.status());
+  ASSERT_EQ(samples->size(), 3u);
+  const v1::Sample& s = (*samples)[2];
+  ASSERT_EQ(s.fields_size(), 2);
+  EXPECT_EQ(s.fields(0).tensor().dtype(), v1::DTYPE_UINT8);
+  EXPECT_THAT(s.fields(0).tensor().shape(), ElementsAre(48, 64, 3));
+  EXPECT_EQ(s.fields(0).tensor().data().size(), 48u * 64 * 3);
+  EXPECT_EQ(s.fields(1).int_value(), 2);
+}
+
+TEST_F(DataServerServiceTest, SmallBatchesStayUnderTheLimit) {
+  auto r = Request(0, 20);
+  r.set_max_batch_bytes(3 * 1024);
+  auto stream = service_->ReadSamples(r);
+  ASSERT_OK(stream.status());
+  auto batches = ReadAll(**stream);
+  ASSERT_OK(batches.status());
+  EXPECT_GT(batches->size(), 5u);
+  for (const auto& b : *batches) {
+    if (b.samples_size() > 1) {
+      EXPECT_LE(b.ByteSizeLong(), 3u * 1024);
+    }
+  }
+  EXPECT_EQ(Samples(*batches).size(), 20u);
+}
+
+TEST_F(DataServerServiceTest, UndecodableImageIsSkippedUnderSkip) {
+  auto r = Request(5, 10);
+  r.mutable_decode()->set_decode(true);
+  auto samples = Read(r);
+  ASSERT_OK(samples.status());
+  ASSERT_EQ(samples->size(), 5u);
+  const v1::Sample& bad = (*samples)[2];
+  EXPECT_EQ(bad.index(), 7);
+  EXPECT_EQ(bad.key(), "img/7");
+  EXPECT_TRUE(bad.skipped());
+  EXPECT_THAT(bad.skip_reason(), HasSubstr("img/7.jpg"));
+  EXPECT_THAT(bad.skip_reason(), HasSubstr(shard_));
+  EXPECT_EQ(bad.fields_size(), 0);
+  EXPECT_FALSE((*samples)[3].skipped());
+  EXPECT_EQ(metrics_.Skipped(CorruptReason::kUndecodable).Value(), 1);
+}
+
+TEST_F(DataServerServiceTest, UndecodableImageFailsTheStreamUnderFail) {
+  auto r = Request(5, 10);
+  r.mutable_decode()->set_decode(true);
+  r.mutable_lease()->set_on_corrupt(v1::CORRUPT_POLICY_FAIL);
+  EXPECT_THAT(Read(r).status(), StatusIs(absl::StatusCode::kDataLoss,
+                                         HasSubstr("img/7.jpg")));
+  EXPECT_EQ(metrics_.Corrupt(CorruptReason::kUndecodable).Value(), 1);
+  EXPECT_EQ(metrics_.Skipped(CorruptReason::kUndecodable).Value(), 0);
+}
+
+TEST_F(DataServerServiceTest, BadRequests) {
+  EXPECT_THAT(Read(Request(15, 25)).status(),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("20 samples")));
+  EXPECT_THAT(Read(Request(5, 5)).status(), StatusIs(absl::StatusCode::kOutOfRange));
+  auto missing = Request(0, 1);
+  missing.mutable_lease()->mutable_unit()->set_shard_url(dir_.File("nope.tar"));
+  EXPECT_THAT(Read(missing).status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope.tar")));
+  auto outside = Request(0, 1);
+  outside.mutable_lease()->mutable_unit()->set_shard_url(dir_.path() + "/../x.tar");
+  EXPECT_THAT(Read(outside).status(), StatusIs(absl::StatusCode::kPermissionDenied));
+  auto crop = Request(0, 1);
+  crop.mutable_decode()->set_crop_height(10);
+  EXPECT_THAT(Read(crop).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("crop_width")));
+  auto start = Request(2, 4);
+  start.set_start(9);
+  EXPECT_THAT(Read(start).status(), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("start")));
+}
+
+TEST_F(DataServerServiceTest, TokensAreCheckedBeforeAnyIo) {
+  Make("s3cret");
+  auto r = Request(0, 2);
+  EXPECT_THAT(Read(r).status(), StatusIs(absl::StatusCode::kPermissionDenied,
+                                         HasSubstr("j/e0/u1/f1")));
+  r.mutable_lease()->set_token(SignLease(r.lease(), "other secret"));
+  EXPECT_THAT(Read(r).status(), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(store_->opens, 0);
+  r.mutable_lease()->set_token(SignLease(r.lease(), "s3cret"));
+  auto ok = Read(r);
+  ASSERT_OK(ok.status());
+  EXPECT_EQ(ok->size(), 2u);
+  // A token does not survive a change of the range it signs.
+  r.mutable_lease()->mutable_unit()->set_end(3);
+  EXPECT_THAT(Read(r).status(), StatusIs(absl::StatusCode::kPermissionDenied));
+}
+
+TEST_F(DataServerServiceTest, OlderFenceForTheSameUnitIsAborted) {
+  Make("s3cret");
+  auto newer = Request(0, 2);
+  newer.mutable_lease()->set_fence(3);
+  newer.mutable_lease()->set_token(SignLease(newer.lease(), "s3cret"));
+  ASSERT_OK(Read(newer).status());
+  auto older = Request(0, 2);
+  older.mutable_lease()->set_fence(2);
+  older.mutable_lease()->set_token(SignLease(older.lease(), "s3cret"));
+  EXPECT_THAT(Read(older).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("fence 3")));
+}
+
+TEST_F(DataServerServiceTest, CancelStopsTheStream) {
+  auto r = Request(0, 20);
+  r.set_max_batch_bytes(1);  // one sample per message
+  auto stream = service_->ReadSamples(r);
+  ASSERT_OK(stream.status());
+  (*stream)->Cancel();
+  absl::Notification done;
+  absl::Status status;
+  (*stream)->Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
+    status = v.status();
+    done.Notify();
+  });
+  done.WaitForNotification();
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kCancelled));
+}
+
+TEST_F(DataServerServiceTest, IndexShardIsCached) {
+  v1::IndexShardRequest r;
+  r.set_url(shard_);
+  r.set_include_samples(true);
+  auto a = service_->IndexShard(r);
+  ASSERT_OK(a.status());
+  EXPECT_EQ(a->num_samples(), 20);
+  EXPECT_EQ(a->keys(19), "img/19");
+  EXPECT_EQ(a->sample_bytes(7), 10 + 1 + 8);
+  ASSERT_OK(service_->IndexShard(r).status());
+  EXPECT_EQ(metrics_.index_cache_misses.Value(), 1);
+  EXPECT_EQ(metrics_.index_cache_hits.Value(), 1);
+}
+
+}  // namespace
+}  // namespace sluice::dataserver
