@@ -1,7 +1,7 @@
 # Sluice — the two commands a newcomer needs:
 #   make run    a local cluster on embedded defaults (installs deps, builds)
 #   make test   every test (installs deps, builds, runs ctest)
-# Other targets: deps, build, bench, asan, clean.
+# Other targets: deps, build, bench, test-asan, fuzz, asan, clean.
 
 SHELL := /bin/bash
 BUILD_DIR ?= build
@@ -12,11 +12,15 @@ DEB_PACKAGES := \
   build-essential cmake ninja-build pkg-config git ca-certificates openssl curl \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev grpc-proto \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev \
-  zlib1g-dev libturbojpeg0-dev libpng-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev
+  zlib1g-dev libturbojpeg0-dev libpng-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev \
+  clang libclang-rt-14-dev python3
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: deps build test run bench asan clean
+.PHONY: deps build test test-asan test-fuzz fuzz run bench asan clean
+
+# Seconds of libFuzzer in `make test` (CI); `make fuzz FUZZ_SECONDS=600` for more.
+FUZZ_SECONDS ?= 60
 
 # Idempotent and fast when everything is present: apt runs only for what is
 # missing.
@@ -38,6 +42,23 @@ build: deps $(BUILD_DIR)/build.ninja
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	@$(MAKE) --no-print-directory test-asan test-fuzz
+
+# The code that faces corrupt shards (tar reader, index, decoders, framing)
+# under AddressSanitizer + UBSan.
+test-asan: deps
+	@test -f build-asan/build.ninja || cmake --preset asan -G Ninja >/dev/null
+	cmake --build build-asan -j $(JOBS) --target dataserver_format_tests
+	./build-asan/bin/dataserver_format_tests --gtest_brief=1
+
+# A short libFuzzer run (clang) over the tar reader + decoders.
+test-fuzz fuzz: deps
+	@test -f build-fuzz/build.ninja || cmake --preset fuzz -G Ninja >/dev/null
+	cmake --build build-fuzz -j $(JOBS) --target tar_reader_fuzzer
+	@/usr/bin/python3 tests/fuzz/make_seed_corpus.py build-fuzz/corpus
+	@./build-fuzz/bin/tar_reader_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	  -print_final_stats=1 build-fuzz/corpus > build-fuzz/fuzz.log 2>&1; rc=$$?; \
+	  tail -n 12 build-fuzz/fuzz.log; exit $$rc
 
 # Until `sluicectl up` / `sluicectl demo` exist (issue: C++ client), this
 # starts one coordinator and one data server in the foreground; Ctrl-C stops
@@ -58,4 +79,4 @@ asan: deps
 	  cd build-asan && ctest --output-on-failure -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

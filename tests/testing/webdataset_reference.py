@@ -82,7 +82,9 @@ def main():
         for sample in group_by_keys(tar_file_iterator(path)):
             parts = [sample["__key__"].encode("utf-8", "surrogateescape").hex()]
             if sample["duplicate"]:
-                parts.append("!duplicate")
+                # webdataset raises; Sluice reports the sample as skipped.
+                out.write(parts[0] + " !duplicate\n")
+                continue
             for name, value in sample["fields"]:
                 parts.append(name.encode("utf-8", "surrogateescape").hex() + "=" + value.hex())
             out.write(" ".join(parts) + "\n")

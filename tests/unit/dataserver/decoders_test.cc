@@ -16,7 +16,8 @@ using ::sluice::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-Payload P(const std::string& s) { return Payload{s, nullptr}; }
+// Callers keep the bytes alive for the whole expression (literals, lvalues).
+Payload P(absl::string_view s) { return Payload{s, nullptr}; }
 
 // libjpeg-turbo decoding the same bytes directly: the reference.
 std::string ReferenceJpeg(const std::string& jpeg, int w, int h) {
