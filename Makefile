@@ -71,8 +71,12 @@ run: build
 	echo "coordinator on 127.0.0.1:7070 (metrics :9070), data server on 127.0.0.1:7071 (metrics :9071); Ctrl-C stops both"; \
 	wait $$c $$d; trap - INT TERM; wait
 
+# Every benchmark; each prints its figure next to a baseline measured in the
+# same run and ends with one line of JSON. Not part of `make test`.
 bench: build
-	@echo "No benchmarks yet: they arrive with the coordinator and data-server issues."
+	./$(BUILD_DIR)/bin/dataserver_bench --mode=raw
+	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded
+	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded --resize=224
 
 asan: deps
 	cmake --preset asan -G Ninja && cmake --build build-asan -j $(JOBS) && \

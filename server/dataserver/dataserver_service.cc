@@ -64,6 +64,7 @@ void SampleStream::Next(NextCallback done) {
     } else if (!ready_.empty()) {
       result = std::optional<EncodedMessage>(std::move(ready_.front()));
       ready_.pop_front();
+      ready_samples_ -= (*result)->num_samples();
       MaybeProduceLocked();
     } else if (!error_.ok()) {
       result = error_;
@@ -84,6 +85,10 @@ void SampleStream::Next(NextCallback done) {
   done(std::move(result));
 }
 
+size_t SampleStream::DecodeStepSamples() const {
+  return 2 * static_cast<size_t>(service_->pool().size());
+}
+
 void SampleStream::Cancel() {
   NextCallback waiter;
   {
@@ -97,8 +102,11 @@ void SampleStream::Cancel() {
 }
 
 void SampleStream::MaybeProduceLocked() {
-  if (producing_ || finished_ || cancelled_ || !error_.ok() ||
-      ready_.size() >= service_->options().prefetch_messages) {
+  if (producing_ || finished_ || cancelled_ || !error_.ok()) return;
+  // Raw: a couple of ~batch-sized messages ahead. Decoded: enough samples
+  // ahead that the pool decodes the next step while gRPC sends this one.
+  if (params_.decode ? ready_samples_ >= 2 * static_cast<int64_t>(DecodeStepSamples())
+                     : ready_.size() >= service_->options().prefetch_messages) {
     return;
   }
   producing_ = true;
@@ -160,7 +168,9 @@ void SampleStream::Produce() {
   auto batch = std::make_shared<Batch>();
   const int64_t count = index_->num_samples();
   int64_t budget = params_.batch_bytes;
-  while (next_ < params_.end && batch->out.size() < kMaxSamplesPerStep) {
+  const size_t max_samples =
+      params_.decode ? DecodeStepSamples() : kMaxSamplesPerStep;
+  while (next_ < params_.end && batch->out.size() < max_samples) {
     if (next_ >= count) {
       // Past the damage that ended the shard's index: these samples are lost.
       batch->out.push_back(Corrupt(next_, "",
@@ -301,13 +311,17 @@ void SampleStream::Publish(absl::StatusOr<std::vector<EncodedMessage>> messages,
     if (!messages.ok()) {
       error_ = messages.status();
     } else {
-      for (EncodedMessage& m : *messages) ready_.push_back(std::move(m));
+      for (EncodedMessage& m : *messages) {
+        ready_samples_ += m.num_samples();
+        ready_.push_back(std::move(m));
+      }
       if (at_end) finished_ = true;
     }
     if (waiter_) {
       if (!ready_.empty()) {
         result = std::optional<EncodedMessage>(std::move(ready_.front()));
         ready_.pop_front();
+        ready_samples_ -= (*result)->num_samples();
         waiter = std::move(waiter_);
         waiter_ = nullptr;
       } else if (!error_.ok()) {

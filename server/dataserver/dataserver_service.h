@@ -2,8 +2,9 @@
 // token, range, decode spec) and hands out a SampleStream, a pull-based
 // producer of encoded SampleBatch messages that the gRPC adapter pumps.
 //
-// Pipeline of one stream (at most one batch being produced, at most
-// `prefetch_messages` encoded messages waiting; nothing is unbounded):
+// Pipeline of one stream (at most one batch being produced; at most
+// `prefetch_messages` encoded messages waiting, or when decoding, four
+// samples per pool thread; nothing is unbounded):
 //
 //   Next() --> ready message? --yes--> deliver, top up the pipeline
 //                 | no
@@ -85,6 +86,8 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
  private:
   struct Batch;
   void MaybeProduceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Samples per produce step when decoding: two per pool thread.
+  size_t DecodeStepSamples() const;
   void Produce();
   absl::Status OpenLocked();
   void DecodeSample(const std::shared_ptr<Batch>& batch, size_t i);
@@ -108,6 +111,7 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
 
   absl::Mutex mu_;
   std::deque<EncodedMessage> ready_ ABSL_GUARDED_BY(mu_);
+  int64_t ready_samples_ ABSL_GUARDED_BY(mu_) = 0;
   NextCallback waiter_ ABSL_GUARDED_BY(mu_);
   bool producing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
