@@ -28,6 +28,9 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       journal_bytes(GaugeFamily(r, "sluice_coordinator_journal_bytes",
                                 "Size of the journal file in bytes.")
                         .Add({})),
+      data_servers(GaugeFamily(r, "sluice_coordinator_data_servers",
+                               "Data servers registered and heartbeating.")
+                       .Add({})),
       granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total", "Leases granted.")),
       completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",
                                "Leases completed by their holder.")),

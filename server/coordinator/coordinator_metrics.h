@@ -30,6 +30,7 @@ class CoordinatorMetrics {
   prometheus::Gauge& live_leases;
   prometheus::Histogram& fsync_latency;
   prometheus::Gauge& journal_bytes;
+  prometheus::Gauge& data_servers;
 
  private:
   prometheus::Family<prometheus::Counter>& granted_;

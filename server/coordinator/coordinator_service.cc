@@ -1,6 +1,7 @@
 #include "server/coordinator/coordinator_service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/match.h"
+#include "server/common/lease_token.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/logging.h"
 #include "server/common/status_macros.h"
@@ -340,7 +342,97 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease, const 
   out.set_data_server(lease.data_server);
   out.set_expires_at_unix_ms(absl::ToUnixMillis(lease.expires_at));
   out.set_on_corrupt(job.spec.on_corrupt());
+  if (!options_.lease_secret.empty()) {
+    out.set_token(SignLease(out, options_.lease_secret));
+  }
   return out;
+}
+
+namespace {
+
+uint64_t Fnv1a(absl::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t Mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+int64_t CoordinatorService::RegisterDataServer(const std::string& address,
+                                               int32_t capacity) {
+  absl::MutexLock lock(&mu_);
+  const int64_t id = next_data_server_id_++;
+  DataServerEntry& e = data_servers_[id];
+  e.address = address;
+  e.capacity = capacity > 0 ? capacity : 1;
+  e.last_seen = options_.clock->Now();
+  UpdateDataServerMetricLocked();
+  return id;
+}
+
+void CoordinatorService::DataServerHeartbeat(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = data_servers_.find(id);
+  if (it != data_servers_.end()) it->second.last_seen = options_.clock->Now();
+  UpdateDataServerMetricLocked();
+}
+
+void CoordinatorService::UnregisterDataServer(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  data_servers_.erase(id);
+  UpdateDataServerMetricLocked();
+}
+
+std::vector<std::string> CoordinatorService::LiveDataServers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  const absl::Time now = options_.clock->Now();
+  for (const auto& [id, e] : data_servers_) {
+    if (now - e.last_seen <= data_server_timeout()) out.push_back(e.address);
+  }
+  return out;
+}
+
+void CoordinatorService::UpdateDataServerMetricLocked() {
+  if (options_.metrics == nullptr) return;
+  const absl::Time now = options_.clock->Now();
+  int live = 0;
+  for (const auto& [id, e] : data_servers_) live += now - e.last_seen <= data_server_timeout();
+  options_.metrics->data_servers.Set(live);
+}
+
+// Rendezvous (highest random weight) hashing: each live server scores
+// -capacity / ln(u) with u in (0, 1) from a hash of (server, shard); the top
+// score wins. Removing a server moves only the shards it had.
+std::string CoordinatorService::PickDataServerLocked(const std::string& shard_url) {
+  const absl::Time now = options_.clock->Now();
+  const uint64_t shard_hash = Mix64(Fnv1a(shard_url));
+  std::string best;
+  double best_score = -1;
+  for (int pass = 0; pass < 2 && best.empty(); ++pass) {
+    for (const auto& [id, e] : data_servers_) {
+      if (now - e.last_seen > data_server_timeout()) continue;
+      if (pass == 0 && now < e.suspect_until) continue;  // pass 1: all live
+      uint64_t h = Mix64(Fnv1a(e.address) ^ shard_hash);
+      double u = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
+      double score = -static_cast<double>(e.capacity) / std::log(u);
+      if (score > best_score || (score == best_score && e.address < best)) {
+        best_score = score;
+        best = e.address;
+      }
+    }
+  }
+  return best;
 }
 
 int64_t CoordinatorService::OpenSession(std::shared_ptr<SessionSink> sink) {
@@ -513,6 +605,13 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
         leases_.Remove(lease_id).IgnoreError();
         if (options_.metrics) options_.metrics->LeasesCompleted(lease.job).Increment();
       } else if (m.has_release() || m.has_reroute()) {
+        if (m.has_reroute() && !m.reroute().failed_data_server().empty()) {
+          for (auto& [id, e] : data_servers_) {
+            if (e.address == m.reroute().failed_data_server()) {
+              e.suspect_until = options_.clock->Now() + data_server_timeout();
+            }
+          }
+        }
         EndLeaseLocked(lease.job, lease_id, m.has_release() ? "released" : "rerouted", fx);
       }
       MaybeAdvanceEpochLocked(s.job, fx);
@@ -603,8 +702,10 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
   g->set_lease_id(lease_id);
   g->set_holder(s.trainer_id);
   if (!CommitLocked(std::move(record), fx).ok()) return false;
-  leases_.Add(LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch), TtlLocked(job))
-      .IgnoreError();
+  LeaseEntry entry = LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
+  entry.data_server =
+      PickDataServerLocked(job.spec.manifest().shards(piece.shard_index).url());
+  leases_.Add(std::move(entry), TtlLocked(job)).IgnoreError();
   CoordinatorMessage grant;
   *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*leases_.Find(lease_id), job);
   fx.sends.emplace_back(s.sink, grant);
@@ -658,6 +759,7 @@ int CoordinatorService::ExpireLeases() {
   int expired = 0;
   {
     absl::MutexLock lock(&mu_);
+    UpdateDataServerMetricLocked();  // servers that stopped heartbeating
     std::set<std::string> jobs;
     for (const std::string& id : leases_.FindExpired(1024)) {
       const LeaseEntry* lease = leases_.Find(id);

@@ -54,6 +54,9 @@ struct CoordinatorOptions {
   // Journal directory; empty = in memory (tests only).
   std::string journal_dir;
   CoordinatorMetrics* metrics = nullptr;  // optional
+  // Secret for lease tokens (HMAC-SHA256, see server/common/lease_token.h),
+  // shared with the data servers. Empty = leases carry no token.
+  std::string lease_secret;
 };
 
 class CoordinatorService {
@@ -79,6 +82,17 @@ class CoordinatorService {
   // Reclaims expired leases; returns how many. Called by the expiry thread
   // (grpc layer) or directly by tests with a fake clock.
   int ExpireLeases();
+
+  // Data-server registry: soft state, never journaled (servers re-register
+  // after a coordinator restart). A server is live while it heartbeats
+  // within data_server_timeout(); grants name a live server chosen by
+  // rendezvous hashing of the shard URL (weighted by capacity), so a shard
+  // keeps going to the same server while the set of servers is stable.
+  int64_t RegisterDataServer(const std::string& address, int32_t capacity);
+  void DataServerHeartbeat(int64_t id);
+  void UnregisterDataServer(int64_t id);
+  std::vector<std::string> LiveDataServers();
+  absl::Duration data_server_timeout() const { return 3 * options_.heartbeat_interval; }
   // When the next lease expires (for the expiry thread's wait).
   absl::Time NextExpiry();
 
@@ -88,6 +102,17 @@ class CoordinatorService {
   int64_t recovered_records() const { return recovered_records_; }
 
  private:
+  struct DataServerEntry {
+    std::string address;
+    int32_t capacity = 1;
+    absl::Time last_seen;
+    // A trainer reported it failing: not chosen before this time.
+    absl::Time suspect_until = absl::InfinitePast();
+  };
+  std::string PickDataServerLocked(const std::string& shard_url)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateDataServerMetricLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   struct Session {
     int64_t id = 0;
     std::shared_ptr<SessionSink> sink;
@@ -149,6 +174,8 @@ class CoordinatorService {
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, DataServerEntry> data_servers_ ABSL_GUARDED_BY(mu_);
+  int64_t next_data_server_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, int64_t> session_of_trainer_ ABSL_GUARDED_BY(mu_);
   int64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
 };

@@ -104,6 +104,95 @@ class SessionReactor : public grpc::ServerBidiReactor<TrainerMessage, Coordinato
 
 }  // namespace
 
+// One data server's registration stream: Register, then heartbeats. The
+// server is dropped from routing when the stream ends. One write (the
+// DataServerRegistered reply) at most; Finish exactly once, after it.
+class RegistrationReactor
+    : public grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer> {
+ public:
+  RegistrationReactor(CoordinatorService* service, GrpcCoordinatorService* owner)
+      : service_(service), owner_(owner) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      FinishOnce(absl::OkStatus());
+      return;
+    }
+    if (in_.has_register_()) {
+      absl::MutexLock lock(&mu_);
+      if (id_ == 0) {
+        id_ = service_->RegisterDataServer(in_.register_().address(),
+                                           in_.register_().capacity());
+        address_ = in_.register_().address();
+        auto* reply = out_.mutable_registered();
+        reply->set_heartbeat_interval_ms(
+            absl::ToInt64Milliseconds(service_->data_server_timeout() / 3));
+        reply->set_heartbeat_timeout_ms(
+            absl::ToInt64Milliseconds(service_->data_server_timeout()));
+        writing_ = true;
+        StartWrite(&out_);
+      }
+    } else if (in_.has_heartbeat()) {
+      absl::MutexLock lock(&mu_);
+      if (id_ == 0) {
+        FinishLocked(absl::FailedPreconditionError(
+            "data server sent a heartbeat before registering"));
+        return;
+      }
+      service_->DataServerHeartbeat(id_);
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (finish_pending_) FinishLocked(pending_status_);
+  }
+
+  // From Drain: end the stream so the server reconnects elsewhere/later.
+  void FinishOnce(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(status);
+  }
+
+  void OnDone() override {
+    owner_->ForgetRegistration(this);
+    {
+      absl::MutexLock lock(&mu_);
+      if (id_ != 0) service_->UnregisterDataServer(id_);
+    }
+    delete this;
+  }
+
+ private:
+  void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    if (writing_) {
+      finish_pending_ = true;
+      pending_status_ = status;
+      return;
+    }
+    finished_ = true;
+    Finish(ToGrpcStatus(status));
+  }
+
+  CoordinatorService* const service_;
+  GrpcCoordinatorService* const owner_;
+  v1::DataServerMessage in_;
+  v1::CoordinatorToDataServer out_;
+  absl::Mutex mu_;
+  int64_t id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_pending_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status pending_status_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+
 GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service)
     : service_(service), expiry_thread_([this] { ExpiryLoop(); }) {}
 
@@ -133,8 +222,28 @@ void GrpcCoordinatorService::ExpiryLoop() {
 
 void GrpcCoordinatorService::Drain() {
   service_->Drain();
+  std::vector<RegistrationReactor*> registrations;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    registrations.assign(registrations_.begin(), registrations_.end());
+  }
+  for (RegistrationReactor* r : registrations) {
+    r->FinishOnce(absl::UnavailableError("coordinator is shutting down"));
+  }
+}
+
+grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*
+GrpcCoordinatorService::RegisterDataServer(grpc::CallbackServerContext*) {
+  auto* reactor = new RegistrationReactor(service_, this);
   absl::MutexLock lock(&mu_);
-  stopping_ = true;
+  registrations_.insert(reactor);
+  return reactor;
+}
+
+void GrpcCoordinatorService::ForgetRegistration(RegistrationReactor* reactor) {
+  absl::MutexLock lock(&mu_);
+  registrations_.erase(reactor);
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(grpc::CallbackServerContext* ctx,

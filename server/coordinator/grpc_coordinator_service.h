@@ -7,11 +7,15 @@
 #include <memory>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
+
 #include "absl/synchronization/mutex.h"
 #include "server/coordinator/coordinator_service.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
 namespace sluice {
+
+class RegistrationReactor;
 
 class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
  public:
@@ -31,8 +35,14 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* Session(
       grpc::CallbackServerContext* ctx) override;
 
-  // Ends every session (UNAVAILABLE) and stops the expiry thread.
+  grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*
+  RegisterDataServer(grpc::CallbackServerContext* ctx) override;
+
+  // Ends every session and registration (UNAVAILABLE) and stops the expiry
+  // thread.
   void Drain();
+  // Called by a registration stream when it is done.
+  void ForgetRegistration(RegistrationReactor* reactor);
 
  private:
   void ExpiryLoop();
@@ -41,6 +51,7 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread expiry_thread_;
+  absl::flat_hash_set<RegistrationReactor*> registrations_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice

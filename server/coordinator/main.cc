@@ -4,6 +4,8 @@
 #include <prometheus/registry.h>
 
 #include "absl/flags/flag.h"
+#include "server/common/lease_token.h"
+#include "server/common/logging.h"
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
 #include "server/coordinator/coordinator_service.h"
@@ -16,6 +18,9 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "How often trainers heartbeat (sent to them in Welcome).");
 ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
           "Lease TTL for jobs that do not set lease_ttl_ms.");
+ABSL_FLAG(std::string, lease_secret_file, "",
+          "File holding the lease-token secret shared with the data servers "
+          "(HMAC-SHA256 over each lease). Empty = leases carry no token.");
 
 namespace {
 
@@ -30,6 +35,14 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
     options.default_lease_ttl = absl::GetFlag(FLAGS_default_lease_ttl);
     options.metrics = services->metrics_.get();
+    ASSIGN_OR_RETURN(options.lease_secret,
+                     sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
+                                            "lease_secret_file"));
+    if (options.lease_secret.empty()) {
+      sluice::LogWarning(
+          "no --lease_secret_file: leases carry no token, so data servers cannot "
+          "tell a granted lease from a forged one");
+    }
     ASSIGN_OR_RETURN(services->logic_, sluice::CoordinatorService::Create(options));
     services->grpc_ = std::make_unique<sluice::GrpcCoordinatorService>(services->logic_.get());
     return services;

@@ -5,11 +5,15 @@
 
 #include <prometheus/registry.h>
 
+#include <unistd.h>
+
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
+#include "server/dataserver/coordinator_registration.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/dataserver_service.h"
 #include "server/dataserver/grpc_dataserver_service.h"
@@ -31,9 +35,17 @@ ABSL_FLAG(int64_t, default_batch_bytes, 1 << 20,
 ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
           "Upper bound on a request's max_batch_bytes (clients must accept "
           "messages this big).");
+ABSL_FLAG(std::string, coordinator, "",
+          "Coordinator HOST:PORT to register with (and heartbeat to); empty = "
+          "standalone. Re-registers when the coordinator restarts.");
+ABSL_FLAG(std::string, advertise, "",
+          "Address trainers use to reach this server. Default: the --listen "
+          "host and bound port (the hostname when listening on 0.0.0.0/::).");
+ABSL_FLAG(int, capacity, 1, "Relative routing weight sent to the coordinator.");
 
 namespace {
 
+using sluice::dataserver::CoordinatorRegistration;
 using sluice::dataserver::DataServerMetrics;
 using sluice::dataserver::DataServerOptions;
 using sluice::dataserver::DataServerService;
@@ -76,13 +88,41 @@ class DataServerServices : public sluice::ServiceSet {
   }
 
   std::vector<grpc::Service*> services() override { return {grpc_.get()}; }
-  void Drain() override { logic_->Drain(); }
+  void Drain() override {
+    logic_->Drain();
+    if (registration_ != nullptr) registration_->Stop();
+  }
+
+  absl::Status Started(const sluice::HostPort& bound) override {
+    const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+    if (coordinator.empty()) return absl::OkStatus();
+    RETURN_IF_ERROR(sluice::ParseHostPort(coordinator, "coordinator").status());
+    CoordinatorRegistration::Options options;
+    options.coordinator = coordinator;
+    options.advertise = absl::GetFlag(FLAGS_advertise);
+    if (options.advertise.empty()) {
+      std::string host = bound.host;
+      if (host == "0.0.0.0" || host == "::" || host == "[::]" || host.empty()) {
+        char name[256] = {0};
+        gethostname(name, sizeof(name) - 1);
+        host = name;
+      }
+      options.advertise = absl::StrCat(host, ":", bound.port);
+    }
+    options.capacity = absl::GetFlag(FLAGS_capacity);
+    DataServerService* logic = logic_.get();
+    options.active_streams = [logic] { return logic->active_streams(); };
+    registration_ = std::make_unique<CoordinatorRegistration>(std::move(options));
+    registration_->Start();
+    return absl::OkStatus();
+  }
 
  private:
   DataServerServices() = default;
   std::unique_ptr<DataServerMetrics> metrics_;
   std::unique_ptr<DataServerService> logic_;
   std::unique_ptr<GrpcDataServerService> grpc_;
+  std::unique_ptr<CoordinatorRegistration> registration_;
 };
 
 }  // namespace

@@ -1,0 +1,100 @@
+#include "server/dataserver/coordinator_registration.h"
+
+#include <random>
+
+#include "absl/time/clock.h"
+#include "server/common/logging.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+
+namespace sluice::dataserver {
+
+CoordinatorRegistration::CoordinatorRegistration(Options options)
+    : options_(std::move(options)) {}
+
+CoordinatorRegistration::~CoordinatorRegistration() { Stop(); }
+
+void CoordinatorRegistration::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void CoordinatorRegistration::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+int CoordinatorRegistration::registrations() const {
+  absl::MutexLock lock(&mu_);
+  return registrations_;
+}
+
+bool CoordinatorRegistration::Sleep(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  return !stopping_;
+}
+
+void CoordinatorRegistration::Run() {
+  auto channel = grpc::CreateChannel(
+      options_.coordinator,
+      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials());
+  auto stub = v1::Coordinator::NewStub(channel);
+  std::mt19937_64 rng(std::random_device{}());
+  absl::Duration backoff = absl::Milliseconds(100);
+  bool reported_failure = false;
+  while (true) {
+    grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      context_ = &context;
+    }
+    auto stream = stub->RegisterDataServer(&context);
+    v1::DataServerMessage hello;
+    hello.mutable_register_()->set_address(options_.advertise);
+    hello.mutable_register_()->set_capacity(options_.capacity);
+    v1::CoordinatorToDataServer reply;
+    bool registered = stream->Write(hello) && stream->Read(&reply) && reply.has_registered();
+    if (registered) {
+      int count;
+      {
+        absl::MutexLock lock(&mu_);
+        count = ++registrations_;
+      }
+      LogInfo("%s with coordinator %s as %s", count == 1 ? "registered" : "re-registered",
+              options_.coordinator, options_.advertise);
+      reported_failure = false;
+      backoff = absl::Milliseconds(100);
+      absl::Duration interval =
+          absl::Milliseconds(std::max<int64_t>(50, reply.registered().heartbeat_interval_ms()));
+      while (Sleep(interval)) {
+        v1::DataServerMessage beat;
+        beat.mutable_heartbeat()->set_active_streams(
+            options_.active_streams ? options_.active_streams() : 0);
+        if (!stream->Write(beat)) break;
+      }
+    }
+    context.TryCancel();
+    grpc::Status status = stream->Finish();
+    {
+      absl::MutexLock lock(&mu_);
+      context_ = nullptr;
+      if (stopping_) return;
+    }
+    if (!reported_failure) {
+      LogWarning("coordinator %s: registration stream ended (%s); retrying with backoff",
+                 options_.coordinator,
+                 status.ok() ? "closed" : status.error_message());
+      reported_failure = true;
+    }
+    // Full jitter: uniform in [backoff/2, backoff].
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    if (!Sleep(backoff * jitter(rng))) return;
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+}
+
+}  // namespace sluice::dataserver

@@ -1,0 +1,53 @@
+// Keeps a data server registered with the coordinator: opens the
+// RegisterDataServer stream, sends Register{address, capacity}, then a
+// heartbeat at the interval the coordinator asks for. When the stream breaks
+// (coordinator restarted, network) it reconnects with jittered exponential
+// backoff (100 ms .. 5 s) and registers again. Thread-safe; Stop() joins.
+#ifndef SLUICE_SERVER_DATASERVER_COORDINATOR_REGISTRATION_H_
+#define SLUICE_SERVER_DATASERVER_COORDINATOR_REGISTRATION_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/synchronization/mutex.h"
+
+namespace sluice::dataserver {
+
+class CoordinatorRegistration {
+ public:
+  struct Options {
+    std::string coordinator;  // "host:port"
+    std::string advertise;    // address trainers use for this server
+    int32_t capacity = 1;
+    std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
+    std::function<int()> active_streams;                    // for heartbeats
+  };
+
+  explicit CoordinatorRegistration(Options options);
+  ~CoordinatorRegistration();
+
+  void Start();
+  void Stop();
+  // Registrations acknowledged by a coordinator so far (tests, logs).
+  int registrations() const;
+
+ private:
+  void Run();
+  // Waits `d` or until Stop(); returns false when stopping.
+  bool Sleep(absl::Duration d);
+
+  const Options options_;
+  std::thread thread_;
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace sluice::dataserver
+
+#endif  // SLUICE_SERVER_DATASERVER_COORDINATOR_REGISTRATION_H_

@@ -1,0 +1,133 @@
+// Data servers register with the coordinator, leases name them and carry a
+// token they accept, and registration survives a coordinator SIGKILL.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+#include "sluice/v1/dataserver.grpc.pb.h"
+#include "tests/testing/http.h"
+#include "tests/testing/process.h"
+#include "tests/testing/tar_writer.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sluice {
+namespace {
+
+using ::sluice::testing::ServerProcess;
+using ::sluice::testing::TempDir;
+using ::testing::HasSubstr;
+
+// Polls the metrics page until `line` appears (true) or 20 s pass (false).
+bool WaitForMetric(const std::string& metrics_address, const std::string& line) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    auto page = testing::HttpGet("http://" + metrics_address + "/metrics");
+    if (page.ok() && page->body.find(line) != std::string::npos) return true;
+    absl::SleepFor(absl::Milliseconds(50));  // poll interval, not synchronisation
+  }
+  return false;
+}
+
+TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
+  TempDir dir;
+  mkdir(dir.File("shards").c_str(), 0755);
+  testing::TarWriter tar;
+  for (int i = 0; i < 8; ++i) tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
+  const std::string shard = dir.File("shards/a.tar");
+  testing::WriteFile(shard, tar.Finish());
+  testing::WriteFile(dir.File("secret"), "a shared secret\n");
+  const std::string secret_flag = "--lease_secret_file=" + dir.File("secret");
+  const std::string journal = "--journal_dir=" + dir.File("journal");
+
+  auto coordinator = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                          {journal, secret_flag, "--heartbeat_interval=200ms"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto dataserver = ServerProcess::Start(
+      "sluice-dataserver", dir.path(),
+      {"--roots=" + dir.File("shards"), secret_flag, "--coordinator=" + coordinator->grpc_address});
+  ASSERT_TRUE(dataserver.ok()) << dataserver.status();
+  ASSERT_TRUE(WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    v1::CreateJobRequest request;
+    v1::Job job;
+    request.mutable_spec()->set_name("reg");
+    auto* s = request.mutable_spec()->mutable_manifest()->add_shards();
+    s->set_url(shard);
+    s->set_num_samples(8);
+    request.mutable_spec()->set_world_size(1);
+    request.mutable_spec()->set_num_epochs(1);
+    ASSERT_TRUE(stub->CreateJob(&ctx, request, &job).ok());
+  }
+  v1::Lease lease;
+  {
+    grpc::ClientContext ctx;
+    auto session = stub->Session(&ctx);
+    v1::TrainerMessage hello;
+    hello.mutable_hello()->set_job("reg");
+    hello.mutable_hello()->set_trainer_id("t0");
+    ASSERT_TRUE(session->Write(hello));
+    v1::TrainerMessage want;
+    want.mutable_want()->set_credits(1);
+    ASSERT_TRUE(session->Write(want));
+    v1::CoordinatorMessage m;
+    while (session->Read(&m) && !m.has_grant()) {
+    }
+    ASSERT_TRUE(m.has_grant());
+    lease = m.grant().lease();
+    ctx.TryCancel();
+  }
+  EXPECT_EQ(lease.data_server(), dataserver->grpc_address);
+  EXPECT_EQ(lease.token().size(), 32u);
+
+  // The data server accepts the coordinator's token, and refuses a forgery.
+  auto data = v1::DataServer::NewStub(
+      grpc::CreateChannel(lease.data_server(), grpc::InsecureChannelCredentials()));
+  auto read = [&](const v1::Lease& l, int* samples) {
+    grpc::ClientContext ctx;
+    v1::ReadRequest request;
+    *request.mutable_lease() = l;
+    auto reader = data->ReadSamples(&ctx, request);
+    v1::SampleBatch batch;
+    *samples = 0;
+    while (reader->Read(&batch)) *samples += batch.samples_size();
+    return reader->Finish();
+  };
+  int samples = 0;
+  grpc::Status ok = read(lease, &samples);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(samples, lease.unit().end() - lease.unit().begin());
+  v1::Lease forged = lease;
+  forged.mutable_unit()->set_end(forged.unit().end() + 1);
+  EXPECT_EQ(read(forged, &samples).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  // SIGKILL the coordinator and restart it on the same port and journal: the
+  // data server registers again by itself.
+  const std::string address = coordinator->grpc_address;
+  coordinator->process.Kill();
+  auto restarted = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {journal, secret_flag, "--heartbeat_interval=200ms", "--listen=" + address});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
+  EXPECT_THAT(testing::ReadWholeFile(dataserver->log_path).value_or(""),
+              HasSubstr("re-registered with coordinator"));
+
+  // A data server that stops is dropped from routing.
+  dataserver->process.Signal(SIGTERM);
+  auto code = dataserver->process.WaitForExit(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+  EXPECT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 0"));
+}
+
+}  // namespace
+}  // namespace sluice
