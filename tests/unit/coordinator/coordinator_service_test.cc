@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/common/lease_token.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -312,6 +313,79 @@ TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
   for (const v1::Lease& l : again) {
     EXPECT_EQ(l.expires_at_unix_ms(), absl::ToUnixMillis(clock.Now()) + 2000);
   }
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// shard url -> data server, for every unit of a fresh job over `shards`.
+std::map<std::string, std::string> Routes(CoordinatorService& service, const std::string& name,
+                                          int shards) {
+  std::vector<int64_t> sizes(static_cast<size_t>(shards), 1);
+  v1::JobSpec spec = Spec(name, sizes, 0, 1);
+  EXPECT_OK(service.CreateJob(spec));
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = service.OpenSession(sink);
+  service.OnMessage(id, Hello(name, 0, "t-" + name));
+  service.OnMessage(id, Want(shards));
+  std::map<std::string, std::string> routes;
+  for (const v1::Lease& l : sink->TakeGrants()) routes[l.unit().shard_url()] = l.data_server();
+  service.CloseSession(id);
+  return routes;
+}
+
+TEST_F(CoordinatorServiceTest, GrantsNameDataServersByRendezvousHashing) {
+  EXPECT_EQ(Routes(*service_, "none", 4).begin()->second, "");  // nobody registered
+  const int64_t a = service_->RegisterDataServer("a:1", 1);
+  const int64_t b = service_->RegisterDataServer("b:1", 1);
+  const int64_t c = service_->RegisterDataServer("c:1", 1);
+  std::map<std::string, std::string> before = Routes(*service_, "r1", 300);
+  ASSERT_EQ(before.size(), 300u);
+  std::map<std::string, int> load;
+  for (const auto& [url, server] : before) ++load[server];
+  ASSERT_EQ(load.size(), 3u);
+  for (const auto& [server, n] : load) EXPECT_GT(n, 60) << server;  // ~100 each
+  // Same servers, same routes.
+  EXPECT_EQ(Routes(*service_, "r2", 300), before);
+  // Removing b moves exactly b's shards; a's and c's stay put.
+  service_->UnregisterDataServer(b);
+  std::map<std::string, std::string> after = Routes(*service_, "r3", 300);
+  for (const auto& [url, server] : before) {
+    if (server == "b:1") {
+      EXPECT_NE(after[url], "b:1");
+    } else {
+      EXPECT_EQ(after[url], server) << url;
+    }
+  }
+  // Servers that stop heartbeating stop being chosen.
+  clock_.Advance(absl::Seconds(2));
+  service_->DataServerHeartbeat(a);
+  clock_.Advance(absl::Seconds(2));  // c last seen 4 s ago > 3 x 1 s
+  EXPECT_THAT(service_->LiveDataServers(), ::testing::ElementsAre("a:1"));
+  for (const auto& [url, server] : Routes(*service_, "r4", 20)) EXPECT_EQ(server, "a:1");
+  (void)c;
+}
+
+TEST_F(CoordinatorServiceTest, LeaseTokensSignTheGrantedLease) {
+  CoordinatorOptions options;
+  options.clock = &clock_;
+  options.lease_secret = "k";
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  (*service)->RegisterDataServer("a:1", 1);
+  ASSERT_OK((*service)->CreateJob(Spec("t", {5}, 1, 1)));
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = (*service)->OpenSession(sink);
+  (*service)->OnMessage(id, Hello("t", 0, "x"));
+  (*service)->OnMessage(id, Want(1));
+  std::vector<v1::Lease> grants = sink->TakeGrants();
+  ASSERT_EQ(grants.size(), 1u);
+  EXPECT_OK(VerifyLeaseToken(grants[0], "k"));
+  EXPECT_THAT(VerifyLeaseToken(grants[0], "other"),
+              StatusIs(absl::StatusCode::kPermissionDenied));
 }
 
 }  // namespace
