@@ -66,7 +66,8 @@ test-fuzz fuzz: deps
 run: build
 	@mkdir -p .sluice/shards; \
 	$(BUILD_DIR)/bin/sluice-coordinator --listen=127.0.0.1:7070 --metrics_listen=127.0.0.1:9070 --journal_dir=.sluice/journal & c=$$!; \
-	$(BUILD_DIR)/bin/sluice-dataserver --listen=127.0.0.1:7071 --metrics_listen=127.0.0.1:9071 --roots=$(CURDIR)/.sluice/shards & d=$$!; \
+	$(BUILD_DIR)/bin/sluice-dataserver --listen=127.0.0.1:7071 --metrics_listen=127.0.0.1:9071 --roots=$(CURDIR)/.sluice/shards \
+	  --coordinator=127.0.0.1:7070 & d=$$!; \
 	trap 'kill -TERM $$c $$d 2>/dev/null' INT TERM; \
 	echo "coordinator on 127.0.0.1:7070 (metrics :9070), data server on 127.0.0.1:7071 (metrics :9071); Ctrl-C stops both"; \
 	wait $$c $$d; trap - INT TERM; wait
