@@ -60,17 +60,12 @@ test-fuzz fuzz: deps
 	  -print_final_stats=1 build-fuzz/corpus > build-fuzz/fuzz.log 2>&1; rc=$$?; \
 	  tail -n 12 build-fuzz/fuzz.log; exit $$rc
 
-# Until `sluicectl up` / `sluicectl demo` exist (issue: C++ client), this
-# starts one coordinator and one data server in the foreground; Ctrl-C stops
-# both.
+# The demo: a synthetic dataset, a coordinator and 2 data servers, 4 trainer
+# ranks for 2 epochs with a trainer and a data server SIGKILLed mid-epoch,
+# then the verification (exit 0 only if it holds). `sluicectl up` runs a
+# cluster in the foreground instead.
 run: build
-	@mkdir -p .sluice/shards; \
-	$(BUILD_DIR)/bin/sluice-coordinator --listen=127.0.0.1:7070 --metrics_listen=127.0.0.1:9070 --journal_dir=.sluice/journal & c=$$!; \
-	$(BUILD_DIR)/bin/sluice-dataserver --listen=127.0.0.1:7071 --metrics_listen=127.0.0.1:9071 --roots=$(CURDIR)/.sluice/shards \
-	  --coordinator=127.0.0.1:7070 & d=$$!; \
-	trap 'kill -TERM $$c $$d 2>/dev/null' INT TERM; \
-	echo "coordinator on 127.0.0.1:7070 (metrics :9070), data server on 127.0.0.1:7071 (metrics :9071); Ctrl-C stops both"; \
-	wait $$c $$d; trap - INT TERM; wait
+	./$(BUILD_DIR)/bin/sluicectl demo --dir=.sluice
 
 # Every benchmark; each prints its figure next to a baseline measured in the
 # same run and ends with one line of JSON. Not part of `make test`.

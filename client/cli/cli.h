@@ -1,0 +1,45 @@
+// Shared pieces of sluicectl: exit codes, output helpers, the subcommands.
+#ifndef SLUICE_CLIENT_CLI_CLI_H_
+#define SLUICE_CLIENT_CLI_CLI_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+
+namespace sluice::cli {
+
+// Documented in `sluicectl --help` and the README.
+enum ExitCode {
+  kOk = 0,
+  kError = 1,        // the server refused (message says why) or a local error
+  kUsage = 2,        // bad command line
+  kUnreachable = 3,  // coordinator / data server not reachable in time
+  kVerifyFailed = 4  // `demo`: the verification did not hold
+};
+
+// Prints "sluicectl: <message>" to stderr and returns the exit code that
+// fits the status.
+int Fail(const absl::Status& status);
+int Usage(const std::string& message);
+std::string JsonEscape(const std::string& s);
+std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(const std::string& address);
+// A context with the --timeout deadline.
+std::unique_ptr<grpc::ClientContext> Deadline();
+
+// Subcommands; `args` are the positional words after the subcommand name.
+int JobCommand(const std::vector<std::string>& args);
+int StatusCommand(const std::vector<std::string>& args);
+int ReadCommand(const std::vector<std::string>& args);
+int HealthCommand(const std::vector<std::string>& args);
+int IndexCommand(const std::vector<std::string>& args);
+int UpCommand(const std::vector<std::string>& args);
+int DemoCommand(const std::vector<std::string>& args);
+
+}  // namespace sluice::cli
+
+#endif  // SLUICE_CLIENT_CLI_CLI_H_

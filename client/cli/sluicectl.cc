@@ -1,0 +1,460 @@
+// sluicectl: the command line of Sluice. Data on stdout, logs on stderr.
+#include <fcntl.h>
+#include <glob.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/cli/cli.h"
+#include "server/common/grpc_status.h"
+#include "server/dataserver/shard_store.h"
+#include "server/dataserver/tar_shard_reader.h"
+#include "sluice/reader.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "Coordinator HOST:PORT.");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each RPC.");
+ABSL_FLAG(bool, json, false, "Print data as JSON.");
+// job create
+ABSL_FLAG(std::string, name, "", "job create: job name.");
+ABSL_FLAG(std::string, manifest, "", "job create: manifest JSON file (see `sluicectl index`).");
+ABSL_FLAG(int32_t, world_size, 1, "job create: ranks (0 = no quotas).");
+ABSL_FLAG(int64_t, epochs, 1, "job create: epochs (0 = endless).");
+ABSL_FLAG(std::string, mode, "static", "job create: static | dynamic.");
+ABSL_FLAG(std::string, remainder, "drop", "job create: drop | pad.");
+ABSL_FLAG(std::string, on_corrupt, "skip", "job create: skip | fail.");
+ABSL_FLAG(uint64_t, seed, 0, "job create: shuffle seed.");
+ABSL_FLAG(bool, shuffle, true, "job create: shuffle each epoch (--noshuffle to keep order).");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::ZeroDuration(),
+          "job create: lease TTL (0 = coordinator default).");
+ABSL_FLAG(int64_t, max_samples_per_lease, 0, "job create: largest unit (0 = whole shards).");
+// read
+ABSL_FLAG(std::string, job, "", "read: job name.");
+ABSL_FLAG(int32_t, rank, 0, "read: rank.");
+ABSL_FLAG(int32_t, worker, 0, "read: worker within the rank.");
+ABSL_FLAG(int64_t, read_epochs, 0, "read: stop after this many epochs end (0 = until the job is done).");
+ABSL_FLAG(bool, decode, false, "read: ask the data server to decode fields.");
+ABSL_FLAG(std::string, trainer_id, "", "read: trainer id (default host-pid-rank-worker).");
+ABSL_FLAG(double, rate, 0, "read: at most this many samples/s (emulates a training step; 0 = as fast as possible).");
+ABSL_FLAG(absl::Duration, progress_interval, absl::Milliseconds(500),
+          "read: longest time between delivering a sample and reporting it.");
+// health
+ABSL_FLAG(std::string, service, "", "health: service name (\"readiness\" for readiness; empty = overall).");
+// index
+ABSL_FLAG(std::string, o, "", "index: write the manifest here (default stdout).");
+
+namespace sluice::cli {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "sluicectl: %s\n", status.ToString().c_str());
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return kUnreachable;
+  return kError;
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "sluicectl: %s (see sluicectl --help)\n", message.c_str());
+  return kUsage;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) out += absl::StrFormat("\\u%04x", c);
+        else out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(const std::string& address) {
+  return v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+std::unique_ptr<grpc::ClientContext> Deadline() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+  return ctx;
+}
+
+namespace {
+
+absl::Status Rpc(const grpc::Status& s, const std::string& what) {
+  absl::Status status = FromGrpcStatus(s);
+  if (status.ok()) return status;
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+    return absl::Status(status.code(), absl::StrCat(what, ": coordinator ",
+                                                    absl::GetFlag(FLAGS_coordinator),
+                                                    " unreachable: ", status.message()));
+  }
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
+  return out;
+}
+
+void PrintJob(const v1::Job& job) {
+  const v1::JobStatus& s = job.status();
+  std::printf("%-20s %-8s epoch %lld/%lld  %lld/%lld samples  world %d  %d shards\n",
+              job.spec().name().c_str(),
+              v1::JobState_Name(s.state()).substr(10).c_str(),
+              static_cast<long long>(s.epoch()), static_cast<long long>(job.spec().num_epochs()),
+              static_cast<long long>(s.consumed_in_epoch()),
+              static_cast<long long>(s.samples_per_epoch()), job.spec().world_size(),
+              s.num_shards());
+}
+
+}  // namespace
+
+int JobCommand(const std::vector<std::string>& args) {
+  if (args.empty()) return Usage("job: create | get NAME | list | delete NAME");
+  auto stub = CoordinatorStub(absl::GetFlag(FLAGS_coordinator));
+  const std::string& verb = args[0];
+  if (verb == "create") {
+    v1::CreateJobRequest request;
+    v1::JobSpec* spec = request.mutable_spec();
+    spec->set_name(absl::GetFlag(FLAGS_name));
+    if (spec->name().empty()) return Usage("job create: --name is required");
+    const std::string manifest = absl::GetFlag(FLAGS_manifest);
+    if (manifest.empty()) return Usage("job create: --manifest is required");
+    FILE* f = std::fopen(manifest.c_str(), "rb");
+    if (f == nullptr) return Fail(absl::NotFoundError("--manifest: cannot read " + manifest));
+    std::string text;
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+    std::fclose(f);
+    auto parsed = google::protobuf::util::JsonStringToMessage(text, spec->mutable_manifest());
+    if (!parsed.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--manifest ", manifest, ": ", parsed.ToString())));
+    }
+    spec->set_world_size(absl::GetFlag(FLAGS_world_size));
+    spec->set_num_epochs(absl::GetFlag(FLAGS_epochs));
+    spec->set_seed(absl::GetFlag(FLAGS_seed));
+    spec->set_shuffle(absl::GetFlag(FLAGS_shuffle));
+    const std::string mode = absl::GetFlag(FLAGS_mode);
+    if (mode != "static" && mode != "dynamic") return Usage("--mode must be static or dynamic");
+    spec->set_mode(mode == "static" ? v1::MODE_STATIC : v1::MODE_DYNAMIC);
+    const std::string rem = absl::GetFlag(FLAGS_remainder);
+    if (rem != "drop" && rem != "pad") return Usage("--remainder must be drop or pad");
+    spec->set_remainder(rem == "drop" ? v1::REMAINDER_DROP : v1::REMAINDER_PAD);
+    const std::string corrupt = absl::GetFlag(FLAGS_on_corrupt);
+    if (corrupt != "skip" && corrupt != "fail") return Usage("--on_corrupt must be skip or fail");
+    spec->set_on_corrupt(corrupt == "skip" ? v1::CORRUPT_POLICY_SKIP : v1::CORRUPT_POLICY_FAIL);
+    spec->set_lease_ttl_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_lease_ttl)));
+    spec->set_max_samples_per_lease(absl::GetFlag(FLAGS_max_samples_per_lease));
+    v1::Job job;
+    absl::Status s = Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
+    if (!s.ok()) return Fail(s);
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s", ToJson(job).c_str());
+    } else {
+      PrintJob(job);
+    }
+    return kOk;
+  }
+  if (verb == "get" || verb == "delete") {
+    if (args.size() != 2) return Usage("job " + verb + ": give one job name");
+    if (verb == "delete") {
+      v1::DeleteJobRequest request;
+      request.set_name(args[1]);
+      v1::DeleteJobResponse response;
+      absl::Status s = Rpc(stub->DeleteJob(Deadline().get(), request, &response), "job delete");
+      if (!s.ok()) return Fail(s);
+      std::fprintf(stderr, "deleted job %s\n", args[1].c_str());
+      return kOk;
+    }
+    v1::GetJobRequest request;
+    request.set_name(args[1]);
+    v1::Job job;
+    absl::Status s = Rpc(stub->GetJob(Deadline().get(), request, &job), "job get");
+    if (!s.ok()) return Fail(s);
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s", ToJson(job).c_str());
+    } else {
+      PrintJob(job);
+    }
+    return kOk;
+  }
+  if (verb == "list") {
+    v1::ListJobsResponse response;
+    absl::Status s = Rpc(stub->ListJobs(Deadline().get(), v1::ListJobsRequest(), &response),
+                         "job list");
+    if (!s.ok()) return Fail(s);
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s", ToJson(response).c_str());
+    } else {
+      for (const v1::Job& job : response.jobs()) PrintJob(job);
+    }
+    return kOk;
+  }
+  return Usage("job: unknown verb \"" + verb + "\"");
+}
+
+int StatusCommand(const std::vector<std::string>& args) {
+  auto stub = CoordinatorStub(absl::GetFlag(FLAGS_coordinator));
+  std::vector<v1::Job> jobs;
+  if (args.empty()) {
+    v1::ListJobsResponse response;
+    absl::Status s = Rpc(stub->ListJobs(Deadline().get(), v1::ListJobsRequest(), &response),
+                         "status");
+    if (!s.ok()) return Fail(s);
+    jobs.assign(response.jobs().begin(), response.jobs().end());
+  } else {
+    for (const std::string& name : args) {
+      v1::GetJobRequest request;
+      request.set_name(name);
+      v1::Job job;
+      absl::Status s = Rpc(stub->GetJob(Deadline().get(), request, &job), "status");
+      if (!s.ok()) return Fail(s);
+      jobs.push_back(job);
+    }
+  }
+  for (const v1::Job& job : jobs) {
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s", ToJson(job).c_str());
+      continue;
+    }
+    PrintJob(job);
+    for (const v1::RankStatus& r : job.status().ranks()) {
+      std::printf("  rank %-4d %8lld / %-8lld consumed  %d live leases  %d sessions\n", r.rank(),
+                  static_cast<long long>(r.consumed()), static_cast<long long>(r.quota()),
+                  r.live_leases(), r.sessions());
+    }
+  }
+  return kOk;
+}
+
+int ReadCommand(const std::vector<std::string>& args) {
+  if (!args.empty()) return Usage("read takes no positional arguments");
+  ReaderOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.job = absl::GetFlag(FLAGS_job);
+  if (options.job.empty()) return Usage("read: --job is required");
+  options.rank = absl::GetFlag(FLAGS_rank);
+  options.worker = absl::GetFlag(FLAGS_worker);
+  options.trainer_id = absl::GetFlag(FLAGS_trainer_id);
+  options.decode.set_decode(absl::GetFlag(FLAGS_decode));
+  options.progress_interval = absl::GetFlag(FLAGS_progress_interval);
+  options.reconnect_timeout = std::max(absl::GetFlag(FLAGS_timeout), absl::Seconds(30));
+  auto reader = Reader::Create(options);
+  if (!reader.ok()) return Fail(reader.status());
+  const int64_t max_epochs = absl::GetFlag(FLAGS_read_epochs);
+  const double rate = absl::GetFlag(FLAGS_rate);
+  const absl::Time start = absl::Now();
+  int64_t delivered = 0, epochs_done = 0;
+  while (true) {
+    auto event = (*reader)->Next();
+    if (!event.ok()) return Fail(event.status());
+    if (event->kind == ReaderEvent::Kind::kDone) break;
+    if (event->kind == ReaderEvent::Kind::kEpochBegin) {
+      std::fprintf(stderr, "epoch %lld begins: %lld samples for rank %d (%lld already consumed)\n",
+                   static_cast<long long>(event->epoch),
+                   static_cast<long long>(event->samples_for_rank), options.rank,
+                   static_cast<long long>(event->already_consumed));
+      continue;
+    }
+    if (event->kind == ReaderEvent::Kind::kEpochEnd) {
+      std::fprintf(stderr, "epoch %lld ends\n", static_cast<long long>(event->epoch));
+      if (max_epochs > 0 && ++epochs_done >= max_epochs) break;
+      continue;
+    }
+    const Sample& s = event->sample;
+    std::string fields;
+    for (const v1::Field& f : s.fields) {
+      size_t size = f.has_tensor() ? f.tensor().data().size()
+                    : f.has_text() ? f.text().size()
+                    : f.has_int_value() ? 8 : f.raw().size();
+      absl::StrAppend(&fields, fields.empty() ? "" : ",", "\"", JsonEscape(f.name()), "\":", size);
+    }
+    std::string line = absl::StrCat(
+        "{\"epoch\":", s.epoch, ",\"rank\":", s.rank, ",\"shard\":", s.shard_index,
+        ",\"index\":", s.index, ",\"key\":\"", JsonEscape(s.key), "\",\"fields\":{", fields, "}",
+        s.skipped ? absl::StrCat(",\"skipped\":true,\"skip_reason\":\"", JsonEscape(s.skip_reason), "\"") : "",
+        "}\n");
+    // One write per line: a reader killed mid-run leaves whole lines behind.
+    if (write(STDOUT_FILENO, line.data(), line.size()) < 0) return Fail(absl::InternalError("stdout closed"));
+    ++delivered;
+    if (rate > 0) {
+      absl::Time due = start + absl::Seconds(delivered / rate);
+      if (due > absl::Now()) absl::SleepFor(due - absl::Now());  // emulated training step
+    }
+  }
+  ReaderStats stats = (*reader)->stats();
+  (*reader)->Close();
+  std::fprintf(stderr, "read %lld samples (%lld units, %lld re-routed, %lld dropped, %lld reconnects)\n",
+               static_cast<long long>(stats.delivered), static_cast<long long>(stats.units_completed),
+               static_cast<long long>(stats.reroutes), static_cast<long long>(stats.dropped_units),
+               static_cast<long long>(stats.reconnects));
+  return kOk;
+}
+
+int HealthCommand(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("health: give one HOST:PORT");
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(args[0], grpc::InsecureChannelCredentials()));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(absl::GetFlag(FLAGS_service));
+  grpc::health::v1::HealthCheckResponse response;
+  absl::Status s = FromGrpcStatus(stub->Check(Deadline().get(), request, &response));
+  if (!s.ok()) {
+    return Fail(absl::Status(s.code(), absl::StrCat("health ", args[0], ": ", s.message())));
+  }
+  std::string status = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("{\"address\":\"%s\",\"status\":\"%s\"}\n", JsonEscape(args[0]).c_str(), status.c_str());
+  } else {
+    std::printf("%s %s\n", args[0].c_str(), status.c_str());
+  }
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kOk : kError;
+}
+
+int IndexCommand(const std::vector<std::string>& args) {
+  if (args.empty()) return Usage("index: give a directory or a glob of shards");
+  std::vector<std::string> paths;
+  for (const std::string& arg : args) {
+    struct stat st;
+    std::string pattern = arg;
+    if (stat(arg.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) pattern = arg + "/*.tar*";
+    glob_t g;
+    if (glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) {
+        char real[PATH_MAX];
+        if (realpath(g.gl_pathv[i], real) != nullptr) paths.emplace_back(real);
+      }
+    }
+    globfree(&g);
+  }
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) return Fail(absl::NotFoundError("index: no shards match " + absl::StrJoin(args, " ")));
+  const bool tty = isatty(STDERR_FILENO);
+  v1::Manifest manifest;
+  int64_t samples = 0;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    int fd = open(paths[i].c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Fail(absl::NotFoundError("index: cannot open " + paths[i]));
+    auto shard = dataserver::ShardData::Map(fd, paths[i]);
+    if (!shard.ok()) return Fail(shard.status());
+    dataserver::ShardIndex index = dataserver::BuildShardIndex(*shard);
+    if (!index.damage.empty()) return Fail(absl::DataLossError("index: " + index.damage));
+    v1::Shard* s = manifest.add_shards();
+    s->set_url(paths[i]);
+    s->set_num_samples(index.num_samples());
+    s->set_size_bytes(index.size_bytes);
+    samples += index.num_samples();
+    if (tty) {
+      int width = 30, done = static_cast<int>(width * (i + 1) / paths.size());
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu shards, %lld samples", std::string(done, '#').c_str(),
+                   std::string(width - done, ' ').c_str(), i + 1, paths.size(),
+                   static_cast<long long>(samples));
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  std::string json = ToJson(manifest);
+  const std::string out = absl::GetFlag(FLAGS_o);
+  if (out.empty()) {
+    std::printf("%s", json.c_str());
+  } else {
+    FILE* f = std::fopen(out.c_str(), "wb");
+    if (f == nullptr || std::fwrite(json.data(), 1, json.size(), f) != json.size()) {
+      return Fail(absl::InternalError("index: cannot write " + out));
+    }
+    std::fclose(f);
+  }
+  std::fprintf(stderr, "indexed %zu shards, %lld samples\n", paths.size(), static_cast<long long>(samples));
+  return kOk;
+}
+
+namespace {
+
+constexpr char kHelpText[] = R"(sluicectl: the Sluice command line.
+
+Usage: sluicectl COMMAND [args] [flags]
+
+Commands:
+  demo                      the end-to-end demo (generates data, starts a cluster,
+                            kills a trainer and a data server, verifies)
+  up                        a local cluster in the foreground (--dir, --shards,
+                            --data_servers); Ctrl-C stops every child
+  index DIR|GLOB [-o FILE]  scan shards locally into a manifest (JSON)
+  job create --name N --manifest FILE [--world_size --epochs --mode --remainder
+             --seed --[no]shuffle --lease_ttl --on_corrupt]
+  job get NAME | job list | job delete NAME
+  status [JOB...]           epoch, per-rank consumed/quota, leases, sessions
+  read --job J --rank R [--read_epochs N] [--decode] [--rate N]
+                            one JSON line per sample on stdout
+  health HOST:PORT [--service readiness]
+
+Common flags: --coordinator=HOST:PORT (default 127.0.0.1:7070), --timeout=10s,
+--json. `sluicectl COMMAND --help` shows a command's usage.
+
+Exit codes: 0 ok; 1 the server refused or a local error (the message says
+which); 2 bad command line; 3 coordinator or data server unreachable in time;
+4 demo verification failed.
+)";
+
+}  // namespace
+}  // namespace sluice::cli
+
+int main(int argc, char** argv) {
+  using namespace sluice::cli;
+  signal(SIGPIPE, SIG_IGN);
+  // `sluicectl`, `sluicectl --help`, `sluicectl CMD --help`: our usage.
+  bool help = argc < 2;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h" || a == "help") help = true;
+  }
+  if (help) {
+    std::fputs(kHelpText, stdout);
+    return argc < 2 ? kUsage : kOk;
+  }
+  absl::FlagsUsageConfig config;
+  config.contains_helpshort_flags = [](absl::string_view) { return false; };
+  config.contains_help_flags = [](absl::string_view f) { return absl::StrContains(f, "client/cli"); };
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(kHelpText);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() < 2) return Usage("no command");
+  const std::string command = positional[1];
+  std::vector<std::string> args(positional.begin() + 2, positional.end());
+  if (command == "job") return JobCommand(args);
+  if (command == "status") return StatusCommand(args);
+  if (command == "read") return ReadCommand(args);
+  if (command == "health") return HealthCommand(args);
+  if (command == "index") return IndexCommand(args);
+  if (command == "up") return UpCommand(args);
+  if (command == "demo") return DemoCommand(args);
+  return Usage("unknown command \"" + command + "\"");
+}

@@ -1,0 +1,139 @@
+#include "client/cli/subprocess.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace sluice::cli {
+
+absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
+                                             const std::string& stdout_path,
+                                             const std::string& stderr_path) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  auto open_out = [](const std::string& path) {
+    return path.empty() ? -1 : open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  };
+  int out = open_out(stdout_path), err = open_out(stderr_path);
+  if ((!stdout_path.empty() && out < 0) || (!stderr_path.empty() && err < 0)) {
+    return absl::InternalError(absl::StrCat("cannot open ", stdout_path, " / ", stderr_path));
+  }
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (out >= 0) dup2(out, STDOUT_FILENO);
+    if (err >= 0) dup2(err, STDERR_FILENO);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  if (out >= 0) close(out);
+  if (err >= 0) close(err);
+  Subprocess p;
+  p.pid_ = pid;
+  return p;
+}
+
+Subprocess& Subprocess::operator=(Subprocess&& o) noexcept {
+  if (this != &o) {
+    if (pid_ > 0 && !exit_code_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    pid_ = o.pid_;
+    exit_code_ = o.exit_code_;
+    o.pid_ = -1;
+  }
+  return *this;
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0 && !exit_code_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+void Subprocess::Signal(int signo) {
+  if (pid_ > 0 && !exit_code_) kill(pid_, signo);
+}
+
+std::optional<int> Subprocess::Poll() {
+  if (exit_code_ || pid_ <= 0) return exit_code_;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  return exit_code_;
+}
+
+absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (auto code = Poll()) return *code;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));  // waitpid has no timeout
+  }
+}
+
+void Subprocess::Stop(absl::Duration grace) {
+  Signal(SIGTERM);
+  if (!Wait(grace).ok()) {
+    Signal(SIGKILL);
+    (void)Wait(absl::Seconds(10));
+  }
+}
+
+std::string SelfPath() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  return buf;
+}
+
+std::string SelfDir() {
+  std::string self = SelfPath();
+  return self.substr(0, self.rfind('/'));
+}
+
+absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(const std::string& path,
+                                                                   Subprocess& process,
+                                                                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(path);
+    if (in) {
+      std::stringstream s;
+      s << in.rdbuf();
+      std::map<std::string, std::string> kv;
+      for (absl::string_view line : absl::StrSplit(s.str(), '\n', absl::SkipEmpty())) {
+        std::pair<std::string, std::string> p = absl::StrSplit(line, absl::MaxSplits('=', 1));
+        kv[p.first] = p.second;
+      }
+      if (kv.count("grpc")) return kv;
+    }
+    if (auto code = process.Poll()) {
+      return absl::InternalError(absl::StrCat("pid ", process.pid(), " exited with ", *code,
+                                              " before listening"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));  // poll for the file
+  }
+  return absl::DeadlineExceededError("no port file at " + path);
+}
+
+}  // namespace sluice::cli

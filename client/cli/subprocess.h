@@ -1,0 +1,55 @@
+// Child processes for sluicectl up/demo: spawn with output to a file, signal
+// and reap by PID, read a server's --port_file.
+#ifndef SLUICE_CLIENT_CLI_SUBPROCESS_H_
+#define SLUICE_CLIENT_CLI_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace sluice::cli {
+
+class Subprocess {
+ public:
+  // stdout to `stdout_path`, stderr to `stderr_path` (either may be empty =
+  // inherit). Starts with an empty signal mask.
+  static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
+                                          const std::string& stdout_path,
+                                          const std::string& stderr_path);
+  Subprocess() = default;
+  Subprocess(Subprocess&& o) noexcept { *this = std::move(o); }
+  Subprocess& operator=(Subprocess&& o) noexcept;
+  ~Subprocess();  // SIGKILLs and reaps a child still running
+
+  pid_t pid() const { return pid_; }
+  void Signal(int signo);
+  // Non-blocking: the exit code once the child has exited.
+  std::optional<int> Poll();
+  // Exit code (128+signal when killed), or DEADLINE_EXCEEDED.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  // SIGTERM, then SIGKILL after `grace`.
+  void Stop(absl::Duration grace);
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+};
+
+// This executable's directory (where the server binaries sit next to it).
+std::string SelfDir();
+std::string SelfPath();
+
+// Waits for a server's --port_file and returns its key=value pairs.
+absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(const std::string& path,
+                                                                   Subprocess& process,
+                                                                   absl::Duration timeout);
+
+}  // namespace sluice::cli
+
+#endif  // SLUICE_CLIENT_CLI_SUBPROCESS_H_

@@ -1,0 +1,605 @@
+#include "sluice/reader.h"
+
+#include <unistd.h>
+
+#include <deque>
+#include <map>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "server/common/grpc_status.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+#include "sluice/v1/dataserver.grpc.pb.h"
+
+namespace sluice {
+namespace {
+
+using v1::CoordinatorMessage;
+using v1::TrainerMessage;
+
+// Statuses after which reconnecting cannot help.
+bool Terminal(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kUnimplemented:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class ReaderImpl final : public Reader {
+ public:
+  explicit ReaderImpl(ReaderOptions options) : options_(std::move(options)) {
+    if (options_.trainer_id.empty()) {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      options_.trainer_id =
+          absl::StrCat(host, "-", getpid(), "-r", options_.rank, "-w", options_.worker);
+    }
+    if (options_.units_in_flight < 1) options_.units_in_flight = 1;
+    if (options_.buffer_samples < 1) options_.buffer_samples = 1;
+    coordinator_ = v1::Coordinator::NewStub(grpc::CreateChannel(options_.coordinator, Creds()));
+  }
+
+  ~ReaderImpl() override { Close(); }
+
+  void Start() {
+    session_thread_ = std::thread([this] { RunSession(); });
+    maintenance_thread_ = std::thread([this] { RunMaintenance(); });
+  }
+
+  absl::StatusOr<ReaderEvent> Next() override;
+  ReaderStats stats() const override {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+  void Close() override;
+
+ private:
+  struct Unit {
+    v1::Lease lease;
+    int64_t size = 0;
+    std::deque<Sample> buffer;
+    int64_t next_fetch = 0;  // absolute sample index
+    enum class Fetch { kRunning, kDone, kFailed } fetch = Fetch::kRunning;
+    std::string fetch_error;
+    bool dropped = false;
+    int64_t delivered = 0;
+    int64_t reported = 0;
+    std::optional<TrainerMessage> final_report;  // Complete / Reroute / Release
+    grpc::ClientContext* fetch_ctx = nullptr;
+    std::thread fetcher;
+    bool fetcher_exited = false;
+  };
+  struct Entry {
+    ReaderEvent::Kind kind;
+    int64_t epoch = 0, samples = 0, already = 0;
+    std::shared_ptr<Unit> unit;  // null for markers
+  };
+
+  std::shared_ptr<grpc::ChannelCredentials> Creds() const {
+    return options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
+  }
+
+  bool Send(const TrainerMessage& m) {
+    absl::MutexLock lock(&write_mu_);
+    if (stream_ == nullptr) return false;
+    return stream_->Write(m);
+  }
+
+  void RunSession();
+  void Handle(const CoordinatorMessage& m);
+  void Fetch(std::shared_ptr<Unit> unit);
+  void RunMaintenance();
+  // Sends final reports, and Progress for units with new deliveries when
+  // `progress` is set.
+  void FlushReports(bool progress);
+  void DropLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    u.dropped = true;
+    u.buffer.clear();
+    if (u.fetch_ctx != nullptr) u.fetch_ctx->TryCancel();
+    cv_.SignalAll();
+  }
+  bool SleepUnlessClosing(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    absl::Time until = absl::Now() + d;
+    while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+    return !closing_;
+  }
+
+  ReaderOptions options_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Unit>> units_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TrainerMessage> finals_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Unit>> retired_ ABSL_GUARDED_BY(mu_);  // fetchers to join
+  std::map<std::string, std::shared_ptr<v1::DataServer::Stub>> data_stubs_ ABSL_GUARDED_BY(mu_);
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool job_done_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t last_epoch_begin_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t last_epoch_end_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  ReaderStats stats_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex write_mu_;
+  grpc::ClientReaderWriter<TrainerMessage, CoordinatorMessage>* stream_
+      ABSL_GUARDED_BY(write_mu_) = nullptr;
+  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(write_mu_) = nullptr;
+
+  std::thread session_thread_;
+  std::thread maintenance_thread_;
+};
+
+absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
+  while (true) {
+    ReaderEvent event;
+    bool flush = false;
+    bool have_event = false;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!have_event && !flush) {
+        if (!fatal_.ok()) return fatal_;
+        if (closed_) return absl::CancelledError("reader closed");
+        if (entries_.empty()) {
+          cv_.Wait(&mu_);
+          continue;
+        }
+        Entry& e = entries_.front();
+        if (e.unit == nullptr) {
+          event.kind = e.kind;
+          event.epoch = e.epoch;
+          event.samples_for_rank = e.samples;
+          event.already_consumed = e.already;
+          if (e.kind != ReaderEvent::Kind::kDone) entries_.pop_front();  // Done stays
+          have_event = true;
+          break;
+        }
+        Unit& u = *e.unit;
+        if (u.dropped) {
+          ++stats_.dropped_units;
+          entries_.pop_front();
+          continue;
+        }
+        if (!u.buffer.empty()) {
+          event.kind = ReaderEvent::Kind::kSample;
+          event.sample = std::move(u.buffer.front());
+          event.epoch = event.sample.epoch;
+          u.buffer.pop_front();
+          ++u.delivered;
+          ++stats_.delivered;
+          have_event = true;
+          cv_.SignalAll();  // room for the fetcher
+          if (u.delivered == u.size) {
+            TrainerMessage m;
+            m.mutable_complete()->set_lease_id(u.lease.lease_id());
+            m.mutable_complete()->set_fence(u.lease.fence());
+            u.final_report = m;
+            ++stats_.units_completed;
+            entries_.pop_front();
+            flush = true;
+          }
+          break;
+        }
+        if (u.fetch == Unit::Fetch::kFailed) {
+          // Everything fetched has been delivered: hand the rest back for a
+          // re-route, counting exactly what was consumed.
+          TrainerMessage m;
+          m.mutable_reroute()->set_lease_id(u.lease.lease_id());
+          m.mutable_reroute()->set_fence(u.lease.fence());
+          m.mutable_reroute()->set_consumed(u.delivered);
+          m.mutable_reroute()->set_failed_data_server(u.lease.data_server());
+          m.mutable_reroute()->set_error(u.fetch_error);
+          u.final_report = m;
+          ++stats_.reroutes;
+          entries_.pop_front();
+          flush = true;
+          break;
+        }
+        cv_.Wait(&mu_);
+      }
+    }
+    if (flush) FlushReports(false);
+    if (have_event) return event;
+  }
+}
+
+void ReaderImpl::FlushReports(bool progress) {
+  std::vector<std::pair<std::shared_ptr<Unit>, TrainerMessage>> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, u] : units_) {
+      if (u->final_report.has_value()) {
+        out.emplace_back(u, *u->final_report);
+      } else if (progress && !u->dropped && u->delivered > u->reported) {
+        TrainerMessage m;
+        m.mutable_progress()->set_lease_id(u->lease.lease_id());
+        m.mutable_progress()->set_fence(u->lease.fence());
+        m.mutable_progress()->set_consumed(u->delivered);
+        out.emplace_back(u, m);
+      }
+    }
+  }
+  for (auto& [u, m] : out) {
+    if (!Send(m)) return;  // disconnected: the session re-flushes on reconnect
+    absl::MutexLock lock(&mu_);
+    if (m.has_progress()) {
+      u->reported = std::max(u->reported, m.progress().consumed());
+    } else {
+      finals_[u->lease.lease_id()] = m;
+      units_.erase(u->lease.lease_id());
+      if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
+      retired_.push_back(u);
+      cv_.SignalAll();
+    }
+  }
+}
+
+void ReaderImpl::RunSession() {
+  std::mt19937_64 rng(std::random_device{}());
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Time unreachable_since = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_ || job_done_) return;
+    }
+    grpc::ClientContext ctx;
+    auto stream = coordinator_->Session(&ctx);
+    {
+      absl::MutexLock lock(&write_mu_);
+      stream_ = stream.get();
+      session_ctx_ = &ctx;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_) ctx.TryCancel();
+    }
+    TrainerMessage hello;
+    hello.mutable_hello()->set_job(options_.job);
+    hello.mutable_hello()->set_rank(options_.rank);
+    hello.mutable_hello()->set_worker(options_.worker);
+    hello.mutable_hello()->set_trainer_id(options_.trainer_id);
+    TrainerMessage want;
+    want.mutable_want()->set_credits(options_.units_in_flight);
+    bool welcomed = false;
+    if (Send(hello) && Send(want)) {
+      CoordinatorMessage m;
+      while (stream->Read(&m)) {
+        if (m.has_welcome() && !welcomed) {
+          welcomed = true;
+          backoff = absl::Milliseconds(100);
+          FlushReports(true);  // re-send what a broken stream may have lost
+        }
+        Handle(m);
+      }
+    }
+    {
+      absl::MutexLock lock(&write_mu_);
+      stream_ = nullptr;
+      session_ctx_ = nullptr;
+    }
+    absl::Status status = FromGrpcStatus(stream->Finish());
+    absl::MutexLock lock(&mu_);
+    if (closing_ || job_done_) return;
+    if (Terminal(status)) {
+      fatal_ = status;
+      cv_.SignalAll();
+      return;
+    }
+    if (welcomed) {
+      unreachable_since = absl::Now();
+      ++stats_.reconnects;
+    }
+    if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
+      fatal_ = absl::UnavailableError(absl::StrCat(
+          "coordinator ", options_.coordinator, " unreachable for ",
+          absl::FormatDuration(options_.reconnect_timeout), ": ", status.ToString()));
+      cv_.SignalAll();
+      return;
+    }
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    absl::Time until = absl::Now() + backoff * jitter(rng);
+    while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+}
+
+void ReaderImpl::Handle(const CoordinatorMessage& m) {
+  std::optional<TrainerMessage> resend;
+  {
+    absl::MutexLock lock(&mu_);
+    switch (m.msg_case()) {
+      case CoordinatorMessage::kWelcome:
+        if (m.welcome().heartbeat_interval_ms() > 0) {
+          heartbeat_interval_ = absl::Milliseconds(m.welcome().heartbeat_interval_ms());
+        }
+        break;
+      case CoordinatorMessage::kEpochBegin:
+        if (m.epoch_begin().epoch() > last_epoch_begin_) {
+          last_epoch_begin_ = m.epoch_begin().epoch();
+          entries_.push_back(Entry{ReaderEvent::Kind::kEpochBegin, m.epoch_begin().epoch(),
+                                   m.epoch_begin().samples_for_rank(),
+                                   m.epoch_begin().already_consumed(), nullptr});
+        }
+        break;
+      case CoordinatorMessage::kEpochEnd:
+        if (m.epoch_end().epoch() > last_epoch_end_) {
+          last_epoch_end_ = m.epoch_end().epoch();
+          entries_.push_back(
+              Entry{ReaderEvent::Kind::kEpochEnd, m.epoch_end().epoch(), 0, 0, nullptr});
+        }
+        break;
+      case CoordinatorMessage::kJobDone:
+        job_done_ = true;
+        entries_.push_back(Entry{ReaderEvent::Kind::kDone, 0, 0, 0, nullptr});
+        break;
+      case CoordinatorMessage::kGrant: {
+        const v1::Lease& lease = m.grant().lease();
+        auto final = finals_.find(lease.lease_id());
+        if (final != finals_.end()) {
+          resend = final->second;  // re-announced after a reconnect
+          break;
+        }
+        if (units_.count(lease.lease_id()) > 0 || closing_) break;
+        auto u = std::make_shared<Unit>();
+        u->lease = lease;
+        u->size = lease.unit().end() - lease.unit().begin();
+        u->next_fetch = lease.unit().begin();
+        units_[lease.lease_id()] = u;
+        entries_.push_back(Entry{ReaderEvent::Kind::kSample, 0, 0, 0, u});
+        u->fetcher = std::thread([this, u] { Fetch(u); });
+        break;
+      }
+      case CoordinatorMessage::kRevoke: {
+        auto it = units_.find(m.revoke().lease_id());
+        if (it != units_.end()) {
+          DropLocked(*it->second);
+          it->second->final_report.reset();
+          retired_.push_back(it->second);
+          units_.erase(it);
+        }
+        break;
+      }
+      case CoordinatorMessage::kRejected: {
+        auto it = units_.find(m.rejected().lease_id());
+        if (it != units_.end()) {
+          DropLocked(*it->second);
+          it->second->final_report.reset();
+          retired_.push_back(it->second);
+          units_.erase(it);
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    cv_.SignalAll();
+  }
+  if (resend.has_value()) Send(*resend);
+}
+
+void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
+  auto finish = [&](Unit::Fetch state, const std::string& error) {
+    absl::MutexLock lock(&mu_);
+    u->fetch_ctx = nullptr;
+    if (u->fetch == Unit::Fetch::kRunning) {
+      u->fetch = state;
+      u->fetch_error = error;
+    }
+    u->fetcher_exited = true;
+    cv_.SignalAll();
+  };
+  const std::string& address = u->lease.data_server();
+  if (address.empty()) {
+    // No live data server: wait a little, then ask for a re-route.
+    SleepUnlessClosing(absl::Milliseconds(500));
+    finish(Unit::Fetch::kFailed, "no live data server");
+    return;
+  }
+  std::shared_ptr<v1::DataServer::Stub> stub;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& s = data_stubs_[address];
+    if (s == nullptr) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(64 << 20);
+      s = v1::DataServer::NewStub(grpc::CreateCustomChannel(address, Creds(), args));
+    }
+    stub = s;
+  }
+  v1::ReadRequest request;
+  *request.mutable_lease() = u->lease;
+  *request.mutable_decode() = options_.decode;
+  for (const std::string& f : options_.fields) request.add_fields(f);
+  request.set_max_batch_bytes(options_.max_batch_bytes);
+  grpc::ClientContext ctx;
+  {
+    absl::MutexLock lock(&mu_);
+    if (u->dropped || closing_) {
+      u->fetcher_exited = true;
+      return;
+    }
+    request.set_start(u->next_fetch);
+    u->fetch_ctx = &ctx;
+  }
+  auto reader = stub->ReadSamples(&ctx, request);
+  v1::SampleBatch batch;
+  bool stop = false;
+  std::string protocol_error;
+  while (!stop && reader->Read(&batch)) {
+    for (v1::Sample& s : *batch.mutable_samples()) {
+      absl::MutexLock lock(&mu_);
+      while (static_cast<int>(u->buffer.size()) >= options_.buffer_samples && !u->dropped &&
+             !closing_) {
+        cv_.Wait(&mu_);
+      }
+      if (u->dropped || closing_) {
+        ctx.TryCancel();
+        stop = true;
+        break;
+      }
+      if (s.index() != u->next_fetch) {
+        protocol_error = absl::StrCat("data server ", address, " sent sample ", s.index(),
+                                      ", expected ", u->next_fetch);
+        ctx.TryCancel();
+        stop = true;
+        break;
+      }
+      Sample out;
+      out.epoch = u->lease.epoch();
+      out.rank = u->lease.rank();
+      out.shard_index = u->lease.unit().shard_index();
+      out.shard_url = u->lease.unit().shard_url();
+      out.index = s.index();
+      out.key = std::move(*s.mutable_key());
+      out.skipped = s.skipped();
+      out.skip_reason = std::move(*s.mutable_skip_reason());
+      out.fields.reserve(static_cast<size_t>(s.fields_size()));
+      for (v1::Field& f : *s.mutable_fields()) out.fields.push_back(std::move(f));
+      u->buffer.push_back(std::move(out));
+      ++u->next_fetch;
+      cv_.SignalAll();
+    }
+  }
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  {
+    absl::MutexLock lock(&mu_);
+    if (u->dropped || closing_) {
+      u->fetch_ctx = nullptr;
+      u->fetcher_exited = true;
+      return;
+    }
+  }
+  if (!protocol_error.empty()) {
+    finish(Unit::Fetch::kFailed, protocol_error);
+  } else if (status.ok()) {
+    bool complete;
+    {
+      absl::MutexLock lock(&mu_);
+      complete = u->next_fetch == u->lease.unit().end();
+    }
+    finish(complete ? Unit::Fetch::kDone : Unit::Fetch::kFailed,
+           complete ? "" : "stream ended early");
+  } else if (status.code() == absl::StatusCode::kAborted) {
+    absl::MutexLock lock(&mu_);
+    DropLocked(*u);  // a newer grant of the unit exists: deliver nothing more
+    u->fetch_ctx = nullptr;
+    u->fetcher_exited = true;
+  } else if (status.code() == absl::StatusCode::kDataLoss ||
+             status.code() == absl::StatusCode::kOutOfRange ||
+             status.code() == absl::StatusCode::kInvalidArgument ||
+             status.code() == absl::StatusCode::kPermissionDenied) {
+    // Not a server fault: corrupt data under on_corrupt=fail, or a manifest
+    // / configuration that does not match the shards.
+    absl::MutexLock lock(&mu_);
+    fatal_ = absl::Status(status.code(), absl::StrCat("lease ", u->lease.lease_id(), ": ",
+                                                      status.message()));
+    u->fetch_ctx = nullptr;
+    u->fetcher_exited = true;
+    cv_.SignalAll();
+  } else {
+    finish(Unit::Fetch::kFailed, absl::StrCat(address, ": ", status.ToString()));
+  }
+}
+
+void ReaderImpl::RunMaintenance() {
+  absl::Time last_heartbeat = absl::InfinitePast();
+  while (true) {
+    absl::Duration heartbeat;
+    std::vector<std::shared_ptr<Unit>> joinable;
+    {
+      absl::MutexLock lock(&mu_);
+      heartbeat = heartbeat_interval_;
+      absl::Time until = absl::Now() + std::min(heartbeat, options_.progress_interval);
+      while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+      if (closing_) return;
+      for (auto it = retired_.begin(); it != retired_.end();) {
+        if ((*it)->fetcher_exited) {
+          joinable.push_back(*it);
+          it = retired_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& u : joinable) {
+      if (u->fetcher.joinable()) u->fetcher.join();
+    }
+    if (absl::Now() - last_heartbeat >= heartbeat) {
+      TrainerMessage beat;
+      beat.mutable_heartbeat();
+      if (Send(beat)) last_heartbeat = absl::Now();
+    }
+    FlushReports(true);
+  }
+}
+
+void ReaderImpl::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    for (auto& [id, u] : units_) {
+      if (u->final_report.has_value() || u->dropped) continue;
+      TrainerMessage m;
+      m.mutable_release()->set_lease_id(u->lease.lease_id());
+      m.mutable_release()->set_fence(u->lease.fence());
+      m.mutable_release()->set_consumed(u->delivered);
+      u->final_report = m;
+    }
+  }
+  FlushReports(false);
+  std::vector<std::shared_ptr<Unit>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    for (auto& [id, u] : units_) {
+      if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
+      all.push_back(u);
+    }
+    for (auto& u : retired_) {
+      if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
+      all.push_back(u);
+    }
+    cv_.SignalAll();
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (stream_ != nullptr) stream_->WritesDone();
+    if (session_ctx_ != nullptr) session_ctx_->TryCancel();
+  }
+  if (session_thread_.joinable()) session_thread_.join();
+  if (maintenance_thread_.joinable()) maintenance_thread_.join();
+  for (auto& u : all) {
+    if (u->fetcher.joinable()) u->fetcher.join();
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Reader>> Reader::Create(ReaderOptions options) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("ReaderOptions.coordinator is empty");
+  }
+  if (options.job.empty()) return absl::InvalidArgumentError("ReaderOptions.job is empty");
+  if (options.rank < 0) return absl::InvalidArgumentError("ReaderOptions.rank is negative");
+  auto reader = std::make_unique<ReaderImpl>(std::move(options));
+  reader->Start();
+  return std::unique_ptr<Reader>(std::move(reader));
+}
+
+}  // namespace sluice

@@ -1,0 +1,122 @@
+// sluice::Reader: a trainer's stream of samples for one (job, rank, worker).
+//
+// It runs the coordinator Session (Hello, Want credits = units in flight,
+// heartbeats on its own thread), reads every granted unit from the data
+// server the lease names (several units fetched at once, delivered one unit
+// after another, each in sample order), reports Progress at most every
+// `progress_interval` and Complete when a unit's last sample is handed out,
+// and surfaces epoch boundaries as events.
+//
+//   ReaderOptions o;
+//   o.coordinator = "head:7070"; o.job = "cifar"; o.rank = 3;
+//   ASSIGN_OR_RETURN(auto reader, sluice::Reader::Create(o));
+//   while (true) {
+//     ASSIGN_OR_RETURN(sluice::ReaderEvent e, reader->Next());
+//     if (e.kind == ReaderEvent::Kind::kDone) break;
+//     if (e.kind == ReaderEvent::Kind::kSample) Train(e.sample);
+//   }
+//
+// Failures: a data server that fails mid-unit -> the samples already fetched
+// are delivered, then the unit is re-routed (Reroute with the exact count
+// consumed) and its remainder arrives as a new grant on a live server. The
+// coordinator unreachable -> held units keep being read and delivered while
+// the session reconnects with jittered backoff under the same trainer_id;
+// reports are re-sent after reconnecting. A stale lease (ABORTED from the
+// data server, Rejected or Revoke from the coordinator) -> the unit's
+// undelivered samples are dropped, never delivered.
+//
+// Delivery guarantee (G2): a sample is acknowledged once a Progress or
+// Complete covering it reached the coordinator; a trainer that dies loses at
+// most the samples delivered since its last report, and those are delivered
+// again to whoever takes over the lease.
+//
+// Thread-safety: Next() must be called from one thread at a time; stats()
+// and Close() may be called from any thread.
+#ifndef SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
+#define SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sluice/v1/dataserver.pb.h"
+
+namespace sluice {
+
+struct ReaderOptions {
+  std::string coordinator;  // "host:port"
+  std::string job;
+  int32_t rank = 0;
+  int32_t worker = 0;
+  // Identifies this trainer across reconnects. Default:
+  // "<hostname>-<pid>-r<rank>-w<worker>".
+  std::string trainer_id;
+  // Units held (and fetched) at once: the Want credits.
+  int32_t units_in_flight = 4;
+  // Samples buffered per unit ahead of delivery.
+  int32_t buffer_samples = 256;
+  v1::DecodeSpec decode;
+  std::vector<std::string> fields;  // empty = all
+  int64_t max_batch_bytes = 0;      // 0 = the data server's default
+  // Upper bound on the time between delivering a sample and reporting it.
+  absl::Duration progress_interval = absl::Milliseconds(500);
+  // Give up (Next() fails UNAVAILABLE) after the coordinator has been
+  // unreachable this long.
+  absl::Duration reconnect_timeout = absl::Minutes(2);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
+};
+
+struct Sample {
+  int64_t epoch = 0;
+  int32_t rank = 0;
+  int32_t shard_index = 0;
+  std::string shard_url;
+  int64_t index = 0;  // within the shard
+  std::string key;
+  bool skipped = false;  // corrupt under on_corrupt=skip; fields empty
+  std::string skip_reason;
+  std::vector<v1::Field> fields;
+};
+
+struct ReaderEvent {
+  enum class Kind { kSample, kEpochBegin, kEpochEnd, kDone };
+  Kind kind = Kind::kSample;
+  int64_t epoch = 0;
+  // kEpochBegin: samples this rank gets in the epoch, and how many it had
+  // already consumed (non-zero after a restart mid-epoch).
+  int64_t samples_for_rank = 0;
+  int64_t already_consumed = 0;
+  Sample sample;  // kSample
+};
+
+struct ReaderStats {
+  int64_t delivered = 0;
+  int64_t units_completed = 0;
+  int64_t reroutes = 0;
+  int64_t dropped_units = 0;
+  int64_t reconnects = 0;
+};
+
+class Reader {
+ public:
+  static absl::StatusOr<std::unique_ptr<Reader>> Create(ReaderOptions options);
+  virtual ~Reader() = default;
+
+  // The next event; blocks. An error is final: the job does not exist, the
+  // coordinator stayed unreachable past reconnect_timeout, a DATA_LOSS under
+  // on_corrupt=fail, or the reader was closed (CANCELLED).
+  virtual absl::StatusOr<ReaderEvent> Next() = 0;
+  virtual ReaderStats stats() const = 0;
+  // Reports what was consumed, gives unfinished units back (Release) so
+  // others take them at once, and ends the session. Idempotent.
+  virtual void Close() = 0;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
