@@ -77,6 +77,8 @@ class ReaderImpl final : public Reader {
     int64_t reported = 0;
     std::optional<TrainerMessage> final_report;  // Complete / Reroute / Release
     grpc::ClientContext* fetch_ctx = nullptr;
+    absl::Time last_activity;  // last message from the data server
+    bool stalled = false;
     std::thread fetcher;
     bool fetcher_exited = false;
   };
@@ -435,17 +437,23 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
     }
     request.set_start(u->next_fetch);
     u->fetch_ctx = &ctx;
+    u->last_activity = absl::Now();
   }
   auto reader = stub->ReadSamples(&ctx, request);
   v1::SampleBatch batch;
   bool stop = false;
   std::string protocol_error;
   while (!stop && reader->Read(&batch)) {
+    {
+      absl::MutexLock lock(&mu_);
+      u->last_activity = absl::Now();
+    }
     for (v1::Sample& s : *batch.mutable_samples()) {
       absl::MutexLock lock(&mu_);
       while (static_cast<int>(u->buffer.size()) >= options_.buffer_samples && !u->dropped &&
              !closing_) {
         cv_.Wait(&mu_);
+        u->last_activity = absl::Now();  // waiting on the consumer is not a stall
       }
       if (u->dropped || closing_) {
         ctx.TryCancel();
@@ -464,6 +472,7 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
       out.rank = u->lease.rank();
       out.shard_index = u->lease.unit().shard_index();
       out.shard_url = u->lease.unit().shard_url();
+      out.data_server = address;
       out.index = s.index();
       out.key = std::move(*s.mutable_key());
       out.skipped = s.skipped();
@@ -512,7 +521,15 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
     u->fetcher_exited = true;
     cv_.SignalAll();
   } else {
-    finish(Unit::Fetch::kFailed, absl::StrCat(address, ": ", status.ToString()));
+    bool stalled;
+    {
+      absl::MutexLock lock(&mu_);
+      stalled = u->stalled;
+    }
+    finish(Unit::Fetch::kFailed,
+           stalled ? absl::StrCat(address, ": no data for ",
+                                  absl::FormatDuration(options_.stall_timeout))
+                   : absl::StrCat(address, ": ", status.ToString()));
   }
 }
 
@@ -524,9 +541,19 @@ void ReaderImpl::RunMaintenance() {
     {
       absl::MutexLock lock(&mu_);
       heartbeat = heartbeat_interval_;
-      absl::Time until = absl::Now() + std::min(heartbeat, options_.progress_interval);
+      absl::Time until = absl::Now() + std::min({heartbeat, options_.progress_interval,
+                                                 options_.stall_timeout / 2});
       while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
       if (closing_) return;
+      // Streams that went quiet: cancel them, the unit is then re-routed.
+      const absl::Time now = absl::Now();
+      for (auto& [id, u] : units_) {
+        if (u->fetch_ctx != nullptr && u->fetch == Unit::Fetch::kRunning && !u->stalled &&
+            now - u->last_activity > options_.stall_timeout) {
+          u->stalled = true;
+          u->fetch_ctx->TryCancel();
+        }
+      }
       for (auto it = retired_.begin(); it != retired_.end();) {
         if ((*it)->fetcher_exited) {
           joinable.push_back(*it);

@@ -65,6 +65,10 @@ struct ReaderOptions {
   int64_t max_batch_bytes = 0;      // 0 = the data server's default
   // Upper bound on the time between delivering a sample and reporting it.
   absl::Duration progress_interval = absl::Milliseconds(500);
+  // A data-server stream that delivers nothing for this long is treated as
+  // failed (the server hangs, or a network path is black-holed) and the
+  // unit is re-routed.
+  absl::Duration stall_timeout = absl::Seconds(60);
   // Give up (Next() fails UNAVAILABLE) after the coordinator has been
   // unreachable this long.
   absl::Duration reconnect_timeout = absl::Minutes(2);
@@ -78,6 +82,7 @@ struct Sample {
   std::string shard_url;
   int64_t index = 0;  // within the shard
   std::string key;
+  std::string data_server;  // where it was read from
   bool skipped = false;  // corrupt under on_corrupt=skip; fields empty
   std::string skip_reason;
   std::vector<v1::Field> fields;

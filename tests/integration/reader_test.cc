@@ -1,0 +1,241 @@
+// sluice::Reader against the real coordinator and data servers: exact
+// coverage, epoch events, a data server killed mid-read (re-route), and the
+// coordinator SIGKILLed and restarted mid-read (reconnect).
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <map>
+#include <set>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "sluice/reader.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+#include "tests/testing/http.h"
+#include "tests/testing/process.h"
+#include "tests/testing/tar_writer.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sluice {
+namespace {
+
+using ::sluice::testing::ServerProcess;
+using ::sluice::testing::TempDir;
+
+bool WaitForMetric(const std::string& address, const std::string& line) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    auto page = testing::HttpGet("http://" + address + "/metrics");
+    if (page.ok() && page->body.find(line) != std::string::npos) return true;
+    absl::SleepFor(absl::Milliseconds(50));  // poll
+  }
+  return false;
+}
+
+class ReaderTest : public ::testing::Test {
+ protected:
+  // `shards` shards of `per_shard` samples; a coordinator and `servers` data
+  // servers registered with it.
+  void StartCluster(int shards, int per_shard, int servers) {
+    mkdir(dir_.File("shards").c_str(), 0755);
+    for (int s = 0; s < shards; ++s) {
+      testing::TarWriter tar;
+      for (int i = 0; i < per_shard; ++i) {
+        tar.File(absl::StrCat("s", s, "_", i, ".cls"), std::to_string(i))
+            .File(absl::StrCat("s", s, "_", i, ".bin"), std::string(200, 'a' + (i % 26)));
+      }
+      std::string path = dir_.File(absl::StrCat("shards/", s, ".tar"));
+      testing::WriteFile(path, tar.Finish());
+      urls_.push_back(path);
+    }
+    per_shard_ = per_shard;
+    StartCoordinator({});
+    for (int i = 0; i < servers; ++i) {
+      auto ds = ServerProcess::Start(
+          "sluice-dataserver", dir_.path(),
+          {"--roots=" + dir_.File("shards"), "--coordinator=" + coordinator_.grpc_address});
+      ASSERT_TRUE(ds.ok()) << ds.status();
+      data_.push_back(std::move(*ds));
+    }
+    ASSERT_TRUE(WaitForMetric(coordinator_.metrics_address,
+                              absl::StrCat("sluice_coordinator_data_servers ", servers)));
+  }
+
+  void StartCoordinator(std::vector<std::string> extra) {
+    extra.push_back("--journal_dir=" + dir_.File("journal"));
+    extra.push_back("--heartbeat_interval=200ms");
+    auto c = ServerProcess::Start("sluice-coordinator", dir_.path(), extra);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = std::move(*c);
+  }
+
+  void CreateJob(const std::string& name, int world, int epochs) {
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(coordinator_.grpc_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::CreateJobRequest request;
+    v1::Job job;
+    request.mutable_spec()->set_name(name);
+    for (const std::string& url : urls_) {
+      auto* s = request.mutable_spec()->mutable_manifest()->add_shards();
+      s->set_url(url);
+      s->set_num_samples(per_shard_);
+    }
+    request.mutable_spec()->set_world_size(world);
+    request.mutable_spec()->set_num_epochs(epochs);
+    request.mutable_spec()->set_seed(3);
+    request.mutable_spec()->set_shuffle(true);
+    request.mutable_spec()->set_lease_ttl_ms(2000);
+    ASSERT_TRUE(stub->CreateJob(&ctx, request, &job).ok());
+  }
+
+  std::unique_ptr<Reader> MakeReader(const std::string& job, int rank, int buffer = 256) {
+    ReaderOptions o;
+    o.buffer_samples = buffer;
+    o.stall_timeout = absl::Milliseconds(300);
+    o.coordinator = coordinator_.grpc_address;
+    o.job = job;
+    o.rank = rank;
+    o.progress_interval = absl::Milliseconds(100);
+    o.reconnect_timeout = absl::Seconds(30);
+    auto r = Reader::Create(o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return std::move(*r);
+  }
+
+  TempDir dir_;
+  std::vector<std::string> urls_;
+  int per_shard_ = 0;
+  ServerProcess coordinator_;
+  std::vector<ServerProcess> data_;
+};
+
+// What a rank's reader saw: per epoch, (shard, index) -> count; events.
+struct Seen {
+  std::map<int64_t, std::map<std::pair<int, int64_t>, int>> samples;
+  std::vector<std::string> events;
+  absl::Status status;
+  int64_t announced = -1;
+};
+
+// Reads until Done; `on_sample(n, sample)` runs after the n-th sample.
+Seen ReadAll(Reader& reader,
+             const std::function<void(int64_t, const Sample&)>& on_sample = nullptr) {
+  Seen seen;
+  int64_t n = 0;
+  while (true) {
+    auto e = reader.Next();
+    if (!e.ok()) {
+      seen.status = e.status();
+      return seen;
+    }
+    switch (e->kind) {
+      case ReaderEvent::Kind::kDone:
+        seen.events.push_back("done");
+        return seen;
+      case ReaderEvent::Kind::kEpochBegin:
+        seen.events.push_back(absl::StrCat("begin", e->epoch));
+        seen.announced = e->samples_for_rank;
+        break;
+      case ReaderEvent::Kind::kEpochEnd:
+        seen.events.push_back(absl::StrCat("end", e->epoch));
+        break;
+      case ReaderEvent::Kind::kSample:
+        ++seen.samples[e->epoch][{e->sample.shard_index, e->sample.index}];
+        EXPECT_EQ(e->sample.key, absl::StrCat("s", e->sample.shard_index, "_", e->sample.index));
+        EXPECT_EQ(e->sample.fields.size(), 2u);
+        if (on_sample) on_sample(++n, e->sample);
+        break;
+    }
+  }
+}
+
+TEST_F(ReaderTest, TwoRanksTwoEpochsCoverEverySampleOnceWithEpochEvents) {
+  StartCluster(6, 25, 1);  // 150 samples; 75 per rank
+  CreateJob("cover", 2, 2);
+  Seen seen[2];
+  std::thread t0([&] { seen[0] = ReadAll(*MakeReader("cover", 0)); });
+  std::thread t1([&] { seen[1] = ReadAll(*MakeReader("cover", 1)); });
+  t0.join();
+  t1.join();
+  for (int e = 0; e < 2; ++e) {
+    std::map<std::pair<int, int64_t>, int> all;
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(seen[r].status.ok()) << seen[r].status;
+      int64_t n = 0;
+      for (auto& [k, c] : seen[r].samples[e]) {
+        all[k] += c;
+        n += c;
+      }
+      EXPECT_EQ(n, 75) << "rank " << r << " epoch " << e;
+    }
+    EXPECT_EQ(all.size(), 150u);
+    for (auto& [k, c] : all) EXPECT_EQ(c, 1);
+  }
+  EXPECT_THAT(seen[0].events,
+              ::testing::ElementsAre("begin0", "end0", "begin1", "end1", "done"));
+  EXPECT_EQ(seen[0].announced, 75);
+}
+
+TEST_F(ReaderTest, HungAndDeadDataServersAreRoutedAround) {
+  StartCluster(8, 50, 2);  // 400 samples
+  CreateJob("reroute", 1, 1);
+  auto reader = MakeReader("reroute", 0, /*buffer=*/4);
+  // Mid-read, both data servers hang (SIGSTOP): every unit not yet received
+  // stalls and is re-routed. Once the coordinator has timed both out, one
+  // comes back; the other is SIGKILLed.
+  // The reader keeps consuming meanwhile, so it needs units that cannot be
+  // fetched while the servers hang.
+  std::thread faults;
+  bool timed_out = false;
+  Seen seen = ReadAll(*reader, [&](int64_t n, const Sample&) {
+    if (n != 110) return;
+    kill(data_[0].process.pid(), SIGSTOP);
+    kill(data_[1].process.pid(), SIGSTOP);
+    faults = std::thread([&] {
+      timed_out = WaitForMetric(coordinator_.metrics_address, "sluice_coordinator_data_servers 0");
+      data_[1].process.Kill();
+      kill(data_[0].process.pid(), SIGCONT);
+    });
+  });
+  faults.join();
+  EXPECT_TRUE(timed_out);
+  ASSERT_TRUE(seen.status.ok()) << seen.status;
+  std::map<std::pair<int, int64_t>, int> all = seen.samples[0];
+  EXPECT_EQ(all.size(), 400u);
+  for (auto& [k, c] : all) EXPECT_EQ(c, 1) << k.first << "/" << k.second;  // nothing twice
+  EXPECT_GE(reader->stats().reroutes, 1);
+}
+
+TEST_F(ReaderTest, CoordinatorKilledAndRestartedMidRead) {
+  StartCluster(8, 50, 1);
+  CreateJob("restart", 1, 1);
+  auto reader = MakeReader("restart", 0);
+  std::string address = coordinator_.grpc_address;
+  Seen seen = ReadAll(*reader, [&](int64_t n, const Sample&) {
+    if (n == 120) {
+      coordinator_.process.Kill();
+      StartCoordinator({"--listen=" + address});
+    }
+  });
+  ASSERT_TRUE(seen.status.ok()) << seen.status;
+  std::map<std::pair<int, int64_t>, int> all = seen.samples[0];
+  EXPECT_EQ(all.size(), 400u);
+  for (auto& [k, c] : all) EXPECT_EQ(c, 1);
+  EXPECT_GE(reader->stats().reconnects, 1);
+}
+
+TEST_F(ReaderTest, UnknownJobIsAFinalError) {
+  StartCluster(1, 5, 1);
+  auto reader = MakeReader("nope", 0);
+  auto e = reader->Next();
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace sluice
