@@ -118,6 +118,14 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
       {journal, secret_flag, "--heartbeat_interval=200ms", "--listen=" + address});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
+  // The coordinator counts the server before the server has read the reply
+  // and logged it: poll the log.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (testing::ReadWholeFile(dataserver->log_path).value_or("").find(
+             "re-registered with coordinator") == std::string::npos &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));  // poll
+  }
   EXPECT_THAT(testing::ReadWholeFile(dataserver->log_path).value_or(""),
               HasSubstr("re-registered with coordinator"));
 
