@@ -73,6 +73,8 @@ bench: build
 	./$(BUILD_DIR)/bin/dataserver_bench --mode=raw
 	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded
 	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded --resize=224
+	./$(BUILD_DIR)/bin/reader_bench
+	./$(BUILD_DIR)/bin/reader_bench --decode
 
 asan: deps
 	cmake --preset asan -G Ninja && cmake --build build-asan -j $(JOBS) && \

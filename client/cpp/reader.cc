@@ -180,11 +180,12 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           event.kind = ReaderEvent::Kind::kSample;
           event.sample = std::move(u.buffer.front());
           event.epoch = event.sample.epoch;
+          // A fetcher waits only on a full buffer: wake it when room appears.
+          if (static_cast<int>(u.buffer.size()) == options_.buffer_samples) cv_.SignalAll();
           u.buffer.pop_front();
           ++u.delivered;
           ++stats_.delivered;
           have_event = true;
-          cv_.SignalAll();  // room for the fetcher
           if (u.delivered == u.size) {
             TrainerMessage m;
             m.mutable_complete()->set_lease_id(u.lease.lease_id());
@@ -448,25 +449,10 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
       absl::MutexLock lock(&mu_);
       u->last_activity = absl::Now();
     }
+    // Convert outside the lock, then hand the batch over in one step.
+    std::vector<Sample> converted;
+    converted.reserve(static_cast<size_t>(batch.samples_size()));
     for (v1::Sample& s : *batch.mutable_samples()) {
-      absl::MutexLock lock(&mu_);
-      while (static_cast<int>(u->buffer.size()) >= options_.buffer_samples && !u->dropped &&
-             !closing_) {
-        cv_.Wait(&mu_);
-        u->last_activity = absl::Now();  // waiting on the consumer is not a stall
-      }
-      if (u->dropped || closing_) {
-        ctx.TryCancel();
-        stop = true;
-        break;
-      }
-      if (s.index() != u->next_fetch) {
-        protocol_error = absl::StrCat("data server ", address, " sent sample ", s.index(),
-                                      ", expected ", u->next_fetch);
-        ctx.TryCancel();
-        stop = true;
-        break;
-      }
       Sample out;
       out.epoch = u->lease.epoch();
       out.rank = u->lease.rank();
@@ -479,10 +465,31 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
       out.skip_reason = std::move(*s.mutable_skip_reason());
       out.fields.reserve(static_cast<size_t>(s.fields_size()));
       for (v1::Field& f : *s.mutable_fields()) out.fields.push_back(std::move(f));
+      converted.push_back(std::move(out));
+    }
+    absl::MutexLock lock(&mu_);
+    for (Sample& out : converted) {
+      while (static_cast<int>(u->buffer.size()) >= options_.buffer_samples && !u->dropped &&
+             !closing_) {
+        cv_.Wait(&mu_);
+        u->last_activity = absl::Now();  // waiting on the consumer is not a stall
+      }
+      if (u->dropped || closing_) {
+        ctx.TryCancel();
+        stop = true;
+        break;
+      }
+      if (out.index != u->next_fetch) {
+        protocol_error = absl::StrCat("data server ", address, " sent sample ", out.index,
+                                      ", expected ", u->next_fetch);
+        ctx.TryCancel();
+        stop = true;
+        break;
+      }
       u->buffer.push_back(std::move(out));
       ++u->next_fetch;
-      cv_.SignalAll();
     }
+    cv_.SignalAll();
   }
   absl::Status status = FromGrpcStatus(reader->Finish());
   {

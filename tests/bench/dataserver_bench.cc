@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "server/dataserver/decoders.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
+#include "tests/bench/bench_util.h"
 #include "tests/testing/image_fixtures.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
@@ -156,15 +157,7 @@ double DecodeLoopRate(const std::vector<std::string>& jpegs, double seconds, int
   return decoded / Seconds(start);
 }
 
-std::vector<std::string> MakeJpegs() {
-  // ~85 KB JPEGs (500x375, textured), a few distinct ones cycled.
-  std::vector<std::string> jpegs;
-  for (int i = 0; i < 16; ++i) {
-    jpegs.push_back(sluice::testing::EncodeJpeg(sluice::testing::TestPixels(500, 375, 3, i), 500,
-                                                375, 92));
-  }
-  return jpegs;
-}
+using sluice::bench::MakeJpegs;
 
 int ServeBare(const std::string& port_file) {
   sigset_t set;
@@ -200,19 +193,9 @@ int main(int argc, char** argv) {
   size_t mean = 0;
   for (const auto& j : jpegs) mean += j.size();
   mean /= jpegs.size();
-  std::vector<std::pair<std::string, int64_t>> units;
   const int per_shard = absl::GetFlag(FLAGS_samples_per_shard);
-  for (int s = 0; s < absl::GetFlag(FLAGS_shards); ++s) {
-    sluice::testing::TarWriter tar;
-    for (int i = 0; i < per_shard; ++i) {
-      std::string key = absl::StrCat("s", s, "/", i);
-      tar.File(key + ".jpg", jpegs[static_cast<size_t>(s * per_shard + i) % jpegs.size()])
-          .File(key + ".cls", std::to_string(i % 1000));
-    }
-    std::string path = dir.File(absl::StrCat("shard-", s, ".tar"));
-    sluice::testing::WriteFile(path, tar.Finish());
-    units.emplace_back(path, per_shard);
-  }
+  std::vector<std::pair<std::string, int64_t>> units =
+      sluice::bench::WriteShards(dir.path(), absl::GetFlag(FLAGS_shards), per_shard, jpegs);
   std::fprintf(stderr, "%zu shards x %d samples, JPEG mean %zu bytes (500x375)\n", units.size(),
                per_shard, mean);
 
