@@ -78,6 +78,7 @@ class ReaderImpl final : public Reader {
     std::optional<TrainerMessage> final_report;  // Complete / Reroute / Release
     grpc::ClientContext* fetch_ctx = nullptr;
     absl::Time last_activity;  // last message from the data server
+    bool waiting_for_room = false;  // the fetcher waits on the consumer
     bool stalled = false;
     std::thread fetcher;
     bool fetcher_exited = false;
@@ -471,9 +472,12 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
     for (Sample& out : converted) {
       while (static_cast<int>(u->buffer.size()) >= options_.buffer_samples && !u->dropped &&
              !closing_) {
+        cv_.SignalAll();  // the consumer may be waiting for what was just pushed
+        u->waiting_for_room = true;
         cv_.Wait(&mu_);
-        u->last_activity = absl::Now();  // waiting on the consumer is not a stall
       }
+      u->waiting_for_room = false;
+      u->last_activity = absl::Now();  // waiting on the consumer is not a stall
       if (u->dropped || closing_) {
         ctx.TryCancel();
         stop = true;
@@ -556,7 +560,7 @@ void ReaderImpl::RunMaintenance() {
       const absl::Time now = absl::Now();
       for (auto& [id, u] : units_) {
         if (u->fetch_ctx != nullptr && u->fetch == Unit::Fetch::kRunning && !u->stalled &&
-            now - u->last_activity > options_.stall_timeout) {
+            !u->waiting_for_room && now - u->last_activity > options_.stall_timeout) {
           u->stalled = true;
           u->fetch_ctx->TryCancel();
         }

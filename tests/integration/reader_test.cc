@@ -41,13 +41,13 @@ class ReaderTest : public ::testing::Test {
  protected:
   // `shards` shards of `per_shard` samples; a coordinator and `servers` data
   // servers registered with it.
-  void StartCluster(int shards, int per_shard, int servers) {
+  void StartCluster(int shards, int per_shard, int servers, size_t sample_bytes = 200) {
     mkdir(dir_.File("shards").c_str(), 0755);
     for (int s = 0; s < shards; ++s) {
       testing::TarWriter tar;
       for (int i = 0; i < per_shard; ++i) {
         tar.File(absl::StrCat("s", s, "_", i, ".cls"), std::to_string(i))
-            .File(absl::StrCat("s", s, "_", i, ".bin"), std::string(200, 'a' + (i % 26)));
+            .File(absl::StrCat("s", s, "_", i, ".bin"), std::string(sample_bytes, 'a' + (i % 26)));
       }
       std::string path = dir_.File(absl::StrCat("shards/", s, ".tar"));
       testing::WriteFile(path, tar.Finish());
@@ -210,6 +210,22 @@ TEST_F(ReaderTest, HungAndDeadDataServersAreRoutedAround) {
   EXPECT_EQ(all.size(), 400u);
   for (auto& [k, c] : all) EXPECT_EQ(c, 1) << k.first << "/" << k.second;  // nothing twice
   EXPECT_GE(reader->stats().reroutes, 1);
+}
+
+// A unit waiting behind another for longer than the stall timeout is not
+// stalled: its fetcher waits on the consumer, not on the data server.
+TEST_F(ReaderTest, ASlowConsumerIsNotAStalledServer) {
+  // 3 units held at once, 16 MB each: more than gRPC's flow-control windows,
+  // so the waiting units' streams stay open on the data server.
+  StartCluster(3, 40, 1, 400 << 10);
+  CreateJob("slow", 1, 1);
+  auto reader = MakeReader("slow", 0, /*buffer=*/4);  // stall timeout 300 ms
+  Seen seen = ReadAll(*reader, [](int64_t, const Sample&) {
+    absl::SleepFor(absl::Milliseconds(8));  // a training step; ~1 s in all
+  });
+  ASSERT_TRUE(seen.status.ok()) << seen.status;
+  EXPECT_EQ(seen.samples[0].size(), 120u);
+  EXPECT_EQ(reader->stats().reroutes, 0);
 }
 
 TEST_F(ReaderTest, CoordinatorKilledAndRestartedMidRead) {
