@@ -19,7 +19,8 @@ enum ExitCode {
   kError = 1,        // the server refused (message says why) or a local error
   kUsage = 2,        // bad command line
   kUnreachable = 3,  // coordinator / data server not reachable in time
-  kVerifyFailed = 4  // `demo`: the verification did not hold
+  kVerifyFailed = 4,  // `demo`: the verification did not hold
+  kBarrierTimeout = 5  // `barrier`: not everyone arrived in time
 };
 
 // Prints "sluicectl: <message>" to stderr and returns the exit code that
@@ -39,6 +40,8 @@ int HealthCommand(const std::vector<std::string>& args);
 int IndexCommand(const std::vector<std::string>& args);
 int UpCommand(const std::vector<std::string>& args);
 int DemoCommand(const std::vector<std::string>& args);
+int OnceCommand(const std::vector<std::string>& args);
+int BarrierCommand(const std::vector<std::string>& args);
 
 }  // namespace sluice::cli
 

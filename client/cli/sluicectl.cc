@@ -415,13 +415,20 @@ Commands:
   read --job J --rank R [--read_epochs N] [--decode] [--rate N]
                             one JSON line per sample on stdout
   health HOST:PORT [--service readiness]
+  once NAME [--scope S --id ID --ttl 10s --fail_all] -- COMMAND [ARGS...]
+                            runs COMMAND on exactly one of all callers; the
+                            others wait; everyone exits with its status
+  barrier NAME --participants N --id ID [--timeout 60s --scope S]
+                            returns when N distinct ids arrived; on timeout
+                            says which are missing (exit 5)
 
 Common flags: --coordinator=HOST:PORT (default 127.0.0.1:7070), --timeout=10s,
 --json. `sluicectl COMMAND --help` shows a command's usage.
 
 Exit codes: 0 ok; 1 the server refused or a local error (the message says
 which); 2 bad command line; 3 coordinator or data server unreachable in time;
-4 demo verification failed.
+4 demo verification failed; 5 barrier timed out; `once` exits with the
+command's status.
 )";
 
 }  // namespace
@@ -434,6 +441,7 @@ int main(int argc, char** argv) {
   bool help = argc < 2;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--") break;  // the rest belongs to `once`'s command
     if (a == "--help" || a == "-h" || a == "help") help = true;
   }
   if (help) {
@@ -456,5 +464,7 @@ int main(int argc, char** argv) {
   if (command == "index") return IndexCommand(args);
   if (command == "up") return UpCommand(args);
   if (command == "demo") return DemoCommand(args);
+  if (command == "once") return OnceCommand(args);
+  if (command == "barrier") return BarrierCommand(args);
   return Usage("unknown command \"" + command + "\"");
 }

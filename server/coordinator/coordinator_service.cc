@@ -403,6 +403,25 @@ std::vector<std::string> CoordinatorService::LiveDataServers() {
   return out;
 }
 
+absl::Status CoordinatorService::PersistOnceFinished(const v1::internal::OnceFinished& finished) {
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    JournalRecord record;
+    *record.mutable_once_finished() = finished;
+    RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+  }
+  return journal_->WaitDurable(fx.ticket);
+}
+
+std::optional<v1::internal::OnceFinished> CoordinatorService::FindOnceFinished(
+    const std::string& scope, const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  const v1::internal::OnceFinished* f = state_.FindOnceFinished(scope, name);
+  if (f == nullptr) return std::nullopt;
+  return *f;
+}
+
 void CoordinatorService::UpdateDataServerMetricLocked() {
   if (options_.metrics == nullptr) return;
   const absl::Time now = options_.clock->Now();

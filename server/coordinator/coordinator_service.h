@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,12 @@ class CoordinatorService {
   void DataServerHeartbeat(int64_t id);
   void UnregisterDataServer(int64_t id);
   std::vector<std::string> LiveDataServers();
+
+  // Once steps: journal a finished step (returns once durable), and look one
+  // up (survives restarts through the journal).
+  absl::Status PersistOnceFinished(const v1::internal::OnceFinished& finished);
+  std::optional<v1::internal::OnceFinished> FindOnceFinished(const std::string& scope,
+                                                             const std::string& name);
   absl::Duration data_server_timeout() const { return 3 * options_.heartbeat_interval; }
   // When the next lease expires (for the expiry thread's wait).
   absl::Time NextExpiry();

@@ -139,8 +139,12 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
       if (it != jobs_.end()) it->second.leases.erase(record.lease_ended().lease_id());
       return absl::OkStatus();
     }
+    case R::kOnceFinished: {
+      const auto& f = record.once_finished();
+      once_finished_[absl::StrCat(f.scope(), "/", f.name())] = f;
+      return absl::OkStatus();
+    }
     case R::kJobResumed:
-    case R::kOnceFinished:
     case R::kSnapshot:
       return absl::UnimplementedError("record type not supported by this version");
     case R::RECORD_NOT_SET:
@@ -169,6 +173,12 @@ std::vector<Piece> CoordinatorState::PendingPieces(const JobData& job) const {
     }
   }
   return pieces;
+}
+
+const v1::internal::OnceFinished* CoordinatorState::FindOnceFinished(
+    const std::string& scope, const std::string& name) const {
+  auto it = once_finished_.find(absl::StrCat(scope, "/", name));
+  return it == once_finished_.end() ? nullptr : &it->second;
 }
 
 }  // namespace sluice

@@ -88,10 +88,14 @@ class CoordinatorState {
   // Unassigned work of `job`'s current epoch: every planned unit minus the
   // acknowledged ranges and the ranges of live leases, in plan order.
   std::vector<Piece> PendingPieces(const JobData& job) const;
+  // A finished Once step ("scope/name"), if journaled.
+  const v1::internal::OnceFinished* FindOnceFinished(const std::string& scope,
+                                                     const std::string& name) const;
 
  private:
   static void StartEpoch(JobData& job, int64_t epoch);
   std::map<std::string, JobData> jobs_;
+  std::map<std::string, v1::internal::OnceFinished> once_finished_;  // "scope/name"
 };
 
 // Fills defaults into a validated spec's copy and converts options.

@@ -193,8 +193,105 @@ class RegistrationReactor
 };
 
 
+// One Once stream: reads go to OnceBarrier; responses are queued with one
+// write in flight; Finish exactly once, after queued writes.
+class OnceReactor : public grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse> {
+ public:
+  class Sink : public OnceSink {
+   public:
+    explicit Sink(OnceReactor* r) : reactor_(r) {}
+    void Send(const v1::OnceResponse& m) override {
+      absl::MutexLock lock(&mu_);
+      if (reactor_ == nullptr || finishing_) return;
+      queue_.push_back(m);
+      PumpLocked();
+    }
+    void Finish(const absl::Status& status) override {
+      absl::MutexLock lock(&mu_);
+      if (reactor_ == nullptr || finishing_) return;
+      finishing_ = true;
+      status_ = ToGrpcStatus(status);
+      PumpLocked();
+    }
+    void OnWriteDone() {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      PumpLocked();
+    }
+    void Detach() {
+      absl::MutexLock lock(&mu_);
+      reactor_ = nullptr;
+    }
+    bool finishing() {
+      absl::MutexLock lock(&mu_);
+      return finishing_;
+    }
+
+   private:
+    void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (reactor_ == nullptr || writing_ || finished_) return;
+      if (!queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = true;
+        reactor_->StartWrite(&current_);
+      } else if (finishing_) {
+        finished_ = true;
+        reactor_->Finish(status_);
+      }
+    }
+    absl::Mutex mu_;
+    OnceReactor* reactor_ ABSL_GUARDED_BY(mu_);
+    std::deque<v1::OnceResponse> queue_ ABSL_GUARDED_BY(mu_);
+    v1::OnceResponse current_ ABSL_GUARDED_BY(mu_);
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+    grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  };
+
+  explicit OnceReactor(OnceBarrier* logic) : logic_(logic), sink_(std::make_shared<Sink>(this)) {
+    id_ = logic_->OpenOnce(sink_);
+    if (!sink_->finishing()) StartRead(&in_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The caller went away (or half-closed): a runner loses its run.
+      logic_->CloseOnce(id_);
+      sink_->Finish(absl::CancelledError("once: stream closed by the caller"));
+      return;
+    }
+    logic_->OnOnceMessage(id_, in_);
+    if (!sink_->finishing()) StartRead(&in_);  // no new operations once finishing
+  }
+  void OnWriteDone(bool) override { sink_->OnWriteDone(); }
+  void OnDone() override {
+    sink_->Detach();
+    logic_->CloseOnce(id_);
+    delete this;
+  }
+
+ private:
+  OnceBarrier* const logic_;
+  std::shared_ptr<Sink> sink_;
+  int64_t id_ = 0;
+  v1::OnceRequest in_;
+};
+
 GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service)
-    : service_(service), expiry_thread_([this] { ExpiryLoop(); }) {}
+    : service_(service),
+      once_barrier_([service] {
+        OnceBarrier::Options o;
+        o.heartbeat_interval = service->data_server_timeout() / 3;
+        o.persist = [service](const v1::internal::OnceFinished& f) {
+          return service->PersistOnceFinished(f);
+        };
+        o.find_finished = [service](const std::string& scope, const std::string& name) {
+          return service->FindOnceFinished(scope, name);
+        };
+        return o;
+      }()),
+      expiry_thread_([this] { ExpiryLoop(); }) {}
 
 GrpcCoordinatorService::~GrpcCoordinatorService() {
   {
@@ -216,12 +313,14 @@ void GrpcCoordinatorService::ExpiryLoop() {
     if (stopping_) break;
     mu_.Unlock();
     service_->ExpireLeases();
+    once_barrier_.Tick();
     mu_.Lock();
   }
 }
 
 void GrpcCoordinatorService::Drain() {
   service_->Drain();
+  once_barrier_.Drain();
   std::vector<RegistrationReactor*> registrations;
   {
     absl::MutexLock lock(&mu_);
@@ -231,6 +330,22 @@ void GrpcCoordinatorService::Drain() {
   for (RegistrationReactor* r : registrations) {
     r->FinishOnce(absl::UnavailableError("coordinator is shutting down"));
   }
+}
+
+grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse>* GrpcCoordinatorService::Once(
+    grpc::CallbackServerContext*) {
+  return new OnceReactor(&once_barrier_);
+}
+
+grpc::ServerUnaryReactor* GrpcCoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
+                                                          const v1::BarrierRequest* req,
+                                                          v1::BarrierResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  once_barrier_.Barrier(*req, [reactor, resp](absl::StatusOr<v1::BarrierResponse> r) {
+    if (r.ok()) *resp = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*

@@ -11,6 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/once_barrier.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
 namespace sluice {
@@ -37,6 +38,11 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
 
   grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*
   RegisterDataServer(grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse>* Once(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
+                                    const v1::BarrierRequest* req,
+                                    v1::BarrierResponse* resp) override;
 
   // Ends every session and registration (UNAVAILABLE) and stops the expiry
   // thread.
@@ -48,6 +54,7 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
   void ExpiryLoop();
 
   CoordinatorService* const service_;
+  OnceBarrier once_barrier_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread expiry_thread_;

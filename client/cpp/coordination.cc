@@ -1,0 +1,139 @@
+#include "sluice/coordination.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "server/common/grpc_status.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+
+namespace sluice {
+namespace {
+
+std::string DefaultParticipant() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, "-", getpid());
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Creds(
+    const std::shared_ptr<grpc::ChannelCredentials>& c) {
+  return c ? c : grpc::InsecureChannelCredentials();
+}
+
+}  // namespace
+
+absl::StatusOr<OnceOutcome> RunOnce(const OnceOptions& options,
+                                    const std::function<absl::StatusOr<std::string>()>& step) {
+  if (options.coordinator.empty() || options.name.empty()) {
+    return absl::InvalidArgumentError("OnceOptions.coordinator and .name are required");
+  }
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(options.coordinator, Creds(options.credentials)));
+  grpc::ClientContext ctx;
+  auto stream = stub->Once(&ctx);
+  absl::Mutex write_mu;
+  auto write = [&](const v1::OnceRequest& m) {
+    absl::MutexLock lock(&write_mu);
+    return stream->Write(m);
+  };
+  v1::OnceRequest join;
+  join.mutable_join()->set_scope(options.scope);
+  join.mutable_join()->set_name(options.name);
+  join.mutable_join()->set_participant(options.participant.empty() ? DefaultParticipant()
+                                                                   : options.participant);
+  join.mutable_join()->set_ttl_ms(absl::ToInt64Milliseconds(options.ttl));
+  join.mutable_join()->set_on_failure(options.fail_all ? v1::ONCE_FAILURE_POLICY_FAIL_ALL
+                                                       : v1::ONCE_FAILURE_POLICY_RETRY);
+  OnceOutcome outcome;
+  bool final = false;  // Done or Error received
+  if (write(join)) {
+    v1::OnceResponse r;
+    while (stream->Read(&r)) {
+      if (r.has_wait()) {
+        if (options.on_wait) options.on_wait(r.wait().runner(), r.wait().run());
+        continue;
+      }
+      if (r.has_done()) {
+        outcome.run = r.done().run();
+        outcome.result = r.done().result();
+        final = true;
+        break;
+      }
+      if (r.has_error()) {
+        outcome.run = r.error().run();
+        outcome.failed = true;
+        outcome.error = r.error().error();
+        final = true;
+        break;
+      }
+      if (r.has_run()) {
+        outcome.ran = true;
+        outcome.run = r.run().run();
+        // Heartbeat while the step runs: the execution lease.
+        absl::Notification stepped;
+        const absl::Duration interval =
+            absl::Milliseconds(std::max<int64_t>(50, r.run().heartbeat_interval_ms()));
+        std::thread heartbeat([&] {
+          while (!stepped.WaitForNotificationWithTimeout(interval)) {
+            v1::OnceRequest beat;
+            beat.mutable_heartbeat();
+            if (!write(beat)) return;
+          }
+        });
+        absl::StatusOr<std::string> result = step();
+        stepped.Notify();
+        heartbeat.join();
+        v1::OnceRequest report;
+        if (result.ok()) {
+          report.mutable_succeeded()->set_run(outcome.run);
+          report.mutable_succeeded()->set_result(*result);
+          outcome.result = *result;
+        } else {
+          report.mutable_failed()->set_run(outcome.run);
+          report.mutable_failed()->set_error(std::string(result.status().message()));
+          outcome.failed = true;
+          outcome.error = std::string(result.status().message());
+        }
+        write(report);
+        // Read the confirmation (Done / Error) or the refusal.
+        continue;
+      }
+    }
+  }
+  stream->WritesDone();
+  absl::Status status = FromGrpcStatus(stream->Finish());
+  if (final) return outcome;
+  if (status.ok()) status = absl::UnavailableError("the stream ended without an outcome");
+  return absl::Status(status.code(), absl::StrCat("once ", options.scope, "/", options.name, ": ",
+                                                  status.message()));
+}
+
+absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
+  if (options.coordinator.empty() || options.name.empty() || options.participant.empty() ||
+      options.participants <= 0) {
+    return absl::InvalidArgumentError(
+        "BarrierOptions.coordinator, .name, .participant and .participants are required");
+  }
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(options.coordinator, Creds(options.credentials)));
+  grpc::ClientContext ctx;
+  // The server answers at the timeout; the RPC deadline is a backstop.
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout + absl::Seconds(10)));
+  v1::BarrierRequest request;
+  request.set_scope(options.scope);
+  request.set_name(options.name);
+  request.set_participant(options.participant);
+  request.set_participants(options.participants);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
+  v1::BarrierResponse response;
+  absl::Status status = FromGrpcStatus(stub->Barrier(&ctx, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+}  // namespace sluice

@@ -1,0 +1,74 @@
+// Once and Barrier from C++: the coordinator-backed replacements for "rank 0
+// runs it, the others wait_for(path.exists())" and for lock files.
+//
+//   sluice::OnceOptions o{.coordinator = "head:7070", .name = "prepare-cifar"};
+//   auto outcome = sluice::RunOnce(o, [] () -> absl::StatusOr<std::string> {
+//     Download(); return std::string("/data/cifar");      // the shared result
+//   });
+//   // Exactly one caller ran the lambda; every caller gets outcome->result.
+//
+//   sluice::BarrierOptions b{.coordinator = "head:7070", .name = "ckpt-dir",
+//                            .participant = "rank-3", .participants = 8};
+//   auto arrived = sluice::WaitBarrier(b);  // DEADLINE_EXCEEDED names who is missing
+//
+// Both are blocking calls, safe from any thread.
+#ifndef SLUICE_CLIENT_INCLUDE_SLUICE_COORDINATION_H_
+#define SLUICE_CLIENT_INCLUDE_SLUICE_COORDINATION_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sluice/v1/coordinator.pb.h"
+
+namespace sluice {
+
+struct OnceOptions {
+  std::string coordinator;
+  std::string scope = "default";  // e.g. the job name
+  std::string name;
+  std::string participant;        // default host-pid
+  // The runner's execution lease: without a heartbeat for this long, a
+  // waiter takes over.
+  absl::Duration ttl = absl::Seconds(10);
+  bool fail_all = false;  // a failed run fails every later caller too
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Called when this caller starts waiting (for logs).
+  std::function<void(const std::string& runner, int64_t run)> on_wait;
+};
+
+struct OnceOutcome {
+  bool ran = false;     // this caller ran the step
+  int64_t run = 0;
+  std::string result;   // the runner's result string
+  bool failed = false;  // the run failed; `error` says how
+  std::string error;
+};
+
+// Joins (scope, name). If chosen, runs `step` while heartbeating, and
+// reports its result or error. Returns what happened; an error status only
+// for transport or protocol problems (e.g. the coordinator unreachable).
+absl::StatusOr<OnceOutcome> RunOnce(const OnceOptions& options,
+                                    const std::function<absl::StatusOr<std::string>()>& step);
+
+struct BarrierOptions {
+  std::string coordinator;
+  std::string scope = "default";
+  std::string name;
+  std::string participant;
+  int32_t participants = 0;
+  absl::Duration timeout = absl::Minutes(1);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+// Waits until `participants` distinct ids arrived. DEADLINE_EXCEEDED lists
+// the ids that arrived and the missing ones.
+absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options);
+
+}  // namespace sluice
+
+#endif  // SLUICE_CLIENT_INCLUDE_SLUICE_COORDINATION_H_
