@@ -1,0 +1,151 @@
+#include "server/coordinator/once_barrier.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sluice {
+namespace {
+
+using ::sluice::testing::FakeClock;
+using ::sluice::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class RecordingOnceSink : public OnceSink {
+ public:
+  void Send(const v1::OnceResponse& r) override { inbox.push_back(r); }
+  void Finish(const absl::Status& s) override { finished = s; }
+  std::vector<v1::OnceResponse> inbox;
+  std::optional<absl::Status> finished;
+};
+
+v1::OnceRequest Join(const std::string& who, int64_t ttl_ms = 1000) {
+  v1::OnceRequest r;
+  r.mutable_join()->set_scope("job");
+  r.mutable_join()->set_name("prep");
+  r.mutable_join()->set_participant(who);
+  r.mutable_join()->set_ttl_ms(ttl_ms);
+  return r;
+}
+
+v1::OnceRequest Succeeded(int64_t run, const std::string& result) {
+  v1::OnceRequest r;
+  r.mutable_succeeded()->set_run(run);
+  r.mutable_succeeded()->set_result(result);
+  return r;
+}
+
+class OnceBarrierTest : public ::testing::Test {
+ protected:
+  OnceBarrierTest() : logic_([this] {
+    OnceBarrier::Options o;
+    o.clock = &clock_;
+    o.persist = [this](const v1::internal::OnceFinished& f) {
+      persisted_.push_back(f);
+      return absl::OkStatus();
+    };
+    o.find_finished = [this](const std::string&, const std::string&)
+        -> std::optional<v1::internal::OnceFinished> {
+      if (persisted_.empty()) return std::nullopt;
+      return persisted_.back();
+    };
+    return o;
+  }()) {}
+  FakeClock clock_;
+  std::vector<v1::internal::OnceFinished> persisted_;
+  OnceBarrier logic_;
+};
+
+TEST_F(OnceBarrierTest, SilentRunnerExpiresAndItsLateSuccessIsRefused) {
+  auto a = std::make_shared<RecordingOnceSink>();
+  auto b = std::make_shared<RecordingOnceSink>();
+  int64_t ia = logic_.OpenOnce(a), ib = logic_.OpenOnce(b);
+  logic_.OnOnceMessage(ia, Join("a"));
+  logic_.OnOnceMessage(ib, Join("b"));
+  ASSERT_TRUE(a->inbox[0].has_run());
+  EXPECT_EQ(a->inbox[0].run().run(), 1);
+  ASSERT_TRUE(b->inbox[0].has_wait());
+  EXPECT_EQ(b->inbox[0].wait().runner(), "a");
+  clock_.Advance(absl::Milliseconds(999));
+  logic_.Tick();
+  EXPECT_FALSE(a->finished.has_value());
+  clock_.Advance(absl::Milliseconds(2));
+  logic_.Tick();  // a's lease is over: b runs
+  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kAborted, HasSubstr("expired")));
+  ASSERT_TRUE(b->inbox.back().has_run());
+  EXPECT_EQ(b->inbox.back().run().run(), 2);
+  // a's late report names run 1: refused.
+  logic_.OnOnceMessage(ia, Succeeded(1, "stale"));
+  EXPECT_TRUE(persisted_.empty());
+  logic_.OnOnceMessage(ib, Succeeded(2, "/data"));
+  ASSERT_EQ(persisted_.size(), 1u);
+  EXPECT_EQ(persisted_[0].run(), 2);
+  EXPECT_EQ(b->inbox.back().done().result(), "/data");
+  // A later caller gets Done without running.
+  auto c = std::make_shared<RecordingOnceSink>();
+  int64_t ic = logic_.OpenOnce(c);
+  logic_.OnOnceMessage(ic, Join("c"));
+  ASSERT_EQ(c->inbox.size(), 1u);
+  EXPECT_EQ(c->inbox[0].done().result(), "/data");
+  EXPECT_OK(*c->finished);
+}
+
+TEST_F(OnceBarrierTest, HeartbeatsKeepTheRun) {
+  auto a = std::make_shared<RecordingOnceSink>();
+  auto b = std::make_shared<RecordingOnceSink>();
+  int64_t ia = logic_.OpenOnce(a), ib = logic_.OpenOnce(b);
+  logic_.OnOnceMessage(ia, Join("a"));
+  logic_.OnOnceMessage(ib, Join("b"));
+  v1::OnceRequest beat;
+  beat.mutable_heartbeat();
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Milliseconds(600));
+    logic_.OnOnceMessage(ia, beat);
+    logic_.Tick();
+  }
+  EXPECT_FALSE(a->finished.has_value());
+  EXPECT_EQ(b->inbox.size(), 1u);  // still waiting
+}
+
+TEST_F(OnceBarrierTest, BarrierTimeoutKeepsArrivalsAndNamesTheMissing) {
+  std::vector<absl::StatusOr<v1::BarrierResponse>> results;
+  auto arrive = [&](const std::string& who, int64_t timeout_ms) {
+    v1::BarrierRequest r;
+    r.set_scope("job");
+    r.set_name("ckpt");
+    r.set_participant(who);
+    r.set_participants(3);
+    r.set_timeout_ms(timeout_ms);
+    logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  };
+  arrive("rank-0", 100);
+  clock_.Advance(absl::Milliseconds(100));
+  logic_.Tick();
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_THAT(results[0].status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                            HasSubstr("2 missing: rank-1, rank-2")));
+  // rank-0 timed out but stays arrived: two more complete generation 0.
+  arrive("rank-1", 1000);
+  arrive("rank-2", 1000);
+  ASSERT_EQ(results.size(), 3u);
+  ASSERT_OK(results[2].status());
+  EXPECT_EQ(results[2]->generation(), 0);
+  EXPECT_EQ(results[2]->arrived_size(), 3);
+  // Disagreeing counts are an error naming the participant.
+  v1::BarrierRequest bad;
+  bad.set_scope("job");
+  bad.set_name("ckpt");
+  bad.set_participant("rank-0");
+  bad.set_participants(3);
+  logic_.Barrier(bad, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  bad.set_participant("rank-1");
+  bad.set_participants(5);
+  logic_.Barrier(bad, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  EXPECT_THAT(results.back().status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank-1 says 5")));
+}
+
+}  // namespace
+}  // namespace sluice
