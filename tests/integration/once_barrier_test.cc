@@ -62,19 +62,29 @@ class OnceBarrierTest : public ::testing::Test {
 };
 
 TEST_F(OnceBarrierTest, EightRanksRacingOnMakedirsRunItExactlyOnce) {
-  // `mkdir` without -p fails when run twice: the race users hit on NFS.
-  const std::string step = absl::StrCat("mkdir ", dir_.File("data"), " && echo ran >> ",
-                                        dir_.File("ran.log"));
+  // The step builds a directory tree and writes a dataset file slowly
+  // (`mkdir` without -p fails if it ever runs twice: the race users hit on
+  // NFS). Each rank, right after `once` returns, records the file's size:
+  // no rank may see a partial file.
+  const std::string tree = dir_.File("data");
+  const std::string step = absl::StrCat(
+      "mkdir ", tree, " && mkdir ", tree, "/train && echo ran >> ", dir_.File("ran.log"),
+      " && for i in 1 2 3 4 5; do printf 0123456789 >> ", tree, "/train/part.bin; sleep 0.05; done");
   std::vector<ChildProcess> ranks;
   for (int r = 0; r < 8; ++r) {
-    ranks.push_back(Ctl({"once", absl::StrCat("--id=rank-", r), "prepare-cifar", "--", "sh",
-                         "-c", step},
-                        absl::StrCat("rank", r, ".log")));
+    const std::string once = absl::StrCat(
+        testing::BinDir(), "/sluicectl once --coordinator=", coordinator_.grpc_address,
+        " --id=rank-", r, " prepare -- sh -c '", step, "' && wc -c < ", tree,
+        "/train/part.bin > ", dir_.File(absl::StrCat("seen-", r)));
+    auto p = ChildProcess::Start({"/bin/sh", "-c", once}, dir_.File(absl::StrCat("rank", r, ".log")));
+    ASSERT_TRUE(p.ok());
+    ranks.push_back(std::move(*p));
   }
-  for (int r = 0; r < 8; ++r) EXPECT_EQ(Exit(ranks[r]), 0) << Read(absl::StrCat("rank", r, ".log"));
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(Exit(ranks[r]), 0) << Read(absl::StrCat("rank", r, ".log"));
+    EXPECT_EQ(Read(absl::StrCat("seen-", r)), "50\n") << "rank " << r << " saw a partial file";
+  }
   EXPECT_EQ(Read("ran.log"), "ran\n");
-  struct stat st;
-  EXPECT_EQ(stat(dir_.File("data").c_str(), &st), 0);
 }
 
 TEST_F(OnceBarrierTest, ARunnerThatDiesIsReplacedByAWaiter) {
@@ -131,35 +141,37 @@ TEST_F(OnceBarrierTest, AFinishedStepIsNotRerunAfterACoordinatorRestart) {
 }
 
 TEST_F(OnceBarrierTest, BarrierTimeoutNamesTheMissingRank) {
-  // Rank 3 never comes (it is still creating the checkpoint directory on a
-  // slow filesystem): the others learn exactly that.
+  // Rank 5 never comes (it is still creating the checkpoint directory on a
+  // slow filesystem): the other 7 learn exactly that.
   std::vector<ChildProcess> ranks;
-  for (int r = 0; r < 3; ++r) {
-    ranks.push_back(Ctl({"barrier", "ckpt-dir", "--participants=4", absl::StrCat("--id=rank-", r),
+  for (int r = 0; r < 8; ++r) {
+    if (r == 5) continue;
+    ranks.push_back(Ctl({"barrier", "ckpt-dir", "--participants=8", absl::StrCat("--id=rank-", r),
                          "--timeout=1s"},
                         absl::StrCat("b", r, ".log")));
   }
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(Exit(ranks[r]), 5);
+  for (int r = 0, i = 0; r < 8; ++r) {
+    if (r == 5) continue;
+    EXPECT_EQ(Exit(ranks[i++]), 5);
     std::string log = Read(absl::StrCat("b", r, ".log"));
     EXPECT_THAT(log, HasSubstr("DEADLINE_EXCEEDED"));
-    EXPECT_THAT(log, HasSubstr("3 of 4 arrived"));
-    EXPECT_THAT(log, HasSubstr("1 missing: rank-3"));
+    EXPECT_THAT(log, HasSubstr("7 of 8 arrived"));
+    EXPECT_THAT(log, HasSubstr("1 missing: rank-5"));
   }
 }
 
 TEST_F(OnceBarrierTest, BarrierReleasesEveryoneAndIsReusableByGeneration) {
   for (int generation = 0; generation < 2; ++generation) {
     std::vector<ChildProcess> ranks;
-    for (int r = 0; r < 4; ++r) {
-      ranks.push_back(Ctl({"barrier", "step", "--participants=4", absl::StrCat("--id=rank-", r),
+    for (int r = 0; r < 8; ++r) {
+      ranks.push_back(Ctl({"barrier", "step", "--participants=8", absl::StrCat("--id=rank-", r),
                            "--timeout=30s"},
                           absl::StrCat("g", generation, "r", r, ".log")));
     }
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < 8; ++r) {
       EXPECT_EQ(Exit(ranks[r]), 0);
       EXPECT_THAT(Read(absl::StrCat("g", generation, "r", r, ".log")),
-                  HasSubstr(absl::StrCat("generation ", generation, ": 4 arrived")));
+                  HasSubstr(absl::StrCat("generation ", generation, ": 8 arrived")));
     }
   }
 }
