@@ -247,6 +247,10 @@ int StatusCommand(const std::vector<std::string>& args) {
       continue;
     }
     PrintJob(job);
+    std::printf("  data servers: %s\n",
+                job.status().live_data_servers().empty()
+                    ? "none live"
+                    : absl::StrJoin(job.status().live_data_servers(), ", ").c_str());
     for (const v1::RankStatus& r : job.status().ranks()) {
       std::printf("  rank %-4d %8lld / %-8lld consumed  %d live leases  %d sessions\n", r.rank(),
                   static_cast<long long>(r.consumed()), static_cast<long long>(r.quota()),
@@ -411,7 +415,8 @@ Commands:
   job create --name N --manifest FILE [--world_size --epochs --mode --remainder
              --seed --[no]shuffle --lease_ttl --on_corrupt]
   job get NAME | job list | job delete NAME
-  status [JOB...]           epoch, per-rank consumed/quota, leases, sessions
+  status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
+                            live data servers
   read --job J --rank R [--read_epochs N] [--decode] [--rate N]
                             one JSON line per sample on stdout
   health HOST:PORT [--service readiness]

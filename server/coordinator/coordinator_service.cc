@@ -298,6 +298,10 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job, bool include_ma
   if (!include_manifest) out.mutable_spec()->clear_manifest();
   out.set_create_time_unix_ms(job.create_time_unix_ms);
   v1::JobStatus* st = out.mutable_status();
+  const absl::Time now = options_.clock->Now();
+  for (const auto& [id, e] : data_servers_) {
+    if (now - e.last_seen <= data_server_timeout()) st->add_live_data_servers(e.address);
+  }
   st->set_state(job.done ? v1::JOB_STATE_DONE
                          : (job.epoch == 0 && job.consumed_total == 0 && job.leases.empty()
                                 ? v1::JOB_STATE_PENDING

@@ -95,6 +95,7 @@ TEST(SluicectlTest, IndexCreateReadHealth) {
   CtlRun status = Ctl(dir, {"status", "small", c});
   EXPECT_EQ(status.code, 0);
   EXPECT_THAT(status.output, HasSubstr("DONE"));
+  EXPECT_THAT(status.output, HasSubstr("data servers: " + data->grpc_address));
   CtlRun list = Ctl(dir, {"job", "list", "--json", c});
   EXPECT_THAT(list.output, HasSubstr("\"name\": \"small\""));
 }
