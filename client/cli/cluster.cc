@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -245,8 +246,10 @@ int DemoCommand(const std::vector<std::string>& args) {
   const int world = 4, epochs = 2;
   if (total < 100 * world || num_shards < 2) return Usage("--demo_samples >= 400, --demo_shards >= 2");
   // A fresh directory every run.
-  std::system(("rm -rf '" + dir + "'").c_str());
-  std::system(("mkdir -p '" + dir + "/shards'").c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir + "/shards", ec);
+  if (ec) return Fail(absl::InternalError("cannot create " + dir + "/shards: " + ec.message()));
   char real[PATH_MAX];
   if (realpath(dir.c_str(), real) == nullptr) return Fail(absl::InternalError("cannot create " + dir));
   const std::string root = real;

@@ -134,6 +134,14 @@ void PrintJob(const v1::Job& job) {
               s.num_shards());
 }
 
+void PrintJobOrJson(const v1::Job& job) {
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s", ToJson(job).c_str());
+  } else {
+    PrintJob(job);
+  }
+}
+
 }  // namespace
 
 int JobCommand(const std::vector<std::string>& args) {
@@ -177,11 +185,7 @@ int JobCommand(const std::vector<std::string>& args) {
     v1::Job job;
     absl::Status s = Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
     if (!s.ok()) return Fail(s);
-    if (absl::GetFlag(FLAGS_json)) {
-      std::printf("%s", ToJson(job).c_str());
-    } else {
-      PrintJob(job);
-    }
+    PrintJobOrJson(job);
     return kOk;
   }
   if (verb == "get" || verb == "delete") {
@@ -200,11 +204,7 @@ int JobCommand(const std::vector<std::string>& args) {
     v1::Job job;
     absl::Status s = Rpc(stub->GetJob(Deadline().get(), request, &job), "job get");
     if (!s.ok()) return Fail(s);
-    if (absl::GetFlag(FLAGS_json)) {
-      std::printf("%s", ToJson(job).c_str());
-    } else {
-      PrintJob(job);
-    }
+    PrintJobOrJson(job);
     return kOk;
   }
   if (verb == "list") {

@@ -112,6 +112,16 @@ class ReaderImpl final : public Reader {
     if (u.fetch_ctx != nullptr) u.fetch_ctx->TryCancel();
     cv_.SignalAll();
   }
+  // The lease is no longer ours (Revoke, Rejected): drop what is undelivered
+  // and report nothing more for it.
+  void RetireLocked(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = units_.find(lease_id);
+    if (it == units_.end()) return;
+    DropLocked(*it->second);
+    it->second->final_report.reset();
+    retired_.push_back(it->second);
+    units_.erase(it);
+  }
   bool SleepUnlessClosing(absl::Duration d) {
     absl::MutexLock lock(&mu_);
     absl::Time until = absl::Now() + d;
@@ -368,26 +378,12 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         u->fetcher = std::thread([this, u] { Fetch(u); });
         break;
       }
-      case CoordinatorMessage::kRevoke: {
-        auto it = units_.find(m.revoke().lease_id());
-        if (it != units_.end()) {
-          DropLocked(*it->second);
-          it->second->final_report.reset();
-          retired_.push_back(it->second);
-          units_.erase(it);
-        }
+      case CoordinatorMessage::kRevoke:
+        RetireLocked(m.revoke().lease_id());
         break;
-      }
-      case CoordinatorMessage::kRejected: {
-        auto it = units_.find(m.rejected().lease_id());
-        if (it != units_.end()) {
-          DropLocked(*it->second);
-          it->second->final_report.reset();
-          retired_.push_back(it->second);
-          units_.erase(it);
-        }
+      case CoordinatorMessage::kRejected:
+        RetireLocked(m.rejected().lease_id());
         break;
-      }
       default:
         break;
     }
