@@ -25,17 +25,8 @@ namespace sluice {
 namespace {
 
 using ::sluice::testing::ServerProcess;
+using ::sluice::testing::WaitForMetric;
 using ::sluice::testing::TempDir;
-
-bool WaitForMetric(const std::string& address, const std::string& line) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
-    auto page = testing::HttpGet("http://" + address + "/metrics");
-    if (page.ok() && page->body.find(line) != std::string::npos) return true;
-    absl::SleepFor(absl::Milliseconds(50));  // poll
-  }
-  return false;
-}
 
 class ReaderTest : public ::testing::Test {
  protected:

@@ -19,19 +19,9 @@ namespace sluice {
 namespace {
 
 using ::sluice::testing::ServerProcess;
+using ::sluice::testing::WaitForMetric;
 using ::sluice::testing::TempDir;
 using ::testing::HasSubstr;
-
-// Polls the metrics page until `line` appears (true) or 20 s pass (false).
-bool WaitForMetric(const std::string& metrics_address, const std::string& line) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
-    auto page = testing::HttpGet("http://" + metrics_address + "/metrics");
-    if (page.ok() && page->body.find(line) != std::string::npos) return true;
-    absl::SleepFor(absl::Milliseconds(50));  // poll interval, not synchronisation
-  }
-  return false;
-}
 
 TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   TempDir dir;

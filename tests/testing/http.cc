@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace sluice::testing {
 namespace {
@@ -30,6 +31,16 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& url) {
     return absl::UnavailableError(absl::StrCat("GET ", url, ": ", curl_easy_strerror(rc)));
   }
   return response;
+}
+
+bool WaitForMetric(const std::string& metrics_address, const std::string& text) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    auto page = HttpGet("http://" + metrics_address + "/metrics");
+    if (page.ok() && page->body.find(text) != std::string::npos) return true;
+    absl::SleepFor(absl::Milliseconds(50));  // poll interval, not synchronisation
+  }
+  return false;
 }
 
 }  // namespace sluice::testing

@@ -15,6 +15,10 @@ struct HttpResponse {
 
 absl::StatusOr<HttpResponse> HttpGet(const std::string& url);
 
+// Polls http://metrics_address/metrics until a line containing `text`
+// appears (true) or 20 s pass (false).
+bool WaitForMetric(const std::string& metrics_address, const std::string& text);
+
 }  // namespace sluice::testing
 
 #endif  // SLUICE_TESTS_TESTING_HTTP_H_
