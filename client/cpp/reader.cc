@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <optional>
@@ -63,10 +64,12 @@ class ReaderImpl final : public Reader {
     return stats_;
   }
   void Close() override;
+  absl::StatusOr<v1::Cursor> Cursor() override;
 
  private:
   struct Unit {
     v1::Lease lease;
+    int64_t order = 0;  // grant order: reports go out in this order
     int64_t size = 0;
     std::deque<Sample> buffer;
     int64_t next_fetch = 0;  // absolute sample index
@@ -146,6 +149,16 @@ class ReaderImpl final : public Reader {
   int64_t last_epoch_begin_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t last_epoch_end_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;
+  bool resume_done_ ABSL_GUARDED_BY(mu_) = false;  // the cursor reached a Welcome
+  uint64_t synced_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_sync_ = 0;
+  // Consumer-side position (the thread calling Next()).
+  int64_t position_epoch_ = -1;
+  int64_t position_consumed_ = 0;
+  // One flush at a time, so reports of one lease never overtake each other.
+  absl::Mutex flush_mu_;
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex write_mu_;
@@ -227,11 +240,20 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
       }
     }
     if (flush) FlushReports(false);
-    if (have_event) return event;
+    if (have_event) {
+      if (event.kind == ReaderEvent::Kind::kEpochBegin) {
+        position_epoch_ = event.epoch;
+        position_consumed_ = event.already_consumed;
+      } else if (event.kind == ReaderEvent::Kind::kSample) {
+        ++position_consumed_;
+      }
+      return event;
+    }
   }
 }
 
 void ReaderImpl::FlushReports(bool progress) {
+  absl::MutexLock flush_lock(&flush_mu_);
   std::vector<std::pair<std::shared_ptr<Unit>, TrainerMessage>> out;
   {
     absl::MutexLock lock(&mu_);
@@ -247,6 +269,10 @@ void ReaderImpl::FlushReports(bool progress) {
       }
     }
   }
+  // In delivery order: the coordinator's per-rank acknowledgement order is
+  // what a resume cursor counts in.
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first->order < b.first->order; });
   for (auto& [u, m] : out) {
     if (!Send(m)) return;  // disconnected: the session re-flushes on reconnect
     absl::MutexLock lock(&mu_);
@@ -287,6 +313,13 @@ void ReaderImpl::RunSession() {
     hello.mutable_hello()->set_rank(options_.rank);
     hello.mutable_hello()->set_worker(options_.worker);
     hello.mutable_hello()->set_trainer_id(options_.trainer_id);
+    {
+      absl::MutexLock lock(&mu_);
+      if (options_.resume_from.has_value() && !resume_done_) {
+        *hello.mutable_hello()->mutable_cursor() = *options_.resume_from;
+        hello.mutable_hello()->set_resume_attempt(options_.resume_attempt);
+      }
+    }
     TrainerMessage want;
     want.mutable_want()->set_credits(options_.units_in_flight);
     bool welcomed = false;
@@ -341,6 +374,11 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         if (m.welcome().heartbeat_interval_ms() > 0) {
           heartbeat_interval_ = absl::Milliseconds(m.welcome().heartbeat_interval_ms());
         }
+        world_size_ = m.welcome().world_size();
+        resume_done_ = true;
+        break;
+      case CoordinatorMessage::kSynced:
+        synced_ = std::max(synced_, m.synced().id());
         break;
       case CoordinatorMessage::kEpochBegin:
         if (m.epoch_begin().epoch() > last_epoch_begin_) {
@@ -373,6 +411,7 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         u->lease = lease;
         u->size = lease.unit().end() - lease.unit().begin();
         u->next_fetch = lease.unit().begin();
+        u->order = next_order_++;
         units_[lease.lease_id()] = u;
         entries_.push_back(Entry{ReaderEvent::Kind::kSample, 0, 0, 0, u});
         u->fetcher = std::thread([this, u] { Fetch(u); });
@@ -623,7 +662,78 @@ void ReaderImpl::Close() {
   }
 }
 
+absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
+  if (position_epoch_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", options_.job, " rank ", options_.rank,
+                     ": no cursor before the first EpochBegin event"));
+  }
+  v1::Cursor cursor;
+  cursor.set_job(options_.job);
+  cursor.set_epoch(position_epoch_);
+  int32_t world_size;
+  {
+    absl::MutexLock lock(&mu_);
+    world_size = world_size_;
+  }
+  cursor.set_world_size(world_size);
+  for (int32_t r = 0; r < std::max(world_size, 1); ++r) {
+    cursor.add_consumed_per_rank(r == options_.rank ? position_consumed_ : -1);
+  }
+  // Report everything delivered, then wait until it is durable. A broken
+  // stream loses the Sync: send it again after each reconnect.
+  const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
+  while (true) {
+    FlushReports(true);
+    const uint64_t id = ++next_sync_;
+    TrainerMessage sync;
+    sync.mutable_sync()->set_id(id);
+    const bool sent = Send(sync);
+    absl::MutexLock lock(&mu_);
+    const absl::Time retry = std::min(deadline, absl::Now() + absl::Seconds(1));
+    while (sent && synced_ < id && fatal_.ok() && !closing_ && absl::Now() < retry) {
+      cv_.WaitWithDeadline(&mu_, retry);
+    }
+    if (synced_ >= id) return cursor;
+    if (!fatal_.ok()) return fatal_;
+    if (closing_) return absl::CancelledError("reader closed");
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "coordinator ", options_.coordinator, " did not confirm the reports of job ",
+          options_.job, " rank ", options_.rank, " within ",
+          absl::FormatDuration(options_.reconnect_timeout), "; the cursor is not safe to save"));
+    }
+    if (!sent) cv_.WaitWithDeadline(&mu_, retry);
+  }
+}
+
 }  // namespace
+
+absl::StatusOr<v1::Cursor> MergeCursors(const std::vector<v1::Cursor>& cursors) {
+  if (cursors.empty()) return absl::InvalidArgumentError("MergeCursors: no cursors");
+  v1::Cursor merged = cursors.front();
+  for (size_t i = 1; i < cursors.size(); ++i) {
+    const v1::Cursor& c = cursors[i];
+    if (c.job() != merged.job() || c.epoch() != merged.epoch() ||
+        c.world_size() != merged.world_size() ||
+        c.consumed_per_rank_size() != merged.consumed_per_rank_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MergeCursors: cursor ", i, " is job ", c.job(), " epoch ", c.epoch(), " world_size ",
+          c.world_size(), ", cursor 0 is job ", merged.job(), " epoch ", merged.epoch(),
+          " world_size ", merged.world_size()));
+    }
+    for (int r = 0; r < c.consumed_per_rank_size(); ++r) {
+      const int64_t mine = merged.consumed_per_rank(r), theirs = c.consumed_per_rank(r);
+      if (theirs < 0) continue;
+      if (mine >= 0 && mine != theirs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MergeCursors: rank ", r, " has two counts, ", mine, " and ", theirs));
+      }
+      merged.set_consumed_per_rank(r, theirs);
+    }
+  }
+  return merged;
+}
 
 absl::StatusOr<std::unique_ptr<Reader>> Reader::Create(ReaderOptions options) {
   if (options.coordinator.empty()) {

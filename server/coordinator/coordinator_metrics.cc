@@ -31,6 +31,14 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       data_servers(GaugeFamily(r, "sluice_coordinator_data_servers",
                                "Data servers registered and heartbeating.")
                        .Add({})),
+      grant_latency(prometheus::BuildHistogram()
+                        .Name("sluice_coordinator_lease_grant_latency_seconds")
+                        .Help("From the trainer message that freed a credit to the durable "
+                              "Grant being sent.")
+                        .Register(r)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                     0.025, 0.05, 0.1, 0.25, 1})),
       granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total", "Leases granted.")),
       completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",
                                "Leases completed by their holder.")),
@@ -42,6 +50,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                                "Samples served per epoch (after drop/pad).")),
       epoch_done_(GaugeFamily(r, "sluice_coordinator_epoch_samples_completed",
                               "Samples of the current epoch acknowledged.")),
-      epoch_(GaugeFamily(r, "sluice_coordinator_epoch", "Current epoch of the job.")) {}
+      epoch_(GaugeFamily(r, "sluice_coordinator_epoch", "Current epoch of the job.")),
+      resumes_(CounterFamily(r, "sluice_coordinator_resumes_total",
+                             "Job positions moved to a trainer's resume cursor.")) {}
 
 }  // namespace sluice

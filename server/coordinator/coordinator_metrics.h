@@ -24,6 +24,7 @@ class CoordinatorMetrics {
   prometheus::Gauge& EpochSamplesTotal(const std::string& job) { return epoch_total_.Add({{"job", job}}); }
   prometheus::Gauge& EpochSamplesCompleted(const std::string& job) { return epoch_done_.Add({{"job", job}}); }
   prometheus::Gauge& Epoch(const std::string& job) { return epoch_.Add({{"job", job}}); }
+  prometheus::Counter& Resumes(const std::string& job) { return resumes_.Add({{"job", job}}); }
 
   prometheus::Gauge& jobs;
   prometheus::Gauge& sessions;
@@ -31,6 +32,9 @@ class CoordinatorMetrics {
   prometheus::Histogram& fsync_latency;
   prometheus::Gauge& journal_bytes;
   prometheus::Gauge& data_servers;
+  // From the trainer message that made a grant possible (Want, Complete,
+  // Release ...) to the durable Grant handed to the stream.
+  prometheus::Histogram& grant_latency;
 
  private:
   prometheus::Family<prometheus::Counter>& granted_;
@@ -40,6 +44,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& epoch_total_;
   prometheus::Family<prometheus::Gauge>& epoch_done_;
   prometheus::Family<prometheus::Gauge>& epoch_;
+  prometheus::Family<prometheus::Counter>& resumes_;
 };
 
 }  // namespace sluice

@@ -202,8 +202,16 @@ void CoordinatorService::Deliver(Effects& fx) {
       return;
     }
   }
-  for (auto& [sink, msg] : fx.sends) sink->Send(msg);
+  int grants = 0;
+  for (auto& [sink, msg] : fx.sends) {
+    grants += msg.has_grant();
+    sink->Send(msg);
+  }
   for (auto& [sink, status] : fx.finishes) sink->Finish(status);
+  if (options_.metrics != nullptr && grants > 0) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - fx.started);
+    for (int i = 0; i < grants; ++i) options_.metrics->grant_latency.Observe(seconds);
+  }
   if (options_.metrics != nullptr) {
     options_.metrics->journal_bytes.Set(static_cast<double>(journal_->bytes_written()));
   }
@@ -527,6 +535,13 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
         fx);
     return;
   }
+  if (hello.has_cursor()) {
+    absl::Status resumed = ResumeLocked(hello, fx);
+    if (!resumed.ok()) {
+      FinishSessionLocked(s, resumed, fx);
+      return;
+    }
+  }
   s.hello = true;
   s.job = hello.job();
   s.rank = hello.rank();
@@ -560,6 +575,52 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
   }
 }
 
+absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& fx) {
+  v1::internal::JobResumed resume;
+  *resume.mutable_cursor() = hello.cursor();
+  if (resume.cursor().job().empty()) resume.mutable_cursor()->set_job(hello.job());
+  resume.set_job(hello.job());
+  resume.set_attempt(hello.resume_attempt());
+  const JobData* job = state_.FindJob(hello.job());
+  if (job->last_resume.has_value() &&
+      google::protobuf::util::MessageDifferencer::Equals(*job->last_resume, resume)) {
+    return absl::OkStatus();  // another rank of the same restart
+  }
+  RETURN_IF_ERROR(state_.CheckResume(resume));
+  // Every live lease of the job belongs to the position being replaced.
+  const std::string why = absl::StrCat("job ", hello.job(), " resumed from a cursor of job ",
+                                       resume.cursor().job(), " epoch ", resume.cursor().epoch());
+  for (const auto& [id, lease] : job->leases) {
+    if (!leases_.Remove(id).ok()) continue;
+    auto owner = session_of_trainer_.find(lease.holder);
+    if (owner == session_of_trainer_.end()) continue;
+    auto holder = sessions_.find(owner->second);
+    if (holder == sessions_.end() || holder->second.finished) continue;
+    CoordinatorMessage revoke;
+    revoke.mutable_revoke()->set_lease_id(id);
+    revoke.mutable_revoke()->set_why(why);
+    fx.sends.emplace_back(holder->second.sink, revoke);
+  }
+  JournalRecord record;
+  *record.mutable_job_resumed() = resume;
+  RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+  for (auto& [id, other] : sessions_) {
+    if (other.hello && other.job == hello.job()) {
+      other.announced_epoch = -1;  // a fresh EpochBegin with the new counts
+      other.waiting.clear();
+    }
+  }
+  RebuildQueuesLocked(hello.job());
+  job = state_.FindJob(hello.job());
+  std::string counts;
+  for (int64_t n : job->consumed_per_rank) absl::StrAppend(&counts, counts.empty() ? "" : ",", n);
+  LogInfo("%s: now epoch %d, consumed per rank [%s] of %d, world_size %d", why, job->epoch, counts,
+          job->plan.samples_per_rank, job->spec.world_size());
+  if (options_.metrics != nullptr) options_.metrics->Resumes(hello.job()).Increment();
+  MaybeAdvanceEpochLocked(hello.job(), fx);
+  return absl::OkStatus();
+}
+
 absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m,
                                                           Effects& fx) {
   switch (m.msg_case()) {
@@ -572,6 +633,14 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
       return absl::OkStatus();
     case v1::TrainerMessage::kHeartbeat:
       return absl::OkStatus();  // the renewal above is all it does
+    case v1::TrainerMessage::kSync: {
+      // Messages of one stream are handled in order, each made durable
+      // before the next is read: everything before this Sync already is.
+      CoordinatorMessage synced;
+      synced.mutable_synced()->set_id(m.sync().id());
+      fx.sends.emplace_back(s.sink, synced);
+      return absl::OkStatus();
+    }
     case v1::TrainerMessage::kProgress:
     case v1::TrainerMessage::kComplete:
     case v1::TrainerMessage::kRelease:

@@ -140,6 +140,7 @@ class CoordinatorService {
     std::vector<std::pair<std::shared_ptr<SessionSink>, v1::CoordinatorMessage>> sends;
     std::vector<std::pair<std::shared_ptr<SessionSink>, absl::Status>> finishes;
     uint64_t ticket = 0;
+    absl::Time started = absl::Now();  // for the grant latency histogram
   };
 
   explicit CoordinatorService(const CoordinatorOptions& options);
@@ -160,6 +161,9 @@ class CoordinatorService {
   void MaybeAdvanceEpochLocked(const std::string& job, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHelloLocked(Session& s, const v1::Hello& hello, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies hello.cursor (G7) unless it repeats the job's last resume.
+  absl::Status ResumeLocked(const v1::Hello& hello, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

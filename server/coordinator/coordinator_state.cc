@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace sluice {
 
@@ -56,7 +59,37 @@ PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec) {
   return options;
 }
 
+namespace {
+
+int64_t LogSize(const std::vector<AckedRange>& log) {
+  int64_t n = 0;
+  for (const AckedRange& r : log) n += r.end - r.begin;
+  return n;
+}
+
+// The first `count` acknowledged samples of one rank.
+std::vector<AckedRange> LogPrefix(const std::vector<AckedRange>& log, int64_t count) {
+  std::vector<AckedRange> out;
+  for (const AckedRange& r : log) {
+    if (count <= 0) break;
+    AckedRange cut = r;
+    cut.end = std::min(r.end, r.begin + count);
+    count -= cut.end - cut.begin;
+    out.push_back(cut);
+  }
+  return out;
+}
+
+}  // namespace
+
 void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
+  // Keep the finished epoch for cursors taken in it (only the latest one).
+  job.history.clear();
+  if (epoch == job.epoch + 1) {
+    job.history.push_back(EpochHistory{std::move(job.plan), std::move(job.ack_log), job.replanned});
+  }
+  job.replanned = false;
+  job.ack_log.assign(std::max(job.options.world_size, 1), {});
   job.epoch = epoch;
   job.done = job.spec.num_epochs() > 0 && epoch >= job.spec.num_epochs();
   job.plan = PlanEpoch(job.shard_samples, job.options, epoch);
@@ -130,6 +163,17 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
         job.consumed_per_rank[a.rank()] += a.consumed();
       }
       job.consumed_total += a.consumed();
+      if (a.consumed() > 0 && a.rank() >= 0 &&
+          a.rank() < static_cast<int32_t>(job.ack_log.size())) {
+        std::vector<AckedRange>& log = job.ack_log[a.rank()];
+        if (!log.empty() && log.back().sequence == a.sequence() &&
+            log.back().end == a.begin()) {
+          log.back().end += a.consumed();
+        } else {
+          log.push_back(AckedRange{a.sequence(), a.shard_index(), a.begin(),
+                                   a.begin() + a.consumed()});
+        }
+      }
       lease->second.acked += a.consumed();
       if (a.complete()) job.leases.erase(lease);
       return absl::OkStatus();
@@ -145,12 +189,130 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
       return absl::OkStatus();
     }
     case R::kJobResumed:
+      return ApplyResume(record.job_resumed());
     case R::kSnapshot:
       return absl::UnimplementedError("record type not supported by this version");
     case R::RECORD_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError("empty journal record");
+}
+
+absl::Status CoordinatorState::CheckResume(const v1::internal::JobResumed& resume) const {
+  const v1::Cursor& c = resume.cursor();
+  const JobData* target = FindJob(resume.job());
+  if (target == nullptr) return absl::NotFoundError(absl::StrCat("job ", resume.job(), " not found"));
+  const JobData* source = FindJob(c.job());
+  if (source == nullptr) {
+    return absl::NotFoundError(absl::StrCat("hello.cursor.job: job ", c.job(), " not found"));
+  }
+  if (source != target) {
+    const v1::JobSpec& a = source->spec;
+    const v1::JobSpec& b = target->spec;
+    const char* differs =
+        !google::protobuf::util::MessageDifferencer::Equals(a.manifest(), b.manifest())
+            ? "manifest"
+            : a.seed() != b.seed() ? "seed" : a.shuffle() != b.shuffle() ? "shuffle" : nullptr;
+    if (differs != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hello.cursor.job: job ", c.job(), " has a different ", differs, " than job ",
+          resume.job(), "; a cursor moves only between jobs over the same data order"));
+    }
+  }
+  if (c.world_size() != source->spec.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hello.cursor.world_size=", c.world_size(), " but job ", c.job(),
+                     " has world_size ", source->spec.world_size()));
+  }
+  const AckLog* log = nullptr;
+  if (c.epoch() == source->epoch && !source->done) {
+    log = &source->ack_log;
+  } else if (c.epoch() == source->epoch - 1 && !source->history.empty()) {
+    log = &source->history.front().ack_log;
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hello.cursor.epoch=", c.epoch(), ": job ", c.job(), " is in epoch ", source->epoch,
+        " and keeps only the current and the previous epoch for resuming"));
+  }
+  if (c.consumed_per_rank_size() != static_cast<int>(log->size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hello.cursor.consumed_per_rank has ", c.consumed_per_rank_size(),
+                     " entries; job ", c.job(), " has ", log->size(), " ranks"));
+  }
+  for (int r = 0; r < c.consumed_per_rank_size(); ++r) {
+    const int64_t n = c.consumed_per_rank(r);
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hello.cursor.consumed_per_rank[", r, "]=", n,
+          (n == -1 ? " is unknown: merge every rank's cursor (sluice::MergeCursors) before "
+                     "saving a checkpoint"
+                   : " must be >= 0")));
+    }
+    const int64_t acked = LogSize((*log)[r]);
+    if (n > acked) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "hello.cursor.consumed_per_rank[", r, "]=", n, " but rank ", r, " of job ", c.job(),
+          " acknowledged only ", acked, " samples in epoch ", c.epoch(),
+          " (take cursors with Reader::Cursor(), which waits for its reports to be durable)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorState::ApplyResume(const v1::internal::JobResumed& resume) {
+  RETURN_IF_ERROR(CheckResume(resume));
+  const v1::Cursor& c = resume.cursor();
+  const JobData& source = jobs_.at(c.job());
+  JobData& target = jobs_.at(resume.job());
+  const bool previous = c.epoch() != source.epoch;
+  const EpochPlan& source_plan = previous ? source.history.front().plan : source.plan;
+  const AckLog& source_log = previous ? source.history.front().ack_log : source.ack_log;
+  const bool source_replanned = previous ? source.history.front().replanned : source.replanned;
+  AckLog kept(source_log.size());
+  std::map<int64_t, IntervalSet> consumed;  // sequence -> samples
+  for (size_t r = 0; r < source_log.size(); ++r) {
+    kept[r] = LogPrefix(source_log[r], c.consumed_per_rank(static_cast<int>(r)));
+    for (const AckedRange& a : kept[r]) consumed[a.sequence].Add(a.begin, a.end);
+  }
+  EpochPlan plan;
+  if (&source == &target) {
+    // Same job and world size: every rank keeps its share and continues
+    // right after its last consumed sample.
+    plan = source_plan;
+  } else {
+    // Another world size: the epoch's unconsumed samples, in plan order,
+    // are planned afresh over this job's ranks (G3 balance again).
+    std::vector<SampleRange> remaining;
+    for (const PlannedUnit& u : source_plan.units) {
+      auto it = consumed.find(u.sequence);
+      if (it == consumed.end()) {
+        remaining.push_back(SampleRange{u.shard_index, u.begin, u.end});
+        continue;
+      }
+      for (const auto& [b, e] : it->second.Missing(u.begin, u.end)) {
+        remaining.push_back(SampleRange{u.shard_index, b, e});
+      }
+    }
+    plan = PlanSequence(remaining, target.options, c.epoch());
+    kept.assign(plan.num_ranks, {});
+    consumed.clear();
+  }
+  target.history.clear();
+  target.epoch = c.epoch();
+  target.done = false;
+  target.replanned = &source != &target || source_replanned;
+  target.plan = std::move(plan);
+  target.leases.clear();
+  target.acked = std::move(consumed);
+  target.consumed_per_rank.assign(target.plan.num_ranks, 0);
+  target.consumed_total = 0;
+  for (size_t r = 0; r < kept.size(); ++r) {
+    target.consumed_per_rank[r] = LogSize(kept[r]);
+    target.consumed_total += target.consumed_per_rank[r];
+  }
+  target.ack_log = std::move(kept);
+  target.last_resume = resume;
+  return absl::OkStatus();
 }
 
 const JobData* CoordinatorState::FindJob(const std::string& name) const {

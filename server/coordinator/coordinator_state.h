@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,25 @@ struct DurableLease {
   int64_t acked = 0;  // acknowledged prefix, samples
 };
 
+// Samples [begin, end) of planned unit `sequence`, acknowledged by a rank.
+struct AckedRange {
+  int64_t sequence = 0;
+  int32_t shard_index = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// What a rank acknowledged in one epoch, in acknowledgement order (adjacent
+// ranges of one unit merged). A resume cursor keeps a prefix of it (G7).
+using AckLog = std::vector<std::vector<AckedRange>>;  // [rank]
+
+// A finished epoch kept so a cursor taken in it can still be restored.
+struct EpochHistory {
+  EpochPlan plan;
+  AckLog ack_log;
+  bool replanned = false;
+};
+
 // A range of unassigned samples of one planned unit.
 struct Piece {
   int64_t sequence = 0;
@@ -71,6 +91,12 @@ struct JobData {
   int64_t consumed_total = 0;
   uint64_t next_fence = 1;
   std::map<std::string, DurableLease> leases;
+  AckLog ack_log;  // of `epoch`
+  std::vector<EpochHistory> history;  // the epoch before `epoch`, if kept
+  // The plan of `epoch` came from a resume with re-balancing, not PlanEpoch.
+  bool replanned = false;
+  // The last cursor applied (a Hello repeating it is a no-op).
+  std::optional<v1::internal::JobResumed> last_resume;
 
   int64_t served_per_epoch() const {
     return plan.samples_per_rank * plan.num_ranks;
@@ -88,12 +114,19 @@ class CoordinatorState {
   // Unassigned work of `job`'s current epoch: every planned unit minus the
   // acknowledged ranges and the ranges of live leases, in plan order.
   std::vector<Piece> PendingPieces(const JobData& job) const;
+  // Whether `resume` (a JobResumed record) can be applied: the cursor's job
+  // exists, its epoch is the current or the previous one of that job, its
+  // counts fit what each rank acknowledged, and a cursor from another job
+  // has the same manifest, seed and shuffle. INVALID_ARGUMENT or
+  // FAILED_PRECONDITION naming the field otherwise.
+  absl::Status CheckResume(const v1::internal::JobResumed& resume) const;
   // A finished Once step ("scope/name"), if journaled.
   const v1::internal::OnceFinished* FindOnceFinished(const std::string& scope,
                                                      const std::string& name) const;
 
  private:
   static void StartEpoch(JobData& job, int64_t epoch);
+  absl::Status ApplyResume(const v1::internal::JobResumed& resume);
   std::map<std::string, JobData> jobs_;
   std::map<std::string, v1::internal::OnceFinished> once_finished_;  // "scope/name"
 };

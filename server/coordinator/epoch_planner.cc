@@ -54,29 +54,36 @@ Quota ComputeQuota(int64_t total_samples, const PlanOptions& options) {
 
 EpochPlan PlanEpoch(const std::vector<int64_t>& shard_samples,
                     const PlanOptions& options, int64_t epoch) {
+  const std::vector<int32_t> order =
+      ShardOrder(static_cast<int32_t>(shard_samples.size()), options.seed,
+                 epoch, options.shuffle);
+  std::vector<SampleRange> sequence;
+  sequence.reserve(order.size());
+  for (int32_t shard : order) sequence.push_back(SampleRange{shard, 0, shard_samples[shard]});
+  return PlanSequence(sequence, options, epoch);
+}
+
+EpochPlan PlanSequence(const std::vector<SampleRange>& sequence,
+                       const PlanOptions& options, int64_t epoch) {
   EpochPlan plan;
   plan.epoch = epoch;
-  for (int64_t n : shard_samples) plan.total_samples += n;
+  for (const SampleRange& r : sequence) plan.total_samples += std::max<int64_t>(r.size(), 0);
   plan.num_ranks = std::max(options.world_size, 1);
   const Quota quota = ComputeQuota(plan.total_samples, options);
   plan.samples_per_rank = quota.samples_per_rank;
   plan.dropped = quota.dropped;
   plan.padded = quota.padded;
   plan.rank_begin.assign(plan.num_ranks + 1, 0);
-
-  const std::vector<int32_t> order =
-      ShardOrder(static_cast<int32_t>(shard_samples.size()), options.seed,
-                 epoch, options.shuffle);
   const int64_t limit = options.max_samples_per_lease;
 
-  // Walk the (cyclic) shard sequence, handing each rank its q samples.
-  size_t pos = 0;        // index into `order`
-  int64_t offset = 0;    // next sample within order[pos]
+  // Walk the (cyclic) sequence of ranges, handing each rank its q samples.
+  size_t pos = 0;        // index into `sequence`
+  int64_t offset = 0;    // samples of sequence[pos] already handed out
   auto skip_empty = [&] {
-    // Move past exhausted or empty shards, wrapping around for PAD.
+    // Move past exhausted or empty ranges, wrapping around for PAD.
     size_t guard = 0;
-    while (shard_samples[order[pos]] - offset <= 0 && guard++ <= order.size()) {
-      pos = (pos + 1) % order.size();
+    while (sequence[pos].size() - offset <= 0 && guard++ <= sequence.size()) {
+      pos = (pos + 1) % sequence.size();
       offset = 0;
     }
   };
@@ -84,21 +91,21 @@ EpochPlan PlanEpoch(const std::vector<int64_t>& shard_samples,
     for (int32_t r = 0; r < plan.num_ranks; ++r) {
       plan.rank_begin[r] = static_cast<int64_t>(plan.units.size());
       int64_t need = plan.samples_per_rank;
-      int64_t run = 0;  // samples of the current shard given to this rank
-      int32_t run_shard = -1;
+      int64_t run = 0;  // samples of the current range given to this rank
+      size_t run_range = SIZE_MAX;
       while (need > 0) {
         skip_empty();
-        const int32_t shard = order[pos];
-        if (shard != run_shard) {
-          run_shard = shard;
+        const SampleRange& range = sequence[pos];
+        if (pos != run_range) {
+          run_range = pos;
           run = 0;
         }
-        int64_t take = std::min(need, shard_samples[shard] - offset);
+        int64_t take = std::min(need, range.size() - offset);
         if (limit > 0) take = std::min(take, limit - run % limit);
         PlannedUnit unit;
-        unit.shard_index = shard;
-        unit.begin = offset;
-        unit.end = offset + take;
+        unit.shard_index = range.shard_index;
+        unit.begin = range.begin + offset;
+        unit.end = range.begin + offset + take;
         unit.sequence = static_cast<int64_t>(plan.units.size());
         unit.rank = r;
         plan.units.push_back(unit);

@@ -91,6 +91,21 @@ std::vector<int32_t> ShardOrder(int32_t num_shards, uint64_t seed,
 EpochPlan PlanEpoch(const std::vector<int64_t>& shard_samples,
                     const PlanOptions& options, int64_t epoch);
 
+// Samples [begin, end) of one shard.
+struct SampleRange {
+  int32_t shard_index = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// Steps 3-5 over an explicit epoch sequence: PlanEpoch is PlanSequence over
+// the shuffled shards taken whole. A resume with a different world size
+// (G7) plans the epoch's unconsumed ranges this way; there, the
+// max_samples_per_lease cut counts from the start of each range.
+EpochPlan PlanSequence(const std::vector<SampleRange>& sequence,
+                       const PlanOptions& options, int64_t epoch);
+
 // Per-rank quota and remainder without building units (for job status).
 struct Quota {
   int64_t samples_per_rank = 0;

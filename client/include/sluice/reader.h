@@ -30,13 +30,19 @@
 // most the samples delivered since its last report, and those are delivered
 // again to whoever takes over the lease.
 //
-// Thread-safety: Next() must be called from one thread at a time; stats()
-// and Close() may be called from any thread.
+// Resume (G7): Cursor() gives the position after the samples Next() has
+// returned; store it (merged over ranks) in the training checkpoint and pass
+// it as ReaderOptions::resume_from after a restart, also with another world
+// size (a new job over the same data; the epoch's rest is re-balanced).
+//
+// Thread-safety: Next() and Cursor() must be called from one thread at a
+// time; stats() and Close() may be called from any thread.
 #ifndef SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
 #define SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +50,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sluice/v1/common.pb.h"
 #include "sluice/v1/dataserver.pb.h"
 
 namespace sluice {
@@ -73,6 +80,13 @@ struct ReaderOptions {
   // unreachable this long.
   absl::Duration reconnect_timeout = absl::Minutes(2);
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
+  // Resume from a checkpoint (G7): the first Hello carries this cursor
+  // (every rank's entry known, see MergeCursors) and the job continues
+  // right after the samples it counts. `resume_attempt` names this restart
+  // of the run, the same on every rank (e.g. torchrun's restart count):
+  // restoring the same cursor again in a later restart needs a new value.
+  std::optional<v1::Cursor> resume_from;
+  std::string resume_attempt;
 };
 
 struct Sample {
@@ -117,10 +131,24 @@ class Reader {
   // on_corrupt=fail, or the reader was closed (CANCELLED).
   virtual absl::StatusOr<ReaderEvent> Next() = 0;
   virtual ReaderStats stats() const = 0;
+  // The resume cursor after the last event Next() returned: this rank's
+  // count of consumed samples in the current epoch, -1 for the other ranks
+  // (merge every rank's cursor with MergeCursors, or all-gather them, before
+  // saving). Blocks until everything this Reader delivered is durably
+  // acknowledged at the coordinator, so the cursor never runs ahead of what
+  // a resume can restore; UNAVAILABLE if that cannot be confirmed within
+  // reconnect_timeout, FAILED_PRECONDITION before the first EpochBegin.
+  // Call from the thread that calls Next().
+  virtual absl::StatusOr<v1::Cursor> Cursor() = 0;
   // Reports what was consumed, gives unfinished units back (Release) so
   // others take them at once, and ends the session. Idempotent.
   virtual void Close() = 0;
 };
+
+// Combines the cursors of a job's ranks (same job, epoch and world size)
+// into one with every rank's count: INVALID_ARGUMENT on a mismatch or two
+// different counts for one rank. Ranks no cursor knows stay -1.
+absl::StatusOr<v1::Cursor> MergeCursors(const std::vector<v1::Cursor>& cursors);
 
 }  // namespace sluice
 
