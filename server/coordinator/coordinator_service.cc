@@ -604,10 +604,17 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& f
   JournalRecord record;
   *record.mutable_job_resumed() = resume;
   RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+  // Sessions open before the resume belong to the run before the restart:
+  // end them (FAILED_PRECONDITION, so a surviving Reader stops instead of
+  // competing for the restored work).
   for (auto& [id, other] : sessions_) {
     if (other.hello && other.job == hello.job()) {
-      other.announced_epoch = -1;  // a fresh EpochBegin with the new counts
-      other.waiting.clear();
+      FinishSessionLocked(
+          other,
+          absl::FailedPreconditionError(absl::StrCat(
+              why, " (attempt \"", hello.resume_attempt(),
+              "\"); this session belongs to the run before that restart")),
+          fx);
     }
   }
   RebuildQueuesLocked(hello.job());

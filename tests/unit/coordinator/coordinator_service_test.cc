@@ -1,6 +1,9 @@
 #include "server/coordinator/coordinator_service.h"
 
+#include <deque>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -386,6 +389,277 @@ TEST_F(CoordinatorServiceTest, LeaseTokensSignTheGrantedLease) {
   EXPECT_OK(VerifyLeaseToken(grants[0], "k"));
   EXPECT_THAT(VerifyLeaseToken(grants[0], "other"),
               StatusIs(absl::StatusCode::kPermissionDenied));
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// A scripted trainer: takes grants in order and consumes them sample by
+// sample, reporting each sample as it goes (acknowledgement order ==
+// delivery order, as sluice::Reader does).
+struct SimTrainer {
+  SimTrainer(CoordinatorService& s, const std::string& job, int rank, const std::string& id,
+             const v1::Cursor* cursor = nullptr, const std::string& attempt = "")
+      : service(s), sink(std::make_shared<RecordingSink>()) {
+    session = service.OpenSession(sink);
+    v1::TrainerMessage hello = Hello(job, rank, id);
+    if (cursor != nullptr) {
+      *hello.mutable_hello()->mutable_cursor() = *cursor;
+      hello.mutable_hello()->set_resume_attempt(attempt);
+    }
+    service.OnMessage(session, hello);
+    service.OnMessage(session, Want(2));
+    Poll();
+  }
+  // Takes in what the coordinator sent.
+  void Poll() {
+    for (v1::Lease& l : sink->TakeGrants()) held.push_back(l);
+    for (const auto& m : sink->inbox) {
+      if (m.has_revoke()) revoked.insert(m.revoke().lease_id());
+      if (m.has_epoch_begin()) begins.push_back(m.epoch_begin());
+      if (m.has_job_done()) job_done = true;
+    }
+    sink->inbox.clear();
+  }
+  // Consumes up to n samples; returns how many it could.
+  int64_t Consume(int64_t n) {
+    int64_t done = 0;
+    while (done < n) {
+      Poll();
+      while (!held.empty() && revoked.count(held.front().lease_id()) > 0) held.pop_front();
+      if (held.empty()) break;
+      v1::Lease& l = held.front();
+      const int64_t k = l.unit().begin() + delivered[l.lease_id()]++;
+      consumed.push_back({l.epoch(), l.unit().shard_index(), k});
+      ++done;
+      if (k + 1 == l.unit().end()) {
+        v1::Lease finished = l;
+        held.pop_front();
+        service.OnMessage(session, Complete(finished));
+      } else {
+        service.OnMessage(session, Progress(l, delivered[l.lease_id()]));
+      }
+    }
+    return done;
+  }
+  CoordinatorService& service;
+  std::shared_ptr<RecordingSink> sink;
+  int64_t session = 0;
+  std::deque<v1::Lease> held;
+  std::map<std::string, int64_t> delivered;
+  std::set<std::string> revoked;
+  std::vector<v1::EpochBegin> begins;
+  bool job_done = false;
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> consumed;  // epoch, shard, index
+};
+
+v1::Cursor MakeCursor(const std::string& job, int64_t epoch, int32_t world_size,
+                      std::vector<int64_t> counts) {
+  v1::Cursor c;
+  c.set_job(job);
+  c.set_epoch(epoch);
+  c.set_world_size(world_size);
+  for (int64_t n : counts) c.add_consumed_per_rank(n);
+  return c;
+}
+
+// Every sample each epoch served to `trainers`, with how often it was seen.
+std::map<std::tuple<int64_t, int32_t, int64_t>, int> Tally(
+    const std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>>& parts) {
+  std::map<std::tuple<int64_t, int32_t, int64_t>, int> seen;
+  for (const auto& part : parts) {
+    for (const auto& s : part) ++seen[s];
+  }
+  return seen;
+}
+
+// A trainer restarts from a checkpoint taken earlier in the epoch: every
+// rank continues right after the last sample it had consumed at the
+// checkpoint, the samples consumed after it are served again, and the
+// epoch still covers every sample exactly once (G7).
+TEST_F(CoordinatorServiceTest, ResumeWithTheSameWorldSizeContinuesAfterTheCursor) {
+  v1::JobSpec spec = Spec("j", {7, 0, 1, 13, 5, 9}, 2, 2);  // T = 35, q = 17
+  spec.set_max_samples_per_lease(4);
+  ASSERT_OK(service_->CreateJob(spec));
+  SimTrainer a(*service_, "j", 0, "a"), b(*service_, "j", 1, "b");
+  ASSERT_EQ(a.Consume(6), 6);
+  ASSERT_EQ(b.Consume(9), 9);
+  const v1::Cursor cursor = MakeCursor("j", 0, 2, {6, 9});  // the checkpoint
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> before;
+  before.insert(before.end(), a.consumed.begin(), a.consumed.end());
+  before.insert(before.end(), b.consumed.begin(), b.consumed.end());
+  ASSERT_EQ(a.Consume(5), 5);  // seen by the model, then lost in the crash
+  ASSERT_EQ(b.Consume(3), 3);
+
+  SimTrainer a2(*service_, "j", 0, "a2", &cursor, "restart-1");
+  EXPECT_GT(a.sink->Count(v1::CoordinatorMessage::kRevoke), 0);
+  ASSERT_EQ(a2.Consume(2), 2);
+  // Rank 1 of the same restart repeats the cursor: a no-op, rank 0 keeps
+  // the two samples it consumed since.
+  SimTrainer b2(*service_, "j", 1, "b2", &cursor, "restart-1");
+  ASSERT_TRUE(a2.sink->finished == std::nullopt);
+  ASSERT_TRUE(b2.sink->finished == std::nullopt);
+  auto job = service_->GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().ranks(0).consumed(), 8);
+  EXPECT_EQ(job->status().ranks(1).consumed(), 9);
+
+  while (a2.Consume(1000) + b2.Consume(1000) > 0) {
+  }
+  ASSERT_FALSE(a2.begins.empty());
+  EXPECT_EQ(a2.begins[0].epoch(), 0);
+  EXPECT_EQ(a2.begins[0].samples_for_rank(), 17);
+  EXPECT_EQ(a2.begins[0].already_consumed(), 6);
+  ASSERT_FALSE(b2.begins.empty());
+  EXPECT_EQ(b2.begins[0].already_consumed(), 9);
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> epoch0, epoch1;
+  for (const auto* t : {&a2, &b2}) {
+    for (const auto& s : t->consumed) (std::get<0>(s) == 0 ? epoch0 : epoch1).push_back(s);
+  }
+  EXPECT_EQ(epoch0.size() + before.size(), 34u);
+  auto seen = Tally({before, epoch0});
+  EXPECT_EQ(seen.size(), 34u);  // 35 - 1 dropped, none twice
+  for (const auto& [s, n] : seen) EXPECT_EQ(n, 1);
+  EXPECT_EQ(epoch1.size(), 34u);
+  a2.Poll();
+  EXPECT_TRUE(a2.job_done);
+}
+
+// A cursor from the previous epoch moves the job back into it.
+TEST_F(CoordinatorServiceTest, ResumeIntoThePreviousEpoch) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {10, 10}, 2, 3)));  // q = 10
+  SimTrainer a(*service_, "j", 0, "a"), b(*service_, "j", 1, "b");
+  ASSERT_EQ(a.Consume(10), 10);
+  ASSERT_EQ(b.Consume(10), 10);
+  ASSERT_EQ(a.Consume(3), 3);  // epoch 1
+  const v1::Cursor cursor = MakeCursor("j", 0, 2, {4, 7});
+  SimTrainer a2(*service_, "j", 0, "a2", &cursor), b2(*service_, "j", 1, "b2", &cursor);
+  auto job = service_->GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().epoch(), 0);
+  EXPECT_EQ(job->status().consumed_in_epoch(), 11);
+  EXPECT_EQ(a2.Consume(6), 6);
+  EXPECT_EQ(b2.Consume(3), 3);
+  // The first 4 and 7 samples each rank consumed, then the rest once.
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> kept(a.consumed.begin(),
+                                                          a.consumed.begin() + 4);
+  kept.insert(kept.end(), b.consumed.begin(), b.consumed.begin() + 7);
+  auto seen = Tally({kept, a2.consumed, b2.consumed});
+  EXPECT_EQ(seen.size(), 20u);
+  for (const auto& [s, n] : seen) {
+    EXPECT_EQ(n, 1);
+    EXPECT_EQ(std::get<0>(s), 0);
+  }
+  EXPECT_EQ(a2.Consume(1), 1);
+  EXPECT_EQ(std::get<0>(a2.consumed.back()), 1);  // epoch 0 done, on to 1
+}
+
+// World size 4 -> 3 (a node lost): the new job resumes from the old job's
+// cursor and re-balances the epoch's unconsumed samples over 3 ranks; every
+// sample is still served at most once, and the next epoch is planned for 3.
+// The resume survives a coordinator restart (the journal replays it).
+TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
+  testing::TempDir dir;
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.journal_dir = dir.path();
+  v1::Job before;
+  {
+    auto created = CoordinatorService::Create(options);
+    ASSERT_OK(created);
+    CoordinatorService& service = **created;
+    v1::JobSpec four = Spec("four", {11, 3, 17, 8, 0, 12}, 4, 2);  // T = 51, q = 12
+    four.set_max_samples_per_lease(5);
+    ASSERT_OK(service.CreateJob(four));
+    std::vector<std::unique_ptr<SimTrainer>> old;
+    std::vector<std::tuple<int64_t, int32_t, int64_t>> kept;
+    const std::vector<int64_t> counts = {3, 12, 0, 7};
+    for (int r = 0; r < 4; ++r) {
+      old.push_back(std::make_unique<SimTrainer>(service, "four", r, "old" + std::to_string(r)));
+      ASSERT_EQ(old[r]->Consume(counts[r]), counts[r]);
+      kept.insert(kept.end(), old[r]->consumed.begin(), old[r]->consumed.end());
+      old[r]->Consume(2);  // after the checkpoint: served again below
+    }
+    v1::JobSpec three = four;
+    three.set_name("three");
+    three.set_world_size(3);
+    ASSERT_OK(service.CreateJob(three));
+    const v1::Cursor cursor = MakeCursor("four", 0, 4, counts);
+    std::vector<std::unique_ptr<SimTrainer>> fresh;
+    for (int r = 0; r < 3; ++r) {
+      fresh.push_back(
+          std::make_unique<SimTrainer>(service, "three", r, "new" + std::to_string(r), &cursor));
+    }
+    // 48 served by "four" in epoch 0, 22 consumed: 26 left -> 8 per rank.
+    for (auto& t : fresh) {
+      ASSERT_FALSE(t->begins.empty());
+      EXPECT_EQ(t->begins[0].epoch(), 0);
+      EXPECT_EQ(t->begins[0].samples_for_rank(), 8);
+      EXPECT_EQ(t->begins[0].already_consumed(), 0);
+      EXPECT_EQ(t->Consume(8), 8);
+    }
+    std::vector<std::tuple<int64_t, int32_t, int64_t>> after;
+    for (auto& t : fresh) after.insert(after.end(), t->consumed.begin(), t->consumed.end());
+    auto seen = Tally({kept, after});
+    EXPECT_EQ(seen.size(), 22u + 24u);
+    for (const auto& [s, n] : seen) EXPECT_EQ(n, 1);
+    // Epoch 1 of "three" is a normal world-size-3 epoch: 17 per rank.
+    EXPECT_EQ(fresh[0]->Consume(1), 1);
+    ASSERT_EQ(fresh[0]->begins.size(), 2u);
+    EXPECT_EQ(fresh[0]->begins[1].epoch(), 1);
+    EXPECT_EQ(fresh[0]->begins[1].samples_for_rank(), 17);
+    before = *service.GetJob("three", false);
+  }
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  v1::Job after = *(*service)->GetJob("three", false);
+  for (int r = 0; r < 3; ++r) before.mutable_status()->mutable_ranks(r)->clear_sessions();
+  EXPECT_EQ(after.status().DebugString(), before.status().DebugString());
+}
+
+TEST_F(CoordinatorServiceTest, BadCursorsGetTheDocumentedCodes) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {10, 10}, 2, 0)));
+  ASSERT_OK(service_->CreateJob(Spec("other", {10, 11}, 2, 0)));
+  SimTrainer a(*service_, "j", 0, "a");
+  ASSERT_EQ(a.Consume(3), 3);
+  auto try_cursor = [&](const v1::Cursor& c) {
+    SimTrainer t(*service_, "j", 1, "t", &c);
+    return t.sink->finished.value_or(absl::OkStatus());
+  };
+  EXPECT_THAT(try_cursor(MakeCursor("nope", 0, 2, {0, 0})),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("hello.cursor.job: job nope")));
+  EXPECT_THAT(try_cursor(MakeCursor("j", 0, 2, {3, -1})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("consumed_per_rank[1]=-1 is unknown")));
+  EXPECT_THAT(try_cursor(MakeCursor("j", 0, 2, {4, 0})),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("consumed_per_rank[0]=4 but rank 0 of job j acknowledged only 3")));
+  EXPECT_THAT(try_cursor(MakeCursor("j", 5, 2, {0, 0})),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("hello.cursor.epoch=5")));
+  EXPECT_THAT(try_cursor(MakeCursor("j", 0, 3, {0, 0, 0})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello.cursor.world_size=3")));
+  EXPECT_THAT(try_cursor(MakeCursor("other", 0, 2, {0, 0})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job other has a different manifest")));
+  // Nothing moved.
+  auto job = service_->GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().ranks(0).consumed(), 3);
+}
+
+TEST_F(CoordinatorServiceTest, SyncIsAnsweredAfterEarlierMessages) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {4}, 1, 1)));
+  SimTrainer a(*service_, "j", 0, "a");
+  ASSERT_EQ(a.Consume(2), 2);
+  v1::TrainerMessage sync;
+  sync.mutable_sync()->set_id(42);
+  service_->OnMessage(a.session, sync);
+  ASSERT_EQ(a.sink->Count(v1::CoordinatorMessage::kSynced), 1);
+  EXPECT_EQ(a.sink->inbox.back().synced().id(), 42u);
 }
 
 }  // namespace

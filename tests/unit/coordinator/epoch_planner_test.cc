@@ -2,6 +2,7 @@
 
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -160,6 +161,31 @@ TEST(PlanEpochTest, SameInputsGiveTheSamePlan) {
   for (int i = 0; i < 200; ++i) sizes.push_back(i % 13);
   EXPECT_EQ(PlanEpoch(sizes, options, 4).units, PlanEpoch(sizes, options, 4).units);
   EXPECT_NE(PlanEpoch(sizes, options, 4).units, PlanEpoch(sizes, options, 5).units);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// PlanSequence cuts explicit ranges (a resume's unconsumed samples) like
+// PlanEpoch cuts whole shards: in order, balanced, PAD wrapping around.
+TEST(PlanSequenceTest, CutsExplicitRangesInOrder) {
+  PlanOptions options;
+  options.world_size = 2;
+  options.remainder = RemainderPolicy::kPad;
+  options.max_samples_per_lease = 2;
+  const std::vector<SampleRange> ranges = {{3, 4, 7}, {0, 0, 0}, {1, 10, 12}};  // 5 samples
+  const EpochPlan plan = PlanSequence(ranges, options, 7);
+  EXPECT_EQ(plan.epoch, 7);
+  EXPECT_EQ(plan.samples_per_rank, 3);
+  EXPECT_EQ(plan.padded, 1);
+  std::vector<std::tuple<int32_t, int64_t, int64_t, int32_t>> units;
+  for (const PlannedUnit& u : plan.units) units.emplace_back(u.shard_index, u.begin, u.end, u.rank);
+  const std::vector<std::tuple<int32_t, int64_t, int64_t, int32_t>> want = {
+      {3, 4, 6, 0}, {3, 6, 7, 0}, {1, 10, 12, 1}, {3, 4, 5, 1}};
+  EXPECT_EQ(units, want);
 }
 
 }  // namespace
