@@ -152,6 +152,7 @@ class ReaderImpl final : public Reader {
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;
   bool resume_done_ ABSL_GUARDED_BY(mu_) = false;  // the cursor reached a Welcome
+  bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t synced_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sync_ = 0;
   // Consumer-side position (the thread calling Next()).
@@ -307,6 +308,7 @@ void ReaderImpl::RunSession() {
     {
       absl::MutexLock lock(&mu_);
       if (closing_) ctx.TryCancel();
+      stream_open_ = true;
     }
     TrainerMessage hello;
     hello.mutable_hello()->set_job(options_.job);
@@ -338,6 +340,11 @@ void ReaderImpl::RunSession() {
       absl::MutexLock lock(&write_mu_);
       stream_ = nullptr;
       session_ctx_ = nullptr;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      stream_open_ = false;
+      cv_.SignalAll();
     }
     absl::Status status = FromGrpcStatus(stream->Finish());
     absl::MutexLock lock(&mu_);
@@ -650,9 +657,19 @@ void ReaderImpl::Close() {
     }
     cv_.SignalAll();
   }
+  // Half-close and let the coordinator end the stream, so the reports just
+  // sent arrive (cancelling at once could drop them); cancel after a bound.
   {
     absl::MutexLock lock(&write_mu_);
     if (stream_ != nullptr) stream_->WritesDone();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time until = absl::Now() + absl::Seconds(2);
+    while (stream_open_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
     if (session_ctx_ != nullptr) session_ctx_->TryCancel();
   }
   if (session_thread_.joinable()) session_thread_.join();

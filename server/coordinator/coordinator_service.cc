@@ -545,7 +545,11 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
   s.hello = true;
   s.job = hello.job();
   s.rank = hello.rank();
-  s.trainer_id = hello.trainer_id().empty() ? absl::StrCat("session-", s.id) : hello.trainer_id();
+  // Leases follow the trainer within its job: the same trainer_id in
+  // another job (one process reading two jobs) is another holder.
+  s.trainer_id = absl::StrCat(
+      hello.job(), "/",
+      hello.trainer_id().empty() ? absl::StrCat("session-", s.id) : hello.trainer_id());
   // One live session per trainer: a reconnect replaces the old stream.
   auto [owner, inserted] = session_of_trainer_.emplace(s.trainer_id, s.id);
   if (!inserted && owner->second != s.id) {

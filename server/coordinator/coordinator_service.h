@@ -126,7 +126,7 @@ class CoordinatorService {
     bool hello = false;
     std::string job;
     int32_t rank = 0;
-    std::string trainer_id;
+    std::string trainer_id;  // "job/trainer_id": the holder of its leases
     int32_t credits = 0;
     int64_t announced_epoch = -1;
     std::string waiting;

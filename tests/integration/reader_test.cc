@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <thread>
@@ -30,6 +32,12 @@ using ::sluice::testing::TempDir;
 
 class ReaderTest : public ::testing::Test {
  protected:
+  void TearDown() override {
+    if (!HasFailure() || coordinator_.log_path.empty()) return;
+    std::ifstream log(coordinator_.log_path);
+    std::cerr << "--- coordinator log\n" << log.rdbuf() << "---\n";
+  }
+
   // `shards` shards of `per_shard` samples; a coordinator and `servers` data
   // servers registered with it.
   void StartCluster(int shards, int per_shard, int servers, size_t sample_bytes = 200) {
@@ -85,8 +93,13 @@ class ReaderTest : public ::testing::Test {
     ASSERT_TRUE(stub->CreateJob(&ctx, request, &job).ok());
   }
 
-  std::unique_ptr<Reader> MakeReader(const std::string& job, int rank, int buffer = 256) {
+  std::unique_ptr<Reader> MakeReader(const std::string& job, int rank, int buffer = 256,
+                                     const v1::Cursor* resume = nullptr) {
     ReaderOptions o;
+    if (resume != nullptr) {
+      o.resume_from = *resume;
+      o.resume_attempt = "restart-1";
+    }
     o.buffer_samples = buffer;
     o.stall_timeout = absl::Milliseconds(300);
     o.coordinator = coordinator_.grpc_address;
@@ -235,6 +248,74 @@ TEST_F(ReaderTest, CoordinatorKilledAndRestartedMidRead) {
   EXPECT_EQ(all.size(), 400u);
   for (auto& [k, c] : all) EXPECT_EQ(c, 1);
   EXPECT_GE(reader->stats().reconnects, 1);
+}
+
+// (d) of the coordinator issue: four ranks train, checkpoint a cursor
+// mid-epoch, consume some more and stop; the run restarts with three ranks
+// (a new job over the same data) from the checkpoint. The samples consumed
+// after the checkpoint are served again, the epoch's rest is re-balanced
+// over three ranks, and nothing is served twice (G7).
+TEST_F(ReaderTest, ResumeFromACursorWithWorldSizeFourThenThree) {
+  StartCluster(10, 30, 1);  // 300 samples: 75 per rank with 4 ranks
+  CreateJob("ws4", 4, 2);
+  const int64_t at_checkpoint[4] = {20, 35, 5, 50};
+  std::vector<v1::Cursor> cursors(4);
+  std::map<std::pair<int, int64_t>, int> before;  // consumed before the checkpoint
+  absl::Mutex mu;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back([&, r] {
+      auto reader = MakeReader("ws4", r);
+      int64_t n = 0;
+      while (n < at_checkpoint[r] + 10) {
+        auto e = reader->Next();
+        ASSERT_TRUE(e.ok()) << e.status();
+        if (e->kind != ReaderEvent::Kind::kSample) continue;
+        ASSERT_EQ(e->epoch, 0);
+        if (++n <= at_checkpoint[r]) {
+          absl::MutexLock lock(&mu);
+          ++before[{e->sample.shard_index, e->sample.index}];
+        }
+        if (n == at_checkpoint[r]) {
+          auto cursor = reader->Cursor();
+          ASSERT_TRUE(cursor.ok()) << cursor.status();
+          cursors[r] = *cursor;
+        }
+      }
+      reader->Close();  // the 10 samples after the checkpoint are lost with the run
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_EQ(cursors[1].consumed_per_rank(1), 35);
+  ASSERT_EQ(cursors[1].consumed_per_rank(0), -1);
+  auto merged = MergeCursors(cursors);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->ShortDebugString(),
+            "job: \"ws4\" world_size: 4 consumed_per_rank: 20 consumed_per_rank: 35 "
+            "consumed_per_rank: 5 consumed_per_rank: 50");
+
+  CreateJob("ws3", 3, 2);
+  Seen seen[3];
+  ranks.clear();
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] { seen[r] = ReadAll(*MakeReader("ws3", r, 256, &*merged)); });
+  }
+  for (auto& t : ranks) t.join();
+  // Epoch 0: 110 consumed before the checkpoint, 190 left -> 63 per rank
+  // (one dropped); epoch 1 is a normal epoch of 100 per rank.
+  std::map<std::pair<int, int64_t>, int> epoch0 = before;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(seen[r].status.ok()) << seen[r].status;
+    EXPECT_THAT(seen[r].events, ::testing::ElementsAre("begin0", "end0", "begin1", "end1", "done"));
+    int64_t n0 = 0, n1 = 0;
+    for (auto& [k, c] : seen[r].samples[0]) epoch0[k] += c, n0 += c;
+    for (auto& [k, c] : seen[r].samples[1]) n1 += c;
+    EXPECT_EQ(n0, 63) << "rank " << r;
+
+    EXPECT_EQ(n1, 100) << "rank " << r;
+  }
+  EXPECT_EQ(epoch0.size(), 299u);
+  for (auto& [k, c] : epoch0) EXPECT_EQ(c, 1) << k.first << "/" << k.second;
 }
 
 TEST_F(ReaderTest, UnknownJobIsAFinalError) {

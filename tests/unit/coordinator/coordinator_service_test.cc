@@ -664,3 +664,24 @@ TEST_F(CoordinatorServiceTest, SyncIsAnsweredAfterEarlierMessages) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// One process reading two jobs under one trainer_id: each job's leases stay
+// with that job's session (a Hello in job b must not re-announce job a's).
+TEST_F(CoordinatorServiceTest, ATrainerIdIsScopedToItsJob) {
+  ASSERT_OK(service_->CreateJob(Spec("a", {5}, 1, 1)));
+  ASSERT_OK(service_->CreateJob(Spec("b", {5}, 1, 1)));
+  SimTrainer in_a(*service_, "a", 0, "same-id");
+  ASSERT_EQ(in_a.held.size(), 1u);
+  SimTrainer in_b(*service_, "b", 0, "same-id");
+  ASSERT_EQ(in_b.held.size(), 1u);
+  EXPECT_EQ(in_b.held.front().job(), "b");
+  EXPECT_FALSE(in_a.sink->finished.has_value());  // not replaced by the other job's session
+  EXPECT_EQ(in_a.Consume(5), 5);
+  EXPECT_EQ(in_b.Consume(5), 5);
+}
+
+}  // namespace
+}  // namespace sluice
