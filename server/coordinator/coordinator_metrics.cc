@@ -28,6 +28,9 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       journal_bytes(GaugeFamily(r, "sluice_coordinator_journal_bytes",
                                 "Size of the journal file in bytes.")
                         .Add({})),
+      compactions(CounterFamily(r, "sluice_coordinator_journal_compactions_total",
+                                "Journal compactions (the journal replaced by one snapshot).")
+                      .Add({})),
       data_servers(GaugeFamily(r, "sluice_coordinator_data_servers",
                                "Data servers registered and heartbeating.")
                        .Add({})),

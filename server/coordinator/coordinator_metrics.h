@@ -31,6 +31,7 @@ class CoordinatorMetrics {
   prometheus::Gauge& live_leases;
   prometheus::Histogram& fsync_latency;
   prometheus::Gauge& journal_bytes;
+  prometheus::Counter& compactions;
   prometheus::Gauge& data_servers;
   // From the trainer message that made a grant possible (Want, Complete,
   // Release ...) to the durable Grant handed to the stream.

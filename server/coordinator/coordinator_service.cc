@@ -156,6 +156,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
             },
             std::move(observer)));
     service->recovered_records_ = journal->replayed_records();
+    // The next compaction waits until the journal has doubled.
+    service->last_snapshot_bytes_ = journal->bytes_written();
     service->journal_ = std::move(journal);
   }
   // Recovered leases get a fresh TTL (as etcd does): their holders may be
@@ -183,7 +185,34 @@ absl::Duration CoordinatorService::TtlLocked(const JobData& job) const {
 absl::Status CoordinatorService::CommitLocked(JournalRecord record, Effects& fx) {
   record.set_time_unix_ms(absl::ToUnixMillis(options_.clock->Now()));
   fx.ticket = journal_->Enqueue({record});
-  return state_.Apply(record);
+  RETURN_IF_ERROR(state_.Apply(record));
+  MaybeCompactLocked();
+  return absl::OkStatus();
+}
+
+void CoordinatorService::MaybeCompactLocked() {
+  const int64_t size = journal_->bytes_written();
+  if (options_.journal_compact_bytes <= 0 || size < options_.journal_compact_bytes ||
+      size < 2 * last_snapshot_bytes_) {
+    return;
+  }
+  const absl::Time start = absl::Now();
+  const JournalRecord snapshot = [&] {
+    JournalRecord r = state_.Snapshot();
+    r.set_time_unix_ms(absl::ToUnixMillis(options_.clock->Now()));
+    return r;
+  }();
+  absl::Status status = journal_->Compact(snapshot);
+  if (!status.ok()) {
+    // Not fatal: the journal keeps growing and compaction is retried later.
+    LogWarning("journal compaction failed (the journal is unchanged): %s", status.message());
+    last_snapshot_bytes_ = size;
+    return;
+  }
+  last_snapshot_bytes_ = journal_->bytes_written();
+  LogInfo("journal compacted: %d -> %d bytes in %s", size, last_snapshot_bytes_,
+          absl::FormatDuration(absl::Now() - start));
+  if (options_.metrics != nullptr) options_.metrics->compactions.Increment();
 }
 
 void CoordinatorService::Deliver(Effects& fx) {

@@ -54,6 +54,9 @@ struct CoordinatorOptions {
   absl::Duration default_lease_ttl = absl::Seconds(10);
   // Journal directory; empty = in memory (tests only).
   std::string journal_dir;
+  // Compact the journal into one snapshot once it is larger than this and
+  // than twice the last snapshot. 0 = never.
+  int64_t journal_compact_bytes = 64 << 20;
   CoordinatorMetrics* metrics = nullptr;  // optional
   // Secret for lease tokens (HMAC-SHA256, see server/common/lease_token.h),
   // shared with the data servers. Empty = leases carry no token.
@@ -149,6 +152,8 @@ class CoordinatorService {
   absl::Status CommitLocked(v1::internal::JournalRecord record, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver(Effects& fx);
+  // Replaces the journal with a snapshot of state_ when it has grown enough.
+  void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RebuildQueuesLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -179,6 +184,7 @@ class CoordinatorService {
   const CoordinatorOptions options_;
   std::unique_ptr<Journal> journal_;
   int64_t recovered_records_ = 0;
+  int64_t last_snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Mutex mu_;
   CoordinatorState state_ ABSL_GUARDED_BY(mu_);

@@ -61,6 +61,19 @@ PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec) {
 
 namespace {
 
+DurableLease LeaseFromRecord(const v1::internal::LeaseGranted& g) {
+  DurableLease lease;
+  lease.lease_id = g.lease_id();
+  lease.fence = g.fence();
+  lease.rank = g.rank();
+  lease.sequence = g.sequence();
+  lease.shard_index = g.shard_index();
+  lease.begin = g.begin();
+  lease.end = g.end();
+  lease.holder = g.holder();
+  return lease;
+}
+
 int64_t LogSize(const std::vector<AckedRange>& log) {
   int64_t n = 0;
   for (const AckedRange& r : log) n += r.end - r.begin;
@@ -86,9 +99,11 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   // Keep the finished epoch for cursors taken in it (only the latest one).
   job.history.clear();
   if (epoch == job.epoch + 1) {
-    job.history.push_back(EpochHistory{std::move(job.plan), std::move(job.ack_log), job.replanned});
+    job.history.push_back(EpochHistory{std::move(job.plan), std::move(job.ack_log),
+                                       job.replanned, std::move(job.replan_sequence)});
   }
   job.replanned = false;
+  job.replan_sequence.clear();
   job.ack_log.assign(std::max(job.options.world_size, 1), {});
   job.epoch = epoch;
   job.done = job.spec.num_epochs() > 0 && epoch >= job.spec.num_epochs();
@@ -132,15 +147,7 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
         return absl::FailedPreconditionError(
             absl::StrCat("grant of lease ", g.lease_id(), " for unknown job/epoch ", g.job()));
       }
-      DurableLease lease;
-      lease.lease_id = g.lease_id();
-      lease.fence = g.fence();
-      lease.rank = g.rank();
-      lease.sequence = g.sequence();
-      lease.shard_index = g.shard_index();
-      lease.begin = g.begin();
-      lease.end = g.end();
-      lease.holder = g.holder();
+      DurableLease lease = LeaseFromRecord(g);
       it->second.leases[lease.lease_id] = lease;
       it->second.next_fence = std::max(it->second.next_fence, g.fence() + 1);
       return absl::OkStatus();
@@ -191,7 +198,7 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
     case R::kJobResumed:
       return ApplyResume(record.job_resumed());
     case R::kSnapshot:
-      return absl::UnimplementedError("record type not supported by this version");
+      return ApplySnapshot(record.snapshot());
     case R::RECORD_NOT_SET:
       break;
   }
@@ -267,7 +274,9 @@ absl::Status CoordinatorState::ApplyResume(const v1::internal::JobResumed& resum
   const bool previous = c.epoch() != source.epoch;
   const EpochPlan& source_plan = previous ? source.history.front().plan : source.plan;
   const AckLog& source_log = previous ? source.history.front().ack_log : source.ack_log;
-  const bool source_replanned = previous ? source.history.front().replanned : source.replanned;
+  bool replanned = previous ? source.history.front().replanned : source.replanned;
+  std::vector<SampleRange> replan_sequence =
+      previous ? source.history.front().replan_sequence : source.replan_sequence;
   AckLog kept(source_log.size());
   std::map<int64_t, IntervalSet> consumed;  // sequence -> samples
   for (size_t r = 0; r < source_log.size(); ++r) {
@@ -294,13 +303,16 @@ absl::Status CoordinatorState::ApplyResume(const v1::internal::JobResumed& resum
       }
     }
     plan = PlanSequence(remaining, target.options, c.epoch());
+    replanned = true;
+    replan_sequence = std::move(remaining);
     kept.assign(plan.num_ranks, {});
     consumed.clear();
   }
   target.history.clear();
   target.epoch = c.epoch();
   target.done = false;
-  target.replanned = &source != &target || source_replanned;
+  target.replanned = replanned;
+  target.replan_sequence = std::move(replan_sequence);
   target.plan = std::move(plan);
   target.leases.clear();
   target.acked = std::move(consumed);
@@ -312,6 +324,127 @@ absl::Status CoordinatorState::ApplyResume(const v1::internal::JobResumed& resum
   }
   target.ack_log = std::move(kept);
   target.last_resume = resume;
+  return absl::OkStatus();
+}
+
+namespace {
+
+void RangesToProto(const std::vector<AckedRange>& in, v1::internal::RankAckLog* out) {
+  for (const AckedRange& a : in) {
+    auto* r = out->add_ranges();
+    r->set_sequence(a.sequence);
+    r->set_shard_index(a.shard_index);
+    r->set_begin(a.begin);
+    r->set_end(a.end);
+  }
+}
+
+void EpochToProto(int64_t epoch, bool replanned, const std::vector<SampleRange>& sequence,
+                  const AckLog& log, v1::internal::EpochSnapshot* out) {
+  out->set_epoch(epoch);
+  out->set_replanned(replanned);
+  for (const SampleRange& r : sequence) {
+    auto* p = out->add_replan_sequence();
+    p->set_shard_index(r.shard_index);
+    p->set_begin(r.begin);
+    p->set_end(r.end);
+  }
+  for (const auto& rank : log) RangesToProto(rank, out->add_ack_log());
+}
+
+// The plan and log of one epoch from its snapshot.
+void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job, EpochPlan* plan,
+                    AckLog* log, bool* replanned, std::vector<SampleRange>* sequence) {
+  *replanned = in.replanned();
+  sequence->clear();
+  for (const auto& r : in.replan_sequence()) {
+    sequence->push_back(SampleRange{r.shard_index(), r.begin(), r.end()});
+  }
+  *plan = in.replanned() ? PlanSequence(*sequence, job.options, in.epoch())
+                         : PlanEpoch(job.shard_samples, job.options, in.epoch());
+  log->assign(plan->num_ranks, {});
+  for (int r = 0; r < in.ack_log_size() && r < plan->num_ranks; ++r) {
+    for (const auto& a : in.ack_log(r).ranges()) {
+      (*log)[r].push_back(AckedRange{a.sequence(), a.shard_index(), a.begin(), a.end()});
+    }
+  }
+}
+
+}  // namespace
+
+v1::internal::JournalRecord CoordinatorState::Snapshot() const {
+  v1::internal::JournalRecord record;
+  v1::internal::Snapshot* snap = record.mutable_snapshot();
+  for (const auto& [name, job] : jobs_) {
+    v1::internal::JobSnapshot* j = snap->add_jobs();
+    *j->mutable_spec() = job.spec;
+    j->set_create_time_unix_ms(job.create_time_unix_ms);
+    j->set_done(job.done);
+    j->set_next_fence(job.next_fence);
+    EpochToProto(job.epoch, job.replanned, job.replan_sequence, job.ack_log, j->mutable_current());
+    if (!job.history.empty()) {
+      const EpochHistory& h = job.history.front();
+      EpochToProto(h.plan.epoch, h.replanned, h.replan_sequence, h.ack_log, j->mutable_previous());
+    }
+    for (const auto& [id, l] : job.leases) {
+      v1::internal::LeaseSnapshot* ls = j->add_leases();
+      v1::internal::LeaseGranted* g = ls->mutable_granted();
+      g->set_job(name);
+      g->set_epoch(job.epoch);
+      g->set_rank(l.rank);
+      g->set_sequence(l.sequence);
+      g->set_shard_index(l.shard_index);
+      g->set_begin(l.begin);
+      g->set_end(l.end);
+      g->set_fence(l.fence);
+      g->set_lease_id(l.lease_id);
+      g->set_holder(l.holder);
+      ls->set_acked(l.acked);
+    }
+    if (job.last_resume.has_value()) *j->mutable_last_resume() = *job.last_resume;
+  }
+  for (const auto& [key, finished] : once_finished_) *snap->add_once() = finished;
+  return record;
+}
+
+absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap) {
+  jobs_.clear();
+  once_finished_.clear();
+  for (const v1::internal::JobSnapshot& j : snap.jobs()) {
+    JobData job;
+    job.spec = j.spec();
+    for (const v1::Shard& s : job.spec.manifest().shards()) job.shard_samples.push_back(s.num_samples());
+    job.options = PlanOptionsFromSpec(job.spec);
+    job.create_time_unix_ms = j.create_time_unix_ms();
+    job.epoch = j.current().epoch();
+    job.done = j.done();
+    job.next_fence = j.next_fence();
+    EpochFromProto(j.current(), job, &job.plan, &job.ack_log, &job.replanned,
+                   &job.replan_sequence);
+    if (j.has_previous()) {
+      EpochHistory h;
+      EpochFromProto(j.previous(), job, &h.plan, &h.ack_log, &h.replanned, &h.replan_sequence);
+      job.history.push_back(std::move(h));
+    }
+    // Acknowledged samples and counts follow from the log.
+    job.consumed_per_rank.assign(job.plan.num_ranks, 0);
+    for (size_t r = 0; r < job.ack_log.size(); ++r) {
+      for (const AckedRange& a : job.ack_log[r]) {
+        job.acked[a.sequence].Add(a.begin, a.end);
+        job.consumed_per_rank[r] += a.end - a.begin;
+        job.consumed_total += a.end - a.begin;
+      }
+    }
+    for (const v1::internal::LeaseSnapshot& ls : j.leases()) {
+      const v1::internal::LeaseGranted& g = ls.granted();
+      DurableLease lease = LeaseFromRecord(g);
+      lease.acked = ls.acked();
+      job.leases[lease.lease_id] = lease;
+    }
+    if (j.has_last_resume()) job.last_resume = j.last_resume();
+    jobs_[job.spec.name()] = std::move(job);
+  }
+  for (const auto& f : snap.once()) once_finished_[absl::StrCat(f.scope(), "/", f.name())] = f;
   return absl::OkStatus();
 }
 

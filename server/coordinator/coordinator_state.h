@@ -66,6 +66,7 @@ struct EpochHistory {
   EpochPlan plan;
   AckLog ack_log;
   bool replanned = false;
+  std::vector<SampleRange> replan_sequence;
 };
 
 // A range of unassigned samples of one planned unit.
@@ -93,8 +94,10 @@ struct JobData {
   std::map<std::string, DurableLease> leases;
   AckLog ack_log;  // of `epoch`
   std::vector<EpochHistory> history;  // the epoch before `epoch`, if kept
-  // The plan of `epoch` came from a resume with re-balancing, not PlanEpoch.
+  // The plan of `epoch` came from a resume with re-balancing, not PlanEpoch:
+  // PlanSequence(replan_sequence).
   bool replanned = false;
+  std::vector<SampleRange> replan_sequence;
   // The last cursor applied (a Hello repeating it is a no-op).
   std::optional<v1::internal::JobResumed> last_resume;
 
@@ -120,6 +123,8 @@ class CoordinatorState {
   // has the same manifest, seed and shuffle. INVALID_ARGUMENT or
   // FAILED_PRECONDITION naming the field otherwise.
   absl::Status CheckResume(const v1::internal::JobResumed& resume) const;
+  // The whole state as one record; Apply(snapshot) on any state rebuilds it.
+  v1::internal::JournalRecord Snapshot() const;
   // A finished Once step ("scope/name"), if journaled.
   const v1::internal::OnceFinished* FindOnceFinished(const std::string& scope,
                                                      const std::string& name) const;
@@ -127,6 +132,7 @@ class CoordinatorState {
  private:
   static void StartEpoch(JobData& job, int64_t epoch);
   absl::Status ApplyResume(const v1::internal::JobResumed& resume);
+  absl::Status ApplySnapshot(const v1::internal::Snapshot& snapshot);
   std::map<std::string, JobData> jobs_;
   std::map<std::string, v1::internal::OnceFinished> once_finished_;  // "scope/name"
 };

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
     return absl::InvalidArgumentError(absl::StrCat("journal path ", dir, " is not a directory"));
   }
   const std::string path = dir + "/journal.log";
+  unlink((path + ".compact").c_str());  // an interrupted compaction
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot open journal", path);
   std::unique_ptr<FileJournal> journal(new FileJournal(fd, path, std::move(on_fsync)));
@@ -137,14 +138,16 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
 
 FileJournal::~FileJournal() { close(fd_); }
 
+void FileJournal::Frame(const JournalRecord& record, std::string* out) {
+  const std::string payload = record.SerializeAsString();
+  PutU32(out, static_cast<uint32_t>(payload.size()));
+  PutU32(out, Crc(payload.data(), payload.size()));
+  *out += payload;
+}
+
 uint64_t FileJournal::Enqueue(const std::vector<JournalRecord>& records) {
   std::string framed;
-  for (const JournalRecord& record : records) {
-    const std::string payload = record.SerializeAsString();
-    PutU32(&framed, static_cast<uint32_t>(payload.size()));
-    PutU32(&framed, Crc(payload.data(), payload.size()));
-    framed += payload;
-  }
+  for (const JournalRecord& record : records) Frame(record, &framed);
   absl::MutexLock lock(&mu_);
   pending_ += framed;
   return ++queued_seq_;
@@ -196,6 +199,48 @@ absl::Status FileJournal::WaitDurable(uint64_t my_seq) {
   return write_status_;
 }
 
+absl::Status FileJournal::Compact(const JournalRecord& snapshot) {
+  std::string framed;
+  Frame(snapshot, &framed);
+  const std::string tmp = path_ + ".compact";
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](bool* writing) { return !*writing; }, &writing_));
+  if (!write_status_.ok()) return write_status_;
+  const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create compacted journal", tmp);
+  size_t done = 0;
+  absl::Status status;
+  while (status.ok() && done < framed.size()) {
+    const ssize_t n = write(fd, framed.data() + done, framed.size() - done);
+    if (n < 0 && errno != EINTR) status = Errno("cannot write compacted journal", tmp);
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  if (status.ok() && fsync(fd) != 0) status = Errno("cannot fsync compacted journal", tmp);
+  if (status.ok() && rename(tmp.c_str(), path_.c_str()) != 0) {
+    status = Errno("cannot rename compacted journal over", path_);
+  }
+  if (!status.ok()) {
+    close(fd);
+    unlink(tmp.c_str());
+    return status;  // the old journal stays as it was
+  }
+  // The rename is durable once the directory is.
+  const std::string dir = path_.substr(0, path_.rfind('/'));
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    fsync(dir_fd);
+    close(dir_fd);
+  }
+  close(fd_);
+  fd_ = fd;
+  // Records queued but not written are contained in the snapshot.
+  pending_.clear();
+  synced_seq_ = queued_seq_;
+  bytes_written_ = static_cast<int64_t>(framed.size());
+  return absl::OkStatus();
+}
+
 int64_t FileJournal::bytes_written() const {
   absl::MutexLock lock(&mu_);
   return bytes_written_;
@@ -213,6 +258,13 @@ uint64_t MemoryJournal::Enqueue(const std::vector<JournalRecord>& records) {
 int64_t MemoryJournal::bytes_written() const {
   absl::MutexLock lock(&mu_);
   return bytes_;
+}
+
+absl::Status MemoryJournal::Compact(const JournalRecord& snapshot) {
+  absl::MutexLock lock(&mu_);
+  records_ = {snapshot};
+  bytes_ = static_cast<int64_t>(snapshot.ByteSizeLong());
+  return absl::OkStatus();
 }
 
 std::vector<JournalRecord> MemoryJournal::records() const {

@@ -38,14 +38,20 @@ class Journal {
   absl::Status Append(const std::vector<JournalRecord>& records) {
     return WaitDurable(Enqueue(records));
   }
-  // Bytes written since open (for metrics).
+  // Size of the journal in bytes (for metrics and compaction).
   virtual int64_t bytes_written() const = 0;
+  // Replaces the whole journal with `snapshot` (a Snapshot record holding
+  // the state after every record enqueued so far, which it supersedes):
+  // written to a temp file, fsync'd, renamed over the journal. The caller
+  // must not Enqueue concurrently. On error the journal is unchanged.
+  virtual absl::Status Compact(const JournalRecord& snapshot) = 0;
 };
 
 // Observes each fsync's duration in seconds (for a metrics histogram).
 using FsyncObserver = std::function<void(double seconds)>;
 
-// File layout: `<dir>/journal.log`, a sequence of frames
+// File layout: `<dir>/journal.log`, a sequence of frames (after a
+// compaction the first is a Snapshot)
 //   [u32 little-endian payload length][u32 little-endian CRC-32 of payload]
 //   [payload: serialized JournalRecord]
 class FileJournal final : public Journal {
@@ -64,6 +70,7 @@ class FileJournal final : public Journal {
   uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
   absl::Status WaitDurable(uint64_t ticket) override;
   int64_t bytes_written() const override;
+  absl::Status Compact(const JournalRecord& snapshot) override;
 
   // Records replayed at Open.
   int64_t replayed_records() const { return replayed_; }
@@ -74,7 +81,9 @@ class FileJournal final : public Journal {
   FileJournal(int fd, std::string path, FsyncObserver on_fsync)
       : fd_(fd), path_(std::move(path)), on_fsync_(std::move(on_fsync)) {}
 
-  const int fd_;
+  static void Frame(const JournalRecord& record, std::string* out);
+
+  int fd_;  // replaced only by Compact, while no write is in progress
   const std::string path_;
   const FsyncObserver on_fsync_;
   int64_t replayed_ = 0;
@@ -95,6 +104,7 @@ class MemoryJournal final : public Journal {
   uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
   absl::Status WaitDurable(uint64_t) override { return absl::OkStatus(); }
   int64_t bytes_written() const override;
+  absl::Status Compact(const JournalRecord& snapshot) override;
   std::vector<JournalRecord> records() const;
 
  private:

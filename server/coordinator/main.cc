@@ -18,6 +18,9 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "How often trainers heartbeat (sent to them in Welcome).");
 ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
           "Lease TTL for jobs that do not set lease_ttl_ms.");
+ABSL_FLAG(int64_t, journal_compact_bytes, 64 << 20,
+          "Compact the journal into one snapshot record when it grows past this many bytes "
+          "(and past twice the last snapshot).");
 ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the data servers "
           "(HMAC-SHA256 over each lease). Empty = leases carry no token.");
@@ -33,6 +36,7 @@ class CoordinatorServices : public sluice::ServiceSet {
     sluice::CoordinatorOptions options;
     options.journal_dir = absl::GetFlag(FLAGS_journal_dir);
     options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+    options.journal_compact_bytes = absl::GetFlag(FLAGS_journal_compact_bytes);
     options.default_lease_ttl = absl::GetFlag(FLAGS_default_lease_ttl);
     options.metrics = services->metrics_.get();
     ASSIGN_OR_RETURN(options.lease_secret,

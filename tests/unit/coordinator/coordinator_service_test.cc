@@ -1,5 +1,7 @@
 #include "server/coordinator/coordinator_service.h"
 
+#include <sys/stat.h>
+
 #include <deque>
 #include <map>
 #include <set>
@@ -681,6 +683,73 @@ TEST_F(CoordinatorServiceTest, ATrainerIdIsScopedToItsJob) {
   EXPECT_FALSE(in_a.sink->finished.has_value());  // not replaced by the other job's session
   EXPECT_EQ(in_a.Consume(5), 5);
   EXPECT_EQ(in_b.Consume(5), 5);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// With a tiny compaction threshold the journal is replaced by snapshots
+// again and again during three epochs, a resume and live leases; it stays
+// small, starts with a Snapshot, and a restart rebuilds the same state
+// (leases, counts, the kept previous epoch, the resume) as the live server.
+TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
+  testing::TempDir dir;
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.journal_dir = dir.path();
+  options.journal_compact_bytes = 4096;
+  std::string before;
+  std::set<std::string> held;
+  {
+    auto created = CoordinatorService::Create(options);
+    ASSERT_OK(created);
+    CoordinatorService& service = **created;
+    v1::JobSpec spec = Spec("j", {40, 25, 35}, 2, 4);  // q = 50
+    spec.set_max_samples_per_lease(7);
+    ASSERT_OK(service.CreateJob(spec));
+    SimTrainer a(service, "j", 0, "a"), b(service, "j", 1, "b");
+    ASSERT_EQ(a.Consume(50), 50);
+    ASSERT_EQ(b.Consume(50), 50);
+    ASSERT_EQ(a.Consume(31), 31);  // epoch 1
+    ASSERT_EQ(b.Consume(12), 12);
+    // Resume into epoch 0, then consume into epoch 1 again.
+    const v1::Cursor cursor = MakeCursor("j", 0, 2, {44, 9});
+    SimTrainer a2(service, "j", 0, "a2", &cursor), b2(service, "j", 1, "b2", &cursor);
+    ASSERT_EQ(b2.Consume(41), 41);
+    ASSERT_EQ(a2.Consume(6 + 20), 26);
+    ASSERT_EQ(b2.Consume(3), 3);
+    for (const v1::Lease& l : a2.held) held.insert(l.lease_id());
+    for (const v1::Lease& l : b2.held) held.insert(l.lease_id());
+    before = service.GetJob("j", false)->status().DebugString();
+  }
+  struct stat st;
+  ASSERT_EQ(stat((dir.path() + "/journal.log").c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 3 * 4096);
+  auto reopened = CoordinatorService::Create(options);
+  ASSERT_OK(reopened);
+  v1::Job after = *(*reopened)->GetJob("j", false);
+  for (auto& r : *after.mutable_status()->mutable_ranks()) r.set_sessions(1);  // as before
+  EXPECT_EQ(after.status().DebugString(), before);
+  EXPECT_EQ(after.status().epoch(), 1);
+  EXPECT_EQ(after.status().ranks(0).consumed(), 20);
+  EXPECT_EQ(after.status().ranks(1).consumed(), 3);
+  // The same cursor again with the same attempt is still a no-op, and the
+  // previous epoch is still there for a new attempt.
+  const v1::Cursor cursor = MakeCursor("j", 0, 2, {44, 9});
+  SimTrainer again(**reopened, "j", 0, "a2", &cursor);
+  EXPECT_FALSE(again.sink->finished.has_value());
+  EXPECT_EQ((*reopened)->GetJob("j", false)->status().epoch(), 1);
+  // Leases held at the restart come back to their holder.
+  std::set<std::string> regranted;
+  for (const v1::Lease& l : again.held) regranted.insert(l.lease_id());
+  for (const std::string& id : regranted) EXPECT_EQ(held.count(id), 1u) << id;
+  SimTrainer retry(**reopened, "j", 1, "b3", &cursor, "restart-2");
+  EXPECT_FALSE(retry.sink->finished.has_value());
+  EXPECT_EQ((*reopened)->GetJob("j", false)->status().epoch(), 0);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sluice {
@@ -173,6 +174,36 @@ TEST(FileJournalTest, ReplayErrorStopsStartup) {
     return absl::FailedPreconditionError("job a unknown");
   });
   EXPECT_THAT(j, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job a unknown")));
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Compact replaces everything enqueued so far (written or not) with the
+// snapshot; later appends follow it; a leftover temp file of an
+// interrupted compaction is removed at open.
+TEST(FileJournalTest, CompactReplacesTheJournalWithTheSnapshot) {
+  TempDir dir;
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK(j);
+    ASSERT_OK((*j)->Append({Deleted("a", 1), Deleted("b", 2)}));
+    const uint64_t queued = (*j)->Enqueue({Deleted("c", 3)});
+    ASSERT_OK((*j)->Compact(Deleted("snapshot", 4)));
+    ASSERT_OK((*j)->WaitDurable(queued));  // contained in the snapshot
+    ASSERT_OK((*j)->Append({Deleted("d", 5)}));
+    EXPECT_EQ((*j)->bytes_written(), FileSize(dir.path() + "/journal.log"));
+  }
+  testing::WriteFile(dir.path() + "/journal.log.compact", "half a snapshot");
+  std::vector<std::string> seen;
+  auto j = OpenCollect(dir.path(), &seen);
+  ASSERT_OK(j);
+  EXPECT_EQ(seen, (std::vector<std::string>{"snapshot", "d"}));
+  EXPECT_NE(access((dir.path() + "/journal.log.compact").c_str(), F_OK), 0);
 }
 
 }  // namespace
