@@ -411,21 +411,46 @@ uint64_t Mix64(uint64_t z) {
 
 int64_t CoordinatorService::RegisterDataServer(const std::string& address,
                                                int32_t capacity) {
-  absl::MutexLock lock(&mu_);
-  const int64_t id = next_data_server_id_++;
-  DataServerEntry& e = data_servers_[id];
-  e.address = address;
-  e.capacity = capacity > 0 ? capacity : 1;
-  e.last_seen = options_.clock->Now();
-  UpdateDataServerMetricLocked();
+  Effects fx;
+  int64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    const bool none_live = !AnyLiveDataServerLocked();
+    id = next_data_server_id_++;
+    DataServerEntry& e = data_servers_[id];
+    e.address = address;
+    e.capacity = capacity > 0 ? capacity : 1;
+    e.last_seen = options_.clock->Now();
+    UpdateDataServerMetricLocked();
+    if (none_live) PumpAllLocked(fx);  // units waiting for a data server
+  }
+  Deliver(fx);
   return id;
 }
 
+bool CoordinatorService::AnyLiveDataServerLocked() {
+  const absl::Time now = options_.clock->Now();
+  for (const auto& [id, e] : data_servers_) {
+    if (now - e.last_seen <= data_server_timeout()) return true;
+  }
+  return false;
+}
+
+void CoordinatorService::PumpAllLocked(Effects& fx) {
+  for (const auto& [name, job] : state_.jobs()) PumpLocked(name, fx);
+}
+
 void CoordinatorService::DataServerHeartbeat(int64_t id) {
-  absl::MutexLock lock(&mu_);
-  auto it = data_servers_.find(id);
-  if (it != data_servers_.end()) it->second.last_seen = options_.clock->Now();
-  UpdateDataServerMetricLocked();
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    const bool none_live = !AnyLiveDataServerLocked();
+    auto it = data_servers_.find(id);
+    if (it != data_servers_.end()) it->second.last_seen = options_.clock->Now();
+    UpdateDataServerMetricLocked();
+    if (none_live && AnyLiveDataServerLocked()) PumpAllLocked(fx);
+  }
+  Deliver(fx);
 }
 
 void CoordinatorService::UnregisterDataServer(int64_t id) {
@@ -874,7 +899,12 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx) {
     if (job->done) continue;
     int32_t held = static_cast<int32_t>(leases_.HeldBy(s.trainer_id).size());
     std::string why_not;
-    while (held < s.credits && GrantOneLocked(s, *job, rt, fx, &why_not)) ++held;
+    if (options_.wait_for_data_servers && !AnyLiveDataServerLocked()) {
+      // A grant must name a server to read from: the units wait.
+      why_not = "no live data server: units wait until one registers with the coordinator";
+    } else {
+      while (held < s.credits && GrantOneLocked(s, *job, rt, fx, &why_not)) ++held;
+    }
     if (held < s.credits && !why_not.empty() && why_not != s.waiting) {
       s.waiting = why_not;
       CoordinatorMessage waiting;

@@ -58,6 +58,10 @@ struct CoordinatorOptions {
   // than twice the last snapshot. 0 = never.
   int64_t journal_compact_bytes = 64 << 20;
   CoordinatorMetrics* metrics = nullptr;  // optional
+  // Grants wait (Waiting{reason} on the stream) while no data server is
+  // live, instead of naming none. Off only for tests of the lease logic
+  // with scripted trainers that read nothing.
+  bool wait_for_data_servers = true;
   // Secret for lease tokens (HMAC-SHA256, see server/common/lease_token.h),
   // shared with the data servers. Empty = leases carry no token.
   std::string lease_secret;
@@ -121,6 +125,7 @@ class CoordinatorService {
   };
   std::string PickDataServerLocked(const std::string& shard_url)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyLiveDataServerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateDataServerMetricLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Session {
@@ -158,6 +163,7 @@ class CoordinatorService {
   std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PumpLocked(const std::string& job, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PumpAllLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt, Effects& fx,
                       std::string* why_not) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLeaseLocked(const std::string& job, const std::string& lease_id,

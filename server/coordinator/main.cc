@@ -21,6 +21,9 @@ ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
 ABSL_FLAG(int64_t, journal_compact_bytes, 64 << 20,
           "Compact the journal into one snapshot record when it grows past this many bytes "
           "(and past twice the last snapshot).");
+ABSL_FLAG(bool, wait_for_data_servers, true,
+          "Hold grants back while no data server is registered and live (trainers are told "
+          "why). Turn off only for tests with scripted trainers that read nothing.");
 ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the data servers "
           "(HMAC-SHA256 over each lease). Empty = leases carry no token.");
@@ -37,6 +40,7 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.journal_dir = absl::GetFlag(FLAGS_journal_dir);
     options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
     options.journal_compact_bytes = absl::GetFlag(FLAGS_journal_compact_bytes);
+    options.wait_for_data_servers = absl::GetFlag(FLAGS_wait_for_data_servers);
     options.default_lease_ttl = absl::GetFlag(FLAGS_default_lease_ttl);
     options.metrics = services->metrics_.get();
     ASSIGN_OR_RETURN(options.lease_secret,

@@ -17,6 +17,10 @@
 namespace sluice {
 namespace {
 
+// These tests drive scripted trainers that read nothing: grants need not
+// wait for a data server.
+const char kNoDataServers[] = "--wait_for_data_servers=false";
+
 using ::sluice::testing::ServerProcess;
 using ::sluice::testing::TempDir;
 using ::testing::HasSubstr;
@@ -131,7 +135,7 @@ RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job, int32_
 // exactly once per epoch, equal counts per rank.
 TEST(CoordinatorIntegrationTest, EightRanksThreeEpochsExactlyOnceAndBalanced) {
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path());
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   v1::CreateJobRequest req;
@@ -173,7 +177,7 @@ TEST(CoordinatorIntegrationTest, EightRanksThreeEpochsExactlyOnceAndBalanced) {
 // to the survivor, and the epoch still covers every sample once.
 TEST(CoordinatorIntegrationTest, CutSessionsLeasesGoToTheSurvivor) {
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path());
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   v1::CreateJobRequest req;
@@ -202,7 +206,7 @@ TEST(CoordinatorIntegrationTest, CutSessionsLeasesGoToTheSurvivor) {
 TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
   TempDir dir;
   const std::string journal = "--journal_dir=" + dir.File("journal");
-  auto first = ServerProcess::Start("sluice-coordinator", dir.path(), {journal});
+  auto first = ServerProcess::Start("sluice-coordinator", dir.path(), {journal, kNoDataServers});
   ASSERT_TRUE(first.ok()) << first.status();
   {
     auto stub = Connect(first->grpc_address);
@@ -221,7 +225,7 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
   first->process.Signal(SIGKILL);
   ASSERT_TRUE(first->process.WaitForExit(absl::Seconds(10)).ok());
 
-  auto second = ServerProcess::Start("sluice-coordinator", dir.path(), {journal});
+  auto second = ServerProcess::Start("sluice-coordinator", dir.path(), {journal, kNoDataServers});
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_THAT(testing::ReadWholeFile(second->log_path).value_or(""), HasSubstr("recovered"));
   auto stub = Connect(second->grpc_address);
@@ -253,7 +257,7 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
 
 TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path());
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   {

@@ -96,6 +96,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   void SetUp() override {
     CoordinatorOptions options;
     options.clock = &clock_;
+    options.wait_for_data_servers = false;  // scripted trainers read nothing
     auto service = CoordinatorService::Create(options);
     ASSERT_OK(service);
     service_ = std::move(*service);
@@ -279,6 +280,7 @@ TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
   FakeClock clock;
   CoordinatorOptions options;
   options.clock = &clock;
+  options.wait_for_data_servers = false;
   options.journal_dir = dir.path();
   v1::Job before;
   std::string held_lease;
@@ -568,6 +570,7 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
   FakeClock clock;
   CoordinatorOptions options;
   options.clock = &clock;
+  options.wait_for_data_servers = false;
   options.journal_dir = dir.path();
   v1::Job before;
   {
@@ -700,6 +703,7 @@ TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
   FakeClock clock;
   CoordinatorOptions options;
   options.clock = &clock;
+  options.wait_for_data_servers = false;
   options.journal_dir = dir.path();
   options.journal_compact_bytes = 4096;
   std::string before;
@@ -750,6 +754,51 @@ TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
   SimTrainer retry(**reopened, "j", 1, "b3", &cursor, "restart-2");
   EXPECT_FALSE(retry.sink->finished.has_value());
   EXPECT_EQ((*reopened)->GetJob("j", false)->status().epoch(), 0);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// With no live data server, units wait and the stream says why; the first
+// server to register gets them.
+TEST(CoordinatorDataServerTest, UnitsWaitForALiveDataServer) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  ASSERT_OK(service.CreateJob(Spec("j", {5, 5}, 1, 1)));
+  SimTrainer t(service, "j", 0, "t");
+  EXPECT_TRUE(t.held.empty());
+  ASSERT_EQ(t.sink->Count(v1::CoordinatorMessage::kWaiting), 0);  // Poll cleared the inbox
+  service.OnMessage(t.session, Want(3));  // ask again: still nothing to read from
+  ASSERT_TRUE(t.sink->inbox.empty());     // the reason was already given once
+  service.RegisterDataServer("10.0.0.1:7071", 1);
+  t.Poll();
+  ASSERT_EQ(t.held.size(), 2u);
+  for (const v1::Lease& l : t.held) EXPECT_EQ(l.data_server(), "10.0.0.1:7071");
+}
+
+TEST(CoordinatorDataServerTest, TheWaitingReasonNamesTheMissingDataServer) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  ASSERT_OK((*created)->CreateJob(Spec("j", {5}, 1, 1)));
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = (*created)->OpenSession(sink);
+  (*created)->OnMessage(id, Hello("j", 0, "t"));
+  (*created)->OnMessage(id, Want(1));
+  ASSERT_EQ(sink->Count(v1::CoordinatorMessage::kWaiting), 1);
+  for (const auto& m : sink->inbox) {
+    if (m.has_waiting()) EXPECT_THAT(m.waiting().reason(), HasSubstr("no live data server"));
+  }
+  EXPECT_EQ(sink->Count(v1::CoordinatorMessage::kGrant), 0);
 }
 
 }  // namespace
