@@ -75,6 +75,8 @@ bench: build
 	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded --resize=224
 	./$(BUILD_DIR)/bin/reader_bench
 	./$(BUILD_DIR)/bin/reader_bench --decode
+	./$(BUILD_DIR)/bin/coordinator_bench --mode=leases
+	./$(BUILD_DIR)/bin/coordinator_bench --mode=plan
 
 asan: deps
 	cmake --preset asan -G Ninja && cmake --build build-asan -j $(JOBS) && \

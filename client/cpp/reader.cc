@@ -48,7 +48,14 @@ class ReaderImpl final : public Reader {
     }
     if (options_.units_in_flight < 1) options_.units_in_flight = 1;
     if (options_.buffer_samples < 1) options_.buffer_samples = 1;
-    coordinator_ = v1::Coordinator::NewStub(grpc::CreateChannel(options_.coordinator, Creds()));
+    // gRPC's own reconnect backoff (up to 120 s) must not outlast a lease
+    // TTL: a restarted coordinator keeps our leases only that long.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    channel_ = grpc::CreateCustomChannel(options_.coordinator, Creds(), args);
+    coordinator_ = v1::Coordinator::NewStub(channel_);
   }
 
   ~ReaderImpl() override { Close(); }
@@ -101,6 +108,18 @@ class ReaderImpl final : public Reader {
     if (stream_ == nullptr) return false;
     return stream_->Write(m);
   }
+  // Sends Sync{id} with the next id; ids go out in increasing order, so a
+  // Synced{n} confirms every Sync below n too. Returns 0 if not sent.
+  uint64_t SendSync() {
+    absl::MutexLock lock(&write_mu_);
+    if (stream_ == nullptr) return 0;
+    TrainerMessage sync;
+    {
+      absl::MutexLock state(&mu_);
+      sync.mutable_sync()->set_id(++next_sync_);
+    }
+    return stream_->Write(sync) ? sync.sync().id() : 0;
+  }
 
   void RunSession();
   void Handle(const CoordinatorMessage& m);
@@ -108,7 +127,9 @@ class ReaderImpl final : public Reader {
   void RunMaintenance();
   // Sends final reports, and Progress for units with new deliveries when
   // `progress` is set.
-  void FlushReports(bool progress);
+  // `force`: a Progress for every live unit, even without new deliveries
+  // (after a reconnect, so the coordinator confirms or rejects each lease).
+  void FlushReports(bool progress, bool force = false);
   void DropLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     u.dropped = true;
     u.buffer.clear();
@@ -125,6 +146,13 @@ class ReaderImpl final : public Reader {
     retired_.push_back(it->second);
     units_.erase(it);
   }
+  // Disconnected for over half a lease TTL, or reconnected after that and
+  // not yet revalidated.
+  bool MayHaveLostLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (revalidating_) return true;
+    return disconnected_at_ != absl::InfinitePast() &&
+           absl::Now() - disconnected_at_ > lease_ttl_ / 2;
+  }
   bool SleepUnlessClosing(absl::Duration d) {
     absl::MutexLock lock(&mu_);
     absl::Time until = absl::Now() + d;
@@ -133,13 +161,22 @@ class ReaderImpl final : public Reader {
   }
 
   ReaderOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Unit>> units_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, TrainerMessage> finals_ ABSL_GUARDED_BY(mu_);
+  // Final reports (Complete / Reroute / Release) sent but not yet known to
+  // be durable at the coordinator: re-sent after every reconnect, dropped
+  // once a Synced{id > stamp} arrives (the Sync went out after them).
+  struct Final {
+    TrainerMessage message;
+    int64_t order = 0;
+    uint64_t stamp = 0;
+  };
+  std::map<std::string, Final> finals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Unit>> retired_ ABSL_GUARDED_BY(mu_);  // fetchers to join
   std::map<std::string, std::shared_ptr<v1::DataServer::Stub>> data_stubs_ ABSL_GUARDED_BY(mu_);
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
@@ -154,7 +191,14 @@ class ReaderImpl final : public Reader {
   bool resume_done_ ABSL_GUARDED_BY(mu_) = false;  // the cursor reached a Welcome
   bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t synced_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_sync_ = 0;
+  uint64_t next_sync_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
+  // When the session stream broke (InfinitePast while connected).
+  absl::Time disconnected_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // After a long disconnection, samples wait until the coordinator has
+  // confirmed (or rejected) every held lease: Synced{revalidate_id_}.
+  bool revalidating_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t revalidate_id_ ABSL_GUARDED_BY(mu_) = 0;
   // Consumer-side position (the thread calling Next()).
   int64_t position_epoch_ = -1;
   int64_t position_consumed_ = 0;
@@ -199,6 +243,12 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
         if (u.dropped) {
           ++stats_.dropped_units;
           entries_.pop_front();
+          continue;
+        }
+        if (!u.buffer.empty() && MayHaveLostLeasesLocked()) {
+          // Our leases may have expired at the coordinator (and been
+          // granted to others): deliver nothing until it confirms them.
+          cv_.WaitWithDeadline(&mu_, absl::Now() + absl::Milliseconds(50));
           continue;
         }
         if (!u.buffer.empty()) {
@@ -253,7 +303,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
   }
 }
 
-void ReaderImpl::FlushReports(bool progress) {
+void ReaderImpl::FlushReports(bool progress, bool force) {
   absl::MutexLock flush_lock(&flush_mu_);
   std::vector<std::pair<std::shared_ptr<Unit>, TrainerMessage>> out;
   {
@@ -261,7 +311,7 @@ void ReaderImpl::FlushReports(bool progress) {
     for (auto& [id, u] : units_) {
       if (u->final_report.has_value()) {
         out.emplace_back(u, *u->final_report);
-      } else if (progress && !u->dropped && u->delivered > u->reported) {
+      } else if (progress && !u->dropped && (u->delivered > u->reported || force)) {
         TrainerMessage m;
         m.mutable_progress()->set_lease_id(u->lease.lease_id());
         m.mutable_progress()->set_fence(u->lease.fence());
@@ -280,7 +330,7 @@ void ReaderImpl::FlushReports(bool progress) {
     if (m.has_progress()) {
       u->reported = std::max(u->reported, m.progress().consumed());
     } else {
-      finals_[u->lease.lease_id()] = m;
+      finals_[u->lease.lease_id()] = Final{m, u->order, next_sync_};
       units_.erase(u->lease.lease_id());
       if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
       retired_.push_back(u);
@@ -297,6 +347,22 @@ void ReaderImpl::RunSession() {
     {
       absl::MutexLock lock(&mu_);
       if (closing_ || job_done_) return;
+    }
+    // Connect first (polling the connection up to once per retry period,
+    // the channel's backoff capped as above), then open the stream.
+    if (!channel_->WaitForConnected(
+            absl::ToChronoTime(absl::Now() + std::min(backoff * 5, absl::Seconds(1))))) {
+      absl::MutexLock lock(&mu_);
+      if (closing_ || job_done_) return;
+      if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
+        fatal_ = absl::UnavailableError(
+            absl::StrCat("coordinator ", options_.coordinator, " unreachable for ",
+                         absl::FormatDuration(options_.reconnect_timeout)));
+        cv_.SignalAll();
+        return;
+      }
+      backoff = std::min({backoff * 2, absl::Seconds(5), lease_ttl_ / 4});
+      continue;
     }
     grpc::ClientContext ctx;
     auto stream = coordinator_->Session(&ctx);
@@ -331,7 +397,30 @@ void ReaderImpl::RunSession() {
         if (m.has_welcome() && !welcomed) {
           welcomed = true;
           backoff = absl::Milliseconds(100);
-          FlushReports(true);  // re-send what a broken stream may have lost
+          Handle(m);
+          // Re-send what a broken stream may have lost, and have every held
+          // lease confirmed: a lease the coordinator no longer knows is
+          // Rejected (before the Synced), and its rest is never delivered.
+          // Finals the old coordinator may never have made durable first,
+          // in delivery order; then every live unit's position.
+          std::vector<Final> finals;
+          {
+            absl::MutexLock lock(&mu_);
+            for (const auto& [id, f] : finals_) finals.push_back(f);
+          }
+          std::sort(finals.begin(), finals.end(),
+                    [](const Final& a, const Final& b) { return a.order < b.order; });
+          for (const Final& f : finals) Send(f.message);
+          FlushReports(true, /*force=*/true);
+          const uint64_t id = SendSync();
+          {
+            absl::MutexLock lock(&mu_);
+            revalidating_ = id != 0 && disconnected_at_ != absl::InfinitePast() &&
+                            absl::Now() - disconnected_at_ > lease_ttl_ / 2;
+            revalidate_id_ = id;
+            if (id != 0) disconnected_at_ = absl::InfinitePast();
+          }
+          continue;
         }
         Handle(m);
       }
@@ -344,6 +433,7 @@ void ReaderImpl::RunSession() {
     {
       absl::MutexLock lock(&mu_);
       stream_open_ = false;
+      if (disconnected_at_ == absl::InfinitePast()) disconnected_at_ = absl::Now();
       cv_.SignalAll();
     }
     absl::Status status = FromGrpcStatus(stream->Finish());
@@ -368,7 +458,9 @@ void ReaderImpl::RunSession() {
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
     absl::Time until = absl::Now() + backoff * jitter(rng);
     while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
-    backoff = std::min(backoff * 2, absl::Seconds(5));
+    // Retry well within a lease TTL: a restarted coordinator gives the
+    // leases a fresh TTL and keeps them only if we are back before it ends.
+    backoff = std::min({backoff * 2, absl::Seconds(5), lease_ttl_ / 4});
   }
 }
 
@@ -382,10 +474,17 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
           heartbeat_interval_ = absl::Milliseconds(m.welcome().heartbeat_interval_ms());
         }
         world_size_ = m.welcome().world_size();
+        if (m.welcome().lease_ttl_ms() > 0) {
+          lease_ttl_ = absl::Milliseconds(m.welcome().lease_ttl_ms());
+        }
         resume_done_ = true;
         break;
       case CoordinatorMessage::kSynced:
         synced_ = std::max(synced_, m.synced().id());
+        if (synced_ >= revalidate_id_) revalidating_ = false;
+        for (auto it = finals_.begin(); it != finals_.end();) {
+          it = it->second.stamp < synced_ ? finals_.erase(it) : std::next(it);
+        }
         break;
       case CoordinatorMessage::kEpochBegin:
         if (m.epoch_begin().epoch() > last_epoch_begin_) {
@@ -410,7 +509,7 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         const v1::Lease& lease = m.grant().lease();
         auto final = finals_.find(lease.lease_id());
         if (final != finals_.end()) {
-          resend = final->second;  // re-announced after a reconnect
+          resend = final->second.message;  // re-announced after a reconnect
           break;
         }
         if (units_.count(lease.lease_id()) > 0 || closing_) break;
@@ -620,9 +719,19 @@ void ReaderImpl::RunMaintenance() {
       if (u->fetcher.joinable()) u->fetcher.join();
     }
     if (absl::Now() - last_heartbeat >= heartbeat) {
-      TrainerMessage beat;
-      beat.mutable_heartbeat();
-      if (Send(beat)) last_heartbeat = absl::Now();
+      bool unconfirmed;
+      {
+        absl::MutexLock lock(&mu_);
+        unconfirmed = !finals_.empty();
+      }
+      // A Sync renews like a heartbeat and lets confirmed finals go.
+      if (unconfirmed) {
+        if (SendSync() != 0) last_heartbeat = absl::Now();
+      } else {
+        TrainerMessage beat;
+        beat.mutable_heartbeat();
+        if (Send(beat)) last_heartbeat = absl::Now();
+      }
     }
     FlushReports(true);
   }
@@ -702,16 +811,14 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
   const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
   while (true) {
     FlushReports(true);
-    const uint64_t id = ++next_sync_;
-    TrainerMessage sync;
-    sync.mutable_sync()->set_id(id);
-    const bool sent = Send(sync);
+    const uint64_t id = SendSync();
+    const bool sent = id != 0;
     absl::MutexLock lock(&mu_);
     const absl::Time retry = std::min(deadline, absl::Now() + absl::Seconds(1));
     while (sent && synced_ < id && fatal_.ok() && !closing_ && absl::Now() < retry) {
       cv_.WaitWithDeadline(&mu_, retry);
     }
-    if (synced_ >= id) return cursor;
+    if (sent && synced_ >= id) return cursor;
     if (!fatal_.ok()) return fatal_;
     if (closing_) return absl::CancelledError("reader closed");
     if (absl::Now() >= deadline) {

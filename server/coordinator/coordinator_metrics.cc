@@ -57,4 +57,14 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       resumes_(CounterFamily(r, "sluice_coordinator_resumes_total",
                              "Job positions moved to a trainer's resume cursor.")) {}
 
+const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(const std::string& job) {
+  auto it = jobs_.find(job);
+  if (it != jobs_.end()) return it->second;
+  const prometheus::Labels labels = {{"job", job}};
+  Job series{&granted_.Add(labels),     &completed_.Add(labels),   &expired_.Add(labels),
+             &released_.Add(labels),    &resumes_.Add(labels),     &epoch_total_.Add(labels),
+             &epoch_done_.Add(labels),  &epoch_.Add(labels)};
+  return jobs_.emplace(job, series).first->second;
+}
+
 }  // namespace sluice

@@ -4,6 +4,7 @@
 #ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 #define SLUICE_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 
+#include <map>
 #include <string>
 
 #include <prometheus/counter.h>
@@ -17,14 +18,20 @@ class CoordinatorMetrics {
  public:
   explicit CoordinatorMetrics(prometheus::Registry& registry);
 
-  prometheus::Counter& LeasesGranted(const std::string& job) { return granted_.Add({{"job", job}}); }
-  prometheus::Counter& LeasesCompleted(const std::string& job) { return completed_.Add({{"job", job}}); }
-  prometheus::Counter& LeasesExpired(const std::string& job) { return expired_.Add({{"job", job}}); }
-  prometheus::Counter& LeasesReleased(const std::string& job) { return released_.Add({{"job", job}}); }
-  prometheus::Gauge& EpochSamplesTotal(const std::string& job) { return epoch_total_.Add({{"job", job}}); }
-  prometheus::Gauge& EpochSamplesCompleted(const std::string& job) { return epoch_done_.Add({{"job", job}}); }
-  prometheus::Gauge& Epoch(const std::string& job) { return epoch_.Add({{"job", job}}); }
-  prometheus::Counter& Resumes(const std::string& job) { return resumes_.Add({{"job", job}}); }
+  // The per-job series, looked up once per job (Family::Add builds and
+  // hashes a label map: too slow for every lease operation).
+  struct Job {
+    prometheus::Counter* granted;
+    prometheus::Counter* completed;
+    prometheus::Counter* expired;
+    prometheus::Counter* released;
+    prometheus::Counter* resumes;
+    prometheus::Gauge* epoch_samples;
+    prometheus::Gauge* epoch_completed;
+    prometheus::Gauge* epoch;
+  };
+  // Not thread-safe: the coordinator calls it under its mutex.
+  const Job& ForJob(const std::string& job);
 
   prometheus::Gauge& jobs;
   prometheus::Gauge& sessions;
@@ -46,6 +53,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& epoch_done_;
   prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Counter>& resumes_;
+  std::map<std::string, Job> jobs_;
 };
 
 }  // namespace sluice

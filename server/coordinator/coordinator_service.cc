@@ -9,6 +9,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "server/common/lease_token.h"
 #include "absl/strings/str_cat.h"
@@ -92,7 +93,10 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in) {
   }
   const auto& shards = spec.manifest().shards();
   if (shards.empty()) return Invalid("spec.manifest", "empty dataset (no shards)");
-  std::map<std::string, int> seen;
+  // Views into the spec's own strings: a million-shard manifest must not be
+  // copied again just to find duplicates.
+  absl::flat_hash_map<absl::string_view, int> seen;
+  seen.reserve(static_cast<size_t>(shards.size()));
   int64_t total = 0;
   for (int i = 0; i < shards.size(); ++i) {
     const v1::Shard& s = shards[i];
@@ -174,6 +178,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
             service->recovered_records_, service->state_.jobs().size(), service->leases_.size());
   }
   service->UpdateGaugesLocked();
+  service->flusher_ = std::thread([svc = service.get()] { svc->RunFlusher(); });
   return service;
 }
 
@@ -184,8 +189,8 @@ absl::Duration CoordinatorService::TtlLocked(const JobData& job) const {
 
 absl::Status CoordinatorService::CommitLocked(JournalRecord record, Effects& fx) {
   record.set_time_unix_ms(absl::ToUnixMillis(options_.clock->Now()));
-  fx.ticket = journal_->Enqueue({record});
-  RETURN_IF_ERROR(state_.Apply(record));
+  fx.ticket = journal_->Enqueue(record);
+  RETURN_IF_ERROR(state_.Apply(std::move(record)));
   MaybeCompactLocked();
   return absl::OkStatus();
 }
@@ -215,21 +220,30 @@ void CoordinatorService::MaybeCompactLocked() {
   if (options_.metrics != nullptr) options_.metrics->compactions.Increment();
 }
 
-void CoordinatorService::Deliver(Effects& fx) {
-  if (fx.ticket != 0) {
-    absl::Status durable = journal_->WaitDurable(fx.ticket);
-    if (!durable.ok()) {
-      // Nothing that depends on a lost write may reach a trainer.
-      LogError("journal write failed: %s", durable.message());
-      std::set<SessionSink*> done;
-      for (auto& [sink, msg] : fx.sends) {
-        if (done.insert(sink.get()).second) {
-          sink->Finish(absl::UnavailableError(
-              absl::StrCat("coordinator journal failed: ", durable.message())));
-        }
+void CoordinatorService::SubmitLocked(Effects& fx) {
+  // Messages that depend on nothing new still wait for everything journaled
+  // before them (e.g. Synced after the Progress records it confirms).
+  const bool journaled = fx.ticket != 0;
+  if (!journaled) fx.ticket = journal_->LastTicket();
+  // Records with nothing to send still go through the flusher, so they are
+  // written within one group commit rather than whenever the next reply is.
+  if (fx.sends.empty() && fx.finishes.empty() && !journaled) return;
+  absl::MutexLock lock(&out_mu_);
+  outbox_.push_back(std::move(fx));
+  out_cv_.Signal();
+}
+
+void CoordinatorService::SendEffects(Effects& fx, const absl::Status& durable) {
+  if (!durable.ok()) {
+    // Nothing that depends on a lost write may reach a trainer.
+    std::set<SessionSink*> done;
+    for (auto& [sink, msg] : fx.sends) {
+      if (done.insert(sink.get()).second) {
+        sink->Finish(absl::UnavailableError(
+            absl::StrCat("coordinator journal failed: ", durable.message())));
       }
-      return;
     }
+    return;
   }
   int grants = 0;
   for (auto& [sink, msg] : fx.sends) {
@@ -241,8 +255,84 @@ void CoordinatorService::Deliver(Effects& fx) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - fx.started);
     for (int i = 0; i < grants; ++i) options_.metrics->grant_latency.Observe(seconds);
   }
+}
+
+void CoordinatorService::DeliverReady() {
+  absl::MutexLock lock(&out_mu_);
+  if (delivering_) return;  // whoever delivers also takes what we queued
+  delivering_ = true;
+  while (!outbox_.empty() && journal_->IsDurable(outbox_.front().ticket)) {
+    Effects fx = std::move(outbox_.front());
+    outbox_.pop_front();
+    out_mu_.Unlock();
+    SendEffects(fx, absl::OkStatus());
+    out_mu_.Lock();
+  }
+  delivering_ = false;
+  out_cv_.SignalAll();  // the flusher (entries still waiting) and Flush()
   if (options_.metrics != nullptr) {
     options_.metrics->journal_bytes.Set(static_cast<double>(journal_->bytes_written()));
+  }
+}
+
+void CoordinatorService::RunFlusher() {
+  absl::MutexLock lock(&out_mu_);
+  while (true) {
+    auto work = [this] {
+      out_mu_.AssertHeld();
+      return stopping_ || (!delivering_ && !outbox_.empty() &&
+                           !journal_->IsDurable(outbox_.front().ticket));
+    };
+    out_mu_.Await(absl::Condition(&work));
+    if (stopping_) return;
+    // Group commit: one write + fsync for everything queued so far; the
+    // messages that depend on it go out in the order they were queued.
+    uint64_t target = 0;
+    for (const Effects& fx : outbox_) target = std::max(target, fx.ticket);
+    delivering_ = true;
+    out_mu_.Unlock();
+    const absl::Status durable = journal_->WaitDurable(target);
+    if (!durable.ok()) LogError("journal write failed: %s", durable.message());
+    out_mu_.Lock();
+    while (!outbox_.empty() && (!durable.ok() || outbox_.front().ticket <= target)) {
+      Effects fx = std::move(outbox_.front());
+      outbox_.pop_front();
+      out_mu_.Unlock();
+      SendEffects(fx, durable);
+      out_mu_.Lock();
+    }
+    delivering_ = false;
+    out_cv_.SignalAll();
+    if (options_.metrics != nullptr) {
+      options_.metrics->journal_bytes.Set(static_cast<double>(journal_->bytes_written()));
+    }
+  }
+}
+
+void CoordinatorService::Flush() {
+  DeliverReady();
+  absl::MutexLock lock(&out_mu_);
+  auto idle = [this] {
+    out_mu_.AssertHeld();
+    return outbox_.empty() && !delivering_;
+  };
+  out_mu_.Await(absl::Condition(&idle));
+}
+
+CoordinatorService::~CoordinatorService() {
+  {
+    absl::MutexLock lock(&out_mu_);
+    stopping_ = true;
+  }
+  if (flusher_.joinable()) flusher_.join();
+  // Whatever is left goes out once durable.
+  absl::MutexLock lock(&out_mu_);
+  while (!outbox_.empty()) {
+    Effects fx = std::move(outbox_.front());
+    outbox_.pop_front();
+    out_mu_.Unlock();
+    SendEffects(fx, journal_->WaitDurable(fx.ticket));
+    out_mu_.Lock();
   }
 }
 
@@ -269,6 +359,7 @@ std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job, JobRun
 absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(request));
   Effects fx;
+  uint64_t ticket = 0;
   v1::Job result;
   {
     absl::MutexLock lock(&mu_);
@@ -279,16 +370,23 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request
       }
       return JobToProtoLocked(*existing, false);
     }
+    const std::string name = spec.name();
     JournalRecord record;
-    *record.mutable_job_created()->mutable_spec() = spec;
+    *record.mutable_job_created()->mutable_spec() = std::move(spec);  // moved, not copied
     RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
-    RebuildQueuesLocked(spec.name());
-    result = JobToProtoLocked(*state_.FindJob(spec.name()), false);
+    RebuildQueuesLocked(name);
+    result = JobToProtoLocked(*state_.FindJob(name), false);
     UpdateGaugesLocked();
+    ticket = fx.ticket;
+    SubmitLocked(fx);
   }
-  Deliver(fx);
-  LogInfo("created job %s: %d shards, %d samples/epoch, world_size %d", spec.name(),
-          spec.manifest().shards_size(), result.status().samples_per_epoch(), spec.world_size());
+  // The reply depends on the record: it waits until the record is durable.
+  absl::Status durable = journal_->WaitDurable(ticket);
+  DeliverReady();
+  RETURN_IF_ERROR(durable);
+  LogInfo("created job %s: %d shards, %d samples/epoch, world_size %d", result.spec().name(),
+          result.status().num_shards(), result.status().samples_per_epoch(),
+          result.spec().world_size());
   return result;
 }
 
@@ -309,6 +407,7 @@ std::vector<v1::Job> CoordinatorService::ListJobs() {
 
 absl::Status CoordinatorService::DeleteJob(const std::string& name) {
   Effects fx;
+  uint64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
     const JobData* job = state_.FindJob(name);
@@ -324,15 +423,29 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
       }
     }
     UpdateGaugesLocked();
+    ticket = fx.ticket;
+    SubmitLocked(fx);
   }
-  Deliver(fx);
+  absl::Status durable = journal_->WaitDurable(ticket);
+  DeliverReady();
+  RETURN_IF_ERROR(durable);
   return absl::OkStatus();
 }
 
 v1::Job CoordinatorService::JobToProtoLocked(const JobData& job, bool include_manifest) {
   v1::Job out;
-  *out.mutable_spec() = job.spec;
-  if (!include_manifest) out.mutable_spec()->clear_manifest();
+  if (include_manifest) {
+    *out.mutable_spec() = job.spec;
+  } else {
+    // Copy everything but the (possibly million-shard) manifest: move it
+    // aside for the copy (O(1) swaps; state_ is ours under mu_).
+    v1::JobSpec& spec = const_cast<v1::JobSpec&>(job.spec);
+    v1::Manifest manifest;
+    spec.mutable_manifest()->Swap(&manifest);
+    *out.mutable_spec() = spec;
+    out.mutable_spec()->clear_manifest();
+    spec.mutable_manifest()->Swap(&manifest);
+  }
   out.set_create_time_unix_ms(job.create_time_unix_ms);
   v1::JobStatus* st = out.mutable_status();
   const absl::Time now = options_.clock->Now();
@@ -423,8 +536,9 @@ int64_t CoordinatorService::RegisterDataServer(const std::string& address,
     e.last_seen = options_.clock->Now();
     UpdateDataServerMetricLocked();
     if (none_live) PumpAllLocked(fx);  // units waiting for a data server
+    SubmitLocked(fx);
   }
-  Deliver(fx);
+  DeliverReady();
   return id;
 }
 
@@ -449,8 +563,9 @@ void CoordinatorService::DataServerHeartbeat(int64_t id) {
     if (it != data_servers_.end()) it->second.last_seen = options_.clock->Now();
     UpdateDataServerMetricLocked();
     if (none_live && AnyLiveDataServerLocked()) PumpAllLocked(fx);
+    SubmitLocked(fx);
   }
-  Deliver(fx);
+  DeliverReady();
 }
 
 void CoordinatorService::UnregisterDataServer(int64_t id) {
@@ -477,7 +592,7 @@ absl::Status CoordinatorService::PersistOnceFinished(const v1::internal::OnceFin
     *record.mutable_once_finished() = finished;
     RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
   }
-  return journal_->WaitDurable(fx.ticket);
+  return journal_->WaitDurable(fx.ticket);  // nothing to send
 }
 
 std::optional<v1::internal::OnceFinished> CoordinatorService::FindOnceFinished(
@@ -570,8 +685,9 @@ void CoordinatorService::OnMessage(int64_t session_id, const v1::TrainerMessage&
       if (!status.ok()) FinishSessionLocked(s, status, fx);
     }
     UpdateGaugesLocked();
+    SubmitLocked(fx);
   }
-  Deliver(fx);
+  DeliverReady();
 }
 
 void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, Effects& fx) {
@@ -681,7 +797,7 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& f
   for (int64_t n : job->consumed_per_rank) absl::StrAppend(&counts, counts.empty() ? "" : ",", n);
   LogInfo("%s: now epoch %d, consumed per rank [%s] of %d, world_size %d", why, job->epoch, counts,
           job->plan.samples_per_rank, job->spec.world_size());
-  if (options_.metrics != nullptr) options_.metrics->Resumes(hello.job()).Increment();
+  if (options_.metrics != nullptr) options_.metrics->ForJob(hello.job()).resumes->Increment();
   MaybeAdvanceEpochLocked(hello.job(), fx);
   return absl::OkStatus();
 }
@@ -694,7 +810,7 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
         return absl::InvalidArgumentError("want.credits must be >= 0");
       }
       s.credits = m.want().credits();
-      PumpLocked(s.job, fx);
+      PumpLocked(s.job, fx, &s);
       return absl::OkStatus();
     case v1::TrainerMessage::kHeartbeat:
       return absl::OkStatus();  // the renewal above is all it does
@@ -760,7 +876,7 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
       }
       if (complete) {
         leases_.Remove(lease_id).IgnoreError();
-        if (options_.metrics) options_.metrics->LeasesCompleted(lease.job).Increment();
+        if (options_.metrics) options_.metrics->ForJob(lease.job).completed->Increment();
       } else if (m.has_release() || m.has_reroute()) {
         if (m.has_reroute() && !m.reroute().failed_data_server().empty()) {
           for (auto& [id, e] : data_servers_) {
@@ -771,8 +887,10 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
         }
         EndLeaseLocked(lease.job, lease_id, m.has_release() ? "released" : "rerouted", fx);
       }
-      MaybeAdvanceEpochLocked(s.job, fx);
-      PumpLocked(s.job, fx);
+      // Only a new epoch or returned work concerns the other sessions; a
+      // Complete or Progress frees (at most) this session's credit.
+      const bool advanced = MaybeAdvanceEpochLocked(s.job, fx);
+      PumpLocked(s.job, fx, advanced || m.has_release() || m.has_reroute() ? nullptr : &s);
       return absl::OkStatus();
     }
     default:
@@ -798,21 +916,21 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name, const std::
     QueueForLocked(*job, runtime_[job_name], lease->rank).push_front(piece);
   }
   if (options_.metrics) {
-    (reason == "expired" ? options_.metrics->LeasesExpired(job_name)
-                         : options_.metrics->LeasesReleased(job_name))
-        .Increment();
+    const CoordinatorMetrics::Job& m = options_.metrics->ForJob(job_name);
+    (reason == "expired" ? m.expired : m.released)->Increment();
   }
 }
 
-void CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name, Effects& fx) {
+bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name, Effects& fx) {
   const JobData* job = state_.FindJob(name);
-  if (job == nullptr || job->done || !job->epoch_complete()) return;
+  if (job == nullptr || job->done || !job->epoch_complete()) return false;
   JournalRecord record;
   record.mutable_epoch_advanced()->set_job(name);
   record.mutable_epoch_advanced()->set_epoch(job->epoch + 1);
-  if (!CommitLocked(std::move(record), fx).ok()) return;
+  if (!CommitLocked(std::move(record), fx).ok()) return false;
   RebuildQueuesLocked(name);
   LogInfo("job %s: epoch %d complete", name, job->epoch - 1);
+  return true;
 }
 
 bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt,
@@ -866,15 +984,17 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
   CoordinatorMessage grant;
   *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*leases_.Find(lease_id), job);
   fx.sends.emplace_back(s.sink, grant);
-  if (options_.metrics) options_.metrics->LeasesGranted(job.spec.name()).Increment();
+  if (options_.metrics) options_.metrics->ForJob(job.spec.name()).granted->Increment();
   return true;
 }
 
-void CoordinatorService::PumpLocked(const std::string& name, Effects& fx) {
+void CoordinatorService::PumpLocked(const std::string& name, Effects& fx, Session* only) {
   const JobData* job = state_.FindJob(name);
   if (job == nullptr) return;
   JobRuntime& rt = runtime_[name];
-  for (auto& [id, s] : sessions_) {
+  for (auto it = only != nullptr ? sessions_.find(only->id) : sessions_.begin();
+       it != sessions_.end(); only != nullptr ? it = sessions_.end() : ++it) {
+    Session& s = it->second;
     if (!s.hello || s.finished || s.job != name) continue;
     if (s.announced_epoch != job->epoch) {
       if (s.announced_epoch >= 0) {
@@ -935,8 +1055,9 @@ int CoordinatorService::ExpireLeases() {
     }
     for (const std::string& job : jobs) PumpLocked(job, fx);
     UpdateGaugesLocked();
+    SubmitLocked(fx);
   }
-  Deliver(fx);
+  DeliverReady();
   return expired;
 }
 
@@ -952,8 +1073,9 @@ void CoordinatorService::Drain() {
     for (auto& [id, s] : sessions_) {
       FinishSessionLocked(s, absl::UnavailableError("coordinator is shutting down; reconnect"), fx);
     }
+    SubmitLocked(fx);
   }
-  Deliver(fx);
+  DeliverReady();
 }
 
 void CoordinatorService::UpdateGaugesLocked() {
@@ -963,9 +1085,10 @@ void CoordinatorService::UpdateGaugesLocked() {
   m->sessions.Set(static_cast<double>(sessions_.size()));
   m->live_leases.Set(static_cast<double>(leases_.size()));
   for (const auto& [name, job] : state_.jobs()) {
-    m->EpochSamplesTotal(name).Set(static_cast<double>(job.served_per_epoch()));
-    m->EpochSamplesCompleted(name).Set(static_cast<double>(job.consumed_total));
-    m->Epoch(name).Set(static_cast<double>(job.epoch));
+    const CoordinatorMetrics::Job& series = m->ForJob(name);
+    series.epoch_samples->Set(static_cast<double>(job.served_per_epoch()));
+    series.epoch_completed->Set(static_cast<double>(job.consumed_total));
+    series.epoch->Set(static_cast<double>(job.epoch));
   }
 }
 

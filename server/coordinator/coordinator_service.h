@@ -23,6 +23,7 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -73,6 +74,7 @@ class CoordinatorService {
   // lease a fresh TTL.
   static absl::StatusOr<std::unique_ptr<CoordinatorService>> Create(
       const CoordinatorOptions& options);
+  ~CoordinatorService();
 
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> GetJob(const std::string& name, bool include_manifest);
@@ -115,6 +117,10 @@ class CoordinatorService {
 
   int64_t recovered_records() const { return recovered_records_; }
 
+  // Waits until every message the service has decided to send was handed to
+  // its sink (tests; messages wait for the journal records they depend on).
+  void Flush();
+
  private:
   struct DataServerEntry {
     std::string address;
@@ -156,20 +162,32 @@ class CoordinatorService {
   // Journals and applies one record (under mu_).
   absl::Status CommitLocked(v1::internal::JournalRecord record, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Deliver(Effects& fx);
+  // Effects leave in the order they were decided: SubmitLocked queues them
+  // under mu_; once the journal has made their records durable they go to
+  // the sinks, from the submitting thread when already durable
+  // (DeliverReady), otherwise from the flusher thread after its group
+  // commit. No gRPC thread ever blocks on an fsync.
+  void SubmitLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeliverReady() ABSL_LOCKS_EXCLUDED(mu_, out_mu_);
+  void SendEffects(Effects& fx, const absl::Status& durable);
+  void RunFlusher();
   // Replaces the journal with a snapshot of state_ when it has grown enough.
   void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RebuildQueuesLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PumpLocked(const std::string& job, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Announces epochs and grants up to each session's credits; `only`
+  // restricts it to one session (when nothing changed for the others).
+  void PumpLocked(const std::string& job, Effects& fx, Session* only = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PumpAllLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt, Effects& fx,
                       std::string* why_not) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLeaseLocked(const std::string& job, const std::string& lease_id,
                       const std::string& reason, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeAdvanceEpochLocked(const std::string& job, Effects& fx)
+  // Returns whether a new epoch began.
+  bool MaybeAdvanceEpochLocked(const std::string& job, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHelloLocked(Session& s, const v1::Hello& hello, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -201,6 +219,13 @@ class CoordinatorService {
   int64_t next_data_server_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, int64_t> session_of_trainer_ ABSL_GUARDED_BY(mu_);
   int64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+
+  absl::Mutex out_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::CondVar out_cv_;
+  std::deque<Effects> outbox_ ABSL_GUARDED_BY(out_mu_);
+  bool delivering_ ABSL_GUARDED_BY(out_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(out_mu_) = false;
+  std::thread flusher_;
 };
 
 // Validates `spec` and returns it with defaults filled in and the manifest

@@ -118,14 +118,9 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
   using R = v1::internal::JournalRecord;
   switch (record.record_case()) {
     case R::kJobCreated: {
-      const v1::JobSpec& spec = record.job_created().spec();
       JobData job;
-      job.spec = spec;
-      for (const v1::Shard& s : spec.manifest().shards()) job.shard_samples.push_back(s.num_samples());
-      job.options = PlanOptionsFromSpec(spec);
-      job.create_time_unix_ms = record.time_unix_ms();
-      StartEpoch(job, 0);
-      jobs_[spec.name()] = std::move(job);
+      job.spec = record.job_created().spec();
+      AddJob(std::move(job), record.time_unix_ms());
       return absl::OkStatus();
     }
     case R::kJobDeleted:
@@ -445,6 +440,25 @@ absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap)
     jobs_[job.spec.name()] = std::move(job);
   }
   for (const auto& f : snap.once()) once_finished_[absl::StrCat(f.scope(), "/", f.name())] = f;
+  return absl::OkStatus();
+}
+
+void CoordinatorState::AddJob(JobData job, int64_t create_time_unix_ms) {
+  for (const v1::Shard& s : job.spec.manifest().shards()) job.shard_samples.push_back(s.num_samples());
+  job.options = PlanOptionsFromSpec(job.spec);
+  job.create_time_unix_ms = create_time_unix_ms;
+  StartEpoch(job, 0);
+  std::string name = job.spec.name();
+  jobs_[std::move(name)] = std::move(job);
+}
+
+absl::Status CoordinatorState::Apply(v1::internal::JournalRecord&& record) {
+  if (record.record_case() != v1::internal::JournalRecord::kJobCreated) {
+    return Apply(static_cast<const v1::internal::JournalRecord&>(record));
+  }
+  JobData job;
+  job.spec = std::move(*record.mutable_job_created()->mutable_spec());
+  AddJob(std::move(job), record.time_unix_ms());
   return absl::OkStatus();
 }
 

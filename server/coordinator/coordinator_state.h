@@ -110,6 +110,8 @@ struct JobData {
 class CoordinatorState {
  public:
   absl::Status Apply(const v1::internal::JournalRecord& record);
+  // The same, moving large parts (a new job's manifest) out of `record`.
+  absl::Status Apply(v1::internal::JournalRecord&& record);
 
   const JobData* FindJob(const std::string& name) const;
   const std::map<std::string, JobData>& jobs() const { return jobs_; }
@@ -131,6 +133,7 @@ class CoordinatorState {
 
  private:
   static void StartEpoch(JobData& job, int64_t epoch);
+  void AddJob(JobData job, int64_t create_time_unix_ms);
   absl::Status ApplyResume(const v1::internal::JobResumed& resume);
   absl::Status ApplySnapshot(const v1::internal::Snapshot& snapshot);
   std::map<std::string, JobData> jobs_;

@@ -139,17 +139,37 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
 FileJournal::~FileJournal() { close(fd_); }
 
 void FileJournal::Frame(const JournalRecord& record, std::string* out) {
-  const std::string payload = record.SerializeAsString();
-  PutU32(out, static_cast<uint32_t>(payload.size()));
-  PutU32(out, Crc(payload.data(), payload.size()));
-  *out += payload;
+  // Serialized in place after its header (a new job's record can hold a
+  // million-shard manifest: no extra copies).
+  const size_t header = out->size();
+  out->append(kHeaderBytes, '\0');
+  record.AppendToString(out);
+  const size_t length = out->size() - header - kHeaderBytes;
+  std::string fields;
+  PutU32(&fields, static_cast<uint32_t>(length));
+  PutU32(&fields, Crc(out->data() + header + kHeaderBytes, length));
+  out->replace(header, kHeaderBytes, fields);
 }
 
 uint64_t FileJournal::Enqueue(const std::vector<JournalRecord>& records) {
   std::string framed;
   for (const JournalRecord& record : records) Frame(record, &framed);
+  return EnqueueFramed(std::move(framed));
+}
+
+uint64_t FileJournal::Enqueue(const JournalRecord& record) {
+  std::string framed;
+  Frame(record, &framed);
+  return EnqueueFramed(std::move(framed));
+}
+
+uint64_t FileJournal::EnqueueFramed(std::string framed) {
   absl::MutexLock lock(&mu_);
-  pending_ += framed;
+  if (pending_.empty()) {
+    pending_.swap(framed);
+  } else {
+    pending_ += framed;
+  }
   return ++queued_seq_;
 }
 
@@ -241,9 +261,23 @@ absl::Status FileJournal::Compact(const JournalRecord& snapshot) {
   return absl::OkStatus();
 }
 
+uint64_t FileJournal::LastTicket() const {
+  absl::MutexLock lock(&mu_);
+  return queued_seq_;
+}
+
+bool FileJournal::IsDurable(uint64_t ticket) const {
+  absl::MutexLock lock(&mu_);
+  return synced_seq_ >= ticket;
+}
+
 int64_t FileJournal::bytes_written() const {
   absl::MutexLock lock(&mu_);
   return bytes_written_;
+}
+
+uint64_t MemoryJournal::Enqueue(const JournalRecord& record) {
+  return Enqueue(std::vector<JournalRecord>{record});
 }
 
 uint64_t MemoryJournal::Enqueue(const std::vector<JournalRecord>& records) {
@@ -252,6 +286,11 @@ uint64_t MemoryJournal::Enqueue(const std::vector<JournalRecord>& records) {
     bytes_ += static_cast<int64_t>(r.ByteSizeLong());
     records_.push_back(r);
   }
+  return records_.size();
+}
+
+uint64_t MemoryJournal::LastTicket() const {
+  absl::MutexLock lock(&mu_);
   return records_.size();
 }
 

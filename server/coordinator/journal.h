@@ -31,9 +31,16 @@ class Journal {
   // by the order of Enqueue calls (callers enqueue under their state lock, so
   // journal order is apply order). Returns a ticket for WaitDurable.
   virtual uint64_t Enqueue(const std::vector<JournalRecord>& records) = 0;
+  // One record (without copying it into a vector: a new job's record can
+  // hold a million-shard manifest).
+  virtual uint64_t Enqueue(const JournalRecord& record) = 0;
   // Blocks until everything up to `ticket` is durable (written + fsync'd),
   // sharing one fsync among all waiters (group commit).
   virtual absl::Status WaitDurable(uint64_t ticket) = 0;
+  // The ticket of the last Enqueue (0 if none).
+  virtual uint64_t LastTicket() const = 0;
+  // Whether everything up to `ticket` is durable (never blocks).
+  virtual bool IsDurable(uint64_t ticket) const = 0;
   // Enqueue + WaitDurable.
   absl::Status Append(const std::vector<JournalRecord>& records) {
     return WaitDurable(Enqueue(records));
@@ -68,7 +75,10 @@ class FileJournal final : public Journal {
   ~FileJournal() override;
 
   uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
+  uint64_t Enqueue(const JournalRecord& record) override;
   absl::Status WaitDurable(uint64_t ticket) override;
+  uint64_t LastTicket() const override;
+  bool IsDurable(uint64_t ticket) const override;
   int64_t bytes_written() const override;
   absl::Status Compact(const JournalRecord& snapshot) override;
 
@@ -82,6 +92,7 @@ class FileJournal final : public Journal {
       : fd_(fd), path_(std::move(path)), on_fsync_(std::move(on_fsync)) {}
 
   static void Frame(const JournalRecord& record, std::string* out);
+  uint64_t EnqueueFramed(std::string framed);
 
   int fd_;  // replaced only by Compact, while no write is in progress
   const std::string path_;
@@ -102,7 +113,10 @@ class FileJournal final : public Journal {
 class MemoryJournal final : public Journal {
  public:
   uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
+  uint64_t Enqueue(const JournalRecord& record) override;
   absl::Status WaitDurable(uint64_t) override { return absl::OkStatus(); }
+  uint64_t LastTicket() const override;
+  bool IsDurable(uint64_t) const override { return true; }
   int64_t bytes_written() const override;
   absl::Status Compact(const JournalRecord& snapshot) override;
   std::vector<JournalRecord> records() const;

@@ -250,6 +250,31 @@ TEST_F(ReaderTest, CoordinatorKilledAndRestartedMidRead) {
   EXPECT_GE(reader->stats().reconnects, 1);
 }
 
+// The coordinator stays down for longer than the lease TTL, so the reader's
+// reconnect backoff outlasts the fresh TTL its leases got at recovery: they
+// expire and their rest is granted again. The reader must not deliver the
+// expired leases' samples meanwhile (it holds delivery once disconnected
+// for half a TTL, and after reconnecting has each lease confirmed): every
+// sample still arrives exactly once.
+TEST_F(ReaderTest, CoordinatorDownLongerThanTheLeaseTtl) {
+  StartCluster(8, 50, 1);
+  CreateJob("down", 1, 1);  // lease TTL 2 s
+  auto reader = MakeReader("down", 0, /*buffer=*/64);
+  std::string address = coordinator_.grpc_address;
+  Seen seen = ReadAll(*reader, [&](int64_t n, const Sample&) {
+    if (n == 120) {
+      coordinator_.process.Kill();
+      absl::SleepFor(absl::Seconds(3));  // the outage itself, not a wait for an event
+      StartCoordinator({"--listen=" + address});
+    }
+  });
+  ASSERT_TRUE(seen.status.ok()) << seen.status;
+  std::map<std::pair<int, int64_t>, int> all = seen.samples[0];
+  EXPECT_EQ(all.size(), 400u);
+  for (auto& [k, c] : all) EXPECT_EQ(c, 1);
+  EXPECT_GE(reader->stats().reconnects, 1);
+}
+
 // (d) of the coordinator issue: four ranks train, checkpoint a cursor
 // mid-epoch, consume some more and stop; the run restarts with three ranks
 // (a new job over the same data) from the checkpoint. The samples consumed

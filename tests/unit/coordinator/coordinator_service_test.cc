@@ -294,10 +294,12 @@ TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
     const int64_t id = (*service)->OpenSession(sink);
     (*service)->OnMessage(id, Hello("j", 1, "t1"));
     (*service)->OnMessage(id, Want(2));
+    (*service)->Flush();
     std::vector<v1::Lease> grants = sink->TakeGrants();
     ASSERT_EQ(grants.size(), 2u);
     (*service)->OnMessage(id, Complete(grants[0]));
     (*service)->OnMessage(id, Progress(grants[1], 1));
+    (*service)->Flush();
     held_lease = grants[1].lease_id();
     before = *(*service)->GetJob("j", false);
     // Sessions are not durable state.
@@ -312,6 +314,7 @@ TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
   auto sink = std::make_shared<RecordingSink>();
   const int64_t id = (*service)->OpenSession(sink);
   (*service)->OnMessage(id, Hello("j", 1, "t1"));
+  (*service)->Flush();
   // Both leases it held (the progressed one and the one granted for the
   // credit its Complete freed) come back, each with a fresh TTL.
   std::vector<v1::Lease> again = sink->TakeGrants();
@@ -414,9 +417,15 @@ struct SimTrainer {
       *hello.mutable_hello()->mutable_cursor() = *cursor;
       hello.mutable_hello()->set_resume_attempt(attempt);
     }
-    service.OnMessage(session, hello);
-    service.OnMessage(session, Want(2));
+    Send(hello);
+    Send(Want(2));
     Poll();
+  }
+  // Sends one message and waits until every reply was handed to the sink
+  // (with a file journal, replies leave from the journal's flusher thread).
+  void Send(const v1::TrainerMessage& m) {
+    service.OnMessage(session, m);
+    service.Flush();
   }
   // Takes in what the coordinator sent.
   void Poll() {
@@ -442,9 +451,9 @@ struct SimTrainer {
       if (k + 1 == l.unit().end()) {
         v1::Lease finished = l;
         held.pop_front();
-        service.OnMessage(session, Complete(finished));
+        Send(Complete(finished));
       } else {
-        service.OnMessage(session, Progress(l, delivered[l.lease_id()]));
+        Send(Progress(l, delivered[l.lease_id()]));
       }
     }
     return done;
@@ -796,7 +805,9 @@ TEST(CoordinatorDataServerTest, TheWaitingReasonNamesTheMissingDataServer) {
   (*created)->OnMessage(id, Want(1));
   ASSERT_EQ(sink->Count(v1::CoordinatorMessage::kWaiting), 1);
   for (const auto& m : sink->inbox) {
-    if (m.has_waiting()) EXPECT_THAT(m.waiting().reason(), HasSubstr("no live data server"));
+    if (m.has_waiting()) {
+      EXPECT_THAT(m.waiting().reason(), HasSubstr("no live data server"));
+    }
   }
   EXPECT_EQ(sink->Count(v1::CoordinatorMessage::kGrant), 0);
 }

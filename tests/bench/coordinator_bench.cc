@@ -1,0 +1,502 @@
+// Coordinator benchmark (make bench; not a test).
+//
+// --mode=leases: the real sluice-coordinator binary (journal on disk) and N
+// concurrent sessions over gRPC, each holding one 1-sample lease at a time:
+// Grant -> Complete -> next Grant (a Progress on a 1-sample unit would be
+// its Complete). Two phases: saturation (every session completes at once:
+// lease operations per second = grants + completions), and a paced load of
+// --paced_ops_per_s spread evenly over the sessions, where the grant
+// latency (Complete sent -> next Grant received) p50/p99 is measured; in a
+// saturated closed loop latency is only sessions / throughput. Baseline,
+// same run, same load generator: a bare gRPC bidi server in this process
+// that answers every Complete with a canned Grant (no state, no journal).
+//
+// --mode=plan: CreateJob of a 1,000,000-shard manifest on an in-process
+// CoordinatorService with a file journal: wall time and peak memory per
+// shard (peak RSS growth over the process before the call, the request
+// itself excluded). Baseline: parsing the same manifest's serialized bytes
+// (the least any coordinator must do with it).
+//
+// Each mode ends with one JSON line.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "server/coordinator/coordinator_service.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+#include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
+
+ABSL_FLAG(std::string, mode, "leases", "leases | plan");
+ABSL_FLAG(int, sessions, 256, "Concurrent sessions (leases mode).");
+ABSL_FLAG(double, seconds, 5, "Measured seconds per round (leases mode).");
+ABSL_FLAG(int, rounds, 3, "Alternating rounds of Sluice and the baseline (leases mode).");
+ABSL_FLAG(double, paced_ops_per_s, 50000,
+          "Grants+completions per second of the paced phase (leases mode).");
+ABSL_FLAG(int, shards, 1000000, "Manifest size (plan mode).");
+
+namespace {
+
+using sluice::v1::CoordinatorMessage;
+using sluice::v1::TrainerMessage;
+
+// ------------------------------------------------------------ load generator
+
+struct Totals {
+  std::atomic<int64_t> grants{0};
+  std::atomic<int64_t> completes{0};
+  std::atomic<bool> measuring{false};
+  absl::Mutex mu;
+  std::vector<double> latencies_us;  // while measuring
+};
+
+class Session;
+
+// Sends paced Completes when they are due (one thread for all sessions).
+class Pacer {
+ public:
+  Pacer() : thread_([this] { Run(); }) {}
+  ~Pacer() { Stop(); }
+  // No more Writes after this returns (At() still queues, harmlessly).
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  void At(absl::Time due, Session* s, TrainerMessage m) {
+    absl::MutexLock lock(&mu_);
+    due_.emplace(due, std::make_pair(s, std::move(m)));
+  }
+
+ private:
+  void Run();
+  absl::Mutex mu_;
+  std::multimap<absl::Time, std::pair<Session*, TrainerMessage>> due_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// One trainer session: Hello, Want{1}, then Complete every Grant, at once
+// or (with a pacer) every `interval`.
+class Session : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessage> {
+ public:
+  Session(sluice::v1::Coordinator::Stub* stub, const std::string& job, int id, Totals* totals,
+          Pacer* pacer, absl::Duration interval)
+      : totals_(totals), pacer_(pacer), interval_(interval) {
+    TrainerMessage hello;
+    hello.mutable_hello()->set_job(job);
+    hello.mutable_hello()->set_trainer_id(absl::StrCat("bench-", id));
+    TrainerMessage want;
+    want.mutable_want()->set_credits(1);
+    queue_ = {hello, want};
+    stub->async()->Session(&ctx_, this);
+    StartRead(&in_);
+    StartWrite(&queue_[0]);
+    AddHold();  // released in Stop
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (in_.has_grant()) {
+      const absl::Time now = absl::Now();
+      if (totals_->measuring.load(std::memory_order_relaxed)) {
+        totals_->grants.fetch_add(1, std::memory_order_relaxed);
+        if (sent_at_ != absl::InfinitePast()) {
+          absl::MutexLock lock(&totals_->mu);
+          totals_->latencies_us.push_back(absl::ToDoubleMicroseconds(now - sent_at_));
+        }
+      }
+      TrainerMessage complete;
+      complete.mutable_complete()->set_lease_id(in_.grant().lease().lease_id());
+      complete.mutable_complete()->set_fence(in_.grant().lease().fence());
+      if (pacer_ != nullptr) {
+        next_due_ = std::max(next_due_ + interval_, now);
+        pacer_->At(next_due_, this, std::move(complete));
+      } else {
+        Write(std::move(complete));
+      }
+    }
+    StartRead(&in_);
+  }
+
+  void Write(TrainerMessage m) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(m));
+    if (!writing_) {
+      writing_ = true;
+      sent_at_ = absl::Now();
+      StartWrite(&queue_[next_]);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;
+    absl::MutexLock lock(&mu_);
+    if (queue_[next_].has_complete() && totals_->measuring.load(std::memory_order_relaxed)) {
+      totals_->completes.fetch_add(1, std::memory_order_relaxed);
+    }
+    ++next_;
+    if (next_ < queue_.size()) {
+      sent_at_ = absl::Now();
+      StartWrite(&queue_[next_]);
+    } else {
+      writing_ = false;
+      queue_.clear();
+      next_ = 0;
+    }
+  }
+
+  void OnDone(const grpc::Status&) override {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+
+  void Stop() {
+    ctx_.TryCancel();
+    RemoveHold();
+  }
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+ private:
+  Totals* totals_;
+  Pacer* pacer_;
+  const absl::Duration interval_;
+  absl::Time next_due_ = absl::Now();
+  grpc::ClientContext ctx_;
+  CoordinatorMessage in_;
+  absl::Mutex mu_;
+  std::vector<TrainerMessage> queue_;
+  size_t next_ = 0;
+  bool writing_ = true;  // the Hello is being written
+  absl::Time sent_at_ = absl::InfinitePast();
+  bool done_ = false;
+};
+
+void Pacer::Run() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    const absl::Time now = absl::Now();
+    while (!due_.empty() && due_.begin()->first <= now) {
+      auto [s, m] = std::move(due_.begin()->second);
+      due_.erase(due_.begin());
+      mu_.Unlock();
+      s->Write(std::move(m));
+      mu_.Lock();
+    }
+    const absl::Time next = due_.empty() ? now + absl::Milliseconds(1) : due_.begin()->first;
+    mu_.AwaitWithDeadline(absl::Condition(&stop_), std::min(next, now + absl::Milliseconds(1)));
+  }
+}
+
+struct LeaseRate {
+  double ops_per_s = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+};
+
+// `paced_ops_per_s` 0 = saturate (closed loop).
+LeaseRate Drive(const std::string& address, const std::string& job, int sessions,
+                double seconds, double paced_ops_per_s) {
+  // A few connections, as several trainer processes would have.
+  std::vector<std::unique_ptr<sluice::v1::Coordinator::Stub>> stubs;
+  for (int i = 0; i < 4; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", i);  // distinct channels, not one shared subchannel
+    stubs.push_back(sluice::v1::Coordinator::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+  Totals totals;
+  std::unique_ptr<Pacer> pacer;
+  absl::Duration interval;
+  if (paced_ops_per_s > 0) {
+    pacer = std::make_unique<Pacer>();
+    interval = absl::Seconds(2.0 * sessions / paced_ops_per_s);  // 2 ops per lease
+  }
+  std::vector<std::unique_ptr<Session>> all;
+  for (int i = 0; i < sessions; ++i) {
+    all.push_back(std::make_unique<Session>(stubs[i % stubs.size()].get(), job, i, &totals,
+                                            pacer.get(), interval));
+  }
+  absl::SleepFor(absl::Seconds(1));  // warm-up: every session connected and cycling
+  totals.measuring = true;
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(seconds));
+  totals.measuring = false;
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  if (pacer != nullptr) pacer->Stop();
+  for (auto& s : all) s->Stop();
+  for (auto& s : all) {
+    while (!s->done()) absl::SleepFor(absl::Milliseconds(1));  // reactor teardown
+  }
+  all.clear();
+  pacer.reset();
+  LeaseRate rate;
+  rate.ops_per_s = static_cast<double>(totals.grants + totals.completes) / elapsed;
+  std::vector<double>& l = totals.latencies_us;
+  if (!l.empty()) {
+    std::sort(l.begin(), l.end());
+    rate.p50_us = l[l.size() / 2];
+    rate.p99_us = l[std::min(l.size() - 1, l.size() * 99 / 100)];
+  }
+  return rate;
+}
+
+// ------------------------------------------------------------ baseline server
+
+// Bare gRPC: every Want credit and every Complete is answered with a canned
+// Grant of the size the coordinator sends. No state, no journal.
+class EchoSession : public grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage> {
+ public:
+  explicit EchoSession(const CoordinatorMessage* grant) : grant_(grant) { StartRead(&in_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const bool answer = in_.has_complete() || in_.has_want();
+    {
+      absl::MutexLock lock(&mu_);
+      if (answer) {
+        if (writing_) {
+          ++owed_;
+        } else {
+          writing_ = true;
+          StartWrite(grant_);
+        }
+      }
+    }
+    StartRead(&in_);
+  }
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (ok && owed_ > 0) {
+      --owed_;
+      StartWrite(grant_);
+    } else {
+      writing_ = false;
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const CoordinatorMessage* grant_;
+  TrainerMessage in_;
+  absl::Mutex mu_;
+  bool writing_ = false;
+  int owed_ = 0;
+};
+
+class EchoService : public sluice::v1::Coordinator::CallbackService {
+ public:
+  explicit EchoService(CoordinatorMessage grant) : grant_(std::move(grant)) {}
+  grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage>* Session(
+      grpc::CallbackServerContext*) override {
+    return new EchoSession(&grant_);
+  }
+
+ private:
+  const CoordinatorMessage grant_;
+};
+
+int RunLeases() {
+  const int sessions = absl::GetFlag(FLAGS_sessions);
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  sluice::testing::TempDir dir;
+  auto coordinator = sluice::testing::ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {"--wait_for_data_servers=false", "--journal_dir=" + dir.File("journal")});
+  if (!coordinator.ok()) {
+    std::fprintf(stderr, "%s\n", coordinator.status().ToString().c_str());
+    return 1;
+  }
+  // An endless job of 1-sample units, no quotas: any session takes any unit.
+  CoordinatorMessage sample_grant;
+  {
+    auto stub = sluice::v1::Coordinator::NewStub(
+        grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    sluice::v1::CreateJobRequest request;
+    sluice::v1::Job job;
+    request.mutable_spec()->set_name("bench");
+    for (int s = 0; s < 1000; ++s) {
+      auto* shard = request.mutable_spec()->mutable_manifest()->add_shards();
+      shard->set_url(absl::StrCat("/data/bench/shard-", s, ".tar"));
+      shard->set_num_samples(1000);
+    }
+    request.mutable_spec()->set_max_samples_per_lease(1);
+    request.mutable_spec()->set_world_size(0);
+    request.mutable_spec()->set_num_epochs(0);
+    grpc::Status status = stub->CreateJob(&ctx, request, &job);
+    if (!status.ok()) {
+      std::fprintf(stderr, "CreateJob: %s\n", status.error_message().c_str());
+      return 1;
+    }
+    sluice::v1::Lease* lease = sample_grant.mutable_grant()->mutable_lease();
+    lease->set_lease_id("bench/e0/f123456");
+    lease->set_fence(123456);
+    lease->set_job("bench");
+    lease->set_rank(-1);
+    lease->mutable_unit()->set_shard_url("/data/bench/shard-517.tar");
+    lease->mutable_unit()->set_shard_index(517);
+    lease->mutable_unit()->set_begin(611);
+    lease->mutable_unit()->set_end(612);
+    lease->mutable_unit()->set_sequence(517611);
+    lease->set_expires_at_unix_ms(absl::ToUnixMillis(absl::Now()));
+  }
+  EchoService echo(sample_grant);
+  grpc::ServerBuilder builder;
+  int echo_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &echo_port);
+  builder.RegisterService(&echo);
+  std::unique_ptr<grpc::Server> echo_server = builder.BuildAndStart();
+  const std::string echo_address = absl::StrCat("127.0.0.1:", echo_port);
+
+  const double paced = absl::GetFlag(FLAGS_paced_ops_per_s);
+  std::vector<LeaseRate> sluice_rates, bare_rates, sluice_paced, bare_paced;
+  for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+    bare_rates.push_back(Drive(echo_address, "bench", sessions, seconds, 0));
+    sluice_rates.push_back(Drive(coordinator->grpc_address, "bench", sessions, seconds, 0));
+    bare_paced.push_back(Drive(echo_address, "bench", sessions, seconds, paced));
+    sluice_paced.push_back(Drive(coordinator->grpc_address, "bench", sessions, seconds, paced));
+    std::fprintf(stderr,
+                 "round %d: saturated sluice %.0f ops/s, bare gRPC %.0f; at %.0f ops/s grant p99 "
+                 "sluice %.2f ms, bare gRPC %.2f ms\n",
+                 r, sluice_rates.back().ops_per_s, bare_rates.back().ops_per_s,
+                 sluice_paced.back().ops_per_s, sluice_paced.back().p99_us / 1000,
+                 bare_paced.back().p99_us / 1000);
+  }
+  auto median = [](std::vector<LeaseRate> v) {
+    std::sort(v.begin(), v.end(),
+              [](const LeaseRate& a, const LeaseRate& b) { return a.ops_per_s < b.ops_per_s; });
+    return v[v.size() / 2];
+  };
+  const LeaseRate s = median(sluice_rates), b = median(bare_rates);
+  auto by_p99 = [](std::vector<LeaseRate> v) {
+    std::sort(v.begin(), v.end(),
+              [](const LeaseRate& a, const LeaseRate& b) { return a.p99_us < b.p99_us; });
+    return v[v.size() / 2];
+  };
+  const LeaseRate sp = by_p99(sluice_paced), bp = by_p99(bare_paced);
+  const double ratio = s.ops_per_s / b.ops_per_s;
+  std::printf("coordinator leases (%d sessions): saturated %.0f grants+completions/s (bare gRPC "
+              "%.0f msgs/s, ratio %.2f); at %.0f ops/s grant latency p50 %.2f ms p99 %.2f ms "
+              "(bare gRPC p50 %.2f ms p99 %.2f ms)\n",
+              sessions, s.ops_per_s, b.ops_per_s, ratio, sp.ops_per_s, sp.p50_us / 1000,
+              sp.p99_us / 1000, bp.p50_us / 1000, bp.p99_us / 1000);
+  std::printf("{\"bench\":\"coordinator_leases\",\"sessions\":%d,\"ops_per_s\":%.0f,"
+              "\"baseline_ops_per_s\":%.0f,\"ratio\":%.2f,\"paced_ops_per_s\":%.0f,"
+              "\"grant_p50_ms\":%.3f,\"grant_p99_ms\":%.3f,\"baseline_grant_p99_ms\":%.3f}\n",
+              sessions, s.ops_per_s, b.ops_per_s, ratio, sp.ops_per_s, sp.p50_us / 1000,
+              sp.p99_us / 1000, bp.p99_us / 1000);
+  echo_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  coordinator->process.Signal(SIGTERM);
+  (void)coordinator->process.WaitForExit(absl::Seconds(20));
+  return 0;
+}
+
+// ------------------------------------------------------------ plan mode
+
+int64_t ProcStatusKb(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field)));
+  }
+  return -1;
+}
+
+// Resets the peak RSS (VmHWM) to the current RSS.
+void ResetPeakRss() {
+  const int fd = open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (write(fd, "5", 1) != 1) std::perror("clear_refs");
+  close(fd);
+}
+
+int RunPlan() {
+  const int shards = absl::GetFlag(FLAGS_shards);
+  sluice::testing::TempDir dir;
+  sluice::v1::JobSpec spec;
+  spec.set_name("big");
+  spec.set_world_size(64);
+  spec.set_shuffle(true);
+  spec.set_seed(7);
+  for (int s = 0; s < shards; ++s) {
+    auto* shard = spec.mutable_manifest()->add_shards();
+    shard->set_url(absl::StrCat("/data/imagenet/train/shard-", 1000000 + s, ".tar"));
+    shard->set_num_samples(1000 + s % 300);
+    shard->set_size_bytes(100 << 20);
+  }
+  // Baseline: what arrives over the wire, parsed once.
+  const std::string wire = spec.SerializeAsString();
+  const absl::Time parse_start = absl::Now();
+  {
+    sluice::v1::JobSpec parsed;
+    if (!parsed.ParseFromString(wire)) return 1;
+  }
+  const double parse_s = absl::ToDoubleSeconds(absl::Now() - parse_start);
+
+  sluice::CoordinatorOptions options;
+  options.journal_dir = dir.File("journal");
+  auto service = sluice::CoordinatorService::Create(options);
+  if (!service.ok()) return 1;
+  const int64_t rss_before_kb = ProcStatusKb("VmRSS:");
+  ResetPeakRss();
+  const absl::Time start = absl::Now();
+  auto job = (*service)->CreateJob(spec);
+  const double create_s = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!job.ok()) {
+    std::fprintf(stderr, "CreateJob: %s\n", job.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t peak_kb = ProcStatusKb("VmHWM:");
+  const int64_t rss_after_kb = ProcStatusKb("VmRSS:");
+  const double peak_per_shard = (peak_kb - rss_before_kb) * 1024.0 / shards;
+  const double kept_per_shard = (rss_after_kb - rss_before_kb) * 1024.0 / shards;
+  const double ratio = create_s / parse_s;
+  std::printf("coordinator plan: %d shards (%lld samples) created in %.3f s; memory per shard: "
+              "peak %.0f B, retained %.0f B   baseline (parse the manifest): %.3f s   ratio "
+              "%.2f\n",
+              shards, static_cast<long long>(job->status().total_samples()), create_s,
+              peak_per_shard, kept_per_shard, parse_s, ratio);
+  std::printf("{\"bench\":\"coordinator_plan\",\"shards\":%d,\"create_s\":%.3f,"
+              "\"peak_bytes_per_shard\":%.0f,\"retained_bytes_per_shard\":%.0f,"
+              "\"baseline_parse_s\":%.3f,\"ratio\":%.2f}\n",
+              shards, create_s, peak_per_shard, kept_per_shard, parse_s, ratio);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "leases") return RunLeases();
+  if (mode == "plan") return RunPlan();
+  std::fprintf(stderr, "--mode must be leases or plan, not %s\n", mode.c_str());
+  return 2;
+}
