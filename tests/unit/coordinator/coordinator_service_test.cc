@@ -814,3 +814,45 @@ TEST(CoordinatorDataServerTest, TheWaitingReasonNamesTheMissingDataServer) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// DataLoader workers: several sessions of one rank share its quota, in both
+// modes; every sample of the epoch once, equal totals per rank.
+TEST_F(CoordinatorServiceTest, SessionsOfOneRankShareItsQuota) {
+  for (v1::Mode mode : {v1::MODE_STATIC, v1::MODE_DYNAMIC}) {
+    const std::string name = v1::Mode_Name(mode);
+    v1::JobSpec spec = Spec(name, {9, 14, 3, 11, 6}, 2, 1);  // T = 43, q = 21
+    spec.set_mode(mode);
+    spec.set_max_samples_per_lease(4);
+    ASSERT_OK(service_->CreateJob(spec));
+    std::vector<std::unique_ptr<SimTrainer>> workers;
+    for (int r = 0; r < 2; ++r) {
+      for (int w = 0; w < 3; ++w) {
+        workers.push_back(std::make_unique<SimTrainer>(
+            *service_, name, r, absl::StrCat("r", r, "w", w)));
+      }
+    }
+    int64_t progress = 1;
+    while (progress > 0) {
+      progress = 0;
+      for (auto& t : workers) progress += t->Consume(1);  // round-robin, like a DataLoader
+    }
+    std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>> parts;
+    int64_t per_rank[2] = {0, 0};
+    for (size_t i = 0; i < workers.size(); ++i) {
+      parts.push_back(workers[i]->consumed);
+      per_rank[i / 3] += static_cast<int64_t>(workers[i]->consumed.size());
+      EXPECT_FALSE(workers[i]->consumed.empty()) << name << " worker " << i << " starved";
+    }
+    auto seen = Tally(parts);
+    EXPECT_EQ(seen.size(), 42u) << name;
+    for (const auto& [s, n] : seen) EXPECT_EQ(n, 1) << name;
+    EXPECT_EQ(per_rank[0], 21) << name;
+    EXPECT_EQ(per_rank[1], 21) << name;
+  }
+}
+
+}  // namespace
+}  // namespace sluice
