@@ -13,7 +13,7 @@ DEB_PACKAGES := \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev grpc-proto \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev \
   zlib1g-dev libturbojpeg0-dev libpng-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  clang libclang-rt-14-dev python3
+  clang libclang-rt-14-dev python3 nodejs systemd
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -33,6 +33,9 @@ deps:
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
 	else echo "make deps: all $(words $(DEB_PACKAGES)) packages present"; fi
+	@# npm ships inside some nodejs builds and as Debian's own package in others.
+	@command -v npm > /dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q npm
+	@command -v kubectl > /dev/null || echo "make deps: kubectl not found; the k8s tests need it (not a bookworm package: see README, Tests)"
 
 $(BUILD_DIR)/build.ninja:
 	cmake --preset release -B $(BUILD_DIR) -G Ninja

@@ -1,0 +1,172 @@
+// Cross-object checks of a rendered deployment that schemas cannot make:
+//
+//   node consistency.mjs BIN_DIR RENDERED.yaml...
+//
+// - container args name only flags the Sluice binaries accept (their
+//   --helpfull, run from BIN_DIR);
+// - --listen / --metrics_listen ports equal the grpc / metrics
+//   containerPorts, and probes use the grpc port;
+// - every Service, PodDisruptionBudget, NetworkPolicy and ServiceMonitor
+//   selects something, workload selectors match their pod templates, Service
+//   targetPorts exist on the selected pods, a StatefulSet's serviceName is a
+//   headless Service;
+// - every ConfigMap, Secret (and key) and PersistentVolumeClaim referenced
+//   exists in the same render.
+// Prints every problem with the file and object, exit status 1 if any.
+import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { parseAllDocuments } from "yaml";
+
+const [binDir, ...files] = process.argv.slice(2);
+if (!binDir || files.length === 0) {
+  console.error("usage: node consistency.mjs BIN_DIR RENDERED.yaml...");
+  process.exit(2);
+}
+
+const flagCache = new Map();
+function flagsOf(binary) {
+  if (!flagCache.has(binary)) {
+    let text = "";
+    try {
+      text = execFileSync(join(binDir, binary), ["--helpfull"], { encoding: "utf8" });
+    } catch (e) {
+      text = (e.stdout ?? "") + (e.stderr ?? "");  // absl exits 1 after --helpfull
+    }
+    flagCache.set(binary, new Set([...text.matchAll(/^\s+--([a-z0-9_]+) \(/gm)].map((m) => m[1])));
+  }
+  return flagCache.get(binary);
+}
+
+const matches = (selector, labels) =>
+  Object.entries(selector ?? {}).every(([k, v]) => labels?.[k] === v);
+const matchesExpressions = (exprs, labels) =>
+  (exprs ?? []).every((e) => e.operator === "In" ? e.values.includes(labels?.[e.key]) : true);
+const portOf = (address) => Number(String(address).split(":").pop());
+
+let problems = 0;
+for (const file of files) {
+  const objects = parseAllDocuments(readFileSync(file, "utf8")).map((d) => d.toJS()).filter(Boolean);
+  const bad = (obj, what) => {
+    console.error(`${file}: ${obj.kind}/${obj.metadata.name}: ${what}`);
+    problems++;
+  };
+  const byKind = (kind) => objects.filter((o) => o.kind === kind);
+  const named = (kind, name) => objects.find((o) => o.kind === kind && o.metadata.name === name);
+  const workloads = objects.filter((o) =>
+    ["Deployment", "StatefulSet", "DaemonSet", "Job"].includes(o.kind));
+  const podLabels = (w) => w.spec.template.metadata?.labels ?? {};
+
+  for (const w of workloads) {
+    if (w.kind !== "Job" && !matches(w.spec.selector?.matchLabels, podLabels(w))) {
+      bad(w, "selector.matchLabels do not match the pod template's labels");
+    }
+    const pod = w.spec.template.spec;
+    for (const c of pod.containers) {
+      const binary = (c.command ?? [])[0]?.split("/").pop() ?? "";
+      const ports = Object.fromEntries((c.ports ?? []).map((p) => [p.name, p.containerPort]));
+      if (binary.startsWith("sluice")) {
+        const known = flagsOf(binary);
+        for (const arg of c.args ?? []) {
+          const flag = arg.match(/^--([a-z0-9_]+)/)?.[1];
+          if (!flag) bad(w, `${c.name}: argument "${arg}" is not a --flag`);
+          else if (!known.has(flag)) bad(w, `${c.name}: ${binary} has no flag --${flag}`);
+        }
+        const arg = (name) => (c.args ?? []).find((a) => a.startsWith(`--${name}=`))?.split("=")[1];
+        if (portOf(arg("listen")) !== ports.grpc) {
+          bad(w, `${c.name}: --listen port ${portOf(arg("listen"))} != containerPort grpc ${ports.grpc}`);
+        }
+        if (portOf(arg("metrics_listen")) !== ports.metrics) {
+          bad(w, `${c.name}: --metrics_listen port != containerPort metrics ${ports.metrics}`);
+        }
+        for (const probe of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+          if (c[probe] && c[probe].grpc?.port !== ports.grpc) {
+            bad(w, `${c.name}: ${probe} does not use the grpc port ${ports.grpc}`);
+          }
+        }
+        if (c.readinessProbe?.grpc?.service !== "readiness") {
+          bad(w, `${c.name}: readinessProbe must ask the "readiness" health service`);
+        }
+      }
+      // Variables in args must be defined in env.
+      const env = new Set((c.env ?? []).map((e) => e.name));
+      for (const arg of [...(c.args ?? []), ...(c.command ?? [])]) {
+        for (const m of arg.matchAll(/\$\(([A-Z_][A-Z0-9_]*)\)/g)) {
+          if (!env.has(m[1])) bad(w, `${c.name}: $(${m[1]}) in args is not in env`);
+        }
+      }
+      for (const e of c.env ?? []) {
+        const ref = e.valueFrom?.configMapKeyRef ?? e.valueFrom?.secretKeyRef;
+        if (!ref) continue;
+        const kind = e.valueFrom.configMapKeyRef ? "ConfigMap" : "Secret";
+        const target = named(kind, ref.name);
+        if (!target) bad(w, `${c.name}: env ${e.name} references missing ${kind} ${ref.name}`);
+        else if (!({ ...target.data, ...target.stringData })[ref.key] && !ref.optional) {
+          bad(w, `${c.name}: env ${e.name}: ${kind} ${ref.name} has no key ${ref.key}`);
+        }
+      }
+      const volumes = new Set((pod.volumes ?? []).map((v) => v.name));
+      for (const m of c.volumeMounts ?? []) {
+        if (!volumes.has(m.name)) bad(w, `${c.name}: volumeMount ${m.name} has no volume`);
+      }
+    }
+    for (const v of pod.volumes ?? []) {
+      if (v.secret && !named("Secret", v.secret.secretName)) {
+        bad(w, `volume ${v.name} references missing Secret ${v.secret.secretName}`);
+      }
+      if (v.configMap && !named("ConfigMap", v.configMap.name)) {
+        bad(w, `volume ${v.name} references missing ConfigMap ${v.configMap.name}`);
+      }
+      if (v.persistentVolumeClaim && !named("PersistentVolumeClaim", v.persistentVolumeClaim.claimName)) {
+        bad(w, `volume ${v.name} references missing PVC ${v.persistentVolumeClaim.claimName}`);
+      }
+    }
+    if (w.kind === "StatefulSet") {
+      const svc = named("Service", w.spec.serviceName);
+      if (!svc || svc.spec.clusterIP !== "None") {
+        bad(w, `serviceName ${w.spec.serviceName} is not a headless Service in the render`);
+      }
+    }
+  }
+
+  for (const svc of byKind("Service")) {
+    const selected = workloads.filter((w) => matches(svc.spec.selector, podLabels(w)));
+    if (selected.length === 0) {
+      bad(svc, "selects no workload's pods");
+      continue;
+    }
+    for (const p of svc.spec.ports) {
+      const target = p.targetPort ?? p.port;
+      const found = selected.some((w) => w.spec.template.spec.containers.some((c) =>
+        (c.ports ?? []).some((cp) => cp.containerPort === target || cp.name === target)));
+      // A Job's rendezvous port is opened by the program, not declared.
+      if (!found && !selected.every((w) => w.kind === "Job")) {
+        bad(svc, `port ${p.name}: targetPort ${target} is not a containerPort of the selected pods`);
+      }
+    }
+  }
+  for (const o of [...byKind("PodDisruptionBudget"), ...byKind("NetworkPolicy")]) {
+    const selector = o.kind === "NetworkPolicy" ? o.spec.podSelector : o.spec.selector;
+    if (!workloads.some((w) => matches(selector.matchLabels, podLabels(w)))) {
+      bad(o, "selects no workload's pods");
+    }
+  }
+  for (const sm of byKind("ServiceMonitor")) {
+    const services = byKind("Service").filter((s) =>
+      matches(sm.spec.selector.matchLabels, s.metadata.labels) &&
+      matchesExpressions(sm.spec.selector.matchExpressions, s.metadata.labels));
+    if (services.length === 0) bad(sm, "selects no Service");
+    for (const ep of sm.spec.endpoints) {
+      for (const s of services) {
+        if (!s.spec.ports.some((p) => p.name === ep.port)) {
+          bad(sm, `Service ${s.metadata.name} has no port named ${ep.port}`);
+        }
+      }
+    }
+  }
+}
+if (problems > 0) {
+  console.error(`FAILED: ${problems} problem(s)`);
+  process.exit(1);
+}
+console.log(`ok: ${files.length} file(s) consistent`);
