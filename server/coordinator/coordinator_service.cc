@@ -934,7 +934,8 @@ bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name, Effect
 }
 
 bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt,
-                                        Effects& fx, std::string* why_not) {
+                                        Effects& fx, std::string* why_not,
+                                        v1::WaitingKind* why_kind) {
   std::deque<Piece>& queue = QueueForLocked(job, rt, s.rank);
   int64_t limit = INT64_MAX;
   if (job.spec.world_size() > 0 && job.spec.mode() == v1::MODE_DYNAMIC) {
@@ -945,12 +946,14 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
     }
     limit = job.plan.samples_per_rank - assigned;
     if (limit <= 0) {
+      *why_kind = v1::WAITING_QUOTA_REACHED;
       *why_not = absl::StrCat("rank ", s.rank, " has its quota for epoch ", job.epoch,
                               "; waiting for the other ranks to finish it");
       return false;
     }
   }
   if (queue.empty()) {
+    *why_kind = v1::WAITING_NO_WORK_LEFT;
     *why_not = absl::StrCat("no unassigned work left in epoch ", job.epoch,
                             " for rank ", s.rank, "; waiting for held leases to complete");
     return false;
@@ -1019,16 +1022,23 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx, Sessio
     if (job->done) continue;
     int32_t held = static_cast<int32_t>(leases_.HeldBy(s.trainer_id).size());
     std::string why_not;
+    v1::WaitingKind why_kind = v1::WAITING_KIND_UNSPECIFIED;
     if (options_.wait_for_data_servers && !AnyLiveDataServerLocked()) {
       // A grant must name a server to read from: the units wait.
       why_not = "no live data server: units wait until one registers with the coordinator";
+      why_kind = v1::WAITING_NO_DATA_SERVER;
     } else {
-      while (held < s.credits && GrantOneLocked(s, *job, rt, fx, &why_not)) ++held;
+      const int32_t before = held;
+      while (held < s.credits && GrantOneLocked(s, *job, rt, fx, &why_not, &why_kind)) ++held;
+      // Told again after being fed: a trainer may wait for "nothing left" to
+      // end its part of the epoch.
+      if (held > before) s.waiting.clear();
     }
     if (held < s.credits && !why_not.empty() && why_not != s.waiting) {
       s.waiting = why_not;
       CoordinatorMessage waiting;
       waiting.mutable_waiting()->set_reason(why_not);
+      waiting.mutable_waiting()->set_kind(why_kind);
       fx.sends.emplace_back(s.sink, waiting);
     } else if (held >= s.credits) {
       s.waiting.clear();

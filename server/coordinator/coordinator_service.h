@@ -182,7 +182,8 @@ class CoordinatorService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PumpAllLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt, Effects& fx,
-                      std::string* why_not) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                      std::string* why_not, v1::WaitingKind* why_kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLeaseLocked(const std::string& job, const std::string& lease_id,
                       const std::string& reason, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

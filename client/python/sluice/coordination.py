@@ -1,0 +1,178 @@
+"""Once and Barrier: run a step on exactly one process, wait for N processes.
+
+    with sluice.once("prepare-cifar", coordinator="head:7070") as step:
+        if step.should_run:
+            download_and_preprocess("/data/cifar")
+            step.result = "/data/cifar"        # announced to the others
+    # here every caller knows the step is done; step.result is the runner's
+
+    sluice.barrier("checkpoint-dir-ready", participants=world, id=f"rank-{rank}",
+                   coordinator="head:7070", timeout=60)
+
+A runner that dies (its stream breaks or its heartbeats stop for the TTL)
+hands the step to the next waiter; a step that raised is reported to the
+others and (by default) run again by one of them. Completion is journaled by
+the coordinator, so a restart never re-runs a finished step. The coordinator
+address defaults to $SLUICE_COORDINATOR.
+"""
+import os
+import queue
+import socket
+import threading
+
+import grpc
+
+from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+
+class OnceFailed(Exception):
+    """The step failed (under fail_all), or the coordinator refused the call."""
+
+
+class BarrierTimeout(Exception):
+    """Not everyone arrived in time. `arrived` and `missing` name the ids."""
+
+    def __init__(self, message, arrived=(), missing=()):
+        super().__init__(message)
+        self.arrived = list(arrived)
+        self.missing = list(missing)
+
+
+def _address(coordinator):
+    address = coordinator or os.environ.get("SLUICE_COORDINATOR", "")
+    if not address:
+        raise ValueError("no coordinator: pass coordinator='host:port' or set SLUICE_COORDINATOR")
+    return address
+
+
+def _participant(participant):
+    return participant or f"{socket.gethostname()}/{os.getpid()}"
+
+
+class _Step:
+    def __init__(self, should_run, result, run):
+        self.should_run = should_run
+        self.result = result
+        self.run = run
+
+
+class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
+    """Context manager: `step.should_run` is True on exactly one caller at a
+    time; the others block in __enter__ until the step is done (then
+    should_run is False and step.result is the runner's result). An exception
+    inside the block reports the run as failed."""
+
+    def __init__(self, name, *, coordinator=None, scope="default", participant=None, ttl=10.0,
+                 fail_all=False, timeout=None):
+        self._name, self._scope = name, scope
+        self._address = _address(coordinator)
+        self._participant = _participant(participant)
+        self._ttl, self._fail_all, self._timeout = ttl, fail_all, timeout
+        self._out = None
+        self._call = None
+        self._channel = None
+        self._heartbeats = None
+        self._stop = threading.Event()
+        self._run = 0
+        self.step = None
+
+    def __enter__(self):
+        self._channel = grpc.insecure_channel(self._address)
+        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        self._out = queue.Queue()
+        join = coordinator_pb2.OnceRequest(join=coordinator_pb2.OnceJoin(
+            scope=self._scope, name=self._name, participant=self._participant,
+            ttl_ms=int(self._ttl * 1000),
+            on_failure=(coordinator_pb2.ONCE_FAILURE_POLICY_FAIL_ALL if self._fail_all
+                        else coordinator_pb2.ONCE_FAILURE_POLICY_RETRY)))
+        self._out.put(join)
+
+        def requests():
+            while True:
+                m = self._out.get()
+                if m is None:
+                    return
+                yield m
+
+        self._call = stub.Once(requests(), timeout=self._timeout)
+        self._responses = iter(self._call)
+        try:
+            for r in self._responses:
+                kind = r.WhichOneof("msg")
+                if kind == "done":
+                    self._finish()
+                    self.step = _Step(False, r.done.result, r.done.run)
+                    return self.step
+                if kind == "run":
+                    self._run = r.run.run
+                    interval = max(0.05, r.run.heartbeat_interval_ms / 1000)
+                    self._heartbeats = threading.Thread(target=self._beat, args=(interval,),
+                                                        daemon=True)
+                    self._heartbeats.start()
+                    self.step = _Step(True, "", r.run.run)
+                    return self.step
+                # wait / error (under RETRY): keep waiting on the stream
+        except grpc.RpcError as e:
+            self._finish()
+            raise OnceFailed(f"once {self._scope}/{self._name}: {e.code().name}: {e.details()}") from e
+        self._finish()
+        raise OnceFailed(f"once {self._scope}/{self._name}: the coordinator closed the stream")
+
+    def _beat(self, interval):
+        while not self._stop.wait(interval):
+            self._out.put(coordinator_pb2.OnceRequest(heartbeat=coordinator_pb2.Heartbeat()))
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.step is None or not self.step.should_run:
+            return False
+        self._stop.set()
+        if exc_type is None:
+            self._out.put(coordinator_pb2.OnceRequest(succeeded=coordinator_pb2.OnceSucceeded(
+                run=self._run, result=str(self.step.result or ""))))
+        else:
+            self._out.put(coordinator_pb2.OnceRequest(failed=coordinator_pb2.OnceFailed(
+                run=self._run, error=f"{exc_type.__name__}: {exc}")))
+        try:
+            for r in self._responses:  # Done (or Error) confirms it is journaled
+                if r.WhichOneof("msg") in ("done", "error"):
+                    break
+        except grpc.RpcError as e:
+            if exc_type is None:
+                raise OnceFailed(f"once {self._scope}/{self._name}: reporting success: "
+                                 f"{e.code().name}: {e.details()}") from e
+        finally:
+            self._finish()
+        return False
+
+    def _finish(self):
+        self._stop.set()
+        if self._out is not None:
+            self._out.put(None)
+        if self._channel is not None:
+            self._channel.close()
+
+
+def barrier(name, *, participants, id=None, coordinator=None, scope="default", timeout=60.0):
+    """Blocks until `participants` distinct ids arrived; returns the arrived
+    ids. BarrierTimeout names who is missing."""
+    address = _address(coordinator)
+    with grpc.insecure_channel(address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        request = coordinator_pb2.BarrierRequest(
+            scope=scope, name=name, participant=_participant(id), participants=participants,
+            timeout_ms=int(timeout * 1000))
+        try:
+            response = stub.Barrier(request, timeout=timeout + 10)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                arrived, missing = [], []
+                for key, value in (e.trailing_metadata() or ()):
+                    if key == "grpc-status-details-bin":
+                        status = common_pb2.RpcStatus.FromString(value)
+                        for d in status.details:
+                            if d.type_url.endswith("BarrierTimeout"):
+                                t = coordinator_pb2.BarrierTimeout.FromString(d.value)
+                                arrived, missing = list(t.arrived), list(t.missing)
+                raise BarrierTimeout(e.details(), arrived, missing) from e
+            raise
+        return list(response.arrived)

@@ -1,0 +1,780 @@
+"""sluice.Reader: a trainer's stream of samples for one (job, rank, worker).
+
+Semantics follow the C++ Reader (client/include/sluice/reader.h):
+
+* A session thread runs the coordinator Session stream (Hello, Want credits =
+  units in flight); a maintenance thread heartbeats, reports Progress at most
+  every `progress_interval`, and cancels data-server streams that stall.
+* Every granted unit is fetched by its own thread from the data server the
+  lease names; units are delivered one after another, each in sample order.
+* A data server that fails or stalls: the samples already fetched are
+  delivered, then the unit is re-routed (Reroute with the exact count) and
+  its remainder arrives as a new grant on another server.
+* The coordinator unreachable: held units keep being read while the session
+  reconnects with jittered backoff (well within a lease TTL) under the same
+  trainer_id; unconfirmed reports are re-sent and every held lease is
+  confirmed again after a reconnect; while disconnected for more than half a
+  TTL nothing is delivered, so an expired lease is never delivered twice.
+* A stale lease (ABORTED, Revoke, Rejected): its undelivered samples are
+  dropped.
+* `cursor()` returns the resume position after the samples handed out so far,
+  once the coordinator has made every report durable (G7).
+
+Thread-safety: iterate (or call next_event/cursor) from one thread; close()
+from any. Create Readers after fork (gRPC and fork do not mix).
+"""
+import collections
+import os
+import queue
+import random
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from sluice.v1 import dataserver_pb2, dataserver_pb2_grpc
+
+_DTYPES = {
+    dataserver_pb2.DTYPE_UINT8: np.uint8, dataserver_pb2.DTYPE_INT8: np.int8,
+    dataserver_pb2.DTYPE_INT16: np.int16, dataserver_pb2.DTYPE_UINT16: np.uint16,
+    dataserver_pb2.DTYPE_INT32: np.int32, dataserver_pb2.DTYPE_UINT32: np.uint32,
+    dataserver_pb2.DTYPE_INT64: np.int64,
+}
+for _name, _np in (("DTYPE_UINT64", np.uint64), ("DTYPE_FLOAT16", np.float16),
+                   ("DTYPE_FLOAT32", np.float32), ("DTYPE_FLOAT64", np.float64),
+                   ("DTYPE_BOOL", np.bool_)):
+    if hasattr(dataserver_pb2, _name):
+        _DTYPES[getattr(dataserver_pb2, _name)] = _np
+
+# Statuses after which reconnecting cannot help.
+_TERMINAL = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
+             grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNIMPLEMENTED}
+# Data-server statuses that are not server faults: fail the reader.
+_FATAL_READ = {grpc.StatusCode.DATA_LOSS, grpc.StatusCode.OUT_OF_RANGE,
+               grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED}
+
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+
+
+class ReaderError(Exception):
+    """A final error: unknown job, coordinator unreachable past the timeout,
+    corrupt data under on_corrupt=fail, a bad resume cursor. `code` is the
+    grpc.StatusCode."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class Sample:
+    """One sample: WebDataset-style fields by name plus where it came from.
+
+    `sample["jpg"]` is a numpy array (decoded image, HWC uint8; read-only, a
+    view of the received bytes), `sample["cls"]` an int, text fields str, raw
+    fields bytes. `as_dict()` gives the WebDataset dict with `__key__`,
+    `__shard__`, `__index__`.
+    """
+    __slots__ = ("epoch", "rank", "shard_index", "shard_url", "index", "key", "data_server",
+                 "skipped", "skip_reason", "fields")
+
+    def __init__(self, epoch, rank, shard_index, shard_url, index, key, data_server, skipped,
+                 skip_reason, fields):
+        self.epoch, self.rank = epoch, rank
+        self.shard_index, self.shard_url, self.index, self.key = shard_index, shard_url, index, key
+        self.data_server, self.skipped, self.skip_reason = data_server, skipped, skip_reason
+        self.fields = fields
+
+    def __getitem__(self, name):
+        return self.fields[name]
+
+    def __contains__(self, name):
+        return name in self.fields
+
+    def as_dict(self):
+        d = dict(self.fields)
+        d["__key__"] = self.key
+        d["__shard__"] = self.shard_url
+        d["__index__"] = self.index
+        return d
+
+    def __repr__(self):
+        return (f"Sample(epoch={self.epoch}, rank={self.rank}, shard={self.shard_index}, "
+                f"index={self.index}, key={self.key!r}, fields={sorted(self.fields)})")
+
+
+class Event:
+    """kind: 'sample' | 'epoch_begin' | 'epoch_end' | 'done'."""
+    __slots__ = ("kind", "epoch", "samples_for_rank", "already_consumed", "sample")
+
+    def __init__(self, kind, epoch=0, samples_for_rank=0, already_consumed=0, sample=None):
+        self.kind, self.epoch = kind, epoch
+        self.samples_for_rank, self.already_consumed, self.sample = (
+            samples_for_rank, already_consumed, sample)
+
+    def __repr__(self):
+        return f"Event({self.kind}, epoch={self.epoch})"
+
+
+def _field_value(f):
+    which = f.WhichOneof("value")
+    if which == "tensor":
+        t = f.tensor
+        arr = np.frombuffer(t.data, dtype=_DTYPES.get(t.dtype, np.uint8))
+        return arr.reshape(tuple(t.shape)) if len(t.shape) else arr
+    if which == "int_value":
+        return f.int_value
+    if which == "text":
+        return f.text
+    return f.raw
+
+
+class _Unit:
+    __slots__ = ("lease", "order", "size", "buffer", "next_fetch", "fetch", "fetch_error",
+                 "dropped", "delivered", "reported", "final", "call", "last_activity",
+                 "waiting_for_room", "stalled", "thread")
+
+    def __init__(self, lease, order):
+        self.lease, self.order = lease, order
+        self.size = lease.unit.end - lease.unit.begin
+        self.buffer = collections.deque()
+        self.next_fetch = lease.unit.begin
+        self.fetch = "running"  # running | done | failed
+        self.fetch_error = ""
+        self.dropped = False
+        self.delivered = 0
+        self.reported = 0
+        self.final = None  # TrainerMessage: Complete / Reroute / Release
+        self.call = None
+        self.last_activity = time.monotonic()
+        self.waiting_for_room = False
+        self.stalled = False
+        self.thread = None
+
+
+def merge_cursors(cursors):
+    """Combines the ranks' cursors (same job, epoch, world size) into one with
+    every rank's count; ValueError on a mismatch or conflicting counts."""
+    cursors = list(cursors)
+    if not cursors:
+        raise ValueError("merge_cursors: no cursors")
+    merged = common_pb2.Cursor()
+    merged.CopyFrom(cursors[0])
+    for i, c in enumerate(cursors[1:], 1):
+        if (c.job, c.epoch, c.world_size, len(c.consumed_per_rank)) != (
+                merged.job, merged.epoch, merged.world_size, len(merged.consumed_per_rank)):
+            raise ValueError(f"merge_cursors: cursor {i} is job {c.job} epoch {c.epoch} world_size "
+                             f"{c.world_size}, cursor 0 is job {merged.job} epoch {merged.epoch} "
+                             f"world_size {merged.world_size}")
+        for r, n in enumerate(c.consumed_per_rank):
+            if n < 0:
+                continue
+            if merged.consumed_per_rank[r] >= 0 and merged.consumed_per_rank[r] != n:
+                raise ValueError(f"merge_cursors: rank {r} has two counts, "
+                                 f"{merged.consumed_per_rank[r]} and {n}")
+            merged.consumed_per_rank[r] = n
+    return merged
+
+
+class Reader:
+    """See the module docstring. Iterating yields Samples across epochs until
+    the job is done; next_event() also returns epoch boundaries."""
+
+    def __init__(self, coordinator, job, rank=0, worker=0, *, trainer_id=None, units_in_flight=4,
+                 buffer_samples=256, decode=False, resize_shorter_side=0, crop=(0, 0), fields=(),
+                 max_batch_bytes=0, progress_interval=0.5, stall_timeout=60.0,
+                 reconnect_timeout=120.0, resume_from=None, resume_attempt="", credentials=None):
+        if not coordinator:
+            raise ValueError("coordinator is empty")
+        if not job:
+            raise ValueError("job is empty")
+        if rank < 0:
+            raise ValueError("rank is negative")
+        self._coordinator, self._job, self._rank, self._worker = coordinator, job, rank, worker
+        self._trainer_id = trainer_id or f"{socket.gethostname()}-{os.getpid()}-r{rank}-w{worker}"
+        self._units_in_flight = max(1, units_in_flight)
+        self._buffer_samples = max(1, buffer_samples)
+        self._decode = dataserver_pb2.DecodeSpec(
+            decode=decode, resize_shorter_side=resize_shorter_side,
+            crop_height=crop[0], crop_width=crop[1])
+        self._fields = list(fields)
+        self._max_batch_bytes = max_batch_bytes
+        self._progress_interval = progress_interval
+        self._stall_timeout = stall_timeout
+        self._reconnect_timeout = reconnect_timeout
+        self._resume_from = resume_from
+        self._resume_attempt = resume_attempt
+        self._credentials = credentials
+        self._channel = self._make_channel(coordinator)
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+
+        self._cv = threading.Condition()
+        self._entries = collections.deque()
+        self._units = {}
+        self._finals = {}  # lease_id -> (message, order, stamp)
+        self._retired = []
+        self._data_stubs = {}
+        self._fatal = None
+        self._closing = False
+        self._closed = False
+        self._job_done = False
+        self._last_epoch_begin = -1
+        self._last_epoch_end = -1
+        self._heartbeat_interval = 1.0
+        self._lease_ttl = 10.0
+        self._world_size = 0
+        self._next_order = 0
+        self._resume_done = False
+        self._synced = 0
+        self._next_sync = 0
+        self._disconnected_at = None
+        self._revalidating = False
+        self._revalidate_id = 0
+        self._starved = False
+        self._out = None  # queue of the live stream's requests
+        self._write_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._position_epoch = -1
+        self._position_consumed = 0
+        self.stats = collections.Counter()
+
+        self._session_thread = threading.Thread(target=self._run_session, daemon=True,
+                                                name="sluice-session")
+        self._maintenance_thread = threading.Thread(target=self._run_maintenance, daemon=True,
+                                                    name="sluice-maintenance")
+        self._session_thread.start()
+        self._maintenance_thread.start()
+
+    # ------------------------------------------------------------- public
+
+    def __iter__(self):
+        while True:
+            e = self.next_event()
+            if e.kind == "done":
+                return
+            if e.kind == "sample":
+                yield e.sample
+
+    def next_event(self, timeout=None, stop_when_starved=False):
+        """The next Event; blocks. Raises ReaderError on a final error.
+
+        stop_when_starved: return Event("starved") instead of waiting when
+        nothing is buffered and the coordinator said there is nothing more
+        for this session in the epoch (all of it granted or done, or the
+        rank's quota reached) -- DataLoader workers end their part of the
+        epoch this way instead of waiting for the others."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            flush = False
+            event = None
+            with self._cv:
+                while event is None and not flush:
+                    if self._fatal is not None:
+                        raise self._fatal
+                    if self._closed:
+                        raise ReaderError(grpc.StatusCode.CANCELLED, "reader closed")
+                    if not self._entries:
+                        if stop_when_starved and self._starved:
+                            event = Event("starved", self._last_epoch_begin)
+                            break
+                        self._wait(deadline)
+                        continue
+                    kind, payload = self._entries[0]
+                    if kind != "unit":
+                        if kind != "done":
+                            self._entries.popleft()  # done stays
+                        event = Event(kind, *payload)
+                        break
+                    u = payload
+                    if u.dropped:
+                        self.stats["dropped_units"] += 1
+                        self._entries.popleft()
+                        continue
+                    if u.buffer and self._may_have_lost_leases():
+                        self._cv.wait(0.05)
+                        continue
+                    if u.buffer:
+                        if len(u.buffer) == self._buffer_samples:
+                            self._cv.notify_all()  # a fetcher waits for room
+                        event = Event("sample", sample=u.buffer.popleft())
+                        event.epoch = event.sample.epoch
+                        u.delivered += 1
+                        self.stats["delivered"] += 1
+                        if u.delivered == u.size:
+                            u.final = coordinator_pb2.TrainerMessage(
+                                complete=coordinator_pb2.Complete(lease_id=u.lease.lease_id,
+                                                                  fence=u.lease.fence))
+                            self.stats["units_completed"] += 1
+                            self._entries.popleft()
+                            flush = True
+                        break
+                    if u.fetch == "failed":
+                        u.final = coordinator_pb2.TrainerMessage(reroute=coordinator_pb2.Reroute(
+                            lease_id=u.lease.lease_id, fence=u.lease.fence, consumed=u.delivered,
+                            failed_data_server=u.lease.data_server, error=u.fetch_error))
+                        self.stats["reroutes"] += 1
+                        self._entries.popleft()
+                        flush = True
+                        break
+                    self._wait(deadline)
+            if flush:
+                self._flush_reports(progress=False)
+            if event is not None:
+                if event.kind == "epoch_begin":
+                    self._position_epoch = event.epoch
+                    self._position_consumed = event.already_consumed
+                elif event.kind == "sample":
+                    self._position_consumed += 1
+                return event
+
+    def cursor(self):
+        """The resume Cursor after the last sample returned: this rank's count
+        in the current epoch, -1 for other ranks (merge with merge_cursors or an
+        all-gather). Waits until everything delivered is durable at the
+        coordinator; ReaderError(UNAVAILABLE) if that is not confirmed within
+        reconnect_timeout."""
+        if self._position_epoch < 0:
+            raise ReaderError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"job {self._job} rank {self._rank}: no cursor before the first "
+                              "epoch begins")
+        with self._cv:
+            world = self._world_size
+        c = common_pb2.Cursor(job=self._job, epoch=self._position_epoch, world_size=world)
+        c.consumed_per_rank.extend(
+            self._position_consumed if r == self._rank else -1 for r in range(max(world, 1)))
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            self._flush_reports(progress=True)
+            sync_id = self._send_sync()
+            with self._cv:
+                retry = min(deadline, time.monotonic() + 1.0)
+                while (sync_id and self._synced < sync_id and self._fatal is None and
+                       not self._closing and time.monotonic() < retry):
+                    self._cv.wait(retry - time.monotonic())
+                if sync_id and self._synced >= sync_id:
+                    return c
+                if self._fatal is not None:
+                    raise self._fatal
+                if self._closing:
+                    raise ReaderError(grpc.StatusCode.CANCELLED, "reader closed")
+                if time.monotonic() >= deadline:
+                    raise ReaderError(grpc.StatusCode.UNAVAILABLE,
+                                      f"coordinator {self._coordinator} did not confirm the "
+                                      f"reports of job {self._job} rank {self._rank}; the cursor "
+                                      "is not safe to save")
+                if not sync_id:
+                    self._cv.wait(max(0.0, retry - time.monotonic()))
+
+    def want(self, units):
+        """Changes how many units this reader holds at once (0 = take no new
+        work; held units are still delivered)."""
+        self._units_in_flight = max(0, units)
+        self._send(coordinator_pb2.TrainerMessage(want=coordinator_pb2.Want(credits=units)))
+
+    def close(self):
+        """Reports what was consumed, gives unfinished units back (Release) and
+        ends the session. Idempotent."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            for u in self._units.values():
+                if u.final is None and not u.dropped:
+                    u.final = coordinator_pb2.TrainerMessage(release=coordinator_pb2.Release(
+                        lease_id=u.lease.lease_id, fence=u.lease.fence, consumed=u.delivered))
+        self._flush_reports(progress=False)
+        with self._cv:
+            self._closing = True
+            units = list(self._units.values()) + self._retired
+            for u in units:
+                if u.call is not None:
+                    u.call.cancel()
+            out = self._out
+            self._cv.notify_all()
+        if out is not None:
+            out.put(None)  # half-close: the coordinator ends the stream after the reports
+        self._session_thread.join(timeout=5)
+        self._maintenance_thread.join(timeout=5)
+        for u in units:
+            if u.thread is not None:
+                u.thread.join(timeout=5)
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------- internals
+
+    def _make_channel(self, address):
+        if self._credentials is not None:
+            return grpc.secure_channel(address, self._credentials, options=_CHANNEL_OPTIONS)
+        return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+
+    def _wait(self, deadline):
+        if deadline is None:
+            self._cv.wait()
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no event within the timeout")
+        self._cv.wait(left)
+
+    def _may_have_lost_leases(self):
+        if self._revalidating:
+            return True
+        return (self._disconnected_at is not None and
+                time.monotonic() - self._disconnected_at > self._lease_ttl / 2)
+
+    def _send(self, message):
+        out = self._out
+        if out is None:
+            return False
+        out.put(message)
+        return True
+
+    def _send_sync(self):
+        with self._write_lock:
+            out = self._out
+            if out is None:
+                return 0
+            with self._cv:
+                self._next_sync += 1
+                sync_id = self._next_sync
+            out.put(coordinator_pb2.TrainerMessage(sync=coordinator_pb2.Sync(id=sync_id)))
+            return sync_id
+
+    def _flush_reports(self, progress, force=False):
+        with self._flush_lock:
+            out = []
+            with self._cv:
+                for u in self._units.values():
+                    if u.final is not None:
+                        out.append((u, u.final))
+                    elif progress and not u.dropped and (u.delivered > u.reported or force):
+                        out.append((u, coordinator_pb2.TrainerMessage(
+                            progress=coordinator_pb2.Progress(
+                                lease_id=u.lease.lease_id, fence=u.lease.fence,
+                                consumed=u.delivered))))
+            out.sort(key=lambda x: x[0].order)  # acknowledgement order = delivery order
+            for u, m in out:
+                with self._write_lock:
+                    if not self._send(m):
+                        return  # disconnected: re-sent after reconnecting
+                with self._cv:
+                    if m.HasField("progress"):
+                        u.reported = max(u.reported, m.progress.consumed)
+                    else:
+                        self._finals[u.lease.lease_id] = (m, u.order, self._next_sync)
+                        self._units.pop(u.lease.lease_id, None)
+                        if u.call is not None:
+                            u.call.cancel()
+                        self._retired.append(u)
+                        self._cv.notify_all()
+
+    def _requests(self, out, first):
+        for m in first:
+            yield m
+        while True:
+            m = out.get()
+            if m is None:
+                return
+            yield m
+
+    def _run_session(self):
+        backoff = 0.1
+        unreachable_since = time.monotonic()
+        while True:
+            with self._cv:
+                if self._closing or self._job_done:
+                    return
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=min(backoff * 5, 1.0))
+                ready = True
+            except grpc.FutureTimeoutError:
+                ready = False
+            status = None
+            welcomed = False
+            if ready:
+                hello = coordinator_pb2.Hello(job=self._job, rank=self._rank, worker=self._worker,
+                                              trainer_id=self._trainer_id)
+                with self._cv:
+                    if self._resume_from is not None and not self._resume_done:
+                        hello.cursor.CopyFrom(self._resume_from)
+                        hello.resume_attempt = self._resume_attempt
+                out = queue.Queue()
+                with self._write_lock:
+                    self._out = out
+                first = [coordinator_pb2.TrainerMessage(hello=hello),
+                         coordinator_pb2.TrainerMessage(
+                             want=coordinator_pb2.Want(credits=self._units_in_flight))]
+                call = self._stub.Session(self._requests(out, first))
+                with self._cv:
+                    self._session_call = call
+                    if self._closing:
+                        call.cancel()
+                try:
+                    for m in call:
+                        if m.HasField("welcome") and not welcomed:
+                            welcomed = True
+                            backoff = 0.1
+                            self._handle(m)
+                            self._after_reconnect()
+                            continue
+                        self._handle(m)
+                    status = grpc.StatusCode.OK
+                except grpc.RpcError as e:
+                    status = e.code()
+                    details = e.details()
+                finally:
+                    with self._write_lock:
+                        self._out = None
+                    out.put(None)
+                    with self._cv:
+                        if self._disconnected_at is None:
+                            self._disconnected_at = time.monotonic()
+                        self._cv.notify_all()
+            with self._cv:
+                if self._closing or self._job_done:
+                    return
+                if status in _TERMINAL:
+                    self._fatal = ReaderError(status, details)
+                    self._cv.notify_all()
+                    return
+                if welcomed:
+                    unreachable_since = time.monotonic()
+                    self.stats["reconnects"] += 1
+                if time.monotonic() - unreachable_since > self._reconnect_timeout:
+                    self._fatal = ReaderError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"coordinator {self._coordinator} unreachable for "
+                        f"{self._reconnect_timeout:.0f}s")
+                    self._cv.notify_all()
+                    return
+                until = time.monotonic() + backoff * random.uniform(0.5, 1.0)
+                while not self._closing and time.monotonic() < until:
+                    self._cv.wait(until - time.monotonic())
+                backoff = min(backoff * 2, 5.0, self._lease_ttl / 4)
+
+    def _after_reconnect(self):
+        # Finals the old stream may have lost, then every live unit's position,
+        # then a Sync: leases the coordinator no longer knows are Rejected
+        # before the Synced, and their rest is never delivered.
+        with self._cv:
+            finals = sorted(self._finals.values(), key=lambda f: f[1])
+        for m, _, _ in finals:
+            self._send(m)
+        self._flush_reports(progress=True, force=True)
+        sync_id = self._send_sync()
+        with self._cv:
+            self._revalidating = bool(sync_id) and self._disconnected_at is not None and (
+                time.monotonic() - self._disconnected_at > self._lease_ttl / 2)
+            self._revalidate_id = sync_id
+            if sync_id:
+                self._disconnected_at = None
+
+    def _retire(self, lease_id):
+        u = self._units.pop(lease_id, None)
+        if u is None:
+            return
+        u.dropped = True
+        u.buffer.clear()
+        u.final = None
+        if u.call is not None:
+            u.call.cancel()
+        self._retired.append(u)
+
+    def _handle(self, m):
+        resend = None
+        with self._cv:
+            kind = m.WhichOneof("msg")
+            if kind == "welcome":
+                if m.welcome.heartbeat_interval_ms > 0:
+                    self._heartbeat_interval = m.welcome.heartbeat_interval_ms / 1000
+                if m.welcome.lease_ttl_ms > 0:
+                    self._lease_ttl = m.welcome.lease_ttl_ms / 1000
+                self._world_size = m.welcome.world_size
+                self._resume_done = True
+            elif kind == "synced":
+                self._synced = max(self._synced, m.synced.id)
+                if self._synced >= self._revalidate_id:
+                    self._revalidating = False
+                for lease_id in [k for k, f in self._finals.items() if f[2] < self._synced]:
+                    del self._finals[lease_id]
+            elif kind == "waiting":
+                self._starved = m.waiting.kind in (coordinator_pb2.WAITING_NO_WORK_LEFT,
+                                                   coordinator_pb2.WAITING_QUOTA_REACHED)
+            elif kind == "epoch_begin":
+                self._starved = False
+                if m.epoch_begin.epoch > self._last_epoch_begin:
+                    self._last_epoch_begin = m.epoch_begin.epoch
+                    self._entries.append(("epoch_begin", (m.epoch_begin.epoch,
+                                                          m.epoch_begin.samples_for_rank,
+                                                          m.epoch_begin.already_consumed)))
+            elif kind == "epoch_end":
+                if m.epoch_end.epoch > self._last_epoch_end:
+                    self._last_epoch_end = m.epoch_end.epoch
+                    self._entries.append(("epoch_end", (m.epoch_end.epoch,)))
+            elif kind == "job_done":
+                self._job_done = True
+                self._entries.append(("done", ()))
+            elif kind == "grant":
+                self._starved = False
+                lease = m.grant.lease
+                final = self._finals.get(lease.lease_id)
+                if final is not None:
+                    resend = final[0]  # re-announced after a reconnect
+                elif lease.lease_id not in self._units and not self._closing:
+                    u = _Unit(lease, self._next_order)
+                    self._next_order += 1
+                    self._units[lease.lease_id] = u
+                    self._entries.append(("unit", u))
+                    u.thread = threading.Thread(target=self._fetch, args=(u,), daemon=True,
+                                                name="sluice-fetch")
+                    u.thread.start()
+            elif kind == "revoke":
+                self._retire(m.revoke.lease_id)
+            elif kind == "rejected":
+                self._retire(m.rejected.lease_id)
+            self._cv.notify_all()
+        if resend is not None:
+            self._send(resend)
+
+    def _data_stub(self, address):
+        with self._cv:
+            stub = self._data_stubs.get(address)
+            if stub is None:
+                stub = dataserver_pb2_grpc.DataServerStub(self._make_channel(address))
+                self._data_stubs[address] = stub
+            return stub
+
+    def _finish_fetch(self, u, state, error=""):
+        with self._cv:
+            u.call = None
+            if u.fetch == "running":
+                u.fetch, u.fetch_error = state, error
+            self._cv.notify_all()
+
+    def _fetch(self, u):
+        address = u.lease.data_server
+        if not address:
+            with self._cv:
+                self._cv.wait(0.5)
+            self._finish_fetch(u, "failed", "no live data server")
+            return
+        request = dataserver_pb2.ReadRequest(lease=u.lease, decode=self._decode,
+                                             fields=self._fields,
+                                             max_batch_bytes=self._max_batch_bytes)
+        with self._cv:
+            if u.dropped or self._closing:
+                return
+            request.start = u.next_fetch
+            u.last_activity = time.monotonic()
+        call = self._data_stub(address).ReadSamples(request)
+        with self._cv:
+            u.call = call
+            if u.dropped or self._closing:
+                call.cancel()
+        lease, epoch = u.lease, u.lease.epoch
+        protocol_error = None
+        try:
+            for batch in call:
+                converted = [Sample(epoch, lease.rank, lease.unit.shard_index, lease.unit.shard_url,
+                                    s.index, s.key, address, s.skipped, s.skip_reason,
+                                    {f.name: _field_value(f) for f in s.fields})
+                             for s in batch.samples]
+                with self._cv:
+                    u.last_activity = time.monotonic()
+                    for s in converted:
+                        while (len(u.buffer) >= self._buffer_samples and not u.dropped and
+                               not self._closing):
+                            u.waiting_for_room = True
+                            self._cv.notify_all()
+                            self._cv.wait()
+                        u.waiting_for_room = False
+                        u.last_activity = time.monotonic()
+                        if u.dropped or self._closing:
+                            call.cancel()
+                            return
+                        if s.index != u.next_fetch:
+                            protocol_error = (f"data server {address} sent sample {s.index}, "
+                                              f"expected {u.next_fetch}")
+                            call.cancel()
+                            break
+                        u.buffer.append(s)
+                        u.next_fetch += 1
+                    self._cv.notify_all()
+                if protocol_error:
+                    break
+        except grpc.RpcError as e:
+            with self._cv:
+                if u.dropped or self._closing:
+                    return
+                stalled = u.stalled
+            code = e.code()
+            if protocol_error:
+                pass
+            elif code == grpc.StatusCode.ABORTED:
+                with self._cv:
+                    u.dropped = True  # a newer grant of the unit exists
+                    u.buffer.clear()
+                    self._cv.notify_all()
+                return
+            elif code in _FATAL_READ:
+                with self._cv:
+                    self._fatal = ReaderError(code, f"lease {lease.lease_id}: {e.details()}")
+                    self._cv.notify_all()
+                return
+            else:
+                self._finish_fetch(u, "failed", f"{address}: no data for {self._stall_timeout}s"
+                                   if stalled else f"{address}: {code.name}: {e.details()}")
+                return
+        if protocol_error:
+            self._finish_fetch(u, "failed", protocol_error)
+            return
+        with self._cv:
+            complete = u.next_fetch == lease.unit.end
+        self._finish_fetch(u, "done" if complete else "failed",
+                           "" if complete else "stream ended early")
+
+    def _run_maintenance(self):
+        last_heartbeat = 0.0
+        while True:
+            with self._cv:
+                period = min(self._heartbeat_interval, self._progress_interval,
+                             self._stall_timeout / 2)
+                until = time.monotonic() + period
+                while not self._closing and time.monotonic() < until:
+                    self._cv.wait(until - time.monotonic())
+                if self._closing:
+                    return
+                now = time.monotonic()
+                for u in self._units.values():
+                    if (u.call is not None and u.fetch == "running" and not u.stalled and
+                            not u.waiting_for_room and now - u.last_activity > self._stall_timeout):
+                        u.stalled = True
+                        u.call.cancel()
+                self._retired = [u for u in self._retired
+                                 if u.thread is not None and u.thread.is_alive()]
+                unconfirmed = bool(self._finals)
+                heartbeat = self._heartbeat_interval
+            if time.monotonic() - last_heartbeat >= heartbeat:
+                # A Sync renews like a heartbeat and lets confirmed finals go.
+                if unconfirmed:
+                    if self._send_sync():
+                        last_heartbeat = time.monotonic()
+                elif self._send(coordinator_pb2.TrainerMessage(
+                        heartbeat=coordinator_pb2.Heartbeat())):
+                    last_heartbeat = time.monotonic()
+            self._flush_reports(progress=True)

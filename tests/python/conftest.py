@@ -1,0 +1,137 @@
+"""A real local Sluice cluster for the Python client tests.
+
+The binaries come from $SLUICE_BIN_DIR (ctest sets it to build/bin); the
+client package from build/python (PYTHONPATH). Servers listen on 127.0.0.1:0
+and report their ports through --port_file; every process started here is
+stopped by its own PID. Jobs are created with `sluicectl` in a subprocess:
+the pytest process itself never opens a gRPC channel before DataLoader
+workers fork.
+"""
+import json
+import os
+import signal
+import subprocess
+import tarfile
+import io
+import time
+import urllib.request
+
+import pytest
+
+BIN = os.environ.get("SLUICE_BIN_DIR", os.path.join(os.path.dirname(__file__), "..", "..",
+                                                     "build", "bin"))
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)  # polling with a deadline
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def write_shards(directory, shards, per_shard):
+    """WebDataset tars: key s{S}_{I} with .cls (the index) and .bin fields."""
+    os.makedirs(directory, exist_ok=True)
+    urls = []
+    for s in range(shards):
+        path = os.path.join(directory, f"shard-{s:03d}.tar")
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(per_shard):
+                for ext, data in (("cls", str(i).encode()), ("bin", bytes([s, i % 256]) * 50)):
+                    info = tarfile.TarInfo(f"s{s}_{i}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        urls.append((path, per_shard))
+    return urls
+
+
+class Server:
+    def __init__(self, binary, workdir, args):
+        os.makedirs(workdir, exist_ok=True)
+        self.port_file = os.path.join(workdir, f"{binary}-{time.monotonic_ns()}.ports")
+        self.log = open(os.path.join(workdir, f"{binary}.log"), "ab")
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, binary), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+             f"--port_file={self.port_file}", *args],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+        def ports():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{binary} exited with {self.proc.returncode}")
+            if not os.path.exists(self.port_file):
+                return None
+            lines = dict(l.split("=", 1) for l in open(self.port_file).read().split())
+            return lines if "grpc" in lines else None
+        p = _wait_for(ports, 30, f"{binary} to listen")
+        self.address, self.metrics = p["grpc"], p["metrics"]
+
+    def metric_text(self):
+        return urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5).read().decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class Cluster:
+    def __init__(self, tmp, shards=6, per_shard=17, data_servers=1):
+        self.tmp = str(tmp)
+        self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard)
+        self.total = shards * per_shard
+        self.coordinator = Server("sluice-coordinator", self.tmp,
+                                  [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
+                                   "--heartbeat_interval=200ms"])
+        self.data = [Server("sluice-dataserver", self.tmp,
+                            [f"--roots={os.path.join(self.tmp, 'shards')}",
+                             f"--coordinator={self.coordinator.address}"])
+                     for _ in range(data_servers)]
+        _wait_for(lambda: f"sluice_coordinator_data_servers {data_servers}"
+                  in self.coordinator.metric_text(), 30, "data servers to register")
+
+    @property
+    def address(self):
+        return self.coordinator.address
+
+    def create_job(self, name, world_size=1, epochs=1, mode="static", seed=7, shuffle=True,
+                   lease_ttl="2s", max_samples_per_lease=0):
+        manifest = os.path.join(self.tmp, f"{name}.json")
+        with open(manifest, "w") as f:
+            json.dump({"shards": [{"url": u, "num_samples": n} for u, n in self.urls]}, f)
+        args = [os.path.join(BIN, "sluicectl"), "job", "create", f"--coordinator={self.address}",
+                f"--name={name}", f"--manifest={manifest}", f"--world_size={world_size}",
+                f"--epochs={epochs}", f"--mode={mode}", f"--seed={seed}",
+                "--shuffle" if shuffle else "--noshuffle", f"--lease_ttl={lease_ttl}"]
+        if max_samples_per_lease:
+            args.append(f"--max_samples_per_lease={max_samples_per_lease}")
+        out = subprocess.run(args, capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    def stop(self):
+        for s in self.data:
+            s.stop()
+        self.coordinator.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """6 shards x 17 samples, one data server; each test uses its own job."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster100(tmp_path_factory):
+    """5 shards x 20 samples (100: not divisible by 3), one data server."""
+    c = Cluster(tmp_path_factory.mktemp("cluster100"), shards=5, per_shard=20)
+    yield c
+    c.stop()
