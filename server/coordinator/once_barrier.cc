@@ -305,7 +305,10 @@ void OnceBarrier::Barrier(const v1::BarrierRequest& request, BarrierDone done) {
         if (static_cast<int32_t>(entry.arrived.size()) >= entry.participants) {
           v1::BarrierResponse response;
           response.set_generation(entry.generation);
-          for (const std::string& a : entry.arrived) response.add_arrived(a);
+          // Sorted, as the API promises (arrival order is an accident).
+          std::vector<std::string> sorted = entry.arrived;
+          std::sort(sorted.begin(), sorted.end());
+          for (const std::string& a : sorted) response.add_arrived(a);
           for (Pending& p : entry.pending) fx.barriers.emplace_back(std::move(p.done), response);
           ++entry.generation;
           entry.arrived.clear();

@@ -104,8 +104,11 @@ class ShardLeaseDataset(IterableDataset):
         several = info is not None and info.num_workers > 1
         if several and self._ended_epoch is not None:
             reader.want(self._reader_options["units_in_flight"])
+        # After ending an epoch early, wait for the next one to begin before
+        # "nothing left" can mean this epoch again.
+        in_new_epoch = self._ended_epoch is None
         while True:
-            e = reader.next_event(stop_when_starved=several)
+            e = reader.next_event(stop_when_starved=several and in_new_epoch)
             if e.kind == "starved":
                 self._ended_epoch = e.epoch
                 reader.want(0)  # work that comes back goes to workers still reading
@@ -113,6 +116,7 @@ class ShardLeaseDataset(IterableDataset):
             if e.kind == "epoch_end" and e.epoch == self._ended_epoch:
                 continue  # this worker's part of that epoch already ended
             if e.kind == "epoch_begin":
+                in_new_epoch = True
                 self._samples_per_rank = e.samples_for_rank
                 if self._epoch is not None and self._epoch != e.epoch:
                     warnings.warn(f"sluice job {self.job}: set_epoch({self._epoch}) but the "
