@@ -81,6 +81,7 @@ bench: build
 	./$(BUILD_DIR)/bin/reader_bench --decode
 	./$(BUILD_DIR)/bin/coordinator_bench --mode=leases
 	./$(BUILD_DIR)/bin/coordinator_bench --mode=plan
+	/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin
 
 asan: deps
 	cmake --preset asan -G Ninja && cmake --build build-asan -j $(JOBS) && \

@@ -742,6 +742,24 @@ void ReaderImpl::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+  }
+  // No new grants (a Release frees a credit the coordinator would refill),
+  // and a Synced means every grant already sent has arrived: all of them are
+  // released below instead of lingering until their TTL.
+  {
+    TrainerMessage stop;
+    stop.mutable_want()->set_credits(0);
+    if (Send(stop)) {
+      const uint64_t id = SendSync();
+      absl::MutexLock lock(&mu_);
+      const absl::Time until = absl::Now() + absl::Seconds(2);
+      while (id != 0 && synced_ < id && stream_open_ && absl::Now() < until) {
+        cv_.WaitWithDeadline(&mu_, until);
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
     for (auto& [id, u] : units_) {
       if (u->final_report.has_value() || u->dropped) continue;
       TrainerMessage m;

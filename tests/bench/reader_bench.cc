@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 
@@ -29,6 +30,10 @@ ABSL_FLAG(int, shards, 8, "Shards.");
 ABSL_FLAG(int, samples_per_shard, 250, "Samples per shard.");
 ABSL_FLAG(int, units_in_flight, 4, "ReaderOptions.units_in_flight.");
 ABSL_FLAG(int, buffer_samples, 256, "ReaderOptions.buffer_samples.");
+ABSL_FLAG(std::string, coordinator, "",
+          "Measure only the Reader against this running cluster's --job (used by the Python "
+          "benchmark for its C++ figure); empty = start a cluster and compare with direct reads.");
+ABSL_FLAG(std::string, job, "", "With --coordinator: the (endless) job to read.");
 
 namespace {
 
@@ -108,6 +113,14 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const bool decode = absl::GetFlag(FLAGS_decode);
   const double seconds = absl::GetFlag(FLAGS_seconds);
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    ThroughReader(absl::GetFlag(FLAGS_coordinator), absl::GetFlag(FLAGS_job), decode, 0.5);
+    const Rate r =
+        ThroughReader(absl::GetFlag(FLAGS_coordinator), absl::GetFlag(FLAGS_job), decode, seconds);
+    std::printf("{\"bench\":\"cpp_reader\",\"samples_per_s\":%.0f,\"mb_per_s\":%.1f}\n",
+                r.samples_per_s, r.bytes_per_s / 1e6);
+    return 0;
+  }
   sluice::testing::TempDir dir;
   auto units = sluice::bench::WriteShards(dir.path(), absl::GetFlag(FLAGS_shards),
                                           absl::GetFlag(FLAGS_samples_per_shard),

@@ -387,6 +387,17 @@ class Reader:
             if self._closed:
                 return
             self._closed = True
+        # No new grants (a Release frees a credit the coordinator would
+        # refill), and a Synced means every grant already sent has arrived:
+        # all of them are released below instead of lingering until the TTL.
+        if self._send(coordinator_pb2.TrainerMessage(want=coordinator_pb2.Want(credits=0))):
+            sync_id = self._send_sync()
+            with self._cv:
+                until = time.monotonic() + 2.0
+                while (sync_id and self._synced < sync_id and self._out is not None and
+                       time.monotonic() < until):
+                    self._cv.wait(until - time.monotonic())
+        with self._cv:
             for u in self._units.values():
                 if u.final is None and not u.dropped:
                     u.final = coordinator_pb2.TrainerMessage(release=coordinator_pb2.Release(

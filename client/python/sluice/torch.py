@@ -102,16 +102,15 @@ class ShardLeaseDataset(IterableDataset):
         # with nothing left must end its part of the epoch, not wait for the
         # others (who would wait for it).
         several = info is not None and info.num_workers > 1
-        if several and self._ended_epoch is not None:
-            reader.want(self._reader_options["units_in_flight"])
         # After ending an epoch early, wait for the next one to begin before
         # "nothing left" can mean this epoch again.
         in_new_epoch = self._ended_epoch is None
         while True:
             e = reader.next_event(stop_when_starved=several and in_new_epoch)
             if e.kind == "starved":
+                # Work that comes back later (an expired lease) still reaches
+                # this reader; it is yielded at the start of the next pass.
                 self._ended_epoch = e.epoch
-                reader.want(0)  # work that comes back goes to workers still reading
                 return
             if e.kind == "epoch_end" and e.epoch == self._ended_epoch:
                 continue  # this worker's part of that epoch already ended

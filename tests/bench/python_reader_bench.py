@@ -1,0 +1,178 @@
+#!/usr/bin/python3
+"""Python client benchmark (make bench; not a test).
+
+Starts a coordinator and a data server over JPEG shards (~85 KB samples) and
+an endless job, then measures in the same run: the C++ sluice::Reader
+(reader_bench --coordinator), the Python sluice.Reader raw and decoded, a
+torch DataLoader with 2 workers producing tensors from ShardLeaseDataset,
+and the webdataset-style baseline of reading the same tars with Python's
+tarfile + PIL in one process. Target: Python raw >= 0.5x the C++ Reader.
+Ends with one JSON line.
+
+usage: python_reader_bench.py BIN_DIR [--seconds S]
+"""
+import argparse
+import faulthandler
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+import numpy as np
+from PIL import Image
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+
+def make_jpegs(n=16):
+    rng = np.random.default_rng(7)
+    out = []
+    for i in range(n):
+        y, x = np.mgrid[0:375, 0:500]
+        img = np.stack([(x * (i + 1)) % 256, (y * 3 + i * 17) % 256, ((x + y) * 2) % 256], -1)
+        img = (img + rng.integers(0, 40, img.shape)).clip(0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def write_shards(directory, shards, per_shard, jpegs):
+    os.makedirs(directory, exist_ok=True)
+    urls = []
+    for s in range(shards):
+        path = os.path.join(directory, f"bench-{s:03d}.tar")
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(per_shard):
+                for ext, data in (("jpg", jpegs[(s * per_shard + i) % len(jpegs)]),
+                                  ("cls", str(i % 1000).encode())):
+                    info = tarfile.TarInfo(f"{s:03d}_{i:05d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        urls.append((path, per_shard))
+    return urls
+
+
+def timed(seconds, items):
+    """(samples/s, bytes/s) over an iterator of byte counts."""
+    n = nbytes = 0
+    start = time.monotonic()
+    for b in items:
+        n += 1
+        nbytes += b
+        if time.monotonic() - start >= seconds:
+            break
+    t = time.monotonic() - start
+    return n / t, nbytes / t
+
+
+def field_bytes(v):
+    return v.nbytes if hasattr(v, "nbytes") else len(v) if isinstance(v, (bytes, str)) else 8
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bin_dir")
+    parser.add_argument("--seconds", type=float, default=3)
+    args = parser.parse_args()
+    faulthandler.dump_traceback_later(120 + 20 * args.seconds, exit=True)  # never hang make bench
+    os.environ["SLUICE_BIN_DIR"] = args.bin_dir
+    sys.path.insert(0, os.path.join(args.bin_dir, "..", "python"))
+    import conftest  # the test suite's cluster helpers
+    import sluice
+    import torch
+    from torch.utils.data import DataLoader
+    from sluice.torch import ShardLeaseDataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        urls = write_shards(os.path.join(tmp, "shards"), 8, 250, make_jpegs())
+        coordinator = conftest.Server("sluice-coordinator", tmp,
+                                      [f"--journal_dir={tmp}/journal"])
+        data = conftest.Server("sluice-dataserver", tmp,
+                               [f"--roots={tmp}/shards", f"--coordinator={coordinator.address}"])
+        try:
+            conftest._wait_for(lambda: "sluice_coordinator_data_servers 1"
+                               in coordinator.metric_text(), 30, "registration")
+            manifest = os.path.join(tmp, "m.json")
+            json.dump({"shards": [{"url": u, "num_samples": n} for u, n in urls]},
+                      open(manifest, "w"))
+            for job in ("bench", "bench-loader"):  # the DataLoader starts on a fresh epoch
+                subprocess.run([os.path.join(args.bin_dir, "sluicectl"), "job", "create",
+                                f"--coordinator={coordinator.address}", f"--name={job}",
+                                f"--manifest={manifest}", "--world_size=1", "--epochs=0"],
+                               check=True, capture_output=True)
+            address = coordinator.address
+
+            def cpp(decode):
+                out = subprocess.run(
+                    [os.path.join(args.bin_dir, "reader_bench"), f"--coordinator={address}",
+                     "--job=bench", f"--seconds={args.seconds}"] + (["--decode"] if decode else []),
+                    check=True, capture_output=True, text=True).stdout
+                return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
+
+            def python_reader(decode):
+                with sluice.Reader(address, "bench", decode=decode) as r:
+                    timed(0.5, (1 for _ in r))  # warm-up
+                    return timed(args.seconds, (sum(field_bytes(v) for v in s.fields.values())
+                                                for s in r))
+
+            def dataloader():
+                ds = ShardLeaseDataset(coordinator=address, job="bench-loader", decode=True)
+                loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+                def items():  # DataLoader epoch after epoch (each is the rank's share)
+                    while True:
+                        for item in loader:
+                            yield item["jpg"].numel()
+                it = items()
+                timed(1.0, it)  # workers up and streaming
+                rate = timed(args.seconds, it)
+                it.close()
+                del loader
+                ds.close()
+                return rate
+
+            def tar_pil():
+                def items():
+                    while True:
+                        for path, _ in urls:
+                            with tarfile.open(path) as tar:
+                                for m in tar:
+                                    if m.name.endswith(".jpg"):
+                                        a = np.asarray(Image.open(tar.extractfile(m)).convert("RGB"))
+                                        yield a.nbytes
+                return timed(args.seconds, items())
+
+            def phase(name, fn, *a):
+                print(f"measuring {name} ...", file=sys.stderr, flush=True)
+                return fn(*a)
+            cpp_raw = phase("C++ Reader raw", cpp, False)
+            py_raw, py_raw_bytes = phase("Python Reader raw", python_reader, False)
+            cpp_dec = phase("C++ Reader decoded", cpp, True)
+            py_dec, _ = phase("Python Reader decoded", python_reader, True)
+            dl, _ = phase("DataLoader, 2 workers", dataloader)
+            pil, _ = phase("tarfile + PIL", tar_pil)
+        finally:
+            data.stop()
+            coordinator.stop()
+    ratio = py_raw / cpp_raw
+    print(f"python Reader raw: {py_raw:.0f} samples/s ({py_raw_bytes / 1e6:.0f} MB/s)   "
+          f"C++ Reader raw: {cpp_raw:.0f} samples/s   ratio {ratio:.2f} (target >= 0.5)")
+    print(f"python Reader decoded: {py_dec:.0f} samples/s   C++ Reader decoded: {cpp_dec:.0f}   "
+          f"ratio {py_dec / cpp_dec:.2f}")
+    print(f"DataLoader (2 workers, decoded torch tensors): {dl:.0f} samples/s   "
+          f"tarfile + PIL in one process: {pil:.0f} samples/s")
+    print(json.dumps({"bench": "python_reader", "samples_per_s": round(py_raw),
+                      "baseline_samples_per_s": round(cpp_raw), "ratio": round(ratio, 2),
+                      "decoded_samples_per_s": round(py_dec),
+                      "cpp_decoded_samples_per_s": round(cpp_dec),
+                      "dataloader_2_workers_samples_per_s": round(dl),
+                      "tarfile_pil_samples_per_s": round(pil)}))
+
+
+if __name__ == "__main__":
+    main()
