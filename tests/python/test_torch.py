@@ -196,3 +196,25 @@ def test_once_prepares_the_dataset_exactly_once(cluster, tmp_path):
     assert len((root / "runs.log").read_text().split()) == 1
     assert sorted(o[0] for o in outs) == ["False"] * 5 + ["True"]
     assert all(o[1] == "5" and o[2] == str(root / "processed") for o in outs)
+
+
+def test_fork_workers_after_the_parent_used_grpc_mid_epoch(cluster):
+    # The parent reads part of the epoch itself (gRPC in use), then forks a
+    # 2-worker DataLoader: the first pass is exactly the rest of the epoch,
+    # the next pass a whole epoch.
+    cluster.create_job("forked", world_size=1, epochs=0, max_samples_per_lease=0)
+    with sluice.Reader(cluster.address, "forked") as reader:
+        head = []
+        for s in reader:
+            head.append((s.shard_url, s.index))
+            if len(head) == 31:
+                break
+    ds = ShardLeaseDataset(coordinator=cluster.address, job="forked")
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
+                        persistent_workers=True)
+    rest = [(i["__shard__"], i["__index__"]) for i in loader]
+    assert len(rest) == cluster.total - 31
+    assert sorted(head + rest) == sorted(set(head + rest))
+    whole = [(i["__shard__"], i["__index__"]) for i in loader]
+    assert len(set(whole)) == len(whole) == cluster.total
+    ds.close()

@@ -12,6 +12,16 @@ when a data server fails, reconnecting with backoff, and an exact resume
 cursor. `sluice.once` / `sluice.barrier` replace file locks and
 `wait_for(exists)`. PyTorch: `sluice.torch.ShardLeaseDataset`.
 """
+import os as _os
+
+# gRPC and fork(): DataLoader workers are forked from a process that may
+# already use gRPC (a Reader, len(), a helper). With fork support the child
+# gets a fresh gRPC core; without it the child's streams fail or stall. Both
+# must be set before grpc is first imported (an application that imports grpc
+# before sluice should set them itself).
+_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
+_os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
+
 from sluice.coordination import BarrierTimeout, OnceFailed, barrier, once
 from sluice.reader import Event, Reader, ReaderError, Sample, merge_cursors
 

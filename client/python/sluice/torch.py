@@ -13,10 +13,11 @@
   epoch, so DDP never hangs on an uneven last step.
 * DataLoader workers: each worker runs its own session under the rank
   (worker = get_worker_info().id) and the workers share the rank's quota.
-* gRPC and fork do not mix: nothing here opens a channel until __iter__ runs
-  inside the worker (or the main process with num_workers=0). Both the
-  "fork" and "spawn" start methods work; do not call len() or state_dict()
-  in the main process before forking workers if it has no channel yet.
+* gRPC and fork: nothing here opens a channel until __iter__ runs inside
+  the worker (or the main process with num_workers=0), and importing sluice
+  turns on gRPC's fork support (GRPC_ENABLE_FORK_SUPPORT, poll strategy), so
+  workers forked from a process that already used gRPC get a working gRPC.
+  Both the "fork" and "spawn" start methods work.
 * One __iter__ call yields one epoch (the coordinator's next one), then
   returns; the Reader stays for the next epoch while the process lives.
 * state_dict() / load_state_dict() carry the resume cursor (G7). With
