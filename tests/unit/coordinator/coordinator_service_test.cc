@@ -91,6 +91,15 @@ v1::TrainerMessage Progress(const v1::Lease& l, int64_t consumed) {
   return m;
 }
 
+// A service on a fake clock with a journal in `dir`, for restart tests.
+CoordinatorOptions JournaledOptions(FakeClock* clock, const std::string& dir) {
+  CoordinatorOptions options;
+  options.clock = clock;
+  options.wait_for_data_servers = false;  // scripted trainers read nothing
+  options.journal_dir = dir;
+  return options;
+}
+
 class CoordinatorServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -272,16 +281,18 @@ TEST_F(CoordinatorServiceTest, DynamicModeRespectsQuotas) {
   }
   EXPECT_EQ(got, 10);
   EXPECT_EQ(fast->Count(v1::CoordinatorMessage::kWaiting), 1);
+  for (const auto& m : fast->inbox) {
+    if (m.has_waiting()) {
+      EXPECT_EQ(m.waiting().kind(), v1::WAITING_QUOTA_REACHED);
+    }
+  }
 }
 
 // Replaying the journal yields the live state: same status, same leases.
 TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  options.journal_dir = dir.path();
+  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
   v1::Job before;
   std::string held_lease;
   {
@@ -577,10 +588,7 @@ TEST_F(CoordinatorServiceTest, ResumeIntoThePreviousEpoch) {
 TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  options.journal_dir = dir.path();
+  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
   v1::Job before;
   {
     auto created = CoordinatorService::Create(options);
@@ -710,10 +718,7 @@ namespace {
 TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  options.journal_dir = dir.path();
+  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
   options.journal_compact_bytes = 4096;
   std::string before;
   std::set<std::string> held;
@@ -807,6 +812,7 @@ TEST(CoordinatorDataServerTest, TheWaitingReasonNamesTheMissingDataServer) {
   for (const auto& m : sink->inbox) {
     if (m.has_waiting()) {
       EXPECT_THAT(m.waiting().reason(), HasSubstr("no live data server"));
+      EXPECT_EQ(m.waiting().kind(), v1::WAITING_NO_DATA_SERVER);
     }
   }
   EXPECT_EQ(sink->Count(v1::CoordinatorMessage::kGrant), 0);
