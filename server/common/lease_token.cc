@@ -39,6 +39,8 @@ std::string CanonicalLeaseBytes(const v1::Lease& lease) {
   PutInt(&out, lease.unit().begin());
   PutInt(&out, lease.unit().end());
   PutInt(&out, lease.unit().sequence());
+  PutInt(&out, lease.unit().shard_size_bytes());
+  PutString(&out, lease.unit().shard_checksum());
   PutString(&out, lease.data_server());
   PutInt(&out, lease.on_corrupt());
   return out;

@@ -7,7 +7,8 @@
 //   then, in this order, strings as u32 length + bytes and integers as
 //   8-byte two's complement:
 //   lease_id, fence, job, epoch, rank, unit.shard_index, unit.shard_url,
-//   unit.begin, unit.end, unit.sequence, data_server, on_corrupt.
+//   unit.begin, unit.end, unit.sequence, unit.shard_size_bytes,
+//   unit.shard_checksum, data_server, on_corrupt.
 // expires_at_unix_ms is left out: renewals and recovery change it without a
 // new token.
 #ifndef SLUICE_SERVER_COMMON_LEASE_TOKEN_H_

@@ -489,7 +489,10 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease, const 
   out.set_rank(job.spec.world_size() > 0 ? lease.rank : -1);
   v1::WorkUnit* unit = out.mutable_unit();
   unit->set_shard_index(lease.shard_index);
-  unit->set_shard_url(job.spec.manifest().shards(lease.shard_index).url());
+  const v1::Shard& shard = job.spec.manifest().shards(lease.shard_index);
+  unit->set_shard_url(shard.url());
+  unit->set_shard_size_bytes(shard.size_bytes());
+  unit->set_shard_checksum(shard.checksum());
   unit->set_begin(lease.begin);
   unit->set_end(lease.end);
   unit->set_sequence(lease.sequence);

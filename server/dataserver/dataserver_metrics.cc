@@ -39,6 +39,33 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
       index_cache_misses(Counters(r, "sluice_dataserver_index_cache_misses_total",
                                   "Shard index lookups that scanned the shard.")
                              .Add({})),
+      cache_hits(Counters(r, "sluice_dataserver_cache_hits_total",
+                          "Remote shard opens served from the shard cache.")
+                     .Add({})),
+      cache_misses(Counters(r, "sluice_dataserver_cache_misses_total",
+                            "Remote shard opens that waited on a download "
+                            "(joining one in flight included).")
+                       .Add({})),
+      cache_evictions(Counters(r, "sluice_dataserver_cache_evictions_total",
+                               "Shards removed from the cache to stay under "
+                               "--cache_bytes.")
+                          .Add({})),
+      cache_downloaded_bytes(Counters(r, "sluice_dataserver_cache_downloaded_bytes_total",
+                                      "Bytes of shards downloaded into the cache.")
+                                 .Add({})),
+      cache_download_seconds(
+          prometheus::BuildHistogram()
+              .Name("sluice_dataserver_cache_download_seconds")
+              .Help("Time to download, verify and install one shard, retries included.")
+              .Register(r)
+              .Add({}, prometheus::Histogram::BucketBoundaries{
+                           0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300})),
+      cache_bytes(prometheus::BuildGauge()
+                      .Name("sluice_dataserver_cache_bytes")
+                      .Help("Bytes of complete shards in the cache directory (this "
+                            "process's accounting).")
+                      .Register(r)
+                      .Add({})),
       decode_seconds_(prometheus::BuildHistogram()
                           .Name("sluice_dataserver_decode_seconds")
                           .Help("Time to decode one field, by codec.")
@@ -49,7 +76,14 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
                         "Corrupt samples found, under either policy, by reason.")),
       stream_errors_(Counters(r, "sluice_dataserver_stream_errors_total",
                               "ReadSamples/IndexShard calls that ended in an "
-                              "error, by gRPC status code.")) {}
+                              "error, by gRPC status code.")),
+      download_failures_(Counters(r, "sluice_dataserver_cache_download_failures_total",
+                                  "Shard downloads that failed (after retries), by "
+                                  "reason.")) {}
+
+prometheus::Counter& DataServerMetrics::DownloadFailures(const std::string& reason) {
+  return download_failures_.Add({{"reason", reason}});
+}
 
 prometheus::Histogram& DataServerMetrics::DecodeSeconds(const char* codec) {
   // JPEG decodes take ~1 ms at 500x375 on one core; text/int take microseconds.

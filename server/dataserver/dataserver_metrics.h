@@ -24,18 +24,28 @@ class DataServerMetrics {
   prometheus::Counter& Skipped(CorruptReason reason);
   prometheus::Counter& Corrupt(CorruptReason reason);
   prometheus::Counter& StreamErrors(const std::string& code);
+  // `reason` is a FetchFailureLabel (a fixed set).
+  prometheus::Counter& DownloadFailures(const std::string& reason);
 
   prometheus::Counter& samples_served;
   prometheus::Counter& bytes_served;
   prometheus::Gauge& active_streams;
   prometheus::Counter& index_cache_hits;
   prometheus::Counter& index_cache_misses;
+  // Shard cache (remote shards).
+  prometheus::Counter& cache_hits;
+  prometheus::Counter& cache_misses;
+  prometheus::Counter& cache_evictions;
+  prometheus::Counter& cache_downloaded_bytes;
+  prometheus::Histogram& cache_download_seconds;
+  prometheus::Gauge& cache_bytes;
 
  private:
   prometheus::Family<prometheus::Histogram>& decode_seconds_;
   prometheus::Family<prometheus::Counter>& skipped_;
   prometheus::Family<prometheus::Counter>& corrupt_;
   prometheus::Family<prometheus::Counter>& stream_errors_;
+  prometheus::Family<prometheus::Counter>& download_failures_;
 };
 
 }  // namespace sluice::dataserver

@@ -40,6 +40,7 @@ struct SampleStream::Batch {
 SampleStream::SampleStream(DataServerService* service, Params params)
     : service_(service), params_(std::move(params)) {
   next_ = params_.start;
+  shard_ = params_.shard;
   {
     absl::MutexLock lock(&service_->mu_);
     ++service_->active_streams_;
@@ -114,7 +115,7 @@ void SampleStream::MaybeProduceLocked() {
 }
 
 absl::Status SampleStream::OpenLocked() {
-  index_ = service_->GetIndex(params_.shard);
+  index_ = service_->GetIndex(shard_);
   const int64_t count = index_->num_samples();
   if (params_.end > count && index_->damage.empty()) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -125,10 +126,26 @@ absl::Status SampleStream::OpenLocked() {
   }
   if (next_ < count) {
     ASSIGN_OR_RETURN(reader_,
-                     TarSampleReader::Open(params_.shard, index_, next_));
+                     TarSampleReader::Open(shard_, index_, next_));
   }
   opened_ = true;
   return absl::OkStatus();
+}
+
+void SampleStream::OnShard(absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
+  if (!shard.ok()) {
+    Publish(shard.status(), true);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) {
+      producing_ = false;
+      return;
+    }
+  }
+  shard_ = *std::move(shard);
+  service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
 }
 
 absl::StatusOr<OutSample> SampleStream::Corrupt(int64_t index,
@@ -157,6 +174,16 @@ void SampleStream::Produce() {
       producing_ = false;
       return;
     }
+  }
+  if (!opened_ && shard_ == nullptr) {
+    // Production pauses (producing_ stays set) until the store has the
+    // shard; OnShard resumes it.
+    service_->options().store->OpenAsync(
+        params_.ref,
+        [self = shared_from_this()](absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
+          self->OnShard(std::move(shard));
+        });
+    return;
   }
   if (!opened_) {
     absl::Status opened = OpenLocked();
@@ -446,10 +473,14 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     return absl::InvalidArgumentError(
         "decode.crop_height and decode.crop_width must be set together");
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> shard,
-                   options_.store->Open(unit.shard_url()));
   SampleStream::Params params;
-  params.shard = std::move(shard);
+  params.ref.url = unit.shard_url();
+  params.ref.size_bytes = unit.shard_size_bytes();
+  params.ref.checksum = unit.shard_checksum();
+  if (!options_.store->IsRemote(unit.shard_url())) {
+    // Local: open now, so a bad path fails the call before a stream exists.
+    ASSIGN_OR_RETURN(params.shard, options_.store->Open(params.ref));
+  }
   params.lease = lease;
   params.start = start;
   params.end = unit.end();
@@ -473,6 +504,31 @@ absl::StatusOr<v1::ShardIndex> DataServerService::IndexShard(
   if (request.url().empty()) return absl::InvalidArgumentError("url is empty");
   ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> shard,
                    options_.store->Open(request.url()));
+  return IndexOf(request, shard);
+}
+
+void DataServerService::IndexShardAsync(
+    const v1::IndexShardRequest& request,
+    std::function<void(absl::StatusOr<v1::ShardIndex>)> done) {
+  if (request.url().empty()) {
+    done(absl::InvalidArgumentError("url is empty"));
+    return;
+  }
+  options_.store->OpenAsync(
+      ShardRef{request.url(), 0, ""},
+      [this, request, done = std::move(done)](
+          absl::StatusOr<std::shared_ptr<const ShardData>> shard) mutable {
+        if (!shard.ok()) {
+          done(shard.status());
+          return;
+        }
+        pool_.Schedule([this, request = std::move(request), done = std::move(done),
+                        shard = *std::move(shard)] { done(IndexOf(request, shard)); });
+      });
+}
+
+absl::StatusOr<v1::ShardIndex> DataServerService::IndexOf(
+    const v1::IndexShardRequest& request, const std::shared_ptr<const ShardData>& shard) {
   std::shared_ptr<const ShardIndex> index = GetIndex(shard);
   if (!index->damage.empty()) {
     return absl::DataLossError(index->damage);

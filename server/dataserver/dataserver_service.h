@@ -70,7 +70,10 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
 
   // Construction goes through DataServerService::ReadSamples.
   struct Params {
+    // The shard, opened; null = open `ref` through the store (asynchronously:
+    // a remote shard may have to be downloaded first).
     std::shared_ptr<const ShardData> shard;
+    ShardRef ref;
     v1::Lease lease;
     int64_t start = 0;
     int64_t end = 0;
@@ -89,6 +92,7 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   // Samples per produce step when decoding: two per pool thread.
   size_t DecodeStepSamples() const;
   void Produce();
+  void OnShard(absl::StatusOr<std::shared_ptr<const ShardData>> shard);
   absl::Status OpenLocked();
   void DecodeSample(const std::shared_ptr<Batch>& batch, size_t i);
   void FinishBatch(const std::shared_ptr<Batch>& batch);
@@ -104,6 +108,7 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   const Params params_;
 
   // Touched only by the producing task (one at a time).
+  std::shared_ptr<const ShardData> shard_;
   std::shared_ptr<const ShardIndex> index_;
   std::unique_ptr<TarSampleReader> reader_;
   int64_t next_ = 0;
@@ -131,6 +136,10 @@ class DataServerService {
       const v1::ReadRequest& request);
   absl::StatusOr<v1::ShardIndex> IndexShard(
       const v1::IndexShardRequest& request);
+  // The same without blocking a thread on a download: `done` runs on a pool
+  // thread (or inline for an early error).
+  void IndexShardAsync(const v1::IndexShardRequest& request,
+                       std::function<void(absl::StatusOr<v1::ShardIndex>)> done);
 
   // The shard's index, from the cache or by scanning it.
   std::shared_ptr<const ShardIndex> GetIndex(
@@ -148,6 +157,8 @@ class DataServerService {
   friend class SampleStream;
   explicit DataServerService(DataServerOptions options);
   absl::Status CheckFence(const v1::Lease& lease);
+  absl::StatusOr<v1::ShardIndex> IndexOf(const v1::IndexShardRequest& request,
+                                         const std::shared_ptr<const ShardData>& shard);
 
   DataServerOptions options_;
   SampleIndexCache index_cache_;

@@ -118,16 +118,16 @@ grpc::ServerUnaryReactor* GrpcDataServerService::IndexShard(
     grpc::CallbackServerContext* context, const v1::IndexShardRequest* request,
     v1::ShardIndex* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  service_->pool().Schedule([this, reactor, request, response] {
-    absl::StatusOr<v1::ShardIndex> index = service_->IndexShard(*request);
-    if (!index.ok()) {
-      CountError(service_, index.status());
-      reactor->Finish(ToGrpcStatus(index.status()));
-      return;
-    }
-    *response = *std::move(index);
-    reactor->Finish(grpc::Status::OK);
-  });
+  service_->IndexShardAsync(
+      *request, [this, reactor, response](absl::StatusOr<v1::ShardIndex> index) {
+        if (!index.ok()) {
+          CountError(service_, index.status());
+          reactor->Finish(ToGrpcStatus(index.status()));
+          return;
+        }
+        *response = *std::move(index);
+        reactor->Finish(grpc::Status::OK);
+      });
   return reactor;
 }
 

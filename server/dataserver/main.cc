@@ -17,11 +17,40 @@
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/dataserver_service.h"
 #include "server/dataserver/grpc_dataserver_service.h"
+#include "server/dataserver/shard_cache.h"
 
 ABSL_FLAG(std::vector<std::string>, roots, {},
-          "Comma-separated directories shards may be read from. Anything "
-          "resolving outside them (\"..\", symlinks) is PERMISSION_DENIED. "
-          "Required.");
+          "Comma-separated directories local shards may be read from. "
+          "Anything resolving outside them (\"..\", symlinks) is "
+          "PERMISSION_DENIED. Required unless --cache_dir is set (a server of "
+          "remote shards only).");
+ABSL_FLAG(std::string, cache_dir, "",
+          "Directory remote shards (http://, https://, s3://) are downloaded "
+          "to and served from. Empty = remote shards are refused "
+          "(FAILED_PRECONDITION). One data server per node should own it; no "
+          "lock files are used.");
+ABSL_FLAG(int64_t, cache_bytes, int64_t{100} << 30,
+          "Upper bound on the bytes of shards kept in --cache_dir (LRU of whole "
+          "shards; shards being read are never evicted). 0 = unbounded.");
+ABSL_FLAG(int, download_threads, 4, "Shard downloads running at once.");
+ABSL_FLAG(int, download_attempts, 5,
+          "Attempts per shard download (retries on 5xx, timeouts, truncated "
+          "bodies, with jittered exponential backoff).");
+ABSL_FLAG(std::string, ca_bundle, "",
+          "PEM file of CA certificates for https:// shards; empty = the "
+          "system's. TLS verification is always on.");
+ABSL_FLAG(std::string, s3_endpoint, "",
+          "Endpoint for s3:// shards (path-style, e.g. "
+          "http://127.0.0.1:9000); empty = $AWS_ENDPOINT_URL_S3, "
+          "$AWS_ENDPOINT_URL, then https://s3.<region>.amazonaws.com. "
+          "Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
+          "AWS_SESSION_TOKEN (requests are unsigned without them).");
+ABSL_FLAG(std::string, s3_region, "",
+          "Region for SigV4 signing; empty = $AWS_REGION, $AWS_DEFAULT_REGION, "
+          "then us-east-1.");
+ABSL_FLAG(int, prefetch, 4,
+          "Remote shards to download ahead of their first read, from the "
+          "coordinator's hints of upcoming units (0 = off).");
 ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the coordinator. "
           "Set = every ReadSamples must carry a valid token. Empty = tokens "
@@ -50,7 +79,12 @@ using sluice::dataserver::DataServerMetrics;
 using sluice::dataserver::DataServerOptions;
 using sluice::dataserver::DataServerService;
 using sluice::dataserver::GrpcDataServerService;
+using sluice::dataserver::CompositeShardStore;
 using sluice::dataserver::LocalShardStore;
+using sluice::dataserver::RemoteFetcher;
+using sluice::dataserver::RemoteFetcherOptions;
+using sluice::dataserver::ShardCache;
+using sluice::dataserver::ShardCacheOptions;
 
 class DataServerServices : public sluice::ServiceSet {
  public:
@@ -59,8 +93,42 @@ class DataServerServices : public sluice::ServiceSet {
     auto s = std::unique_ptr<DataServerServices>(new DataServerServices());
     s->metrics_ = std::make_unique<DataServerMetrics>(*registry);
     DataServerOptions options;
-    ASSIGN_OR_RETURN(options.store,
-                     LocalShardStore::Create(absl::GetFlag(FLAGS_roots)));
+    std::unique_ptr<LocalShardStore> local;
+    const std::vector<std::string> roots = absl::GetFlag(FLAGS_roots);
+    const std::string cache_dir = absl::GetFlag(FLAGS_cache_dir);
+    if (!roots.empty() || cache_dir.empty()) {
+      ASSIGN_OR_RETURN(local, LocalShardStore::Create(roots));
+    }
+    std::shared_ptr<ShardCache> cache;
+    if (!cache_dir.empty()) {
+      RemoteFetcherOptions fetch;
+      fetch.ca_bundle = absl::GetFlag(FLAGS_ca_bundle);
+      fetch.max_attempts = absl::GetFlag(FLAGS_download_attempts);
+      fetch.s3_endpoint = absl::GetFlag(FLAGS_s3_endpoint);
+      fetch.s3_region = absl::GetFlag(FLAGS_s3_region);
+      if (fetch.max_attempts < 1) {
+        return absl::InvalidArgumentError("--download_attempts must be at least 1");
+      }
+      if (!fetch.ca_bundle.empty() && access(fetch.ca_bundle.c_str(), R_OK) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--ca_bundle \"", fetch.ca_bundle, "\" is not readable"));
+      }
+      ShardCacheOptions cache_options;
+      cache_options.dir = cache_dir;
+      cache_options.max_bytes = absl::GetFlag(FLAGS_cache_bytes);
+      cache_options.download_threads = absl::GetFlag(FLAGS_download_threads);
+      cache_options.metrics = s->metrics_.get();
+      if (cache_options.download_threads < 1) {
+        return absl::InvalidArgumentError("--download_threads must be at least 1");
+      }
+      ASSIGN_OR_RETURN(cache, ShardCache::Create(std::move(cache_options),
+                                                 std::make_unique<RemoteFetcher>(fetch)));
+    }
+    if (absl::GetFlag(FLAGS_prefetch) < 0) {
+      return absl::InvalidArgumentError("--prefetch must be >= 0");
+    }
+    s->cache_ = cache.get();
+    options.store = std::make_unique<CompositeShardStore>(std::move(local), std::move(cache));
     ASSIGN_OR_RETURN(options.lease_secret,
                      sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
                                             "lease_secret_file"));
@@ -123,6 +191,7 @@ class DataServerServices : public sluice::ServiceSet {
   std::unique_ptr<DataServerService> logic_;
   std::unique_ptr<GrpcDataServerService> grpc_;
   std::unique_ptr<CoordinatorRegistration> registration_;
+  ShardCache* cache_ = nullptr;  // owned by the store; null without --cache_dir
 };
 
 }  // namespace
@@ -133,6 +202,7 @@ int main(int argc, char** argv) {
   options.usage =
       "Streams samples of WebDataset tar shards to trainers.\n\n"
       "Usage: sluice-dataserver --roots=/data/shards [flags]\n"
+      "       sluice-dataserver --cache_dir=/var/cache/sluice [flags]  (remote shards)\n"
       "Stops cleanly on SIGTERM/SIGINT (exit 0).";
   options.default_listen = "0.0.0.0:7071";
   options.default_metrics_listen = "0.0.0.0:9071";

@@ -178,13 +178,14 @@ absl::StatusOr<std::string> LocalShardStore::Resolve(
 }
 
 absl::StatusOr<std::shared_ptr<const ShardData>> LocalShardStore::Open(
-    absl::string_view url) {
+    const ShardRef& shard) {
+  const std::string& url = shard.url;
   ASSIGN_OR_RETURN(std::string path, Resolve(url));
   // O_NOFOLLOW: the resolved path has no symlinks left; one appearing now
   // is a race with someone swapping files, and is refused.
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoStatus(errno, "open", url);
-  return ShardData::Map(fd, std::string(url));
+  return ShardData::Map(fd, url);
 }
 
 }  // namespace sluice::dataserver

@@ -14,6 +14,7 @@
 #define SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,14 +55,38 @@ class ShardData {
   std::string version_;
 };
 
+// A shard as a lease names it: the URL plus what the manifest says about it
+// (a remote store checks downloads against these).
+struct ShardRef {
+  std::string url;
+  int64_t size_bytes = 0;  // 0 = unknown
+  std::string checksum;    // "sha256:<hex>" or empty
+};
+
 class ShardStore {
  public:
+  using OpenCallback =
+      std::function<void(absl::StatusOr<std::shared_ptr<const ShardData>>)>;
+
   virtual ~ShardStore() = default;
   // NOT_FOUND for a missing shard, PERMISSION_DENIED for a location the
   // store may not serve (checked before anything is opened),
-  // INVALID_ARGUMENT for a URL it cannot parse.
+  // INVALID_ARGUMENT for a URL it cannot parse. May block (a remote store
+  // downloads first).
   virtual absl::StatusOr<std::shared_ptr<const ShardData>> Open(
-      absl::string_view url) = 0;
+      const ShardRef& shard) = 0;
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(absl::string_view url) {
+    return Open(ShardRef{std::string(url), 0, ""});
+  }
+  // True when opening `url` may wait on the network: callers then use
+  // OpenAsync instead of blocking a thread.
+  virtual bool IsRemote(absl::string_view /*url*/) const { return false; }
+  // Calls `done` once, inline or from a store thread.
+  virtual void OpenAsync(const ShardRef& shard, OpenCallback done) {
+    done(Open(shard));
+  }
+  // A hint that `shard` will be read soon: a remote store starts fetching it.
+  virtual void Prefetch(const ShardRef& /*shard*/) {}
 };
 
 class LocalShardStore : public ShardStore {
@@ -71,8 +96,9 @@ class LocalShardStore : public ShardStore {
   static absl::StatusOr<std::unique_ptr<LocalShardStore>> Create(
       const std::vector<std::string>& roots);
 
+  using ShardStore::Open;
   absl::StatusOr<std::shared_ptr<const ShardData>> Open(
-      absl::string_view url) override;
+      const ShardRef& shard) override;
 
   // The absolute path `url` names, lexically normalised and checked against
   // the roots, then with symlinks resolved and checked again. Exposed for

@@ -25,9 +25,10 @@ using ::testing::HasSubstr;
 class CountingStore : public ShardStore {
  public:
   explicit CountingStore(std::unique_ptr<ShardStore> inner) : inner_(std::move(inner)) {}
-  absl::StatusOr<std::shared_ptr<const ShardData>> Open(absl::string_view url) override {
+  using ShardStore::Open;
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(const ShardRef& shard) override {
     ++opens;
-    return inner_->Open(url);
+    return inner_->Open(shard);
   }
   std::atomic<int> opens{0};
 

@@ -1,0 +1,170 @@
+// The shard cache: remote shards downloaded once into a local directory and
+// served from there, without lock files.
+//
+// Layout of --cache_dir (flat):
+//   <h>.shard   a complete, verified shard (h = SHA-256 of its URL, hex)
+//   <h>.meta    "sluice-cache-v1\n<url>\n<size>\n<sha256 hex>\n"
+//   .tmp-<host>-<pid>-<n>-<h>[.meta]   a download in progress
+//
+// How it stays correct without locks:
+//  * Single flight in memory: concurrent requests for one URL in this process
+//    wait on one download (one GET).
+//  * A download goes to a temp file unique to (host, pid, counter), is checked
+//    (size against Content-Length and the manifest's size_bytes, SHA-256
+//    against the manifest's checksum), fsync'd, and renamed into place:
+//    .meta first, then .shard, then the directory is fsync'd. Readers open
+//    only final names, so nobody ever reads a partial file, in this process
+//    or in another one sharing the directory.
+//  * Readers hold the shard mapped (mmap); a file evicted or replaced while
+//    mapped stays readable until unmapped (unlink/rename never truncate).
+//  * Eviction is LRU over whole shards and never touches a shard that a live
+//    stream in this process has open (pinned).
+//  * Start-up removes temp files left by dead processes of this host (the pid
+//    in the name is not running) or older than a day, removes entries whose
+//    .shard and .meta disagree (size, name), and adopts the rest, oldest
+//    first in LRU order.
+//
+// One data server per node owning its cache directory is the intended
+// layout; several processes sharing one directory stay correct (no partial
+// reads, no locks) but each keeps its own byte accounting, so together they
+// may exceed --cache_bytes.
+#ifndef SLUICE_SERVER_DATASERVER_SHARD_CACHE_H_
+#define SLUICE_SERVER_DATASERVER_SHARD_CACHE_H_
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/common/thread_pool.h"
+#include "server/dataserver/dataserver_metrics.h"
+#include "server/dataserver/remote_fetcher.h"
+#include "server/dataserver/shard_store.h"
+
+namespace sluice::dataserver {
+
+struct ShardCacheOptions {
+  std::string dir;
+  // Bytes of complete shards kept; 0 = unbounded.
+  int64_t max_bytes = 0;
+  // Downloads running at once.
+  int download_threads = 4;
+  // Shards fetched ahead on a prefetch hint at most at once (queued ones
+  // beyond this are dropped: hints are advisory).
+  int max_queued_prefetches = 64;
+  DataServerMetrics* metrics = nullptr;  // may be null
+};
+
+class ShardCache : public std::enable_shared_from_this<ShardCache> {
+ public:
+  using OpenCallback = ShardStore::OpenCallback;
+
+  // Creates the directory if needed, cleans it up and adopts what is there.
+  static absl::StatusOr<std::shared_ptr<ShardCache>> Create(
+      ShardCacheOptions options, std::unique_ptr<RemoteFetcher> fetcher);
+  ~ShardCache();
+
+  // The shard, downloaded first if it is not cached. The result is pinned
+  // (not evicted) while any copy of the pointer lives. `done` runs inline on
+  // a hit and on a download thread otherwise.
+  void OpenAsync(const ShardRef& shard, OpenCallback done);
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(const ShardRef& shard);
+  // Starts downloading `shard` unless it is cached or being downloaded.
+  void Prefetch(const ShardRef& shard);
+
+  // Stops downloads in progress (they fail with CANCELLED) and refuses new
+  // ones. Called on shutdown; the destructor waits for the threads.
+  void Shutdown();
+
+  int64_t bytes_in_use() const;
+  std::vector<std::string> CachedUrls() const;
+  const std::string& dir() const { return options_.dir; }
+  // "<dir>/<sha256(url)>.shard": where `url` is cached.
+  std::string PathFor(const std::string& url) const;
+
+ private:
+  struct Entry {
+    std::string url;
+    int64_t size = 0;
+    std::string sha256;
+    bool ready = false;        // the final file exists and is verified
+    bool downloading = false;  // a download is in flight
+    bool prefetch = false;     // started by a prefetch hint
+    int pins = 0;              // live pointers handed out
+    std::vector<OpenCallback> waiters;
+    std::list<std::string>::iterator lru;  // valid when ready
+  };
+
+  ShardCache(ShardCacheOptions options, std::unique_ptr<RemoteFetcher> fetcher);
+  absl::Status Scan();
+  void StartDownloadLocked(const ShardRef& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Download(const ShardRef& shard);
+  absl::StatusOr<std::shared_ptr<const ShardData>> DownloadToCache(const ShardRef& shard,
+                                                                   FetchFailure* failure);
+  // Maps the entry's file and pins it; NOT_FOUND if the file vanished
+  // (evicted by another process sharing the directory).
+  absl::StatusOr<std::shared_ptr<const ShardData>> PinLocked(const std::shared_ptr<Entry>& entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<const ShardData> Pinned(const std::shared_ptr<Entry>& entry,
+                                          std::shared_ptr<const ShardData> data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unpin(const std::shared_ptr<Entry>& entry);
+  // Adopts a complete entry another process (or an earlier run) left in the
+  // directory; false if there is none or it does not match `shard`.
+  bool AdoptFromDiskLocked(const ShardRef& shard, const std::string& expected_sha)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts unpinned shards, least recently used first, until the ready bytes
+  // plus the known sizes of downloads in flight fit --cache_bytes.
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropLocked(const std::shared_ptr<Entry>& entry, bool remove_files)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGaugeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ShardCacheOptions options_;
+  const std::unique_ptr<RemoteFetcher> fetcher_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  // Ready entries, least recently used first.
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;       // ready entries
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;    // known sizes in flight
+  int64_t temp_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  int queued_prefetches_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Last member: destroyed (joined) first.
+  std::unique_ptr<ThreadPool> downloads_;
+};
+
+// Routes local paths to a LocalShardStore and http(s)/s3 URLs to the cache.
+class CompositeShardStore : public ShardStore {
+ public:
+  // Either may be null (then those URLs get FAILED_PRECONDITION naming the
+  // flag that enables them).
+  CompositeShardStore(std::unique_ptr<LocalShardStore> local,
+                      std::shared_ptr<ShardCache> cache)
+      : local_(std::move(local)), cache_(std::move(cache)) {}
+  ~CompositeShardStore() override;
+
+  using ShardStore::Open;
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(const ShardRef& shard) override;
+  bool IsRemote(absl::string_view url) const override;
+  void OpenAsync(const ShardRef& shard, OpenCallback done) override;
+  void Prefetch(const ShardRef& shard) override;
+
+  ShardCache* cache() { return cache_.get(); }
+
+ private:
+  absl::Status Unavailable(absl::string_view url) const;
+  std::unique_ptr<LocalShardStore> local_;
+  std::shared_ptr<ShardCache> cache_;
+};
+
+}  // namespace sluice::dataserver
+
+#endif  // SLUICE_SERVER_DATASERVER_SHARD_CACHE_H_
