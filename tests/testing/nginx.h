@@ -1,0 +1,57 @@
+// A real nginx (Debian's /usr/sbin/nginx) on 127.0.0.1 for tests of remote
+// shards: serves `docroot` at /, the same files rate-limited under /slow/,
+// and under /flaky/ answers 500 until the test calls MakeFlakyHealthy().
+// Every request is logged (tab-separated) to an access log the test reads.
+// Stopped by its own PID in the destructor.
+#ifndef SLUICE_TESTS_TESTING_NGINX_H_
+#define SLUICE_TESTS_TESTING_NGINX_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tests/testing/process.h"
+
+namespace sluice::testing {
+
+struct NginxLogLine {
+  std::string method;
+  std::string uri;  // path without the query
+  int status = 0;
+  int64_t body_bytes = 0;
+  std::string host;
+  std::string authorization;
+  std::string amz_date;
+  std::string amz_content_sha256;
+  std::string amz_security_token;
+};
+
+class Nginx {
+ public:
+  // `dir` holds the config, logs and pid file; /slow/ sends at most
+  // `slow_bytes_per_second`.
+  static absl::StatusOr<std::unique_ptr<Nginx>> Start(const std::string& dir,
+                                                      const std::string& docroot,
+                                                      int64_t slow_bytes_per_second = 2 << 20);
+  ~Nginx();
+
+  // "http://127.0.0.1:PORT"
+  std::string base_url() const;
+  int port() const { return port_; }
+  std::vector<NginxLogLine> AccessLog() const;
+  // Requests logged for `uri` with `method`.
+  int Count(const std::string& method, const std::string& uri) const;
+  void MakeFlakyHealthy();
+
+ private:
+  Nginx() = default;
+  std::string dir_;
+  int port_ = 0;
+  ChildProcess process_;
+};
+
+}  // namespace sluice::testing
+
+#endif  // SLUICE_TESTS_TESTING_NGINX_H_

@@ -1,0 +1,174 @@
+// Shard cache start-up (what a crashed or concurrent process leaves in the
+// directory), URL validation, and the reference SigV4 signer the S3
+// integration test relies on.
+#include "server/dataserver/shard_cache.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/sigv4.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tar_writer.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sluice::dataserver {
+namespace {
+
+using ::sluice::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+std::set<std::string> Names(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.insert(e.path().filename().string());
+  }
+  return out;
+}
+
+std::string Host() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// A pid that is certainly not running: a child that has exited and been
+// reaped.
+pid_t DeadPid() {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+std::shared_ptr<ShardCache> NewCache(const std::string& dir, int64_t max_bytes = 0) {
+  ShardCacheOptions options;
+  options.dir = dir;
+  options.max_bytes = max_bytes;
+  auto cache = ShardCache::Create(options, std::make_unique<RemoteFetcher>(RemoteFetcherOptions{}));
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? *cache : nullptr;
+}
+
+void WriteEntry(const std::string& dir, const std::string& url, const std::string& body,
+                int64_t recorded_size) {
+  const std::string hash = testing::Sha256Hex(url);
+  testing::WriteFile(absl::StrCat(dir, "/", hash, ".shard"), body);
+  testing::WriteFile(absl::StrCat(dir, "/", hash, ".meta"),
+                     absl::StrCat("sluice-cache-v1\n", url, "\n", recorded_size, "\n",
+                                  testing::Sha256Hex(body), "\n"));
+}
+
+TEST(ShardCacheTest, StartUpRemovesLeftoversOfDeadProcessesAndKeepsCompleteEntries) {
+  testing::TempDir dir;
+  const std::string host = Host();
+  const std::string dead_temp =
+      absl::StrCat(".tmp-", DeadPid(), "-1-shard-", std::string(64, 'a'), "@", host);
+  const std::string live_temp =  // this test's parent is alive: not ours to remove
+      absl::StrCat(".tmp-", getppid(), "-1-shard-", std::string(64, 'b'), "@", host);
+  const std::string foreign_temp =
+      absl::StrCat(".tmp-1-1-shard-", std::string(64, 'c'), "@some-other-host");
+  for (const std::string& name : {dead_temp, live_temp, foreign_temp}) {
+    testing::WriteFile(dir.File(name), "partial");
+  }
+  WriteEntry(dir.path(), "http://h/good.tar", "complete shard", 14);
+  WriteEntry(dir.path(), "http://h/short.tar", "truncat", 14);  // size disagrees
+  const std::string orphan = std::string(64, 'd') + ".shard";  // no .meta, old
+  testing::WriteFile(dir.File(orphan), "orphan");
+  struct timespec old[2] = {{1, 0}, {1, 0}};
+  utimensat(AT_FDCWD, dir.File(orphan).c_str(), old, 0);
+  testing::WriteFile(dir.File("notes.txt"), "not ours");
+
+  auto cache = NewCache(dir.path());
+  ASSERT_NE(cache, nullptr);
+  const std::string good = testing::Sha256Hex("http://h/good.tar");
+  EXPECT_THAT(Names(dir.path()),
+              UnorderedElementsAre(live_temp, foreign_temp, good + ".shard", good + ".meta",
+                                   "notes.txt"));
+  EXPECT_EQ(cache->bytes_in_use(), 14);
+  EXPECT_THAT(cache->CachedUrls(), UnorderedElementsAre("http://h/good.tar"));
+  // A hit: no network needed.
+  auto shard = cache->Open(ShardRef{"http://h/good.tar", 14, ""});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ((*shard)->bytes(), "complete shard");
+  EXPECT_EQ((*shard)->path(), "http://h/good.tar");
+}
+
+TEST(ShardCacheTest, StartUpEvictsDownToTheLimitOldestFirst) {
+  testing::TempDir dir;
+  WriteEntry(dir.path(), "http://h/old.tar", std::string(100, 'o'), 100);
+  WriteEntry(dir.path(), "http://h/new.tar", std::string(100, 'n'), 100);
+  struct timespec old[2] = {{1000, 0}, {1000, 0}};
+  utimensat(AT_FDCWD, dir.File(testing::Sha256Hex("http://h/old.tar") + ".shard").c_str(), old,
+            0);
+  auto cache = NewCache(dir.path(), 150);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_THAT(cache->CachedUrls(), UnorderedElementsAre("http://h/new.tar"));
+  EXPECT_EQ(cache->bytes_in_use(), 100);
+}
+
+TEST(ShardCacheTest, BadUrlsAndChecksumsAreRejectedBeforeAnyDownload) {
+  testing::TempDir dir;
+  auto cache = NewCache(dir.path());
+  ASSERT_NE(cache, nullptr);
+  EXPECT_THAT(cache->Open(ShardRef{"s3://bucket-only", 0, ""}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("s3://BUCKET/KEY")));
+  EXPECT_THAT(cache->Open(ShardRef{"http://h/a b.tar", 0, ""}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("whitespace")));
+  EXPECT_THAT(cache->Open(ShardRef{"http://h/a.tar", 0, "md5:abc"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("md5:abc")));
+  EXPECT_TRUE(Names(dir.path()).empty());
+}
+
+TEST(ShardCacheTest, CompositeStoreNamesTheMissingFlag) {
+  CompositeShardStore store(nullptr, nullptr);
+  EXPECT_THAT(store.Open("https://h/x.tar").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--cache_dir")));
+  EXPECT_THAT(store.Open("/data/x.tar").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--roots")));
+  EXPECT_TRUE(store.IsRemote("s3://b/k"));
+  EXPECT_FALSE(store.IsRemote("file:///b/k"));
+}
+
+TEST(ShardCacheTest, S3UrlsMapPathStyleOntoTheEndpoint) {
+  RemoteFetcherOptions options;
+  options.s3_endpoint = "http://127.0.0.1:9000/";
+  RemoteFetcher fetcher(options);
+  auto url = fetcher.HttpUrl("s3://bucket/dir/shard-0.tar");
+  ASSERT_TRUE(url.ok()) << url.status();
+  EXPECT_EQ(*url, "http://127.0.0.1:9000/bucket/dir/shard-0.tar");
+}
+
+// AWS's published SigV4 example (Amazon S3 API reference, "Signature
+// Calculations for the Authorization Header", GET Object): the reference
+// signer must reproduce it before it is trusted to judge libcurl's.
+TEST(SigV4ReferenceTest, ReproducesAwsPublishedExample) {
+  testing::SigV4Request r;
+  r.method = "GET";
+  r.canonical_uri = "/test.txt";
+  r.headers = {{"host", "examplebucket.s3.amazonaws.com"},
+               {"range", "bytes=0-9"},
+               {"x-amz-content-sha256",
+                "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+               {"x-amz-date", "20130524T000000Z"}};
+  r.payload_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+  r.amz_date = "20130524T000000Z";
+  r.region = "us-east-1";
+  r.secret_key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+  EXPECT_EQ(testing::Sha256Hex(testing::SigV4CanonicalRequest(r)),
+            "7344ae5b7ee6c3e7e6b0fe0640412a37625d1fbfff95c48bbb2dc43964946972");
+  EXPECT_EQ(testing::SigV4Signature(r),
+            "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
+}
+
+}  // namespace
+}  // namespace sluice::dataserver
