@@ -13,7 +13,7 @@ DEB_PACKAGES := \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev grpc-proto \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev \
   zlib1g-dev libturbojpeg0-dev libpng-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  clang libclang-rt-14-dev python3 nodejs systemd \
+  clang libclang-rt-14-dev python3 nodejs systemd nginx-light \
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
