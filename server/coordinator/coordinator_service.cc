@@ -227,7 +227,7 @@ void CoordinatorService::SubmitLocked(Effects& fx) {
   if (!journaled) fx.ticket = journal_->LastTicket();
   // Records with nothing to send still go through the flusher, so they are
   // written within one group commit rather than whenever the next reply is.
-  if (fx.sends.empty() && fx.finishes.empty() && !journaled) return;
+  if (fx.sends.empty() && fx.finishes.empty() && fx.hints.empty() && !journaled) return;
   absl::MutexLock lock(&out_mu_);
   outbox_.push_back(std::move(fx));
   out_cv_.Signal();
@@ -250,6 +250,7 @@ void CoordinatorService::SendEffects(Effects& fx, const absl::Status& durable) {
     grants += msg.has_grant();
     sink->Send(msg);
   }
+  for (auto& [sink, msg] : fx.hints) sink->Send(msg);
   for (auto& [sink, status] : fx.finishes) sink->Finish(status);
   if (options_.metrics != nullptr && grants > 0) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - fx.started);
@@ -526,7 +527,8 @@ uint64_t Mix64(uint64_t z) {
 }  // namespace
 
 int64_t CoordinatorService::RegisterDataServer(const std::string& address,
-                                               int32_t capacity) {
+                                               int32_t capacity,
+                                               std::shared_ptr<DataServerSink> sink) {
   Effects fx;
   int64_t id;
   {
@@ -537,6 +539,16 @@ int64_t CoordinatorService::RegisterDataServer(const std::string& address,
     e.address = address;
     e.capacity = capacity > 0 ? capacity : 1;
     e.last_seen = options_.clock->Now();
+    e.sink = std::move(sink);
+    if (e.sink != nullptr) {
+      // Under mu_, so the reply precedes any hint for this server.
+      v1::CoordinatorToDataServer reply;
+      reply.mutable_registered()->set_heartbeat_interval_ms(
+          absl::ToInt64Milliseconds(data_server_timeout() / 3));
+      reply.mutable_registered()->set_heartbeat_timeout_ms(
+          absl::ToInt64Milliseconds(data_server_timeout()));
+      e.sink->Send(reply);
+    }
     UpdateDataServerMetricLocked();
     if (none_live) PumpAllLocked(fx);  // units waiting for a data server
     SubmitLocked(fx);
@@ -991,7 +1003,41 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
   *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*leases_.Find(lease_id), job);
   fx.sends.emplace_back(s.sink, grant);
   if (options_.metrics) options_.metrics->ForJob(job.spec.name()).granted->Increment();
+  HintUpcomingLocked(job, queue, fx);
   return true;
+}
+
+namespace {
+bool IsRemoteShardUrl(const std::string& url) {
+  return absl::StartsWith(url, "http://") || absl::StartsWith(url, "https://") ||
+         absl::StartsWith(url, "s3://");
+}
+}  // namespace
+
+void CoordinatorService::HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue,
+                                            Effects& fx) {
+  if (options_.prefetch_hint_units <= 0 || data_servers_.empty()) return;
+  constexpr size_t kRememberedHints = 4096;
+  std::map<int64_t, v1::CoordinatorToDataServer> hints;
+  int looked = 0;
+  for (const Piece& piece : queue) {
+    if (++looked > options_.prefetch_hint_units) break;
+    const v1::Shard& shard = job.spec.manifest().shards(piece.shard_index);
+    if (!IsRemoteShardUrl(shard.url())) continue;
+    const std::string address = PickDataServerLocked(shard.url());
+    for (auto& [id, e] : data_servers_) {
+      if (e.address != address || e.sink == nullptr) continue;
+      if (!e.hinted_set.insert(shard.url()).second) break;
+      e.hinted.push_back(shard.url());
+      if (e.hinted.size() > kRememberedHints) {
+        e.hinted_set.erase(e.hinted.front());
+        e.hinted.pop_front();
+      }
+      *hints[id].mutable_prefetch()->add_shards() = shard;
+      break;
+    }
+  }
+  for (auto& [id, msg] : hints) fx.hints.emplace_back(data_servers_[id].sink, std::move(msg));
 }
 
 void CoordinatorService::PumpLocked(const std::string& name, Effects& fx, Session* only) {

@@ -21,6 +21,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -49,10 +50,22 @@ class SessionSink {
   virtual void Finish(const absl::Status& status) = 0;
 };
 
+// Where the service sends messages to one registered data server (the
+// registration stream). Send must not block; it is called under the
+// service's lock.
+class DataServerSink {
+ public:
+  virtual ~DataServerSink() = default;
+  virtual void Send(const v1::CoordinatorToDataServer& message) = 0;
+};
+
 struct CoordinatorOptions {
   Clock* clock = Clock::Real();
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration default_lease_ttl = absl::Seconds(10);
+  // Upcoming units looked at after each grant for data servers' prefetch
+  // hints; 0 = no hints.
+  int prefetch_hint_units = 8;
   // Journal directory; empty = in memory (tests only).
   std::string journal_dir;
   // Compact the journal into one snapshot once it is larger than this and
@@ -98,7 +111,12 @@ class CoordinatorService {
   // within data_server_timeout(); grants name a live server chosen by
   // rendezvous hashing of the shard URL (weighted by capacity), so a shard
   // keeps going to the same server while the set of servers is stable.
-  int64_t RegisterDataServer(const std::string& address, int32_t capacity);
+  // `sink` (may be null) first gets the DataServerRegistered reply, then
+  // PrefetchHints: after each grant, the remote shards of the next
+  // `prefetch_hint_units` units of the grant's queue, each sent to the
+  // server those units will be routed to, once per registration.
+  int64_t RegisterDataServer(const std::string& address, int32_t capacity,
+                             std::shared_ptr<DataServerSink> sink = nullptr);
   void DataServerHeartbeat(int64_t id);
   void UnregisterDataServer(int64_t id);
   std::vector<std::string> LiveDataServers();
@@ -128,6 +146,10 @@ class CoordinatorService {
     absl::Time last_seen;
     // A trainer reported it failing: not chosen before this time.
     absl::Time suspect_until = absl::InfinitePast();
+    std::shared_ptr<DataServerSink> sink;
+    // Shard URLs already hinted (bounded, oldest forgotten first).
+    std::deque<std::string> hinted;
+    std::set<std::string> hinted_set;
   };
   std::string PickDataServerLocked(const std::string& shard_url)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -153,9 +175,13 @@ class CoordinatorService {
   struct Effects {
     std::vector<std::pair<std::shared_ptr<SessionSink>, v1::CoordinatorMessage>> sends;
     std::vector<std::pair<std::shared_ptr<SessionSink>, absl::Status>> finishes;
+    std::vector<std::pair<std::shared_ptr<DataServerSink>, v1::CoordinatorToDataServer>> hints;
     uint64_t ticket = 0;
     absl::Time started = absl::Now();  // for the grant latency histogram
   };
+  // Queues PrefetchHints for the units at the front of `queue`.
+  void HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   explicit CoordinatorService(const CoordinatorOptions& options);
 

@@ -16,59 +16,74 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
   return reactor;
 }
 
+// Writes to one server-streaming side of a bidi reactor: a queue with one
+// write in flight, Finish only after the queue drains. Outlives the reactor:
+// after Detach (OnDone) everything is dropped. Thread-safe.
+template <typename Reactor, typename Message>
+class QueuedWriter {
+ public:
+  explicit QueuedWriter(Reactor* reactor) : reactor_(reactor) {}
+  void Send(const Message& m) {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr || finish_requested_) return;
+    queue_.push_back(m);
+    MaybeWriteLocked();
+  }
+  void Finish(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr || finish_requested_) return;
+    finish_requested_ = true;
+    finish_status_ = status;
+    MaybeWriteLocked();
+  }
+  void OnWriteDone(bool ok) {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) queue_.clear();  // the peer is gone; Finish still runs once
+    MaybeWriteLocked();
+  }
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reactor_ == nullptr || writing_) return;
+    if (!queue_.empty()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      reactor_->StartWrite(&current_);
+    } else if (finish_requested_ && !finished_) {
+      finished_ = true;
+      reactor_->Finish(finish_status_);
+    }
+  }
+  absl::Mutex mu_;
+  Reactor* reactor_ ABSL_GUARDED_BY(mu_);
+  std::deque<Message> queue_ ABSL_GUARDED_BY(mu_);
+  Message current_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+};
+
 // One Session stream. The service talks to it through Sink, which outlives
 // the reactor: after OnDone, messages for the stream are dropped.
 class SessionReactor : public grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage> {
  public:
   class Sink : public SessionSink {
    public:
-    explicit Sink(SessionReactor* reactor) : reactor_(reactor) {}
-    void Send(const CoordinatorMessage& m) override {
-      absl::MutexLock lock(&mu_);
-      if (reactor_ == nullptr || finish_requested_) return;
-      queue_.push_back(m);
-      MaybeWriteLocked();
-    }
-    void Finish(const absl::Status& status) override {
-      absl::MutexLock lock(&mu_);
-      if (reactor_ == nullptr || finish_requested_) return;
-      finish_requested_ = true;
-      finish_status_ = ToGrpcStatus(status);
-      MaybeWriteLocked();
-    }
-    void OnWriteDone(bool ok) {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) queue_.clear();  // the client is gone; Finish still runs once
-      MaybeWriteLocked();
-    }
-    void Detach() {
-      absl::MutexLock lock(&mu_);
-      reactor_ = nullptr;
-    }
+    explicit Sink(SessionReactor* reactor) : writer_(reactor) {}
+    void Send(const CoordinatorMessage& m) override { writer_.Send(m); }
+    void Finish(const absl::Status& status) override { writer_.Finish(ToGrpcStatus(status)); }
+    void OnWriteDone(bool ok) { writer_.OnWriteDone(ok); }
+    void Detach() { writer_.Detach(); }
 
    private:
-    // One write in flight; Finish only after the queue drains.
-    void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (reactor_ == nullptr || writing_) return;
-      if (!queue_.empty()) {
-        current_ = std::move(queue_.front());
-        queue_.pop_front();
-        writing_ = true;
-        reactor_->StartWrite(&current_);
-      } else if (finish_requested_ && !finished_) {
-        finished_ = true;
-        reactor_->Finish(finish_status_);
-      }
-    }
-    absl::Mutex mu_;
-    SessionReactor* reactor_ ABSL_GUARDED_BY(mu_);
-    std::deque<CoordinatorMessage> queue_ ABSL_GUARDED_BY(mu_);
-    CoordinatorMessage current_ ABSL_GUARDED_BY(mu_);
-    bool writing_ ABSL_GUARDED_BY(mu_) = false;
-    bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
-    bool finished_ ABSL_GUARDED_BY(mu_) = false;
-    grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+    QueuedWriter<SessionReactor, CoordinatorMessage> writer_;
   };
 
   explicit SessionReactor(CoordinatorService* service)
@@ -104,40 +119,43 @@ class SessionReactor : public grpc::ServerBidiReactor<TrainerMessage, Coordinato
 
 }  // namespace
 
-// One data server's registration stream: Register, then heartbeats. The
-// server is dropped from routing when the stream ends. One write (the
-// DataServerRegistered reply) at most; Finish exactly once, after it.
+// One data server's registration stream: Register, then heartbeats in;
+// DataServerRegistered, then prefetch hints out (through Sink, queued). The
+// server is dropped from routing when the stream ends.
 class RegistrationReactor
     : public grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer> {
  public:
+  class Sink : public DataServerSink {
+   public:
+    explicit Sink(RegistrationReactor* reactor) : writer_(reactor) {}
+    void Send(const v1::CoordinatorToDataServer& m) override { writer_.Send(m); }
+    void Finish(const absl::Status& status) { writer_.Finish(ToGrpcStatus(status)); }
+    void OnWriteDone(bool ok) { writer_.OnWriteDone(ok); }
+    void Detach() { writer_.Detach(); }
+
+   private:
+    QueuedWriter<RegistrationReactor, v1::CoordinatorToDataServer> writer_;
+  };
+
   RegistrationReactor(CoordinatorService* service, GrpcCoordinatorService* owner)
-      : service_(service), owner_(owner) {
+      : service_(service), owner_(owner), sink_(std::make_shared<Sink>(this)) {
     StartRead(&in_);
   }
 
+  // Reads are serialized by gRPC; id_ is touched only here and in OnDone.
   void OnReadDone(bool ok) override {
     if (!ok) {
-      FinishOnce(absl::OkStatus());
+      sink_->Finish(absl::OkStatus());
       return;
     }
     if (in_.has_register_()) {
-      absl::MutexLock lock(&mu_);
       if (id_ == 0) {
         id_ = service_->RegisterDataServer(in_.register_().address(),
-                                           in_.register_().capacity());
-        address_ = in_.register_().address();
-        auto* reply = out_.mutable_registered();
-        reply->set_heartbeat_interval_ms(
-            absl::ToInt64Milliseconds(service_->data_server_timeout() / 3));
-        reply->set_heartbeat_timeout_ms(
-            absl::ToInt64Milliseconds(service_->data_server_timeout()));
-        writing_ = true;
-        StartWrite(&out_);
+                                           in_.register_().capacity(), sink_);
       }
     } else if (in_.has_heartbeat()) {
-      absl::MutexLock lock(&mu_);
       if (id_ == 0) {
-        FinishLocked(absl::FailedPreconditionError(
+        sink_->Finish(absl::FailedPreconditionError(
             "data server sent a heartbeat before registering"));
         return;
       }
@@ -146,50 +164,25 @@ class RegistrationReactor
     StartRead(&in_);
   }
 
-  void OnWriteDone(bool) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (finish_pending_) FinishLocked(pending_status_);
-  }
+  void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
 
-  // From Drain: end the stream so the server reconnects elsewhere/later.
-  void FinishOnce(const absl::Status& status) {
-    absl::MutexLock lock(&mu_);
-    FinishLocked(status);
-  }
+  // Drain ends the stream through it (it outlives the reactor), so the
+  // server reconnects elsewhere/later.
+  std::shared_ptr<Sink> sink() const { return sink_; }
 
   void OnDone() override {
     owner_->ForgetRegistration(this);
-    {
-      absl::MutexLock lock(&mu_);
-      if (id_ != 0) service_->UnregisterDataServer(id_);
-    }
+    sink_->Detach();
+    if (id_ != 0) service_->UnregisterDataServer(id_);
     delete this;
   }
 
  private:
-  void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_) return;
-    if (writing_) {
-      finish_pending_ = true;
-      pending_status_ = status;
-      return;
-    }
-    finished_ = true;
-    Finish(ToGrpcStatus(status));
-  }
-
   CoordinatorService* const service_;
   GrpcCoordinatorService* const owner_;
+  std::shared_ptr<Sink> sink_;
   v1::DataServerMessage in_;
-  v1::CoordinatorToDataServer out_;
-  absl::Mutex mu_;
-  int64_t id_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string address_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finish_pending_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status pending_status_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t id_ = 0;
 };
 
 
@@ -321,14 +314,14 @@ void GrpcCoordinatorService::ExpiryLoop() {
 void GrpcCoordinatorService::Drain() {
   service_->Drain();
   once_barrier_.Drain();
-  std::vector<RegistrationReactor*> registrations;
+  std::vector<std::shared_ptr<RegistrationReactor::Sink>> registrations;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu_);  // a reactor leaves the set before it is deleted
     stopping_ = true;
-    registrations.assign(registrations_.begin(), registrations_.end());
+    for (RegistrationReactor* r : registrations_) registrations.push_back(r->sink());
   }
-  for (RegistrationReactor* r : registrations) {
-    r->FinishOnce(absl::UnavailableError("coordinator is shutting down"));
+  for (const auto& sink : registrations) {
+    sink->Finish(absl::UnavailableError("coordinator is shutting down"));
   }
 }
 

@@ -24,6 +24,10 @@ ABSL_FLAG(int64_t, journal_compact_bytes, 64 << 20,
 ABSL_FLAG(bool, wait_for_data_servers, true,
           "Hold grants back while no data server is registered and live (trainers are told "
           "why). Turn off only for tests with scripted trainers that read nothing.");
+ABSL_FLAG(int, prefetch_hint_units, 8,
+          "After each grant, look this many units ahead in the grant's queue and send the "
+          "data servers they will be routed to a PrefetchHint for their remote shards "
+          "(http/https/s3). 0 = no hints.");
 ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the data servers "
           "(HMAC-SHA256 over each lease). Empty = leases carry no token.");
@@ -43,6 +47,10 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.wait_for_data_servers = absl::GetFlag(FLAGS_wait_for_data_servers);
     options.default_lease_ttl = absl::GetFlag(FLAGS_default_lease_ttl);
     options.metrics = services->metrics_.get();
+    options.prefetch_hint_units = absl::GetFlag(FLAGS_prefetch_hint_units);
+    if (options.prefetch_hint_units < 0) {
+      return absl::InvalidArgumentError("--prefetch_hint_units must be >= 0");
+    }
     ASSIGN_OR_RETURN(options.lease_secret,
                      sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
                                             "lease_secret_file"));

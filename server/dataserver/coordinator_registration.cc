@@ -33,7 +33,11 @@ int CoordinatorRegistration::registrations() const {
 
 bool CoordinatorRegistration::Sleep(absl::Duration d) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  auto wake = [this] {
+    mu_.AssertHeld();
+    return stopping_ || stream_broken_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&wake), d);
   return !stopping_;
 }
 
@@ -70,12 +74,29 @@ void CoordinatorRegistration::Run() {
       backoff = absl::Milliseconds(100);
       absl::Duration interval =
           absl::Milliseconds(std::max<int64_t>(50, reply.registered().heartbeat_interval_ms()));
+      // Reads (prefetch hints) run beside the heartbeat writes.
+      std::thread reader([&] {
+        v1::CoordinatorToDataServer in;
+        while (stream->Read(&in)) {
+          if (in.has_prefetch() && options_.on_prefetch) options_.on_prefetch(in.prefetch());
+        }
+        absl::MutexLock lock(&mu_);
+        stream_broken_ = true;
+      });
       while (Sleep(interval)) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (stream_broken_) break;
+        }
         v1::DataServerMessage beat;
         beat.mutable_heartbeat()->set_active_streams(
             options_.active_streams ? options_.active_streams() : 0);
         if (!stream->Write(beat)) break;
       }
+      context.TryCancel();
+      reader.join();
+      absl::MutexLock lock(&mu_);
+      stream_broken_ = false;
     }
     context.TryCancel();
     grpc::Status status = stream->Finish();

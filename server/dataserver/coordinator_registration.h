@@ -2,7 +2,9 @@
 // RegisterDataServer stream, sends Register{address, capacity}, then a
 // heartbeat at the interval the coordinator asks for. When the stream breaks
 // (coordinator restarted, network) it reconnects with jittered exponential
-// backoff (100 ms .. 5 s) and registers again. Thread-safe; Stop() joins.
+// backoff (100 ms .. 5 s) and registers again. Prefetch hints the
+// coordinator sends on the stream go to `on_prefetch` (on the reading
+// thread). Thread-safe; Stop() joins.
 #ifndef SLUICE_SERVER_DATASERVER_COORDINATOR_REGISTRATION_H_
 #define SLUICE_SERVER_DATASERVER_COORDINATOR_REGISTRATION_H_
 
@@ -14,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/synchronization/mutex.h"
+#include "sluice/v1/coordinator.pb.h"
 
 namespace sluice::dataserver {
 
@@ -25,6 +28,7 @@ class CoordinatorRegistration {
     int32_t capacity = 1;
     std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
     std::function<int()> active_streams;                    // for heartbeats
+    std::function<void(const v1::PrefetchHint&)> on_prefetch;  // may be empty
   };
 
   explicit CoordinatorRegistration(Options options);
@@ -37,13 +41,14 @@ class CoordinatorRegistration {
 
  private:
   void Run();
-  // Waits `d` or until Stop(); returns false when stopping.
+  // Waits `d` or until Stop() or the stream breaks; false when stopping.
   bool Sleep(absl::Duration d);
 
   const Options options_;
   std::thread thread_;
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   int registrations_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -118,6 +118,7 @@ class DataServerServices : public sluice::ServiceSet {
       cache_options.max_bytes = absl::GetFlag(FLAGS_cache_bytes);
       cache_options.download_threads = absl::GetFlag(FLAGS_download_threads);
       cache_options.metrics = s->metrics_.get();
+      cache_options.max_queued_prefetches = absl::GetFlag(FLAGS_prefetch);
       if (cache_options.download_threads < 1) {
         return absl::InvalidArgumentError("--download_threads must be at least 1");
       }
@@ -180,6 +181,14 @@ class DataServerServices : public sluice::ServiceSet {
     options.capacity = absl::GetFlag(FLAGS_capacity);
     DataServerService* logic = logic_.get();
     options.active_streams = [logic] { return logic->active_streams(); };
+    if (cache_ != nullptr && absl::GetFlag(FLAGS_prefetch) > 0) {
+      ShardCache* cache = cache_;
+      options.on_prefetch = [cache](const sluice::v1::PrefetchHint& hint) {
+        for (const sluice::v1::Shard& shard : hint.shards()) {
+          cache->Prefetch({shard.url(), shard.size_bytes(), shard.checksum()});
+        }
+      };
+    }
     registration_ = std::make_unique<CoordinatorRegistration>(std::move(options));
     registration_->Start();
     return absl::OkStatus();

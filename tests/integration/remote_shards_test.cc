@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 #include "tests/testing/http.h"
 #include "tests/testing/nginx.h"
@@ -528,6 +529,78 @@ TEST_F(RemoteShardsTest, S3RequestsAreSignedWithSigV4) {
   EXPECT_EQ(l.amz_security_token, "session-token-1");
   EXPECT_EQ(parts["Signature"], testing::SigV4Signature(r))
       << "canonical request:\n" << testing::SigV4CanonicalRequest(r);
+}
+
+// The coordinator knows which units come next: after a grant it hints their
+// remote shards to the data server they will be routed to, which downloads
+// them before anyone asks; the later reads are cache hits and nothing is
+// fetched twice.
+TEST_F(RemoteShardsTest, PrefetchHintsDownloadUpcomingShardsBeforeTheirReads) {
+  for (int i = 0; i < 6; ++i) PublishSized(absl::StrCat("p", i, ".tar"), 4, 4 << 10);
+  mkdir(dir_.File("coord").c_str(), 0755);
+  auto coordinator = ServerProcess::Start(
+      "sluice-coordinator", dir_.File("coord"),
+      {"--journal_dir=" + dir_.File("coord/journal"), "--heartbeat_interval=200ms"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ServerProcess server =
+      StartDataServer("ds", {"--coordinator=" + coordinator->grpc_address, "--prefetch=8"});
+  ASSERT_TRUE(
+      testing::WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    v1::CreateJobRequest request;
+    v1::Job job;
+    request.mutable_spec()->set_name("prefetch");
+    for (int i = 0; i < 6; ++i) {
+      const std::string name = absl::StrCat("p", i, ".tar");
+      auto* shard = request.mutable_spec()->mutable_manifest()->add_shards();
+      shard->set_url(nginx_->base_url() + "/" + name);
+      shard->set_num_samples(4);
+      shard->set_size_bytes(static_cast<int64_t>(shards_[name].size()));
+      shard->set_checksum("sha256:" + testing::Sha256Hex(shards_[name]));
+    }
+    request.mutable_spec()->set_world_size(1);
+    request.mutable_spec()->set_num_epochs(1);
+    request.mutable_spec()->set_shuffle(false);
+    ASSERT_TRUE(stub->CreateJob(&ctx, request, &job).ok());
+  }
+  grpc::ClientContext ctx;
+  auto session = stub->Session(&ctx);
+  v1::TrainerMessage hello;
+  hello.mutable_hello()->set_job("prefetch");
+  hello.mutable_hello()->set_trainer_id("t0");
+  ASSERT_TRUE(session->Write(hello));
+  v1::TrainerMessage want;
+  want.mutable_want()->set_credits(1);
+  ASSERT_TRUE(session->Write(want));
+  v1::CoordinatorMessage m;
+  while (session->Read(&m) && !m.has_grant()) {
+  }
+  ASSERT_TRUE(m.has_grant());
+  const v1::Lease first = m.grant().lease();
+  EXPECT_EQ(first.unit().shard_url(), nginx_->base_url() + "/p0.tar");
+  // One grant, no reads at all: the other five shards arrive anyway.
+  ASSERT_TRUE(PollUntil([&] {
+    int fetched = 0;
+    for (int i = 1; i < 6; ++i) fetched += nginx_->Count("GET", absl::StrCat("/p", i, ".tar"));
+    return fetched == 5;
+  }));
+  EXPECT_EQ(nginx_->Count("GET", "/p0.tar"), 0);
+  ASSERT_TRUE(testing::WaitForMetric(server.metrics_address,
+                                     "sluice_dataserver_cache_download_seconds_count 5"));
+  // Reading the granted unit downloads p0; the others are hits.
+  auto data = Stub(server);
+  for (int i = 0; i < 6; ++i) {
+    const std::string name = absl::StrCat("p", i, ".tar");
+    v1::ReadRequest r = Request(nginx_->base_url() + "/" + name, name);
+    if (i == 0) *r.mutable_lease() = first;
+    ExpectWholeShard(Read(data.get(), r), name);
+    EXPECT_EQ(nginx_->Count("GET", "/" + name), 1) << name;
+  }
+  EXPECT_THAT(Metrics(server), HasSubstr("sluice_dataserver_cache_hits_total 5"));
+  ctx.TryCancel();
 }
 
 }  // namespace
