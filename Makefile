@@ -77,6 +77,7 @@ bench: build
 	./$(BUILD_DIR)/bin/dataserver_bench --mode=raw
 	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded
 	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded --resize=224
+	./$(BUILD_DIR)/bin/remote_bench
 	./$(BUILD_DIR)/bin/reader_bench
 	./$(BUILD_DIR)/bin/reader_bench --decode
 	./$(BUILD_DIR)/bin/coordinator_bench --mode=leases

@@ -124,7 +124,7 @@ struct RemoteFetcher::Attempt {
       if (a->error_body.size() < 512) a->error_body.append(data, std::min<size_t>(total, 512));
       return total;
     }
-    EVP_DigestUpdate(a->sha, data, total);
+    if (a->sha != nullptr) EVP_DigestUpdate(a->sha, data, total);
     size_t done = 0;
     while (done < total) {
       ssize_t w = write(a->fd, data + done, total - done);
@@ -218,7 +218,7 @@ void RemoteFetcher::ReleaseHandle(void* handle) {
   }
 }
 
-absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
+absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd, bool sha256,
                                                  FetchFailure* failure) {
   *failure = FetchFailure::kNone;
   auto fail = [&](FetchFailure why, absl::Status status) {
@@ -255,8 +255,10 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
     a.curl = curl;
     a.fd = fd;
     a.cancelled = &cancelled_;
-    a.sha = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(a.sha, EVP_sha256(), nullptr);
+    if (sha256) {
+      a.sha = EVP_MD_CTX_new();
+      EVP_DigestInit_ex(a.sha, EVP_sha256(), nullptr);
+    }
     char curl_error[CURL_ERROR_SIZE] = {0};
     curl_slist* headers = nullptr;
     curl_easy_setopt(curl, CURLOPT_URL, http_url->c_str());
@@ -269,6 +271,7 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, curl_error);
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Attempt::Write);
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, &a);
+    curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 512L * 1024);  // fewer, larger writes
     curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, &Attempt::Progress);
     curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &a);
@@ -301,8 +304,10 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
     curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &content_length);
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int digest_len = 0;
-    EVP_DigestFinal_ex(a.sha, digest, &digest_len);
-    EVP_MD_CTX_free(a.sha);
+    if (a.sha != nullptr) {
+      EVP_DigestFinal_ex(a.sha, digest, &digest_len);
+      EVP_MD_CTX_free(a.sha);
+    }
     curl_slist_free_all(headers);
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);
     ReleaseHandle(curl);

@@ -69,7 +69,7 @@ struct RemoteFetcherOptions {
 struct FetchResult {
   int64_t bytes = 0;
   int attempts = 0;
-  // Lowercase hex SHA-256 of the body.
+  // Lowercase hex SHA-256 of the body, when asked for.
   std::string sha256;
 };
 
@@ -89,7 +89,8 @@ class RemoteFetcher {
   // PERMISSION_DENIED (401/403), FAILED_PRECONDITION (other 4xx),
   // UNAVAILABLE (5xx, network, truncated body, after every attempt),
   // INTERNAL (disk), CANCELLED (shutdown).
-  absl::StatusOr<FetchResult> Fetch(const std::string& url, int fd,
+  // `sha256`: also hash the body (FetchResult::sha256; empty otherwise).
+  absl::StatusOr<FetchResult> Fetch(const std::string& url, int fd, bool sha256,
                                     FetchFailure* failure);
 
   // The http(s) URL a shard URL is fetched from (s3:// mapped onto the

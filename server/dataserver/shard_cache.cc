@@ -448,7 +448,8 @@ void ShardCache::StartDownloadLocked(const ShardRef& shard) {
 void ShardCache::Download(const ShardRef& shard) {
   const absl::Time start = absl::Now();
   FetchFailure failure = FetchFailure::kNone;
-  absl::StatusOr<std::shared_ptr<const ShardData>> data = DownloadToCache(shard, &failure);
+  std::string sha256;
+  absl::StatusOr<std::shared_ptr<const ShardData>> data = DownloadToCache(shard, &failure, &sha256);
   std::vector<OpenCallback> waiters;
   std::vector<absl::StatusOr<std::shared_ptr<const ShardData>>> results;
   {
@@ -463,6 +464,7 @@ void ShardCache::Download(const ShardRef& shard) {
     if (data.ok()) {
       entry->ready = true;
       entry->size = (*data)->size();
+      entry->sha256 = sha256;
       entry->lru = lru_.insert(lru_.end(), shard.url);
       bytes_ += entry->size;
       if (metrics != nullptr) {
@@ -484,7 +486,7 @@ void ShardCache::Download(const ShardRef& shard) {
 }
 
 absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::DownloadToCache(
-    const ShardRef& shard, FetchFailure* failure) {
+    const ShardRef& shard, FetchFailure* failure, std::string* sha256) {
   const std::string hash = Sha256Hex(shard.url);
   int64_t n;
   {
@@ -506,12 +508,16 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::DownloadToCache(
   };
   int fd = open(temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return disk_error(ErrnoError("create", temp));
-  absl::StatusOr<FetchResult> fetched = fetcher_->Fetch(shard.url, fd, failure);
   auto reject = [&](absl::Status status) {
     close(fd);
     unlink(temp.c_str());
     return status;
   };
+  absl::StatusOr<std::string> expected = ExpectedSha256(shard);
+  if (!expected.ok()) return reject(expected.status());
+  // Hashing costs CPU at download speed: only when the manifest has a sum.
+  absl::StatusOr<FetchResult> fetched =
+      fetcher_->Fetch(shard.url, fd, /*sha256=*/!expected->empty(), failure);
   if (!fetched.ok()) return reject(fetched.status());
   if (shard.size_bytes > 0 && fetched->bytes != shard.size_bytes) {
     *failure = FetchFailure::kSizeMismatch;
@@ -519,14 +525,13 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::DownloadToCache(
         "shard \"", shard.url, "\": downloaded ", fetched->bytes,
         " bytes but the manifest says size_bytes ", shard.size_bytes, "; not cached")));
   }
-  absl::StatusOr<std::string> expected = ExpectedSha256(shard);
-  if (!expected.ok()) return reject(expected.status());
   if (!expected->empty() && *expected != fetched->sha256) {
     *failure = FetchFailure::kChecksumMismatch;
     return reject(absl::DataLossError(absl::StrCat(
         "shard \"", shard.url, "\": downloaded content has sha256:", fetched->sha256,
         " but the manifest says ", shard.checksum, "; not cached")));
   }
+  *sha256 = fetched->sha256;
   if (fsync(fd) != 0) {
     close(fd);
     return disk_error(ErrnoError("fsync", temp));

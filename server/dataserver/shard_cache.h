@@ -3,7 +3,10 @@
 //
 // Layout of --cache_dir (flat):
 //   <h>.shard   a complete, verified shard (h = SHA-256 of its URL, hex)
-//   <h>.meta    "sluice-cache-v1\n<url>\n<size>\n<sha256 hex>\n"
+//   <h>.meta    "sluice-cache-v1\n<url>\n<size>\n<sha256 hex or empty>\n"
+//               (the body is hashed only when the manifest has a checksum; a
+//               later request with a checksum for an unhashed entry downloads
+//               it again)
 //   .tmp-<host>-<pid>-<n>-<h>[.meta]   a download in progress
 //
 // How it stays correct without locks:
@@ -103,8 +106,11 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   absl::Status Scan();
   void StartDownloadLocked(const ShardRef& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Download(const ShardRef& shard);
+  // Downloads, verifies and installs `shard`; `sha256` gets its hex digest
+  // when the manifest has a checksum (empty otherwise).
   absl::StatusOr<std::shared_ptr<const ShardData>> DownloadToCache(const ShardRef& shard,
-                                                                   FetchFailure* failure);
+                                                                   FetchFailure* failure,
+                                                                   std::string* sha256);
   // Maps the entry's file and pins it; NOT_FOUND if the file vanished
   // (evicted by another process sharing the directory).
   absl::StatusOr<std::shared_ptr<const ShardData>> PinLocked(const std::shared_ptr<Entry>& entry)
