@@ -98,7 +98,9 @@ struct LocalCluster {
       ASSIGN_OR_RETURN(Subprocess s,
                        Subprocess::Spawn({bin + "/sluice-dataserver", "--listen=127.0.0.1:0",
                                           "--metrics_listen=127.0.0.1:0", "--port_file=" + p,
-                                          "--roots=" + shards, "--coordinator=" + coordinator_grpc},
+                                          "--roots=" + shards,
+                                          absl::StrCat("--cache_dir=", dir, "/cache-", i),
+                                          "--coordinator=" + coordinator_grpc},
                                          "", absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
       data.push_back(std::move(s));
       ASSIGN_OR_RETURN(auto dkv, WaitForPortFile(p, data.back(), absl::Seconds(20)));
