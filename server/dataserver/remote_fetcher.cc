@@ -88,6 +88,7 @@ const char* FetchFailureLabel(FetchFailure failure) {
     case FetchFailure::kHttpClient: return "http_4xx";
     case FetchFailure::kHttpServer: return "http_5xx";
     case FetchFailure::kNetwork: return "network";
+    case FetchFailure::kTls: return "tls";
     case FetchFailure::kTruncated: return "truncated";
     case FetchFailure::kSizeMismatch: return "size_mismatch";
     case FetchFailure::kChecksumMismatch: return "checksum_mismatch";
@@ -100,7 +101,7 @@ const char* FetchFailureLabel(FetchFailure failure) {
 std::vector<FetchFailure> AllFetchFailures() {
   return {FetchFailure::kNotFound,     FetchFailure::kForbidden,
           FetchFailure::kHttpClient,   FetchFailure::kHttpServer,
-          FetchFailure::kNetwork,      FetchFailure::kTruncated,
+          FetchFailure::kNetwork,      FetchFailure::kTls,          FetchFailure::kTruncated,
           FetchFailure::kSizeMismatch, FetchFailure::kChecksumMismatch,
           FetchFailure::kDisk,         FetchFailure::kCancelled};
 }
@@ -344,7 +345,7 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
                                     : "");
       retryable = IsRetryableCurlError(code);
       if (code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE) {
-        return fail(FetchFailure::kForbidden,
+        return fail(FetchFailure::kTls,
                     absl::FailedPreconditionError(absl::StrCat(
                         "shard \"", url, "\": TLS verification failed: ", last_error,
                         " (set --ca_bundle for a private CA)")));

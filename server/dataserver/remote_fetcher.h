@@ -37,7 +37,8 @@ enum class FetchFailure {
   kForbidden,     // HTTP 401 / 403
   kHttpClient,    // another 4xx
   kHttpServer,    // 5xx / 408 / 429 after every retry
-  kNetwork,       // connect / DNS / TLS / timeout after every retry
+  kNetwork,       // connect / DNS / timeout after every retry
+  kTls,           // the server's certificate did not verify
   kTruncated,     // body shorter than its Content-Length after every retry
   kSizeMismatch,  // body size differs from the manifest's size_bytes
   kChecksumMismatch,

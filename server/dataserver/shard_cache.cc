@@ -149,6 +149,13 @@ absl::StatusOr<std::shared_ptr<ShardCache>> ShardCache::Create(
         absl::StrCat("--cache_dir \"", options.dir, "\" is not writable: ", std::strerror(errno)));
   }
   if (options.download_threads < 1) options.download_threads = 1;
+  if (options.metrics != nullptr) {
+    // Every reason exported from the start (at 0), so rates and alerts see
+    // the first failure as an increase.
+    for (FetchFailure f : AllFetchFailures()) {
+      options.metrics->DownloadFailures(FetchFailureLabel(f));
+    }
+  }
   std::shared_ptr<ShardCache> cache(new ShardCache(std::move(options), std::move(fetcher)));
   RETURN_IF_ERROR(cache->Scan());
   return cache;

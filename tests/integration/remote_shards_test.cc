@@ -17,6 +17,7 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -31,6 +32,7 @@
 #include "tests/testing/sigv4.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tls_fixture.h"
 
 namespace sluice {
 namespace {
@@ -298,6 +300,15 @@ TEST_F(RemoteShardsTest, CacheStaysUnderItsLimitAndNeverEvictsAPinnedShard) {
     }
   }
   EXPECT_GE(read_bytes, 3 * limit);
+  // 17 downloads one after another: connections are reused, not one each.
+  std::set<int64_t> connections;
+  int gets = 0;
+  for (const auto& l : nginx_->AccessLog()) {
+    gets += l.method == "GET";
+    connections.insert(l.connection);
+  }
+  EXPECT_GE(gets, 17);
+  EXPECT_LE(connections.size(), 4u) << gets << " GETs";
   // Unpinned, the big shard was the least recently used: gone now.
   EXPECT_FALSE(std::filesystem::exists(pinned_file));
   EXPECT_THAT(Metrics(server), HasSubstr("sluice_dataserver_cache_evictions_total"));
@@ -529,6 +540,58 @@ TEST_F(RemoteShardsTest, S3RequestsAreSignedWithSigV4) {
   EXPECT_EQ(l.amz_security_token, "session-token-1");
   EXPECT_EQ(parts["Signature"], testing::SigV4Signature(r))
       << "canonical request:\n" << testing::SigV4CanonicalRequest(r);
+}
+
+// https: verified against the CA given with --ca_bundle; without it (the
+// system's CAs do not know this one) the download is refused, not retried.
+TEST(RemoteShardsTlsTest, HttpsIsVerifiedAgainstTheCaBundle) {
+  TempDir dir;
+  auto pki = testing::MakeTestPki(dir.path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  mkdir(dir.File("www").c_str(), 0755);
+  mkdir(dir.File("nginx").c_str(), 0755);
+  testing::TarWriter tar;
+  for (int i = 0; i < 3; ++i) tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
+  testing::WriteFile(dir.File("www/tls.tar"), tar.Finish());
+  auto nginx = Nginx::Start(dir.File("nginx"), dir.File("www"), 2 << 20,
+                            testing::NginxTls{pki->server_cert, pki->server_key});
+  ASSERT_TRUE(nginx.ok()) << nginx.status();
+  const std::string url = (*nginx)->base_url() + "/tls.tar";
+  ASSERT_TRUE(absl::StartsWith(url, "https://127.0.0.1:"));
+  v1::ReadRequest request;
+  request.mutable_lease()->mutable_unit()->set_shard_url(url);
+  request.mutable_lease()->mutable_unit()->set_begin(0);
+  request.mutable_lease()->mutable_unit()->set_end(3);
+  for (bool with_ca : {false, true}) {
+    const std::string sub = with_ca ? "with-ca" : "without-ca";
+    mkdir(dir.File(sub).c_str(), 0755);
+    std::vector<std::string> flags = {"--cache_dir=" + dir.File(sub + "/cache")};
+    if (with_ca) flags.push_back("--ca_bundle=" + pki->ca_cert);
+    auto server = ServerProcess::Start("sluice-dataserver", dir.File(sub), flags);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto stub = v1::DataServer::NewStub(
+        grpc::CreateChannel(server->grpc_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    auto reader = stub->ReadSamples(&ctx, request);
+    v1::SampleBatch batch;
+    std::vector<std::string> keys;
+    while (reader->Read(&batch)) {
+      for (const auto& s : batch.samples()) keys.push_back(s.key());
+    }
+    grpc::Status status = reader->Finish();
+    if (with_ca) {
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      EXPECT_THAT(keys, ::testing::ElementsAre("k0", "k1", "k2"));
+    } else {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+      EXPECT_THAT(status.error_message(), HasSubstr("TLS verification failed"));
+      EXPECT_THAT(status.error_message(), HasSubstr("--ca_bundle"));
+      EXPECT_TRUE(testing::WaitForMetric(
+          server->metrics_address,
+          "sluice_dataserver_cache_download_failures_total{reason=\"tls\"} 1"));
+    }
+  }
+  EXPECT_EQ((*nginx)->Count("GET", "/tls.tar"), 1);  // the refused one never got a request
 }
 
 // The coordinator knows which units come next: after a grant it hints their

@@ -50,7 +50,8 @@ bool Accepting(int port) {
 
 absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(const std::string& dir,
                                                     const std::string& docroot,
-                                                    int64_t slow_bytes_per_second) {
+                                                    int64_t slow_bytes_per_second,
+                                                    const NginxTls& tls) {
   const std::string nginx = "/usr/sbin/nginx";
   if (access(nginx.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError("nginx not installed (make deps installs nginx-light)");
@@ -60,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(const std::string& dir,
     auto server = std::unique_ptr<Nginx>(new Nginx());
     server->dir_ = dir;
     server->port_ = FreePort();
+    server->tls_ = !tls.cert.empty();
     const std::string conf = absl::StrCat(
         "worker_processes 1;\n", geteuid() == 0 ? "user root root;\n" : "",
         "pid ", dir, "/nginx.pid;\n",
@@ -68,14 +70,17 @@ absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(const std::string& dir,
         "http {\n",
         "  log_format sluice '$request_method\\t$uri\\t$status\\t$body_bytes_sent\\t$http_host\\t"
         "$http_authorization\\t$http_x_amz_date\\t$http_x_amz_content_sha256\\t"
-        "$http_x_amz_security_token';\n",
+        "$http_x_amz_security_token\t$connection';\n",
         "  access_log ", dir, "/access.log sluice;\n",
         "  client_body_temp_path ", dir, "/body; proxy_temp_path ", dir, "/proxy;\n",
         "  fastcgi_temp_path ", dir, "/fcgi; uwsgi_temp_path ", dir, "/uwsgi; scgi_temp_path ",
         dir, "/scgi;\n",
         "  sendfile on; keepalive_timeout 60; keepalive_requests 10000;\n",
         "  server {\n",
-        "    listen 127.0.0.1:", server->port_, ";\n",
+        "    listen 127.0.0.1:", server->port_, server->tls_ ? " ssl" : "", ";\n",
+        server->tls_ ? absl::StrCat("    ssl_certificate ", tls.cert, ";\n    ssl_certificate_key ",
+                                    tls.key, ";\n")
+                     : "",
         "    root ", docroot, ";\n",
         "    location /slow/ { alias ", docroot, "/; limit_rate ", slow_bytes_per_second, "; }\n",
         "    location /flaky/ { if (!-f ", dir, "/flaky-ok) { return 500; } alias ", docroot,
@@ -106,7 +111,9 @@ Nginx::~Nginx() {
   }
 }
 
-std::string Nginx::base_url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+std::string Nginx::base_url() const {
+  return absl::StrCat(tls_ ? "https" : "http", "://127.0.0.1:", port_);
+}
 
 std::vector<NginxLogLine> Nginx::AccessLog() const {
   std::vector<NginxLogLine> out;
@@ -114,7 +121,7 @@ std::vector<NginxLogLine> Nginx::AccessLog() const {
   std::string line;
   while (std::getline(in, line)) {
     std::vector<std::string> f = absl::StrSplit(line, '\t');
-    if (f.size() < 9) continue;
+    if (f.size() < 10) continue;
     NginxLogLine l;
     l.method = f[0];
     l.uri = f[1];
@@ -125,6 +132,7 @@ std::vector<NginxLogLine> Nginx::AccessLog() const {
     l.amz_date = f[6] == "-" ? "" : f[6];
     l.amz_content_sha256 = f[7] == "-" ? "" : f[7];
     l.amz_security_token = f[8] == "-" ? "" : f[8];
+    (void)absl::SimpleAtoi(f[9], &l.connection);
     out.push_back(std::move(l));
   }
   return out;

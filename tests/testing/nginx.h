@@ -26,6 +26,11 @@ struct NginxLogLine {
   std::string amz_date;
   std::string amz_content_sha256;
   std::string amz_security_token;
+  int64_t connection = 0;  // nginx's connection serial number
+};
+
+struct NginxTls {
+  std::string cert, key;  // PEM paths; empty = plain http
 };
 
 class Nginx {
@@ -34,10 +39,11 @@ class Nginx {
   // `slow_bytes_per_second`.
   static absl::StatusOr<std::unique_ptr<Nginx>> Start(const std::string& dir,
                                                       const std::string& docroot,
-                                                      int64_t slow_bytes_per_second = 2 << 20);
+                                                      int64_t slow_bytes_per_second = 2 << 20,
+                                                      const NginxTls& tls = {});
   ~Nginx();
 
-  // "http://127.0.0.1:PORT"
+  // "http://127.0.0.1:PORT" ("https://..." with TLS)
   std::string base_url() const;
   int port() const { return port_; }
   std::vector<NginxLogLine> AccessLog() const;
@@ -49,6 +55,7 @@ class Nginx {
   Nginx() = default;
   std::string dir_;
   int port_ = 0;
+  bool tls_ = false;
   ChildProcess process_;
 };
 
