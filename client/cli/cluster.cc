@@ -394,9 +394,9 @@ int DemoCommand(const std::vector<std::string>& args) {
   // 4. Verify.
   std::fprintf(stderr, "[4/5] verifying\n");
   auto page = HttpGet("http://" + cluster.coordinator_metrics + "/metrics");
-  const double expired = page.ok() ? Metric(*page, "sluice_coordinator_leases_expired_total{job=\"demo\"}") : 0;
-  const double rerouted = page.ok() ? Metric(*page, "sluice_coordinator_leases_revoked_total{job=\"demo\"}") : 0;
-  const double granted = page.ok() ? Metric(*page, "sluice_coordinator_leases_granted_total{job=\"demo\"}") : 0;
+  const double expired = page.ok() ? Metric(*page, "sluice_coordinator_leases_expired_total{sluice_job=\"demo\"}") : 0;
+  const double rerouted = page.ok() ? Metric(*page, "sluice_coordinator_leases_revoked_total{sluice_job=\"demo\"}") : 0;
+  const double granted = page.ok() ? Metric(*page, "sluice_coordinator_leases_granted_total{sluice_job=\"demo\"}") : 0;
   std::map<std::tuple<int64_t, int, int64_t>, std::vector<std::string>> seen;
   std::map<std::pair<int64_t, int>, std::set<std::pair<int, int64_t>>> unique_by_rank;
   bool in_dataset = true;

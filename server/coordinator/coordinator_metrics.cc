@@ -60,7 +60,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
 const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(const std::string& job) {
   auto it = jobs_.find(job);
   if (it != jobs_.end()) return it->second;
-  const prometheus::Labels labels = {{"job", job}};
+  // Not "job": Prometheus attaches its own job label to every scraped series.
+  const prometheus::Labels labels = {{"sluice_job", job}};
   Job series{&granted_.Add(labels),     &completed_.Add(labels),   &expired_.Add(labels),
              &released_.Add(labels),    &resumes_.Add(labels),     &epoch_total_.Add(labels),
              &epoch_done_.Add(labels),  &epoch_.Add(labels)};

@@ -1,6 +1,7 @@
 // Prometheus metrics of the coordinator (prometheus-cpp). Names follow
 // Prometheus conventions: base units, `_total` counters, `_seconds`
-// histograms; the only label is the job name (bounded by the number of jobs).
+// histograms; the only label is `sluice_job`, the job name (bounded by the
+// number of jobs; not `job`, which Prometheus sets to the scrape job).
 #ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 #define SLUICE_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 

@@ -342,7 +342,7 @@ TEST_F(ReaderTest, ResumeFromACursorWithWorldSizeFourThenThree) {
   EXPECT_EQ(epoch0.size(), 299u);
   // The resume is counted, and every grant's latency observed.
   EXPECT_TRUE(WaitForMetric(coordinator_.metrics_address,
-                            "sluice_coordinator_resumes_total{job=\"ws3\"} 1"));
+                            "sluice_coordinator_resumes_total{sluice_job=\"ws3\"} 1"));
   EXPECT_TRUE(WaitForMetric(coordinator_.metrics_address,
                             "sluice_coordinator_lease_grant_latency_seconds_count"));
   for (auto& [k, c] : epoch0) EXPECT_EQ(c, 1) << k.first << "/" << k.second;
