@@ -16,7 +16,6 @@ prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, cons
 
 CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
     : jobs(GaugeFamily(r, "sluice_coordinator_jobs", "Jobs known to the coordinator.").Add({})),
-      sessions(GaugeFamily(r, "sluice_coordinator_sessions", "Open trainer sessions.").Add({})),
       live_leases(GaugeFamily(r, "sluice_coordinator_live_leases", "Leases currently held.").Add({})),
       fsync_latency(prometheus::BuildHistogram()
                         .Name("sluice_coordinator_journal_fsync_seconds")
@@ -55,7 +54,9 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                               "Samples of the current epoch acknowledged.")),
       epoch_(GaugeFamily(r, "sluice_coordinator_epoch", "Current epoch of the job.")),
       resumes_(CounterFamily(r, "sluice_coordinator_resumes_total",
-                             "Job positions moved to a trainer's resume cursor.")) {}
+                             "Job positions moved to a trainer's resume cursor.")),
+      sessions_(GaugeFamily(r, "sluice_coordinator_sessions",
+                            "Open trainer sessions of the job (past their Hello).")) {}
 
 const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(const std::string& job) {
   auto it = jobs_.find(job);
@@ -64,8 +65,24 @@ const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(const std::string& job
   const prometheus::Labels labels = {{"sluice_job", job}};
   Job series{&granted_.Add(labels),     &completed_.Add(labels),   &expired_.Add(labels),
              &released_.Add(labels),    &resumes_.Add(labels),     &epoch_total_.Add(labels),
-             &epoch_done_.Add(labels),  &epoch_.Add(labels)};
+             &epoch_done_.Add(labels),  &epoch_.Add(labels),      &sessions_.Add(labels)};
   return jobs_.emplace(job, series).first->second;
+}
+
+void CoordinatorMetrics::RemoveJob(const std::string& job) {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return;
+  const Job& s = it->second;
+  granted_.Remove(s.granted);
+  completed_.Remove(s.completed);
+  expired_.Remove(s.expired);
+  released_.Remove(s.released);
+  resumes_.Remove(s.resumes);
+  epoch_total_.Remove(s.epoch_samples);
+  epoch_done_.Remove(s.epoch_completed);
+  epoch_.Remove(s.epoch);
+  sessions_.Remove(s.sessions);
+  jobs_.erase(it);
 }
 
 }  // namespace sluice

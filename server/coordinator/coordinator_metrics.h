@@ -30,12 +30,15 @@ class CoordinatorMetrics {
     prometheus::Gauge* epoch_samples;
     prometheus::Gauge* epoch_completed;
     prometheus::Gauge* epoch;
+    prometheus::Gauge* sessions;
   };
   // Not thread-safe: the coordinator calls it under its mutex.
   const Job& ForJob(const std::string& job);
+  // Drops a deleted job's series (so its gauges do not linger at their last
+  // values). Same locking as ForJob.
+  void RemoveJob(const std::string& job);
 
   prometheus::Gauge& jobs;
-  prometheus::Gauge& sessions;
   prometheus::Gauge& live_leases;
   prometheus::Histogram& fsync_latency;
   prometheus::Gauge& journal_bytes;
@@ -54,6 +57,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& epoch_done_;
   prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Counter>& resumes_;
+  prometheus::Family<prometheus::Gauge>& sessions_;
   std::map<std::string, Job> jobs_;
 };
 

@@ -423,6 +423,7 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
         FinishSessionLocked(s, absl::NotFoundError(absl::StrCat("job ", name, " was deleted")), fx);
       }
     }
+    if (options_.metrics != nullptr) options_.metrics->RemoveJob(name);
     UpdateGaugesLocked();
     ticket = fx.ticket;
     SubmitLocked(fx);
@@ -668,6 +669,9 @@ void CoordinatorService::CloseSession(int64_t session_id) {
   if (owner != session_of_trainer_.end() && owner->second == session_id) {
     session_of_trainer_.erase(owner);
   }
+  if (it->second.hello && options_.metrics != nullptr && state_.FindJob(it->second.job) != nullptr) {
+    options_.metrics->ForJob(it->second.job).sessions->Decrement();
+  }
   sessions_.erase(it);
   UpdateGaugesLocked();
 }
@@ -730,6 +734,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
   s.hello = true;
   s.job = hello.job();
   s.rank = hello.rank();
+  if (options_.metrics != nullptr) options_.metrics->ForJob(s.job).sessions->Increment();
   // Leases follow the trainer within its job: the same trainer_id in
   // another job (one process reading two jobs) is another holder.
   s.trainer_id = absl::StrCat(
@@ -1141,7 +1146,6 @@ void CoordinatorService::UpdateGaugesLocked() {
   CoordinatorMetrics* m = options_.metrics;
   if (m == nullptr) return;
   m->jobs.Set(static_cast<double>(state_.jobs().size()));
-  m->sessions.Set(static_cast<double>(sessions_.size()));
   m->live_leases.Set(static_cast<double>(leases_.size()));
   for (const auto& [name, job] : state_.jobs()) {
     const CoordinatorMetrics::Job& series = m->ForJob(name);
