@@ -14,11 +14,12 @@ DEB_PACKAGES := \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev \
   zlib1g-dev libturbojpeg0-dev libpng-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev \
   clang libclang-rt-14-dev python3 nodejs systemd nginx-light \
-  python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch
+  python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch \
+  prometheus python3-matplotlib python3-yaml python3-pil
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: deps build test test-asan test-fuzz fuzz run bench asan clean
+.PHONY: deps build test test-asan test-fuzz fuzz run bench asan clean screenshot
 
 # Seconds of libFuzzer in `make test` (CI); `make fuzz FUZZ_SECONDS=600` for more.
 FUZZ_SECONDS ?= 60
@@ -50,7 +51,14 @@ test: build
 
 # The code that faces corrupt shards (tar reader, index, decoders, framing)
 # under AddressSanitizer + UBSan.
-test-asan: deps
+test-# dashboards/sluice-overview.png: the monitoring test with three minutes of
+# workload history, its main panels rendered from the live Prometheus.
+screenshot: build
+	cd $(BUILD_DIR) && SLUICE_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
+	  SLUICE_SCREENSHOT=$(CURDIR)/dashboards/sluice-overview.png SLUICE_MONITORING_HISTORY_S=180 \
+	  /usr/bin/python3 -m pytest -q -p no:cacheprovider $(CURDIR)/tests/monitoring
+
+asan: deps
 	@test -f build-asan/build.ninja || cmake --preset asan -G Ninja >/dev/null
 	cmake --build build-asan -j $(JOBS) --target dataserver_format_tests
 	./build-asan/bin/dataserver_format_tests --gtest_brief=1
@@ -83,6 +91,13 @@ bench: build
 	./$(BUILD_DIR)/bin/coordinator_bench --mode=leases
 	./$(BUILD_DIR)/bin/coordinator_bench --mode=plan
 	/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin
+
+# dashboards/sluice-overview.png: the monitoring test with three minutes of
+# workload history, its main panels rendered from the live Prometheus.
+screenshot: build
+	cd $(BUILD_DIR) && SLUICE_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
+	  SLUICE_SCREENSHOT=$(CURDIR)/dashboards/sluice-overview.png SLUICE_MONITORING_HISTORY_S=180 \
+	  /usr/bin/python3 -m pytest -q -p no:cacheprovider $(CURDIR)/tests/monitoring
 
 asan: deps
 	cmake --preset asan -G Ninja && cmake --build build-asan -j $(JOBS) && \
