@@ -51,14 +51,7 @@ test: build
 
 # The code that faces corrupt shards (tar reader, index, decoders, framing)
 # under AddressSanitizer + UBSan.
-test-# dashboards/sluice-overview.png: the monitoring test with three minutes of
-# workload history, its main panels rendered from the live Prometheus.
-screenshot: build
-	cd $(BUILD_DIR) && SLUICE_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
-	  SLUICE_SCREENSHOT=$(CURDIR)/dashboards/sluice-overview.png SLUICE_MONITORING_HISTORY_S=180 \
-	  /usr/bin/python3 -m pytest -q -p no:cacheprovider $(CURDIR)/tests/monitoring
-
-asan: deps
+test-asan: deps
 	@test -f build-asan/build.ninja || cmake --preset asan -G Ninja >/dev/null
 	cmake --build build-asan -j $(JOBS) --target dataserver_format_tests
 	./build-asan/bin/dataserver_format_tests --gtest_brief=1

@@ -16,6 +16,7 @@ Then:
 
 Every process is started here, on 127.0.0.1, and stopped by its own PID.
 """
+import ctypes
 import io
 import json
 import os
@@ -87,12 +88,18 @@ def write_shard(path, shard, samples):
                 tar.addfile(info, io.BytesIO(data))
 
 
+def _die_with_parent():
+    # PR_SET_PDEATHSIG: if pytest itself is killed, its children go too.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
 class Proc:
     """A child process with its log; stopped by its own PID."""
 
     def __init__(self, argv, log_path, env=None):
         self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_die_with_parent)
 
     def kill(self):
         if self.proc.poll() is None:
