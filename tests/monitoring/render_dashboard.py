@@ -35,6 +35,8 @@ def fmt(unit):
         if unit == "percentunit":
             return f"{v * 100:.0f}%"
         if unit == "s":
+            if abs(v) < 1e-3:
+                return f"{v * 1e6:.0f} µs"
             return f"{v * 1000:.1f} ms" if abs(v) < 1 else f"{v:.1f} s"
         if unit == "Bps":
             return f"{v / 1e6:.1f} MB/s"
