@@ -10,9 +10,11 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "server/common/lease_token.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/status_macros.h"
 
@@ -113,6 +115,16 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in) {
     }
     if (s.num_samples() < 0) return Invalid(field + ".num_samples", "must be >= 0");
     if (s.size_bytes() < 0) return Invalid(field + ".size_bytes", "must be >= 0");
+    if (!s.checksum().empty()) {
+      absl::string_view hex = s.checksum();
+      if (!absl::ConsumePrefix(&hex, "sha256:") || hex.size() != 64 ||
+          !std::all_of(hex.begin(), hex.end(), [](char c) {
+            return absl::ascii_isxdigit(static_cast<unsigned char>(c));
+          })) {
+        return Invalid(field + ".checksum",
+                       absl::StrCat("\"", s.checksum(), "\" is not \"sha256:<64 hex digits>\""));
+      }
+    }
     total += s.num_samples();
   }
   if (total == 0) return Invalid("spec.manifest", "empty dataset (0 samples)");

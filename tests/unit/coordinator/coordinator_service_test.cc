@@ -238,6 +238,13 @@ TEST_F(CoordinatorServiceTest, BadInputGetsTheDocumentedCodes) {
   scheme.mutable_manifest()->mutable_shards(0)->set_url("ftp://x/y.tar");
   EXPECT_THAT(service_->CreateJob(scheme),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shards[0].url")));
+  v1::JobSpec sum = Spec("c", {1}, 1, 1);
+  sum.mutable_manifest()->mutable_shards(0)->set_checksum("md5:0123");
+  EXPECT_THAT(service_->CreateJob(sum),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.manifest.shards[0].checksum")));
+  sum.mutable_manifest()->mutable_shards(0)->set_checksum("sha256:" + std::string(64, 'a'));
+  EXPECT_OK(service_->CreateJob(sum));
   EXPECT_THAT(service_->CreateJob(Spec("w", {1}, -1, 1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.world_size")));
   EXPECT_THAT(service_->CreateJob(Spec("bad name!", {1}, 1, 1)),
