@@ -542,6 +542,42 @@ TEST_F(RemoteShardsTest, S3RequestsAreSignedWithSigV4) {
       << "canonical request:\n" << testing::SigV4CanonicalRequest(r);
 }
 
+// Publishing a dataset over http: index the local copy with --url_prefix and
+// --checksum, or index the remote URLs through a data server; both give the
+// same manifest, and the checksum is what the cache verifies.
+TEST_F(RemoteShardsTest, SluicectlIndexesPublishedAndRemoteShards) {
+  PublishSized("pub/a.tar", 5, 1 << 10);
+  PublishSized("pub/b.tar", 7, 1 << 10);
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), testing::BinDir() + "/sluicectl");
+    auto child = testing::ChildProcess::Start(args, dir_.File("ctl.log"));
+    EXPECT_TRUE(child.ok());
+    auto code = child->WaitForExit(absl::Seconds(60));
+    EXPECT_TRUE(code.ok() && *code == 0) << testing::ReadWholeFile(dir_.File("ctl.log")).value_or("");
+  };
+  const std::string prefix = nginx_->base_url() + "/pub/";
+  run({"index", docroot_ + "/pub", "--url_prefix=" + prefix, "--checksum",
+       "-o", dir_.File("local.json")});
+  const std::string local = testing::ReadFileOrDie(dir_.File("local.json"));
+  for (const std::string name : {"a.tar", "b.tar"}) {
+    EXPECT_THAT(local, HasSubstr("\"" + prefix + name + "\""));
+    EXPECT_THAT(local, HasSubstr("sha256:" + testing::Sha256Hex(shards_["pub/" + name])));
+  }
+  EXPECT_THAT(local, HasSubstr("\"num_samples\": \"7\""));
+
+  ServerProcess server = StartDataServer("ds");
+  run({"index", "--data_server=" + server.grpc_address, prefix + "a.tar", prefix + "b.tar",
+       "-o", dir_.File("remote.json")});
+  const std::string remote = testing::ReadFileOrDie(dir_.File("remote.json"));
+  EXPECT_THAT(remote, HasSubstr("\"" + prefix + "b.tar\""));
+  EXPECT_THAT(remote, HasSubstr("\"num_samples\": \"5\""));
+  EXPECT_THAT(remote, HasSubstr(absl::StrCat("\"size_bytes\": \"", shards_["pub/b.tar"].size(), "\"")));
+  // Indexing downloaded them into the cache: reading is a hit.
+  EXPECT_EQ(nginx_->Count("GET", "/pub/a.tar"), 1);
+  ExpectWholeShard(Read(Stub(server).get(), Request(prefix + "a.tar", "pub/a.tar")), "pub/a.tar");
+  EXPECT_EQ(nginx_->Count("GET", "/pub/a.tar"), 1);
+}
+
 // https: verified against the CA given with --ca_bundle; without it (the
 // system's CAs do not know this one) the download is refused, not retried.
 TEST(RemoteShardsTlsTest, HttpsIsVerifiedAgainstTheCaBundle) {
