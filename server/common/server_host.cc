@@ -101,6 +101,32 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view text,
   return result;
 }
 
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentialsFromFiles(
+    const std::string& ca_file, const std::string& cert_file, const std::string& key_file,
+    absl::string_view flag_prefix) {
+  const std::string ca_flag = absl::StrCat("--", flag_prefix, "ca");
+  const std::string cert_flag = absl::StrCat("--", flag_prefix, "cert");
+  const std::string key_flag = absl::StrCat("--", flag_prefix, "key");
+  if (cert_file.empty() != key_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(cert_flag, " and ", key_flag, " must be given together"));
+  }
+  if (ca_file.empty()) {
+    if (!cert_file.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(cert_flag, " (mutual TLS) needs ", ca_flag, " to verify the server"));
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions options;
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(ca_file, ca_flag));
+  if (!cert_file.empty()) {
+    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFile(cert_file, cert_flag));
+    ASSIGN_OR_RETURN(options.pem_private_key, ReadFile(key_file, key_flag));
+  }
+  return grpc::SslCredentials(options);
+}
+
 absl::StatusOr<ServerConfig> ServerConfigFromFlags(
     absl::string_view program, absl::string_view default_listen,
     absl::string_view default_metrics_listen) {

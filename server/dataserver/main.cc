@@ -67,6 +67,12 @@ ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
 ABSL_FLAG(std::string, coordinator, "",
           "Coordinator HOST:PORT to register with (and heartbeat to); empty = "
           "standalone. Re-registers when the coordinator restarts.");
+ABSL_FLAG(std::string, coordinator_ca, "",
+          "PEM CA certificate(s) to verify the coordinator with: set = register over TLS "
+          "(a coordinator started with --tls_cert). Empty = plaintext.");
+ABSL_FLAG(std::string, coordinator_cert, "",
+          "PEM client certificate for mutual TLS with the coordinator (its --tls_client_ca).");
+ABSL_FLAG(std::string, coordinator_key, "", "PEM private key for --coordinator_cert.");
 ABSL_FLAG(std::string, advertise, "",
           "Address trainers use to reach this server. Default: the --listen "
           "host and bound port (the hostname when listening on 0.0.0.0/::).");
@@ -129,6 +135,11 @@ class DataServerServices : public sluice::ServiceSet {
       return absl::InvalidArgumentError("--prefetch must be >= 0");
     }
     s->cache_ = cache.get();
+    ASSIGN_OR_RETURN(s->coordinator_credentials_,
+                     sluice::ClientCredentialsFromFiles(absl::GetFlag(FLAGS_coordinator_ca),
+                                                        absl::GetFlag(FLAGS_coordinator_cert),
+                                                        absl::GetFlag(FLAGS_coordinator_key),
+                                                        "coordinator_"));
     options.store = std::make_unique<CompositeShardStore>(std::move(local), std::move(cache));
     ASSIGN_OR_RETURN(options.lease_secret,
                      sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
@@ -179,6 +190,7 @@ class DataServerServices : public sluice::ServiceSet {
       options.advertise = absl::StrCat(host, ":", bound.port);
     }
     options.capacity = absl::GetFlag(FLAGS_capacity);
+    options.credentials = coordinator_credentials_;
     DataServerService* logic = logic_.get();
     options.active_streams = [logic] { return logic->active_streams(); };
     if (cache_ != nullptr && absl::GetFlag(FLAGS_prefetch) > 0) {
@@ -201,6 +213,7 @@ class DataServerServices : public sluice::ServiceSet {
   std::unique_ptr<GrpcDataServerService> grpc_;
   std::unique_ptr<CoordinatorRegistration> registration_;
   ShardCache* cache_ = nullptr;  // owned by the store; null without --cache_dir
+  std::shared_ptr<grpc::ChannelCredentials> coordinator_credentials_;
 };
 
 }  // namespace

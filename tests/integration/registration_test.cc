@@ -8,12 +8,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 #include "tests/testing/http.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tls_fixture.h"
 
 namespace sluice {
 namespace {
@@ -125,6 +127,67 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0);
   EXPECT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 0"));
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// A coordinator that takes only mutually authenticated TLS: a data server
+// registers with --coordinator_ca/--coordinator_cert/--coordinator_key; one
+// without a client certificate is refused and never counted live.
+TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
+  TempDir dir;
+  auto pki = testing::MakeTestPki(dir.path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  mkdir(dir.File("shards").c_str(), 0755);
+  auto coordinator = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {"--journal_dir=" + dir.File("journal"), "--heartbeat_interval=200ms",
+       "--tls_cert=" + pki->server_cert, "--tls_key=" + pki->server_key,
+       "--tls_client_ca=" + pki->ca_cert});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  mkdir(dir.File("anonymous").c_str(), 0755);
+  auto anonymous = ServerProcess::Start(
+      "sluice-dataserver", dir.File("anonymous"),
+      {"--roots=" + dir.File("shards"), "--coordinator=" + coordinator->grpc_address,
+       "--coordinator_ca=" + pki->ca_cert});
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+  mkdir(dir.File("trusted").c_str(), 0755);
+  auto trusted = ServerProcess::Start(
+      "sluice-dataserver", dir.File("trusted"),
+      {"--roots=" + dir.File("shards"), "--coordinator=" + coordinator->grpc_address,
+       "--coordinator_ca=" + pki->ca_cert, "--coordinator_cert=" + pki->client_cert,
+       "--coordinator_key=" + pki->client_key});
+  ASSERT_TRUE(trusted.ok()) << trusted.status();
+  ASSERT_TRUE(WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+  // The anonymous one keeps failing its handshake (and says so).
+  bool refused = false;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(20); !refused && absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    refused = testing::ReadWholeFile(anonymous->log_path).value_or("").find(
+                  "registration stream ended") != std::string::npos;
+  }
+  ASSERT_TRUE(refused);
+  auto page = testing::HttpGet("http://" + coordinator->metrics_address + "/metrics");
+  ASSERT_TRUE(page.ok());
+  EXPECT_THAT(page->body, HasSubstr("sluice_coordinator_data_servers 1\n"));
+
+  // Half a client certificate is a flag error naming the flag.
+  mkdir(dir.File("bad").c_str(), 0755);
+  auto bad = testing::ChildProcess::Start(
+      {testing::BinDir() + "/sluice-dataserver", "--roots=" + dir.File("shards"),
+       "--listen=127.0.0.1:0", "--coordinator=" + coordinator->grpc_address,
+       "--coordinator_ca=" + pki->ca_cert, "--coordinator_cert=" + pki->client_cert},
+      dir.File("bad/log"));
+  ASSERT_TRUE(bad.ok());
+  auto code = bad->WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(testing::ReadWholeFile(dir.File("bad/log")).value_or(""),
+              HasSubstr("--coordinator_key"));
 }
 
 }  // namespace
