@@ -29,6 +29,10 @@ int Fail(const absl::Status& status);
 int Usage(const std::string& message);
 std::string JsonEscape(const std::string& s);
 std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(const std::string& address);
+// Channel credentials from --ca_cert / --client_cert / --client_key
+// (insecure when --ca_cert is empty), loaded once by main().
+std::shared_ptr<grpc::ChannelCredentials> Credentials();
+absl::Status LoadCredentials();
 // A context with the --timeout deadline.
 std::unique_ptr<grpc::ClientContext> Deadline();
 

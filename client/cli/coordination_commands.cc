@@ -52,6 +52,7 @@ int OnceCommand(const std::vector<std::string>& args) {
   if (args.size() < 2) return Usage("once NAME -- COMMAND [ARGS...]");
   OnceOptions o;
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.credentials = Credentials();
   o.scope = absl::GetFlag(FLAGS_scope);
   o.name = args[0];
   o.participant = absl::GetFlag(FLAGS_id);
@@ -91,6 +92,7 @@ int BarrierCommand(const std::vector<std::string>& args) {
   if (args.size() != 1) return Usage("barrier NAME --participants N --id ID [--timeout 60s]");
   BarrierOptions o;
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.credentials = Credentials();
   o.scope = absl::GetFlag(FLAGS_scope);
   o.name = args[0];
   o.participant = absl::GetFlag(FLAGS_id);

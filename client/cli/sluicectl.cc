@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -27,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/cli.h"
 #include "server/common/grpc_status.h"
+#include "server/common/status_macros.h"
 #include "server/dataserver/shard_store.h"
 #include "server/dataserver/tar_shard_reader.h"
 #include "sluice/reader.h"
@@ -63,6 +66,12 @@ ABSL_FLAG(absl::Duration, progress_interval, absl::Milliseconds(500),
 ABSL_FLAG(std::string, service, "", "health: service name (\"readiness\" for readiness; empty = overall).");
 // index
 ABSL_FLAG(std::string, o, "", "index: write the manifest here (default stdout).");
+ABSL_FLAG(std::string, ca_cert, "",
+          "PEM CA certificate(s): set = talk TLS to the coordinator and data servers, "
+          "verifying them against it.");
+ABSL_FLAG(std::string, client_cert, "",
+          "PEM client certificate for servers that demand one (mutual TLS); needs --ca_cert.");
+ABSL_FLAG(std::string, client_key, "", "PEM private key for --client_cert.");
 ABSL_FLAG(std::string, data_server, "",
           "index: HOST:PORT of a data server to index the shards through (IndexShard): the "
           "arguments are then shard URLs (http://, https://, s3://, or paths the server may "
@@ -103,8 +112,49 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
+namespace {
+std::shared_ptr<grpc::ChannelCredentials>& CredentialsSlot() {
+  static auto* creds = new std::shared_ptr<grpc::ChannelCredentials>();
+  return *creds;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read --", flag, "=", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+}  // namespace
+
+absl::Status LoadCredentials() {
+  const std::string ca = absl::GetFlag(FLAGS_ca_cert);
+  const std::string cert = absl::GetFlag(FLAGS_client_cert);
+  const std::string key = absl::GetFlag(FLAGS_client_key);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("--client_cert and --client_key must be given together");
+  }
+  if (ca.empty()) {
+    if (!cert.empty()) return absl::InvalidArgumentError("--client_cert needs --ca_cert");
+    CredentialsSlot() = grpc::InsecureChannelCredentials();
+    return absl::OkStatus();
+  }
+  grpc::SslCredentialsOptions options;
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(ca, "ca_cert"));
+  if (!cert.empty()) {
+    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem(cert, "client_cert"));
+    ASSIGN_OR_RETURN(options.pem_private_key, ReadPem(key, "client_key"));
+  }
+  CredentialsSlot() = grpc::SslCredentials(options);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials() {
+  return CredentialsSlot() != nullptr ? CredentialsSlot() : grpc::InsecureChannelCredentials();
+}
+
 std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(const std::string& address) {
-  return v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  return v1::Coordinator::NewStub(grpc::CreateChannel(address, Credentials()));
 }
 
 std::unique_ptr<grpc::ClientContext> Deadline() {
@@ -276,6 +326,7 @@ int ReadCommand(const std::vector<std::string>& args) {
   if (!args.empty()) return Usage("read takes no positional arguments");
   ReaderOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.credentials = Credentials();
   options.job = absl::GetFlag(FLAGS_job);
   if (options.job.empty()) return Usage("read: --job is required");
   options.rank = absl::GetFlag(FLAGS_rank);
@@ -339,7 +390,7 @@ int ReadCommand(const std::vector<std::string>& args) {
 int HealthCommand(const std::vector<std::string>& args) {
   if (args.size() != 1) return Usage("health: give one HOST:PORT");
   auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(args[0], grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(args[0], Credentials()));
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse response;
@@ -422,7 +473,7 @@ int IndexCommand(const std::vector<std::string>& args) {
   if (paths.empty()) return Fail(absl::NotFoundError("index: no shards match " + absl::StrJoin(args, " ")));
   std::unique_ptr<v1::DataServer::Stub> stub;
   if (!data_server.empty()) {
-    stub = v1::DataServer::NewStub(grpc::CreateChannel(data_server, grpc::InsecureChannelCredentials()));
+    stub = v1::DataServer::NewStub(grpc::CreateChannel(data_server, Credentials()));
   }
   const std::string url_prefix = absl::GetFlag(FLAGS_url_prefix);
   const bool tty = isatty(STDERR_FILENO);
@@ -505,7 +556,7 @@ Commands:
                             says which are missing (exit 5)
 
 Common flags: --coordinator=HOST:PORT (default 127.0.0.1:7070), --timeout=10s,
---json. `sluicectl COMMAND --help` shows a command's usage.
+--json, --ca_cert=PEM [--client_cert=PEM --client_key=PEM] for TLS. `sluicectl COMMAND --help` shows a command's usage.
 
 Exit codes: 0 ok; 1 the server refused or a local error (the message says
 which); 2 bad command line; 3 coordinator or data server unreachable in time;
@@ -537,6 +588,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kHelpText);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2) return Usage("no command");
+  if (absl::Status creds = LoadCredentials(); !creds.ok()) return Usage(std::string(creds.message()));
   const std::string command = positional[1];
   std::vector<std::string> args(positional.begin() + 2, positional.end());
   if (command == "job") return JobCommand(args);

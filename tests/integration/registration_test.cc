@@ -175,6 +175,26 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
   ASSERT_TRUE(page.ok());
   EXPECT_THAT(page->body, HasSubstr("sluice_coordinator_data_servers 1\n"));
 
+  // sluicectl talks to it with the same CA and a client certificate.
+  auto ctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), testing::BinDir() + "/sluicectl");
+    auto child = testing::ChildProcess::Start(args, dir.File("ctl.log"));
+    EXPECT_TRUE(child.ok());
+    auto code = child->WaitForExit(absl::Seconds(30));
+    return code.ok() ? *code : -1;
+  };
+  EXPECT_EQ(ctl({"job", "list", "--coordinator=" + coordinator->grpc_address,
+                 "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert,
+                 "--client_key=" + pki->client_key}),
+            0);
+  EXPECT_EQ(ctl({"job", "list", "--coordinator=" + coordinator->grpc_address, "--timeout=2s"}),
+            3);  // plaintext: unreachable
+  EXPECT_EQ(ctl({"job", "list", "--coordinator=" + coordinator->grpc_address,
+                 "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert}),
+            2);
+  EXPECT_THAT(testing::ReadWholeFile(dir.File("ctl.log")).value_or(""),
+              HasSubstr("--client_key"));
+
   // Half a client certificate is a flag error naming the flag.
   mkdir(dir.File("bad").c_str(), 0755);
   auto bad = testing::ChildProcess::Start(
