@@ -82,17 +82,49 @@ class Server:
         self.log.close()
 
 
+def make_pki(directory):
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client
+    certificate, made with the openssl CLI. Returns {name: path}."""
+    os.makedirs(directory, exist_ok=True)
+    d = lambda name: os.path.join(directory, name)  # noqa: E731
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", d("ca.key"), "-out", d("ca.crt"),
+                    "-days", "2", "-subj", "/CN=sluice-test-ca"], check=True, capture_output=True)
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        with open(d(f"{name}.ext"), "w") as f:
+            f.write(ext + "\n")
+        subprocess.run(["openssl", "req", "-new", *ec, "-keyout", d(f"{name}.key"), "-out",
+                        d(f"{name}.csr"), "-subj", f"/CN={name}"], check=True, capture_output=True)
+        subprocess.run(["openssl", "x509", "-req", "-in", d(f"{name}.csr"), "-CA", d("ca.crt"),
+                        "-CAkey", d("ca.key"), "-CAcreateserial", "-days", "2", "-out",
+                        d(f"{name}.crt"), "-extfile", d(f"{name}.ext")],
+                       check=True, capture_output=True)
+    return {n: d(n) for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+
+
 class Cluster:
-    def __init__(self, tmp, shards=6, per_shard=17, data_servers=1):
+    def __init__(self, tmp, shards=6, per_shard=17, data_servers=1, pki=None):
         self.tmp = str(tmp)
         self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard)
         self.total = shards * per_shard
+        # With `pki`: both servers listen with TLS and demand client
+        # certificates; data servers register with the client certificate.
+        self.pki = pki
+        server_tls = ([f"--tls_cert={pki['server.crt']}", f"--tls_key={pki['server.key']}",
+                       f"--tls_client_ca={pki['ca.crt']}"] if pki else [])
+        self.client_tls = ([f"--ca_cert={pki['ca.crt']}", f"--client_cert={pki['client.crt']}",
+                            f"--client_key={pki['client.key']}"] if pki else [])
         self.coordinator = Server("sluice-coordinator", self.tmp,
                                   [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
-                                   "--heartbeat_interval=200ms"])
+                                   "--heartbeat_interval=200ms", *server_tls])
+        register_tls = ([f"--coordinator_ca={pki['ca.crt']}",
+                         f"--coordinator_cert={pki['client.crt']}",
+                         f"--coordinator_key={pki['client.key']}"] if pki else [])
         self.data = [Server("sluice-dataserver", self.tmp,
                             [f"--roots={os.path.join(self.tmp, 'shards')}",
-                             f"--coordinator={self.coordinator.address}"])
+                             f"--coordinator={self.coordinator.address}", *server_tls,
+                             *register_tls])
                      for _ in range(data_servers)]
         _wait_for(lambda: f"sluice_coordinator_data_servers {data_servers}"
                   in self.coordinator.metric_text(), 30, "data servers to register")
@@ -109,7 +141,8 @@ class Cluster:
         args = [os.path.join(BIN, "sluicectl"), "job", "create", f"--coordinator={self.address}",
                 f"--name={name}", f"--manifest={manifest}", f"--world_size={world_size}",
                 f"--epochs={epochs}", f"--mode={mode}", f"--seed={seed}",
-                "--shuffle" if shuffle else "--noshuffle", f"--lease_ttl={lease_ttl}"]
+                "--shuffle" if shuffle else "--noshuffle", f"--lease_ttl={lease_ttl}",
+                *self.client_tls]
         if max_samples_per_lease:
             args.append(f"--max_samples_per_lease={max_samples_per_lease}")
         out = subprocess.run(args, capture_output=True, text=True)

@@ -22,6 +22,7 @@ import threading
 
 import grpc
 
+from sluice import tls
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 
@@ -60,11 +61,13 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
     """Context manager: `step.should_run` is True on exactly one caller at a
     time; the others block in __enter__ until the step is done (then
     should_run is False and step.result is the runner's result). An exception
-    inside the block reports the run as failed."""
+    inside the block reports the run as failed. TLS: ca_cert / client_cert /
+    client_key PEM paths (or SLUICE_CA_CERT ...; see sluice.tls)."""
 
     def __init__(self, name, *, coordinator=None, scope="default", participant=None, ttl=10.0,
-                 fail_all=False, timeout=None):
+                 fail_all=False, timeout=None, ca_cert=None, client_cert=None, client_key=None):
         self._name, self._scope = name, scope
+        self._credentials = tls.channel_credentials(ca_cert, client_cert, client_key)
         self._address = _address(coordinator)
         self._participant = _participant(participant)
         self._ttl, self._fail_all, self._timeout = ttl, fail_all, timeout
@@ -77,7 +80,7 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
         self.step = None
 
     def __enter__(self):
-        self._channel = grpc.insecure_channel(self._address)
+        self._channel = tls.channel(self._address, self._credentials)
         stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._out = queue.Queue()
         join = coordinator_pb2.OnceRequest(join=coordinator_pb2.OnceJoin(
@@ -152,11 +155,13 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
             self._channel.close()
 
 
-def barrier(name, *, participants, id=None, coordinator=None, scope="default", timeout=60.0):
+def barrier(name, *, participants, id=None, coordinator=None, scope="default", timeout=60.0,
+            ca_cert=None, client_cert=None, client_key=None):
     """Blocks until `participants` distinct ids arrived; returns the arrived
-    ids. BarrierTimeout names who is missing."""
+    ids. BarrierTimeout names who is missing. TLS as for once()."""
     address = _address(coordinator)
-    with grpc.insecure_channel(address) as channel:
+    credentials = tls.channel_credentials(ca_cert, client_cert, client_key)
+    with tls.channel(address, credentials) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = coordinator_pb2.BarrierRequest(
             scope=scope, name=name, participant=_participant(id), participants=participants,

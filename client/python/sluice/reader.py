@@ -34,6 +34,7 @@ import time
 import grpc
 import numpy as np
 
+from sluice import tls
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from sluice.v1 import dataserver_pb2, dataserver_pb2_grpc
 
@@ -192,7 +193,8 @@ class Reader:
     def __init__(self, coordinator, job, rank=0, worker=0, *, trainer_id=None, units_in_flight=4,
                  buffer_samples=256, decode=False, resize_shorter_side=0, crop=(0, 0), fields=(),
                  max_batch_bytes=0, progress_interval=0.5, stall_timeout=60.0,
-                 reconnect_timeout=120.0, resume_from=None, resume_attempt="", credentials=None):
+                 reconnect_timeout=120.0, resume_from=None, resume_attempt="", credentials=None,
+                 ca_cert=None, client_cert=None, client_key=None):
         if not coordinator:
             raise ValueError("coordinator is empty")
         if not job:
@@ -213,7 +215,11 @@ class Reader:
         self._reconnect_timeout = reconnect_timeout
         self._resume_from = resume_from
         self._resume_attempt = resume_attempt
-        self._credentials = credentials
+        # TLS: `credentials` (grpc.ChannelCredentials), or PEM files (also from
+        # SLUICE_CA_CERT / SLUICE_CLIENT_CERT / SLUICE_CLIENT_KEY); the same
+        # for the coordinator and the data servers.
+        self._credentials = credentials or tls.channel_credentials(ca_cert, client_cert,
+                                                                   client_key)
         self._channel = self._make_channel(coordinator)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
@@ -429,9 +435,7 @@ class Reader:
     # ------------------------------------------------------------- internals
 
     def _make_channel(self, address):
-        if self._credentials is not None:
-            return grpc.secure_channel(address, self._credentials, options=_CHANNEL_OPTIONS)
-        return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        return tls.channel(address, self._credentials, _CHANNEL_OPTIONS)
 
     def _wait(self, deadline):
         if deadline is None:

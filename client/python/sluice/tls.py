@@ -1,0 +1,48 @@
+"""TLS for the Python client from PEM files, so that settings survive
+pickling into DataLoader workers (grpc credentials objects do not).
+
+Files come from the arguments or, when those are not given, from
+SLUICE_CA_CERT / SLUICE_CLIENT_CERT / SLUICE_CLIENT_KEY (handy in a pod
+spec). No CA = plaintext.
+"""
+import os
+
+import grpc
+
+
+def tls_settings(ca_cert=None, client_cert=None, client_key=None):
+    """(ca_cert, client_cert, client_key) paths after the environment
+    fallback; ValueError naming the argument for an incomplete set."""
+    ca_cert = ca_cert or os.environ.get("SLUICE_CA_CERT") or None
+    client_cert = client_cert or os.environ.get("SLUICE_CLIENT_CERT") or None
+    client_key = client_key or os.environ.get("SLUICE_CLIENT_KEY") or None
+    if (client_cert is None) != (client_key is None):
+        raise ValueError("client_cert and client_key must be given together")
+    if client_cert is not None and ca_cert is None:
+        raise ValueError("client_cert (mutual TLS) needs ca_cert to verify the server")
+    return ca_cert, client_cert, client_key
+
+
+def _read(path, name):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{name}: cannot read {path}: {e.strerror}") from e
+
+
+def channel_credentials(ca_cert=None, client_cert=None, client_key=None):
+    """grpc.ChannelCredentials for the files, or None for plaintext."""
+    ca_cert, client_cert, client_key = tls_settings(ca_cert, client_cert, client_key)
+    if ca_cert is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca_cert, "ca_cert"),
+        private_key=_read(client_key, "client_key") if client_key else None,
+        certificate_chain=_read(client_cert, "client_cert") if client_cert else None)
+
+
+def channel(address, credentials=None, options=None):
+    if credentials is not None:
+        return grpc.secure_channel(address, credentials, options=options)
+    return grpc.insecure_channel(address, options=options)

@@ -1,0 +1,65 @@
+"""The Python client over TLS: a coordinator and a data server that demand
+client certificates, reached with PEM files (arguments or SLUICE_* variables)
+from a plain Reader and from spawned DataLoader workers."""
+import collections
+import multiprocessing
+
+import pytest
+import torch  # noqa: F401  (DataLoader)
+from torch.utils.data import DataLoader
+
+import sluice
+from sluice.torch import ShardLeaseDataset
+
+from conftest import Cluster, make_pki
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tls")
+    pki = make_pki(str(tmp / "pki"))
+    c = Cluster(tmp, shards=4, per_shard=10, pki=pki)
+    yield c
+    c.stop()
+
+
+def tls_args(c):
+    return dict(ca_cert=c.pki["ca.crt"], client_cert=c.pki["client.crt"],
+                client_key=c.pki["client.key"])
+
+
+def test_reader_reads_over_mutual_tls(tls_cluster):
+    tls_cluster.create_job("tls-plain")
+    with sluice.Reader(tls_cluster.address, "tls-plain", **tls_args(tls_cluster)) as reader:
+        keys = collections.Counter(s.key for s in reader)
+    assert len(keys) == tls_cluster.total and set(keys.values()) == {1}
+
+
+def test_spawned_dataloader_workers_get_tls_from_the_environment(tls_cluster, monkeypatch):
+    tls_cluster.create_job("tls-loader")
+    # Spawned workers inherit the environment; the dataset itself holds only
+    # strings (grpc credentials objects would not pickle).
+    monkeypatch.setenv("SLUICE_CA_CERT", tls_cluster.pki["ca.crt"])
+    monkeypatch.setenv("SLUICE_CLIENT_CERT", tls_cluster.pki["client.crt"])
+    monkeypatch.setenv("SLUICE_CLIENT_KEY", tls_cluster.pki["client.key"])
+    ds = ShardLeaseDataset(coordinator=tls_cluster.address, job="tls-loader", decode=False)
+    loader = DataLoader(ds, batch_size=None, num_workers=2,
+                        multiprocessing_context=multiprocessing.get_context("spawn"))
+    keys = collections.Counter(item["__key__"] for item in loader)
+    assert len(keys) == tls_cluster.total and set(keys.values()) == {1}
+
+
+def test_once_and_barrier_over_tls(tls_cluster):
+    with sluice.once("tls-step", coordinator=tls_cluster.address, **tls_args(tls_cluster)) as step:
+        assert step.should_run
+    arrived = sluice.barrier("tls-barrier", participants=1, id="only",
+                             coordinator=tls_cluster.address, timeout=10, **tls_args(tls_cluster))
+    assert list(arrived) == ["only"]
+
+
+def test_incomplete_tls_settings_name_the_argument(tls_cluster):
+    with pytest.raises(ValueError, match="client_key"):
+        sluice.Reader(tls_cluster.address, "x", ca_cert=tls_cluster.pki["ca.crt"],
+                      client_cert=tls_cluster.pki["client.crt"])
+    with pytest.raises(ValueError, match="ca_cert"):
+        sluice.Reader(tls_cluster.address, "x", ca_cert="/nonexistent/ca.pem")
