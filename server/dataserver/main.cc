@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, cache_dir, "",
 ABSL_FLAG(int64_t, cache_bytes, int64_t{100} << 30,
           "Upper bound on the bytes of shards kept in --cache_dir (LRU of whole "
           "shards; shards being read are never evicted). 0 = unbounded.");
+ABSL_FLAG(int64_t, cache_min_free_bytes, int64_t{1} << 30,
+          "Also evict unpinned cached shards while the cache's filesystem has less than this "
+          "free (plus room for downloads in flight). 0 = no check.");
 ABSL_FLAG(int, download_threads, 4, "Shard downloads running at once.");
 ABSL_FLAG(int, download_attempts, 5,
           "Attempts per shard download (retries on 5xx, timeouts, truncated "
@@ -122,6 +125,10 @@ class DataServerServices : public sluice::ServiceSet {
       ShardCacheOptions cache_options;
       cache_options.dir = cache_dir;
       cache_options.max_bytes = absl::GetFlag(FLAGS_cache_bytes);
+      cache_options.min_free_bytes = absl::GetFlag(FLAGS_cache_min_free_bytes);
+      if (cache_options.min_free_bytes < 0) {
+        return absl::InvalidArgumentError("--cache_min_free_bytes must be >= 0");
+      }
       cache_options.download_threads = absl::GetFlag(FLAGS_download_threads);
       cache_options.metrics = s->metrics_.get();
       cache_options.max_queued_prefetches = absl::GetFlag(FLAGS_prefetch);

@@ -328,9 +328,15 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
         return result;
       }
     } else if (a.write_errno != 0) {
-      return fail(FetchFailure::kDisk,
-                  absl::InternalError(absl::StrCat("writing the cache file for \"", url,
-                                                   "\": ", std::strerror(a.write_errno))));
+      std::string message = absl::StrCat("writing the cache file for \"", url,
+                                         "\": ", std::strerror(a.write_errno));
+      if (a.write_errno == ENOSPC || a.write_errno == EDQUOT) {
+        return fail(FetchFailure::kDisk,
+                    absl::ResourceExhaustedError(absl::StrCat(
+                        message, " (the cache's filesystem is full: lower --cache_bytes or "
+                                 "raise --cache_min_free_bytes)")));
+      }
+      return fail(FetchFailure::kDisk, absl::InternalError(message));
     } else if (code == CURLE_ABORTED_BY_CALLBACK) {
       return fail(FetchFailure::kCancelled,
                   absl::CancelledError(absl::StrCat("download of \"", url,

@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -332,14 +333,43 @@ void ShardCache::DropLocked(const std::shared_ptr<Entry>& entry, bool remove_fil
 }
 
 void ShardCache::EvictLocked() {
-  if (options_.max_bytes <= 0) return;
-  for (auto it = lru_.begin(); it != lru_.end() && bytes_ + reserved_ > options_.max_bytes;) {
+  if (options_.max_bytes > 0) {
+    for (auto it = lru_.begin(); it != lru_.end() && bytes_ + reserved_ > options_.max_bytes;) {
+      std::shared_ptr<Entry> entry = entries_[*it];
+      ++it;  // DropLocked erases the entry's node
+      if (entry->pins > 0) continue;
+      DropLocked(entry, /*remove_files=*/true);
+      if (options_.metrics != nullptr) options_.metrics->cache_evictions.Increment();
+    }
+  }
+  if (options_.min_free_bytes <= 0) return;
+  int64_t free = FreeBytes();
+  if (free < 0) return;
+  const int64_t want = options_.min_free_bytes + reserved_;
+  if (free >= want) return;
+  for (auto it = lru_.begin(); it != lru_.end() && free < want;) {
     std::shared_ptr<Entry> entry = entries_[*it];
-    ++it;  // DropLocked erases the entry's node
+    ++it;
     if (entry->pins > 0) continue;
+    free += entry->size;  // unlinked and unmapped: its blocks are free again
     DropLocked(entry, /*remove_files=*/true);
     if (options_.metrics != nullptr) options_.metrics->cache_evictions.Increment();
   }
+  if (free < want && !warned_full_) {
+    warned_full_ = true;
+    LogWarning("shard cache %s: %d bytes free on its filesystem, below --cache_min_free_bytes "
+               "(%d) plus downloads in flight, with nothing left to evict",
+               options_.dir, free, options_.min_free_bytes);
+  } else if (free >= want) {
+    warned_full_ = false;
+  }
+}
+
+int64_t ShardCache::FreeBytes() const {
+  if (options_.free_bytes) return options_.free_bytes(options_.dir);
+  struct statvfs st;
+  if (statvfs(options_.dir.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
 
 bool ShardCache::AdoptFromDiskLocked(const ShardRef& shard, const std::string& expected_sha) {

@@ -35,6 +35,7 @@
 #define SLUICE_SERVER_DATASERVER_SHARD_CACHE_H_
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -54,6 +55,12 @@ struct ShardCacheOptions {
   std::string dir;
   // Bytes of complete shards kept; 0 = unbounded.
   int64_t max_bytes = 0;
+  // Unpinned shards are also evicted while the filesystem has less than
+  // this free (plus room for the downloads in flight): --cache_bytes larger
+  // than the disk does not end in ENOSPC. 0 = no check.
+  int64_t min_free_bytes = 0;
+  // Free bytes of the filesystem holding `dir`; null = statvfs. Tests fake it.
+  std::function<int64_t(const std::string& dir)> free_bytes;
   // Downloads running at once.
   int download_threads = 4;
   // Shards fetched ahead on a prefetch hint at most at once (queued ones
@@ -124,11 +131,13 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   bool AdoptFromDiskLocked(const ShardRef& shard, const std::string& expected_sha)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts unpinned shards, least recently used first, until the ready bytes
-  // plus the known sizes of downloads in flight fit --cache_bytes.
+  // plus the known sizes of downloads in flight fit --cache_bytes, and the
+  // filesystem keeps min_free_bytes free besides the downloads in flight.
   void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLocked(const std::shared_ptr<Entry>& entry, bool remove_files)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t FreeBytes() const;
 
   const ShardCacheOptions options_;
   const std::unique_ptr<RemoteFetcher> fetcher_;
@@ -142,6 +151,7 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   int64_t temp_counter_ ABSL_GUARDED_BY(mu_) = 0;
   int queued_prefetches_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool warned_full_ ABSL_GUARDED_BY(mu_) = false;
 
   // Last member: destroyed (joined) first.
   std::unique_ptr<ThreadPool> downloads_;

@@ -124,6 +124,9 @@ class RemoteShardsTest : public ::testing::Test {
   ServerProcess StartDataServer(const std::string& name, std::vector<std::string> flags = {}) {
     mkdir(dir_.File(name).c_str(), 0755);
     flags.push_back("--cache_dir=" + cache_);
+    // The byte limits under test are --cache_bytes; a nearly full disk on
+    // the test machine must not evict on its own.
+    flags.push_back("--cache_min_free_bytes=0");
     auto server = ServerProcess::Start("sluice-dataserver", dir_.File(name), flags);
     EXPECT_TRUE(server.ok()) << server.status();
     return server.ok() ? std::move(*server) : ServerProcess();

@@ -116,6 +116,57 @@ TEST(ShardCacheTest, StartUpEvictsDownToTheLimitOldestFirst) {
   EXPECT_EQ(cache->bytes_in_use(), 100);
 }
 
+// A disk smaller than --cache_bytes: entries go while the filesystem is
+// short of min_free_bytes, oldest first, never a pinned one.
+TEST(ShardCacheTest, EvictsToKeepTheFilesystemFromFillingUp) {
+  testing::TempDir dir;
+  WriteEntry(dir.path(), "http://h/old.tar", std::string(100, 'o'), 100);
+  WriteEntry(dir.path(), "http://h/mid.tar", std::string(100, 'm'), 100);
+  WriteEntry(dir.path(), "http://h/new.tar", std::string(100, 'n'), 100);
+  int64_t t = 1000;
+  for (const char* name : {"old", "mid", "new"}) {
+    struct timespec when[2] = {{t, 0}, {t, 0}};
+    t += 10;
+    utimensat(AT_FDCWD,
+              dir.File(testing::Sha256Hex(absl::StrCat("http://h/", name, ".tar")) + ".shard")
+                  .c_str(),
+              when, 0);
+  }
+  // A 400-byte "disk": free = 400 - bytes of the .shard files present -
+  // what "someone else" wrote.
+  auto extra = std::make_shared<int64_t>(0);
+  auto free_bytes = [extra](const std::string& d) {
+    int64_t used = *extra;
+    for (const auto& e : std::filesystem::directory_iterator(d)) {
+      if (e.path().extension() == ".shard") used += static_cast<int64_t>(e.file_size());
+    }
+    return 400 - used;
+  };
+  ShardCacheOptions options;
+  options.dir = dir.path();
+  options.max_bytes = 1 << 20;  // far above the disk
+  options.min_free_bytes = 250;
+  options.free_bytes = free_bytes;
+  RemoteFetcherOptions no_retries;
+  no_retries.max_attempts = 1;
+  auto cache = ShardCache::Create(options, std::make_unique<RemoteFetcher>(no_retries));
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  // 100 free at start: the two oldest go (free 300 >= 250).
+  EXPECT_THAT((*cache)->CachedUrls(), UnorderedElementsAre("http://h/new.tar"));
+  EXPECT_EQ(free_bytes(dir.path()), 300);
+  // The disk fills up from elsewhere while a stream holds the last shard:
+  // a new download makes room where it can, but a pinned shard stays.
+  auto pinned = (*cache)->Open(ShardRef{"http://h/new.tar", 100, ""});
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  *extra = 200;
+  EXPECT_FALSE((*cache)->Open(ShardRef{"http://127.0.0.1:1/refused.tar", 0, ""}).ok());
+  EXPECT_THAT((*cache)->CachedUrls(), UnorderedElementsAre("http://h/new.tar"));
+  // Released, it goes.
+  pinned = absl::CancelledError("released");
+  EXPECT_THAT((*cache)->CachedUrls(), ::testing::IsEmpty());
+  EXPECT_EQ(free_bytes(dir.path()), 200);
+}
+
 TEST(ShardCacheTest, BadUrlsAndChecksumsAreRejectedBeforeAnyDownload) {
   testing::TempDir dir;
   auto cache = NewCache(dir.path());
