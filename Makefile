@@ -15,7 +15,7 @@ DEB_PACKAGES := \
   zlib1g-dev libturbojpeg0-dev libpng-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev \
   clang libclang-rt-14-dev python3 nodejs systemd nginx-light \
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch \
-  prometheus python3-matplotlib python3-yaml python3-pil
+  prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
