@@ -23,6 +23,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/time/time.h"
 #include "server/common/clock.h"
 
@@ -96,9 +98,12 @@ class LeaseTable {
   void DropStaleTop();
 
   Clock* const clock_;
-  std::map<std::string, LeaseEntry> leases_;
-  std::map<std::string, uint64_t> generation_;
-  std::map<std::string, std::vector<std::string>> by_holder_;
+  // Hash maps: every grant, progress and completion looks a lease up by its
+  // id, and ids share long prefixes ("job/e3/f…"). node_hash_map keeps the
+  // entries' addresses stable (Find and HeldBy hand out pointers).
+  absl::node_hash_map<std::string, LeaseEntry> leases_;
+  absl::flat_hash_map<std::string, uint64_t> generation_;
+  absl::flat_hash_map<std::string, std::vector<std::string>> by_holder_;
   std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
   uint64_t next_generation_ = 1;
 };
