@@ -42,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "server/coordinator/coordinator_service.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
+#include "tests/testing/coordinator_client.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -336,23 +337,19 @@ int RunLeases() {
   // An endless job of 1-sample units, no quotas: any session takes any unit.
   CoordinatorMessage sample_grant;
   {
-    auto stub = sluice::v1::Coordinator::NewStub(
-        grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    sluice::v1::CreateJobRequest request;
-    sluice::v1::Job job;
-    request.mutable_spec()->set_name("bench");
+    sluice::v1::JobSpec spec;
+    spec.set_name("bench");
     for (int s = 0; s < 1000; ++s) {
-      auto* shard = request.mutable_spec()->mutable_manifest()->add_shards();
+      auto* shard = spec.mutable_manifest()->add_shards();
       shard->set_url(absl::StrCat("/data/bench/shard-", s, ".tar"));
       shard->set_num_samples(1000);
     }
-    request.mutable_spec()->set_max_samples_per_lease(1);
-    request.mutable_spec()->set_world_size(0);
-    request.mutable_spec()->set_num_epochs(0);
-    grpc::Status status = stub->CreateJob(&ctx, request, &job);
-    if (!status.ok()) {
-      std::fprintf(stderr, "CreateJob: %s\n", status.error_message().c_str());
+    spec.set_max_samples_per_lease(1);
+    spec.set_world_size(0);
+    spec.set_num_epochs(0);
+    absl::Status created = sluice::testing::CreateJob(coordinator->grpc_address, spec);
+    if (!created.ok()) {
+      std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
       return 1;
     }
     sluice::v1::Lease* lease = sample_grant.mutable_grant()->mutable_lease();

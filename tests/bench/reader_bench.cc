@@ -19,6 +19,7 @@
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 #include "tests/bench/bench_util.h"
+#include "tests/testing/coordinator_client.h"
 #include "tests/testing/http.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
@@ -133,20 +134,20 @@ int main(int argc, char** argv) {
   if (!data.ok()) return 1;
   // An endless job over the shards (num_epochs 0): the Reader never runs dry.
   {
-    auto stub = sluice::v1::Coordinator::NewStub(
-        grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    sluice::v1::CreateJobRequest request;
-    sluice::v1::Job job;
-    request.mutable_spec()->set_name("bench");
+    sluice::v1::JobSpec spec;
+    spec.set_name("bench");
     for (const auto& [url, n] : units) {
-      auto* s = request.mutable_spec()->mutable_manifest()->add_shards();
+      auto* s = spec.mutable_manifest()->add_shards();
       s->set_url(url);
       s->set_num_samples(n);
     }
-    request.mutable_spec()->set_world_size(1);
-    request.mutable_spec()->set_num_epochs(0);
-    if (!stub->CreateJob(&ctx, request, &job).ok()) return 1;
+    spec.set_world_size(1);
+    spec.set_num_epochs(0);
+    absl::Status created = sluice::testing::CreateJob(coordinator->grpc_address, spec);
+    if (!created.ok()) {
+      std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
+      return 1;
+    }
   }
   // Wait for the data server to register (grants would otherwise name none).
   for (int i = 0; i < 400; ++i) {

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "sluice/reader.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
+#include "tests/testing/coordinator_client.h"
 #include "tests/testing/http.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
@@ -74,23 +75,20 @@ class ReaderTest : public ::testing::Test {
   }
 
   void CreateJob(const std::string& name, int world, int epochs) {
-    auto stub = v1::Coordinator::NewStub(
-        grpc::CreateChannel(coordinator_.grpc_address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    v1::CreateJobRequest request;
-    v1::Job job;
-    request.mutable_spec()->set_name(name);
+    v1::JobSpec spec;
+    spec.set_name(name);
     for (const std::string& url : urls_) {
-      auto* s = request.mutable_spec()->mutable_manifest()->add_shards();
+      auto* s = spec.mutable_manifest()->add_shards();
       s->set_url(url);
       s->set_num_samples(per_shard_);
     }
-    request.mutable_spec()->set_world_size(world);
-    request.mutable_spec()->set_num_epochs(epochs);
-    request.mutable_spec()->set_seed(3);
-    request.mutable_spec()->set_shuffle(true);
-    request.mutable_spec()->set_lease_ttl_ms(2000);
-    ASSERT_TRUE(stub->CreateJob(&ctx, request, &job).ok());
+    spec.set_world_size(world);
+    spec.set_num_epochs(epochs);
+    spec.set_seed(3);
+    spec.set_shuffle(true);
+    spec.set_lease_ttl_ms(2000);
+    absl::Status created = testing::CreateJob(coordinator_.grpc_address, spec);
+    ASSERT_TRUE(created.ok()) << created;
   }
 
   std::unique_ptr<Reader> MakeReader(const std::string& job, int rank, int buffer = 256,

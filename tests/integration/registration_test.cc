@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
+#include "tests/testing/coordinator_client.h"
 #include "tests/testing/http.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
@@ -45,38 +46,17 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   ASSERT_TRUE(dataserver.ok()) << dataserver.status();
   ASSERT_TRUE(WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
 
-  auto stub = v1::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
-  {
-    grpc::ClientContext ctx;
-    v1::CreateJobRequest request;
-    v1::Job job;
-    request.mutable_spec()->set_name("reg");
-    auto* s = request.mutable_spec()->mutable_manifest()->add_shards();
-    s->set_url(shard);
-    s->set_num_samples(8);
-    request.mutable_spec()->set_world_size(1);
-    request.mutable_spec()->set_num_epochs(1);
-    ASSERT_TRUE(stub->CreateJob(&ctx, request, &job).ok());
-  }
-  v1::Lease lease;
-  {
-    grpc::ClientContext ctx;
-    auto session = stub->Session(&ctx);
-    v1::TrainerMessage hello;
-    hello.mutable_hello()->set_job("reg");
-    hello.mutable_hello()->set_trainer_id("t0");
-    ASSERT_TRUE(session->Write(hello));
-    v1::TrainerMessage want;
-    want.mutable_want()->set_credits(1);
-    ASSERT_TRUE(session->Write(want));
-    v1::CoordinatorMessage m;
-    while (session->Read(&m) && !m.has_grant()) {
-    }
-    ASSERT_TRUE(m.has_grant());
-    lease = m.grant().lease();
-    ctx.TryCancel();
-  }
+  v1::JobSpec spec;
+  spec.set_name("reg");
+  auto* s = spec.mutable_manifest()->add_shards();
+  s->set_url(shard);
+  s->set_num_samples(8);
+  spec.set_world_size(1);
+  spec.set_num_epochs(1);
+  ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
+  auto granted = testing::FirstGrant(coordinator->grpc_address, "reg", "t0");
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  const v1::Lease lease = *granted;
   EXPECT_EQ(lease.data_server(), dataserver->grpc_address);
   EXPECT_EQ(lease.token().size(), 32u);
 

@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
+#include "tests/testing/coordinator_client.h"
 #include "tests/testing/http.h"
 #include "tests/testing/nginx.h"
 #include "tests/testing/process.h"
@@ -648,40 +649,23 @@ TEST_F(RemoteShardsTest, PrefetchHintsDownloadUpcomingShardsBeforeTheirReads) {
       StartDataServer("ds", {"--coordinator=" + coordinator->grpc_address, "--prefetch=8"});
   ASSERT_TRUE(
       testing::WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
-  auto stub = v1::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
-  {
-    grpc::ClientContext ctx;
-    v1::CreateJobRequest request;
-    v1::Job job;
-    request.mutable_spec()->set_name("prefetch");
-    for (int i = 0; i < 6; ++i) {
-      const std::string name = absl::StrCat("p", i, ".tar");
-      auto* shard = request.mutable_spec()->mutable_manifest()->add_shards();
-      shard->set_url(nginx_->base_url() + "/" + name);
-      shard->set_num_samples(4);
-      shard->set_size_bytes(static_cast<int64_t>(shards_[name].size()));
-      shard->set_checksum("sha256:" + testing::Sha256Hex(shards_[name]));
-    }
-    request.mutable_spec()->set_world_size(1);
-    request.mutable_spec()->set_num_epochs(1);
-    request.mutable_spec()->set_shuffle(false);
-    ASSERT_TRUE(stub->CreateJob(&ctx, request, &job).ok());
+  v1::JobSpec spec;
+  spec.set_name("prefetch");
+  for (int i = 0; i < 6; ++i) {
+    const std::string name = absl::StrCat("p", i, ".tar");
+    auto* shard = spec.mutable_manifest()->add_shards();
+    shard->set_url(nginx_->base_url() + "/" + name);
+    shard->set_num_samples(4);
+    shard->set_size_bytes(static_cast<int64_t>(shards_[name].size()));
+    shard->set_checksum("sha256:" + testing::Sha256Hex(shards_[name]));
   }
-  grpc::ClientContext ctx;
-  auto session = stub->Session(&ctx);
-  v1::TrainerMessage hello;
-  hello.mutable_hello()->set_job("prefetch");
-  hello.mutable_hello()->set_trainer_id("t0");
-  ASSERT_TRUE(session->Write(hello));
-  v1::TrainerMessage want;
-  want.mutable_want()->set_credits(1);
-  ASSERT_TRUE(session->Write(want));
-  v1::CoordinatorMessage m;
-  while (session->Read(&m) && !m.has_grant()) {
-  }
-  ASSERT_TRUE(m.has_grant());
-  const v1::Lease first = m.grant().lease();
+  spec.set_world_size(1);
+  spec.set_num_epochs(1);
+  spec.set_shuffle(false);
+  ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
+  auto granted = testing::FirstGrant(coordinator->grpc_address, "prefetch", "t0");
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  const v1::Lease first = *granted;
   EXPECT_EQ(first.unit().shard_url(), nginx_->base_url() + "/p0.tar");
   // One grant, no reads at all: the other five shards arrive anyway.
   ASSERT_TRUE(PollUntil([&] {
@@ -702,7 +686,6 @@ TEST_F(RemoteShardsTest, PrefetchHintsDownloadUpcomingShardsBeforeTheirReads) {
     EXPECT_EQ(nginx_->Count("GET", "/" + name), 1) << name;
   }
   EXPECT_THAT(Metrics(server), HasSubstr("sluice_dataserver_cache_hits_total 5"));
-  ctx.TryCancel();
 }
 
 }  // namespace

@@ -1,0 +1,25 @@
+// Small synchronous coordinator calls for tests and benchmarks, over
+// plaintext gRPC to a coordinator started with ServerProcess.
+#ifndef SLUICE_TESTS_TESTING_COORDINATOR_CLIENT_H_
+#define SLUICE_TESTS_TESTING_COORDINATOR_CLIENT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/v1/coordinator.pb.h"
+
+namespace sluice::testing {
+
+// CreateJob(spec); the status is the coordinator's.
+absl::Status CreateJob(const std::string& address, const v1::JobSpec& spec);
+
+// Opens a Session on `job` as `trainer_id` (rank 0), asks for one lease and
+// returns the first Grant's lease, then closes the session (the lease stays
+// until its TTL).
+absl::StatusOr<v1::Lease> FirstGrant(const std::string& address, const std::string& job,
+                                     const std::string& trainer_id);
+
+}  // namespace sluice::testing
+
+#endif  // SLUICE_TESTS_TESTING_COORDINATOR_CLIENT_H_
