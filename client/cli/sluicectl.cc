@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -30,6 +28,7 @@
 #include "client/cli/cli.h"
 #include "server/common/grpc_status.h"
 #include "server/common/status_macros.h"
+#include "server/common/tls_files.h"
 #include "server/dataserver/shard_store.h"
 #include "server/dataserver/tar_shard_reader.h"
 #include "sluice/reader.h"
@@ -118,34 +117,14 @@ std::shared_ptr<grpc::ChannelCredentials>& CredentialsSlot() {
   return *creds;
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read --", flag, "=", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 }  // namespace
 
 absl::Status LoadCredentials() {
-  const std::string ca = absl::GetFlag(FLAGS_ca_cert);
-  const std::string cert = absl::GetFlag(FLAGS_client_cert);
-  const std::string key = absl::GetFlag(FLAGS_client_key);
-  if (cert.empty() != key.empty()) {
-    return absl::InvalidArgumentError("--client_cert and --client_key must be given together");
-  }
-  if (ca.empty()) {
-    if (!cert.empty()) return absl::InvalidArgumentError("--client_cert needs --ca_cert");
-    CredentialsSlot() = grpc::InsecureChannelCredentials();
-    return absl::OkStatus();
-  }
-  grpc::SslCredentialsOptions options;
-  ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(ca, "ca_cert"));
-  if (!cert.empty()) {
-    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem(cert, "client_cert"));
-    ASSIGN_OR_RETURN(options.pem_private_key, ReadPem(key, "client_key"));
-  }
-  CredentialsSlot() = grpc::SslCredentials(options);
+  ASSIGN_OR_RETURN(CredentialsSlot(),
+                   ClientCredentialsFromFiles(ClientTlsFiles{
+                       absl::GetFlag(FLAGS_ca_cert), absl::GetFlag(FLAGS_client_cert),
+                       absl::GetFlag(FLAGS_client_key), "--ca_cert", "--client_cert",
+                       "--client_key"}));
   return absl::OkStatus();
 }
 

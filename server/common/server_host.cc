@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -21,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/common/logging.h"
 #include "server/common/status_macros.h"
+#include "server/common/tls_files.h"
 
 ABSL_FLAG(std::string, listen, "",
           "gRPC listen address HOST:PORT; port 0 picks a free port (see "
@@ -49,17 +49,6 @@ namespace {
 
 constexpr char kReadinessService[] = "readiness";
 
-absl::StatusOr<std::string> ReadFile(const std::string& path,
-                                     absl::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read ", flag, "=", path));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 }  // namespace
 
@@ -100,32 +89,6 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view text,
     return bad("port must be a number from 0 to 65535");
   }
   return result;
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentialsFromFiles(
-    const std::string& ca_file, const std::string& cert_file, const std::string& key_file,
-    absl::string_view flag_prefix) {
-  const std::string ca_flag = absl::StrCat("--", flag_prefix, "ca");
-  const std::string cert_flag = absl::StrCat("--", flag_prefix, "cert");
-  const std::string key_flag = absl::StrCat("--", flag_prefix, "key");
-  if (cert_file.empty() != key_file.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(cert_flag, " and ", key_flag, " must be given together"));
-  }
-  if (ca_file.empty()) {
-    if (!cert_file.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(cert_flag, " (mutual TLS) needs ", ca_flag, " to verify the server"));
-    }
-    return grpc::InsecureChannelCredentials();
-  }
-  grpc::SslCredentialsOptions options;
-  ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(ca_file, ca_flag));
-  if (!cert_file.empty()) {
-    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFile(cert_file, cert_flag));
-    ASSIGN_OR_RETURN(options.pem_private_key, ReadFile(key_file, key_flag));
-  }
-  return grpc::SslCredentials(options);
 }
 
 absl::StatusOr<ServerConfig> ServerConfigFromFlags(
@@ -203,12 +166,12 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   if (config.tls.enabled()) {
     grpc::SslServerCredentialsOptions options;
     grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(config.tls.cert_file, "--tls_cert"));
-    ASSIGN_OR_RETURN(pair.private_key, ReadFile(config.tls.key_file, "--tls_key"));
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(config.tls.cert_file, "--tls_cert"));
+    ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(config.tls.key_file, "--tls_key"));
     options.pem_key_cert_pairs.push_back(std::move(pair));
     if (!config.tls.client_ca_file.empty()) {
       ASSIGN_OR_RETURN(options.pem_root_certs,
-                       ReadFile(config.tls.client_ca_file, "--tls_client_ca"));
+                       ReadPemFile(config.tls.client_ca_file, "--tls_client_ca"));
       options.client_certificate_request =
           GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }

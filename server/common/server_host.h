@@ -72,15 +72,6 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags(
     absl::string_view program, absl::string_view default_listen,
     absl::string_view default_metrics_listen);
 
-// Channel credentials for a server's outgoing connections (a data server
-// registering with the coordinator): TLS verified against `ca_file`, with
-// `cert_file`/`key_file` as the client certificate for mutual TLS when set.
-// An empty `ca_file` with no certificate = insecure. Errors name the flags
-// (`flag_prefix` + "ca" / "cert" / "key").
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentialsFromFiles(
-    const std::string& ca_file, const std::string& cert_file, const std::string& key_file,
-    absl::string_view flag_prefix);
-
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it starts
 // later, so that RunUntilSignal can wait for them synchronously. Call first
 // thing in main().

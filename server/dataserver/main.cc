@@ -13,6 +13,7 @@
 #include "server/common/logging.h"
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
+#include "server/common/tls_files.h"
 #include "server/dataserver/coordinator_registration.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/dataserver_service.h"
@@ -143,10 +144,10 @@ class DataServerServices : public sluice::ServiceSet {
     }
     s->cache_ = cache.get();
     ASSIGN_OR_RETURN(s->coordinator_credentials_,
-                     sluice::ClientCredentialsFromFiles(absl::GetFlag(FLAGS_coordinator_ca),
-                                                        absl::GetFlag(FLAGS_coordinator_cert),
-                                                        absl::GetFlag(FLAGS_coordinator_key),
-                                                        "coordinator_"));
+                     sluice::ClientCredentialsFromFiles(sluice::ClientTlsFiles{
+                         absl::GetFlag(FLAGS_coordinator_ca), absl::GetFlag(FLAGS_coordinator_cert),
+                         absl::GetFlag(FLAGS_coordinator_key), "--coordinator_ca",
+                         "--coordinator_cert", "--coordinator_key"}));
     options.store = std::make_unique<CompositeShardStore>(std::move(local), std::move(cache));
     ASSIGN_OR_RETURN(options.lease_secret,
                      sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
