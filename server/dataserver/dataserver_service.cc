@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "server/common/lease_token.h"
 #include "server/common/status_macros.h"
 
@@ -501,10 +502,14 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
 
 absl::StatusOr<v1::ShardIndex> DataServerService::IndexShard(
     const v1::IndexShardRequest& request) {
-  if (request.url().empty()) return absl::InvalidArgumentError("url is empty");
-  ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> shard,
-                   options_.store->Open(request.url()));
-  return IndexOf(request, shard);
+  absl::Notification done;
+  absl::StatusOr<v1::ShardIndex> result;
+  IndexShardAsync(request, [&](absl::StatusOr<v1::ShardIndex> index) {
+    result = std::move(index);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
 }
 
 void DataServerService::IndexShardAsync(

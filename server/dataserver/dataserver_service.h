@@ -136,8 +136,8 @@ class DataServerService {
       const v1::ReadRequest& request);
   absl::StatusOr<v1::ShardIndex> IndexShard(
       const v1::IndexShardRequest& request);
-  // The same without blocking a thread on a download: `done` runs on a pool
-  // thread (or inline for an early error).
+  // The same without blocking a thread on a download (IndexShard waits on
+  // it): `done` runs on a pool thread (or inline for an early error).
   void IndexShardAsync(const v1::IndexShardRequest& request,
                        std::function<void(absl::StatusOr<v1::ShardIndex>)> done);
 

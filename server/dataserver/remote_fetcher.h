@@ -101,7 +101,6 @@ class RemoteFetcher {
   // Aborts transfers in progress and makes later ones fail fast (shutdown).
   void Cancel() { cancelled_.store(true); }
 
-  const RemoteFetcherOptions& options() const { return options_; }
 
  private:
   struct Attempt;

@@ -640,8 +640,4 @@ void CompositeShardStore::OpenAsync(const ShardRef& shard, OpenCallback done) {
   done(Open(shard));
 }
 
-void CompositeShardStore::Prefetch(const ShardRef& shard) {
-  if (IsRemote(shard.url) && cache_ != nullptr) cache_->Prefetch(shard);
-}
-
 }  // namespace sluice::dataserver

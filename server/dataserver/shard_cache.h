@@ -92,7 +92,6 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
 
   int64_t bytes_in_use() const;
   std::vector<std::string> CachedUrls() const;
-  const std::string& dir() const { return options_.dir; }
   // "<dir>/<sha256(url)>.shard": where `url` is cached.
   std::string PathFor(const std::string& url) const;
 
@@ -171,9 +170,6 @@ class CompositeShardStore : public ShardStore {
   absl::StatusOr<std::shared_ptr<const ShardData>> Open(const ShardRef& shard) override;
   bool IsRemote(absl::string_view url) const override;
   void OpenAsync(const ShardRef& shard, OpenCallback done) override;
-  void Prefetch(const ShardRef& shard) override;
-
-  ShardCache* cache() { return cache_.get(); }
 
  private:
   absl::Status Unavailable(absl::string_view url) const;

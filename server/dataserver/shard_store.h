@@ -85,8 +85,6 @@ class ShardStore {
   virtual void OpenAsync(const ShardRef& shard, OpenCallback done) {
     done(Open(shard));
   }
-  // A hint that `shard` will be read soon: a remote store starts fetching it.
-  virtual void Prefetch(const ShardRef& /*shard*/) {}
 };
 
 class LocalShardStore : public ShardStore {
