@@ -11,6 +11,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
+#include "tests/testing/coordinator_client.h"
+#include "tests/testing/http.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -308,6 +310,49 @@ TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(s.error_message(), HasSubstr("hello.rank=2"));
   }
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Per-job series: sessions are counted per job (label sluice_job, not job:
+// Prometheus owns that one), and a deleted job's series disappear instead of
+// lingering at their last values.
+TEST(CoordinatorIntegrationTest, PerJobSeriesFollowSessionsAndDeletion) {
+  TempDir dir;
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(testing::CreateJob(server->grpc_address, ManifestSpec("kept", 4, 1, 1)).ok());
+  ASSERT_TRUE(testing::CreateJob(server->grpc_address, ManifestSpec("gone", 4, 1, 1)).ok());
+  auto stub = Connect(server->grpc_address);
+  grpc::ClientContext ctx;
+  auto session = stub->Session(&ctx);
+  v1::TrainerMessage hello;
+  hello.mutable_hello()->set_job("gone");
+  hello.mutable_hello()->set_trainer_id("t0");
+  ASSERT_TRUE(session->Write(hello));
+  ASSERT_TRUE(testing::WaitForMetric(server->metrics_address,
+                                     "sluice_coordinator_sessions{sluice_job=\"gone\"} 1"));
+  ASSERT_TRUE(testing::WaitForMetric(server->metrics_address,
+                                     "sluice_coordinator_sessions{sluice_job=\"kept\"} 0"));
+  {
+    grpc::ClientContext del;
+    v1::DeleteJobRequest request;
+    request.set_name("gone");
+    v1::DeleteJobResponse response;
+    ASSERT_TRUE(stub->DeleteJob(&del, request, &response).ok());
+  }
+  v1::CoordinatorMessage m;
+  while (session->Read(&m)) {
+  }
+  EXPECT_EQ(session->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  auto page = testing::HttpGet("http://" + server->metrics_address + "/metrics");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(page->body, ::testing::Not(::testing::HasSubstr("sluice_job=\"gone\"")));
+  EXPECT_THAT(page->body, ::testing::HasSubstr("sluice_coordinator_epoch{sluice_job=\"kept\"} 0"));
 }
 
 }  // namespace
