@@ -80,6 +80,7 @@ class ReaderImpl final : public Reader {
     int64_t size = 0;
     std::deque<Sample> buffer;
     int64_t next_fetch = 0;  // absolute sample index
+    int64_t last_batch_samples = 0;  // size of the newest batch received
     enum class Fetch { kRunning, kDone, kFailed } fetch = Fetch::kRunning;
     std::string fetch_error;
     bool dropped = false;
@@ -134,7 +135,7 @@ class ReaderImpl final : public Reader {
     u.dropped = true;
     u.buffer.clear();
     if (u.fetch_ctx != nullptr) u.fetch_ctx->TryCancel();
-    cv_.SignalAll();
+    NotifyAllLocked();
   }
   // The lease is no longer ours (Revoke, Rejected): drop what is undelivered
   // and report nothing more for it.
@@ -148,6 +149,26 @@ class ReaderImpl final : public Reader {
   }
   // Disconnected for over half a lease TTL, or reconnected after that and
   // not yet revalidated.
+  // One stream per data server carries the data at a time: a unit's stream
+  // opens once every earlier unit routed to the same server is about to
+  // finish fetching (its next batch is probably its last), so opening the
+  // next stream overlaps only that last batch. Concurrent streams from one
+  // client to one server only compete for the same cores and connection
+  // (one stream already keeps the server's decode pool busy), and data
+  // fetched far ahead of delivery goes cold in memory. Earlier units are
+  // delivered first, so this never waits on a unit that waits on us.
+  bool FetchMayStartLocked(const Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, other] : units_) {
+      const Unit& o = *other;
+      if (o.order >= u.order || o.dropped || o.fetch != Unit::Fetch::kRunning ||
+          o.lease.data_server() != u.lease.data_server()) {
+        continue;
+      }
+      const int64_t remaining = o.lease.unit().end() - o.next_fetch;
+      if (o.last_batch_samples == 0 || remaining > o.last_batch_samples) return false;
+    }
+    return true;
+  }
   bool MayHaveLostLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (revalidating_) return true;
     return disconnected_at_ != absl::InfinitePast() &&
@@ -165,7 +186,20 @@ class ReaderImpl final : public Reader {
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
 
   mutable absl::Mutex mu_;
+  // Three wait queues on mu_, so the per-batch hand-off wakes only the
+  // thread it concerns: data_cv_ the consumer (Next), fetch_cv_ the fetchers
+  // (room in a unit's buffer, or their turn to open a stream), cv_ everyone
+  // else (session, maintenance, Cursor, Close). A state change that is not
+  // on the hot path wakes all three (NotifyAllLocked).
   absl::CondVar cv_;
+  absl::CondVar data_cv_;
+  absl::CondVar fetch_cv_;
+  int gated_fetchers_ ABSL_GUARDED_BY(mu_) = 0;  // fetchers waiting for their turn
+  void NotifyAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    cv_.SignalAll();
+    data_cv_.SignalAll();
+    fetch_cv_.SignalAll();
+  }
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Unit>> units_ ABSL_GUARDED_BY(mu_);
   // Final reports (Complete / Reroute / Release) sent but not yet known to
@@ -226,7 +260,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
         if (!fatal_.ok()) return fatal_;
         if (closed_) return absl::CancelledError("reader closed");
         if (entries_.empty()) {
-          cv_.Wait(&mu_);
+          data_cv_.Wait(&mu_);
           continue;
         }
         Entry& e = entries_.front();
@@ -248,7 +282,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
         if (!u.buffer.empty() && MayHaveLostLeasesLocked()) {
           // Our leases may have expired at the coordinator (and been
           // granted to others): deliver nothing until it confirms them.
-          cv_.WaitWithDeadline(&mu_, absl::Now() + absl::Milliseconds(50));
+          data_cv_.WaitWithDeadline(&mu_, absl::Now() + absl::Milliseconds(50));
           continue;
         }
         if (!u.buffer.empty()) {
@@ -256,7 +290,9 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           event.sample = std::move(u.buffer.front());
           event.epoch = event.sample.epoch;
           // A fetcher waits only on a full buffer: wake it when room appears.
-          if (static_cast<int>(u.buffer.size()) == options_.buffer_samples) cv_.SignalAll();
+          if (static_cast<int>(u.buffer.size()) == options_.buffer_samples) {
+            fetch_cv_.SignalAll();
+          }
           u.buffer.pop_front();
           ++u.delivered;
           ++stats_.delivered;
@@ -287,7 +323,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           flush = true;
           break;
         }
-        cv_.Wait(&mu_);
+        data_cv_.Wait(&mu_);
       }
     }
     if (flush) FlushReports(false);
@@ -334,7 +370,7 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
       units_.erase(u->lease.lease_id());
       if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
       retired_.push_back(u);
-      cv_.SignalAll();
+      NotifyAllLocked();
     }
   }
 }
@@ -358,7 +394,7 @@ void ReaderImpl::RunSession() {
         fatal_ = absl::UnavailableError(
             absl::StrCat("coordinator ", options_.coordinator, " unreachable for ",
                          absl::FormatDuration(options_.reconnect_timeout)));
-        cv_.SignalAll();
+        NotifyAllLocked();
         return;
       }
       backoff = std::min({backoff * 2, absl::Seconds(5), lease_ttl_ / 4});
@@ -434,14 +470,14 @@ void ReaderImpl::RunSession() {
       absl::MutexLock lock(&mu_);
       stream_open_ = false;
       if (disconnected_at_ == absl::InfinitePast()) disconnected_at_ = absl::Now();
-      cv_.SignalAll();
+      NotifyAllLocked();
     }
     absl::Status status = FromGrpcStatus(stream->Finish());
     absl::MutexLock lock(&mu_);
     if (closing_ || job_done_) return;
     if (Terminal(status)) {
       fatal_ = status;
-      cv_.SignalAll();
+      NotifyAllLocked();
       return;
     }
     if (welcomed) {
@@ -452,7 +488,7 @@ void ReaderImpl::RunSession() {
       fatal_ = absl::UnavailableError(absl::StrCat(
           "coordinator ", options_.coordinator, " unreachable for ",
           absl::FormatDuration(options_.reconnect_timeout), ": ", status.ToString()));
-      cv_.SignalAll();
+      NotifyAllLocked();
       return;
     }
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
@@ -532,7 +568,7 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
       default:
         break;
     }
-    cv_.SignalAll();
+    NotifyAllLocked();
   }
   if (resend.has_value()) Send(*resend);
 }
@@ -546,7 +582,7 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
       u->fetch_error = error;
     }
     u->fetcher_exited = true;
-    cv_.SignalAll();
+    NotifyAllLocked();
   };
   const std::string& address = u->lease.data_server();
   if (address.empty()) {
@@ -574,6 +610,11 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
   grpc::ClientContext ctx;
   {
     absl::MutexLock lock(&mu_);
+    while (!u->dropped && !closing_ && !FetchMayStartLocked(*u)) {
+      ++gated_fetchers_;
+      fetch_cv_.Wait(&mu_);
+      --gated_fetchers_;
+    }
     if (u->dropped || closing_) {
       u->fetcher_exited = true;
       return;
@@ -613,9 +654,9 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
     for (Sample& out : converted) {
       while (static_cast<int>(u->buffer.size()) >= options_.buffer_samples && !u->dropped &&
              !closing_) {
-        cv_.SignalAll();  // the consumer may be waiting for what was just pushed
+        data_cv_.Signal();  // the consumer may be waiting for what was just pushed
         u->waiting_for_room = true;
-        cv_.Wait(&mu_);
+        fetch_cv_.Wait(&mu_);
       }
       u->waiting_for_room = false;
       u->last_activity = absl::Now();  // waiting on the consumer is not a stall
@@ -634,7 +675,9 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
       u->buffer.push_back(std::move(out));
       ++u->next_fetch;
     }
-    cv_.SignalAll();
+    u->last_batch_samples = static_cast<int64_t>(converted.size());
+    data_cv_.Signal();
+    if (gated_fetchers_ > 0) fetch_cv_.SignalAll();
   }
   absl::Status status = FromGrpcStatus(reader->Finish());
   {
@@ -671,7 +714,7 @@ void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
                                                       status.message()));
     u->fetch_ctx = nullptr;
     u->fetcher_exited = true;
-    cv_.SignalAll();
+    NotifyAllLocked();
   } else {
     bool stalled;
     {
@@ -782,7 +825,7 @@ void ReaderImpl::Close() {
       if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
       all.push_back(u);
     }
-    cv_.SignalAll();
+    NotifyAllLocked();
   }
   // Half-close and let the coordinator end the stream, so the reports just
   // sent arrive (cancelling at once could drop them); cancel after a bound.
