@@ -9,8 +9,11 @@
 #include <random>
 #include <thread>
 
+#include <grpcpp/alarm.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "server/common/grpc_status.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
@@ -37,6 +40,41 @@ bool Terminal(const absl::Status& s) {
   }
 }
 
+// Every asynchronous gRPC operation of a Reader completes on one completion
+// queue, drained by one I/O thread that calls the operation's tag. A single
+// thread waiting in gRPC matters: with several (a sync stream per thread),
+// gRPC hands the poller role between them and each received message costs
+// thread wake-ups on the way to its reader.
+class Tag {
+ public:
+  virtual ~Tag() = default;
+  virtual void Done(bool ok) = 0;
+};
+
+// The session thread's blocking calls: start the operation with this tag,
+// then Wait() for the I/O thread to complete it.
+class WaitTag final : public Tag {
+ public:
+  void Done(bool ok) override {
+    ok_ = ok;
+    done_.Notify();
+  }
+  bool Wait() {
+    done_.WaitForNotification();
+    return ok_;
+  }
+
+ private:
+  absl::Notification done_;
+  bool ok_ = false;
+};
+
+// The void* gRPC carries for a tag, always through Tag* so RunIo's cast
+// back is exact.
+void* TagOf(Tag* tag) { return tag; }
+
+using SessionStream = grpc::ClientAsyncReaderWriter<TrainerMessage, CoordinatorMessage>;
+
 class ReaderImpl final : public Reader {
  public:
   explicit ReaderImpl(ReaderOptions options) : options_(std::move(options)) {
@@ -61,6 +99,7 @@ class ReaderImpl final : public Reader {
   ~ReaderImpl() override { Close(); }
 
   void Start() {
+    io_thread_ = std::thread([this] { RunIo(); });
     session_thread_ = std::thread([this] { RunSession(); });
     maintenance_thread_ = std::thread([this] { RunMaintenance(); });
   }
@@ -74,7 +113,27 @@ class ReaderImpl final : public Reader {
   absl::StatusOr<v1::Cursor> Cursor() override;
 
  private:
+  struct Unit;
+  // A step of a unit's ReadSamples stream, completed on the I/O thread.
+  class FetchTag final : public Tag {
+   public:
+    enum class Op { kStart, kRead, kFinish, kNoServer };
+    FetchTag(ReaderImpl* reader, Unit* unit, Op op) : reader_(reader), unit_(unit), op_(op) {}
+    void Done(bool ok) override { reader_->OnFetchEvent(*unit_, op_, ok); }
+
+   private:
+    ReaderImpl* reader_;
+    Unit* unit_;
+    Op op_;
+  };
   struct Unit {
+    explicit Unit(ReaderImpl* reader)
+        : start_tag(reader, this, FetchTag::Op::kStart),
+          read_tag(reader, this, FetchTag::Op::kRead),
+          finish_tag(reader, this, FetchTag::Op::kFinish),
+          no_server_tag(reader, this, FetchTag::Op::kNoServer) {}
+    Unit(const Unit&) = delete;
+    Unit& operator=(const Unit&) = delete;
     v1::Lease lease;
     int64_t order = 0;  // grant order: reports go out in this order
     int64_t size = 0;
@@ -87,12 +146,26 @@ class ReaderImpl final : public Reader {
     int64_t delivered = 0;
     int64_t reported = 0;
     std::optional<TrainerMessage> final_report;  // Complete / Reroute / Release
-    grpc::ClientContext* fetch_ctx = nullptr;
     absl::Time last_activity;  // last message from the data server
-    bool waiting_for_room = false;  // the fetcher waits on the consumer
     bool stalled = false;
-    std::thread fetcher;
-    bool fetcher_exited = false;
+    // The unit's ReadSamples stream, a small state machine driven by the I/O
+    // thread (OnFetchEvent); at most one operation outstanding at a time.
+    bool fetch_started = false;  // stream opened (or the no-server retry armed)
+    bool op_pending = false;     // StartCall or Read outstanding
+    bool waiting_for_room = false;  // no Read issued: the buffer is full
+    bool cancelled = false;      // TryCancel'ed: no further Read
+    bool finishing = false;      // Finish issued
+    bool call_done = false;      // Finish (or the retry alarm) completed
+    v1::ReadRequest request;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientAsyncReader<v1::SampleBatch>> stream;
+    v1::SampleBatch batch;  // the outstanding Read's target
+    grpc::Status status;    // Finish's
+    std::string protocol_error;
+    std::unique_ptr<grpc::Alarm> no_server_alarm;
+    // Keeps the unit alive while an operation is outstanding.
+    std::shared_ptr<Unit> io_hold;
+    FetchTag start_tag, read_tag, finish_tag, no_server_tag;
   };
   struct Entry {
     ReaderEvent::Kind kind;
@@ -104,10 +177,13 @@ class ReaderImpl final : public Reader {
     return options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
   }
 
+  // Blocking writes on the session stream, one at a time (write_mu_).
   bool Send(const TrainerMessage& m) {
     absl::MutexLock lock(&write_mu_);
     if (stream_ == nullptr) return false;
-    return stream_->Write(m);
+    WaitTag written;
+    stream_->Write(m, TagOf(&written));
+    return written.Wait();
   }
   // Sends Sync{id} with the next id; ids go out in increasing order, so a
   // Synced{n} confirms every Sync below n too. Returns 0 if not sent.
@@ -119,13 +195,56 @@ class ReaderImpl final : public Reader {
       absl::MutexLock state(&mu_);
       sync.mutable_sync()->set_id(++next_sync_);
     }
-    return stream_->Write(sync) ? sync.sync().id() : 0;
+    WaitTag written;
+    stream_->Write(sync, TagOf(&written));
+    return written.Wait() ? sync.sync().id() : 0;
   }
 
+  void RunIo() {
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) static_cast<Tag*>(tag)->Done(ok);
+  }
   void RunSession();
   void Handle(const CoordinatorMessage& m);
-  void Fetch(std::shared_ptr<Unit> unit);
   void RunMaintenance();
+  // The fetch state machine. Start: StartCall, then Read after Read while
+  // the unit's buffer has room (the consumer re-issues the Read it skipped
+  // once room appears), then Finish once a Read fails (end of stream or
+  // cancelled); Finish's status decides the unit's fate.
+  void StartEligibleFetchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartFetchLocked(const std::shared_ptr<Unit>& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnFetchEvent(Unit& u, FetchTag::Op op, bool ok);
+  void OnBatch(Unit& u, bool ok);
+  void OnFetchFinished(Unit& u);
+  void IssueReadLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    u.op_pending = true;
+    u.waiting_for_room = false;
+    u.stream->Read(&u.batch, TagOf(&u.read_tag));
+  }
+  void BeginFinishLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (u.finishing) return;
+    u.finishing = true;
+    u.stream->Finish(&u.status, TagOf(&u.finish_tag));
+  }
+  // Stops a unit's stream: its outstanding operation fails, then Finish.
+  void CancelFetchLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    u.cancelled = true;
+    if (!u.fetch_started || u.call_done) return;
+    if (u.no_server_alarm != nullptr) {
+      u.no_server_alarm->Cancel();
+      return;
+    }
+    u.ctx->TryCancel();
+    if (!u.op_pending) BeginFinishLocked(u);
+  }
+  void SetFetchStateLocked(Unit& u, Unit::Fetch state, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (u.fetch == Unit::Fetch::kRunning) {
+      u.fetch = state;
+      u.fetch_error = error;
+    }
+  }
   // Sends final reports, and Progress for units with new deliveries when
   // `progress` is set.
   // `force`: a Progress for every live unit, even without new deliveries
@@ -134,7 +253,7 @@ class ReaderImpl final : public Reader {
   void DropLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     u.dropped = true;
     u.buffer.clear();
-    if (u.fetch_ctx != nullptr) u.fetch_ctx->TryCancel();
+    CancelFetchLocked(u);
     NotifyAllLocked();
   }
   // The lease is no longer ours (Revoke, Rejected): drop what is undelivered
@@ -147,8 +266,6 @@ class ReaderImpl final : public Reader {
     retired_.push_back(it->second);
     units_.erase(it);
   }
-  // Disconnected for over half a lease TTL, or reconnected after that and
-  // not yet revalidated.
   // One stream per data server carries the data at a time: a unit's stream
   // opens once every earlier unit routed to the same server is about to
   // finish fetching (its next batch is probably its last), so opening the
@@ -169,16 +286,12 @@ class ReaderImpl final : public Reader {
     }
     return true;
   }
+  // Disconnected for over half a lease TTL, or reconnected after that and
+  // not yet revalidated.
   bool MayHaveLostLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (revalidating_) return true;
     return disconnected_at_ != absl::InfinitePast() &&
            absl::Now() - disconnected_at_ > lease_ttl_ / 2;
-  }
-  bool SleepUnlessClosing(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    absl::Time until = absl::Now() + d;
-    while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
-    return !closing_;
   }
 
   ReaderOptions options_;
@@ -186,19 +299,16 @@ class ReaderImpl final : public Reader {
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
 
   mutable absl::Mutex mu_;
-  // Three wait queues on mu_, so the per-batch hand-off wakes only the
-  // thread it concerns: data_cv_ the consumer (Next), fetch_cv_ the fetchers
-  // (room in a unit's buffer, or their turn to open a stream), cv_ everyone
-  // else (session, maintenance, Cursor, Close). A state change that is not
-  // on the hot path wakes all three (NotifyAllLocked).
+  // Two wait queues on mu_, so the per-batch hand-off wakes only the
+  // consumer (data_cv_, Next); cv_ is for everyone else (session,
+  // maintenance, Cursor, Close). A state change off the hot path wakes both
+  // and opens the streams whose turn has come (NotifyAllLocked).
   absl::CondVar cv_;
   absl::CondVar data_cv_;
-  absl::CondVar fetch_cv_;
-  int gated_fetchers_ ABSL_GUARDED_BY(mu_) = 0;  // fetchers waiting for their turn
   void NotifyAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    StartEligibleFetchesLocked();
     cv_.SignalAll();
     data_cv_.SignalAll();
-    fetch_cv_.SignalAll();
   }
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Unit>> units_ ABSL_GUARDED_BY(mu_);
@@ -211,7 +321,9 @@ class ReaderImpl final : public Reader {
     uint64_t stamp = 0;
   };
   std::map<std::string, Final> finals_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Unit>> retired_ ABSL_GUARDED_BY(mu_);  // fetchers to join
+  // Units no longer in units_ whose stream may still have an operation
+  // outstanding.
+  std::vector<std::shared_ptr<Unit>> retired_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<v1::DataServer::Stub>> data_stubs_ ABSL_GUARDED_BY(mu_);
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
@@ -241,10 +353,11 @@ class ReaderImpl final : public Reader {
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex write_mu_;
-  grpc::ClientReaderWriter<TrainerMessage, CoordinatorMessage>* stream_
-      ABSL_GUARDED_BY(write_mu_) = nullptr;
+  SessionStream* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
   grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(write_mu_) = nullptr;
 
+  grpc::CompletionQueue cq_;  // every stream's operations; drained by io_thread_
+  std::thread io_thread_;
   std::thread session_thread_;
   std::thread maintenance_thread_;
 };
@@ -289,11 +402,13 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           event.kind = ReaderEvent::Kind::kSample;
           event.sample = std::move(u.buffer.front());
           event.epoch = event.sample.epoch;
-          // A fetcher waits only on a full buffer: wake it when room appears.
-          if (static_cast<int>(u.buffer.size()) == options_.buffer_samples) {
-            fetch_cv_.SignalAll();
-          }
           u.buffer.pop_front();
+          // The stream skipped its next Read on a full buffer: room now.
+          if (u.waiting_for_room && !u.cancelled && !u.dropped && !closing_ &&
+              static_cast<int>(u.buffer.size()) < options_.buffer_samples) {
+            u.last_activity = absl::Now();
+            IssueReadLocked(u);
+          }
           ++u.delivered;
           ++stats_.delivered;
           have_event = true;
@@ -368,7 +483,7 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
     } else {
       finals_[u->lease.lease_id()] = Final{m, u->order, next_sync_};
       units_.erase(u->lease.lease_id());
-      if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
+      CancelFetchLocked(*u);
       retired_.push_back(u);
       NotifyAllLocked();
     }
@@ -401,7 +516,15 @@ void ReaderImpl::RunSession() {
       continue;
     }
     grpc::ClientContext ctx;
-    auto stream = coordinator_->Session(&ctx);
+    std::unique_ptr<SessionStream> stream = coordinator_->PrepareAsyncSession(&ctx, &cq_);
+    WaitTag started;
+    stream->StartCall(TagOf(&started));
+    const bool started_ok = started.Wait();
+    auto read = [&stream](CoordinatorMessage* m) {
+      WaitTag done;
+      stream->Read(m, TagOf(&done));
+      return done.Wait();
+    };
     {
       absl::MutexLock lock(&write_mu_);
       stream_ = stream.get();
@@ -427,9 +550,9 @@ void ReaderImpl::RunSession() {
     TrainerMessage want;
     want.mutable_want()->set_credits(options_.units_in_flight);
     bool welcomed = false;
-    if (Send(hello) && Send(want)) {
+    if (started_ok && Send(hello) && Send(want)) {
       CoordinatorMessage m;
-      while (stream->Read(&m)) {
+      while (read(&m)) {
         if (m.has_welcome() && !welcomed) {
           welcomed = true;
           backoff = absl::Milliseconds(100);
@@ -472,7 +595,13 @@ void ReaderImpl::RunSession() {
       if (disconnected_at_ == absl::InfinitePast()) disconnected_at_ = absl::Now();
       NotifyAllLocked();
     }
-    absl::Status status = FromGrpcStatus(stream->Finish());
+    grpc::Status finish_status;
+    {
+      WaitTag finished;
+      stream->Finish(&finish_status, TagOf(&finished));
+      finished.Wait();
+    }
+    absl::Status status = FromGrpcStatus(finish_status);
     absl::MutexLock lock(&mu_);
     if (closing_ || job_done_) return;
     if (Terminal(status)) {
@@ -549,15 +678,14 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
           break;
         }
         if (units_.count(lease.lease_id()) > 0 || closing_) break;
-        auto u = std::make_shared<Unit>();
+        auto u = std::make_shared<Unit>(this);
         u->lease = lease;
         u->size = lease.unit().end() - lease.unit().begin();
         u->next_fetch = lease.unit().begin();
         u->order = next_order_++;
         units_[lease.lease_id()] = u;
         entries_.push_back(Entry{ReaderEvent::Kind::kSample, 0, 0, 0, u});
-        u->fetcher = std::thread([this, u] { Fetch(u); });
-        break;
+        break;  // its stream opens in NotifyAllLocked below, when its turn comes
       }
       case CoordinatorMessage::kRevoke:
         RetireLocked(m.revoke().lease_id());
@@ -573,166 +701,178 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
   if (resend.has_value()) Send(*resend);
 }
 
-void ReaderImpl::Fetch(std::shared_ptr<Unit> u) {
-  auto finish = [&](Unit::Fetch state, const std::string& error) {
-    absl::MutexLock lock(&mu_);
-    u->fetch_ctx = nullptr;
-    if (u->fetch == Unit::Fetch::kRunning) {
-      u->fetch = state;
-      u->fetch_error = error;
-    }
-    u->fetcher_exited = true;
-    NotifyAllLocked();
-  };
-  const std::string& address = u->lease.data_server();
+void ReaderImpl::StartEligibleFetchesLocked() {
+  if (closing_) return;
+  std::vector<const std::shared_ptr<Unit>*> waiting;
+  for (const auto& [id, u] : units_) {
+    if (!u->fetch_started && !u->dropped && !u->cancelled) waiting.push_back(&u);
+  }
+  std::sort(waiting.begin(), waiting.end(),
+            [](const auto* a, const auto* b) { return (*a)->order < (*b)->order; });
+  for (const auto* u : waiting) {
+    if (FetchMayStartLocked(**u)) StartFetchLocked(*u);
+  }
+}
+
+void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
+  Unit& u = *unit;
+  u.fetch_started = true;
+  u.io_hold = unit;
+  const std::string& address = u.lease.data_server();
   if (address.empty()) {
     // No live data server: wait a little, then ask for a re-route.
-    SleepUnlessClosing(absl::Milliseconds(500));
-    finish(Unit::Fetch::kFailed, "no live data server");
+    u.no_server_alarm = std::make_unique<grpc::Alarm>();
+    u.no_server_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)),
+                           TagOf(&u.no_server_tag));
     return;
   }
-  std::shared_ptr<v1::DataServer::Stub> stub;
-  {
-    absl::MutexLock lock(&mu_);
-    auto& s = data_stubs_[address];
-    if (s == nullptr) {
-      grpc::ChannelArguments args;
-      args.SetMaxReceiveMessageSize(64 << 20);
-      s = v1::DataServer::NewStub(grpc::CreateCustomChannel(address, Creds(), args));
-    }
-    stub = s;
+  auto& stub = data_stubs_[address];
+  if (stub == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    stub = v1::DataServer::NewStub(grpc::CreateCustomChannel(address, Creds(), args));
   }
-  v1::ReadRequest request;
-  *request.mutable_lease() = u->lease;
-  *request.mutable_decode() = options_.decode;
-  for (const std::string& f : options_.fields) request.add_fields(f);
-  request.set_max_batch_bytes(options_.max_batch_bytes);
-  grpc::ClientContext ctx;
-  {
-    absl::MutexLock lock(&mu_);
-    while (!u->dropped && !closing_ && !FetchMayStartLocked(*u)) {
-      ++gated_fetchers_;
-      fetch_cv_.Wait(&mu_);
-      --gated_fetchers_;
-    }
-    if (u->dropped || closing_) {
-      u->fetcher_exited = true;
-      return;
-    }
-    request.set_start(u->next_fetch);
-    u->fetch_ctx = &ctx;
-    u->last_activity = absl::Now();
-  }
-  auto reader = stub->ReadSamples(&ctx, request);
-  v1::SampleBatch batch;
-  bool stop = false;
-  std::string protocol_error;
-  while (!stop && reader->Read(&batch)) {
-    {
+  *u.request.mutable_lease() = u.lease;
+  *u.request.mutable_decode() = options_.decode;
+  for (const std::string& f : options_.fields) u.request.add_fields(f);
+  u.request.set_max_batch_bytes(options_.max_batch_bytes);
+  u.request.set_start(u.next_fetch);
+  u.ctx = std::make_unique<grpc::ClientContext>();
+  u.last_activity = absl::Now();
+  u.stream = stub->PrepareAsyncReadSamples(u.ctx.get(), u.request, &cq_);
+  u.op_pending = true;
+  u.stream->StartCall(TagOf(&u.start_tag));
+}
+
+void ReaderImpl::OnFetchEvent(Unit& u, FetchTag::Op op, bool ok) {
+  switch (op) {
+    case FetchTag::Op::kStart: {
       absl::MutexLock lock(&mu_);
-      u->last_activity = absl::Now();
-    }
-    // Convert outside the lock, then hand the batch over in one step.
-    std::vector<Sample> converted;
-    converted.reserve(static_cast<size_t>(batch.samples_size()));
-    for (v1::Sample& s : *batch.mutable_samples()) {
-      Sample out;
-      out.epoch = u->lease.epoch();
-      out.rank = u->lease.rank();
-      out.shard_index = u->lease.unit().shard_index();
-      out.shard_url = u->lease.unit().shard_url();
-      out.data_server = address;
-      out.index = s.index();
-      out.key = std::move(*s.mutable_key());
-      out.skipped = s.skipped();
-      out.skip_reason = std::move(*s.mutable_skip_reason());
-      out.fields.reserve(static_cast<size_t>(s.fields_size()));
-      for (v1::Field& f : *s.mutable_fields()) out.fields.push_back(std::move(f));
-      converted.push_back(std::move(out));
-    }
-    absl::MutexLock lock(&mu_);
-    for (Sample& out : converted) {
-      while (static_cast<int>(u->buffer.size()) >= options_.buffer_samples && !u->dropped &&
-             !closing_) {
-        data_cv_.Signal();  // the consumer may be waiting for what was just pushed
-        u->waiting_for_room = true;
-        fetch_cv_.Wait(&mu_);
+      u.op_pending = false;
+      if (!ok || u.cancelled || u.dropped || closing_) {
+        BeginFinishLocked(u);
+      } else {
+        IssueReadLocked(u);
       }
-      u->waiting_for_room = false;
-      u->last_activity = absl::Now();  // waiting on the consumer is not a stall
-      if (u->dropped || closing_) {
-        ctx.TryCancel();
-        stop = true;
-        break;
-      }
-      if (out.index != u->next_fetch) {
-        protocol_error = absl::StrCat("data server ", address, " sent sample ", out.index,
-                                      ", expected ", u->next_fetch);
-        ctx.TryCancel();
-        stop = true;
-        break;
-      }
-      u->buffer.push_back(std::move(out));
-      ++u->next_fetch;
+      return;
     }
-    u->last_batch_samples = static_cast<int64_t>(converted.size());
-    data_cv_.Signal();
-    if (gated_fetchers_ > 0) fetch_cv_.SignalAll();
-  }
-  absl::Status status = FromGrpcStatus(reader->Finish());
-  {
-    absl::MutexLock lock(&mu_);
-    if (u->dropped || closing_) {
-      u->fetch_ctx = nullptr;
-      u->fetcher_exited = true;
+    case FetchTag::Op::kRead:
+      OnBatch(u, ok);
+      return;
+    case FetchTag::Op::kFinish:
+      OnFetchFinished(u);
+      return;
+    case FetchTag::Op::kNoServer: {
+      std::shared_ptr<Unit> hold;  // released after the lock
+      absl::MutexLock lock(&mu_);
+      hold = std::move(u.io_hold);
+      u.call_done = true;
+      if (!u.dropped && !closing_) SetFetchStateLocked(u, Unit::Fetch::kFailed, "no live data server");
+      NotifyAllLocked();
       return;
     }
   }
-  if (!protocol_error.empty()) {
-    finish(Unit::Fetch::kFailed, protocol_error);
+}
+
+void ReaderImpl::OnBatch(Unit& u, bool ok) {
+  if (!ok) {  // end of stream, or cancelled: Finish tells which
+    absl::MutexLock lock(&mu_);
+    u.op_pending = false;
+    BeginFinishLocked(u);
+    return;
+  }
+  // Convert outside the lock (the batch belongs to this Read until it is
+  // re-issued), then hand it over in one step.
+  std::vector<Sample> converted;
+  converted.reserve(static_cast<size_t>(u.batch.samples_size()));
+  for (v1::Sample& s : *u.batch.mutable_samples()) {
+    Sample out;
+    out.epoch = u.lease.epoch();
+    out.rank = u.lease.rank();
+    out.shard_index = u.lease.unit().shard_index();
+    out.shard_url = u.lease.unit().shard_url();
+    out.data_server = u.lease.data_server();
+    out.index = s.index();
+    out.key = std::move(*s.mutable_key());
+    out.skipped = s.skipped();
+    out.skip_reason = std::move(*s.mutable_skip_reason());
+    out.fields.reserve(static_cast<size_t>(s.fields_size()));
+    for (v1::Field& f : *s.mutable_fields()) out.fields.push_back(std::move(f));
+    converted.push_back(std::move(out));
+  }
+  absl::MutexLock lock(&mu_);
+  u.op_pending = false;
+  u.last_activity = absl::Now();
+  if (u.dropped || closing_) {
+    u.ctx->TryCancel();
+    BeginFinishLocked(u);
+    return;
+  }
+  for (Sample& out : converted) {
+    if (out.index != u.next_fetch) {
+      u.protocol_error = absl::StrCat("data server ", u.lease.data_server(), " sent sample ",
+                                      out.index, ", expected ", u.next_fetch);
+      u.cancelled = true;
+      u.ctx->TryCancel();
+      BeginFinishLocked(u);
+      data_cv_.Signal();
+      return;
+    }
+    u.buffer.push_back(std::move(out));
+    ++u.next_fetch;
+  }
+  u.last_batch_samples = static_cast<int64_t>(converted.size());
+  data_cv_.Signal();
+  if (u.cancelled) {
+    BeginFinishLocked(u);
+  } else if (static_cast<int>(u.buffer.size()) < options_.buffer_samples ||
+             u.next_fetch >= u.lease.unit().end()) {
+    IssueReadLocked(u);  // at the end, this Read sees the end of the stream
+  } else {
+    u.waiting_for_room = true;  // Next() re-issues it
+  }
+  StartEligibleFetchesLocked();  // the next unit's turn comes near this one's end
+}
+
+void ReaderImpl::OnFetchFinished(Unit& u) {
+  std::shared_ptr<Unit> hold;  // released after the lock
+  absl::MutexLock lock(&mu_);
+  hold = std::move(u.io_hold);
+  u.call_done = true;
+  const absl::Status status = FromGrpcStatus(u.status);
+  const std::string& address = u.lease.data_server();
+  if (u.dropped || closing_) {
+    // Nothing more to deliver or report.
+  } else if (!u.protocol_error.empty()) {
+    SetFetchStateLocked(u, Unit::Fetch::kFailed, u.protocol_error);
   } else if (status.ok()) {
-    bool complete;
-    {
-      absl::MutexLock lock(&mu_);
-      complete = u->next_fetch == u->lease.unit().end();
-    }
-    finish(complete ? Unit::Fetch::kDone : Unit::Fetch::kFailed,
-           complete ? "" : "stream ended early");
+    const bool complete = u.next_fetch == u.lease.unit().end();
+    SetFetchStateLocked(u, complete ? Unit::Fetch::kDone : Unit::Fetch::kFailed,
+                        complete ? "" : "stream ended early");
   } else if (status.code() == absl::StatusCode::kAborted) {
-    absl::MutexLock lock(&mu_);
-    DropLocked(*u);  // a newer grant of the unit exists: deliver nothing more
-    u->fetch_ctx = nullptr;
-    u->fetcher_exited = true;
+    DropLocked(u);  // a newer grant of the unit exists: deliver nothing more
   } else if (status.code() == absl::StatusCode::kDataLoss ||
              status.code() == absl::StatusCode::kOutOfRange ||
              status.code() == absl::StatusCode::kInvalidArgument ||
              status.code() == absl::StatusCode::kPermissionDenied) {
     // Not a server fault: corrupt data under on_corrupt=fail, or a manifest
     // / configuration that does not match the shards.
-    absl::MutexLock lock(&mu_);
-    fatal_ = absl::Status(status.code(), absl::StrCat("lease ", u->lease.lease_id(), ": ",
+    fatal_ = absl::Status(status.code(), absl::StrCat("lease ", u.lease.lease_id(), ": ",
                                                       status.message()));
-    u->fetch_ctx = nullptr;
-    u->fetcher_exited = true;
-    NotifyAllLocked();
   } else {
-    bool stalled;
-    {
-      absl::MutexLock lock(&mu_);
-      stalled = u->stalled;
-    }
-    finish(Unit::Fetch::kFailed,
-           stalled ? absl::StrCat(address, ": no data for ",
-                                  absl::FormatDuration(options_.stall_timeout))
-                   : absl::StrCat(address, ": ", status.ToString()));
+    SetFetchStateLocked(u, Unit::Fetch::kFailed,
+                        u.stalled ? absl::StrCat(address, ": no data for ",
+                                                 absl::FormatDuration(options_.stall_timeout))
+                                  : absl::StrCat(address, ": ", status.ToString()));
   }
+  NotifyAllLocked();
 }
 
 void ReaderImpl::RunMaintenance() {
   absl::Time last_heartbeat = absl::InfinitePast();
   while (true) {
     absl::Duration heartbeat;
-    std::vector<std::shared_ptr<Unit>> joinable;
+    std::vector<std::shared_ptr<Unit>> finished;  // freed outside the lock
     {
       absl::MutexLock lock(&mu_);
       heartbeat = heartbeat_interval_;
@@ -743,24 +883,23 @@ void ReaderImpl::RunMaintenance() {
       // Streams that went quiet: cancel them, the unit is then re-routed.
       const absl::Time now = absl::Now();
       for (auto& [id, u] : units_) {
-        if (u->fetch_ctx != nullptr && u->fetch == Unit::Fetch::kRunning && !u->stalled &&
+        if (u->fetch_started && !u->call_done && !u->cancelled &&
+            u->no_server_alarm == nullptr && u->fetch == Unit::Fetch::kRunning && !u->stalled &&
             !u->waiting_for_room && now - u->last_activity > options_.stall_timeout) {
           u->stalled = true;
-          u->fetch_ctx->TryCancel();
+          CancelFetchLocked(*u);
         }
       }
       for (auto it = retired_.begin(); it != retired_.end();) {
-        if ((*it)->fetcher_exited) {
-          joinable.push_back(*it);
+        if (!(*it)->fetch_started || (*it)->call_done) {
+          finished.push_back(std::move(*it));
           it = retired_.erase(it);
         } else {
           ++it;
         }
       }
     }
-    for (auto& u : joinable) {
-      if (u->fetcher.joinable()) u->fetcher.join();
-    }
+    finished.clear();
     if (absl::Now() - last_heartbeat >= heartbeat) {
       bool unconfirmed;
       {
@@ -818,11 +957,11 @@ void ReaderImpl::Close() {
     absl::MutexLock lock(&mu_);
     closing_ = true;
     for (auto& [id, u] : units_) {
-      if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
+      CancelFetchLocked(*u);
       all.push_back(u);
     }
     for (auto& u : retired_) {
-      if (u->fetch_ctx != nullptr) u->fetch_ctx->TryCancel();
+      CancelFetchLocked(*u);
       all.push_back(u);
     }
     NotifyAllLocked();
@@ -831,7 +970,11 @@ void ReaderImpl::Close() {
   // sent arrive (cancelling at once could drop them); cancel after a bound.
   {
     absl::MutexLock lock(&write_mu_);
-    if (stream_ != nullptr) stream_->WritesDone();
+    if (stream_ != nullptr) {
+      WaitTag done;
+      stream_->WritesDone(TagOf(&done));
+      done.Wait();
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -844,9 +987,24 @@ void ReaderImpl::Close() {
   }
   if (session_thread_.joinable()) session_thread_.join();
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
-  for (auto& u : all) {
-    if (u->fetcher.joinable()) u->fetcher.join();
+  // Every stream's last operation completes before the queue shuts down.
+  {
+    absl::MutexLock lock(&mu_);
+    auto outstanding = [&all] {
+      for (const auto& u : all) {
+        if (u->fetch_started && !u->call_done) return true;
+      }
+      return false;
+    };
+    while (outstanding()) cv_.Wait(&mu_);
+    // Streams and their contexts go before the queue they completed on.
+    entries_.clear();
+    units_.clear();
+    retired_.clear();
   }
+  all.clear();
+  cq_.Shutdown();
+  if (io_thread_.joinable()) io_thread_.join();
 }
 
 absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
