@@ -2,10 +2,17 @@
 //
 // It runs the coordinator Session (Hello, Want credits = units in flight,
 // heartbeats on its own thread), reads every granted unit from the data
-// server the lease names (several units fetched at once, delivered one unit
-// after another, each in sample order), reports Progress at most every
-// `progress_interval` and Complete when a unit's last sample is handed out,
-// and surfaces epoch boundaries as events.
+// server the lease names (delivered one unit after another, each in sample
+// order), reports Progress at most every `progress_interval` and Complete
+// when a unit's last sample is handed out, and surfaces epoch boundaries as
+// events.
+//
+// Streaming: the units in flight are held and buffered ahead of delivery;
+// per data server one stream carries data at a time and the next unit's
+// stream opens as the current one reaches its last batch, so unit
+// boundaries cost no round trip (units on different data servers stream in
+// parallel). All gRPC work runs on one I/O thread; a received batch reaches
+// Next() with one thread hand-off.
 //
 //   ReaderOptions o;
 //   o.coordinator = "head:7070"; o.job = "cifar"; o.rank = 3;
@@ -63,9 +70,10 @@ struct ReaderOptions {
   // Identifies this trainer across reconnects. Default:
   // "<hostname>-<pid>-r<rank>-w<worker>".
   std::string trainer_id;
-  // Units held (and fetched) at once: the Want credits.
+  // Units held (and buffered) at once: the Want credits.
   int32_t units_in_flight = 4;
-  // Samples buffered per unit ahead of delivery.
+  // Samples buffered per unit ahead of delivery (a stream stops reading
+  // at this many; the batch that crosses it is kept whole).
   int32_t buffer_samples = 256;
   v1::DecodeSpec decode;
   std::vector<std::string> fields;  // empty = all
