@@ -163,6 +163,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
     directs.push_back(Direct(data->grpc_address, units, decode, seconds));
     throughs.push_back(ThroughReader(coordinator->grpc_address, "bench", decode, seconds));
+    std::fprintf(stderr, "round %d: direct %.0f samples/s, reader %.0f samples/s\n", r + 1,
+                 directs.back().samples_per_s, throughs.back().samples_per_s);
   }
   auto median = [](std::vector<Rate> v) {
     std::sort(v.begin(), v.end(),
