@@ -299,16 +299,19 @@ class ReaderImpl final : public Reader {
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
 
   mutable absl::Mutex mu_;
-  // Two wait queues on mu_, so the per-batch hand-off wakes only the
-  // consumer (data_cv_, Next); cv_ is for everyone else (session,
-  // maintenance, Cursor, Close). A state change off the hot path wakes both
-  // and opens the streams whose turn has come (NotifyAllLocked).
+  // Wait queues on mu_, so the per-batch hand-off wakes only the consumer
+  // (data_cv_, Next); cv_ is for the session, Cursor and Close, and the
+  // maintenance thread sleeps on its own timer. A state change off the hot
+  // path wakes the first two and opens the streams whose turn has come
+  // (NotifyAllLocked).
   absl::CondVar cv_;
   absl::CondVar data_cv_;
+  absl::CondVar maintenance_cv_;  // the maintenance thread's timer; woken on closing
   void NotifyAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     StartEligibleFetchesLocked();
     cv_.SignalAll();
     data_cv_.SignalAll();
+    if (closing_) maintenance_cv_.Signal();
   }
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Unit>> units_ ABSL_GUARDED_BY(mu_);
@@ -878,7 +881,7 @@ void ReaderImpl::RunMaintenance() {
       heartbeat = heartbeat_interval_;
       absl::Time until = absl::Now() + std::min({heartbeat, options_.progress_interval,
                                                  options_.stall_timeout / 2});
-      while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+      while (!closing_ && absl::Now() < until) maintenance_cv_.WaitWithDeadline(&mu_, until);
       if (closing_) return;
       // Streams that went quiet: cancel them, the unit is then re-routed.
       const absl::Time now = absl::Now();
