@@ -140,15 +140,16 @@ def _field_value(f):
 
 
 class _Unit:
-    __slots__ = ("lease", "order", "size", "buffer", "next_fetch", "fetch", "fetch_error",
-                 "dropped", "delivered", "reported", "final", "call", "last_activity",
-                 "waiting_for_room", "stalled", "thread")
+    __slots__ = ("lease", "order", "size", "buffer", "next_fetch", "last_batch", "fetch",
+                 "fetch_error", "dropped", "delivered", "reported", "final", "call",
+                 "last_activity", "waiting_for_room", "stalled", "thread")
 
     def __init__(self, lease, order):
         self.lease, self.order = lease, order
         self.size = lease.unit.end - lease.unit.begin
         self.buffer = collections.deque()
         self.next_fetch = lease.unit.begin
+        self.last_batch = 0  # samples in the newest batch received
         self.fetch = "running"  # running | done | failed
         self.fetch_error = ""
         self.dropped = False
@@ -666,6 +667,14 @@ class Reader:
         if resend is not None:
             self._send(resend)
 
+    def _fetch_may_start(self, u):
+        for o in self._units.values():
+            if (o.order < u.order and not o.dropped and o.fetch == "running" and
+                    o.lease.data_server == u.lease.data_server and
+                    (o.last_batch == 0 or o.lease.unit.end - o.next_fetch > o.last_batch)):
+                return False
+        return True
+
     def _data_stub(self, address):
         with self._cv:
             stub = self._data_stubs.get(address)
@@ -692,6 +701,12 @@ class Reader:
                                              fields=self._fields,
                                              max_batch_bytes=self._max_batch_bytes)
         with self._cv:
+            # One stream per data server carries data at a time, as in the
+            # C++ Reader: this unit's opens when every earlier unit on the
+            # same server is at its last batch (concurrent streams to one
+            # server only compete for the same cores).
+            while not (u.dropped or self._closing or self._fetch_may_start(u)):
+                self._cv.wait()
             if u.dropped or self._closing:
                 return
             request.start = u.next_fetch
@@ -729,6 +744,7 @@ class Reader:
                             break
                         u.buffer.append(s)
                         u.next_fetch += 1
+                    u.last_batch = len(converted)
                     self._cv.notify_all()
                 if protocol_error:
                     break
