@@ -7,6 +7,9 @@ Semantics follow the C++ Reader (client/include/sluice/reader.h):
   every `progress_interval`, and cancels data-server streams that stall.
 * Every granted unit is fetched by its own thread from the data server the
   lease names; units are delivered one after another, each in sample order.
+  Per data server one stream carries data at a time (the next opens as the
+  current one reaches its last batch). Responses are read as bytes and
+  walked by sluice._wire, so tensors are numpy views of the received message.
 * A data server that fails or stalls: the samples already fetched are
   delivered, then the unit is re-routed (Reroute with the exact count) and
   its remainder arrives as a new grant on another server.
@@ -34,9 +37,9 @@ import time
 import grpc
 import numpy as np
 
-from sluice import tls
+from sluice import _wire, tls
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
-from sluice.v1 import dataserver_pb2, dataserver_pb2_grpc
+from sluice.v1 import dataserver_pb2
 
 _DTYPES = {
     dataserver_pb2.DTYPE_UINT8: np.uint8, dataserver_pb2.DTYPE_INT8: np.int8,
@@ -57,6 +60,8 @@ _TERMINAL = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
 # Data-server statuses that are not server faults: fail the reader.
 _FATAL_READ = {grpc.StatusCode.DATA_LOSS, grpc.StatusCode.OUT_OF_RANGE,
                grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED}
+
+_READ_SAMPLES = "/%s/ReadSamples" % dataserver_pb2.DESCRIPTOR.services_by_name["DataServer"].full_name
 
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -124,19 +129,6 @@ class Event:
 
     def __repr__(self):
         return f"Event({self.kind}, epoch={self.epoch})"
-
-
-def _field_value(f):
-    which = f.WhichOneof("value")
-    if which == "tensor":
-        t = f.tensor
-        arr = np.frombuffer(t.data, dtype=_DTYPES.get(t.dtype, np.uint8))
-        return arr.reshape(tuple(t.shape)) if len(t.shape) else arr
-    if which == "int_value":
-        return f.int_value
-    if which == "text":
-        return f.text
-    return f.raw
 
 
 class _Unit:
@@ -675,13 +667,16 @@ class Reader:
                 return False
         return True
 
-    def _data_stub(self, address):
+    def _read_samples(self, address):
+        """ReadSamples on `address`, its responses as bytes (see _wire)."""
         with self._cv:
-            stub = self._data_stubs.get(address)
-            if stub is None:
-                stub = dataserver_pb2_grpc.DataServerStub(self._make_channel(address))
-                self._data_stubs[address] = stub
-            return stub
+            method = self._data_stubs.get(address)
+            if method is None:
+                method = self._make_channel(address).unary_stream(
+                    _READ_SAMPLES, request_serializer=dataserver_pb2.ReadRequest.SerializeToString,
+                    response_deserializer=None)
+                self._data_stubs[address] = method
+            return method
 
     def _finish_fetch(self, u, state, error=""):
         with self._cv:
@@ -711,7 +706,7 @@ class Reader:
                 return
             request.start = u.next_fetch
             u.last_activity = time.monotonic()
-        call = self._data_stub(address).ReadSamples(request)
+        call = self._read_samples(address)(request)
         with self._cv:
             u.call = call
             if u.dropped or self._closing:
@@ -719,11 +714,17 @@ class Reader:
         lease, epoch = u.lease, u.lease.epoch
         protocol_error = None
         try:
+            rank, shard_index, shard_url = lease.rank, lease.unit.shard_index, lease.unit.shard_url
             for batch in call:
-                converted = [Sample(epoch, lease.rank, lease.unit.shard_index, lease.unit.shard_url,
-                                    s.index, s.key, address, s.skipped, s.skip_reason,
-                                    {f.name: _field_value(f) for f in s.fields})
-                             for s in batch.samples]
+                try:
+                    converted = [Sample(epoch, rank, shard_index, shard_url, index, key, address,
+                                        skipped, reason, fields)
+                                 for key, index, skipped, reason, fields
+                                 in _wire.sample_batch(batch, _DTYPES)]
+                except _wire.WireError as e:
+                    protocol_error = f"data server {address} sent a malformed SampleBatch: {e}"
+                    call.cancel()
+                    break
                 with self._cv:
                     u.last_activity = time.monotonic()
                     for s in converted:
