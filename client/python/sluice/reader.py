@@ -688,8 +688,12 @@ class Reader:
     def _fetch(self, u):
         address = u.lease.data_server
         if not address:
+            # No live data server: wait a little (notifications for other
+            # units do not cut this short), then ask for a re-route.
+            deadline = time.monotonic() + 0.5
             with self._cv:
-                self._cv.wait(0.5)
+                while not (u.dropped or self._closing) and time.monotonic() < deadline:
+                    self._cv.wait(deadline - time.monotonic())
             self._finish_fetch(u, "failed", "no live data server")
             return
         request = dataserver_pb2.ReadRequest(lease=u.lease, decode=self._decode,
