@@ -3,13 +3,14 @@
 
 Starts a coordinator and a data server over JPEG shards (~85 KB samples) and
 an endless job, then measures in the same run: the C++ sluice::Reader
-(reader_bench --coordinator), the Python sluice.Reader raw and decoded, a
+(reader_bench --coordinator) and the Python sluice.Reader raw (alternating
+rounds, medians compared) and decoded, a
 torch DataLoader with 2 workers producing tensors from ShardLeaseDataset,
 and the webdataset-style baseline of reading the same tars with Python's
 tarfile + PIL in one process. Target: Python raw >= 0.5x the C++ Reader.
 Ends with one JSON line.
 
-usage: python_reader_bench.py BIN_DIR [--seconds S]
+usage: python_reader_bench.py BIN_DIR [--seconds S] [--rounds N]
 """
 import argparse
 import faulthandler
@@ -79,6 +80,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bin_dir")
     parser.add_argument("--seconds", type=float, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating C++/Python raw rounds; medians are compared")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(120 + 20 * args.seconds, exit=True)  # never hang make bench
     os.environ["SLUICE_BIN_DIR"] = args.bin_dir
@@ -156,8 +159,16 @@ def main():
             def phase(name, fn, *a):
                 print(f"measuring {name} ...", file=sys.stderr, flush=True)
                 return fn(*a)
-            cpp_raw = phase("C++ Reader raw", cpp, False)
-            py_raw, py_raw_bytes = phase("Python Reader raw", python_reader, False)
+            # Raw: alternating rounds, medians compared (as reader_bench), so
+            # machine noise hits both.
+            cpp_rounds, py_rounds = [], []
+            for r in range(args.rounds):
+                cpp_rounds.append(phase(f"C++ Reader raw, round {r + 1}", cpp, False))
+                py_rounds.append(phase(f"Python Reader raw, round {r + 1}", python_reader, False))
+                print(f"round {r + 1}: C++ {cpp_rounds[-1]:.0f} samples/s, "
+                      f"Python {py_rounds[-1][0]:.0f} samples/s", file=sys.stderr, flush=True)
+            cpp_raw = sorted(cpp_rounds)[len(cpp_rounds) // 2]
+            py_raw, py_raw_bytes = sorted(py_rounds)[len(py_rounds) // 2]
             cpp_dec = phase("C++ Reader decoded", cpp, True)
             py_dec, _ = phase("Python Reader decoded", python_reader, True)
             dl, _ = phase("DataLoader, 2 workers", dataloader)
