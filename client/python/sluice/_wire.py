@@ -70,6 +70,11 @@ def _length(buf, pos, end):
     return pos, pos + n
 
 
+def _string(buf, pos, end):
+    a, pos = _length(buf, pos, end)
+    return buf[a:pos].decode("utf-8"), pos
+
+
 def _tensor(buf, pos, end, dtypes):
     dtype, shape, data = 0, [], (pos, pos)
     while pos < end:
@@ -104,8 +109,7 @@ def _field(buf, pos, end, dtypes):
         tag, pos = _varint(buf, pos)
         number, wire_type = tag >> 3, tag & 7
         if number == 1 and wire_type == _LEN:
-            a, pos = _length(buf, pos, end)
-            name = buf[a:pos].decode("utf-8")
+            name, pos = _string(buf, pos, end)
         elif number == 2 and wire_type == _LEN:
             a, pos = _length(buf, pos, end)
             value = buf[a:pos]
@@ -116,8 +120,7 @@ def _field(buf, pos, end, dtypes):
             v, pos = _varint(buf, pos)
             value = _int64(v)
         elif number == 5 and wire_type == _LEN:
-            a, pos = _length(buf, pos, end)
-            value = buf[a:pos].decode("utf-8")
+            value, pos = _string(buf, pos, end)
         else:
             pos = _skip(buf, pos, end, wire_type)
     return name, value
@@ -129,8 +132,7 @@ def _sample(buf, pos, end, dtypes):
         tag, pos = _varint(buf, pos)
         number, wire_type = tag >> 3, tag & 7
         if number == 1 and wire_type == _LEN:
-            a, pos = _length(buf, pos, end)
-            key = buf[a:pos].decode("utf-8")
+            key, pos = _string(buf, pos, end)
         elif number == 2 and wire_type == _VARINT:
             v, pos = _varint(buf, pos)
             index = _int64(v)
@@ -142,8 +144,7 @@ def _sample(buf, pos, end, dtypes):
             v, pos = _varint(buf, pos)
             skipped = v != 0
         elif number == 5 and wire_type == _LEN:
-            a, pos = _length(buf, pos, end)
-            reason = buf[a:pos].decode("utf-8")
+            reason, pos = _string(buf, pos, end)
         else:
             pos = _skip(buf, pos, end, wire_type)
     return key, index, skipped, reason, fields
