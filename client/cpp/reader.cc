@@ -520,6 +520,10 @@ void ReaderImpl::RunSession() {
     }
     grpc::ClientContext ctx;
     std::unique_ptr<SessionStream> stream = coordinator_->PrepareAsyncSession(&ctx, &cq_);
+    {
+      absl::MutexLock lock(&write_mu_);
+      session_ctx_ = &ctx;  // Close() can cancel from here on
+    }
     WaitTag started;
     stream->StartCall(TagOf(&started));
     const bool started_ok = started.Wait();
@@ -531,7 +535,6 @@ void ReaderImpl::RunSession() {
     {
       absl::MutexLock lock(&write_mu_);
       stream_ = stream.get();
-      session_ctx_ = &ctx;
     }
     {
       absl::MutexLock lock(&mu_);
