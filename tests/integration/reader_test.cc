@@ -230,6 +230,39 @@ TEST_F(ReaderTest, ASlowConsumerIsNotAStalledServer) {
   EXPECT_EQ(reader->stats().reroutes, 0);
 }
 
+// Units held ahead are buffered, but per data server one stream carries
+// data at a time: the next opens as the current one reaches its last batch.
+// Were every held unit's stream opened at once, each would stay open on the
+// data server, parked by gRPC flow control (a unit is 4 MB).
+TEST_F(ReaderTest, OneStreamPerDataServerCarriesDataAtATime) {
+  StartCluster(6, 40, 1, 100 << 10);
+  CreateJob("streams", 1, 1);
+  auto reader = MakeReader("streams", 0, /*buffer=*/4);  // 4 units in flight
+  auto active_streams = [&]() -> int {
+    auto page = testing::HttpGet("http://" + data_[0].metrics_address + "/metrics");
+    if (!page.ok()) return -1;
+    const std::string name = "\nsluice_dataserver_active_streams ";
+    const size_t at = page->body.find(name);
+    if (at == std::string::npos) return -1;
+    return std::atoi(page->body.c_str() + at + name.size());
+  };
+  int most = 0;
+  int64_t samples = 0;
+  while (true) {
+    auto e = reader->Next();
+    ASSERT_TRUE(e.ok()) << e.status();
+    if (e->kind == ReaderEvent::Kind::kDone) break;
+    if (e->kind != ReaderEvent::Kind::kSample) continue;
+    ++samples;
+    const int now = active_streams();
+    ASSERT_GE(now, 0) << "no sluice_dataserver_active_streams on " << data_[0].metrics_address;
+    most = std::max(most, now);
+  }
+  EXPECT_EQ(samples, 240);
+  EXPECT_GE(most, 1);
+  EXPECT_LE(most, 2);
+}
+
 TEST_F(ReaderTest, CoordinatorKilledAndRestartedMidRead) {
   StartCluster(8, 50, 1);
   CreateJob("restart", 1, 1);
