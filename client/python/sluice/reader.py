@@ -63,6 +63,10 @@ _FATAL_READ = {grpc.StatusCode.DATA_LOSS, grpc.StatusCode.OUT_OF_RANGE,
 
 _READ_SAMPLES = "/%s/ReadSamples" % dataserver_pb2.DESCRIPTOR.services_by_name["DataServer"].full_name
 
+# Seconds a unit waits for its stream's turn while the earlier streams on
+# its data server make no progress.
+_TURN_PATIENCE = 2.0
+
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -659,6 +663,10 @@ class Reader:
         if resend is not None:
             self._send(resend)
 
+    def _earlier_progress(self, u):
+        return [(o.order, o.next_fetch, o.fetch) for o in self._units.values()
+                if o.order < u.order and o.lease.data_server == u.lease.data_server]
+
     def _fetch_may_start(self, u):
         for o in self._units.values():
             if (o.order < u.order and not o.dropped and o.fetch == "running" and
@@ -704,8 +712,17 @@ class Reader:
             # C++ Reader: this unit's opens when every earlier unit on the
             # same server is at its last batch (concurrent streams to one
             # server only compete for the same cores).
+            # The turn is an optimisation, never a reason to stall: when the
+            # earlier streams make no progress for _TURN_PATIENCE seconds (a
+            # slow consumer, or a stream stuck for any reason), open anyway.
+            progress, since = self._earlier_progress(u), time.monotonic()
             while not (u.dropped or self._closing or self._fetch_may_start(u)):
-                self._cv.wait()
+                self._cv.wait(_TURN_PATIENCE / 4)
+                now_progress = self._earlier_progress(u)
+                if now_progress != progress:
+                    progress, since = now_progress, time.monotonic()
+                elif time.monotonic() - since > _TURN_PATIENCE:
+                    break
             if u.dropped or self._closing:
                 return
             request.start = u.next_fetch
