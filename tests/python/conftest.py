@@ -134,10 +134,11 @@ class Cluster:
         return self.coordinator.address
 
     def create_job(self, name, world_size=1, epochs=1, mode="static", seed=7, shuffle=True,
-                   lease_ttl="2s", max_samples_per_lease=0):
+                   lease_ttl="2s", max_samples_per_lease=0, extra_shards=()):
         manifest = os.path.join(self.tmp, f"{name}.json")
         with open(manifest, "w") as f:
-            json.dump({"shards": [{"url": u, "num_samples": n} for u, n in self.urls]}, f)
+            json.dump({"shards": [{"url": u, "num_samples": n}
+                                  for u, n in list(self.urls) + list(extra_shards)]}, f)
         args = [os.path.join(BIN, "sluicectl"), "job", "create", f"--coordinator={self.address}",
                 f"--name={name}", f"--manifest={manifest}", f"--world_size={world_size}",
                 f"--epochs={epochs}", f"--mode={mode}", f"--seed={seed}",

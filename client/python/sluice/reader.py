@@ -27,6 +27,7 @@ Thread-safety: iterate (or call next_event/cursor) from one thread; close()
 from any. Create Readers after fork (gRPC and fork do not mix).
 """
 import collections
+import logging
 import os
 import queue
 import random
@@ -40,6 +41,8 @@ import numpy as np
 from sluice import _wire, tls
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from sluice.v1 import dataserver_pb2
+
+_log = logging.getLogger("sluice")
 
 _DTYPES = {
     dataserver_pb2.DTYPE_UINT8: np.uint8, dataserver_pb2.DTYPE_INT8: np.int8,
@@ -62,6 +65,11 @@ _FATAL_READ = {grpc.StatusCode.DATA_LOSS, grpc.StatusCode.OUT_OF_RANGE,
                grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED}
 
 _READ_SAMPLES = "/%s/ReadSamples" % dataserver_pb2.DESCRIPTOR.services_by_name["DataServer"].full_name
+
+# Re-route back-off after consecutive failed streams of one shard from one
+# data server:
+# the second waits _REROUTE_BACKOFF seconds, doubling up to the maximum.
+_REROUTE_BACKOFF, _REROUTE_BACKOFF_MAX = 0.05, 2.0
 
 # Seconds a unit waits for its stream's turn while the earlier streams on
 # its data server make no progress.
@@ -226,6 +234,7 @@ class Reader:
         self._finals = {}  # lease_id -> (message, order, stamp)
         self._retired = []
         self._data_stubs = {}
+        self._failures = {}  # (data server, shard) -> streams that failed in a row
         self._fatal = None
         self._closing = False
         self._closed = False
@@ -686,6 +695,26 @@ class Reader:
                 self._data_stubs[address] = method
             return method
 
+    def _back_off(self, u, address, error):
+        """Before a failed stream's unit is re-routed: the more streams of
+        its shard from `address` failed in a row, the longer the wait (the
+        first re-routes at once), so a shard a server cannot serve (missing,
+        unreadable) does not become a grant/re-route storm; logged at the
+        first failure and every tenth."""
+        key = (address, u.lease.unit.shard_url)
+        with self._cv:
+            n = self._failures.get(key, 0) + 1
+            self._failures[key] = n
+        if n == 1 or n % 10 == 0:
+            _log.warning("sluice: job %s rank %d: stream from data server %s failed (%d in a "
+                         "row), re-routing: %s", self._job, self._rank, address, n, error)
+        if n == 1:
+            return
+        deadline = time.monotonic() + min(_REROUTE_BACKOFF_MAX, _REROUTE_BACKOFF * 2 ** (n - 2))
+        with self._cv:
+            while not (u.dropped or self._closing) and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+
     def _finish_fetch(self, u, state, error=""):
         with self._cv:
             u.call = None
@@ -767,6 +796,7 @@ class Reader:
                         u.buffer.append(s)
                         u.next_fetch += 1
                     u.last_batch = len(converted)
+                    self._failures.pop((address, shard_url), None)
                     self._cv.notify_all()
                 if protocol_error:
                     break
@@ -775,6 +805,12 @@ class Reader:
                 if u.dropped or self._closing:
                     return
                 stalled = u.stalled
+                complete = u.next_fetch == lease.unit.end
+            if complete and not protocol_error:
+                # Everything arrived; the stream was cancelled (or failed)
+                # after its last sample, e.g. once the unit was reported.
+                self._finish_fetch(u, "done")
+                return
             code = e.code()
             if protocol_error:
                 pass
@@ -790,8 +826,10 @@ class Reader:
                     self._cv.notify_all()
                 return
             else:
-                self._finish_fetch(u, "failed", f"{address}: no data for {self._stall_timeout}s"
-                                   if stalled else f"{address}: {code.name}: {e.details()}")
+                error = (f"{address}: no data for {self._stall_timeout}s" if stalled
+                         else f"{address}: {code.name}: {e.details()}")
+                self._back_off(u, address, error)
+                self._finish_fetch(u, "failed", error)
                 return
         if protocol_error:
             self._finish_fetch(u, "failed", protocol_error)
