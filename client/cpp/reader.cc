@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "server/common/grpc_status.h"
+#include "server/common/logging.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 
@@ -117,7 +118,7 @@ class ReaderImpl final : public Reader {
   // A step of a unit's ReadSamples stream, completed on the I/O thread.
   class FetchTag final : public Tag {
    public:
-    enum class Op { kStart, kRead, kFinish, kNoServer };
+    enum class Op { kStart, kRead, kFinish, kRetryAfter };
     FetchTag(ReaderImpl* reader, Unit* unit, Op op) : reader_(reader), unit_(unit), op_(op) {}
     void Done(bool ok) override { reader_->OnFetchEvent(*unit_, op_, ok); }
 
@@ -131,7 +132,7 @@ class ReaderImpl final : public Reader {
         : start_tag(reader, this, FetchTag::Op::kStart),
           read_tag(reader, this, FetchTag::Op::kRead),
           finish_tag(reader, this, FetchTag::Op::kFinish),
-          no_server_tag(reader, this, FetchTag::Op::kNoServer) {}
+          retry_tag(reader, this, FetchTag::Op::kRetryAfter) {}
     Unit(const Unit&) = delete;
     Unit& operator=(const Unit&) = delete;
     v1::Lease lease;
@@ -150,7 +151,7 @@ class ReaderImpl final : public Reader {
     bool stalled = false;
     // The unit's ReadSamples stream, a small state machine driven by the I/O
     // thread (OnFetchEvent); at most one operation outstanding at a time.
-    bool fetch_started = false;  // stream opened (or the no-server retry armed)
+    bool fetch_started = false;  // stream opened (or the retry alarm armed)
     bool op_pending = false;     // StartCall or Read outstanding
     bool waiting_for_room = false;  // no Read issued: the buffer is full
     bool cancelled = false;      // TryCancel'ed: no further Read
@@ -162,10 +163,13 @@ class ReaderImpl final : public Reader {
     v1::SampleBatch batch;  // the outstanding Read's target
     grpc::Status status;    // Finish's
     std::string protocol_error;
-    std::unique_ptr<grpc::Alarm> no_server_alarm;
+    // Armed instead of failing at once: no live data server, or a back-off
+    // before re-routing (see OnFetchFinished); fails with retry_error.
+    std::unique_ptr<grpc::Alarm> retry_alarm;
+    std::string retry_error;
     // Keeps the unit alive while an operation is outstanding.
     std::shared_ptr<Unit> io_hold;
-    FetchTag start_tag, read_tag, finish_tag, no_server_tag;
+    FetchTag start_tag, read_tag, finish_tag, retry_tag;
   };
   struct Entry {
     ReaderEvent::Kind kind;
@@ -231,8 +235,8 @@ class ReaderImpl final : public Reader {
   void CancelFetchLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     u.cancelled = true;
     if (!u.fetch_started || u.call_done) return;
-    if (u.no_server_alarm != nullptr) {
-      u.no_server_alarm->Cancel();
+    if (u.retry_alarm != nullptr) {
+      u.retry_alarm->Cancel();
       return;
     }
     u.ctx->TryCancel();
@@ -278,7 +282,7 @@ class ReaderImpl final : public Reader {
     for (const auto& [id, other] : units_) {
       const Unit& o = *other;
       if (o.order >= u.order || o.dropped || o.fetch != Unit::Fetch::kRunning ||
-          o.lease.data_server() != u.lease.data_server()) {
+          o.retry_alarm != nullptr || o.lease.data_server() != u.lease.data_server()) {
         continue;
       }
       const int64_t remaining = o.lease.unit().end() - o.next_fetch;
@@ -354,6 +358,11 @@ class ReaderImpl final : public Reader {
   // One flush at a time, so reports of one lease never overtake each other.
   absl::Mutex flush_mu_;
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);
+
+  // Streams that failed in a row, per (data server, shard): re-route back-off.
+  std::map<std::pair<std::string, std::string>, int> stream_failures_ ABSL_GUARDED_BY(mu_);
+  static constexpr absl::Duration kRerouteBackoff = absl::Milliseconds(50);
+  static constexpr absl::Duration kRerouteBackoffMax = absl::Seconds(2);
 
   absl::Mutex write_mu_;
   SessionStream* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
@@ -727,9 +736,10 @@ void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
   const std::string& address = u.lease.data_server();
   if (address.empty()) {
     // No live data server: wait a little, then ask for a re-route.
-    u.no_server_alarm = std::make_unique<grpc::Alarm>();
-    u.no_server_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)),
-                           TagOf(&u.no_server_tag));
+    u.retry_error = "no live data server";
+    u.retry_alarm = std::make_unique<grpc::Alarm>();
+    u.retry_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)),
+                       TagOf(&u.retry_tag));
     return;
   }
   auto& stub = data_stubs_[address];
@@ -768,12 +778,12 @@ void ReaderImpl::OnFetchEvent(Unit& u, FetchTag::Op op, bool ok) {
     case FetchTag::Op::kFinish:
       OnFetchFinished(u);
       return;
-    case FetchTag::Op::kNoServer: {
+    case FetchTag::Op::kRetryAfter: {
       std::shared_ptr<Unit> hold;  // released after the lock
       absl::MutexLock lock(&mu_);
       hold = std::move(u.io_hold);
       u.call_done = true;
-      if (!u.dropped && !closing_) SetFetchStateLocked(u, Unit::Fetch::kFailed, "no live data server");
+      if (!u.dropped && !closing_) SetFetchStateLocked(u, Unit::Fetch::kFailed, u.retry_error);
       NotifyAllLocked();
       return;
     }
@@ -828,6 +838,9 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
     ++u.next_fetch;
   }
   u.last_batch_samples = static_cast<int64_t>(converted.size());
+  if (!stream_failures_.empty()) {
+    stream_failures_.erase({u.lease.data_server(), u.lease.unit().shard_url()});
+  }
   data_cv_.Signal();
   if (u.cancelled) {
     BeginFinishLocked(u);
@@ -851,10 +864,12 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
     // Nothing more to deliver or report.
   } else if (!u.protocol_error.empty()) {
     SetFetchStateLocked(u, Unit::Fetch::kFailed, u.protocol_error);
+  } else if (u.next_fetch == u.lease.unit().end()) {
+    // Everything arrived; a status after the last sample (a cancel once
+    // the unit was reported) does not matter.
+    SetFetchStateLocked(u, Unit::Fetch::kDone, "");
   } else if (status.ok()) {
-    const bool complete = u.next_fetch == u.lease.unit().end();
-    SetFetchStateLocked(u, complete ? Unit::Fetch::kDone : Unit::Fetch::kFailed,
-                        complete ? "" : "stream ended early");
+    SetFetchStateLocked(u, Unit::Fetch::kFailed, "stream ended early");
   } else if (status.code() == absl::StatusCode::kAborted) {
     DropLocked(u);  // a newer grant of the unit exists: deliver nothing more
   } else if (status.code() == absl::StatusCode::kDataLoss ||
@@ -866,10 +881,29 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
     fatal_ = absl::Status(status.code(), absl::StrCat("lease ", u.lease.lease_id(), ": ",
                                                       status.message()));
   } else {
-    SetFetchStateLocked(u, Unit::Fetch::kFailed,
-                        u.stalled ? absl::StrCat(address, ": no data for ",
+    std::string error = u.stalled ? absl::StrCat(address, ": no data for ",
                                                  absl::FormatDuration(options_.stall_timeout))
-                                  : absl::StrCat(address, ": ", status.ToString()));
+                                  : absl::StrCat(address, ": ", status.ToString());
+    // The more streams of this shard from this server failed in a row, the
+    // longer before the re-route (the first goes at once): a shard a server
+    // cannot serve (missing, unreadable) must not become a grant/re-route
+    // loop as fast as the machine allows.
+    const int failures = ++stream_failures_[{address, u.lease.unit().shard_url()}];
+    if (failures == 1 || failures % 10 == 0) {
+      LogWarning("sluice::Reader job %s rank %d: stream %d in a row from %s failed, re-routing: %s",
+                 options_.job, options_.rank, failures, address, error);
+    }
+    if (failures > 1) {
+      const absl::Duration wait =
+          std::min(kRerouteBackoffMax, kRerouteBackoff * (int64_t{1} << std::min(failures - 2, 20)));
+      u.retry_error = std::move(error);
+      u.retry_alarm = std::make_unique<grpc::Alarm>();
+      u.retry_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + wait), TagOf(&u.retry_tag));
+      u.call_done = false;  // the alarm is outstanding
+      u.io_hold = std::move(hold);
+      return;
+    }
+    SetFetchStateLocked(u, Unit::Fetch::kFailed, error);
   }
   NotifyAllLocked();
 }
@@ -890,7 +924,7 @@ void ReaderImpl::RunMaintenance() {
       const absl::Time now = absl::Now();
       for (auto& [id, u] : units_) {
         if (u->fetch_started && !u->call_done && !u->cancelled &&
-            u->no_server_alarm == nullptr && u->fetch == Unit::Fetch::kRunning && !u->stalled &&
+            u->retry_alarm == nullptr && u->fetch == Unit::Fetch::kRunning && !u->stalled &&
             !u->waiting_for_room && now - u->last_activity > options_.stall_timeout) {
           u->stalled = true;
           CancelFetchLocked(*u);
