@@ -25,7 +25,10 @@
 //
 // Failures: a data server that fails mid-unit -> the samples already fetched
 // are delivered, then the unit is re-routed (Reroute with the exact count
-// consumed) and its remainder arrives as a new grant on a live server. The
+// consumed) and its remainder arrives as a new grant on a live server. A
+// shard whose streams keep failing on the same server (missing there,
+// unreadable) is re-routed with back-off: the first at once, then 0.05 s
+// doubling to 2 s, with a warning on stderr. The
 // coordinator unreachable -> held units keep being read and delivered while
 // the session reconnects with jittered backoff under the same trainer_id;
 // reports are re-sent after reconnecting. A stale lease (ABORTED from the
