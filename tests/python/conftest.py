@@ -32,15 +32,16 @@ def _wait_for(predicate, timeout, what):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def write_shards(directory, shards, per_shard):
-    """WebDataset tars: key s{S}_{I} with .cls (the index) and .bin fields."""
+def write_shards(directory, shards, per_shard, bin_repeat=50):
+    """WebDataset tars: key s{S}_{I} with .cls (the index) and .bin fields
+    (2 * bin_repeat bytes)."""
     os.makedirs(directory, exist_ok=True)
     urls = []
     for s in range(shards):
         path = os.path.join(directory, f"shard-{s:03d}.tar")
         with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
             for i in range(per_shard):
-                for ext, data in (("cls", str(i).encode()), ("bin", bytes([s, i % 256]) * 50)):
+                for ext, data in (("cls", str(i).encode()), ("bin", bytes([s, i % 256]) * bin_repeat)):
                     info = tarfile.TarInfo(f"s{s}_{i}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -104,9 +105,9 @@ def make_pki(directory):
 
 
 class Cluster:
-    def __init__(self, tmp, shards=6, per_shard=17, data_servers=1, pki=None):
+    def __init__(self, tmp, shards=6, per_shard=17, data_servers=1, pki=None, bin_repeat=50):
         self.tmp = str(tmp)
-        self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard)
+        self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard, bin_repeat)
         self.total = shards * per_shard
         # With `pki`: both servers listen with TLS and demand client
         # certificates; data servers register with the client certificate.

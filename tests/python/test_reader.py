@@ -6,6 +6,7 @@ import time
 import pytest
 
 import sluice
+from conftest import Cluster
 
 
 def test_reader_reads_every_sample_once_per_epoch(cluster):
@@ -112,3 +113,25 @@ def test_a_shard_no_server_can_serve_is_retried_with_back_off(cluster, caplog):
     assert 1 <= reroutes <= 8, (reroutes, elapsed)
     warnings = [r.getMessage() for r in caplog.records if r.name == "sluice"]
     assert any("gone.tar" in w or "NOT_FOUND" in w for w in warnings), warnings
+
+
+def test_one_stream_per_data_server_carries_data_at_a_time(tmp_path):
+    # Units held ahead are buffered, but per data server one stream carries
+    # data at a time (the next opens as the current one reaches its last
+    # batch). Were every held unit's stream opened at once, each would stay
+    # open on the data server, parked by gRPC flow control (a unit is 10 MB).
+    c = Cluster(tmp_path, shards=6, per_shard=100, bin_repeat=50_000)
+    try:
+        c.create_job("streams")
+        most = samples = 0
+        with sluice.Reader(c.address, "streams", units_in_flight=4, buffer_samples=4) as reader:
+            for _ in reader:
+                samples += 1
+                text = c.data[0].metric_text()
+                line = next(l for l in text.splitlines()
+                            if l.startswith("sluice_dataserver_active_streams "))
+                most = max(most, int(float(line.split()[1])))
+        assert samples == c.total
+        assert 1 <= most <= 2, most
+    finally:
+        c.stop()
