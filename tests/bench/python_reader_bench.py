@@ -82,12 +82,19 @@ def main():
     parser.add_argument("--seconds", type=float, default=3)
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating C++/Python raw rounds; medians are compared")
+    parser.add_argument("--tune_malloc", action="store_true",
+                        help="both clients call the malloc tuning first (sluice.tune_malloc(), "
+                             "reader_bench --tune_malloc); the servers always do")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(120 + 20 * args.seconds, exit=True)  # never hang make bench
     os.environ["SLUICE_BIN_DIR"] = args.bin_dir
     sys.path.insert(0, os.path.join(args.bin_dir, "..", "python"))
     import conftest  # the test suite's cluster helpers
     import sluice
+    if args.tune_malloc and not sluice.tune_malloc():
+        sys.exit("--tune_malloc: not glibc's malloc")
+    if args.tune_malloc:
+        os.environ["SLUICE_TUNE_MALLOC"] = "1"  # the DataLoader's workers
     import torch
     from torch.utils.data import DataLoader
     from sluice.torch import ShardLeaseDataset
@@ -114,7 +121,8 @@ def main():
             def cpp(decode):
                 out = subprocess.run(
                     [os.path.join(args.bin_dir, "reader_bench"), f"--coordinator={address}",
-                     "--job=bench", f"--seconds={args.seconds}"] + (["--decode"] if decode else []),
+                     "--job=bench", f"--seconds={args.seconds}"] + (["--decode"] if decode else []) +
+                    (["--tune_malloc"] if args.tune_malloc else []),
                     check=True, capture_output=True, text=True).stdout
                 return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
 
@@ -183,7 +191,8 @@ def main():
           f"ratio {py_dec / cpp_dec:.2f}")
     print(f"DataLoader (2 workers, batches of 32 decoded tensors): {dl:.0f} samples/s   "
           f"tarfile + PIL in one process: {pil:.0f} samples/s")
-    print(json.dumps({"bench": "python_reader", "samples_per_s": round(py_raw),
+    print(json.dumps({"bench": "python_reader", "tune_malloc": args.tune_malloc,
+                      "samples_per_s": round(py_raw),
                       "baseline_samples_per_s": round(cpp_raw), "ratio": round(ratio, 2),
                       "decoded_samples_per_s": round(py_dec),
                       "cpp_decoded_samples_per_s": round(cpp_dec),

@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, coordinator, "",
           "Measure only the Reader against this running cluster's --job (used by the Python "
           "benchmark for its C++ figure); empty = start a cluster and compare with direct reads.");
 ABSL_FLAG(std::string, job, "", "With --coordinator: the (endless) job to read.");
+ABSL_FLAG(bool, tune_malloc, false,
+          "Call sluice::TuneMallocForStreaming() first (as a program reading through a Reader "
+          "may; the servers do it by default).");
 
 namespace {
 
@@ -112,6 +115,10 @@ Rate ThroughReader(const std::string& coordinator, const std::string& job, bool 
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_tune_malloc) && !sluice::TuneMallocForStreaming()) {
+    std::fprintf(stderr, "--tune_malloc: not glibc's malloc\n");
+    return 1;
+  }
   const bool decode = absl::GetFlag(FLAGS_decode);
   const double seconds = absl::GetFlag(FLAGS_seconds);
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {
