@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/common/malloc_tuning.h"
 #include "server/dataserver/decoders.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 #include "tests/bench/bench_util.h"
@@ -165,6 +166,9 @@ int ServeBare(const std::string& port_file) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // The same allocator settings as the data server (--tune_malloc, on by
+  // default), so the ratio compares the serving code, not malloc tuning.
+  (void)sluice::TuneMallocForStreaming();
   std::vector<std::string> payloads = MakeJpegs();
   BareService bare(&payloads);
   grpc::ServerBuilder builder;
