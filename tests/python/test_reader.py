@@ -1,6 +1,8 @@
 """sluice.Reader against the real servers: coverage, epochs, resume."""
 import collections
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -135,3 +137,47 @@ def test_one_stream_per_data_server_carries_data_at_a_time(tmp_path):
         assert 1 <= most <= 2, most
     finally:
         c.stop()
+
+
+_EXIT_WITHOUT_CLOSE = r"""
+import sys
+import sluice
+
+def samples():  # the Reader stays open in the suspended generator
+    with sluice.Reader(sys.argv[1], sys.argv[2], progress_interval=60) as reader:
+        yield from reader
+
+it = samples()
+for _ in range(int(sys.argv[3])):
+    s = next(it)
+    print(s.shard_index, s.index, flush=True)
+"""
+
+
+def test_a_program_that_exits_without_closing_its_reader_exits_and_reports(cluster):
+    """A training script that breaks out of a generator wrapping the Reader
+    and ends: the interpreter must exit (grpc's channel close, run by the
+    garbage collector at shutdown, used to wait forever for threads that no
+    longer ran), and what it consumed is reported and the rest released at
+    exit: another reader gets exactly the remainder long before the 60 s
+    lease TTL would have returned it."""
+    cluster.create_job("exit-open", world_size=1, epochs=1, lease_ttl="60s")
+    proc = subprocess.Popen([sys.executable, "-c", _EXIT_WITHOUT_CLOSE, cluster.address,
+                             "exit-open", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the program did not exit within 30 s of its last sample")
+    assert proc.returncode == 0, err
+    first = [tuple(map(int, line.split())) for line in out.strip().splitlines()]
+    assert len(first) == 30
+    start = time.monotonic()
+    with sluice.Reader(cluster.address, "exit-open") as reader:
+        rest = [(s.shard_index, s.index) for s in reader]
+    assert time.monotonic() - start < 30, "the units waited for their lease TTL"
+    assert len(rest) == cluster.total - 30
+    assert sorted(first + rest) == sorted(set(first + rest))
+    assert len(set(first + rest)) == cluster.total

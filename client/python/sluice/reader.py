@@ -26,6 +26,7 @@ Semantics follow the C++ Reader (client/include/sluice/reader.h):
 Thread-safety: iterate (or call next_event/cursor) from one thread; close()
 from any. Create Readers after fork (gRPC and fork do not mix).
 """
+import atexit
 import collections
 import ctypes
 import logging
@@ -34,8 +35,10 @@ import platform
 import queue
 import random
 import socket
+import sys
 import threading
 import time
+import weakref
 
 import grpc
 import numpy as np
@@ -113,6 +116,24 @@ def tune_malloc():
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # The mmap threshold first: setting either turns glibc's dynamic one off.
     return mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1 and mallopt(_M_TRIM_THRESHOLD, 64 << 20) == 1
+
+
+# Readers not closed yet. A program may end with one still open (a loop
+# that breaks out of a generator wrapping it, a script that never calls
+# close()): atexit closes them while the interpreter still runs their
+# threads, so consumption is reported and unfinished units released at once.
+# Left to the garbage collector at interpreter shutdown, close() would wait
+# forever in grpc's channel close for threads that no longer run.
+_open_readers = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_readers():
+    for reader in list(_open_readers):
+        try:
+            reader.close()
+        except Exception:  # noqa: BLE001 -- exiting; nothing to raise to
+            _log.exception("sluice: closing a Reader at exit")
 
 
 class ReaderError(Exception):
@@ -299,6 +320,7 @@ class Reader:
                                                     name="sluice-maintenance")
         self._session_thread.start()
         self._maintenance_thread.start()
+        _open_readers.add(self)
 
     # ------------------------------------------------------------- public
 
@@ -433,6 +455,13 @@ class Reader:
             if self._closed:
                 return
             self._closed = True
+        _open_readers.discard(self)
+        if sys.is_finalizing():
+            # Collected during interpreter shutdown (after atexit): the
+            # session and gRPC threads no longer run, so reporting would hang
+            # (grpc's channel close waits for them). The leases expire after
+            # their TTL as if the process had died.
+            return
         # No new grants (a Release frees a credit the coordinator would
         # refill), and a Synced means every grant already sent has arrived:
         # all of them are released below instead of lingering until the TTL.
@@ -464,6 +493,11 @@ class Reader:
         for u in units:
             if u.thread is not None:
                 u.thread.join(timeout=5)
+        with self._cv:
+            data_channels = [channel for channel, _ in self._data_stubs.values()]
+            self._data_stubs.clear()
+        for channel in data_channels:
+            channel.close()
         self._channel.close()
 
     def __enter__(self):
@@ -721,13 +755,14 @@ class Reader:
     def _read_samples(self, address):
         """ReadSamples on `address`, its responses as bytes (see _wire)."""
         with self._cv:
-            method = self._data_stubs.get(address)
-            if method is None:
-                method = self._make_channel(address).unary_stream(
+            stub = self._data_stubs.get(address)
+            if stub is None:
+                channel = self._make_channel(address)
+                stub = (channel, channel.unary_stream(
                     _READ_SAMPLES, request_serializer=dataserver_pb2.ReadRequest.SerializeToString,
-                    response_deserializer=None)
-                self._data_stubs[address] = method
-            return method
+                    response_deserializer=None))
+                self._data_stubs[address] = stub
+            return stub[1]
 
     def _back_off(self, u, address, error):
         """Before a failed stream's unit is re-routed: the more streams of
@@ -790,7 +825,12 @@ class Reader:
                 return
             request.start = u.next_fetch
             u.last_activity = time.monotonic()
-        call = self._read_samples(address)(request)
+        try:
+            call = self._read_samples(address)(request)
+        except ValueError:  # grpc: the channel was closed under us
+            if self._closing:
+                return
+            raise
         with self._cv:
             u.call = call
             if u.dropped or self._closing:
