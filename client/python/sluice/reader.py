@@ -130,6 +130,8 @@ _open_readers = weakref.WeakSet()
 @atexit.register
 def _close_open_readers():
     for reader in list(_open_readers):
+        if reader._pid != os.getpid():
+            continue  # a forked child's copy of its parent's Reader: not its own
         try:
             reader.close()
         except Exception:  # noqa: BLE001 -- exiting; nothing to raise to
@@ -318,6 +320,7 @@ class Reader:
                                                 name="sluice-session")
         self._maintenance_thread = threading.Thread(target=self._run_maintenance, daemon=True,
                                                     name="sluice-maintenance")
+        self._pid = os.getpid()
         self._session_thread.start()
         self._maintenance_thread.start()
         _open_readers.add(self)
