@@ -139,6 +139,30 @@ def test_one_stream_per_data_server_carries_data_at_a_time(tmp_path):
         c.stop()
 
 
+def test_a_slow_consumer_wakes_the_fetcher_once_per_batch_not_per_sample(tmp_path):
+    # With the buffer full, the fetcher waits for room for the rest of its
+    # batch, not for one sample at a time: a training loop slower than the
+    # data path should not pay a thread wake-up (and a GIL hand-off) per
+    # sample. ~100 KB samples come in ~1 MiB batches of ~10.
+    c = Cluster(tmp_path, shards=2, per_shard=60, bin_repeat=50_000)
+    try:
+        c.create_job("slow-consumer")
+        samples = 0
+        with sluice.Reader(c.address, "slow-consumer", units_in_flight=1,
+                           buffer_samples=16) as reader:
+            for _ in reader:
+                samples += 1
+                time.sleep(0.002)  # the training step
+            stats = dict(reader.stats)
+        assert samples == c.total
+        batches = stats["batches"]
+        assert 2 * 6 <= batches <= 2 * 60, stats
+        # Once per batch that found the buffer full, at most.
+        assert stats["room_waits"] <= batches, stats
+    finally:
+        c.stop()
+
+
 _EXIT_WITHOUT_CLOSE = r"""
 import sys
 import sluice

@@ -10,6 +10,11 @@ Semantics follow the C++ Reader (client/include/sluice/reader.h):
   Per data server one stream carries data at a time (the next opens as the
   current one reaches its last batch). Responses are read as bytes and
   walked by sluice._wire, so tensors are numpy views of the received message.
+  Each unit buffers up to `buffer_samples`; a fetcher that finds its buffer
+  full waits for room for the rest of its batch, so a consumer slower than
+  the stream wakes it once per batch, not once per sample.
+* `stats` counts delivered, units_completed, reroutes, dropped_units,
+  reconnects, batches (received) and room_waits (a fetcher waiting for room).
 * A data server that fails or stalls: the samples already fetched are
   delivered, then the unit is re-routed (Reroute with the exact count) and
   its remainder arrives as a new grant on another server.
@@ -201,7 +206,7 @@ class Event:
 class _Unit:
     __slots__ = ("lease", "order", "size", "buffer", "next_fetch", "last_batch", "fetch",
                  "fetch_error", "dropped", "delivered", "reported", "final", "call",
-                 "last_activity", "waiting_for_room", "stalled", "thread")
+                 "last_activity", "waiting_for_room", "room_wanted", "stalled", "thread")
 
     def __init__(self, lease, order):
         self.lease, self.order = lease, order
@@ -218,6 +223,7 @@ class _Unit:
         self.call = None
         self.last_activity = time.monotonic()
         self.waiting_for_room = False
+        self.room_wanted = 0  # samples the waiting fetcher needs room for
         self.stalled = False
         self.thread = None
 
@@ -374,9 +380,10 @@ class Reader:
                         self._cv.wait(0.05)
                         continue
                     if u.buffer:
-                        if len(u.buffer) == self._buffer_samples:
-                            self._cv.notify_all()  # a fetcher waits for room
                         event = Event("sample", sample=u.buffer.popleft())
+                        if (u.waiting_for_room and
+                                len(u.buffer) + u.room_wanted <= self._buffer_samples):
+                            self._cv.notify_all()  # the fetcher has room for its batch
                         event.epoch = event.sample.epoch
                         u.delivered += 1
                         self.stats["delivered"] += 1
@@ -854,13 +861,21 @@ class Reader:
                     break
                 with self._cv:
                     u.last_activity = time.monotonic()
-                    for s in converted:
-                        while (len(u.buffer) >= self._buffer_samples and not u.dropped and
-                               not self._closing):
-                            u.waiting_for_room = True
-                            self._cv.notify_all()
-                            self._cv.wait()
-                        u.waiting_for_room = False
+                    self.stats["batches"] += 1
+                    for i, s in enumerate(converted):
+                        if len(u.buffer) >= self._buffer_samples:
+                            # Full: wait for room for the rest of the batch
+                            # (a buffer's worth at most), so a consumer slower
+                            # than the stream wakes this thread once per
+                            # batch, not once per sample.
+                            u.room_wanted = min(len(converted) - i, self._buffer_samples)
+                            while (len(u.buffer) + u.room_wanted > self._buffer_samples and
+                                   not u.dropped and not self._closing):
+                                u.waiting_for_room = True
+                                self.stats["room_waits"] += 1
+                                self._cv.notify_all()
+                                self._cv.wait()
+                            u.waiting_for_room = False
                         u.last_activity = time.monotonic()
                         if u.dropped or self._closing:
                             call.cancel()
