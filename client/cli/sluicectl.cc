@@ -314,6 +314,8 @@ int ReadCommand(const std::vector<std::string>& args) {
   options.decode.set_decode(absl::GetFlag(FLAGS_decode));
   options.progress_interval = absl::GetFlag(FLAGS_progress_interval);
   options.reconnect_timeout = std::max(absl::GetFlag(FLAGS_timeout), absl::Seconds(30));
+  // This process only reads: keep freed megabyte buffers (malloc_tuning.h).
+  (void)TuneMallocForStreaming();
   auto reader = Reader::Create(options);
   if (!reader.ok()) return Fail(reader.status());
   const int64_t max_epochs = absl::GetFlag(FLAGS_read_epochs);
