@@ -25,8 +25,9 @@ inline constexpr int64_t kTunedMmapThreshold = int64_t{32} << 20;
 inline constexpr int64_t kTunedTrimThreshold = int64_t{64} << 20;
 
 // Sets glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD to the values above for
-// the whole process. Returns false, changing nothing, when the C library is
-// not glibc or refuses a value. Safe to call more than once.
+// the whole process. Returns false when the C library is not glibc or the
+// allocator in use refuses the settings (ASan's does; so may a preloaded
+// jemalloc/tcmalloc, which do not need them). Safe to call more than once.
 bool TuneMallocForStreaming();
 
 }  // namespace sluice

@@ -308,8 +308,9 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
   BlockTerminationSignals();
   ParseServerFlags(argc, argv, options.program, options.usage);
   if (absl::GetFlag(FLAGS_tune_malloc) && !TuneMallocForStreaming()) {
-    LogWarning("--tune_malloc: this C library does not take glibc's mallopt settings; "
-               "running with its defaults");
+    LogWarning("--tune_malloc: the allocator in use refused glibc's mallopt settings (not "
+               "glibc's malloc: a sanitizer, or another malloc preloaded); running with its "
+               "defaults");
   }
   absl::StatusOr<ServerConfig> config = ServerConfigFromFlags(
       options.program, options.default_listen, options.default_metrics_listen);
