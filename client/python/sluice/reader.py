@@ -110,8 +110,9 @@ def tune_malloc():
     Process-wide, so it is opt-in: call it once at start-up, or set
     SLUICE_TUNE_MALLOC=1 in the environment (DataLoader workers inherit it)
     and every Reader applies it. The cost is up to 64 MiB of free memory kept
-    per malloc arena. Returns False, changing nothing, where the C library is
-    not glibc."""
+    per malloc arena. Returns False where the C library is not glibc or the
+    allocator in use refuses the settings (a preloaded jemalloc/tcmalloc,
+    which does not need them)."""
     if platform.libc_ver()[0] != "glibc":
         return False
     try:
