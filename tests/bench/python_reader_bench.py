@@ -91,9 +91,9 @@ def main():
     sys.path.insert(0, os.path.join(args.bin_dir, "..", "python"))
     import conftest  # the test suite's cluster helpers
     import sluice
-    if args.tune_malloc and not sluice.tune_malloc():
-        sys.exit("--tune_malloc: not glibc's malloc")
     if args.tune_malloc:
+        if not sluice.tune_malloc():
+            sys.exit("--tune_malloc: the allocator refused glibc's mallopt settings")
         os.environ["SLUICE_TUNE_MALLOC"] = "1"  # the DataLoader's workers
     import torch
     from torch.utils.data import DataLoader

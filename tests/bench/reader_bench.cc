@@ -116,7 +116,7 @@ Rate ThroughReader(const std::string& coordinator, const std::string& job, bool 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_tune_malloc) && !sluice::TuneMallocForStreaming()) {
-    std::fprintf(stderr, "--tune_malloc: not glibc's malloc\n");
+    std::fprintf(stderr, "--tune_malloc: the allocator refused glibc's mallopt settings\n");
     return 1;
   }
   const bool decode = absl::GetFlag(FLAGS_decode);

@@ -167,8 +167,9 @@ absl::StatusOr<v1::Cursor> MergeCursors(const std::vector<v1::Cursor>& cursors);
 // whose pages the next message would fault in again (on this project's
 // benchmark machine the Reader read 25-35 % more samples/s). Process-wide,
 // so a library does not do it behind the program's back; the servers do it
-// by default. Returns false where the C library is not glibc. See
-// server/common/malloc_tuning.h.
+// by default. Returns false where the C library is not glibc or the
+// allocator in use refuses the settings (sanitizers, a preloaded malloc).
+// See server/common/malloc_tuning.h.
 bool TuneMallocForStreaming();
 
 }  // namespace sluice
