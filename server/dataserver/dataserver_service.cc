@@ -29,17 +29,18 @@ CorruptReason Classify(const std::string& reason) {
 
 }  // namespace
 
-// One produce step's samples, decoded in parallel.
-struct SampleStream::Batch {
-  std::vector<RawSample> raw;
-  std::vector<absl::StatusOr<OutSample>> out;
-  std::vector<char> needs_decode;  // out[i] is still to be produced
-  std::atomic<size_t> remaining{0};
-  bool at_end = false;
+// One sample on its way through the window. `out` is written by the one
+// task that produces it, before `done` is set under the stream's mu_.
+struct SampleStream::Slot {
+  RawSample raw;
+  absl::StatusOr<OutSample> out = absl::UnknownError("not decoded");
+  bool done = false;
 };
 
 SampleStream::SampleStream(DataServerService* service, Params params)
-    : service_(service), params_(std::move(params)) {
+    : service_(service),
+      params_(std::move(params)),
+      encoder_(static_cast<size_t>(params_.batch_bytes)) {
   next_ = params_.start;
   shard_ = params_.shard;
   {
@@ -57,16 +58,37 @@ SampleStream::~SampleStream() {
   if (service_->metrics() != nullptr) service_->metrics()->active_streams.Decrement();
 }
 
+size_t SampleStream::WindowSamples() const {
+  return 4 * static_cast<size_t>(service_->pool().size());
+}
+
+SampleStream::NextResult SampleStream::PopReadyLocked() {
+  NextResult result = std::optional<EncodedMessage>(std::move(ready_.front()));
+  ready_.pop_front();
+  ready_samples_ -= (*result)->num_samples();
+  return result;
+}
+
+void SampleStream::FlushLocked() {
+  std::vector<EncodedMessage> messages;
+  encoder_.Flush(&messages);
+  for (EncodedMessage& m : messages) {
+    ready_samples_ += m.num_samples();
+    ready_.push_back(std::move(m));
+  }
+}
+
 void SampleStream::Next(NextCallback done) {
-  absl::StatusOr<std::optional<EncodedMessage>> result;
+  NextResult result;
   {
     absl::MutexLock lock(&mu_);
+    // The client waits and samples are framable: send them rather than wait
+    // for a full message.
+    if (ready_.empty() && error_.ok() && !cancelled_) FlushLocked();
     if (cancelled_) {
       result = absl::CancelledError("stream cancelled");
     } else if (!ready_.empty()) {
-      result = std::optional<EncodedMessage>(std::move(ready_.front()));
-      ready_.pop_front();
-      ready_samples_ -= (*result)->num_samples();
+      result = PopReadyLocked();
       MaybeProduceLocked();
     } else if (!error_.ok()) {
       result = error_;
@@ -78,17 +100,39 @@ void SampleStream::Next(NextCallback done) {
       return;
     }
   }
+  Deliver(std::move(done), std::move(result));
+}
+
+SampleStream::NextCallback SampleStream::TakeWaiterLocked(NextResult* result) {
+  if (!waiter_) return nullptr;
+  if (cancelled_) {
+    *result = absl::CancelledError("stream cancelled");
+  } else {
+    if (ready_.empty() && error_.ok()) FlushLocked();
+    if (!ready_.empty()) {
+      *result = PopReadyLocked();
+    } else if (!error_.ok()) {
+      *result = error_;
+    } else if (finished_) {
+      *result = std::optional<EncodedMessage>();
+    } else {
+      return nullptr;
+    }
+  }
+  NextCallback waiter = std::move(waiter_);
+  waiter_ = nullptr;
+  return waiter;
+}
+
+void SampleStream::Deliver(NextCallback callback, NextResult result) {
+  if (callback == nullptr) return;
   if (result.ok() && result->has_value() && service_->metrics() != nullptr) {
     service_->metrics()->samples_served.Increment(
         static_cast<double>((*result)->num_samples()));
     service_->metrics()->bytes_served.Increment(
         static_cast<double>((*result)->size()));
   }
-  done(std::move(result));
-}
-
-size_t SampleStream::DecodeStepSamples() const {
-  return 2 * static_cast<size_t>(service_->pool().size());
+  callback(std::move(result));
 }
 
 void SampleStream::Cancel() {
@@ -97,20 +141,24 @@ void SampleStream::Cancel() {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     ready_.clear();
+    ready_samples_ = 0;
     waiter = std::move(waiter_);
     waiter_ = nullptr;
   }
   if (waiter) waiter(absl::CancelledError("stream cancelled"));
 }
 
-void SampleStream::MaybeProduceLocked() {
-  if (producing_ || finished_ || cancelled_ || !error_.ok()) return;
-  // Raw: a couple of ~batch-sized messages ahead. Decoded: enough samples
-  // ahead that the pool decodes the next step while gRPC sends this one.
-  if (params_.decode ? ready_samples_ >= 2 * static_cast<int64_t>(DecodeStepSamples())
-                     : ready_.size() >= service_->options().prefetch_messages) {
-    return;
+size_t SampleStream::RoomLocked() const {
+  if (!params_.decode) {
+    return ready_.size() >= service_->options().prefetch_messages ? 0 : kMaxSamplesPerStep;
   }
+  size_t held = window_.size() + encoder_.pending_samples() + static_cast<size_t>(ready_samples_);
+  return held >= WindowSamples() ? 0 : WindowSamples() - held;
+}
+
+void SampleStream::MaybeProduceLocked() {
+  if (producing_ || read_all_ || cancelled_ || !error_.ok()) return;
+  if (RoomLocked() == 0) return;
   producing_ = true;
   service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
 }
@@ -135,7 +183,7 @@ absl::Status SampleStream::OpenLocked() {
 
 void SampleStream::OnShard(absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
   if (!shard.ok()) {
-    Publish(shard.status(), true);
+    Fail(shard.status());
     return;
   }
   {
@@ -169,12 +217,14 @@ absl::StatusOr<OutSample> SampleStream::Corrupt(int64_t index,
 }
 
 void SampleStream::Produce() {
+  size_t room;
   {
     absl::MutexLock lock(&mu_);
     if (cancelled_) {
       producing_ = false;
       return;
     }
+    room = RoomLocked();
   }
   if (!opened_ && shard_ == nullptr) {
     // Production pauses (producing_ stays set) until the store has the
@@ -189,42 +239,47 @@ void SampleStream::Produce() {
   if (!opened_) {
     absl::Status opened = OpenLocked();
     if (!opened.ok()) {
-      Publish(opened, true);
+      Fail(opened);
       return;
     }
   }
-  auto batch = std::make_shared<Batch>();
   const int64_t count = index_->num_samples();
   int64_t budget = params_.batch_bytes;
-  const size_t max_samples =
-      params_.decode ? DecodeStepSamples() : kMaxSamplesPerStep;
-  while (next_ < params_.end && batch->out.size() < max_samples) {
+  std::vector<std::shared_ptr<Slot>> slots;
+  std::vector<std::shared_ptr<Slot>> to_decode;
+  bool failed = false;
+  // Raw: about one message's worth per step. Decoding: what the window has
+  // room for.
+  while (next_ < params_.end && slots.size() < std::max<size_t>(room, 1)) {
+    auto slot = std::make_shared<Slot>();
     if (next_ >= count) {
       // Past the damage that ended the shard's index: these samples are lost.
-      batch->out.push_back(Corrupt(next_, "",
-                                   absl::StrCat("lost: ", index_->damage),
-                                   CorruptReason::kLost));
-      batch->raw.emplace_back();
-      batch->needs_decode.push_back(0);
+      slot->out = Corrupt(next_, "", absl::StrCat("lost: ", index_->damage),
+                          CorruptReason::kLost);
+      slot->done = true;
+      slots.push_back(std::move(slot));
       ++next_;
       continue;
     }
     int64_t size = index_->samples[next_].bytes;
-    if (!batch->raw.empty() && size > budget) break;
+    if (!params_.decode && !slots.empty() && size > budget) break;
     budget -= size;
     auto sample = reader_->Next();
     if (!sample.ok()) {
-      Publish(sample.status(), true);
-      return;
+      // Reading ends here, after the samples before it.
+      slot->out = sample.status();
+      slot->done = true;
+      slots.push_back(std::move(slot));
+      failed = true;
+      break;
     }
     if (!sample->has_value()) break;  // cannot happen while next_ < count
     ++next_;
     RawSample& raw = **sample;
     if (!raw.corrupt.empty()) {
-      batch->out.push_back(
-          Corrupt(raw.index, raw.key, raw.corrupt, Classify(raw.corrupt)));
-      batch->raw.emplace_back();
-      batch->needs_decode.push_back(0);
+      slot->out = Corrupt(raw.index, raw.key, raw.corrupt, Classify(raw.corrupt));
+      slot->done = true;
+      slots.push_back(std::move(slot));
       continue;
     }
     if (!params_.fields.empty()) {
@@ -234,53 +289,109 @@ void SampleStream::Produce() {
       }
       raw.fields = std::move(kept);
     }
-    batch->out.push_back(absl::UnknownError("not decoded"));
-    batch->raw.push_back(std::move(raw));
-    batch->needs_decode.push_back(1);
-  }
-  batch->at_end = next_ >= params_.end;
-  // Samples that need a real decoder go to the pool, one task per sample;
-  // the last task to finish frames the batch.
-  std::vector<size_t> to_decode;
-  for (size_t i = 0; i < batch->raw.size(); ++i) {
-    if (!batch->needs_decode[i]) continue;  // a skipped sample or an error
+    slot->raw = std::move(raw);
+    // Samples that need a real decoder go to the pool, one task each; the
+    // rest are done here.
     bool heavy = false;
     if (params_.decode) {
-      for (const RawField& f : batch->raw[i].fields) {
+      for (const RawField& f : slot->raw.fields) {
         Codec c = CodecForField(f.name);
         heavy |= c == Codec::kJpeg || c == Codec::kPng || c == Codec::kNpy;
       }
     }
     if (heavy) {
-      to_decode.push_back(i);
+      to_decode.push_back(slot);
     } else {
-      DecodeSample(batch, i);
+      DecodeSample(*slot);
+      slot->done = true;
     }
+    slots.push_back(std::move(slot));
   }
-  if (to_decode.empty()) {
-    FinishBatch(batch);
-    return;
-  }
-  batch->remaining = to_decode.size();
-  // Keep one decode on this thread; hand the rest to the pool.
-  for (size_t k = 1; k < to_decode.size(); ++k) {
-    size_t i = to_decode[k];
-    service_->pool().Schedule([self = shared_from_this(), batch, i] {
-      self->DecodeSample(batch, i);
-      if (batch->remaining.fetch_sub(1) == 1) self->FinishBatch(batch);
+  // Into the window first, so that a finished decode finds its slot there.
+  Append(std::move(slots), failed || next_ >= params_.end);
+  for (auto& s : to_decode) {
+    service_->pool().Schedule([self = shared_from_this(), s] {
+      self->DecodeSample(*s);
+      self->Done(s);
     });
   }
-  DecodeSample(batch, to_decode[0]);
-  if (batch->remaining.fetch_sub(1) == 1) FinishBatch(batch);
 }
 
-void SampleStream::DecodeSample(const std::shared_ptr<Batch>& batch, size_t i) {
-  RawSample& raw = batch->raw[i];
+void SampleStream::Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end) {
+  NextCallback waiter;
+  NextResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    producing_ = false;
+    if (cancelled_) return;
+    for (auto& s : slots) window_.push_back(std::move(s));
+    if (at_end) read_all_ = true;
+    DrainLocked();
+    // A raw step is about one message: send it as one.
+    if (!params_.decode) FlushLocked();
+    waiter = TakeWaiterLocked(&result);
+    MaybeProduceLocked();
+  }
+  Deliver(std::move(waiter), std::move(result));
+}
+
+void SampleStream::Done(const std::shared_ptr<Slot>& slot) {
+  NextCallback waiter;
+  NextResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    slot->done = true;
+    if (cancelled_) return;
+    DrainLocked();
+    waiter = TakeWaiterLocked(&result);
+    MaybeProduceLocked();
+  }
+  Deliver(std::move(waiter), std::move(result));
+}
+
+void SampleStream::Fail(absl::Status status) {
+  auto slot = std::make_shared<Slot>();
+  slot->out = std::move(status);
+  slot->done = true;
+  std::vector<std::shared_ptr<Slot>> slots;
+  slots.push_back(std::move(slot));
+  Append(std::move(slots), true);
+}
+
+void SampleStream::DrainLocked() {
+  std::vector<EncodedMessage> messages;
+  while (!window_.empty() && window_.front()->done) {
+    std::shared_ptr<Slot> slot = std::move(window_.front());
+    window_.pop_front();
+    if (!error_.ok()) continue;  // after an error nothing more is sent
+    if (!slot->out.ok()) {
+      // The samples before the error are still delivered, then the error.
+      encoder_.Flush(&messages);
+      error_ = slot->out.status();
+      continue;
+    }
+    encoder_.Add(*std::move(slot->out), &messages);
+  }
+  for (EncodedMessage& m : messages) {
+    ready_samples_ += m.num_samples();
+    ready_.push_back(std::move(m));
+  }
+  if (window_.empty() && read_all_ && error_.ok()) {
+    FlushLocked();
+    finished_ = true;
+  }
+}
+
+void SampleStream::DecodeSample(Slot& slot) {
+  RawSample& raw = slot.raw;
   OutSample out;
   out.key = raw.key;
   out.index = raw.index;
   out.fields.reserve(raw.fields.size());
   DataServerMetrics* metrics = service_->metrics();
+  if (params_.decode && service_->options().before_decode) {
+    service_->options().before_decode(raw.index);
+  }
   for (RawField& f : raw.fields) {
     OutField field;
     field.name = std::move(f.name);
@@ -300,79 +411,20 @@ void SampleStream::DecodeSample(const std::shared_ptr<Batch>& batch, size_t i) {
                        .count());
     }
     if (!decoded.ok()) {
-      batch->out[i] = Corrupt(
+      slot.out = Corrupt(
           raw.index, raw.key,
           absl::StrCat("shard \"", params_.lease.unit().shard_url(),
                        "\", member \"", raw.key, ".", field.name,
                        "\": ", decoded.status().message()),
           CorruptReason::kUndecodable);
+      slot.raw = RawSample();
       return;
     }
     field.value = *std::move(decoded);
     out.fields.push_back(std::move(field));
   }
-  batch->out[i] = std::move(out);
-}
-
-void SampleStream::FinishBatch(const std::shared_ptr<Batch>& batch) {
-  BatchEncoder encoder(static_cast<size_t>(params_.batch_bytes));
-  std::vector<EncodedMessage> messages;
-  for (auto& out : batch->out) {
-    if (!out.ok()) {
-      Publish(out.status(), true);
-      return;
-    }
-    encoder.Add(*std::move(out), &messages);
-  }
-  encoder.Flush(&messages);
-  Publish(std::move(messages), batch->at_end);
-}
-
-void SampleStream::Publish(absl::StatusOr<std::vector<EncodedMessage>> messages,
-                           bool at_end) {
-  NextCallback waiter;
-  absl::StatusOr<std::optional<EncodedMessage>> result;
-  {
-    absl::MutexLock lock(&mu_);
-    producing_ = false;
-    if (cancelled_) return;
-    if (!messages.ok()) {
-      error_ = messages.status();
-    } else {
-      for (EncodedMessage& m : *messages) {
-        ready_samples_ += m.num_samples();
-        ready_.push_back(std::move(m));
-      }
-      if (at_end) finished_ = true;
-    }
-    if (waiter_) {
-      if (!ready_.empty()) {
-        result = std::optional<EncodedMessage>(std::move(ready_.front()));
-        ready_.pop_front();
-        ready_samples_ -= (*result)->num_samples();
-        waiter = std::move(waiter_);
-        waiter_ = nullptr;
-      } else if (!error_.ok()) {
-        result = error_;
-        waiter = std::move(waiter_);
-        waiter_ = nullptr;
-      } else if (finished_) {
-        result = std::optional<EncodedMessage>();
-        waiter = std::move(waiter_);
-        waiter_ = nullptr;
-      }
-    }
-    MaybeProduceLocked();
-  }
-  if (waiter) {
-    if (result.ok() && result->has_value() && service_->metrics() != nullptr) {
-      service_->metrics()->samples_served.Increment(
-          static_cast<double>((*result)->num_samples()));
-      service_->metrics()->bytes_served.Increment(
-          static_cast<double>((*result)->size()));
-    }
-    waiter(std::move(result));
-  }
+  slot.out = std::move(out);
+  slot.raw = RawSample();
 }
 
 // ------------------------------------------------------------------ service

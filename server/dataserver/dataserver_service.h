@@ -2,19 +2,22 @@
 // token, range, decode spec) and hands out a SampleStream, a pull-based
 // producer of encoded SampleBatch messages that the gRPC adapter pumps.
 //
-// Pipeline of one stream (at most one batch being produced; at most
-// `prefetch_messages` encoded messages waiting, or when decoding, four
-// samples per pool thread; nothing is unbounded):
+// Pipeline of one stream. Samples pass through a window in shard order; each
+// is decoded on its own and framed as soon as every sample before it is, so
+// one slow image holds back only the framing, never the decoding of the
+// samples behind it (no per-step barrier):
 //
-//   Next() --> ready message? --yes--> deliver, top up the pipeline
-//                 | no
-//                 v
 //   produce on the pool: read samples from the tar (index seek, no copy)
-//     --> decode fields, one pool task per sample (raw mode: inline)
-//     --> frame into messages of <= max_batch_bytes --> ready --> deliver
+//     --> window: one pool task per sample to decode (raw mode and cheap
+//         fields: inline)
+//     --> in order, frame into messages of <= max_batch_bytes --> ready
+//   Next() --> ready message? --yes--> deliver, top up the window
+//                 | no: frame what is done now (the client is waiting)
 //
-// A client that goes away calls Cancel(): production stops after the batch
-// in hand and nothing more is read. Thread-safe.
+// Bounds (nothing is unbounded): raw, `prefetch_messages` messages ready;
+// decoding, four samples per pool thread in the window and ready together.
+// A client that goes away calls Cancel(): decodes in flight finish and are
+// dropped, and nothing more is read. Thread-safe.
 #ifndef SLUICE_SERVER_DATASERVER_DATASERVER_SERVICE_H_
 #define SLUICE_SERVER_DATASERVER_DATASERVER_SERVICE_H_
 
@@ -52,6 +55,9 @@ struct DataServerOptions {
   int64_t max_batch_bytes = 16 << 20;
   size_t prefetch_messages = 2;
   DataServerMetrics* metrics = nullptr;  // may be null
+  // Tests: called on the decoding thread before a sample's fields are
+  // decoded (with the sample's index in its shard).
+  std::function<void(int64_t index)> before_decode;
 };
 
 class DataServerService;
@@ -87,17 +93,35 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   ~SampleStream();
 
  private:
-  struct Batch;
+  struct Slot;
+  using NextResult = absl::StatusOr<std::optional<EncodedMessage>>;
   void MaybeProduceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Samples the window may still take.
+  size_t RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Samples per produce step when decoding: two per pool thread.
-  size_t DecodeStepSamples() const;
+  // Decoding: samples the window and ready messages hold at most.
+  size_t WindowSamples() const;
   void Produce();
   void OnShard(absl::StatusOr<std::shared_ptr<const ShardData>> shard);
   absl::Status OpenLocked();
-  void DecodeSample(const std::shared_ptr<Batch>& batch, size_t i);
-  void FinishBatch(const std::shared_ptr<Batch>& batch);
-  void Publish(absl::StatusOr<std::vector<EncodedMessage>> messages,
-               bool at_end);
+  void DecodeSample(Slot& slot);
+  // Appends `slots` (read in order) to the window; marks reading done.
+  void Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end);
+  // Marks a decoded slot done and frames what became framable.
+  void Done(const std::shared_ptr<Slot>& slot);
+  // Ends reading with `status`, after the samples already in the window.
+  void Fail(absl::Status status);
+  // Frames the window's done prefix; ends the stream when all is framed.
+  void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the encoder's pending samples into a ready message.
+  void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // If a Next() waits and can be answered, takes its callback and answer.
+  NextCallback TakeWaiterLocked(NextResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  NextResult PopReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a callback taken by TakeWaiterLocked (outside mu_), counting what
+  // it delivers.
+  void Deliver(NextCallback callback, NextResult result);
   // A corrupt sample under the stream's policy: a skipped sample, or the
   // DATA_LOSS error that ends the stream.
   absl::StatusOr<OutSample> Corrupt(int64_t index, const std::string& key,
@@ -115,11 +139,15 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   bool opened_ = false;
 
   absl::Mutex mu_;
+  // Samples read and not yet framed, in shard order.
+  std::deque<std::shared_ptr<Slot>> window_ ABSL_GUARDED_BY(mu_);
+  BatchEncoder encoder_ ABSL_GUARDED_BY(mu_);
   std::deque<EncodedMessage> ready_ ABSL_GUARDED_BY(mu_);
   int64_t ready_samples_ ABSL_GUARDED_BY(mu_) = 0;
   NextCallback waiter_ ABSL_GUARDED_BY(mu_);
   bool producing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_all_ ABSL_GUARDED_BY(mu_) = false;  // nothing more to read
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // everything is in ready_
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };

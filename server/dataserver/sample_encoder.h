@@ -78,6 +78,8 @@ class BatchEncoder {
   void Add(OutSample sample, std::vector<EncodedMessage>* finished);
   // Finishes the current message, if it holds any sample.
   void Flush(std::vector<EncodedMessage>* finished);
+  // Samples added since the last finished message.
+  size_t pending_samples() const { return pending_.size(); }
 
  private:
   void Encode(const OutSample& sample);

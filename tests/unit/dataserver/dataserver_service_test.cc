@@ -2,7 +2,9 @@
 
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <atomic>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -78,7 +80,8 @@ class DataServerServiceTest : public ::testing::Test {
     Make("");
   }
 
-  void Make(const std::string& secret) {
+  void Make(const std::string& secret,
+            std::function<void(int64_t)> before_decode = nullptr) {
     auto local = LocalShardStore::Create({dir_.path()});
     ASSERT_OK(local.status());
     auto store = std::make_unique<CountingStore>(*std::move(local));
@@ -88,6 +91,7 @@ class DataServerServiceTest : public ::testing::Test {
     options.lease_secret = secret;
     options.decode_threads = 2;
     options.metrics = &metrics_;
+    options.before_decode = std::move(before_decode);
     auto service = DataServerService::Create(std::move(options));
     ASSERT_OK(service.status());
     service_ = *std::move(service);
@@ -253,6 +257,49 @@ TEST_F(DataServerServiceTest, OlderFenceForTheSameUnitIsAborted) {
   older.mutable_lease()->set_token(SignLease(older.lease(), "s3cret"));
   EXPECT_THAT(Read(older).status(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("fence 3")));
+}
+
+TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
+  // Sample 0's decode is held; the second pool thread must go on decoding
+  // the samples behind it, up to the stream's window (four samples per pool
+  // thread), and no further while sample 0 is not framed.
+  absl::Mutex mu;
+  std::vector<int64_t> started;
+  absl::Notification release;
+  service_.reset();
+  Make("", [&](int64_t index) {
+    {
+      absl::MutexLock lock(&mu);
+      started.push_back(index);
+    }
+    if (index == 0) release.WaitForNotification();
+  });
+  auto r = Request(0, 20);
+  r.mutable_decode()->set_decode(true);
+  auto stream = service_->ReadSamples(r);
+  ASSERT_OK(stream.status());
+  absl::StatusOr<std::vector<v1::SampleBatch>> batches;
+  std::thread reader([&] { batches = ReadAll(**stream); });
+  auto deadline = absl::Now() + absl::Seconds(20);
+  auto count = [&] {
+    absl::MutexLock lock(&mu);
+    return started.size();
+  };
+  while (count() < 8 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  {
+    absl::MutexLock lock(&mu);
+    std::vector<int64_t> sorted = started;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_THAT(sorted, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  release.Notify();
+  reader.join();
+  ASSERT_OK(batches.status());
+  std::vector<v1::Sample> samples = Samples(*batches);
+  ASSERT_EQ(samples.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(samples[i].index(), i);
+  EXPECT_TRUE(samples[7].skipped());
+  EXPECT_EQ(samples[8].fields(0).tensor().shape(0), 48);
 }
 
 TEST_F(DataServerServiceTest, CancelStopsTheStream) {
