@@ -260,7 +260,7 @@ void CoordinatorService::SendEffects(Effects& fx, const absl::Status& durable) {
   int grants = 0;
   for (auto& [sink, msg] : fx.sends) {
     grants += msg.has_grant();
-    sink->Send(msg);
+    sink->Send(std::move(msg));
   }
   for (auto& [sink, msg] : fx.hints) sink->Send(msg);
   for (auto& [sink, status] : fx.finishes) sink->Finish(status);
@@ -770,14 +770,14 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
   welcome.mutable_welcome()->set_lease_ttl_ms(absl::ToInt64Milliseconds(TtlLocked(*job)));
   welcome.mutable_welcome()->set_session_id(absl::StrCat(s.id));
   welcome.mutable_welcome()->set_world_size(ws);
-  fx.sends.emplace_back(s.sink, welcome);
+  fx.sends.emplace_back(s.sink, std::move(welcome));
   // A reconnecting trainer keeps its leases: renew and re-announce them.
   leases_.RenewHolder(s.trainer_id, TtlLocked(*job));
   PumpLocked(s.job, fx);  // announces the epoch first
   for (const LeaseEntry* lease : leases_.HeldBy(s.trainer_id)) {
     CoordinatorMessage grant;
     *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*lease, *job);
-    fx.sends.emplace_back(s.sink, grant);
+    fx.sends.emplace_back(s.sink, std::move(grant));
   }
 }
 
@@ -805,7 +805,7 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& f
     CoordinatorMessage revoke;
     revoke.mutable_revoke()->set_lease_id(id);
     revoke.mutable_revoke()->set_why(why);
-    fx.sends.emplace_back(holder->second.sink, revoke);
+    fx.sends.emplace_back(holder->second.sink, std::move(revoke));
   }
   JournalRecord record;
   *record.mutable_job_resumed() = resume;
@@ -851,7 +851,7 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
       // before the next is read: everything before this Sync already is.
       CoordinatorMessage synced;
       synced.mutable_synced()->set_id(m.sync().id());
-      fx.sends.emplace_back(s.sink, synced);
+      fx.sends.emplace_back(s.sink, std::move(synced));
       return absl::OkStatus();
     }
     case v1::TrainerMessage::kProgress:
@@ -1018,7 +1018,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
   leases_.Add(std::move(entry), TtlLocked(job)).IgnoreError();
   CoordinatorMessage grant;
   *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*leases_.Find(lease_id), job);
-  fx.sends.emplace_back(s.sink, grant);
+  fx.sends.emplace_back(s.sink, std::move(grant));
   if (options_.metrics) options_.metrics->ForJob(job.spec.name()).granted->Increment();
   HintUpcomingLocked(job, queue, fx);
   return true;
@@ -1069,13 +1069,13 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx, Sessio
       if (s.announced_epoch >= 0) {
         CoordinatorMessage end;
         end.mutable_epoch_end()->set_epoch(job->epoch - 1);
-        fx.sends.emplace_back(s.sink, end);
+        fx.sends.emplace_back(s.sink, std::move(end));
       }
       s.announced_epoch = job->epoch;
       if (job->done) {
         CoordinatorMessage done;
         done.mutable_job_done();
-        fx.sends.emplace_back(s.sink, done);
+        fx.sends.emplace_back(s.sink, std::move(done));
         FinishSessionLocked(s, absl::OkStatus(), fx);
         continue;
       }

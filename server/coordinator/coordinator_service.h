@@ -45,7 +45,7 @@ namespace sluice {
 class SessionSink {
  public:
   virtual ~SessionSink() = default;
-  virtual void Send(const v1::CoordinatorMessage& message) = 0;
+  virtual void Send(v1::CoordinatorMessage message) = 0;
   // Ends the stream with `status` after the queued messages.
   virtual void Finish(const absl::Status& status) = 0;
 };

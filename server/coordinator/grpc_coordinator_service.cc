@@ -23,10 +23,10 @@ template <typename Reactor, typename Message>
 class QueuedWriter {
  public:
   explicit QueuedWriter(Reactor* reactor) : reactor_(reactor) {}
-  void Send(const Message& m) {
+  void Send(Message m) {
     absl::MutexLock lock(&mu_);
     if (reactor_ == nullptr || finish_requested_) return;
-    queue_.push_back(m);
+    queue_.push_back(std::move(m));
     MaybeWriteLocked();
   }
   void Finish(const grpc::Status& status) {
@@ -77,7 +77,7 @@ class SessionReactor : public grpc::ServerBidiReactor<TrainerMessage, Coordinato
   class Sink : public SessionSink {
    public:
     explicit Sink(SessionReactor* reactor) : writer_(reactor) {}
-    void Send(const CoordinatorMessage& m) override { writer_.Send(m); }
+    void Send(CoordinatorMessage m) override { writer_.Send(std::move(m)); }
     void Finish(const absl::Status& status) override { writer_.Finish(ToGrpcStatus(status)); }
     void OnWriteDone(bool ok) { writer_.OnWriteDone(ok); }
     void Detach() { writer_.Detach(); }

@@ -25,7 +25,7 @@ using ::testing::HasSubstr;
 // Records what the service sends to one session.
 class RecordingSink : public SessionSink {
  public:
-  void Send(const v1::CoordinatorMessage& m) override { inbox.push_back(m); }
+  void Send(v1::CoordinatorMessage m) override { inbox.push_back(std::move(m)); }
   void Finish(const absl::Status& s) override { finished = s; }
   // Pops every Grant received so far.
   std::vector<v1::Lease> TakeGrants() {
