@@ -302,6 +302,46 @@ TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
   EXPECT_EQ(samples[8].fields(0).tensor().shape(0), 48);
 }
 
+TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) {
+  // A client goes away while samples are being decoded: the stream answers
+  // CANCELLED at once, the decodes still running finish into nothing, and
+  // the stream is freed once they have (no task keeps it alive).
+  absl::Notification holding, release;
+  std::atomic<int> decodes{0};
+  service_.reset();
+  Make("", [&](int64_t index) {
+    ++decodes;
+    if (index == 0) {
+      holding.Notify();
+      release.WaitForNotification();
+    }
+  });
+  auto r = Request(0, 20);
+  r.mutable_decode()->set_decode(true);
+  auto stream = service_->ReadSamples(r);
+  ASSERT_OK(stream.status());
+  absl::Notification first;
+  absl::Status first_status;
+  (*stream)->Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
+    first_status = v.status();
+    first.Notify();
+  });
+  ASSERT_TRUE(holding.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(service_->active_streams(), 1);
+  (*stream)->Cancel();
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_THAT(first_status, StatusIs(absl::StatusCode::kCancelled));
+  std::weak_ptr<SampleStream> weak = *stream;
+  stream->reset();
+  release.Notify();
+  auto deadline = absl::Now() + absl::Seconds(20);
+  while (!weak.expired() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_TRUE(weak.expired());
+  EXPECT_EQ(service_->active_streams(), 0);
+  // Nothing beyond the window was read or decoded after the cancel.
+  EXPECT_LE(decodes.load(), 8);
+}
+
 TEST_F(DataServerServiceTest, CancelStopsTheStream) {
   auto r = Request(0, 20);
   r.set_max_batch_bytes(1);  // one sample per message
