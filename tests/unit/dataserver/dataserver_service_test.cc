@@ -64,6 +64,23 @@ std::vector<v1::Sample> Samples(const std::vector<v1::SampleBatch>& batches) {
   return out;
 }
 
+// Hands out the given shards in turn (the same path, so the same index
+// cache entry when their sizes match): a shard that changed under its index.
+class SequenceStore : public ShardStore {
+ public:
+  explicit SequenceStore(std::vector<std::shared_ptr<const ShardData>> shards)
+      : shards_(std::move(shards)) {}
+  using ShardStore::Open;
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(const ShardRef&) override {
+    size_t i = std::min(next_++, shards_.size() - 1);
+    return shards_[i];
+  }
+
+ private:
+  std::vector<std::shared_ptr<const ShardData>> shards_;
+  size_t next_ = 0;
+};
+
 class DataServerServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -340,6 +357,60 @@ TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) 
   EXPECT_EQ(service_->active_streams(), 0);
   // Nothing beyond the window was read or decoded after the cancel.
   EXPECT_LE(decodes.load(), 8);
+}
+
+TEST_F(DataServerServiceTest, SamplesBeforeAReadErrorAreDeliveredThenTheError) {
+  // The second open of the shard finds sample 13 renamed (same size, so the
+  // index built on the first open is reused): reading stops there with
+  // DATA_LOSS, after samples 0..12 of the same read step were delivered.
+  auto tar = [](const std::string& thirteen) {
+    testing::TarWriter w;
+    for (int i = 0; i < 20; ++i) {
+      w.File((i == 13 ? thirteen : absl::StrCat("s/", 10 + i)) + ".cls", std::to_string(i));
+    }
+    return w.Finish();
+  };
+  DataServerOptions options;
+  options.store = std::make_unique<SequenceStore>(std::vector<std::shared_ptr<const ShardData>>{
+      ShardData::FromString(tar("s/23"), "/data/x.tar"),
+      ShardData::FromString(tar("s/zz"), "/data/x.tar")});
+  options.decode_threads = 2;
+  auto service = DataServerService::Create(std::move(options));
+  ASSERT_OK(service.status());
+  auto r = Request(0, 20);
+  r.mutable_lease()->mutable_unit()->set_shard_url("/data/x.tar");
+  auto first = (*service)->ReadSamples(r);
+  ASSERT_OK(first.status());
+  auto all = ReadAll(**first);
+  ASSERT_OK(all.status());
+  ASSERT_EQ(Samples(*all).size(), 20u);
+
+  auto second = (*service)->ReadSamples(r);
+  ASSERT_OK(second.status());
+  std::vector<int64_t> indices;
+  absl::Status end;
+  while (end.ok()) {
+    absl::Notification done;
+    absl::StatusOr<std::optional<EncodedMessage>> next;
+    (*second)->Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
+      next = std::move(v);
+      done.Notify();
+    });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    if (!next.ok()) {
+      end = next.status();
+      break;
+    }
+    ASSERT_TRUE(next->has_value()) << "the stream ended without the error";
+    v1::SampleBatch batch;
+    ASSERT_TRUE(batch.ParseFromString((*next)->Flatten()));
+    for (const auto& sample : batch.samples()) indices.push_back(sample.index());
+  }
+  EXPECT_THAT(end, StatusIs(absl::StatusCode::kDataLoss,
+                            HasSubstr("expected sample 13 \"s/23\"")));
+  std::vector<int64_t> expected;
+  for (int i = 0; i < 13; ++i) expected.push_back(i);
+  EXPECT_EQ(indices, expected);
 }
 
 TEST_F(DataServerServiceTest, CancelStopsTheStream) {
