@@ -308,22 +308,28 @@ void SampleStream::Produce() {
     slots.push_back(std::move(slot));
   }
   // Into the window first, so that a finished decode finds its slot there.
-  Append(std::move(slots), failed || next_ >= params_.end);
+  if (!Append(std::move(slots), failed || next_ >= params_.end)) return;
   for (auto& s : to_decode) {
     service_->pool().Schedule([self = shared_from_this(), s] {
-      self->DecodeSample(*s);
+      // A decode still queued when the client went away is not run.
+      if (!self->IsCancelled()) self->DecodeSample(*s);
       self->Done(s);
     });
   }
 }
 
-void SampleStream::Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end) {
+bool SampleStream::IsCancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool SampleStream::Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end) {
   NextCallback waiter;
   NextResult result;
   {
     absl::MutexLock lock(&mu_);
     producing_ = false;
-    if (cancelled_) return;
+    if (cancelled_) return false;
     for (auto& s : slots) window_.push_back(std::move(s));
     if (at_end) read_all_ = true;
     DrainLocked();
@@ -333,6 +339,7 @@ void SampleStream::Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end)
     MaybeProduceLocked();
   }
   Deliver(std::move(waiter), std::move(result));
+  return true;
 }
 
 void SampleStream::Done(const std::shared_ptr<Slot>& slot) {
@@ -355,7 +362,7 @@ void SampleStream::Fail(absl::Status status) {
   slot->done = true;
   std::vector<std::shared_ptr<Slot>> slots;
   slots.push_back(std::move(slot));
-  Append(std::move(slots), true);
+  (void)Append(std::move(slots), true);
 }
 
 void SampleStream::DrainLocked() {

@@ -106,7 +106,9 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   absl::Status OpenLocked();
   void DecodeSample(Slot& slot);
   // Appends `slots` (read in order) to the window; marks reading done.
-  void Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end);
+  // False (and nothing appended) once the stream is cancelled.
+  bool Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end);
+  bool IsCancelled();
   // Marks a decoded slot done and frames what became framable.
   void Done(const std::shared_ptr<Slot>& slot);
   // Ends reading with `status`, after the samples already in the window.

@@ -320,16 +320,22 @@ TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
 }
 
 TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) {
-  // A client goes away while samples are being decoded: the stream answers
-  // CANCELLED at once, the decodes still running finish into nothing, and
-  // the stream is freed once they have (no task keeps it alive).
-  absl::Notification holding, release;
+  // A client goes away while both pool threads are decoding (samples 0 and
+  // 1 held) and six more decodes wait in the pool's queue: the stream
+  // answers CANCELLED at once, the two running decodes finish into nothing,
+  // the queued ones are not run, and the stream is freed.
+  absl::Notification release;
+  absl::Mutex mu;
+  int held = 0;
   std::atomic<int> decodes{0};
   service_.reset();
   Make("", [&](int64_t index) {
     ++decodes;
-    if (index == 0) {
-      holding.Notify();
+    if (index < 2) {
+      {
+        absl::MutexLock lock(&mu);
+        ++held;
+      }
       release.WaitForNotification();
     }
   });
@@ -343,7 +349,14 @@ TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) 
     first_status = v.status();
     first.Notify();
   });
-  ASSERT_TRUE(holding.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  {
+    absl::MutexLock lock(&mu);
+    auto both_held = [&] {
+      mu.AssertHeld();
+      return held == 2;
+    };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&both_held), absl::Seconds(20)));
+  }
   EXPECT_EQ(service_->active_streams(), 1);
   (*stream)->Cancel();
   ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(20)));
@@ -355,8 +368,7 @@ TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) 
   while (!weak.expired() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_TRUE(weak.expired());
   EXPECT_EQ(service_->active_streams(), 0);
-  // Nothing beyond the window was read or decoded after the cancel.
-  EXPECT_LE(decodes.load(), 8);
+  EXPECT_EQ(decodes.load(), 2);
 }
 
 TEST_F(DataServerServiceTest, SamplesBeforeAReadErrorAreDeliveredThenTheError) {
