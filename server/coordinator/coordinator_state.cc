@@ -123,9 +123,14 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
       AddJob(std::move(job), record.time_unix_ms());
       return absl::OkStatus();
     }
-    case R::kJobDeleted:
-      jobs_.erase(record.job_deleted().job());
+    case R::kJobDeleted: {
+      auto it = jobs_.find(record.job_deleted().job());
+      if (it != jobs_.end()) {
+        next_fence_floor_ = std::max(next_fence_floor_, it->second.next_fence);
+        jobs_.erase(it);
+      }
       return absl::OkStatus();
+    }
     case R::kEpochAdvanced: {
       auto it = jobs_.find(record.epoch_advanced().job());
       if (it == jobs_.end()) {
@@ -145,6 +150,7 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
       DurableLease lease = LeaseFromRecord(g);
       it->second.leases[lease.lease_id] = lease;
       it->second.next_fence = std::max(it->second.next_fence, g.fence() + 1);
+      next_fence_floor_ = std::max(next_fence_floor_, g.fence() + 1);
       return absl::OkStatus();
     }
     case R::kUnitAcked: {
@@ -370,6 +376,7 @@ void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job, E
 v1::internal::JournalRecord CoordinatorState::Snapshot() const {
   v1::internal::JournalRecord record;
   v1::internal::Snapshot* snap = record.mutable_snapshot();
+  snap->set_next_fence_floor(next_fence_floor_);
   for (const auto& [name, job] : jobs_) {
     v1::internal::JobSnapshot* j = snap->add_jobs();
     *j->mutable_spec() = job.spec;
@@ -405,7 +412,9 @@ v1::internal::JournalRecord CoordinatorState::Snapshot() const {
 absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap) {
   jobs_.clear();
   once_finished_.clear();
+  next_fence_floor_ = std::max<uint64_t>(1, snap.next_fence_floor());
   for (const v1::internal::JobSnapshot& j : snap.jobs()) {
+    next_fence_floor_ = std::max(next_fence_floor_, j.next_fence());
     JobData job;
     job.spec = j.spec();
     for (const v1::Shard& s : job.spec.manifest().shards()) job.shard_samples.push_back(s.num_samples());
@@ -447,6 +456,7 @@ void CoordinatorState::AddJob(JobData job, int64_t create_time_unix_ms) {
   for (const v1::Shard& s : job.spec.manifest().shards()) job.shard_samples.push_back(s.num_samples());
   job.options = PlanOptionsFromSpec(job.spec);
   job.create_time_unix_ms = create_time_unix_ms;
+  job.next_fence = next_fence_floor_;
   StartEpoch(job, 0);
   std::string name = job.spec.name();
   jobs_[std::move(name)] = std::move(job);

@@ -138,6 +138,11 @@ class CoordinatorState {
   absl::Status ApplySnapshot(const v1::internal::Snapshot& snapshot);
   std::map<std::string, JobData> jobs_;
   std::map<std::string, v1::internal::OnceFinished> once_finished_;  // "scope/name"
+  // Fences are unique across the coordinator, not only within a job: a job
+  // created starts above every fence granted before, so a job deleted and
+  // created again under its name (a rerun) never presents a data server a
+  // fence older than one it has seen for the same unit.
+  uint64_t next_fence_floor_ = 1;
 };
 
 // Fills defaults into a validated spec's copy and converts options.

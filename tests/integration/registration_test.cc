@@ -109,6 +109,82 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   EXPECT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 0"));
 }
 
+// A training job run again under the same name (deleted, created again):
+// data servers refuse a fence older than one they have seen for the same
+// unit, so the rerun's fences must lie above every fence of the old run,
+// or its leases are refused as stale until the data servers restart.
+TEST(RegistrationTest, AJobCreatedAgainUnderItsNameIsServed) {
+  TempDir dir;
+  mkdir(dir.File("shards").c_str(), 0755);
+  testing::TarWriter tar;
+  for (int i = 0; i < 8; ++i) tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
+  const std::string shard = dir.File("shards/a.tar");
+  testing::WriteFile(shard, tar.Finish());
+  testing::WriteFile(dir.File("secret"), "a shared secret\n");
+  const std::string secret_flag = "--lease_secret_file=" + dir.File("secret");
+  auto coordinator = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {"--journal_dir=" + dir.File("journal"), secret_flag, "--heartbeat_interval=200ms"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto dataserver = ServerProcess::Start(
+      "sluice-dataserver", dir.path(),
+      {"--roots=" + dir.File("shards"), secret_flag, "--coordinator=" + coordinator->grpc_address});
+  ASSERT_TRUE(dataserver.ok()) << dataserver.status();
+  ASSERT_TRUE(WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+
+  v1::JobSpec spec;
+  spec.set_name("rerun");
+  auto* s = spec.mutable_manifest()->add_shards();
+  s->set_url(shard);
+  s->set_num_samples(8);
+  spec.set_world_size(1);
+  spec.set_num_epochs(1);
+  spec.set_lease_ttl_ms(500);
+  auto data = v1::DataServer::NewStub(
+      grpc::CreateChannel(dataserver->grpc_address, grpc::InsecureChannelCredentials()));
+  auto read = [&](const v1::Lease& l) {
+    grpc::ClientContext ctx;
+    v1::ReadRequest request;
+    *request.mutable_lease() = l;
+    auto reader = data->ReadSamples(&ctx, request);
+    v1::SampleBatch batch;
+    while (reader->Read(&batch)) {
+    }
+    return reader->Finish();
+  };
+
+  ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
+  auto first = testing::FirstGrant(coordinator->grpc_address, "rerun", "t0");
+  ASSERT_TRUE(first.ok()) << first.status();
+  grpc::Status status = read(*first);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  // t0's session is gone: once its lease expires the unit is granted again,
+  // with a newer fence, which the data server then remembers.
+  auto again = testing::FirstGrant(coordinator->grpc_address, "rerun", "t1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->unit().sequence(), first->unit().sequence());
+  ASSERT_GT(again->fence(), first->fence());
+  status = read(*again);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+
+  {
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext del;
+    v1::DeleteJobRequest request;
+    request.set_name("rerun");
+    v1::DeleteJobResponse response;
+    ASSERT_TRUE(stub->DeleteJob(&del, request, &response).ok());
+  }
+  ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
+  auto rerun = testing::FirstGrant(coordinator->grpc_address, "rerun", "t2");
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(rerun->unit().sequence(), first->unit().sequence());
+  EXPECT_GT(rerun->fence(), again->fence());
+  status = read(*rerun);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 }  // namespace
 }  // namespace sluice
 
