@@ -65,7 +65,7 @@ size_t SampleStream::WindowSamples() const {
 SampleStream::NextResult SampleStream::PopReadyLocked() {
   NextResult result = std::optional<EncodedMessage>(std::move(ready_.front()));
   ready_.pop_front();
-  ready_samples_ -= (*result)->num_samples();
+  ready_bytes_ -= (*result)->size();
   return result;
 }
 
@@ -73,7 +73,7 @@ void SampleStream::FlushLocked() {
   std::vector<EncodedMessage> messages;
   encoder_.Flush(&messages);
   for (EncodedMessage& m : messages) {
-    ready_samples_ += m.num_samples();
+    ready_bytes_ += m.size();
     ready_.push_back(std::move(m));
   }
 }
@@ -141,7 +141,7 @@ void SampleStream::Cancel() {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     ready_.clear();
-    ready_samples_ = 0;
+    ready_bytes_ = 0;
     waiter = std::move(waiter_);
     waiter_ = nullptr;
   }
@@ -152,8 +152,12 @@ size_t SampleStream::RoomLocked() const {
   if (!params_.decode) {
     return ready_.size() >= service_->options().prefetch_messages ? 0 : kMaxSamplesPerStep;
   }
-  size_t held = window_.size() + encoder_.pending_samples() + static_cast<size_t>(ready_samples_);
-  return held >= WindowSamples() ? 0 : WindowSamples() - held;
+  // Framed and waiting: about as much as raw mode keeps ready.
+  const size_t framed = ready_bytes_ + encoder_.pending_bytes();
+  if (framed >= service_->options().prefetch_messages * static_cast<size_t>(params_.batch_bytes)) {
+    return 0;
+  }
+  return window_.size() >= WindowSamples() ? 0 : WindowSamples() - window_.size();
 }
 
 void SampleStream::MaybeProduceLocked() {
@@ -248,9 +252,11 @@ void SampleStream::Produce() {
   std::vector<std::shared_ptr<Slot>> slots;
   std::vector<std::shared_ptr<Slot>> to_decode;
   bool failed = false;
-  // Raw: about one message's worth per step. Decoding: what the window has
-  // room for.
-  while (next_ < params_.end && slots.size() < std::max<size_t>(room, 1)) {
+  // About one message's worth of shard bytes per step; decoding, also no
+  // more samples for the pool than the window has room for.
+  const size_t max_heavy = std::max<size_t>(room, 1);
+  size_t heavy_count = 0;
+  while (next_ < params_.end && slots.size() < kMaxSamplesPerStep && heavy_count < max_heavy) {
     auto slot = std::make_shared<Slot>();
     if (next_ >= count) {
       // Past the damage that ended the shard's index: these samples are lost.
@@ -262,7 +268,7 @@ void SampleStream::Produce() {
       continue;
     }
     int64_t size = index_->samples[next_].bytes;
-    if (!params_.decode && !slots.empty() && size > budget) break;
+    if (!slots.empty() && size > budget) break;
     budget -= size;
     auto sample = reader_->Next();
     if (!sample.ok()) {
@@ -301,6 +307,7 @@ void SampleStream::Produce() {
     }
     if (heavy) {
       to_decode.push_back(slot);
+      ++heavy_count;
     } else {
       DecodeSample(*slot);
       slot->done = true;
@@ -380,7 +387,7 @@ void SampleStream::DrainLocked() {
     encoder_.Add(*std::move(slot->out), &messages);
   }
   for (EncodedMessage& m : messages) {
-    ready_samples_ += m.num_samples();
+    ready_bytes_ += m.size();
     ready_.push_back(std::move(m));
   }
   if (window_.empty() && read_all_ && error_.ok()) {

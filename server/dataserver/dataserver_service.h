@@ -15,7 +15,8 @@
 //                 | no: frame what is done now (the client is waiting)
 //
 // Bounds (nothing is unbounded): raw, `prefetch_messages` messages ready;
-// decoding, four samples per pool thread in the window and ready together.
+// decoding, four samples per pool thread in the window, and about
+// `prefetch_messages` messages' bytes framed and waiting.
 // A client that goes away calls Cancel(): decodes in flight finish and are
 // dropped, and nothing more is read. Thread-safe.
 #ifndef SLUICE_SERVER_DATASERVER_DATASERVER_SERVICE_H_
@@ -96,10 +97,11 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   struct Slot;
   using NextResult = absl::StatusOr<std::optional<EncodedMessage>>;
   void MaybeProduceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Samples the window may still take.
+  // How much the next produce step may read: raw, samples; decoding,
+  // samples for the pool (samples decoded inline do not count). 0 = none.
   size_t RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Samples per produce step when decoding: two per pool thread.
-  // Decoding: samples the window and ready messages hold at most.
+  // Decoding: samples the window holds at most (read, not yet framed).
   size_t WindowSamples() const;
   void Produce();
   void OnShard(absl::StatusOr<std::shared_ptr<const ShardData>> shard);
@@ -145,7 +147,7 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   std::deque<std::shared_ptr<Slot>> window_ ABSL_GUARDED_BY(mu_);
   BatchEncoder encoder_ ABSL_GUARDED_BY(mu_);
   std::deque<EncodedMessage> ready_ ABSL_GUARDED_BY(mu_);
-  int64_t ready_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   NextCallback waiter_ ABSL_GUARDED_BY(mu_);
   bool producing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_all_ ABSL_GUARDED_BY(mu_) = false;  // nothing more to read

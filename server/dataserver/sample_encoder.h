@@ -80,6 +80,7 @@ class BatchEncoder {
   void Flush(std::vector<EncodedMessage>* finished);
   // Samples added since the last finished message.
   size_t pending_samples() const { return pending_.size(); }
+  size_t pending_bytes() const { return pending_bytes_; }
 
  private:
   void Encode(const OutSample& sample);

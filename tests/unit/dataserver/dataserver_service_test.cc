@@ -319,6 +319,27 @@ TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
   EXPECT_EQ(samples[8].fields(0).tensor().shape(0), 48);
 }
 
+TEST_F(DataServerServiceTest, SamplesDecodedInlineDoNotCountAgainstTheWindow) {
+  // 200 tiny samples whose only field (cls) is decoded on the producing
+  // thread: the window (eight samples for the pool here) does not limit
+  // them, so they leave in one message, as raw samples would.
+  testing::TarWriter tar;
+  for (int i = 0; i < 200; ++i) tar.File(absl::StrCat("t/", i, ".cls"), std::to_string(i));
+  testing::WriteFile(dir_.File("tiny.tar"), tar.Finish());
+  auto r = Request(0, 200);
+  r.mutable_lease()->mutable_unit()->set_shard_url(dir_.File("tiny.tar"));
+  r.mutable_decode()->set_decode(true);
+  auto stream = service_->ReadSamples(r);
+  ASSERT_OK(stream.status());
+  auto batches = ReadAll(**stream);
+  ASSERT_OK(batches.status());
+  ASSERT_EQ(batches->size(), 1u);
+  ASSERT_EQ((*batches)[0].samples_size(), 200);
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ((*batches)[0].samples(i).fields(0).int_value(), i);
+  }
+}
+
 TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) {
   // A client goes away while both pool threads are decoding (samples 0 and
   // 1 held) and six more decodes wait in the pool's queue: the stream
