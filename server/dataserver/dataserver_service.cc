@@ -477,12 +477,25 @@ std::shared_ptr<const ShardIndex> DataServerService::GetIndex(
 }
 
 absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
-  std::string unit = absl::StrCat(lease.job(), "/", lease.epoch(), "/",
-                                  lease.unit().sequence(), "/",
-                                  lease.unit().shard_index());
+  std::string unit = absl::StrCat(lease.unit().sequence(), "/", lease.unit().shard_index());
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = fences_.try_emplace(unit, lease.fence());
-  if (!inserted) {
+  auto [job, new_job] = fences_.try_emplace(lease.job());
+  JobFences& f = job->second;
+  if (!new_job && lease.epoch() != f.epoch) {
+    if (lease.fence() <= f.max_fence) {
+      return absl::AbortedError(absl::StrCat(
+          "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\") is for epoch ",
+          lease.epoch(), " with fence ", lease.fence(), ", but leases of epoch ", f.epoch,
+          " up to fence ", f.max_fence, " were already presented: the job has moved on"));
+    }
+    fence_units_ -= f.units.size();
+    f.units.clear();
+  }
+  if (new_job || lease.epoch() != f.epoch) f.epoch = lease.epoch();
+  auto [it, inserted] = f.units.try_emplace(unit, lease.fence());
+  if (inserted) {
+    ++fence_units_;
+  } else {
     if (lease.fence() < it->second) {
       return absl::AbortedError(absl::StrCat(
           "lease \"", lease.lease_id(), "\" (job \"", lease.job(),
@@ -491,8 +504,19 @@ absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
     }
     it->second = lease.fence();
   }
-  if (fences_.size() > kMaxFences) fences_.clear();
+  f.max_fence = std::max(f.max_fence, lease.fence());
+  if (fence_units_ > kMaxFences) {
+    // Last resort (a million units in one epoch): forget the units, keep
+    // each job's epoch and newest fence.
+    for (auto& [name, jf] : fences_) jf.units.clear();
+    fence_units_ = 0;
+  }
   return absl::OkStatus();
+}
+
+size_t DataServerService::fence_units() const {
+  absl::MutexLock lock(&mu_);
+  return fence_units_;
 }
 
 absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(

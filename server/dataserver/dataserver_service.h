@@ -180,6 +180,8 @@ class DataServerService {
   // New streams are refused (UNAVAILABLE) from now on.
   void Drain();
   int active_streams() const;
+  // Units whose newest fence is remembered (tests: the memory bound).
+  size_t fence_units() const;
 
   ThreadPool& pool() { return pool_; }
   DataServerMetrics* metrics() { return options_.metrics; }
@@ -199,8 +201,20 @@ class DataServerService {
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
-  // Newest fence seen per (job, epoch, unit sequence); bounded by clearing.
-  absl::flat_hash_map<std::string, uint64_t> fences_ ABSL_GUARDED_BY(mu_);
+  // Fences seen, per job. The coordinator's fences only grow (across jobs
+  // too), and a job's epoch e+1 is granted only after every unit of epoch e
+  // completed, so only the newest epoch's units need remembering: a lease
+  // of another epoch is stale unless its fence is above every fence seen
+  // for the job (then the job moved: a later epoch, an epoch rolled back by
+  // a resume, or the job created again under its name).
+  struct JobFences {
+    int64_t epoch = 0;
+    uint64_t max_fence = 0;
+    // Newest fence per unit ("sequence/shard_index") of `epoch`.
+    absl::flat_hash_map<std::string, uint64_t> units;
+  };
+  absl::flat_hash_map<std::string, JobFences> fences_ ABSL_GUARDED_BY(mu_);
+  size_t fence_units_ ABSL_GUARDED_BY(mu_) = 0;  // over all jobs
 };
 
 }  // namespace sluice::dataserver

@@ -276,6 +276,39 @@ TEST_F(DataServerServiceTest, OlderFenceForTheSameUnitIsAborted) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("fence 3")));
 }
 
+// Leases as the coordinator grants them: fences grow across units, epochs
+// and jobs; a lease of epoch e+1 exists only once epoch e is complete.
+TEST_F(DataServerServiceTest, ALeaseOfAnEpochTheJobHasLeftIsAborted) {
+  Make("s3cret");
+  auto lease = [&](int64_t epoch, int64_t sequence, uint64_t fence) {
+    auto r = Request(0, 2);
+    r.mutable_lease()->set_lease_id(absl::StrCat("j/e", epoch, "/f", fence));
+    r.mutable_lease()->set_epoch(epoch);
+    r.mutable_lease()->mutable_unit()->set_sequence(sequence);
+    r.mutable_lease()->set_fence(fence);
+    r.mutable_lease()->set_token(SignLease(r.lease(), "s3cret"));
+    return r;
+  };
+  for (int unit = 0; unit < 5; ++unit) ASSERT_OK(Read(lease(0, unit, 1 + unit)).status());
+  EXPECT_EQ(service_->fence_units(), 5u);
+  // Epoch 1 begins: epoch 0's units are forgotten...
+  ASSERT_OK(Read(lease(1, 0, 6)).status());
+  EXPECT_EQ(service_->fence_units(), 1u);
+  // ...and a holder of an epoch-0 lease, even for a unit never read here,
+  // is refused: that epoch is over.
+  EXPECT_THAT(Read(lease(0, 7, 4)).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("epoch 1 up to fence 6")));
+  // Leases of the current epoch are still checked per unit.
+  ASSERT_OK(Read(lease(1, 1, 8)).status());
+  ASSERT_OK(Read(lease(1, 2, 7)).status());
+  EXPECT_THAT(Read(lease(1, 0, 5)).status(), StatusIs(absl::StatusCode::kAborted));
+  // The job deleted and created again (fences above all seen, epoch 0
+  // again) or rolled back by a resume: served, and tracked from there.
+  ASSERT_OK(Read(lease(0, 0, 9)).status());
+  EXPECT_EQ(service_->fence_units(), 1u);
+  EXPECT_THAT(Read(lease(1, 1, 8)).status(), StatusIs(absl::StatusCode::kAborted));
+}
+
 TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
   // Sample 0's decode is held; the second pool thread must go on decoding
   // the samples behind it, up to the stream's window (four samples per pool
