@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <optional>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
@@ -26,34 +28,75 @@ using ::sluice::testing::WaitForMetric;
 using ::sluice::testing::TempDir;
 using ::testing::HasSubstr;
 
-TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
-  TempDir dir;
+// An 8-sample shard under dir/shards and a lease secret in dir/secret; a
+// coordinator (journal in dir/journal) and a data server registered with it,
+// both with the secret.
+struct SecretCluster {
+  std::string shard;
+  std::string secret_flag;
+  std::string journal_flag;
+  std::optional<ServerProcess> coordinator;
+  std::optional<ServerProcess> dataserver;
+};
+
+void StartSecretCluster(const TempDir& dir, SecretCluster* c) {
   mkdir(dir.File("shards").c_str(), 0755);
   testing::TarWriter tar;
   for (int i = 0; i < 8; ++i) tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
-  const std::string shard = dir.File("shards/a.tar");
-  testing::WriteFile(shard, tar.Finish());
+  c->shard = dir.File("shards/a.tar");
+  testing::WriteFile(c->shard, tar.Finish());
   testing::WriteFile(dir.File("secret"), "a shared secret\n");
-  const std::string secret_flag = "--lease_secret_file=" + dir.File("secret");
-  const std::string journal = "--journal_dir=" + dir.File("journal");
-
-  auto coordinator = ServerProcess::Start("sluice-coordinator", dir.path(),
-                                          {journal, secret_flag, "--heartbeat_interval=200ms"});
+  c->secret_flag = "--lease_secret_file=" + dir.File("secret");
+  c->journal_flag = "--journal_dir=" + dir.File("journal");
+  auto coordinator = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {c->journal_flag, c->secret_flag, "--heartbeat_interval=200ms"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  c->coordinator.emplace(*std::move(coordinator));
   auto dataserver = ServerProcess::Start(
       "sluice-dataserver", dir.path(),
-      {"--roots=" + dir.File("shards"), secret_flag, "--coordinator=" + coordinator->grpc_address});
+      {"--roots=" + dir.File("shards"), c->secret_flag,
+       "--coordinator=" + c->coordinator->grpc_address});
   ASSERT_TRUE(dataserver.ok()) << dataserver.status();
-  ASSERT_TRUE(WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+  c->dataserver.emplace(*std::move(dataserver));
+  ASSERT_TRUE(
+      WaitForMetric(c->coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+}
 
+// One epoch of the cluster's shard for one rank.
+v1::JobSpec ShardJob(const std::string& name, const SecretCluster& c) {
   v1::JobSpec spec;
-  spec.set_name("reg");
+  spec.set_name(name);
   auto* s = spec.mutable_manifest()->add_shards();
-  s->set_url(shard);
+  s->set_url(c.shard);
   s->set_num_samples(8);
   spec.set_world_size(1);
   spec.set_num_epochs(1);
-  ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
+  return spec;
+}
+
+// ReadSamples of `lease` to the end; counts the samples.
+grpc::Status ReadLease(v1::DataServer::Stub& data, const v1::Lease& lease, int* samples) {
+  grpc::ClientContext ctx;
+  v1::ReadRequest request;
+  *request.mutable_lease() = lease;
+  auto reader = data.ReadSamples(&ctx, request);
+  v1::SampleBatch batch;
+  *samples = 0;
+  while (reader->Read(&batch)) *samples += batch.samples_size();
+  return reader->Finish();
+}
+
+TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
+  TempDir dir;
+  SecretCluster c;
+  ASSERT_NO_FATAL_FAILURE(StartSecretCluster(dir, &c));
+  auto& coordinator = c.coordinator;
+  auto& dataserver = c.dataserver;
+  const std::string& secret_flag = c.secret_flag;
+  const std::string& journal = c.journal_flag;
+
+  ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, ShardJob("reg", c)).ok());
   auto granted = testing::FirstGrant(coordinator->grpc_address, "reg", "t0");
   ASSERT_TRUE(granted.ok()) << granted.status();
   const v1::Lease lease = *granted;
@@ -63,16 +106,7 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   // The data server accepts the coordinator's token, and refuses a forgery.
   auto data = v1::DataServer::NewStub(
       grpc::CreateChannel(lease.data_server(), grpc::InsecureChannelCredentials()));
-  auto read = [&](const v1::Lease& l, int* samples) {
-    grpc::ClientContext ctx;
-    v1::ReadRequest request;
-    *request.mutable_lease() = l;
-    auto reader = data->ReadSamples(&ctx, request);
-    v1::SampleBatch batch;
-    *samples = 0;
-    while (reader->Read(&batch)) *samples += batch.samples_size();
-    return reader->Finish();
-  };
+  auto read = [&](const v1::Lease& l, int* samples) { return ReadLease(*data, l, samples); };
   int samples = 0;
   grpc::Status ok = read(lease, &samples);
   ASSERT_TRUE(ok.ok()) << ok.error_message();
@@ -115,43 +149,15 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
 // or its leases are refused as stale until the data servers restart.
 TEST(RegistrationTest, AJobCreatedAgainUnderItsNameIsServed) {
   TempDir dir;
-  mkdir(dir.File("shards").c_str(), 0755);
-  testing::TarWriter tar;
-  for (int i = 0; i < 8; ++i) tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
-  const std::string shard = dir.File("shards/a.tar");
-  testing::WriteFile(shard, tar.Finish());
-  testing::WriteFile(dir.File("secret"), "a shared secret\n");
-  const std::string secret_flag = "--lease_secret_file=" + dir.File("secret");
-  auto coordinator = ServerProcess::Start(
-      "sluice-coordinator", dir.path(),
-      {"--journal_dir=" + dir.File("journal"), secret_flag, "--heartbeat_interval=200ms"});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto dataserver = ServerProcess::Start(
-      "sluice-dataserver", dir.path(),
-      {"--roots=" + dir.File("shards"), secret_flag, "--coordinator=" + coordinator->grpc_address});
-  ASSERT_TRUE(dataserver.ok()) << dataserver.status();
-  ASSERT_TRUE(WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
-
-  v1::JobSpec spec;
-  spec.set_name("rerun");
-  auto* s = spec.mutable_manifest()->add_shards();
-  s->set_url(shard);
-  s->set_num_samples(8);
-  spec.set_world_size(1);
-  spec.set_num_epochs(1);
+  SecretCluster c;
+  ASSERT_NO_FATAL_FAILURE(StartSecretCluster(dir, &c));
+  auto& coordinator = c.coordinator;
+  v1::JobSpec spec = ShardJob("rerun", c);
   spec.set_lease_ttl_ms(500);
   auto data = v1::DataServer::NewStub(
-      grpc::CreateChannel(dataserver->grpc_address, grpc::InsecureChannelCredentials()));
-  auto read = [&](const v1::Lease& l) {
-    grpc::ClientContext ctx;
-    v1::ReadRequest request;
-    *request.mutable_lease() = l;
-    auto reader = data->ReadSamples(&ctx, request);
-    v1::SampleBatch batch;
-    while (reader->Read(&batch)) {
-    }
-    return reader->Finish();
-  };
+      grpc::CreateChannel(c.dataserver->grpc_address, grpc::InsecureChannelCredentials()));
+  int samples = 0;
+  auto read = [&](const v1::Lease& l) { return ReadLease(*data, l, &samples); };
 
   ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
   auto first = testing::FirstGrant(coordinator->grpc_address, "rerun", "t0");
