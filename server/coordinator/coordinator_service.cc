@@ -541,11 +541,13 @@ uint64_t Mix64(uint64_t z) {
 
 int64_t CoordinatorService::RegisterDataServer(const std::string& address,
                                                int32_t capacity,
-                                               std::shared_ptr<DataServerSink> sink) {
+                                               std::shared_ptr<DataServerSink> sink,
+                                               uint64_t max_fence_seen) {
   Effects fx;
   int64_t id;
   {
     absl::MutexLock lock(&mu_);
+    seen_fence_floor_ = std::max(seen_fence_floor_, max_fence_seen + 1);
     const bool none_live = !AnyLiveDataServerLocked();
     id = next_data_server_id_++;
     DataServerEntry& e = data_servers_[id];
@@ -582,10 +584,11 @@ void CoordinatorService::PumpAllLocked(Effects& fx) {
   for (const auto& [name, job] : state_.jobs()) PumpLocked(name, fx);
 }
 
-void CoordinatorService::DataServerHeartbeat(int64_t id) {
+void CoordinatorService::DataServerHeartbeat(int64_t id, uint64_t max_fence_seen) {
   Effects fx;
   {
     absl::MutexLock lock(&mu_);
+    seen_fence_floor_ = std::max(seen_fence_floor_, max_fence_seen + 1);
     const bool none_live = !AnyLiveDataServerLocked();
     auto it = data_servers_.find(id);
     if (it != data_servers_.end()) it->second.last_seen = options_.clock->Now();
@@ -997,7 +1000,9 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
                            piece.rank});
     piece.end = piece.begin + limit;
   }
-  const uint64_t fence = job.next_fence;
+  // Above what the data servers report having seen, too (not journaled: the
+  // grant record carries the fence chosen).
+  const uint64_t fence = std::max(job.next_fence, seen_fence_floor_);
   const std::string lease_id = absl::StrCat(job.spec.name(), "/e", job.epoch, "/f", fence);
   JournalRecord record;
   auto* g = record.mutable_lease_granted();

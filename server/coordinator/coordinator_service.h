@@ -115,9 +115,13 @@ class CoordinatorService {
   // PrefetchHints: after each grant, the remote shards of the next
   // `prefetch_hint_units` units of the grant's queue, each sent to the
   // server those units will be routed to, once per registration.
+  // `max_fence_seen`: the newest fence the server was presented; grants
+  // from now on use fences above it (a coordinator that lost its journal
+  // would otherwise start over at 1 and be refused as stale).
   int64_t RegisterDataServer(const std::string& address, int32_t capacity,
-                             std::shared_ptr<DataServerSink> sink = nullptr);
-  void DataServerHeartbeat(int64_t id);
+                             std::shared_ptr<DataServerSink> sink = nullptr,
+                             uint64_t max_fence_seen = 0);
+  void DataServerHeartbeat(int64_t id, uint64_t max_fence_seen = 0);
   void UnregisterDataServer(int64_t id);
   std::vector<std::string> LiveDataServers();
 
@@ -244,6 +248,8 @@ class CoordinatorService {
   std::map<int64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, DataServerEntry> data_servers_ ABSL_GUARDED_BY(mu_);
   int64_t next_data_server_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // One above the newest fence any data server reported having seen.
+  uint64_t seen_fence_floor_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, int64_t> session_of_trainer_ ABSL_GUARDED_BY(mu_);
   int64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
 

@@ -151,7 +151,8 @@ class RegistrationReactor
     if (in_.has_register_()) {
       if (id_ == 0) {
         id_ = service_->RegisterDataServer(in_.register_().address(),
-                                           in_.register_().capacity(), sink_);
+                                           in_.register_().capacity(), sink_,
+                                           in_.register_().max_fence_seen());
       }
     } else if (in_.has_heartbeat()) {
       if (id_ == 0) {
@@ -159,7 +160,7 @@ class RegistrationReactor
             "data server sent a heartbeat before registering"));
         return;
       }
-      service_->DataServerHeartbeat(id_);
+      service_->DataServerHeartbeat(id_, in_.heartbeat().max_fence_seen());
     }
     StartRead(&in_);
   }

@@ -60,6 +60,9 @@ void CoordinatorRegistration::Run() {
     v1::DataServerMessage hello;
     hello.mutable_register_()->set_address(options_.advertise);
     hello.mutable_register_()->set_capacity(options_.capacity);
+    if (options_.max_fence_seen) {
+      hello.mutable_register_()->set_max_fence_seen(options_.max_fence_seen());
+    }
     v1::CoordinatorToDataServer reply;
     bool registered = stream->Write(hello) && stream->Read(&reply) && reply.has_registered();
     if (registered) {
@@ -91,6 +94,9 @@ void CoordinatorRegistration::Run() {
         v1::DataServerMessage beat;
         beat.mutable_heartbeat()->set_active_streams(
             options_.active_streams ? options_.active_streams() : 0);
+        if (options_.max_fence_seen) {
+          beat.mutable_heartbeat()->set_max_fence_seen(options_.max_fence_seen());
+        }
         if (!stream->Write(beat)) break;
       }
       context.TryCancel();

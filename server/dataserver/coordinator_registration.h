@@ -28,6 +28,7 @@ class CoordinatorRegistration {
     int32_t capacity = 1;
     std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
     std::function<int()> active_streams;                    // for heartbeats
+    std::function<uint64_t()> max_fence_seen;               // may be empty
     std::function<void(const v1::PrefetchHint&)> on_prefetch;  // may be empty
   };
 

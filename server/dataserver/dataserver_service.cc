@@ -505,6 +505,7 @@ absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
     it->second = lease.fence();
   }
   f.max_fence = std::max(f.max_fence, lease.fence());
+  max_fence_seen_ = std::max(max_fence_seen_, lease.fence());
   if (fence_units_ > kMaxFences) {
     // Last resort (a million units in one epoch): forget the units, keep
     // each job's epoch and newest fence.
@@ -517,6 +518,11 @@ absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
 size_t DataServerService::fence_units() const {
   absl::MutexLock lock(&mu_);
   return fence_units_;
+}
+
+uint64_t DataServerService::max_fence_seen() const {
+  absl::MutexLock lock(&mu_);
+  return max_fence_seen_;
 }
 
 absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(

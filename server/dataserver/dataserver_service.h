@@ -182,6 +182,8 @@ class DataServerService {
   int active_streams() const;
   // Units whose newest fence is remembered (tests: the memory bound).
   size_t fence_units() const;
+  // The newest fence presented to this server, over all jobs (0 = none).
+  uint64_t max_fence_seen() const;
 
   ThreadPool& pool() { return pool_; }
   DataServerMetrics* metrics() { return options_.metrics; }
@@ -215,6 +217,7 @@ class DataServerService {
   };
   absl::flat_hash_map<std::string, JobFences> fences_ ABSL_GUARDED_BY(mu_);
   size_t fence_units_ ABSL_GUARDED_BY(mu_) = 0;  // over all jobs
+  uint64_t max_fence_seen_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace sluice::dataserver

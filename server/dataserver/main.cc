@@ -201,6 +201,7 @@ class DataServerServices : public sluice::ServiceSet {
     options.credentials = coordinator_credentials_;
     DataServerService* logic = logic_.get();
     options.active_streams = [logic] { return logic->active_streams(); };
+    options.max_fence_seen = [logic] { return logic->max_fence_seen(); };
     if (cache_ != nullptr && absl::GetFlag(FLAGS_prefetch) > 0) {
       ShardCache* cache = cache_;
       options.on_prefetch = [cache](const sluice::v1::PrefetchHint& hint) {

@@ -87,6 +87,25 @@ grpc::Status ReadLease(v1::DataServer::Stub& data, const v1::Lease& lease, int* 
   return reader->Finish();
 }
 
+// Grants `job`'s first unit to trainer t0 and reads it; then, t0's session
+// gone and its lease expired, grants the unit again to t1 and reads that, so
+// the data server has seen the unit's newer fence. Returns that lease.
+void ReadAUnitTwice(const std::string& coordinator, const std::string& job,
+                    v1::DataServer::Stub& data, v1::Lease* newest) {
+  int samples = 0;
+  auto first = testing::FirstGrant(coordinator, job, "t0");
+  ASSERT_TRUE(first.ok()) << first.status();
+  grpc::Status status = ReadLease(data, *first, &samples);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  auto again = testing::FirstGrant(coordinator, job, "t1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->unit().sequence(), first->unit().sequence());
+  ASSERT_GT(again->fence(), first->fence());
+  status = ReadLease(data, *again, &samples);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  *newest = *again;
+}
+
 TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   TempDir dir;
   SecretCluster c;
@@ -160,18 +179,8 @@ TEST(RegistrationTest, AJobCreatedAgainUnderItsNameIsServed) {
   auto read = [&](const v1::Lease& l) { return ReadLease(*data, l, &samples); };
 
   ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
-  auto first = testing::FirstGrant(coordinator->grpc_address, "rerun", "t0");
-  ASSERT_TRUE(first.ok()) << first.status();
-  grpc::Status status = read(*first);
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  // t0's session is gone: once its lease expires the unit is granted again,
-  // with a newer fence, which the data server then remembers.
-  auto again = testing::FirstGrant(coordinator->grpc_address, "rerun", "t1");
-  ASSERT_TRUE(again.ok()) << again.status();
-  ASSERT_EQ(again->unit().sequence(), first->unit().sequence());
-  ASSERT_GT(again->fence(), first->fence());
-  status = read(*again);
-  ASSERT_TRUE(status.ok()) << status.error_message();
+  v1::Lease again;
+  ASSERT_NO_FATAL_FAILURE(ReadAUnitTwice(coordinator->grpc_address, "rerun", *data, &again));
 
   {
     auto stub = v1::Coordinator::NewStub(
@@ -185,10 +194,44 @@ TEST(RegistrationTest, AJobCreatedAgainUnderItsNameIsServed) {
   ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
   auto rerun = testing::FirstGrant(coordinator->grpc_address, "rerun", "t2");
   ASSERT_TRUE(rerun.ok()) << rerun.status();
-  EXPECT_EQ(rerun->unit().sequence(), first->unit().sequence());
-  EXPECT_GT(rerun->fence(), again->fence());
-  status = read(*rerun);
+  EXPECT_EQ(rerun->unit().sequence(), again.unit().sequence());
+  EXPECT_GT(rerun->fence(), again.fence());
+  grpc::Status status = read(*rerun);
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// A coordinator restarted on an empty journal (its volume lost) would grant
+// fences from 1 again; the data servers report the newest fence they saw
+// when they register again, and the coordinator grants above it.
+TEST(RegistrationTest, ACoordinatorThatLostItsJournalGrantsAboveWhatDataServersSaw) {
+  TempDir dir;
+  SecretCluster c;
+  ASSERT_NO_FATAL_FAILURE(StartSecretCluster(dir, &c));
+  v1::JobSpec spec = ShardJob("lost", c);
+  spec.set_lease_ttl_ms(500);
+  auto data = v1::DataServer::NewStub(
+      grpc::CreateChannel(c.dataserver->grpc_address, grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(testing::CreateJob(c.coordinator->grpc_address, spec).ok());
+  v1::Lease again;
+  ASSERT_NO_FATAL_FAILURE(ReadAUnitTwice(c.coordinator->grpc_address, "lost", *data, &again));
+
+  const std::string address = c.coordinator->grpc_address;
+  c.coordinator->process.Kill();
+  auto restarted = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {"--journal_dir=" + dir.File("empty-journal"), c.secret_flag,
+       "--heartbeat_interval=200ms", "--listen=" + address});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
+  ASSERT_TRUE(testing::CreateJob(address, spec).ok());
+  auto granted = testing::FirstGrant(address, "lost", "t2");
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_EQ(granted->unit().sequence(), again.unit().sequence());
+  EXPECT_GT(granted->fence(), again.fence());
+  int samples = 0;
+  grpc::Status status = ReadLease(*data, *granted, &samples);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(samples, 8);
 }
 
 }  // namespace
