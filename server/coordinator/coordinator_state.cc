@@ -123,14 +123,10 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
       AddJob(std::move(job), record.time_unix_ms());
       return absl::OkStatus();
     }
-    case R::kJobDeleted: {
-      auto it = jobs_.find(record.job_deleted().job());
-      if (it != jobs_.end()) {
-        next_fence_floor_ = std::max(next_fence_floor_, it->second.next_fence);
-        jobs_.erase(it);
-      }
+    case R::kJobDeleted:
+      // next_fence_floor_ already covers the job's fences (LeaseGranted).
+      jobs_.erase(record.job_deleted().job());
       return absl::OkStatus();
-    }
     case R::kEpochAdvanced: {
       auto it = jobs_.find(record.epoch_advanced().job());
       if (it == jobs_.end()) {

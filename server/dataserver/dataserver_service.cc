@@ -69,38 +69,31 @@ SampleStream::NextResult SampleStream::PopReadyLocked() {
   return result;
 }
 
-void SampleStream::FlushLocked() {
-  std::vector<EncodedMessage> messages;
-  encoder_.Flush(&messages);
+void SampleStream::PushReadyLocked(std::vector<EncodedMessage>& messages) {
   for (EncodedMessage& m : messages) {
     ready_bytes_ += m.size();
     ready_.push_back(std::move(m));
   }
 }
 
+void SampleStream::FlushLocked() {
+  std::vector<EncodedMessage> messages;
+  encoder_.Flush(&messages);
+  PushReadyLocked(messages);
+}
+
 void SampleStream::Next(NextCallback done) {
+  NextCallback waiter;
   NextResult result;
   {
     absl::MutexLock lock(&mu_);
-    // The client waits and samples are framable: send them rather than wait
-    // for a full message.
-    if (ready_.empty() && error_.ok() && !cancelled_) FlushLocked();
-    if (cancelled_) {
-      result = absl::CancelledError("stream cancelled");
-    } else if (!ready_.empty()) {
-      result = PopReadyLocked();
-      MaybeProduceLocked();
-    } else if (!error_.ok()) {
-      result = error_;
-    } else if (finished_) {
-      result = std::optional<EncodedMessage>();
-    } else {
-      waiter_ = std::move(done);
-      MaybeProduceLocked();
-      return;
-    }
+    // Answered now if it can be; otherwise by whoever frames the next
+    // message.
+    waiter_ = std::move(done);
+    waiter = TakeWaiterLocked(&result);
+    MaybeProduceLocked();
   }
-  Deliver(std::move(done), std::move(result));
+  Deliver(std::move(waiter), std::move(result));
 }
 
 SampleStream::NextCallback SampleStream::TakeWaiterLocked(NextResult* result) {
@@ -108,6 +101,8 @@ SampleStream::NextCallback SampleStream::TakeWaiterLocked(NextResult* result) {
   if (cancelled_) {
     *result = absl::CancelledError("stream cancelled");
   } else {
+    // The client waits: framed samples go now rather than when a message
+    // is full.
     if (ready_.empty() && error_.ok()) FlushLocked();
     if (!ready_.empty()) {
       *result = PopReadyLocked();
@@ -386,10 +381,7 @@ void SampleStream::DrainLocked() {
     }
     encoder_.Add(*std::move(slot->out), &messages);
   }
-  for (EncodedMessage& m : messages) {
-    ready_bytes_ += m.size();
-    ready_.push_back(std::move(m));
-  }
+  PushReadyLocked(messages);
   if (window_.empty() && read_all_ && error_.ok()) {
     FlushLocked();
     finished_ = true;

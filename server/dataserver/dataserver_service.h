@@ -100,7 +100,6 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   // How much the next produce step may read: raw, samples; decoding,
   // samples for the pool (samples decoded inline do not count). 0 = none.
   size_t RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Samples per produce step when decoding: two per pool thread.
   // Decoding: samples the window holds at most (read, not yet framed).
   size_t WindowSamples() const;
   void Produce();
@@ -119,6 +118,8 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the encoder's pending samples into a ready message.
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushReadyLocked(std::vector<EncodedMessage>& messages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // If a Next() waits and can be answered, takes its callback and answer.
   NextCallback TakeWaiterLocked(NextResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -78,8 +78,7 @@ class BatchEncoder {
   void Add(OutSample sample, std::vector<EncodedMessage>* finished);
   // Finishes the current message, if it holds any sample.
   void Flush(std::vector<EncodedMessage>* finished);
-  // Samples added since the last finished message.
-  size_t pending_samples() const { return pending_.size(); }
+  // Framed size of the samples added since the last finished message.
   size_t pending_bytes() const { return pending_bytes_; }
 
  private:
