@@ -18,16 +18,22 @@
 #define SLUICE_SERVER_COMMON_MALLOC_TUNING_H_
 
 #include <cstdint>
+#include <string>
 
 namespace sluice {
 
 inline constexpr int64_t kTunedMmapThreshold = int64_t{32} << 20;
 inline constexpr int64_t kTunedTrimThreshold = int64_t{64} << 20;
 
+// The file name of the shared object whose malloc this process calls (e.g.
+// "libc.so.6", "libjemalloc.so.2": the coordinator links jemalloc, see the
+// top-level CMakeLists.txt), or "" when it is linked in statically.
+std::string MallocProvider();
+
 // Sets glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD to the values above for
-// the whole process. Returns false when the C library is not glibc or the
-// allocator in use refuses the settings (ASan's does; so may a preloaded
-// jemalloc/tcmalloc, which do not need them). Safe to call more than once.
+// the whole process. Returns false when malloc is not glibc's (ASan's,
+// jemalloc linked or preloaded: they do not need these settings) or it
+// refuses them. Safe to call more than once.
 bool TuneMallocForStreaming();
 
 }  // namespace sluice

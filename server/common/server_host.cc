@@ -307,9 +307,12 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
   }
   BlockTerminationSignals();
   ParseServerFlags(argc, argv, options.program, options.usage);
-  if (absl::GetFlag(FLAGS_tune_malloc) && !TuneMallocForStreaming()) {
-    LogWarning("--tune_malloc: the allocator in use refused glibc's mallopt settings (not "
-               "glibc's malloc: a sanitizer, or another malloc preloaded); running with its "
+  const std::string malloc_provider = MallocProvider();
+  if (malloc_provider.rfind("libc.so", 0) != 0) {
+    LogInfo("malloc: %s (--tune_malloc applies to glibc's malloc only)",
+            malloc_provider.empty() ? "linked in" : malloc_provider);
+  } else if (absl::GetFlag(FLAGS_tune_malloc) && !TuneMallocForStreaming()) {
+    LogWarning("--tune_malloc: glibc's malloc refused the mallopt settings; running with its "
                "defaults");
   }
   absl::StatusOr<ServerConfig> config = ServerConfigFromFlags(

@@ -98,6 +98,21 @@ TEST_P(ServerBootstrapTest, ServesHealthReflectionMetricsAndStopsOnSigterm) {
   EXPECT_THAT(ReadWholeFile(server->log_path).value_or(""), HasSubstr("draining"));
 }
 
+TEST(CoordinatorAllocatorTest, RunsOnJemallocWhenBuiltWithIt) {
+#if !SLUICE_JEMALLOC
+  GTEST_SKIP() << "built with -DSLUICE_JEMALLOC=OFF";
+#else
+  // The link order decides whose malloc the process calls; the coordinator
+  // logs the library it resolved to.
+  TempDir dir;
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                     {"--wait_for_data_servers=false"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT(ReadWholeFile(server->log_path).value_or(""),
+              HasSubstr("malloc: libjemalloc.so.2"));
+#endif
+}
+
 TEST_P(ServerBootstrapTest, BadListenFlagExitsNonZeroNamingTheFlag) {
   TempDir dir;
   const std::string log = dir.File("bad.log");

@@ -4,8 +4,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -97,6 +99,56 @@ TEST(MallocTuningTest, CanBeAppliedAgain) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 #endif
+}
+
+TEST(MallocTuningTest, NamesTheLibraryWhoseMallocIsInUse) {
+#if defined(SLUICE_SANITIZED_ALLOCATOR) || !defined(__GLIBC__)
+  GTEST_SKIP() << "glibc's allocator is not the one in use";
+#else
+  // This test binary does not link jemalloc (only the coordinator does).
+  EXPECT_EQ(MallocProvider(), "libc.so.6");
+#endif
+}
+
+TEST(MallocTuningTest, IsNotAppliedToAnotherMalloc) {
+#if defined(SLUICE_SANITIZED_ALLOCATOR) || !defined(__GLIBC__)
+  GTEST_SKIP() << "glibc's allocator is not the one in use";
+#else
+  // glibc's mallopt would accept the settings even with jemalloc in use;
+  // they would change nothing. A child with jemalloc preloaded sees it
+  // named and the tuning declined.
+  const char* jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+  if (access(jemalloc, R_OK) != 0) GTEST_SKIP() << jemalloc << " not installed";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], 1);
+    // Re-exec this test binary with the preload, running only the probe below.
+    setenv("LD_PRELOAD", jemalloc, 1);
+    setenv("SLUICE_MALLOC_PROBE", "1", 1);
+    execl("/proc/self/exe", "unit_tests", "--gtest_filter=MallocTuningTest.Probe",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("provider=libjemalloc.so.2 tuned=0"), std::string::npos) << out;
+#endif
+}
+
+// Run by IsNotAppliedToAnotherMalloc in a child; does nothing otherwise.
+TEST(MallocTuningTest, Probe) {
+  if (std::getenv("SLUICE_MALLOC_PROBE") == nullptr) return;
+  std::printf("provider=%s tuned=%d\n", MallocProvider().c_str(), TuneMallocForStreaming());
 }
 
 }  // namespace
