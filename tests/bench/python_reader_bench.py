@@ -86,7 +86,11 @@ def main():
                         help="both clients call the malloc tuning first (sluice.tune_malloc(), "
                              "reader_bench --tune_malloc); the servers always do")
     args = parser.parse_args()
-    faulthandler.dump_traceback_later(120 + 20 * args.seconds, exit=True)  # never hang make bench
+    # Never hang `make bench`: a stuck step dumps every thread's stack and
+    # exits. Armed for the set-up here, then again for each phase (a slow
+    # machine makes the whole run long, not any one phase).
+    watchdog_s = 60 + 10 * args.seconds
+    faulthandler.dump_traceback_later(watchdog_s, exit=True)
     os.environ["SLUICE_BIN_DIR"] = args.bin_dir
     sys.path.insert(0, os.path.join(args.bin_dir, "..", "python"))
     import conftest  # the test suite's cluster helpers
@@ -166,6 +170,7 @@ def main():
 
             def phase(name, fn, *a):
                 print(f"measuring {name} ...", file=sys.stderr, flush=True)
+                faulthandler.dump_traceback_later(watchdog_s, exit=True)
                 return fn(*a)
             # Raw: alternating rounds, medians compared (as reader_bench), so
             # machine noise hits both.
@@ -182,6 +187,7 @@ def main():
             dl, _ = phase("DataLoader, 2 workers", dataloader)
             pil, _ = phase("tarfile + PIL", tar_pil)
         finally:
+            faulthandler.cancel_dump_traceback_later()
             data.stop()
             coordinator.stop()
     ratio = py_raw / cpp_raw
