@@ -74,16 +74,25 @@ run: build
 
 # Every benchmark; each prints its figure next to a baseline measured in the
 # same run and ends with one line of JSON. Not part of `make test`.
+# Each benchmark's closing JSON line is also collected, with the date and
+# commit, in $(BENCH_RESULTS) (one JSON object per line).
+BENCH_RESULTS ?= $(BUILD_DIR)/bench-results.jsonl
+BENCH = set -o pipefail; $(1) | tee /dev/stderr | tail -n 1 | \
+  sed "s/^{/{\"date\":\"$$(date -u +%FT%TZ)\",\"commit\":\"$$(git rev-parse --short HEAD 2>/dev/null)\",/" \
+  >> $(BENCH_RESULTS)
+
 bench: build
-	./$(BUILD_DIR)/bin/dataserver_bench --mode=raw
-	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded
-	./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded --resize=224
-	./$(BUILD_DIR)/bin/remote_bench
-	./$(BUILD_DIR)/bin/reader_bench
-	./$(BUILD_DIR)/bin/reader_bench --decode
-	./$(BUILD_DIR)/bin/coordinator_bench --mode=leases
-	./$(BUILD_DIR)/bin/coordinator_bench --mode=plan
-	/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin
+	@rm -f $(BENCH_RESULTS)
+	@$(call BENCH,./$(BUILD_DIR)/bin/dataserver_bench --mode=raw)
+	@$(call BENCH,./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded)
+	@$(call BENCH,./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded --resize=224)
+	@$(call BENCH,./$(BUILD_DIR)/bin/remote_bench)
+	@$(call BENCH,./$(BUILD_DIR)/bin/reader_bench)
+	@$(call BENCH,./$(BUILD_DIR)/bin/reader_bench --decode)
+	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases)
+	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=plan)
+	@$(call BENCH,/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin)
+	@echo "make bench: figures collected in $(BENCH_RESULTS)"
 
 # dashboards/sluice-overview.png: the monitoring test with three minutes of
 # workload history, its main panels rendered from the live Prometheus.
