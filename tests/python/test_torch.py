@@ -218,3 +218,54 @@ def test_fork_workers_after_the_parent_used_grpc_mid_epoch(cluster):
     whole = [(i["__shard__"], i["__index__"]) for i in loader]
     assert len(set(whole)) == len(whole) == cluster.total
     ds.close()
+
+
+def _write_npy_shard(path, key, arrays):
+    import io
+    import tarfile
+    import numpy as np
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for field, array in arrays.items():
+            buf = io.BytesIO()
+            np.save(buf, array)
+            info = tarfile.TarInfo(f"{key}.{field}")
+            info.size = buf.tell()
+            buf.seek(0)
+            tar.addfile(info, buf)
+
+
+def test_unsigned_tensors_this_torch_lacks_are_widened_losslessly(cluster):
+    # torch 1.13 has no uint16/uint32/uint64 tensors: from_numpy refused them
+    # and the DataLoader died on the first such field.
+    import numpy as np
+    path = os.path.join(cluster.tmp, "shards", "unsigned.tar")
+    _write_npy_shard(path, "u", {
+        "u16.npy": np.array([[0, 1], [65535, 40000]], dtype=np.uint16),
+        "u32.npy": np.array([0, 4294967295], dtype=np.uint32),
+        "u64.npy": np.array([2 ** 63 - 1], dtype=np.uint64),
+        "u8.npy": np.array([255], dtype=np.uint8),
+    })
+    _write_npy_shard(os.path.join(cluster.tmp, "shards", "huge.tar"), "h",
+                     {"big.npy": np.array([2 ** 63], dtype=np.uint64)})
+    cluster.create_job("unsigned", extra_shards=[(path, 1)])
+    ds = ShardLeaseDataset(coordinator=cluster.address, job="unsigned", decode=True)
+    items = [item for item in ds if item["__key__"] == "u"]
+    ds.close()
+    assert len(items) == 1
+    item = items[0]
+    assert item["u16.npy"].dtype == torch.int32
+    assert item["u16.npy"].tolist() == [[0, 1], [65535, 40000]]
+    assert item["u32.npy"].dtype == torch.int64
+    assert item["u32.npy"].tolist() == [0, 4294967295]
+    assert item["u64.npy"].dtype == torch.int64
+    assert item["u64.npy"].tolist() == [2 ** 63 - 1]
+    assert item["u8.npy"].dtype == torch.uint8 and item["u8.npy"].tolist() == [255]
+
+    # A uint64 beyond int64 is an error naming the field, not a silent wrap.
+    cluster.create_job("unsigned-huge", extra_shards=[
+        (os.path.join(cluster.tmp, "shards", "huge.tar"), 1)])
+    ds = ShardLeaseDataset(coordinator=cluster.address, job="unsigned-huge", decode=True)
+    with pytest.raises(ValueError, match="'big.npy'"):
+        for _ in ds:
+            pass
+    ds.close()

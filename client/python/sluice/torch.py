@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 import grpc
+import numpy as np
 
 from sluice.reader import Reader, merge_cursors
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -46,10 +47,26 @@ from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-def _to_torch(value):
-    if hasattr(value, "__array_interface__"):
-        return torch.from_numpy(value)
-    return value
+# Unsigned dtypes this torch has no tensor type for, widened losslessly (a
+# 16-bit PNG, an npy of uint16/uint32). uint64 becomes int64 when its values
+# fit.
+_WIDER = {np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64}
+
+
+def _to_torch(name, value):
+    if not hasattr(value, "__array_interface__"):
+        return value
+    wider = _WIDER.get(value.dtype)
+    if wider is not None:
+        value = value.astype(wider)
+    elif value.dtype == np.uint64:
+        # Compared as uint64 (against a Python int numpy compares in float64,
+        # where 2**63 equals 2**63 - 1).
+        if value.size and value.max() > np.uint64(np.iinfo(np.int64).max):
+            raise ValueError(f"field {name!r}: uint64 values above 2**63 - 1 have no torch "
+                             "dtype (use to_tensor=False for the numpy array)")
+        value = value.astype(np.int64)
+    return torch.from_numpy(value)
 
 
 class ShardLeaseDataset(IterableDataset):
@@ -123,7 +140,8 @@ class ShardLeaseDataset(IterableDataset):
                                   f"coordinator's next epoch is {e.epoch}")
             elif e.kind == "sample":
                 s = e.sample
-                item = {k: (_to_torch(v) if self._to_tensor else v) for k, v in s.fields.items()}
+                item = {k: (_to_torch(k, v) if self._to_tensor else v)
+                        for k, v in s.fields.items()}
                 item["__key__"] = s.key
                 item["__shard__"] = s.shard_url
                 item["__index__"] = s.index
