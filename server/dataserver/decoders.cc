@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -27,29 +29,40 @@ std::shared_ptr<uint8_t> AllocateBytes(size_t n) {
 }
 
 DecodedField ImageTensor(std::shared_ptr<uint8_t> pixels, int width,
-                         int height, int channels) {
+                         int height, int channels, int sample_bytes) {
   DecodedField field;
   field.kind = DecodedField::Kind::kTensor;
-  field.dtype = v1::DTYPE_UINT8;
+  field.dtype = sample_bytes == 2 ? v1::DTYPE_UINT16 : v1::DTYPE_UINT8;
   field.shape = {height, width, channels};
   field.bytes.bytes = absl::string_view(
       reinterpret_cast<const char*>(pixels.get()),
-      static_cast<size_t>(width) * height * channels);
+      static_cast<size_t>(width) * height * channels * sample_bytes);
   field.bytes.owner = std::move(pixels);
   return field;
 }
 
-// Resize (shorter side) then center-crop an HWC uint8 image.
+// Resize (shorter side) then center-crop an HWC image of uint8 samples
+// (sample_bytes 1) or little-endian uint16 ones (2).
 absl::StatusOr<DecodedField> ResizeAndCrop(std::shared_ptr<uint8_t> pixels,
                                            int width, int height, int channels,
-                                           const ImageOptions& options) {
+                                           const ImageOptions& options,
+                                           int sample_bytes = 1) {
   if (options.resize_shorter_side > 0) {
     int out_w = 0, out_h = 0;
     ResizedSize(width, height, options.resize_shorter_side, &out_w, &out_h);
     if (out_w != width || out_h != height) {
-      auto resized = AllocateBytes(static_cast<size_t>(out_w) * out_h * channels);
-      if (stbir_resize_uint8(pixels.get(), width, height, 0, resized.get(),
-                             out_w, out_h, 0, channels) != 1) {
+      auto resized =
+          AllocateBytes(static_cast<size_t>(out_w) * out_h * channels * sample_bytes);
+      const int ok =
+          sample_bytes == 2
+              ? stbir_resize_uint16_generic(
+                    reinterpret_cast<const stbir_uint16*>(pixels.get()), width, height, 0,
+                    reinterpret_cast<stbir_uint16*>(resized.get()), out_w, out_h, 0, channels,
+                    STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, STBIR_FILTER_DEFAULT,
+                    STBIR_COLORSPACE_LINEAR, nullptr)
+              : stbir_resize_uint8(pixels.get(), width, height, 0, resized.get(), out_w,
+                                   out_h, 0, channels);
+      if (ok != 1) {
         return absl::InternalError(absl::StrCat("resize ", width, "x", height,
                                                 " -> ", out_w, "x", out_h,
                                                 " failed"));
@@ -62,8 +75,9 @@ absl::StatusOr<DecodedField> ResizeAndCrop(std::shared_ptr<uint8_t> pixels,
   if (options.crop_height > 0 && options.crop_width > 0 &&
       (options.crop_height != height || options.crop_width != width)) {
     const int ch = options.crop_height, cw = options.crop_width;
-    auto cropped = AllocateBytes(static_cast<size_t>(cw) * ch * channels);
-    std::memset(cropped.get(), 0, static_cast<size_t>(cw) * ch * channels);
+    const int pixel_bytes = channels * sample_bytes;
+    auto cropped = AllocateBytes(static_cast<size_t>(cw) * ch * pixel_bytes);
+    std::memset(cropped.get(), 0, static_cast<size_t>(cw) * ch * pixel_bytes);
     // torchvision's CenterCrop: top = round((H - ch) / 2), left likewise;
     // negative offsets mean padding.
     const int top = static_cast<int>(std::lround((height - ch) / 2.0));
@@ -73,16 +87,16 @@ absl::StatusOr<DecodedField> ResizeAndCrop(std::shared_ptr<uint8_t> pixels,
       if (sy < 0 || sy >= height) continue;
       int x0 = std::max(0, -left), x1 = std::min(cw, width - left);
       if (x1 <= x0) continue;
-      std::memcpy(cropped.get() + (static_cast<size_t>(y) * cw + x0) * channels,
+      std::memcpy(cropped.get() + (static_cast<size_t>(y) * cw + x0) * pixel_bytes,
                   pixels.get() +
-                      (static_cast<size_t>(sy) * width + x0 + left) * channels,
-                  static_cast<size_t>(x1 - x0) * channels);
+                      (static_cast<size_t>(sy) * width + x0 + left) * pixel_bytes,
+                  static_cast<size_t>(x1 - x0) * pixel_bytes);
     }
     pixels = std::move(cropped);
     width = cw;
     height = ch;
   }
-  return ImageTensor(std::move(pixels), width, height, channels);
+  return ImageTensor(std::move(pixels), width, height, channels, sample_bytes);
 }
 
 // One TurboJPEG decompressor per thread (handles are not thread-safe).
@@ -225,6 +239,82 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   return ResizeAndCrop(std::move(pixels), out_w, out_h, 3, options);
 }
 
+// libpng's low-level reader over a byte range, for 16-bit images: the
+// simplified API reads them as linear light and would either premultiply
+// alpha (16-bit formats) or gamma-encode them into 8 bits (a depth map's
+// values companded by the sRGB curve). This returns the stored samples.
+struct PngMemory {
+  const unsigned char* data;
+  size_t size;
+  size_t pos;
+  char error[200];
+};
+
+void PngRead(png_structp png, png_bytep out, png_size_t n) {
+  auto* m = static_cast<PngMemory*>(png_get_io_ptr(png));
+  if (n > m->size - m->pos) png_error(png, "truncated");
+  std::memcpy(out, m->data + m->pos, n);
+  m->pos += n;
+}
+
+void PngError(png_structp png, png_const_charp message) {
+  auto* m = static_cast<PngMemory*>(png_get_error_ptr(png));
+  std::snprintf(m->error, sizeof(m->error), "%s", message);
+  png_longjmp(png, 1);
+}
+
+void PngWarning(png_structp, png_const_charp) {}
+
+// Decodes a 16-bit PNG into `*pixels` (HWC, little-endian uint16). Plain C
+// data only between setjmp and the reads (a longjmp skips destructors).
+absl::Status ReadPng16(const Payload& data, std::shared_ptr<uint8_t>* pixels, int* width,
+                       int* height, int* channels) {
+  PngMemory memory{reinterpret_cast<const unsigned char*>(data.bytes.data()),
+                   data.bytes.size(), 0, {0}};
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &memory, &PngError, &PngWarning);
+  if (png == nullptr) return absl::ResourceExhaustedError("png_create_read_struct");
+  png_infop info = png_create_info_struct(png);
+  // Set after setjmp and freed on the error path: volatile.
+  unsigned char* volatile buffer = nullptr;
+  png_bytep* volatile rows = nullptr;
+  if (info == nullptr || setjmp(png_jmpbuf(png))) {
+    std::free(rows);
+    std::free(buffer);
+    png_destroy_read_struct(&png, &info, nullptr);
+    return absl::InvalidArgumentError(absl::StrCat("undecodable PNG: ", memory.error));
+  }
+  png_set_read_fn(png, &memory, &PngRead);
+  png_read_info(png, info);
+  png_set_tRNS_to_alpha(png);  // a transparent colour becomes an alpha channel
+  png_set_swap(png);           // PNG stores big-endian; tensors are little-endian
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  const png_uint_32 w = png_get_image_width(png, info);
+  const png_uint_32 h = png_get_image_height(png, info);
+  const int c = png_get_channels(png, info);
+  const size_t row_bytes = png_get_rowbytes(png, info);
+  if (png_get_bit_depth(png, info) != 16 || row_bytes != static_cast<size_t>(w) * c * 2) {
+    png_error(png, "unexpected 16-bit layout");
+  }
+  if (static_cast<uint64_t>(row_bytes) * h > (uint64_t{1} << 31)) {
+    png_error(png, "image larger than 2 GiB decoded");
+  }
+  buffer = static_cast<unsigned char*>(std::malloc(std::max<size_t>(row_bytes * h, 1)));
+  rows = static_cast<png_bytep*>(std::malloc(sizeof(png_bytep) * std::max<png_uint_32>(h, 1)));
+  if (buffer == nullptr || rows == nullptr) png_error(png, "out of memory");
+  for (png_uint_32 y = 0; y < h; ++y) rows[y] = buffer + y * row_bytes;
+  png_read_image(png, rows);
+  png_read_end(png, nullptr);
+  std::free(rows);
+  png_destroy_read_struct(&png, &info, nullptr);
+  *pixels = std::shared_ptr<uint8_t>(buffer, [](uint8_t* p) { std::free(p); });
+  *width = static_cast<int>(w);
+  *height = static_cast<int>(h);
+  *channels = c;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DecodedField> DecodePng(const Payload& data,
                                        const ImageOptions& options) {
   png_image image;
@@ -236,6 +326,14 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     png_image_free(&image);
     return absl::InvalidArgumentError(
         absl::StrCat("undecodable PNG: ", message));
+  }
+  if ((image.format & PNG_FORMAT_FLAG_LINEAR) != 0) {
+    // 16 bits per sample in the file: kept (uint16), not reduced to 8.
+    png_image_free(&image);
+    std::shared_ptr<uint8_t> pixels;
+    int width = 0, height = 0, channels = 0;
+    RETURN_IF_ERROR(ReadPng16(data, &pixels, &width, &height, &channels));
+    return ResizeAndCrop(std::move(pixels), width, height, channels, options, 2);
   }
   image.format &= (PNG_FORMAT_FLAG_COLOR | PNG_FORMAT_FLAG_ALPHA);
   const int channels = static_cast<int>(PNG_IMAGE_SAMPLE_CHANNELS(image.format));

@@ -227,7 +227,11 @@ def _write_npy_shard(path, key, arrays):
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for field, array in arrays.items():
             buf = io.BytesIO()
-            np.save(buf, array)
+            if field.endswith(".png"):
+                from PIL import Image
+                Image.fromarray(array).save(buf, format="PNG")  # uint16 -> 16-bit gray
+            else:
+                np.save(buf, array)
             info = tarfile.TarInfo(f"{key}.{field}")
             info.size = buf.tell()
             buf.seek(0)
@@ -244,6 +248,7 @@ def test_unsigned_tensors_this_torch_lacks_are_widened_losslessly(cluster):
         "u32.npy": np.array([0, 4294967295], dtype=np.uint32),
         "u64.npy": np.array([2 ** 63 - 1], dtype=np.uint64),
         "u8.npy": np.array([255], dtype=np.uint8),
+        "depth.png": np.array([[0, 1000, 65535], [300, 40000, 7]], dtype=np.uint16),
     })
     _write_npy_shard(os.path.join(cluster.tmp, "shards", "huge.tar"), "h",
                      {"big.npy": np.array([2 ** 63], dtype=np.uint64)})
@@ -260,6 +265,9 @@ def test_unsigned_tensors_this_torch_lacks_are_widened_losslessly(cluster):
     assert item["u64.npy"].dtype == torch.int64
     assert item["u64.npy"].tolist() == [2 ** 63 - 1]
     assert item["u8.npy"].dtype == torch.uint8 and item["u8.npy"].tolist() == [255]
+    # A 16-bit PNG keeps its values (HWC, one channel).
+    assert item["depth.png"].dtype == torch.int32
+    assert item["depth.png"][:, :, 0].tolist() == [[0, 1000, 65535], [300, 40000, 7]]
 
     # A uint64 beyond int64 is an error naming the field, not a silent wrap.
     cluster.create_job("unsigned-huge", extra_shards=[

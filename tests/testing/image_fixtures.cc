@@ -68,6 +68,42 @@ std::string EncodePng(const std::string& pixels, int width, int height,
   return out;
 }
 
+namespace {
+void AppendPng(png_structp png, png_bytep data, png_size_t n) {
+  static_cast<std::string*>(png_get_io_ptr(png))->append(reinterpret_cast<char*>(data), n);
+}
+void NoFlush(png_structp) {}
+}  // namespace
+
+std::string EncodePng16(const std::vector<uint16_t>& pixels, int width, int height,
+                        int channels, double gamma) {
+  static const int kColorTypes[] = {0, PNG_COLOR_TYPE_GRAY, PNG_COLOR_TYPE_GRAY_ALPHA,
+                                    PNG_COLOR_TYPE_RGB, PNG_COLOR_TYPE_RGB_ALPHA};
+  std::string out;
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  if (setjmp(png_jmpbuf(png))) throw std::runtime_error("png16 write failed");
+  png_set_write_fn(png, &out, &AppendPng, &NoFlush);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(width), static_cast<png_uint_32>(height), 16,
+               kColorTypes[channels], PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  if (gamma > 0) png_set_gAMA(png, info, gamma);
+  png_write_info(png, info);
+  // Big-endian in the file, as PNG stores 16-bit samples.
+  std::vector<unsigned char> row(static_cast<size_t>(width) * channels * 2);
+  for (int y = 0; y < height; ++y) {
+    for (int i = 0; i < width * channels; ++i) {
+      const uint16_t v = pixels[static_cast<size_t>(y) * width * channels + i];
+      row[2 * i] = static_cast<unsigned char>(v >> 8);
+      row[2 * i + 1] = static_cast<unsigned char>(v & 0xff);
+    }
+    png_write_row(png, row.data());
+  }
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  return out;
+}
+
 std::string MakeNpy(const std::string& descr, const std::vector<int64_t>& shape,
                     const std::string& data, bool fortran_order) {
   std::string dims;

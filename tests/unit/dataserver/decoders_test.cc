@@ -119,6 +119,67 @@ TEST(PngTest, ResizeShorterSide) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PNG")));
 }
 
+std::vector<uint16_t> Pixels16(int width, int height, int channels) {
+  std::vector<uint16_t> v(static_cast<size_t>(width) * height * channels);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint16_t>(i * 9973 + 12345);
+  return v;
+}
+
+// The tensor's bytes as uint16 values (little-endian).
+std::vector<uint16_t> Values16(const DecodedField& f) {
+  std::vector<uint16_t> v(f.bytes.bytes.size() / 2);
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<uint16_t>(static_cast<uint8_t>(f.bytes.bytes[2 * i]) |
+                                 static_cast<uint8_t>(f.bytes.bytes[2 * i + 1]) << 8);
+  }
+  return v;
+}
+
+TEST(PngTest, SixteenBitSamplesAreKeptExactly) {
+  // Depth maps and masks with more than 256 classes: reduced to 8 bits (and,
+  // through libpng's simplified reader, companded by the sRGB curve) they
+  // lose their values. A gAMA chunk must not change them either.
+  for (int channels = 1; channels <= 4; ++channels) {
+    for (double gamma : {0.0, 1 / 2.2}) {
+      const std::vector<uint16_t> pixels = Pixels16(13, 7, channels);
+      auto decoded = DecodePng(P(testing::EncodePng16(pixels, 13, 7, channels, gamma)), {});
+      ASSERT_OK(decoded.status());
+      EXPECT_EQ(decoded->dtype, v1::DTYPE_UINT16);
+      EXPECT_THAT(decoded->shape, ElementsAre(7, 13, channels));
+      EXPECT_EQ(Values16(*decoded), pixels) << channels << " channels, gamma " << gamma;
+    }
+  }
+}
+
+TEST(PngTest, SixteenBitCropAndResize) {
+  const std::vector<uint16_t> pixels = Pixels16(10, 6, 1);
+  const std::string png = testing::EncodePng16(pixels, 10, 6, 1);
+  auto crop = DecodePng(P(png), {0, 2, 4});
+  ASSERT_OK(crop.status());
+  EXPECT_THAT(crop->shape, ElementsAre(2, 4, 1));
+  std::vector<uint16_t> want;  // top 2, left 3, as for 8 bits
+  for (int y = 2; y < 4; ++y) {
+    for (int x = 3; x < 7; ++x) want.push_back(pixels[y * 10 + x]);
+  }
+  EXPECT_EQ(Values16(*crop), want);
+  // A flat image stays flat (and 16-bit) through the resize.
+  const std::vector<uint16_t> flat(40 * 20 * 3, 40000);
+  auto resized = DecodePng(P(testing::EncodePng16(flat, 40, 20, 3)), {30, 0, 0});
+  ASSERT_OK(resized.status());
+  EXPECT_EQ(resized->dtype, v1::DTYPE_UINT16);
+  EXPECT_THAT(resized->shape, ElementsAre(30, 60, 3));
+  EXPECT_EQ(Values16(*resized), std::vector<uint16_t>(30 * 60 * 3, 40000));
+}
+
+TEST(PngTest, TruncatedSixteenBitIsAnError) {
+  const std::string png = testing::EncodePng16(Pixels16(64, 64, 3), 64, 64, 3);
+  for (size_t cut : {png.size() / 2, png.size() - 20}) {
+    EXPECT_THAT(DecodePng(P(png.substr(0, cut)), {}).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("undecodable PNG")))
+        << cut;
+  }
+}
+
 TEST(NpyTest, DtypesAndShapes) {
   struct Case {
     std::string descr;
