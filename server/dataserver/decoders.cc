@@ -297,8 +297,8 @@ absl::Status ReadPng16(const Payload& data, std::shared_ptr<uint8_t>* pixels, in
   if (png_get_bit_depth(png, info) != 16 || row_bytes != static_cast<size_t>(w) * c * 2) {
     png_error(png, "unexpected 16-bit layout");
   }
-  if (static_cast<uint64_t>(row_bytes) * h > (uint64_t{1} << 31)) {
-    png_error(png, "image larger than 2 GiB decoded");
+  if (static_cast<uint64_t>(row_bytes) * h > (uint64_t{1} << 30)) {
+    png_error(png, "image larger than 1 GiB decoded");
   }
   buffer = static_cast<unsigned char*>(std::malloc(std::max<size_t>(row_bytes * h, 1)));
   rows = static_cast<png_bytep*>(std::malloc(sizeof(png_bytep) * std::max<png_uint_32>(h, 1)));

@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "gmock/gmock.h"
+#include <zlib.h>
+
 #include "gtest/gtest.h"
 #include "tests/testing/image_fixtures.h"
 #include "tests/testing/status_matchers.h"
@@ -169,6 +171,38 @@ TEST(PngTest, SixteenBitCropAndResize) {
   EXPECT_EQ(resized->dtype, v1::DTYPE_UINT16);
   EXPECT_THAT(resized->shape, ElementsAre(30, 60, 3));
   EXPECT_EQ(Values16(*resized), std::vector<uint16_t>(30 * 60 * 3, 40000));
+}
+
+// A PNG whose header claims width x height (RGBA, `depth` bits) over a few
+// bytes of pixel data: a decompression bomb's header.
+std::string PngClaiming(uint32_t width, uint32_t height, int depth) {
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 8), static_cast<char>(v)};
+  };
+  auto chunk = [&](const std::string& type, const std::string& data) {
+    std::string body = type + data;
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size())));
+    return be32(static_cast<uint32_t>(data.size())) + body + be32(crc);
+  };
+  std::string ihdr = be32(width) + be32(height);
+  ihdr += {static_cast<char>(depth), 6, 0, 0, 0};
+  std::string raw(100, '\0'), idat(200, '\0');
+  uLongf n = idat.size();
+  compress(reinterpret_cast<Bytef*>(idat.data()), &n, reinterpret_cast<const Bytef*>(raw.data()),
+           raw.size());
+  idat.resize(n);
+  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + chunk("IDAT", idat) +
+         chunk("IEND", "");
+}
+
+TEST(PngTest, AHeaderClaimingAHugeImageIsAnErrorNotAnAllocation) {
+  for (int depth : {8, 16}) {
+    EXPECT_THAT(DecodePng(P(PngClaiming(900000, 900000, depth)), {}).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PNG")))
+        << depth << " bits";
+  }
 }
 
 TEST(PngTest, TruncatedSixteenBitIsAnError) {
