@@ -199,6 +199,48 @@ void ResizedSize(int width, int height, int shorter, int* out_width,
   *out_height = std::max(1, *out_height);
 }
 
+// Whether the JPEG has an Adobe APP14 segment before its scan: Photoshop
+// (and libjpeg, and PIL) store CMYK inverted in such files.
+bool HasAdobeMarker(absl::string_view jpeg) {
+  size_t pos = 2;  // after SOI
+  while (pos + 4 <= jpeg.size()) {
+    if (static_cast<uint8_t>(jpeg[pos]) != 0xFF) return false;
+    const uint8_t marker = static_cast<uint8_t>(jpeg[pos + 1]);
+    if (marker == 0xFF) {  // fill byte
+      ++pos;
+      continue;
+    }
+    if (marker == 0xDA || marker == 0xD9) return false;  // scan or end: no more headers
+    const size_t length = static_cast<size_t>(static_cast<uint8_t>(jpeg[pos + 2])) << 8 |
+                          static_cast<uint8_t>(jpeg[pos + 3]);
+    if (length < 2 || pos + 2 + length > jpeg.size()) return false;
+    if (marker == 0xEE && length >= 7 && jpeg.substr(pos + 4, 5) == "Adobe") return true;
+    pos += 2 + length;
+  }
+  return false;
+}
+
+// CMYK -> RGB as PIL's convert("RGB") does it (what a WebDataset pipeline
+// decoding with PIL gets): un-invert Adobe CMYK, then
+// channel = (255 - k) - (255 - k) * c / 255, rounded as PIL rounds.
+std::shared_ptr<uint8_t> CmykToRgb(const uint8_t* cmyk, size_t pixels, bool inverted) {
+  auto rgb = AllocateBytes(pixels * 3);
+  uint8_t* out = rgb.get();
+  auto muldiv255 = [](int a, int b) {
+    const int t = a * b + 128;
+    return ((t >> 8) + t) >> 8;
+  };
+  for (size_t i = 0; i < pixels; ++i, cmyk += 4, out += 3) {
+    const int flip = inverted ? 255 : 0;
+    const int nk = 255 - (cmyk[3] ^ flip);
+    for (int c = 0; c < 3; ++c) {
+      const int v = nk - muldiv255(cmyk[c] ^ flip, nk);
+      out[c] = static_cast<uint8_t>(std::clamp(v, 0, 255));
+    }
+  }
+  return rgb;
+}
+
 absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
                                         const ImageOptions& options) {
   tjhandle handle = ThreadJpegHandle();
@@ -229,12 +271,19 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
       }
     }
   }
-  auto pixels = AllocateBytes(static_cast<size_t>(out_w) * out_h * 3);
+  // CMYK and YCCK JPEGs (print workflows; ImageNet has a few) decode to
+  // CMYK, which TurboJPEG leaves to the caller to turn into RGB.
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  auto pixels = AllocateBytes(static_cast<size_t>(out_w) * out_h * (cmyk ? 4 : 3));
   if (tjDecompress2(handle, bytes, size, pixels.get(), out_w, 0, out_h,
-                    TJPF_RGB, 0) != 0) {
+                    cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
     // Warnings too (a truncated file decodes to grey): that is not the image
     // the writer stored.
     return JpegError(handle, "data");
+  }
+  if (cmyk) {
+    pixels = CmykToRgb(pixels.get(), static_cast<size_t>(out_w) * out_h,
+                       HasAdobeMarker(data.bytes));
   }
   return ResizeAndCrop(std::move(pixels), out_w, out_h, 3, options);
 }

@@ -31,9 +31,9 @@ try:
     import numpy as np
     from PIL import Image
 
-    def image_bytes(array, fmt):
+    def image_bytes(image, fmt):
         buf = io.BytesIO()
-        Image.fromarray(array).save(buf, format=fmt)
+        (image if isinstance(image, Image.Image) else Image.fromarray(image)).save(buf, format=fmt)
         return buf.getvalue()
 
     rgb = (np.arange(8 * 6 * 3) * 37 % 256).astype(np.uint8).reshape(6, 8, 3)
@@ -42,6 +42,7 @@ try:
     np.save(npy, depth)
     decoder_seeds = {
         "jpeg": b"\x01" + image_bytes(rgb, "JPEG"),
+        "jpeg_cmyk": b"\x05" + image_bytes(Image.fromarray(rgb).convert("CMYK"), "JPEG"),
         "png8": b"\x02" + image_bytes(rgb, "PNG"),
         "png16": b"\x02" + image_bytes(depth, "PNG"),
         "png16_resized": b"\x06" + image_bytes(depth, "PNG"),

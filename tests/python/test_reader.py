@@ -45,6 +45,46 @@ def test_decoded_fields_are_typed(cluster):
         assert d["__shard__"].endswith(f"shard-{s.shard_index:03d}.tar")
 
 
+def test_images_decode_to_the_pixels_pil_gives(cluster):
+    # What a WebDataset pipeline decoding with PIL (`convert("RGB")`, or the
+    # array of a 16-bit PNG) would get, pixel for pixel: RGB, grayscale and
+    # CMYK JPEGs (Photoshop-style inverted CMYK; ImageNet has some, which
+    # TurboJPEG alone cannot turn into RGB), and a 16-bit PNG.
+    import io
+    import tarfile
+    import numpy as np
+    from PIL import Image
+    y, x = np.mgrid[0:24, 0:32]
+    rgb = np.stack([x * 8, y * 10, (x * y) % 256], axis=-1).astype(np.uint8)
+    images = {}
+    for mode in ("RGB", "L", "CMYK"):
+        buf = io.BytesIO()
+        Image.fromarray(rgb).convert(mode).save(buf, format="JPEG", quality=90)
+        images[f"{mode.lower()}.jpg"] = buf.getvalue()
+    buf = io.BytesIO()
+    Image.fromarray((x * 2000 + y * 7).astype(np.uint16)).save(buf, format="PNG")
+    images["depth.png"] = buf.getvalue()
+    path = os.path.join(cluster.tmp, "shards", "images.tar")
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for field, data in images.items():
+            info = tarfile.TarInfo(f"img.{field}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    cluster.create_job("images", extra_shards=[(path, 1)])
+    with sluice.Reader(cluster.address, "images", decode=True) as reader:
+        got = [s for s in reader if s.key == "img"]
+    assert len(got) == 1 and not got[0].skipped, got
+    for field, data in images.items():
+        want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")
+                          if field.endswith(".jpg") else Image.open(io.BytesIO(data)))
+        have = got[0][field]
+        if want.ndim == 2:
+            want = want[:, :, None]
+        assert have.shape == want.shape, field
+        assert have.dtype == (np.uint16 if field == "depth.png" else np.uint8), field
+        assert np.array_equal(have, want.astype(have.dtype)), field
+
+
 def test_unknown_job_is_a_final_error(cluster):
     with sluice.Reader(cluster.address, "nope") as reader:
         with pytest.raises(sluice.ReaderError) as err:
