@@ -23,9 +23,11 @@ std::string MallocProvider() {
   return slash == nullptr ? info.dli_fname : slash + 1;
 }
 
+bool GlibcMallocInUse() { return MallocProvider().rfind("libc.so", 0) == 0; }
+
 bool TuneMallocForStreaming() {
 #if defined(__GLIBC__)
-  if (MallocProvider().rfind("libc.so", 0) != 0) return false;
+  if (!GlibcMallocInUse()) return false;
   // The mmap threshold first: setting either value turns off glibc's
   // dynamic threshold, which would otherwise have grown to the sizes seen.
   return mallopt(M_MMAP_THRESHOLD, static_cast<int>(kTunedMmapThreshold)) == 1 &&

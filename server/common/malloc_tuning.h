@@ -25,10 +25,13 @@ namespace sluice {
 inline constexpr int64_t kTunedMmapThreshold = int64_t{32} << 20;
 inline constexpr int64_t kTunedTrimThreshold = int64_t{64} << 20;
 
-// The file name of the shared object whose malloc this process calls (e.g.
-// "libc.so.6", "libjemalloc.so.2": the coordinator links jemalloc, see the
-// top-level CMakeLists.txt), or "" when it is linked in statically.
+// The file name of the object whose malloc this process calls: a shared
+// library ("libc.so.6", "libjemalloc.so.2": the coordinator links jemalloc,
+// see the top-level CMakeLists.txt), the executable itself when a malloc is
+// linked in statically, or "" if the dynamic linker cannot tell.
 std::string MallocProvider();
+// Whether that malloc is glibc's (the one TuneMallocForStreaming tunes).
+bool GlibcMallocInUse();
 
 // Sets glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD to the values above for
 // the whole process. Returns false when malloc is not glibc's (ASan's,

@@ -307,10 +307,8 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
   }
   BlockTerminationSignals();
   ParseServerFlags(argc, argv, options.program, options.usage);
-  const std::string malloc_provider = MallocProvider();
-  if (malloc_provider.rfind("libc.so", 0) != 0) {
-    LogInfo("malloc: %s (--tune_malloc applies to glibc's malloc only)",
-            malloc_provider.empty() ? "linked in" : malloc_provider);
+  if (!GlibcMallocInUse()) {
+    LogInfo("malloc: %s (--tune_malloc applies to glibc's malloc only)", MallocProvider());
   } else if (absl::GetFlag(FLAGS_tune_malloc) && !TuneMallocForStreaming()) {
     LogWarning("--tune_malloc: glibc's malloc refused the mallopt settings; running with its "
                "defaults");

@@ -483,7 +483,7 @@ absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
     fence_units_ -= f.units.size();
     f.units.clear();
   }
-  if (new_job || lease.epoch() != f.epoch) f.epoch = lease.epoch();
+  f.epoch = lease.epoch();
   auto [it, inserted] = f.units.try_emplace(unit, lease.fence());
   if (inserted) {
     ++fence_units_;

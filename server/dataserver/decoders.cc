@@ -230,8 +230,8 @@ std::shared_ptr<uint8_t> CmykToRgb(const uint8_t* cmyk, size_t pixels, bool inve
     const int t = a * b + 128;
     return ((t >> 8) + t) >> 8;
   };
+  const int flip = inverted ? 255 : 0;
   for (size_t i = 0; i < pixels; ++i, cmyk += 4, out += 3) {
-    const int flip = inverted ? 255 : 0;
     const int nk = 255 - (cmyk[3] ^ flip);
     for (int c = 0; c < 3; ++c) {
       const int v = nk - muldiv255(cmyk[c] ^ flip, nk);

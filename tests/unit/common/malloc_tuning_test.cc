@@ -147,7 +147,9 @@ TEST(MallocTuningTest, IsNotAppliedToAnotherMalloc) {
 
 // Run by IsNotAppliedToAnotherMalloc in a child; does nothing otherwise.
 TEST(MallocTuningTest, Probe) {
-  if (std::getenv("SLUICE_MALLOC_PROBE") == nullptr) return;
+  if (std::getenv("SLUICE_MALLOC_PROBE") == nullptr) {
+    GTEST_SKIP() << "a helper: run by IsNotAppliedToAnotherMalloc in a child";
+  }
   std::printf("provider=%s tuned=%d\n", MallocProvider().c_str(), TuneMallocForStreaming());
 }
 
