@@ -41,6 +41,10 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
       index_cache_misses(Counters(r, "sluice_dataserver_index_cache_misses_total",
                                   "Shard index lookups that scanned the shard.")
                              .Add({})),
+      shards_changed(Counters(r, "sluice_dataserver_shards_changed_while_served_total",
+                              "Streams ended with DATA_LOSS because their shard file was "
+                              "truncated or rewritten in place while being read.")
+                         .Add({})),
       cache_hits(Counters(r, "sluice_dataserver_cache_hits_total",
                           "Remote shard opens served from the shard cache.")
                      .Add({})),

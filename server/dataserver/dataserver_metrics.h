@@ -32,6 +32,8 @@ class DataServerMetrics {
   prometheus::Gauge& active_streams;
   prometheus::Counter& index_cache_hits;
   prometheus::Counter& index_cache_misses;
+  // Streams ended because their shard was truncated or rewritten in place.
+  prometheus::Counter& shards_changed;
   // Shard cache (remote shards).
   prometheus::Counter& cache_hits;
   prometheus::Counter& cache_misses;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "server/common/lease_token.h"
+#include "server/common/logging.h"
 #include "server/common/status_macros.h"
 
 namespace sluice::dataserver {
@@ -101,6 +102,7 @@ SampleStream::NextCallback SampleStream::TakeWaiterLocked(NextResult* result) {
   if (cancelled_) {
     *result = absl::CancelledError("stream cancelled");
   } else {
+    CheckShardLocked();
     // The client waits: framed samples go now rather than when a message
     // is full.
     if (ready_.empty() && error_.ok()) FlushLocked();
@@ -117,6 +119,23 @@ SampleStream::NextCallback SampleStream::TakeWaiterLocked(NextResult* result) {
   NextCallback waiter = std::move(waiter_);
   waiter_ = nullptr;
   return waiter;
+}
+
+void SampleStream::CheckShardLocked() {
+  // Before anything read from the shard goes out (and before the stream's
+  // end or error): a file truncated or rewritten in place since it was
+  // opened fails the stream, replacing whatever error reading the changed
+  // bytes produced, and nothing framed is sent.
+  if (shard_ == nullptr || shard_changed_) return;
+  absl::Status intact = shard_->CheckIntact();
+  if (intact.ok()) return;
+  shard_changed_ = true;
+  error_ = absl::Status(intact.code(), absl::StrCat("lease \"", params_.lease.lease_id(), "\": ",
+                                                    intact.message()));
+  ready_.clear();
+  ready_bytes_ = 0;
+  if (service_->metrics() != nullptr) service_->metrics()->shards_changed.Increment();
+  LogWarning("%s", error_.message());
 }
 
 void SampleStream::Deliver(NextCallback callback, NextResult result) {
@@ -191,8 +210,8 @@ void SampleStream::OnShard(absl::StatusOr<std::shared_ptr<const ShardData>> shar
       producing_ = false;
       return;
     }
+    shard_ = *std::move(shard);
   }
-  shard_ = *std::move(shard);
   service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
 }
 
@@ -623,6 +642,8 @@ void DataServerService::IndexShardAsync(
 absl::StatusOr<v1::ShardIndex> DataServerService::IndexOf(
     const v1::IndexShardRequest& request, const std::shared_ptr<const ShardData>& shard) {
   std::shared_ptr<const ShardIndex> index = GetIndex(shard);
+  // An index scanned while the file was being rewritten is not the file's.
+  RETURN_IF_ERROR(shard->CheckIntact());
   if (!index->damage.empty()) {
     return absl::DataLossError(index->damage);
   }

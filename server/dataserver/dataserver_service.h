@@ -124,6 +124,9 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   NextCallback TakeWaiterLocked(NextResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NextResult PopReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the stream (DATA_LOSS) if its shard's file was truncated or
+  // rewritten since it was opened (ShardData::CheckIntact).
+  void CheckShardLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs a callback taken by TakeWaiterLocked (outside mu_), counting what
   // it delivers.
   void Deliver(NextCallback callback, NextResult result);
@@ -136,8 +139,10 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   DataServerService* const service_;
   const Params params_;
 
-  // Touched only by the producing task (one at a time).
+  // Set once (in the constructor, or by OnShard under mu_) before the
+  // producing task reads it; CheckShardLocked reads it under mu_.
   std::shared_ptr<const ShardData> shard_;
+  // Touched only by the producing task (one at a time).
   std::shared_ptr<const ShardIndex> index_;
   std::unique_ptr<TarSampleReader> reader_;
   int64_t next_ = 0;
@@ -155,6 +160,7 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // everything is in ready_
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool shard_changed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class DataServerService {

@@ -1,14 +1,19 @@
 #include "server/dataserver/shard_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -34,6 +39,112 @@ absl::Status ErrnoStatus(int err, absl::string_view what,
     default:
       return absl::InternalError(message);
   }
+}
+
+// ------------------------------------------------- mappings that lose pages
+//
+// A mapped file that shrinks under us turns every read of the pages it lost
+// into SIGBUS, which would kill the server and every stream on it. The
+// handler below looks the faulting address up among the shards mapped now;
+// if it is in one, it flags that shard and maps zero pages over the rest of
+// its mapping, so the read that faulted (libarchive's, a decoder's) goes on
+// and sees zeros, and the stream reading the shard ends with DATA_LOSS at its
+// next CheckIntact, before it sends anything read after the fault. A fault
+// anywhere else is not ours: the previous handler (the default: a core
+// dump) gets it.
+//
+// The table is a fixed array of slots written with atomics only, so the
+// handler reads it without locks. A slot is published by storing `begin`
+// last and retired by clearing it first; a mapping is unmapped only after
+// its slot is retired.
+
+constexpr int kFaultSlots = 4096;
+
+struct FaultSlot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  std::atomic<std::atomic<bool>*> flag{nullptr};
+  std::atomic<bool> taken{false};
+};
+
+FaultSlot g_fault_slots[kFaultSlots];
+struct sigaction g_previous_sigbus;
+uintptr_t g_page_size = 4096;  // set before the handler is installed
+
+void OnSigbus(int signo, siginfo_t* info, void* context) {
+  const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (FaultSlot& slot : g_fault_slots) {
+    const uintptr_t begin = slot.begin.load(std::memory_order_acquire);
+    if (begin == 0 || address < begin) continue;
+    const uintptr_t end = slot.end.load(std::memory_order_relaxed);
+    if (address >= end) continue;
+    std::atomic<bool>* flag = slot.flag.load(std::memory_order_relaxed);
+    if (flag != nullptr) flag->store(true, std::memory_order_seq_cst);
+    const uintptr_t page = address & ~(g_page_size - 1);
+    void* patched = mmap(reinterpret_cast<void*>(page), end - page, PROT_READ,
+                         MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (patched != MAP_FAILED) return;  // the faulting read runs again, on zeros
+    break;
+  }
+  // Not a shard's page (or it could not be patched): what would have
+  // happened without this handler.
+  if (g_previous_sigbus.sa_flags & SA_SIGINFO) {
+    if (g_previous_sigbus.sa_sigaction != nullptr) {
+      g_previous_sigbus.sa_sigaction(signo, info, context);
+      return;
+    }
+  } else if (g_previous_sigbus.sa_handler != SIG_DFL &&
+             g_previous_sigbus.sa_handler != SIG_IGN) {
+    g_previous_sigbus.sa_handler(signo);
+    return;
+  }
+  signal(SIGBUS, SIG_DFL);  // returning re-runs the access: default action
+}
+
+void InstallSigbusHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    g_page_size = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    struct sigaction action = {};
+    action.sa_sigaction = &OnSigbus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, &g_previous_sigbus);
+  });
+}
+
+// The slot now watching [begin, end), or -1 when all are taken (the mapping
+// is then unprotected, as before this table existed; logged once).
+int WatchMapping(const void* begin, size_t size, std::atomic<bool>* flag) {
+  InstallSigbusHandler();
+  for (int i = 0; i < kFaultSlots; ++i) {
+    bool expected = false;
+    if (!g_fault_slots[i].taken.compare_exchange_strong(expected, true)) continue;
+    FaultSlot& slot = g_fault_slots[i];
+    slot.flag.store(flag, std::memory_order_relaxed);
+    slot.end.store(reinterpret_cast<uintptr_t>(begin) + size, std::memory_order_relaxed);
+    slot.begin.store(reinterpret_cast<uintptr_t>(begin), std::memory_order_release);
+    return i;
+  }
+  static std::once_flag warned;
+  std::call_once(warned, [] {
+    std::fprintf(stderr,
+                 "warning: more than %d shards mapped at once; the rest are not "
+                 "protected against being truncated while served\n",
+                 kFaultSlots);
+  });
+  return -1;
+}
+
+void UnwatchMapping(int slot) {
+  if (slot < 0) return;
+  g_fault_slots[slot].begin.store(0, std::memory_order_release);
+  g_fault_slots[slot].flag.store(nullptr, std::memory_order_relaxed);
+  g_fault_slots[slot].taken.store(false, std::memory_order_release);
+}
+
+bool SameTime(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
 }  // namespace
@@ -68,9 +179,39 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardData::Map(
     madvise(addr, data->size_, MADV_SEQUENTIAL);
     data->data_ = static_cast<const char*>(addr);
     data->mapped_ = true;
+    data->fault_slot_ = WatchMapping(addr, data->size_, &data->faulted_);
   }
-  close(fd);
+  data->fd_ = fd;
+  data->mtime_ = st.st_mtim;
   return std::shared_ptr<const ShardData>(std::move(data));
+}
+
+absl::Status ShardData::CheckIntact() const {
+  if (fd_ < 0) return absl::OkStatus();
+  const char* kAdvice = " (shards must not be rewritten in place while served: write a new file "
+                        "and rename it over the old one)";
+  if (faulted_.load()) {
+    return absl::DataLossError(absl::StrCat("shard \"", path_,
+                                            "\" was truncated while being served: bytes "
+                                            "it had are gone",
+                                            kAdvice));
+  }
+  struct stat st;
+  if (fstat(fd_, &st) != 0) return ErrnoStatus(errno, "stat", path_);
+  if (static_cast<size_t>(st.st_size) != size_) {
+    return absl::DataLossError(absl::StrCat("shard \"", path_, "\" changed while being served: ",
+                                            size_, " bytes when opened, ", st.st_size, " now",
+                                            kAdvice));
+  }
+  // Not the change time: unlinking the file (the cache evicting it, a
+  // rename over it) changes that, and the mapping stays good.
+  if (!SameTime(st.st_mtim, mtime_)) {
+    return absl::DataLossError(absl::StrCat("shard \"", path_,
+                                            "\" changed while being served: modified since it "
+                                            "was opened",
+                                            kAdvice));
+  }
+  return absl::OkStatus();
 }
 
 std::shared_ptr<const ShardData> ShardData::FromString(std::string bytes,
@@ -85,7 +226,9 @@ std::shared_ptr<const ShardData> ShardData::FromString(std::string bytes,
 }
 
 ShardData::~ShardData() {
+  UnwatchMapping(fault_slot_);
   if (mapped_) munmap(const_cast<char*>(data_), size_);
+  if (fd_ >= 0) close(fd_);
 }
 
 std::string NormalizeAbsolutePath(absl::string_view path) {

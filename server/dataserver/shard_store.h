@@ -7,18 +7,26 @@
 // "file:///data/x.tar") restricted to a set of root directories. Remote
 // stores (http(s), s3) and the shard cache implement the same interface.
 //
-// Shards are immutable by contract (WebDataset shards are written once):
-// truncating a file in place while it is served would fault the mapping.
-// Replace files by rename, as the cache does.
+// Shards are immutable by contract (WebDataset shards are written once;
+// replace a file by rename, as the cache does). A file truncated or
+// rewritten in place while it is mapped is detected, not crashed on: a read
+// of a page the file no longer has (SIGBUS) is answered with zeros and the
+// shard marked damaged, and CheckIntact() compares the file with what was
+// mapped, so the stream reading it ends with DATA_LOSS instead of the
+// process dying.
 #ifndef SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
 #define SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
 
+#include <sys/stat.h>
+
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -38,6 +46,10 @@ class ShardData {
   ShardData& operator=(const ShardData&) = delete;
 
   absl::string_view bytes() const { return {data_, size_}; }
+  // OK while the file is what was mapped. DATA_LOSS naming the shard once
+  // it was truncated (a read found pages gone) or its size or modification
+  // time changed. One fstat; always OK for in-memory shards.
+  absl::Status CheckIntact() const;
   int64_t size() const { return static_cast<int64_t>(size_); }
   // Resolved path (or URL) for messages and index-cache keys.
   const std::string& path() const { return path_; }
@@ -50,6 +62,12 @@ class ShardData {
   const char* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;
+  int fd_ = -1;  // kept open for CheckIntact
+  struct timespec mtime_ = {};
+  // Set by the SIGBUS handler (shard_store.cc) when a read of the mapping
+  // found the file shorter than mapped.
+  mutable std::atomic<bool> faulted_{false};
+  int fault_slot_ = -1;
   std::string owned_;
   std::string path_;
   std::string version_;

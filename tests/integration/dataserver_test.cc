@@ -134,6 +134,50 @@ TEST_F(DataServerBinaryTest, AClientThatLeavesEarlyEndsTheStream) {
   EXPECT_EQ(out.size(), 2u);
 }
 
+TEST_F(DataServerBinaryTest, AShardTruncatedInPlaceWhileStreamingIsDataLossNotACrash) {
+  // A shard overwritten in place (not replaced by rename) while a trainer
+  // reads it: the stream ends with DATA_LOSS naming the lease and the
+  // shard, everything delivered before is the file's real bytes, and the
+  // server (mapping the file) survives to serve other shards.
+  testing::TarWriter tar;
+  std::vector<std::string> payloads;
+  for (int i = 0; i < 64; ++i) {
+    payloads.push_back(std::string(40000, static_cast<char>('A' + i % 26)));
+    tar.File(absl::StrCat("big", i, ".bin"), payloads.back());
+  }
+  const std::string big = dir_.File("shards/big.tar");
+  testing::WriteFile(big, tar.Finish());
+  grpc::ClientContext ctx;
+  auto request = Request(big, 0, 64);
+  request.mutable_lease()->set_lease_id("job/e0/f9");
+  request.set_max_batch_bytes(1);  // one sample per message
+  auto reader = stub_->ReadSamples(&ctx, request);
+  v1::SampleBatch batch;
+  ASSERT_TRUE(reader->Read(&batch));
+  ASSERT_EQ(truncate(big.c_str(), 8192), 0);
+  std::vector<v1::Sample> got(batch.samples().begin(), batch.samples().end());
+  while (reader->Read(&batch)) got.insert(got.end(), batch.samples().begin(), batch.samples().end());
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("job/e0/f9"));
+  EXPECT_THAT(status.error_message(), HasSubstr(big));
+  EXPECT_THAT(status.error_message(), HasSubstr("while being served"));
+  ASSERT_LT(got.size(), 64u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].index(), static_cast<int64_t>(i));
+    ASSERT_EQ(got[i].fields_size(), 1);
+    EXPECT_EQ(got[i].fields(0).raw(), payloads[i]) << "sample " << i;
+  }
+  std::vector<v1::Sample> out;
+  ASSERT_TRUE(Read(Request(shard_, 0, 3), &out).ok());
+  EXPECT_EQ(out.size(), 3u);
+  auto metrics = testing::HttpGet("http://" + server_.metrics_address + "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_shards_changed_while_served_total 1"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("sluice_dataserver_stream_errors_total{code=\"DATA_LOSS\"} 1"));
+}
+
 TEST(DataServerFlagsTest, MissingRootsIsAnError) {
   TempDir dir;
   auto child = testing::ChildProcess::Start(

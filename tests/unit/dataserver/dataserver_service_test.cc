@@ -6,6 +6,8 @@
 #include <atomic>
 #include <thread>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -20,6 +22,7 @@ namespace sluice::dataserver {
 namespace {
 
 using ::sluice::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -350,6 +353,28 @@ TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(samples[i].index(), i);
   EXPECT_TRUE(samples[7].skipped());
   EXPECT_EQ(samples[8].fields(0).tensor().shape(0), 48);
+}
+
+TEST_F(DataServerServiceTest, AShardTruncatedWhileDecodingEndsTheStreamWithDataLoss) {
+  // The file loses all but its first page just before sample 10 is decoded:
+  // the decoder's reads of the pages gone would be SIGBUS (a dead server);
+  // they read zeros instead, and the stream ends with DATA_LOSS naming the
+  // shard before anything read after the truncation is sent.
+  service_.reset();
+  Make("", [&](int64_t index) {
+    if (index == 10) {
+      ASSERT_EQ(truncate(shard_.c_str(), 4096), 0);
+    }
+  });
+  auto r = Request(0, 20);
+  r.mutable_decode()->set_decode(true);
+  auto stream = service_->ReadSamples(r);
+  ASSERT_OK(stream.status());
+  EXPECT_THAT(ReadAll(**stream).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("j/e0/u1/f1"), HasSubstr(shard_),
+                             HasSubstr("while being served"))));
+  EXPECT_EQ(metrics_.shards_changed.Value(), 1);
 }
 
 TEST_F(DataServerServiceTest, SamplesDecodedInlineDoNotCountAgainstTheWindow) {

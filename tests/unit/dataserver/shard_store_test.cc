@@ -1,7 +1,11 @@
 #include "server/dataserver/shard_store.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -13,6 +17,7 @@ namespace sluice::dataserver {
 namespace {
 
 using ::sluice::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 class LocalShardStoreTest : public ::testing::Test {
@@ -66,6 +71,100 @@ TEST_F(LocalShardStoreTest, MissingIsNotFoundAndBadUrlsAreInvalid) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scheme")));
   EXPECT_THAT(store_->Open(root_ + "/sub").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("regular file")));
+}
+
+// A shard rewritten in place while mapped (against the contract: shards are
+// replaced by rename) must end its readers with DATA_LOSS, not kill the
+// server: reads of the pages the file lost would be SIGBUS.
+class ChangedShardTest : public LocalShardStoreTest {
+ protected:
+  static constexpr size_t kPage = 4096;
+  void SetUp() override {
+    LocalShardStoreTest::SetUp();
+    path_ = root_ + "/big.tar";
+    testing::WriteFile(path_, std::string(6 * kPage, 'a'));
+    // An old modification time, so a rewrite within the same clock tick is
+    // still a different one.
+    struct timespec old_times[2] = {{1600000000, 0}, {1600000000, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, path_.c_str(), old_times, 0), 0);
+  }
+  std::string path_;
+};
+
+TEST_F(ChangedShardTest, AnUnchangedShardIsIntact) {
+  auto shard = store_->Open(path_);
+  ASSERT_OK(shard.status());
+  EXPECT_OK((*shard)->CheckIntact());
+  EXPECT_OK(ShardData::FromString("in memory", "mem")->CheckIntact());
+}
+
+TEST_F(ChangedShardTest, ReadingPagesATruncationRemovedGivesZerosAndDataLoss) {
+  auto shard = store_->Open(path_);
+  ASSERT_OK(shard.status());
+  absl::string_view bytes = (*shard)->bytes();
+  ASSERT_EQ(truncate(path_.c_str(), kPage), 0);
+  // Without the handler this read is SIGBUS and the test binary dies.
+  const volatile char* p = bytes.data();
+  EXPECT_EQ(p[3 * kPage + 5], '\0');
+  EXPECT_EQ(p[6 * kPage - 1], '\0');  // the rest of the mapping too
+  EXPECT_EQ(p[10], 'a');               // the page the file kept is untouched
+  EXPECT_THAT((*shard)->CheckIntact(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path_), HasSubstr("truncated while being served"),
+                             HasSubstr("rename"))));
+  // Other shards mapped at the same time are not affected.
+  auto other = store_->Open(root_ + "/sub/a.tar");
+  ASSERT_OK(other.status());
+  EXPECT_OK((*other)->CheckIntact());
+  EXPECT_EQ((*other)->bytes(), "inside");
+}
+
+TEST_F(ChangedShardTest, ATruncationNotYetReadIsFoundByItsSize) {
+  auto shard = store_->Open(path_);
+  ASSERT_OK(shard.status());
+  ASSERT_EQ(truncate(path_.c_str(), 2 * kPage + 100), 0);
+  EXPECT_THAT((*shard)->CheckIntact(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path_), HasSubstr("changed while being served"),
+                             HasSubstr("24576 bytes when opened, 8292 now"))));
+}
+
+TEST_F(ChangedShardTest, ARewriteOfTheSameSizeIsFoundByItsModificationTime) {
+  auto shard = store_->Open(path_);
+  ASSERT_OK(shard.status());
+  testing::WriteFile(path_, std::string(6 * kPage, 'b'));
+  EXPECT_THAT((*shard)->CheckIntact(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path_), HasSubstr("modified since it was opened"))));
+}
+
+TEST_F(ChangedShardTest, ReplacingOrUnlinkingTheFileIsNotAChange) {
+  // What the contract allows (and the shard cache does): a new file renamed
+  // over the old one, or the old one unlinked. The open mapping keeps the
+  // bytes it had.
+  auto shard = store_->Open(path_);
+  ASSERT_OK(shard.status());
+  testing::WriteFile(path_ + ".new", std::string(2 * kPage, 'n'));
+  ASSERT_EQ(rename((path_ + ".new").c_str(), path_.c_str()), 0);
+  EXPECT_OK((*shard)->CheckIntact());
+  ASSERT_EQ(unlink(path_.c_str()), 0);
+  EXPECT_OK((*shard)->CheckIntact());
+  EXPECT_EQ((*shard)->bytes(), std::string(6 * kPage, 'a'));
+}
+
+TEST_F(ChangedShardTest, AFaultOutsideAnyShardStillCrashes) {
+  // The handler is installed by the first mapping; a SIGBUS that is not a
+  // shard's keeps its default action.
+  ASSERT_OK(store_->Open(path_).status());
+  EXPECT_DEATH(
+      {
+        const int fd = open(path_.c_str(), O_RDONLY);
+        void* addr = mmap(nullptr, 6 * kPage, PROT_READ, MAP_SHARED, fd, 0);
+        if (addr == MAP_FAILED || truncate(path_.c_str(), 0) != 0) _exit(0);
+        std::fprintf(stderr, "%d\n", static_cast<const volatile char*>(addr)[3 * kPage]);
+        _exit(0);
+      },
+      "");
 }
 
 TEST(LocalShardStoreCreateTest, RootsMustExist) {
