@@ -46,8 +46,8 @@ absl::Status ErrnoStatus(int err, absl::string_view what,
 // A mapped file that shrinks under us turns every read of the pages it lost
 // into SIGBUS, which would kill the server and every stream on it. The
 // handler below looks the faulting address up among the shards mapped now;
-// if it is in one, it flags that shard and maps zero pages over the rest of
-// its mapping, so the read that faulted (libarchive's, a decoder's) goes on
+// if it is in one, it flags that shard and maps a zero page over the page
+// read, so the read that faulted (libarchive's, a decoder's) goes on
 // and sees zeros, and the stream reading the shard ends with DATA_LOSS at its
 // next CheckIntact, before it sends anything read after the fault. A fault
 // anywhere else is not ours: the previous handler (the default: a core
@@ -81,7 +81,10 @@ void OnSigbus(int signo, siginfo_t* info, void* context) {
     std::atomic<bool>* flag = slot.flag.load(std::memory_order_relaxed);
     if (flag != nullptr) flag->store(true, std::memory_order_seq_cst);
     const uintptr_t page = address & ~(g_page_size - 1);
-    void* patched = mmap(reinterpret_cast<void*>(page), end - page, PROT_READ,
+    // Only the page read: a zero-copy payload on another lost page, still
+    // in a socket's send queue, then fails in the kernel (EFAULT) rather
+    // than going out as zeros.
+    void* patched = mmap(reinterpret_cast<void*>(page), g_page_size, PROT_READ,
                          MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (patched != MAP_FAILED) return;  // the faulting read runs again, on zeros
     break;

@@ -293,8 +293,10 @@ TEST_F(RemoteShardsTest, CacheStaysUnderItsLimitAndNeverEvictsAPinnedShard) {
       }
     }
     if (round == 0) {
-      // The stream is still alive and still reads correct bytes.
-      ASSERT_TRUE(Metrics(server).find("sluice_dataserver_active_streams 1") != std::string::npos);
+      // The stream is still alive (the gauge settles to it once the reads
+      // above have ended on the server too) and still reads correct bytes.
+      ASSERT_TRUE(
+          testing::WaitForMetric(server.metrics_address, "sluice_dataserver_active_streams 1"));
       pinned_ctx.TryCancel();
       while (pinned_reader->Read(&first)) {
       }

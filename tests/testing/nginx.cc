@@ -6,13 +6,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "tests/testing/http.h"
 #include "tests/testing/tar_writer.h"
 
 namespace sluice::testing {
@@ -61,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(const std::string& dir,
     auto server = std::unique_ptr<Nginx>(new Nginx());
     server->dir_ = dir;
     server->port_ = FreePort();
+    server->sync_port_ = FreePort();
     server->tls_ = !tls.cert.empty();
     const std::string conf = absl::StrCat(
         "worker_processes 1;\n", geteuid() == 0 ? "user root root;\n" : "",
@@ -78,6 +82,8 @@ absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(const std::string& dir,
         "  sendfile on; keepalive_timeout 60; keepalive_requests 10000;\n",
         "  server {\n",
         "    listen 127.0.0.1:", server->port_, server->tls_ ? " ssl" : "", ";\n",
+        "    listen 127.0.0.1:", server->sync_port_, ";\n",
+        "    location /__sync/ { return 204; }\n",
         server->tls_ ? absl::StrCat("    ssl_certificate ", tls.cert, ";\n    ssl_certificate_key ",
                                     tls.key, ";\n")
                      : "",
@@ -116,6 +122,29 @@ std::string Nginx::base_url() const {
 }
 
 std::vector<NginxLogLine> Nginx::AccessLog() const {
+  // nginx logs a request after sending its response, so a client can have
+  // the response before the line is written. One worker serves requests
+  // one event at a time: once a request made now is logged, every request
+  // answered before it is too.
+  const std::string sync_uri = absl::StrCat("/__sync/", ++syncs_);
+  (void)HttpGet(absl::StrCat("http://127.0.0.1:", sync_port_, sync_uri));
+  std::vector<NginxLogLine> out;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(10);;) {
+    out = ReadAccessLog();
+    bool synced = false;
+    for (const NginxLogLine& l : out) synced |= l.uri == sync_uri;
+    if (synced || absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [](const NginxLogLine& l) {
+                             return absl::StartsWith(l.uri, "/__sync/");
+                           }),
+            out.end());
+  return out;
+}
+
+std::vector<NginxLogLine> Nginx::ReadAccessLog() const {
   std::vector<NginxLogLine> out;
   std::ifstream in(dir_ + "/access.log");
   std::string line;

@@ -46,6 +46,8 @@ class Nginx {
   // "http://127.0.0.1:PORT" ("https://..." with TLS)
   std::string base_url() const;
   int port() const { return port_; }
+  // Every request nginx has answered so far (it is asked for one more,
+  // on a port of its own, and its line awaited first).
   std::vector<NginxLogLine> AccessLog() const;
   // Requests logged for `uri` with `method`.
   int Count(const std::string& method, const std::string& uri) const;
@@ -53,8 +55,11 @@ class Nginx {
 
  private:
   Nginx() = default;
+  std::vector<NginxLogLine> ReadAccessLog() const;
   std::string dir_;
   int port_ = 0;
+  int sync_port_ = 0;  // plain HTTP, for AccessLog's sync request
+  mutable int syncs_ = 0;
   bool tls_ = false;
   ChildProcess process_;
 };

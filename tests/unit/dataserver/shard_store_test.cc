@@ -106,7 +106,7 @@ TEST_F(ChangedShardTest, ReadingPagesATruncationRemovedGivesZerosAndDataLoss) {
   // Without the handler this read is SIGBUS and the test binary dies.
   const volatile char* p = bytes.data();
   EXPECT_EQ(p[3 * kPage + 5], '\0');
-  EXPECT_EQ(p[6 * kPage - 1], '\0');  // the rest of the mapping too
+  EXPECT_EQ(p[6 * kPage - 1], '\0');  // each lost page faults on its own
   EXPECT_EQ(p[10], 'a');               // the page the file kept is untouched
   EXPECT_THAT((*shard)->CheckIntact(),
               StatusIs(absl::StatusCode::kDataLoss,
