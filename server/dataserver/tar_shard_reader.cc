@@ -136,13 +136,19 @@ int64_t TarMemberIterator::consumed() const {
 absl::StatusOr<std::optional<TarMemberIterator::Member>>
 TarMemberIterator::Next() {
   struct archive_entry* entry = nullptr;
+  if (at_end_) return std::optional<Member>();  // libarchive refuses a second call
   int r = archive_read_next_header(archive_, &entry);
-  if (r == ARCHIVE_EOF) return std::optional<Member>();
+  if (r == ARCHIVE_EOF) {
+    at_end_ = true;
+    return std::optional<Member>();
+  }
   if (r < ARCHIVE_WARN) {
-    return ArchiveError(
-        absl::StrCat("damaged tar header near offset ",
-                     start_ + archive_read_header_position(archive_)),
-        "");
+    // The position is an error code itself once the archive is in a state
+    // that has none (e.g. after the end was seen).
+    const int64_t at = archive_read_header_position(archive_);
+    return ArchiveError(at >= 0 ? absl::StrCat("damaged tar header near offset ", start_ + at)
+                                : std::string("damaged tar header"),
+                        "");
   }
   Member member;
   const char* path = archive_entry_pathname(entry);

@@ -99,6 +99,7 @@ class TarMemberIterator {
   int64_t pos_ = 0;  // bytes of the mapping handed to libarchive
   struct archive* archive_ = nullptr;
   bool data_consumed_ = true;
+  bool at_end_ = false;  // Next() returned the end
 
   static long ReadCallback(struct archive*, void* self, const void** buffer);
   static int64_t SkipCallback(struct archive*, void* self, int64_t request);

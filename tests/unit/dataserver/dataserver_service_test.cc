@@ -504,6 +504,57 @@ TEST_F(DataServerServiceTest, SamplesBeforeAReadErrorAreDeliveredThenTheError) {
   EXPECT_EQ(indices, expected);
 }
 
+TEST_F(DataServerServiceTest, AShardThatEndsBeforeItsIndexIsDataLoss) {
+  // The second open finds the same number of bytes but only ten samples
+  // (zeros after them, which tar reads as its end): the stream delivers the
+  // ten and ends with DATA_LOSS saying where (not libarchive's complaint
+  // about being asked for a header after the end).
+  testing::TarWriter full, half;
+  for (int i = 0; i < 20; ++i) {
+    full.File(absl::StrCat("s/", i, ".cls"), std::to_string(i));
+    if (i < 10) half.File(absl::StrCat("s/", i, ".cls"), std::to_string(i));
+  }
+  std::string whole = full.Finish(), cut = half.Finish();
+  cut.resize(whole.size(), '\0');
+  DataServerOptions options;
+  options.store = std::make_unique<SequenceStore>(std::vector<std::shared_ptr<const ShardData>>{
+      ShardData::FromString(whole, "/data/x.tar"), ShardData::FromString(cut, "/data/x.tar")});
+  options.decode_threads = 2;
+  auto service = DataServerService::Create(std::move(options));
+  ASSERT_OK(service.status());
+  auto r = Request(0, 20);
+  r.mutable_lease()->mutable_unit()->set_shard_url("/data/x.tar");
+  r.set_max_batch_bytes(1);  // one sample per message
+  auto first = (*service)->ReadSamples(r);
+  ASSERT_OK(first.status());
+  ASSERT_OK(ReadAll(**first).status());
+
+  auto second = (*service)->ReadSamples(r);
+  ASSERT_OK(second.status());
+  int delivered = 0;
+  absl::Status end;
+  while (true) {
+    absl::Notification done;
+    absl::StatusOr<std::optional<EncodedMessage>> next;
+    (*second)->Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
+      next = std::move(v);
+      done.Notify();
+    });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    if (!next.ok()) {
+      end = next.status();
+      break;
+    }
+    ASSERT_TRUE(next->has_value()) << "the stream ended without the error";
+    delivered += (*next)->num_samples();
+  }
+  EXPECT_EQ(delivered, 10);
+  EXPECT_THAT(end, StatusIs(absl::StatusCode::kDataLoss,
+                            AllOf(HasSubstr("/data/x.tar"),
+                                  HasSubstr("ended before sample 10 (\"s/10\") that its "
+                                            "index lists"))));
+}
+
 TEST_F(DataServerServiceTest, CancelStopsTheStream) {
   auto r = Request(0, 20);
   r.set_max_batch_bytes(1);  // one sample per message
