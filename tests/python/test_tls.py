@@ -35,6 +35,19 @@ def test_reader_reads_over_mutual_tls(tls_cluster):
     assert len(keys) == tls_cluster.total and set(keys.values()) == {1}
 
 
+def test_dataset_len_asks_the_coordinator_over_the_readers_tls(tls_cluster, monkeypatch):
+    # len() (what a progress bar asks first) used a plaintext channel, which
+    # a TLS coordinator refuses.
+    tls_cluster.create_job("tls-len", world_size=2)
+    ds = ShardLeaseDataset(coordinator=tls_cluster.address, job="tls-len", **tls_args(tls_cluster))
+    assert len(ds) == tls_cluster.total // 2
+    monkeypatch.setenv("SLUICE_CA_CERT", tls_cluster.pki["ca.crt"])
+    monkeypatch.setenv("SLUICE_CLIENT_CERT", tls_cluster.pki["client.crt"])
+    monkeypatch.setenv("SLUICE_CLIENT_KEY", tls_cluster.pki["client.key"])
+    assert len(ShardLeaseDataset(coordinator=tls_cluster.address, job="tls-len")) == \
+        tls_cluster.total // 2
+
+
 def test_spawned_dataloader_workers_get_tls_from_the_environment(tls_cluster, monkeypatch):
     tls_cluster.create_job("tls-loader")
     # Spawned workers inherit the environment; the dataset itself holds only

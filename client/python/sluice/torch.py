@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-import grpc
 import numpy as np
 
+from sluice import tls
 from sluice.reader import Reader, merge_cursors
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -107,7 +107,10 @@ class ShardLeaseDataset(IterableDataset):
     def __len__(self):
         """Samples this rank gets per epoch (from the coordinator)."""
         if self._samples_per_rank is None:
-            with grpc.insecure_channel(self.coordinator) as channel:
+            o = self._reader_options  # the Reader's TLS settings
+            credentials = o.get("credentials") or tls.channel_credentials(
+                o.get("ca_cert"), o.get("client_cert"), o.get("client_key"))
+            with tls.channel(self.coordinator, credentials) as channel:
                 job = coordinator_pb2_grpc.CoordinatorStub(channel).GetJob(
                     coordinator_pb2.GetJobRequest(name=self.job), timeout=30)
             self._samples_per_rank = job.status.samples_per_rank

@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""Runs pytest (arguments passed on) and, when it exits, stops every process
+the run left behind.
+
+ctest reads a test's output until the pipe closes, so a process that
+outlives pytest holding it -- a forked DataLoader worker stuck in gRPC's
+fork handlers after the test process crashed, or a server whose fixture
+never ran its teardown -- would keep the whole test run waiting forever.
+This wrapper is a child subreaper (prctl PR_SET_CHILD_SUBREAPER): such
+orphans become its children instead of init's, so it can find and kill
+them, and they are descendants ctest can kill on a timeout. A test that
+runs for more than five minutes dumps every thread's stack (pytest's
+faulthandler_timeout) before ctest's timeout ends it.
+"""
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def children():
+    pids = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def main():
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        print("run_pytest: cannot become a child subreaper; orphans go to init",
+              file=sys.stderr)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-o", "faulthandler_timeout=300",
+                             *sys.argv[1:]])
+    signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+    rc = proc.wait()
+    left = children()
+    if left:
+        print(f"run_pytest: killing {len(left)} process(es) the run left behind: {left}",
+              file=sys.stderr)
+    while left:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in left:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        left = children()  # their own orphans come to us in turn
+    sys.exit(rc if rc >= 0 else 128 - rc)
+
+
+if __name__ == "__main__":
+    main()
