@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -32,6 +33,14 @@ def children():
     return pids
 
 
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "?"
+
+
 def main():
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         print("run_pytest: cannot become a child subreaper; orphans go to init",
@@ -40,9 +49,18 @@ def main():
                              *sys.argv[1:]])
     signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
     rc = proc.wait()
+    # A process that only waits for pytest to go (multiprocessing's resource
+    # tracker reads a pipe until it closes) ends by itself: a moment first.
+    deadline = time.monotonic() + 2
+    while children() and time.monotonic() < deadline:
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        time.sleep(0.01)
     left = children()
-    if left:
-        print(f"run_pytest: killing {len(left)} process(es) the run left behind: {left}",
+    for pid in left:
+        print(f"run_pytest: killing what the run left behind: {pid} {cmdline(pid)}",
               file=sys.stderr)
     while left:
         for pid in left:
