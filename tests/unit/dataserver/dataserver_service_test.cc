@@ -61,6 +61,40 @@ absl::StatusOr<std::vector<v1::SampleBatch>> ReadAll(SampleStream& stream) {
   }
 }
 
+// Reads a stream expected to end in an error: the indices of the samples
+// delivered before it, and the error (OK if the stream ended cleanly,
+// DEADLINE_EXCEEDED if it stalled).
+struct UntilError {
+  std::vector<int64_t> indices;
+  absl::Status error;
+};
+UntilError ReadUntilError(SampleStream& stream) {
+  UntilError out;
+  while (true) {
+    absl::Notification done;
+    absl::StatusOr<std::optional<EncodedMessage>> next;
+    stream.Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
+      next = std::move(v);
+      done.Notify();
+    });
+    if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) {
+      out.error = absl::DeadlineExceededError("the stream stalled");
+      return out;
+    }
+    if (!next.ok()) {
+      out.error = next.status();
+      return out;
+    }
+    if (!next->has_value()) return out;  // ended without an error
+    v1::SampleBatch batch;
+    if (!batch.ParseFromString((*next)->Flatten())) {
+      out.error = absl::InternalError("message does not parse");
+      return out;
+    }
+    for (const auto& sample : batch.samples()) out.indices.push_back(sample.index());
+  }
+}
+
 std::vector<v1::Sample> Samples(const std::vector<v1::SampleBatch>& batches) {
   std::vector<v1::Sample> out;
   for (const auto& b : batches) out.insert(out.end(), b.samples().begin(), b.samples().end());
@@ -478,30 +512,12 @@ TEST_F(DataServerServiceTest, SamplesBeforeAReadErrorAreDeliveredThenTheError) {
 
   auto second = (*service)->ReadSamples(r);
   ASSERT_OK(second.status());
-  std::vector<int64_t> indices;
-  absl::Status end;
-  while (end.ok()) {
-    absl::Notification done;
-    absl::StatusOr<std::optional<EncodedMessage>> next;
-    (*second)->Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
-      next = std::move(v);
-      done.Notify();
-    });
-    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-    if (!next.ok()) {
-      end = next.status();
-      break;
-    }
-    ASSERT_TRUE(next->has_value()) << "the stream ended without the error";
-    v1::SampleBatch batch;
-    ASSERT_TRUE(batch.ParseFromString((*next)->Flatten()));
-    for (const auto& sample : batch.samples()) indices.push_back(sample.index());
-  }
-  EXPECT_THAT(end, StatusIs(absl::StatusCode::kDataLoss,
-                            HasSubstr("expected sample 13 \"s/23\"")));
+  UntilError read = ReadUntilError(**second);
+  EXPECT_THAT(read.error, StatusIs(absl::StatusCode::kDataLoss,
+                                   HasSubstr("expected sample 13 \"s/23\"")));
   std::vector<int64_t> expected;
   for (int i = 0; i < 13; ++i) expected.push_back(i);
-  EXPECT_EQ(indices, expected);
+  EXPECT_EQ(read.indices, expected);
 }
 
 TEST_F(DataServerServiceTest, AShardThatEndsBeforeItsIndexIsDataLoss) {
@@ -531,28 +547,12 @@ TEST_F(DataServerServiceTest, AShardThatEndsBeforeItsIndexIsDataLoss) {
 
   auto second = (*service)->ReadSamples(r);
   ASSERT_OK(second.status());
-  int delivered = 0;
-  absl::Status end;
-  while (true) {
-    absl::Notification done;
-    absl::StatusOr<std::optional<EncodedMessage>> next;
-    (*second)->Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
-      next = std::move(v);
-      done.Notify();
-    });
-    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-    if (!next.ok()) {
-      end = next.status();
-      break;
-    }
-    ASSERT_TRUE(next->has_value()) << "the stream ended without the error";
-    delivered += (*next)->num_samples();
-  }
-  EXPECT_EQ(delivered, 10);
-  EXPECT_THAT(end, StatusIs(absl::StatusCode::kDataLoss,
-                            AllOf(HasSubstr("/data/x.tar"),
-                                  HasSubstr("ended before sample 10 (\"s/10\") that its "
-                                            "index lists"))));
+  UntilError read = ReadUntilError(**second);
+  EXPECT_EQ(read.indices, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_THAT(read.error,
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("/data/x.tar"),
+                             HasSubstr("ended before sample 10 (\"s/10\") that its index lists"))));
 }
 
 TEST_F(DataServerServiceTest, CancelStopsTheStream) {
