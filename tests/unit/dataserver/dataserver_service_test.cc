@@ -41,16 +41,28 @@ class CountingStore : public ShardStore {
   std::unique_ptr<ShardStore> inner_;
 };
 
+// The stream's next answer: a message, nullopt at its end, or its error
+// (DEADLINE_EXCEEDED if none comes within 20 s).
+absl::StatusOr<std::optional<EncodedMessage>> NextOf(SampleStream& stream) {
+  absl::Notification done;
+  absl::StatusOr<std::optional<EncodedMessage>> next;
+  stream.Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
+    next = std::move(v);
+    done.Notify();
+  });
+  if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) {
+    // The callback may still run later and write `next`: wait for it, so it
+    // never writes to a dead frame, but report the stall.
+    done.WaitForNotification();
+    return absl::DeadlineExceededError("the stream stalled for 20 s");
+  }
+  return next;
+}
+
 absl::StatusOr<std::vector<v1::SampleBatch>> ReadAll(SampleStream& stream) {
   std::vector<v1::SampleBatch> out;
   while (true) {
-    absl::Notification done;
-    absl::StatusOr<std::optional<EncodedMessage>> next;
-    stream.Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
-      next = std::move(v);
-      done.Notify();
-    });
-    done.WaitForNotification();
+    absl::StatusOr<std::optional<EncodedMessage>> next = NextOf(stream);
     if (!next.ok()) return next.status();
     if (!next->has_value()) return out;
     v1::SampleBatch batch;
@@ -71,16 +83,7 @@ struct UntilError {
 UntilError ReadUntilError(SampleStream& stream) {
   UntilError out;
   while (true) {
-    absl::Notification done;
-    absl::StatusOr<std::optional<EncodedMessage>> next;
-    stream.Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
-      next = std::move(v);
-      done.Notify();
-    });
-    if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) {
-      out.error = absl::DeadlineExceededError("the stream stalled");
-      return out;
-    }
+    absl::StatusOr<std::optional<EncodedMessage>> next = NextOf(stream);
     if (!next.ok()) {
       out.error = next.status();
       return out;
