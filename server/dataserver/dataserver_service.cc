@@ -102,10 +102,11 @@ SampleStream::NextCallback SampleStream::TakeWaiterLocked(NextResult* result) {
   if (cancelled_) {
     *result = absl::CancelledError("stream cancelled");
   } else {
-    CheckShardLocked();
     // The client waits: framed samples go now rather than when a message
     // is full.
     if (ready_.empty() && error_.ok()) FlushLocked();
+    // Only when there is an answer to give (one fstat, not one per call).
+    if (!ready_.empty() || !error_.ok() || finished_) CheckShardLocked();
     if (!ready_.empty()) {
       *result = PopReadyLocked();
     } else if (!error_.ok()) {

@@ -54,17 +54,16 @@ absl::Status ErrnoStatus(int err, absl::string_view what,
 // dump) gets it.
 //
 // The table is a fixed array of slots written with atomics only, so the
-// handler reads it without locks. A slot is published by storing `begin`
-// last and retired by clearing it first; a mapping is unmapped only after
-// its slot is retired.
+// handler reads it without locks. A slot is taken by setting its `flag`,
+// published by storing `begin` last, and retired by clearing `begin` first,
+// then `flag`; a mapping is unmapped only after its slot is retired.
 
 constexpr int kFaultSlots = 4096;
 
 struct FaultSlot {
   std::atomic<uintptr_t> begin{0};
   std::atomic<uintptr_t> end{0};
-  std::atomic<std::atomic<bool>*> flag{nullptr};
-  std::atomic<bool> taken{false};
+  std::atomic<std::atomic<bool>*> flag{nullptr};  // null: the slot is free
 };
 
 FaultSlot g_fault_slots[kFaultSlots];
@@ -78,7 +77,7 @@ void OnSigbus(int signo, siginfo_t* info, void* context) {
     if (begin == 0 || address < begin) continue;
     const uintptr_t end = slot.end.load(std::memory_order_relaxed);
     if (address >= end) continue;
-    std::atomic<bool>* flag = slot.flag.load(std::memory_order_relaxed);
+    std::atomic<bool>* flag = slot.flag.load(std::memory_order_acquire);
     if (flag != nullptr) flag->store(true, std::memory_order_seq_cst);
     const uintptr_t page = address & ~(g_page_size - 1);
     // Only the page read: a zero-copy payload on another lost page, still
@@ -121,10 +120,9 @@ void InstallSigbusHandler() {
 int WatchMapping(const void* begin, size_t size, std::atomic<bool>* flag) {
   InstallSigbusHandler();
   for (int i = 0; i < kFaultSlots; ++i) {
-    bool expected = false;
-    if (!g_fault_slots[i].taken.compare_exchange_strong(expected, true)) continue;
+    std::atomic<bool>* expected = nullptr;
+    if (!g_fault_slots[i].flag.compare_exchange_strong(expected, flag)) continue;
     FaultSlot& slot = g_fault_slots[i];
-    slot.flag.store(flag, std::memory_order_relaxed);
     slot.end.store(reinterpret_cast<uintptr_t>(begin) + size, std::memory_order_relaxed);
     slot.begin.store(reinterpret_cast<uintptr_t>(begin), std::memory_order_release);
     return i;
@@ -142,8 +140,7 @@ int WatchMapping(const void* begin, size_t size, std::atomic<bool>* flag) {
 void UnwatchMapping(int slot) {
   if (slot < 0) return;
   g_fault_slots[slot].begin.store(0, std::memory_order_release);
-  g_fault_slots[slot].flag.store(nullptr, std::memory_order_relaxed);
-  g_fault_slots[slot].taken.store(false, std::memory_order_release);
+  g_fault_slots[slot].flag.store(nullptr, std::memory_order_release);
 }
 
 bool SameTime(const struct timespec& a, const struct timespec& b) {

@@ -152,12 +152,14 @@ def _close_open_readers():
 # 20 of the fork test (a DataLoader forking its workers right after the
 # parent read with a Reader). Before a fork, wait (at most a second) until
 # no gRPC or sluice thread is running.
-_GRPC_THREADS = ("grpc", "default-execut", "resolver-execu", "event_engine", "timer_manager",
-                 "sluice-")
+# gRPC's own threads by their kernel names; sluice's (Python threads, which
+# keep the process's kernel name) by their Python names.
+_GRPC_THREADS = ("grpc", "default-execut", "resolver-execu", "event_engine", "timer_manager")
 
 
 def _grpc_threads_running():
     me = str(threading.get_native_id())
+    ours = {str(t.native_id) for t in threading.enumerate() if t.name.startswith("sluice-")}
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
@@ -171,7 +173,7 @@ def _grpc_threads_running():
         except OSError:
             continue  # exited
         name, state = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:][:1]
-        if state == "R" and name.startswith(_GRPC_THREADS):
+        if state == "R" and (name.startswith(_GRPC_THREADS) or tid in ours):
             return True
     return False
 
