@@ -179,6 +179,40 @@ def test_one_stream_per_data_server_carries_data_at_a_time(tmp_path):
         c.stop()
 
 
+def test_closing_a_reader_mid_stream_is_quiet(tmp_path, caplog):
+    # A training loop that stops early (`break` after N steps) closes the
+    # Reader while its streams still carry data. Closing releases the units
+    # and cancels their streams; that is not a data-server failure, so
+    # nothing is re-routed or logged. To see the stream's end while close()
+    # is still busy, each Release after the first waits until the streams of
+    # the units released before it have ended.
+    c = Cluster(tmp_path, shards=4, per_shard=100, bin_repeat=50_000)
+    try:
+        c.create_job("stop-early")
+        with sluice.Reader(c.address, "stop-early", units_in_flight=2) as reader:
+            send, released = reader._send, []
+
+            def send_after_earlier_streams_ended(m):
+                if m.HasField("release"):
+                    deadline = time.monotonic() + 30
+                    while any(u.thread.is_alive() for u in released):
+                        assert time.monotonic() < deadline, "a cancelled stream never ended"
+                        time.sleep(0.001)
+                    released.extend(u for u in reader._units.values()
+                                    if u.lease.lease_id == m.release.lease_id)
+                return send(m)
+            reader._send = send_after_earlier_streams_ended
+            for n, _ in enumerate(reader):
+                if n == 10:
+                    break
+            assert any(u.fetch == "running" for u in reader._units.values())
+        assert len(released) == 2
+        assert reader.stats["reroutes"] == 0, reader.stats
+        assert [r.getMessage() for r in caplog.records if r.name == "sluice"] == []
+    finally:
+        c.stop()
+
+
 def test_a_slow_consumer_wakes_the_fetcher_once_per_batch_not_per_sample(tmp_path):
     # With the buffer full, the fetcher waits for room for the rest of its
     # batch, not for one sample at a time: a training loop slower than the

@@ -939,7 +939,9 @@ class Reader:
                     break
         except grpc.RpcError as e:
             with self._cv:
-                if u.dropped or self._closing:
+                # Dropped, closing, or handed back (a Release as close()
+                # begins cancels the stream): an expected end, not a failure.
+                if u.dropped or self._closing or u.final is not None:
                     return
                 stalled = u.stalled
                 complete = u.next_fetch == lease.unit.end
