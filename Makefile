@@ -90,6 +90,7 @@ bench: build
 	@$(call BENCH,./$(BUILD_DIR)/bin/reader_bench)
 	@$(call BENCH,./$(BUILD_DIR)/bin/reader_bench --decode)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases)
+	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases --progress=false)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=plan)
 	@$(call BENCH,/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin)
 	@echo "make bench: figures collected in $(BENCH_RESULTS)"
