@@ -1,6 +1,7 @@
 """sluice.Reader against the real servers: coverage, epochs, resume."""
 import collections
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -166,7 +167,7 @@ def test_one_stream_per_data_server_carries_data_at_a_time(tmp_path):
     try:
         c.create_job("streams")
         most = samples = 0
-        with sluice.Reader(c.address, "streams", units_in_flight=4, buffer_samples=4) as reader:
+        with sluice.Reader(c.address, "streams", units_in_flight=4) as reader:
             for _ in reader:
                 samples += 1
                 text = c.data[0].metric_text()
@@ -213,27 +214,95 @@ def test_closing_a_reader_mid_stream_is_quiet(tmp_path, caplog):
         c.stop()
 
 
-def test_a_slow_consumer_wakes_the_fetcher_once_per_batch_not_per_sample(tmp_path):
-    # With the buffer full, the fetcher waits for room for the rest of its
-    # batch, not for one sample at a time: a training loop slower than the
-    # data path should not pay a thread wake-up (and a GIL hand-off) per
-    # sample. ~100 KB samples come in ~1 MiB batches of ~10.
+def _read_epoch(reader, on_sample=None):
+    """(shard_index, index) of every sample of one epoch, in delivery order."""
+    seen = []
+    while True:
+        e = reader.next_event(timeout=120)
+        if e.kind in ("epoch_end", "done"):
+            return seen
+        if e.kind == "sample":
+            seen.append((e.sample.shard_index, e.sample.index))
+            if on_sample is not None:
+                on_sample(e.sample, len(seen))
+
+
+def test_a_slow_consumer_is_not_a_stalled_server(tmp_path):
+    # The consumer reads its streams itself: a stream it is not waiting on
+    # (a training step longer than stall_timeout) has not stalled, and is
+    # not cut. ~100 KB samples: the unit is still streaming during the pause.
     c = Cluster(tmp_path, shards=2, per_shard=60, bin_repeat=50_000)
     try:
         c.create_job("slow-consumer")
-        samples = 0
         with sluice.Reader(c.address, "slow-consumer", units_in_flight=1,
-                           buffer_samples=16) as reader:
-            for _ in reader:
-                samples += 1
-                time.sleep(0.002)  # the training step
-            stats = dict(reader.stats)
-        assert samples == c.total
-        batches = stats["batches"]
-        assert 2 * 6 <= batches <= 2 * 60, stats
-        # Once per batch that found the buffer full, at most.
-        assert stats["room_waits"] <= batches, stats
+                           stall_timeout=0.3) as reader:
+            def pause(sample, n):
+                if n in (5, 70):  # within the first and the second unit
+                    time.sleep(0.8)
+            seen = _read_epoch(reader, pause)
+            stats = collections.Counter(reader.stats)
+        assert sorted(seen) == sorted(set(seen)) and len(seen) == c.total
+        assert stats["reroutes"] == 0, stats
+        assert 2 * 6 <= stats["batches"] <= 2 * 60, stats  # ~1 MiB batches of ~10
     finally:
+        c.stop()
+
+
+def _server_of(cluster, address):
+    return next(d for d in cluster.data if d.address == address)
+
+
+def test_a_data_server_killed_mid_stream_loses_and_repeats_nothing(tmp_path):
+    # SIGKILL the data server a unit is streaming from: what was delivered
+    # stays delivered, the unit's remainder is re-routed (Reroute with the
+    # exact count) and arrives from the other server. A unit is 30 MB, more
+    # than the connection buffers ahead.
+    c = Cluster(tmp_path, shards=2, per_shard=300, data_servers=2, bin_repeat=50_000)
+    try:
+        c.create_job("killed-server", shuffle=False)
+        killed = []
+        with sluice.Reader(c.address, "killed-server", units_in_flight=2) as reader:
+            def kill(sample, n):
+                if n == 10:
+                    victim = _server_of(c, sample.data_server)
+                    victim.proc.kill()
+                    victim.proc.wait()
+                    killed.append(sample.data_server)
+            seen = _read_epoch(reader, kill)
+            stats = collections.Counter(reader.stats)
+        assert killed
+        assert len(seen) == c.total and len(set(seen)) == c.total
+        assert stats["reroutes"] >= 1, stats
+    finally:
+        c.stop()
+
+
+def test_a_stalled_data_server_is_cut_after_stall_timeout(tmp_path):
+    # SIGSTOP the data server the consumer is reading from: once the
+    # consumer has waited stall_timeout on the stream, it is cancelled and
+    # the unit's remainder re-routed to the other server.
+    c = Cluster(tmp_path, shards=2, per_shard=300, data_servers=2, bin_repeat=50_000)
+    stopped = []
+    try:
+        c.create_job("stalled-server", shuffle=False)
+        with sluice.Reader(c.address, "stalled-server", units_in_flight=2,
+                           stall_timeout=1.0) as reader:
+            def stop(sample, n):
+                if n == 10:
+                    victim = _server_of(c, sample.data_server)
+                    victim.proc.send_signal(signal.SIGSTOP)
+                    stopped.append(victim)
+            start = time.monotonic()
+            seen = _read_epoch(reader, stop)
+            elapsed = time.monotonic() - start
+            stats = collections.Counter(reader.stats)
+        assert stopped
+        assert len(seen) == c.total and len(set(seen)) == c.total
+        assert stats["reroutes"] >= 1, stats
+        assert elapsed < 60, elapsed
+    finally:
+        for victim in stopped:
+            victim.proc.send_signal(signal.SIGCONT)
         c.stop()
 
 

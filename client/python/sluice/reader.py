@@ -5,19 +5,27 @@ Semantics follow the C++ Reader (client/include/sluice/reader.h):
 * A session thread runs the coordinator Session stream (Hello, Want credits =
   units in flight); a maintenance thread heartbeats, reports Progress at most
   every `progress_interval`, and cancels data-server streams that stall.
-* Every granted unit is fetched by its own thread from the data server the
-  lease names; units are delivered one after another, each in sample order.
-  Per data server one stream carries data at a time (the next opens as the
-  current one reaches its last batch). Responses are read as bytes and
-  walked by sluice._wire, so tensors are numpy views of the received message.
-  Each unit buffers up to `buffer_samples`; a fetcher that finds its buffer
-  full waits for room for the rest of its batch, so a consumer slower than
-  the stream wakes it once per batch, not once per sample.
+* Units are delivered one after another, each in sample order. The thread
+  that consumes the samples also receives them: when the current unit has
+  nothing buffered, next_event() reads the unit's next batch itself (the
+  data channels are grpcio single-threaded unary streams), so a batch
+  reaches the consumer without a hand-off between threads, and with no
+  reading thread behind it, a consumer slower than its streams wakes
+  nothing. Read-ahead is the connection's: a data server streams into the
+  HTTP/2 flow-control window and the socket buffers until the consumer
+  reads. A short-lived thread per unit opens its stream when its turn
+  comes: per data server one stream carries data at a time (the next opens
+  as the current one reaches its last batch). Responses are read as bytes
+  and walked by sluice._wire, so tensors are numpy views of the received
+  message. (The C++ Reader reads on its own I/O thread into a bounded
+  per-unit buffer, `buffer_samples`.)
 * `stats` counts delivered, units_completed, reroutes, dropped_units,
-  reconnects, batches (received) and room_waits (a fetcher waiting for room).
-* A data server that fails or stalls: the samples already fetched are
-  delivered, then the unit is re-routed (Reroute with the exact count) and
-  its remainder arrives as a new grant on another server.
+  reconnects and batches (received).
+* A data server that fails, or stalls (the consumer waited `stall_timeout`
+  on its stream; a stream nobody waits on has not stalled): the samples
+  already received are delivered, then the unit is re-routed (Reroute
+  with the exact count) and its remainder arrives as a new grant on
+  another server.
 * The coordinator unreachable: held units keep being read while the session
   reconnects with jittered backoff (well within a lease TTL) under the same
   trainer_id; unconfirmed reports are re-sent and every held lease is
@@ -46,6 +54,7 @@ import time
 import weakref
 
 import grpc
+import grpc.experimental
 import numpy as np
 
 from sluice import _wire, tls
@@ -90,6 +99,11 @@ _CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_receive_message_length", 64 << 20),
+]
+# Data-server channels: ReadSamples is read by the consumer's own thread
+# (see Reader._pull).
+_DATA_CHANNEL_OPTIONS = _CHANNEL_OPTIONS + [
+    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
 ]
 
 
@@ -248,15 +262,76 @@ class Event:
         return f"Event({self.kind}, epoch={self.epoch})"
 
 
+class _Stream:
+    """A ReadSamples call (a grpcio single-threaded unary stream), read by one
+    thread at a time, whose every event is read before it is dropped.
+
+    grpcio frees such a call (its completion queue, its reference on gRPC
+    Core) only once every operation of it has completed *and been read*, and
+    nothing but a reading thread reads them. The iterator can end with events
+    still queued: after cancel() (which ends it at once, locally), and with
+    the initial metadata's when it ends before its first message. Left
+    unread, the call is never freed; a forked child then cannot shut gRPC
+    down and exits with status 64 (EX_USAGE), as every DataLoader worker
+    forked after a Reader was closed mid-stream would. finish() reads the
+    rest through grpcio 1.51's private `_state.due` / `_consume_next_event`
+    (there is no public way); without them (another grpcio) it only cancels.
+    """
+    __slots__ = ("_call", "_lock", "_end")
+
+    def __init__(self, call):
+        self._call = call
+        self._lock = threading.Lock()
+        self._end = None  # StopIteration or the RpcError that ended it
+
+    def next(self):
+        """The next response (bytes); StopIteration at the end, RpcError on
+        failure or cancel (again on every later call)."""
+        with self._lock:
+            if self._end is not None:
+                raise self._end
+            try:
+                return next(self._call)
+            except (StopIteration, grpc.RpcError) as e:
+                self._end = e
+                self._read_rest_locked()
+                raise
+
+    def cancel(self):
+        """Cancels without waiting (safe under the Reader's lock); finish()
+        must follow."""
+        self._call.cancel()
+
+    def finish(self):
+        """Cancels (unless ended) and reads what is left of the call; waits
+        for a thread reading it."""
+        self._call.cancel()
+        with self._lock:
+            if self._end is None:
+                try:
+                    next(self._call)  # ends at once (CANCELLED, or how it ended)
+                except (StopIteration, grpc.RpcError) as e:
+                    self._end = e
+            self._read_rest_locked()
+
+    def _read_rest_locked(self):
+        state = getattr(self._call, "_state", None)
+        consume = getattr(self._call, "_consume_next_event", None)
+        if state is None or consume is None:
+            return
+        while state.due:  # every operation has completed (ended or cancelled)
+            consume()
+
+
 class _Unit:
     __slots__ = ("lease", "order", "size", "buffer", "next_fetch", "last_batch", "fetch",
                  "fetch_error", "dropped", "delivered", "reported", "final", "call",
-                 "last_activity", "waiting_for_room", "room_wanted", "stalled", "thread")
+                 "pulling_since", "retry_at", "stalled", "thread")
 
     def __init__(self, lease, order):
         self.lease, self.order = lease, order
         self.size = lease.unit.end - lease.unit.begin
-        self.buffer = collections.deque()
+        self.buffer = collections.deque()  # one received batch at most
         self.next_fetch = lease.unit.begin
         self.last_batch = 0  # samples in the newest batch received
         self.fetch = "running"  # running | done | failed
@@ -265,10 +340,9 @@ class _Unit:
         self.delivered = 0
         self.reported = 0
         self.final = None  # TrainerMessage: Complete / Reroute / Release
-        self.call = None
-        self.last_activity = time.monotonic()
-        self.waiting_for_room = False
-        self.room_wanted = 0  # samples the waiting fetcher needs room for
+        self.call = None  # the open ReadSamples stream, read by the consumer
+        self.pulling_since = None  # the consumer has waited on the stream since
+        self.retry_at = 0.0  # a failed stream's re-route waits until then
         self.stalled = False
         self.thread = None
 
@@ -302,7 +376,7 @@ class Reader:
     the job is done; next_event() also returns epoch boundaries."""
 
     def __init__(self, coordinator, job, rank=0, worker=0, *, trainer_id=None, units_in_flight=4,
-                 buffer_samples=256, decode=False, resize_shorter_side=0, crop=(0, 0), fields=(),
+                 decode=False, resize_shorter_side=0, crop=(0, 0), fields=(),
                  max_batch_bytes=0, progress_interval=0.5, stall_timeout=60.0,
                  reconnect_timeout=120.0, resume_from=None, resume_attempt="", credentials=None,
                  ca_cert=None, client_cert=None, client_key=None):
@@ -317,7 +391,6 @@ class Reader:
         self._coordinator, self._job, self._rank, self._worker = coordinator, job, rank, worker
         self._trainer_id = trainer_id or f"{socket.gethostname()}-{os.getpid()}-r{rank}-w{worker}"
         self._units_in_flight = max(1, units_in_flight)
-        self._buffer_samples = max(1, buffer_samples)
         self._decode = dataserver_pb2.DecodeSpec(
             decode=decode, resize_shorter_side=resize_shorter_side,
             crop_height=crop[0], crop_width=crop[1])
@@ -389,6 +462,11 @@ class Reader:
     def next_event(self, timeout=None, stop_when_starved=False):
         """The next Event; blocks. Raises ReaderError on a final error.
 
+        timeout: seconds to wait (TimeoutError after); while the event is a
+        sample a data server is streaming, the wait is bounded by
+        stall_timeout instead (then the stream is cut and the unit
+        re-routed, and the wait goes on within `timeout`).
+
         stop_when_starved: return Event("starved") instead of waiting when
         nothing is buffered and the coordinator said there is nothing more
         for this session in the epoch (all of it granted or done, or the
@@ -398,8 +476,9 @@ class Reader:
         while True:
             flush = False
             event = None
+            pull = None
             with self._cv:
-                while event is None and not flush:
+                while event is None and not flush and pull is None:
                     if self._fatal is not None:
                         raise self._fatal
                     if self._closed:
@@ -426,9 +505,6 @@ class Reader:
                         continue
                     if u.buffer:
                         event = Event("sample", sample=u.buffer.popleft())
-                        if (u.waiting_for_room and
-                                len(u.buffer) + u.room_wanted <= self._buffer_samples):
-                            self._cv.notify_all()  # the fetcher has room for its batch
                         event.epoch = event.sample.epoch
                         u.delivered += 1
                         self.stats["delivered"] += 1
@@ -441,6 +517,14 @@ class Reader:
                             flush = True
                         break
                     if u.fetch == "failed":
+                        wait = u.retry_at - time.monotonic()
+                        if wait > 0:  # the re-route's back-off
+                            if deadline is not None:
+                                if deadline <= time.monotonic():
+                                    raise TimeoutError("no event within the timeout")
+                                wait = min(wait, deadline - time.monotonic())
+                            self._cv.wait(wait)
+                            continue
                         u.final = coordinator_pb2.TrainerMessage(reroute=coordinator_pb2.Reroute(
                             lease_id=u.lease.lease_id, fence=u.lease.fence, consumed=u.delivered,
                             failed_data_server=u.lease.data_server, error=u.fetch_error))
@@ -448,7 +532,16 @@ class Reader:
                         self._entries.popleft()
                         flush = True
                         break
+                    if u.fetch == "running" and u.call is not None:
+                        # Its buffer is empty: receive the next batch on this
+                        # thread (no hand-off between threads per batch).
+                        u.pulling_since = time.monotonic()
+                        pull = (u, u.call)
+                        break
                     self._wait(deadline)
+            if pull is not None:
+                self._pull(*pull)
+                continue
             if flush:
                 self._flush_reports(progress=False)
             if event is not None:
@@ -536,11 +629,13 @@ class Reader:
         with self._cv:
             self._closing = True
             units = list(self._units.values()) + self._retired
-            for u in units:
-                if u.call is not None:
-                    u.call.cancel()
+            streams = [u.call for u in units if u.call is not None]
+            for stream in streams:
+                stream.cancel()
             out = self._out
             self._cv.notify_all()
+        for stream in streams:
+            stream.finish()
         if out is not None:
             out.put(None)  # half-close: the coordinator ends the stream after the reports
         self._session_thread.join(timeout=5)
@@ -616,16 +711,19 @@ class Reader:
                 with self._write_lock:
                     if not self._send(m):
                         return  # disconnected: re-sent after reconnecting
+                stream = None
                 with self._cv:
                     if m.HasField("progress"):
                         u.reported = max(u.reported, m.progress.consumed)
                     else:
                         self._finals[u.lease.lease_id] = (m, u.order, self._next_sync)
                         self._units.pop(u.lease.lease_id, None)
-                        if u.call is not None:
-                            u.call.cancel()
+                        stream = u.call
                         self._retired.append(u)
                         self._cv.notify_all()
+                if m.HasField("progress") or stream is None:
+                    continue
+                stream.finish()  # handed back: its stream is not needed
 
     def _requests(self, out, first):
         for m in first:
@@ -729,18 +827,22 @@ class Reader:
                 self._disconnected_at = None
 
     def _retire(self, lease_id):
+        """Under the lock; returns the unit's stream, for the caller to close
+        once it has released the lock (or None)."""
         u = self._units.pop(lease_id, None)
         if u is None:
-            return
+            return None
         u.dropped = True
         u.buffer.clear()
         u.final = None
-        if u.call is not None:
-            u.call.cancel()
+        stream = u.call
+        if stream is not None:
+            stream.cancel()
         self._retired.append(u)
+        return stream
 
     def _handle(self, m):
-        resend = None
+        resend = stream = None
         with self._cv:
             kind = m.WhichOneof("msg")
             if kind == "welcome":
@@ -788,10 +890,12 @@ class Reader:
                                                 name="sluice-fetch")
                     u.thread.start()
             elif kind == "revoke":
-                self._retire(m.revoke.lease_id)
+                stream = self._retire(m.revoke.lease_id)
             elif kind == "rejected":
-                self._retire(m.rejected.lease_id)
+                stream = self._retire(m.rejected.lease_id)
             self._cv.notify_all()
+        if stream is not None:
+            stream.finish()
         if resend is not None:
             self._send(resend)
 
@@ -812,7 +916,7 @@ class Reader:
         with self._cv:
             stub = self._data_stubs.get(address)
             if stub is None:
-                channel = self._make_channel(address)
+                channel = tls.channel(address, self._credentials, _DATA_CHANNEL_OPTIONS)
                 stub = (channel, channel.unary_stream(
                     _READ_SAMPLES, request_serializer=dataserver_pb2.ReadRequest.SerializeToString,
                     response_deserializer=None))
@@ -820,11 +924,11 @@ class Reader:
             return stub[1]
 
     def _back_off(self, u, address, error):
-        """Before a failed stream's unit is re-routed: the more streams of
-        its shard from `address` failed in a row, the longer the wait (the
-        first re-routes at once), so a shard a server cannot serve (missing,
-        unreadable) does not become a grant/re-route storm; logged at the
-        first failure and every tenth."""
+        """Seconds a failed stream's unit waits before it is re-routed: the
+        more streams of its shard from `address` failed in a row, the longer
+        (the first re-routes at once), so a shard a server cannot serve
+        (missing, unreadable) does not become a grant/re-route storm; logged
+        at the first failure and every tenth."""
         key = (address, u.lease.unit.shard_url)
         with self._cv:
             n = self._failures.get(key, 0) + 1
@@ -833,20 +937,20 @@ class Reader:
             _log.warning("sluice: job %s rank %d: stream from data server %s failed (%d in a "
                          "row), re-routing: %s", self._job, self._rank, address, n, error)
         if n == 1:
-            return
-        deadline = time.monotonic() + min(_REROUTE_BACKOFF_MAX, _REROUTE_BACKOFF * 2 ** (n - 2))
-        with self._cv:
-            while not (u.dropped or self._closing) and time.monotonic() < deadline:
-                self._cv.wait(deadline - time.monotonic())
+            return 0.0
+        return min(_REROUTE_BACKOFF_MAX, _REROUTE_BACKOFF * 2 ** (n - 2))
 
-    def _finish_fetch(self, u, state, error=""):
+    def _finish_fetch(self, u, state, error="", retry_in=0.0):
         with self._cv:
             u.call = None
             if u.fetch == "running":
                 u.fetch, u.fetch_error = state, error
+                u.retry_at = time.monotonic() + retry_in
             self._cv.notify_all()
 
     def _fetch(self, u):
+        """Opens the unit's stream when its turn comes (on its own thread, as
+        the turn may take a while); the consumer reads it (_pull)."""
         address = u.lease.data_server
         if not address:
             # No live data server: wait a little (notifications for other
@@ -879,104 +983,117 @@ class Reader:
             if u.dropped or self._closing:
                 return
             request.start = u.next_fetch
-            u.last_activity = time.monotonic()
         try:
-            call = self._read_samples(address)(request)
+            # Sends the request: the server streams into the connection's
+            # flow-control window until the consumer reads.
+            stream = _Stream(self._read_samples(address)(request))
         except ValueError:  # grpc: the channel was closed under us
             if self._closing:
                 return
             raise
         with self._cv:
-            u.call = call
-            if u.dropped or self._closing:
-                call.cancel()
-        lease, epoch = u.lease, u.lease.epoch
+            opened = not (u.dropped or self._closing)
+            if opened:
+                u.call = stream
+                self._cv.notify_all()
+        if not opened:
+            stream.finish()
+
+    def _pull(self, u, stream):
+        """Receives the next batch of `u`'s stream on the consumer's thread
+        (the data channels are grpcio single-threaded unary streams: the
+        thread that waits for a message also receives it, so a batch reaches
+        the consumer without a thread hand-off)."""
+        lease = u.lease
+        address, shard_url = lease.data_server, lease.unit.shard_url
+        batch = failure = None
+        try:
+            batch = stream.next()
+        except StopIteration:
+            pass
+        except grpc.RpcError as e:
+            failure = e
+        with self._cv:
+            u.pulling_since = None
+        if batch is None:
+            if failure is not None:
+                self._stream_failed(u, failure)
+                return
+            with self._cv:
+                complete = u.next_fetch == lease.unit.end
+            self._finish_fetch(u, "done" if complete else "failed",
+                               "" if complete else "stream ended early")
+            return
         protocol_error = None
         try:
-            rank, shard_index, shard_url = lease.rank, lease.unit.shard_index, lease.unit.shard_url
-            for batch in call:
-                try:
-                    converted = [Sample(epoch, rank, shard_index, shard_url, index, key, address,
-                                        skipped, reason, fields)
-                                 for key, index, skipped, reason, fields
-                                 in _wire.sample_batch(batch, _DTYPES)]
-                except _wire.WireError as e:
-                    protocol_error = f"data server {address} sent a malformed SampleBatch: {e}"
-                    call.cancel()
-                    break
-                with self._cv:
-                    u.last_activity = time.monotonic()
-                    self.stats["batches"] += 1
-                    for i, s in enumerate(converted):
-                        if len(u.buffer) >= self._buffer_samples:
-                            # Full: wait for room for the rest of the batch
-                            # (a buffer's worth at most), so a consumer slower
-                            # than the stream wakes this thread once per
-                            # batch, not once per sample.
-                            u.room_wanted = min(len(converted) - i, self._buffer_samples)
-                            while (len(u.buffer) + u.room_wanted > self._buffer_samples and
-                                   not u.dropped and not self._closing):
-                                u.waiting_for_room = True
-                                self.stats["room_waits"] += 1
-                                self._cv.notify_all()
-                                self._cv.wait()
-                            u.waiting_for_room = False
-                        u.last_activity = time.monotonic()
-                        if u.dropped or self._closing:
-                            call.cancel()
-                            return
-                        if s.index != u.next_fetch:
-                            protocol_error = (f"data server {address} sent sample {s.index}, "
-                                              f"expected {u.next_fetch}")
-                            call.cancel()
-                            break
-                        u.buffer.append(s)
-                        u.next_fetch += 1
-                    u.last_batch = len(converted)
-                    self._failures.pop((address, shard_url), None)
-                    self._cv.notify_all()
-                if protocol_error:
-                    break
-        except grpc.RpcError as e:
-            with self._cv:
-                # Dropped, closing, or handed back (a Release as close()
-                # begins cancels the stream): an expected end, not a failure.
-                if u.dropped or self._closing or u.final is not None:
-                    return
-                stalled = u.stalled
-                complete = u.next_fetch == lease.unit.end
-            if complete and not protocol_error:
-                # Everything arrived; the stream was cancelled (or failed)
-                # after its last sample, e.g. once the unit was reported.
-                self._finish_fetch(u, "done")
-                return
-            code = e.code()
-            if protocol_error:
-                pass
-            elif code == grpc.StatusCode.ABORTED:
-                with self._cv:
-                    u.dropped = True  # a newer grant of the unit exists
-                    u.buffer.clear()
-                    self._cv.notify_all()
-                return
-            elif code in _FATAL_READ:
-                with self._cv:
-                    self._fatal = ReaderError(code, f"lease {lease.lease_id}: {e.details()}")
-                    self._cv.notify_all()
-                return
-            else:
-                error = (f"{address}: no data for {self._stall_timeout}s" if stalled
-                         else f"{address}: {code.name}: {e.details()}")
-                self._back_off(u, address, error)
-                self._finish_fetch(u, "failed", error)
-                return
-        if protocol_error:
-            self._finish_fetch(u, "failed", protocol_error)
+            converted = [Sample(lease.epoch, lease.rank, lease.unit.shard_index, shard_url, index,
+                                key, address, skipped, reason, fields)
+                         for key, index, skipped, reason, fields
+                         in _wire.sample_batch(batch, _DTYPES)]
+        except _wire.WireError as e:
+            converted = []
+            protocol_error = f"data server {address} sent a malformed SampleBatch: {e}"
+        with self._cv:
+            abandoned = u.dropped or self._closing
+        if abandoned:
+            stream.finish()
             return
         with self._cv:
+            self.stats["batches"] += 1
+            for s in converted:
+                if s.index != u.next_fetch:
+                    protocol_error = (f"data server {address} sent sample {s.index}, "
+                                      f"expected {u.next_fetch}")
+                    break
+                u.buffer.append(s)
+                u.next_fetch += 1
+            u.last_batch = len(converted)
+            if not protocol_error:
+                self._failures.pop((address, shard_url), None)
             complete = u.next_fetch == lease.unit.end
-        self._finish_fetch(u, "done" if complete else "failed",
-                           "" if complete else "stream ended early")
+            self._cv.notify_all()
+        if protocol_error:
+            stream.finish()
+            self._finish_fetch(u, "failed", protocol_error)
+        elif complete:
+            # Read the stream's end too (it follows the last batch), so the
+            # server sees it finish rather than cancelled.
+            try:
+                stream.next()
+            except (StopIteration, grpc.RpcError):
+                pass
+            self._finish_fetch(u, "done")
+
+    def _stream_failed(self, u, e):
+        lease = u.lease
+        address = lease.data_server
+        with self._cv:
+            # Dropped, closing, or handed back (a Release as close() begins
+            # cancels the stream): an expected end, not a failure.
+            if u.dropped or self._closing or u.final is not None:
+                return
+            stalled = u.stalled
+            complete = u.next_fetch == lease.unit.end
+        if complete:
+            # Everything arrived; the stream was cancelled (or failed) after
+            # its last sample.
+            self._finish_fetch(u, "done")
+            return
+        code = e.code()
+        if code == grpc.StatusCode.ABORTED:
+            with self._cv:
+                u.dropped = True  # a newer grant of the unit exists
+                u.buffer.clear()
+                self._cv.notify_all()
+            return
+        if code in _FATAL_READ:
+            with self._cv:
+                self._fatal = ReaderError(code, f"lease {lease.lease_id}: {e.details()}")
+                self._cv.notify_all()
+            return
+        error = (f"{address}: no data for {self._stall_timeout}s" if stalled
+                 else f"{address}: {code.name}: {e.details()}")
+        self._finish_fetch(u, "failed", error, retry_in=self._back_off(u, address, error))
 
     def _run_maintenance(self):
         last_heartbeat = 0.0
@@ -991,8 +1108,10 @@ class Reader:
                     return
                 now = time.monotonic()
                 for u in self._units.values():
-                    if (u.call is not None and u.fetch == "running" and not u.stalled and
-                            not u.waiting_for_room and now - u.last_activity > self._stall_timeout):
+                    # Only a stream the consumer is waiting on can stall (one
+                    # not yet read is just ahead of a busy consumer).
+                    if (u.call is not None and u.pulling_since is not None and not u.stalled and
+                            now - u.pulling_since > self._stall_timeout):
                         u.stalled = True
                         u.call.cancel()
                 self._retired = [u for u in self._retired
