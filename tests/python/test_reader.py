@@ -306,6 +306,65 @@ def test_a_stalled_data_server_is_cut_after_stall_timeout(tmp_path):
         c.stop()
 
 
+_INTERRUPTED = r"""
+import sys
+import sluice
+
+n = 0
+try:
+    with sluice.Reader(sys.argv[1], sys.argv[2]) as reader:
+        for _ in reader:
+            n += 1
+            if n == 20:
+                print("reading", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_while_waiting_on_a_stalled_data_server_exits_at_once(tmp_path):
+    # Ctrl-C in a training loop whose data server hangs: the loop's thread is
+    # inside gRPC waiting for the stream. KeyboardInterrupt must reach the
+    # program, and closing the Reader on the way out must not wait for the
+    # interrupted stream.
+    c = Cluster(tmp_path, shards=2, per_shard=300, bin_repeat=50_000)
+    proc = None
+    try:
+        c.create_job("interrupted")
+        proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, c.address, "interrupted"],
+                                stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert proc.stdout.readline().strip() == "reading"
+        c.data[0].proc.send_signal(signal.SIGSTOP)
+        # Until the consumer has drained what was sent and waits on the stream.
+        sent = time.monotonic()
+        deadline = sent + 30
+        while not _waiting_in_grpc(proc.pid):
+            assert time.monotonic() < deadline, "the reader never waited on the stream"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
+        assert out.strip() == "interrupted"
+        assert proc.returncode == 0
+    finally:
+        c.data[0].proc.send_signal(signal.SIGCONT)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        c.stop()
+
+
+def _waiting_in_grpc(pid):
+    """Whether the process's main thread sleeps in poll(2): grpcio waiting
+    for the stream's next event, rather than Python running or waiting on a
+    lock."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/wchan") as f:
+            return "poll" in f.read()
+    except OSError:
+        return False
+
+
 _EXIT_WITHOUT_CLOSE = r"""
 import sys
 import sluice

@@ -276,13 +276,17 @@ class _Stream:
     forked after a Reader was closed mid-stream would. finish() reads the
     rest through grpcio 1.51's private `_state.due` / `_consume_next_event`
     (there is no public way); without them (another grpcio) it only cancels.
+    A read interrupted by an exception of its own (KeyboardInterrupt) may
+    have taken an event off the queue unhandled: such a call is only
+    cancelled, since reading it to its end could wait forever.
     """
-    __slots__ = ("_call", "_lock", "_end")
+    __slots__ = ("_call", "_lock", "_end", "_interrupted")
 
     def __init__(self, call):
         self._call = call
         self._lock = threading.Lock()
         self._end = None  # StopIteration or the RpcError that ended it
+        self._interrupted = False
 
     def next(self):
         """The next response (bytes); StopIteration at the end, RpcError on
@@ -295,6 +299,9 @@ class _Stream:
             except (StopIteration, grpc.RpcError) as e:
                 self._end = e
                 self._read_rest_locked()
+                raise
+            except BaseException:
+                self._interrupted = True
                 raise
 
     def cancel(self):
@@ -315,6 +322,8 @@ class _Stream:
             self._read_rest_locked()
 
     def _read_rest_locked(self):
+        if self._interrupted:
+            return
         state = getattr(self._call, "_state", None)
         consume = getattr(self._call, "_consume_next_event", None)
         if state is None or consume is None:
