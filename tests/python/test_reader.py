@@ -306,6 +306,43 @@ def test_a_stalled_data_server_is_cut_after_stall_timeout(tmp_path):
         c.stop()
 
 
+def test_a_fork_while_a_reader_streams_leaves_the_child_and_the_reader_working(tmp_path):
+    # A process forks (a DataLoader starting fork workers, say) while its own
+    # Reader is mid-stream. The Reader's streams are cut before the fork and
+    # reopened after it from the next sample: the child starts (grpcio's
+    # fork handler there would otherwise wait forever on a call only the
+    # parent can read), and the parent's epoch is still exactly once.
+    c = Cluster(tmp_path, shards=2, per_shard=300, bin_repeat=50_000)
+    try:
+        c.create_job("fork-open", shuffle=False)
+        with sluice.Reader(c.address, "fork-open", units_in_flight=2) as reader:
+            statuses = []
+
+            def fork(sample, n):
+                if n in (10, 450):  # in the first unit, and in the second
+                    pid = os.fork()
+                    if pid == 0:
+                        os._exit(7)
+                    deadline = time.monotonic() + 30
+                    while True:
+                        done, status = os.waitpid(pid, os.WNOHANG)
+                        if done:
+                            statuses.append(os.waitstatus_to_exitcode(status))
+                            return
+                        if time.monotonic() > deadline:
+                            os.kill(pid, signal.SIGKILL)
+                            os.waitpid(pid, 0)
+                            raise AssertionError("the forked child never started")
+                        time.sleep(0.01)
+            seen = _read_epoch(reader, fork)
+            stats = collections.Counter(reader.stats)
+        assert statuses == [7, 7]
+        assert len(seen) == c.total and len(set(seen)) == c.total
+        assert stats["reroutes"] == 0, stats
+    finally:
+        c.stop()
+
+
 _INTERRUPTED = r"""
 import sys
 import sluice

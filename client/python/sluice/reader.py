@@ -37,7 +37,9 @@ Semantics follow the C++ Reader (client/include/sluice/reader.h):
   once the coordinator has made every report durable (G7).
 
 Thread-safety: iterate (or call next_event/cursor) from one thread; close()
-from any. Create Readers after fork (gRPC and fork do not mix).
+from any. A fork() while a Reader streams cuts its streams before and
+reopens them after (see _suspend_streams); the child cannot use the parent's
+Reader: create Readers after fork (gRPC and fork do not mix).
 """
 import atexit
 import collections
@@ -199,7 +201,24 @@ def _settle_grpc_before_fork():
         time.sleep(0.001)
 
 
-os.register_at_fork(before=_settle_grpc_before_fork)
+def _suspend_streams_before_fork():
+    for reader in list(_open_readers):
+        if reader._pid == os.getpid():
+            reader._suspend_streams()
+
+
+def _resume_streams_after_fork():
+    for reader in list(_open_readers):
+        if reader._pid == os.getpid():
+            reader._resume_streams()
+
+
+def _before_fork():
+    _suspend_streams_before_fork()
+    _settle_grpc_before_fork()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_resume_streams_after_fork)
 
 
 class ReaderError(Exception):
@@ -335,7 +354,7 @@ class _Stream:
 class _Unit:
     __slots__ = ("lease", "order", "size", "buffer", "next_fetch", "last_batch", "fetch",
                  "fetch_error", "dropped", "delivered", "reported", "final", "call",
-                 "pulling_since", "retry_at", "stalled", "thread")
+                 "pulling_since", "retry_at", "stalled", "thread", "reopen")
 
     def __init__(self, lease, order):
         self.lease, self.order = lease, order
@@ -354,6 +373,7 @@ class _Unit:
         self.retry_at = 0.0  # a failed stream's re-route waits until then
         self.stalled = False
         self.thread = None
+        self.reopen = False  # its stream was cut for a fork: open it again after
 
 
 def merge_cursors(cursors):
@@ -427,6 +447,8 @@ class Reader:
         self._failures = {}  # (data server, shard) -> streams that failed in a row
         self._fatal = None
         self._closing = False
+        self._forking = False  # streams suspended around a fork (see _suspend_streams)
+        self._opening = 0  # _fetch threads creating a stream
         self._closed = False
         self._job_done = False
         self._last_epoch_begin = -1
@@ -989,24 +1011,62 @@ class Reader:
                     progress, since = now_progress, time.monotonic()
                 elif time.monotonic() - since > _TURN_PATIENCE:
                     break
+            while self._forking and not (u.dropped or self._closing):
+                self._cv.wait()
             if u.dropped or self._closing:
                 return
             request.start = u.next_fetch
+            self._opening += 1
         try:
             # Sends the request: the server streams into the connection's
             # flow-control window until the consumer reads.
             stream = _Stream(self._read_samples(address)(request))
         except ValueError:  # grpc: the channel was closed under us
+            with self._cv:
+                self._opening -= 1
+                self._cv.notify_all()
             if self._closing:
                 return
             raise
         with self._cv:
+            self._opening -= 1
             opened = not (u.dropped or self._closing)
             if opened:
                 u.call = stream
-                self._cv.notify_all()
+            self._cv.notify_all()
         if not opened:
             stream.finish()
+
+    def _suspend_streams(self):
+        """Before fork(): ends every open ReadSamples stream, so none is in
+        flight in the child (grpcio's fork handler there would wait forever
+        for a single-threaded call only this process can read). The units
+        keep what they received; _resume_streams opens their streams again
+        from the next sample, on the same data server."""
+        with self._cv:
+            self._forking = True
+            while self._opening:
+                self._cv.wait()
+            streams = []
+            for u in self._units.values():
+                if u.call is not None:
+                    streams.append(u.call)
+                    u.call = None
+                    u.reopen = True
+        for stream in streams:
+            stream.finish()
+
+    def _resume_streams(self):
+        with self._cv:
+            self._forking = False
+            for u in self._units.values():
+                if u.reopen:
+                    u.reopen = False
+                    if u.fetch == "running" and not (u.dropped or self._closing):
+                        u.thread = threading.Thread(target=self._fetch, args=(u,), daemon=True,
+                                                    name="sluice-fetch")
+                        u.thread.start()
+            self._cv.notify_all()
 
     def _pull(self, u, stream):
         """Receives the next batch of `u`'s stream on the consumer's thread
@@ -1024,6 +1084,9 @@ class Reader:
             failure = e
         with self._cv:
             u.pulling_since = None
+            replaced = u.call is not stream  # cut for a fork: reopened from next_fetch
+        if replaced:
+            return
         if batch is None:
             if failure is not None:
                 self._stream_failed(u, failure)
@@ -1048,6 +1111,8 @@ class Reader:
             stream.finish()
             return
         with self._cv:
+            if u.call is not stream:
+                return  # cut for a fork meanwhile: the new stream resends these
             self.stats["batches"] += 1
             for s in converted:
                 if s.index != u.next_fetch:
