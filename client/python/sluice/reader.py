@@ -149,11 +149,15 @@ def tune_malloc():
 _open_readers = weakref.WeakSet()
 
 
+def _own_readers():
+    """Open Readers of this process (a forked child's copies of its parent's
+    are not its own)."""
+    return [r for r in list(_open_readers) if r._pid == os.getpid()]
+
+
 @atexit.register
 def _close_open_readers():
-    for reader in list(_open_readers):
-        if reader._pid != os.getpid():
-            continue  # a forked child's copy of its parent's Reader: not its own
+    for reader in _own_readers():
         try:
             reader.close()
         except Exception:  # noqa: BLE001 -- exiting; nothing to raise to
@@ -201,24 +205,18 @@ def _settle_grpc_before_fork():
         time.sleep(0.001)
 
 
-def _suspend_streams_before_fork():
-    for reader in list(_open_readers):
-        if reader._pid == os.getpid():
-            reader._suspend_streams()
-
-
-def _resume_streams_after_fork():
-    for reader in list(_open_readers):
-        if reader._pid == os.getpid():
-            reader._resume_streams()
-
-
 def _before_fork():
-    _suspend_streams_before_fork()
+    for reader in _own_readers():
+        reader._suspend_streams()
     _settle_grpc_before_fork()
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_resume_streams_after_fork)
+def _after_fork_in_parent():
+    for reader in _own_readers():
+        reader._resume_streams()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 class ReaderError(Exception):
@@ -324,8 +322,8 @@ class _Stream:
                 raise
 
     def cancel(self):
-        """Cancels without waiting (safe under the Reader's lock); finish()
-        must follow."""
+        """Cancels without waiting (safe under the Reader's lock): the thread
+        reading the stream then sees it end."""
         self._call.cancel()
 
     def finish(self):
@@ -661,8 +659,6 @@ class Reader:
             self._closing = True
             units = list(self._units.values()) + self._retired
             streams = [u.call for u in units if u.call is not None]
-            for stream in streams:
-                stream.cancel()
             out = self._out
             self._cv.notify_all()
         for stream in streams:
@@ -752,9 +748,8 @@ class Reader:
                         stream = u.call
                         self._retired.append(u)
                         self._cv.notify_all()
-                if m.HasField("progress") or stream is None:
-                    continue
-                stream.finish()  # handed back: its stream is not needed
+                if stream is not None:
+                    stream.finish()  # handed back: its stream is not needed
 
     def _requests(self, out, first):
         for m in first:
@@ -866,11 +861,8 @@ class Reader:
         u.dropped = True
         u.buffer.clear()
         u.final = None
-        stream = u.call
-        if stream is not None:
-            stream.cancel()
         self._retired.append(u)
-        return stream
+        return u.call
 
     def _handle(self, m):
         resend = stream = None
@@ -1087,14 +1079,13 @@ class Reader:
             replaced = u.call is not stream  # cut for a fork: reopened from next_fetch
         if replaced:
             return
+        if failure is not None:
+            self._stream_failed(u, failure)
+            return
         if batch is None:
-            if failure is not None:
-                self._stream_failed(u, failure)
-                return
-            with self._cv:
-                complete = u.next_fetch == lease.unit.end
-            self._finish_fetch(u, "done" if complete else "failed",
-                               "" if complete else "stream ended early")
+            # (After the last batch the stream's end is read below, and the
+            # unit is not read again.)
+            self._finish_fetch(u, "failed", "stream ended early")
             return
         protocol_error = None
         try:
@@ -1106,27 +1097,26 @@ class Reader:
             converted = []
             protocol_error = f"data server {address} sent a malformed SampleBatch: {e}"
         with self._cv:
-            abandoned = u.dropped or self._closing
-        if abandoned:
-            stream.finish()
-            return
-        with self._cv:
             if u.call is not stream:
                 return  # cut for a fork meanwhile: the new stream resends these
-            self.stats["batches"] += 1
-            for s in converted:
-                if s.index != u.next_fetch:
-                    protocol_error = (f"data server {address} sent sample {s.index}, "
-                                      f"expected {u.next_fetch}")
-                    break
-                u.buffer.append(s)
-                u.next_fetch += 1
-            u.last_batch = len(converted)
-            if not protocol_error:
-                self._failures.pop((address, shard_url), None)
-            complete = u.next_fetch == lease.unit.end
-            self._cv.notify_all()
-        if protocol_error:
+            abandoned = u.dropped or self._closing
+            if not abandoned:
+                self.stats["batches"] += 1
+                for s in converted:
+                    if s.index != u.next_fetch:
+                        protocol_error = (f"data server {address} sent sample {s.index}, "
+                                          f"expected {u.next_fetch}")
+                        break
+                    u.buffer.append(s)
+                    u.next_fetch += 1
+                u.last_batch = len(converted)
+                if not protocol_error:
+                    self._failures.pop((address, shard_url), None)
+                complete = u.next_fetch == lease.unit.end
+                self._cv.notify_all()
+        if abandoned:
+            stream.finish()
+        elif protocol_error:
             stream.finish()
             self._finish_fetch(u, "failed", protocol_error)
         elif complete:
@@ -1147,12 +1137,6 @@ class Reader:
             if u.dropped or self._closing or u.final is not None:
                 return
             stalled = u.stalled
-            complete = u.next_fetch == lease.unit.end
-        if complete:
-            # Everything arrived; the stream was cancelled (or failed) after
-            # its last sample.
-            self._finish_fetch(u, "done")
-            return
         code = e.code()
         if code == grpc.StatusCode.ABORTED:
             with self._cv:
