@@ -54,7 +54,9 @@ ABSL_FLAG(int64_t, max_samples_per_lease, 0, "job create: largest unit (0 = whol
 // read
 ABSL_FLAG(std::string, job, "", "read: job name.");
 ABSL_FLAG(int32_t, rank, 0, "read: rank.");
-ABSL_FLAG(int32_t, worker, 0, "read: worker within the rank.");
+ABSL_FLAG(int32_t, worker, 0, "read: this reader's index among the rank's --workers.");
+ABSL_FLAG(int32_t, workers, 0,
+          "read: readers sharing the rank (0 = 1); each reads a fixed share of its quota.");
 ABSL_FLAG(int64_t, read_epochs, 0, "read: stop after this many epochs end (0 = until the job is done).");
 ABSL_FLAG(bool, decode, false, "read: ask the data server to decode fields.");
 ABSL_FLAG(std::string, trainer_id, "", "read: trainer id (default host-pid-rank-worker).");
@@ -310,6 +312,7 @@ int ReadCommand(const std::vector<std::string>& args) {
   if (options.job.empty()) return Usage("read: --job is required");
   options.rank = absl::GetFlag(FLAGS_rank);
   options.worker = absl::GetFlag(FLAGS_worker);
+  options.num_workers = absl::GetFlag(FLAGS_workers);
   options.trainer_id = absl::GetFlag(FLAGS_trainer_id);
   options.decode.set_decode(absl::GetFlag(FLAGS_decode));
   options.progress_interval = absl::GetFlag(FLAGS_progress_interval);

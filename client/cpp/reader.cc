@@ -175,6 +175,7 @@ class ReaderImpl final : public Reader {
     ReaderEvent::Kind kind;
     int64_t epoch = 0, samples = 0, already = 0;
     std::shared_ptr<Unit> unit;  // null for markers
+    int64_t worker_samples = 0, worker_already = 0;
   };
 
   std::shared_ptr<grpc::ChannelCredentials> Creds() const {
@@ -394,6 +395,8 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           event.epoch = e.epoch;
           event.samples_for_rank = e.samples;
           event.already_consumed = e.already;
+          event.samples_for_worker = e.worker_samples;
+          event.already_consumed_by_worker = e.worker_already;
           if (e.kind != ReaderEvent::Kind::kDone) entries_.pop_front();  // Done stays
           have_event = true;
           break;
@@ -457,7 +460,8 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
     if (have_event) {
       if (event.kind == ReaderEvent::Kind::kEpochBegin) {
         position_epoch_ = event.epoch;
-        position_consumed_ = event.already_consumed;
+        position_consumed_ = options_.num_workers > 1 ? event.already_consumed_by_worker
+                                                      : event.already_consumed;
       } else if (event.kind == ReaderEvent::Kind::kSample) {
         ++position_consumed_;
       }
@@ -554,6 +558,7 @@ void ReaderImpl::RunSession() {
     hello.mutable_hello()->set_job(options_.job);
     hello.mutable_hello()->set_rank(options_.rank);
     hello.mutable_hello()->set_worker(options_.worker);
+    hello.mutable_hello()->set_num_workers(options_.num_workers);
     hello.mutable_hello()->set_trainer_id(options_.trainer_id);
     {
       absl::MutexLock lock(&mu_);
@@ -671,7 +676,9 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
           last_epoch_begin_ = m.epoch_begin().epoch();
           entries_.push_back(Entry{ReaderEvent::Kind::kEpochBegin, m.epoch_begin().epoch(),
                                    m.epoch_begin().samples_for_rank(),
-                                   m.epoch_begin().already_consumed(), nullptr});
+                                   m.epoch_begin().already_consumed(), nullptr,
+                                   m.epoch_begin().samples_for_worker(),
+                                   m.epoch_begin().already_consumed_by_worker()});
         }
         break;
       case CoordinatorMessage::kEpochEnd:
@@ -1062,8 +1069,15 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
     world_size = world_size_;
   }
   cursor.set_world_size(world_size);
+  const int32_t workers = std::max(options_.num_workers, 1);
   for (int32_t r = 0; r < std::max(world_size, 1); ++r) {
-    cursor.add_consumed_per_rank(r == options_.rank ? position_consumed_ : -1);
+    cursor.add_consumed_per_rank(r == options_.rank && workers == 1 ? position_consumed_ : -1);
+    if (workers == 1) continue;
+    cursor.set_workers_per_rank(workers);
+    for (int32_t w = 0; w < workers; ++w) {
+      cursor.add_consumed_per_worker(r == options_.rank && w == options_.worker ? position_consumed_
+                                                                                : -1);
+    }
   }
   // Report everything delivered, then wait until it is durable. A broken
   // stream loses the Sync: send it again after each reconnect.
@@ -1099,11 +1113,23 @@ absl::StatusOr<v1::Cursor> MergeCursors(const std::vector<v1::Cursor>& cursors) 
     const v1::Cursor& c = cursors[i];
     if (c.job() != merged.job() || c.epoch() != merged.epoch() ||
         c.world_size() != merged.world_size() ||
-        c.consumed_per_rank_size() != merged.consumed_per_rank_size()) {
+        c.consumed_per_rank_size() != merged.consumed_per_rank_size() ||
+        c.workers_per_rank() != merged.workers_per_rank() ||
+        c.consumed_per_worker_size() != merged.consumed_per_worker_size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "MergeCursors: cursor ", i, " is job ", c.job(), " epoch ", c.epoch(), " world_size ",
-          c.world_size(), ", cursor 0 is job ", merged.job(), " epoch ", merged.epoch(),
-          " world_size ", merged.world_size()));
+          c.world_size(), " workers_per_rank ", c.workers_per_rank(), ", cursor 0 is job ",
+          merged.job(), " epoch ", merged.epoch(), " world_size ", merged.world_size(),
+          " workers_per_rank ", merged.workers_per_rank()));
+    }
+    for (int r = 0; r < c.consumed_per_worker_size(); ++r) {
+      const int64_t mine = merged.consumed_per_worker(r), theirs = c.consumed_per_worker(r);
+      if (theirs < 0) continue;
+      if (mine >= 0 && mine != theirs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MergeCursors: worker slot ", r, " has two counts, ", mine, " and ", theirs));
+      }
+      merged.set_consumed_per_worker(r, theirs);
     }
     for (int r = 0; r < c.consumed_per_rank_size(); ++r) {
       const int64_t mine = merged.consumed_per_rank(r), theirs = c.consumed_per_rank(r);
@@ -1115,6 +1141,16 @@ absl::StatusOr<v1::Cursor> MergeCursors(const std::vector<v1::Cursor>& cursors) 
       merged.set_consumed_per_rank(r, theirs);
     }
   }
+  // With workers, a rank's count is the sum of its workers' once all are known.
+  const int32_t workers = merged.workers_per_rank();
+  for (int r = 0; workers > 1 && r < merged.consumed_per_rank_size(); ++r) {
+    int64_t sum = 0;
+    for (int w = 0; w < workers && sum >= 0; ++w) {
+      const int64_t n = merged.consumed_per_worker(r * workers + w);
+      sum = n < 0 ? -1 : sum + n;
+    }
+    merged.set_consumed_per_rank(r, sum);
+  }
   return merged;
 }
 
@@ -1124,6 +1160,12 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Create(ReaderOptions options) {
   }
   if (options.job.empty()) return absl::InvalidArgumentError("ReaderOptions.job is empty");
   if (options.rank < 0) return absl::InvalidArgumentError("ReaderOptions.rank is negative");
+  if (options.num_workers < 0 || options.worker < 0 ||
+      options.worker >= std::max(options.num_workers, 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ReaderOptions.worker=", options.worker,
+                                                   " must be in [0, num_workers=",
+                                                   options.num_workers, ")"));
+  }
   auto reader = std::make_unique<ReaderImpl>(std::move(options));
   reader->Start();
   return std::unique_ptr<Reader>(std::move(reader));

@@ -40,6 +40,15 @@ bool SupportedUrl(const std::string& url) {
          absl::StartsWith(url, "s3://");
 }
 
+// What a reader of a finished job is told.
+std::string JobDoneMessage(const JobData& job) {
+  return absl::StrCat("job \"", job.spec.name(), "\" is done: all ", job.spec.num_epochs(),
+                      " epochs were consumed; create a new job or resume from a cursor");
+}
+
+// Readers per rank a Hello may name (DataLoader workers).
+constexpr int32_t kMaxWorkersPerRank = 1024;
+
 absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
@@ -60,6 +69,7 @@ LeaseEntry LiveLease(const DurableLease& d, const std::string& job, int64_t epoc
   lease.job = job;
   lease.epoch = epoch;
   lease.rank = d.rank;
+  lease.worker = d.worker;
   lease.shard_index = d.shard_index;
   lease.begin = d.begin;
   lease.end = d.end;
@@ -357,16 +367,16 @@ void CoordinatorService::RebuildQueuesLocked(const std::string& name) {
   }
   JobRuntime& rt = runtime_[name];
   const bool per_rank = job->spec.mode() == v1::MODE_STATIC && job->spec.world_size() > 0;
-  rt.queues.assign(per_rank ? job->plan.num_ranks : 1, {});
+  rt.queues.assign(per_rank ? job->plan.num_slots() : 1, {});
   for (const Piece& p : state_.PendingPieces(*job)) {
-    rt.queues[per_rank ? p.rank : 0].push_back(p);
+    rt.queues[per_rank ? p.slot : 0].push_back(p);
   }
 }
 
 std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job, JobRuntime& rt,
-                                                      int32_t rank) {
+                                                      int32_t slot) {
   const bool per_rank = job.spec.mode() == v1::MODE_STATIC && job.spec.world_size() > 0;
-  return rt.queues[per_rank ? rank : 0];
+  return rt.queues[per_rank ? slot : 0];
 }
 
 absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request) {
@@ -480,7 +490,7 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job, bool include_ma
   for (int32_t r = 0; r < job.plan.num_ranks; ++r) {
     v1::RankStatus* rs = st->add_ranks();
     rs->set_rank(r);
-    rs->set_consumed(job.consumed_per_rank[r]);
+    rs->set_consumed(job.consumed_by_rank(r));
     rs->set_quota(job.plan.samples_per_rank);
     int32_t live = 0;
     for (const auto& [id, l] : job.leases) live += l.rank == r;
@@ -739,6 +749,21 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
         fx);
     return;
   }
+  const int32_t workers = std::max(hello.num_workers(), 1);
+  if (hello.num_workers() < 0 || hello.num_workers() > kMaxWorkersPerRank) {
+    FinishSessionLocked(s, Invalid("hello.num_workers",
+                                   absl::StrCat(hello.num_workers(), " is out of range [0, ",
+                                                kMaxWorkersPerRank, "]")),
+                        fx);
+    return;
+  }
+  if (hello.worker() < 0 || hello.worker() >= workers) {
+    FinishSessionLocked(s, Invalid("hello.worker",
+                                   absl::StrCat(hello.worker(), " is out of range for num_workers ",
+                                                hello.num_workers(), " (job ", hello.job(), ")")),
+                        fx);
+    return;
+  }
   if (hello.has_cursor()) {
     absl::Status resumed = ResumeLocked(hello, fx);
     if (!resumed.ok()) {
@@ -746,9 +771,16 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
       return;
     }
   }
+  if (absl::Status same = UseWorkersLocked(hello, fx); !same.ok()) {
+    FinishSessionLocked(s, same, fx);
+    return;
+  }
+  job = state_.FindJob(hello.job());
   s.hello = true;
   s.job = hello.job();
   s.rank = hello.rank();
+  s.worker = hello.worker();
+  s.num_workers = workers;
   if (options_.metrics != nullptr) options_.metrics->ForJob(s.job).sessions->Increment();
   // Leases follow the trainer within its job: the same trainer_id in
   // another job (one process reading two jobs) is another holder.
@@ -790,6 +822,7 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& f
   if (resume.cursor().job().empty()) resume.mutable_cursor()->set_job(hello.job());
   resume.set_job(hello.job());
   resume.set_attempt(hello.resume_attempt());
+  resume.set_workers_per_rank(std::max(hello.num_workers(), 1));
   const JobData* job = state_.FindJob(hello.job());
   if (job->last_resume.has_value() &&
       google::protobuf::util::MessageDifferencer::Equals(*job->last_resume, resume)) {
@@ -829,11 +862,48 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& f
   RebuildQueuesLocked(hello.job());
   job = state_.FindJob(hello.job());
   std::string counts;
-  for (int64_t n : job->consumed_per_rank) absl::StrAppend(&counts, counts.empty() ? "" : ",", n);
-  LogInfo("%s: now epoch %d, consumed per rank [%s] of %d, world_size %d", why, job->epoch, counts,
-          job->plan.samples_per_rank, job->spec.world_size());
+  for (int64_t n : job->consumed_per_slot) absl::StrAppend(&counts, counts.empty() ? "" : ",", n);
+  LogInfo("%s: now epoch %d, consumed per reader [%s] of %d per rank, world_size %d, %d reader(s) "
+          "per rank",
+          why, job->epoch, counts, job->plan.samples_per_rank, job->spec.world_size(),
+          job->plan.workers_per_rank);
   if (options_.metrics != nullptr) options_.metrics->ForJob(hello.job()).resumes->Increment();
   MaybeAdvanceEpochLocked(hello.job(), fx);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello, Effects& fx) {
+  const JobData* job = state_.FindJob(hello.job());
+  const int32_t workers = std::max(hello.num_workers(), 1);
+  if (job->done || job->plan.workers_per_rank == workers) return absl::OkStatus();
+  if (!job->leases.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hello.num_workers=", hello.num_workers(), ": job ", hello.job(), " epoch ", job->epoch,
+        " is being read with ", job->plan.workers_per_rank,
+        " reader(s) per rank (DataLoader num_workers) and has leases out; every reader of a job "
+        "must use the same number (it can change once no lease is out)"));
+  }
+  JournalRecord record;
+  record.mutable_workers_set()->set_job(hello.job());
+  record.mutable_workers_set()->set_epoch(job->epoch);
+  record.mutable_workers_set()->set_workers_per_rank(workers);
+  RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+  RebuildQueuesLocked(hello.job());
+  job = state_.FindJob(hello.job());
+  LogInfo("job %s: epoch %d planned for %d reader(s) per rank (%d samples per rank left)",
+          hello.job(), job->epoch, workers, job->plan.samples_per_rank);
+  // Sessions that said another number read slots that no longer exist.
+  for (auto& [id, other] : sessions_) {
+    if (other.hello && !other.finished && other.job == hello.job() &&
+        other.num_workers != workers) {
+      FinishSessionLocked(other,
+                          absl::FailedPreconditionError(absl::StrCat(
+                              "job ", hello.job(), " is now read with ", workers,
+                              " reader(s) per rank (a session said num_workers=",
+                              hello.num_workers(), "); this session said ", other.num_workers)),
+                          fx);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -899,6 +969,7 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
         ack->set_job(lease.job);
         ack->set_epoch(lease.epoch);
         ack->set_rank(lease.rank);
+        ack->set_worker(lease.worker);
         ack->set_sequence(lease.sequence);
         ack->set_shard_index(lease.shard_index);
         ack->set_begin(lease.begin + lease.consumed);
@@ -946,9 +1017,10 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name, const std::
   if (job == nullptr || job->epoch != lease->epoch) return;
   // The unconsumed remainder goes back to the front of its queue.
   if (lease->remaining() > 0) {
+    const int32_t slot = job->plan.SlotOf(lease->rank, lease->worker);
     Piece piece{lease->sequence, lease->shard_index, lease->begin + lease->consumed, lease->end,
-                lease->rank};
-    QueueForLocked(*job, runtime_[job_name], lease->rank).push_front(piece);
+                lease->rank, slot};
+    QueueForLocked(*job, runtime_[job_name], slot).push_front(piece);
   }
   if (options_.metrics) {
     const CoordinatorMetrics::Job& m = options_.metrics->ForJob(job_name);
@@ -971,33 +1043,36 @@ bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name, Effect
 bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt,
                                         Effects& fx, std::string* why_not,
                                         v1::WaitingKind* why_kind) {
-  std::deque<Piece>& queue = QueueForLocked(job, rt, s.rank);
-  int64_t limit = INT64_MAX;
-  if (job.spec.world_size() > 0 && job.spec.mode() == v1::MODE_DYNAMIC) {
-    // Dynamic: FCFS within the rank's quota.
-    int64_t assigned = job.consumed_per_rank[s.rank];
-    for (const auto& [id, l] : job.leases) {
-      if (l.rank == s.rank) assigned += (l.end - l.begin) - l.acked;
-    }
-    limit = job.plan.samples_per_rank - assigned;
-    if (limit <= 0) {
-      *why_kind = v1::WAITING_QUOTA_REACHED;
-      *why_not = absl::StrCat("rank ", s.rank, " has its quota for epoch ", job.epoch,
-                              "; waiting for the other ranks to finish it");
-      return false;
-    }
+  const int32_t slot = job.plan.SlotOf(s.rank, s.worker);
+  std::deque<Piece>& queue = QueueForLocked(job, rt, slot);
+  const std::string reader =
+      job.plan.workers_per_rank > 1 ? absl::StrCat("rank ", s.rank, " worker ", s.worker)
+                                    : absl::StrCat("rank ", s.rank);
+  // Every reader takes at most its slot of the rank's quota (dynamic mode;
+  // in static mode its queue holds just that), so a DataLoader worker's
+  // pass ends with its own slot and never waits on another worker's.
+  int64_t assigned = job.consumed_per_slot[slot];
+  for (const auto& [id, l] : job.leases) {
+    if (l.rank == s.rank && l.worker == s.worker) assigned += (l.end - l.begin) - l.acked;
+  }
+  const int64_t limit = job.plan.slot_quota(slot) - assigned;
+  if (limit <= 0) {
+    *why_kind = v1::WAITING_QUOTA_REACHED;
+    *why_not = absl::StrCat(reader, " has its quota for epoch ", job.epoch,
+                            "; waiting for the other readers to finish it");
+    return false;
   }
   if (queue.empty()) {
     *why_kind = v1::WAITING_NO_WORK_LEFT;
-    *why_not = absl::StrCat("no unassigned work left in epoch ", job.epoch,
-                            " for rank ", s.rank, "; waiting for held leases to complete");
+    *why_not = absl::StrCat("no unassigned work left in epoch ", job.epoch, " for ", reader,
+                            "; waiting for held leases to complete");
     return false;
   }
   Piece piece = queue.front();
   queue.pop_front();
   if (piece.size() > limit) {
     queue.push_front(Piece{piece.sequence, piece.shard_index, piece.begin + limit, piece.end,
-                           piece.rank});
+                           piece.rank, piece.slot});
     piece.end = piece.begin + limit;
   }
   // Above what the data servers report having seen, too (not journaled: the
@@ -1009,6 +1084,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
   g->set_job(job.spec.name());
   g->set_epoch(job.epoch);
   g->set_rank(s.rank);
+  g->set_worker(s.worker);
   g->set_sequence(piece.sequence);
   g->set_shard_index(piece.shard_index);
   g->set_begin(piece.begin);
@@ -1079,15 +1155,19 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx, Sessio
       s.announced_epoch = job->epoch;
       if (job->done) {
         CoordinatorMessage done;
-        done.mutable_job_done();
+        done.mutable_job_done()->set_num_epochs(job->spec.num_epochs());
+        done.mutable_job_done()->set_message(JobDoneMessage(*job));
         fx.sends.emplace_back(s.sink, std::move(done));
         FinishSessionLocked(s, absl::OkStatus(), fx);
         continue;
       }
       CoordinatorMessage begin;
       begin.mutable_epoch_begin()->set_epoch(job->epoch);
+      const int32_t slot = job->plan.SlotOf(s.rank, s.worker);
       begin.mutable_epoch_begin()->set_samples_for_rank(job->plan.samples_per_rank);
-      begin.mutable_epoch_begin()->set_already_consumed(job->consumed_per_rank[s.rank]);
+      begin.mutable_epoch_begin()->set_already_consumed(job->consumed_by_rank(s.rank));
+      begin.mutable_epoch_begin()->set_samples_for_worker(job->plan.slot_quota(slot));
+      begin.mutable_epoch_begin()->set_already_consumed_by_worker(job->consumed_per_slot[slot]);
       fx.sends.emplace_back(s.sink, begin);
     }
     if (job->done) continue;

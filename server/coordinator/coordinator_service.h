@@ -166,6 +166,8 @@ class CoordinatorService {
     bool hello = false;
     std::string job;
     int32_t rank = 0;
+    int32_t worker = 0;
+    int32_t num_workers = 1;  // readers per rank this session reads with
     std::string trainer_id;  // "job/trainer_id": the holder of its leases
     int32_t credits = 0;
     int64_t announced_epoch = -1;
@@ -174,7 +176,7 @@ class CoordinatorService {
   };
   // Runtime (derived) per-job data: queues of unassigned pieces.
   struct JobRuntime {
-    std::vector<std::deque<Piece>> queues;  // static: per rank; else [0]
+    std::vector<std::deque<Piece>> queues;  // static: per slot; else [0]
   };
   struct Effects {
     std::vector<std::pair<std::shared_ptr<SessionSink>, v1::CoordinatorMessage>> sends;
@@ -204,7 +206,7 @@ class CoordinatorService {
   // Replaces the journal with a snapshot of state_ when it has grown enough.
   void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RebuildQueuesLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt, int32_t rank)
+  std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt, int32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Announces epochs and grants up to each session's credits; `only`
   // restricts it to one session (when nothing changed for the others).
@@ -223,6 +225,11 @@ class CoordinatorService {
   void HandleHelloLocked(Session& s, const v1::Hello& hello, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies hello.cursor (G7) unless it repeats the job's last resume.
+  // Plans the job's current epoch for hello.num_workers readers per rank
+  // when it differs and the epoch is untouched; FAILED_PRECONDITION when it
+  // differs in an epoch being read.
+  absl::Status UseWorkersLocked(const v1::Hello& hello, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ResumeLocked(const v1::Hello& hello, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m, Effects& fx)

@@ -66,6 +66,7 @@ DurableLease LeaseFromRecord(const v1::internal::LeaseGranted& g) {
   lease.lease_id = g.lease_id();
   lease.fence = g.fence();
   lease.rank = g.rank();
+  lease.worker = g.worker();
   lease.sequence = g.sequence();
   lease.shard_index = g.shard_index();
   lease.begin = g.begin();
@@ -80,7 +81,7 @@ int64_t LogSize(const std::vector<AckedRange>& log) {
   return n;
 }
 
-// The first `count` acknowledged samples of one rank.
+// The first `count` acknowledged samples of one slot.
 std::vector<AckedRange> LogPrefix(const std::vector<AckedRange>& log, int64_t count) {
   std::vector<AckedRange> out;
   for (const AckedRange& r : log) {
@@ -91,6 +92,23 @@ std::vector<AckedRange> LogPrefix(const std::vector<AckedRange>& log, int64_t co
     out.push_back(cut);
   }
   return out;
+}
+
+// The samples of `plan` not in `consumed`, in plan order.
+std::vector<SampleRange> Unconsumed(const EpochPlan& plan,
+                                    const std::map<int64_t, IntervalSet>& consumed) {
+  std::vector<SampleRange> remaining;
+  for (const PlannedUnit& u : plan.units) {
+    auto it = consumed.find(u.sequence);
+    if (it == consumed.end()) {
+      remaining.push_back(SampleRange{u.shard_index, u.begin, u.end});
+      continue;
+    }
+    for (const auto& [b, e] : it->second.Missing(u.begin, u.end)) {
+      remaining.push_back(SampleRange{u.shard_index, b, e});
+    }
+  }
+  return remaining;
 }
 
 }  // namespace
@@ -104,12 +122,12 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   }
   job.replanned = false;
   job.replan_sequence.clear();
-  job.ack_log.assign(std::max(job.options.world_size, 1), {});
   job.epoch = epoch;
   job.done = job.spec.num_epochs() > 0 && epoch >= job.spec.num_epochs();
   job.plan = PlanEpoch(job.shard_samples, job.options, epoch);
+  job.ack_log.assign(job.plan.num_slots(), {});
   job.acked.clear();
-  job.consumed_per_rank.assign(job.plan.num_ranks, 0);
+  job.consumed_per_slot.assign(job.plan.num_slots(), 0);
   job.consumed_total = 0;
   job.leases.clear();
 }
@@ -163,13 +181,13 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
       }
       // [begin, begin + consumed) is newly acknowledged.
       job.acked[a.sequence()].Add(a.begin(), a.begin() + a.consumed());
-      if (a.rank() >= 0 && a.rank() < static_cast<int32_t>(job.consumed_per_rank.size())) {
-        job.consumed_per_rank[a.rank()] += a.consumed();
-      }
+      const bool known_slot = a.rank() >= 0 && a.rank() < job.plan.num_ranks &&
+                              a.worker() >= 0 && a.worker() < job.plan.workers_per_rank;
+      const int32_t slot = known_slot ? job.plan.SlotOf(a.rank(), a.worker()) : -1;
+      if (known_slot) job.consumed_per_slot[slot] += a.consumed();
       job.consumed_total += a.consumed();
-      if (a.consumed() > 0 && a.rank() >= 0 &&
-          a.rank() < static_cast<int32_t>(job.ack_log.size())) {
-        std::vector<AckedRange>& log = job.ack_log[a.rank()];
+      if (a.consumed() > 0 && known_slot) {
+        std::vector<AckedRange>& log = job.ack_log[slot];
         if (!log.empty() && log.back().sequence == a.sequence() &&
             log.back().end == a.begin()) {
           log.back().end += a.consumed();
@@ -194,6 +212,8 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
     }
     case R::kJobResumed:
       return ApplyResume(record.job_resumed());
+    case R::kWorkersSet:
+      return ApplyWorkersSet(record.workers_set());
     case R::kSnapshot:
       return ApplySnapshot(record.snapshot());
     case R::RECORD_NOT_SET:
@@ -238,16 +258,27 @@ absl::Status CoordinatorState::CheckResume(const v1::internal::JobResumed& resum
         "hello.cursor.epoch=", c.epoch(), ": job ", c.job(), " is in epoch ", source->epoch,
         " and keeps only the current and the previous epoch for resuming"));
   }
-  if (c.consumed_per_rank_size() != static_cast<int>(log->size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hello.cursor.consumed_per_rank has ", c.consumed_per_rank_size(),
-                     " entries; job ", c.job(), " has ", log->size(), " ranks"));
+  const EpochPlan& plan = log == &source->ack_log ? source->plan : source->history.front().plan;
+  const int32_t workers = std::max(c.workers_per_rank(), 1);
+  if (workers != plan.workers_per_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.cursor.workers_per_rank=", workers, " but epoch ", c.epoch(), " of job ", c.job(),
+        " was read with ", plan.workers_per_rank,
+        " reader(s) per rank (DataLoader workers); a cursor names every reader's count"));
   }
-  for (int r = 0; r < c.consumed_per_rank_size(); ++r) {
-    const int64_t n = c.consumed_per_rank(r);
+  const bool per_worker = workers > 1;
+  const char* field = per_worker ? "consumed_per_worker" : "consumed_per_rank";
+  const int counts = per_worker ? c.consumed_per_worker_size() : c.consumed_per_rank_size();
+  if (counts != static_cast<int>(log->size())) {
+    return absl::InvalidArgumentError(absl::StrCat("hello.cursor.", field, " has ", counts,
+                                                   " entries; job ", c.job(), " has ",
+                                                   log->size(), per_worker ? " readers" : " ranks"));
+  }
+  for (int r = 0; r < counts; ++r) {
+    const int64_t n = per_worker ? c.consumed_per_worker(r) : c.consumed_per_rank(r);
     if (n < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "hello.cursor.consumed_per_rank[", r, "]=", n,
+          "hello.cursor.", field, "[", r, "]=", n,
           (n == -1 ? " is unknown: merge every rank's cursor (sluice::MergeCursors) before "
                      "saving a checkpoint"
                    : " must be >= 0")));
@@ -255,8 +286,10 @@ absl::Status CoordinatorState::CheckResume(const v1::internal::JobResumed& resum
     const int64_t acked = LogSize((*log)[r]);
     if (n > acked) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "hello.cursor.consumed_per_rank[", r, "]=", n, " but rank ", r, " of job ", c.job(),
-          " acknowledged only ", acked, " samples in epoch ", c.epoch(),
+          "hello.cursor.", field, "[", r, "]=", n, " but ",
+          per_worker ? absl::StrCat("rank ", r / workers, " worker ", r % workers)
+                     : absl::StrCat("rank ", r),
+          " of job ", c.job(), " acknowledged only ", acked, " samples in epoch ", c.epoch(),
           " (take cursors with Reader::Cursor(), which waits for its reports to be durable)"));
     }
   }
@@ -274,35 +307,31 @@ absl::Status CoordinatorState::ApplyResume(const v1::internal::JobResumed& resum
   bool replanned = previous ? source.history.front().replanned : source.replanned;
   std::vector<SampleRange> replan_sequence =
       previous ? source.history.front().replan_sequence : source.replan_sequence;
+  const bool per_worker = source_plan.workers_per_rank > 1;
   AckLog kept(source_log.size());
   std::map<int64_t, IntervalSet> consumed;  // sequence -> samples
   for (size_t r = 0; r < source_log.size(); ++r) {
-    kept[r] = LogPrefix(source_log[r], c.consumed_per_rank(static_cast<int>(r)));
+    const int i = static_cast<int>(r);
+    kept[r] = LogPrefix(source_log[r],
+                        per_worker ? c.consumed_per_worker(i) : c.consumed_per_rank(i));
     for (const AckedRange& a : kept[r]) consumed[a.sequence].Add(a.begin, a.end);
   }
+  const int32_t workers = std::max(resume.workers_per_rank(), 1);
+  target.options.workers_per_rank = workers;
   EpochPlan plan;
-  if (&source == &target) {
-    // Same job and world size: every rank keeps its share and continues
-    // right after its last consumed sample.
+  if (&source == &target && workers == source_plan.workers_per_rank) {
+    // Same job, world size and readers per rank: every reader keeps its
+    // share and continues right after its last consumed sample.
     plan = source_plan;
   } else {
-    // Another world size: the epoch's unconsumed samples, in plan order,
-    // are planned afresh over this job's ranks (G3 balance again).
-    std::vector<SampleRange> remaining;
-    for (const PlannedUnit& u : source_plan.units) {
-      auto it = consumed.find(u.sequence);
-      if (it == consumed.end()) {
-        remaining.push_back(SampleRange{u.shard_index, u.begin, u.end});
-        continue;
-      }
-      for (const auto& [b, e] : it->second.Missing(u.begin, u.end)) {
-        remaining.push_back(SampleRange{u.shard_index, b, e});
-      }
-    }
+    // Another world size or number of readers per rank: the epoch's
+    // unconsumed samples, in plan order, are planned afresh over this job's
+    // readers (G3 balance again).
+    std::vector<SampleRange> remaining = Unconsumed(source_plan, consumed);
     plan = PlanSequence(remaining, target.options, c.epoch());
     replanned = true;
     replan_sequence = std::move(remaining);
-    kept.assign(plan.num_ranks, {});
+    kept.assign(plan.num_slots(), {});
     consumed.clear();
   }
   target.history.clear();
@@ -313,14 +342,41 @@ absl::Status CoordinatorState::ApplyResume(const v1::internal::JobResumed& resum
   target.plan = std::move(plan);
   target.leases.clear();
   target.acked = std::move(consumed);
-  target.consumed_per_rank.assign(target.plan.num_ranks, 0);
+  target.consumed_per_slot.assign(target.plan.num_slots(), 0);
   target.consumed_total = 0;
   for (size_t r = 0; r < kept.size(); ++r) {
-    target.consumed_per_rank[r] = LogSize(kept[r]);
-    target.consumed_total += target.consumed_per_rank[r];
+    target.consumed_per_slot[r] = LogSize(kept[r]);
+    target.consumed_total += target.consumed_per_slot[r];
   }
   target.ack_log = std::move(kept);
   target.last_resume = resume;
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorState::ApplyWorkersSet(const v1::internal::WorkersSet& set) {
+  auto it = jobs_.find(set.job());
+  if (it == jobs_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("workers set for unknown job ", set.job()));
+  }
+  JobData& job = it->second;
+  if (job.epoch != set.epoch() || !job.leases.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", set.job(), " epoch ", job.epoch,
+                     " has leases out: its readers per rank cannot change"));
+  }
+  job.options.workers_per_rank = std::max(set.workers_per_rank(), 1);
+  if (job.consumed_total > 0) {
+    // Part of the epoch is consumed: its remaining samples, in plan order,
+    // are planned afresh over the new readers (as a resume re-balances).
+    job.replan_sequence = Unconsumed(job.plan, job.acked);
+    job.replanned = true;
+    job.acked.clear();
+    job.consumed_total = 0;
+  }
+  job.plan = job.replanned ? PlanSequence(job.replan_sequence, job.options, job.epoch)
+                           : PlanEpoch(job.shard_samples, job.options, job.epoch);
+  job.ack_log.assign(job.plan.num_slots(), {});
+  job.consumed_per_slot.assign(job.plan.num_slots(), 0);
   return absl::OkStatus();
 }
 
@@ -336,9 +392,11 @@ void RangesToProto(const std::vector<AckedRange>& in, v1::internal::RankAckLog* 
   }
 }
 
-void EpochToProto(int64_t epoch, bool replanned, const std::vector<SampleRange>& sequence,
-                  const AckLog& log, v1::internal::EpochSnapshot* out) {
+void EpochToProto(int64_t epoch, int32_t workers, bool replanned,
+                  const std::vector<SampleRange>& sequence, const AckLog& log,
+                  v1::internal::EpochSnapshot* out) {
   out->set_epoch(epoch);
+  out->set_workers_per_rank(workers);
   out->set_replanned(replanned);
   for (const SampleRange& r : sequence) {
     auto* p = out->add_replan_sequence();
@@ -357,10 +415,12 @@ void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job, E
   for (const auto& r : in.replan_sequence()) {
     sequence->push_back(SampleRange{r.shard_index(), r.begin(), r.end()});
   }
-  *plan = in.replanned() ? PlanSequence(*sequence, job.options, in.epoch())
-                         : PlanEpoch(job.shard_samples, job.options, in.epoch());
-  log->assign(plan->num_ranks, {});
-  for (int r = 0; r < in.ack_log_size() && r < plan->num_ranks; ++r) {
+  PlanOptions options = job.options;
+  options.workers_per_rank = std::max(in.workers_per_rank(), 1);
+  *plan = in.replanned() ? PlanSequence(*sequence, options, in.epoch())
+                         : PlanEpoch(job.shard_samples, options, in.epoch());
+  log->assign(plan->num_slots(), {});
+  for (int r = 0; r < in.ack_log_size() && r < plan->num_slots(); ++r) {
     for (const auto& a : in.ack_log(r).ranges()) {
       (*log)[r].push_back(AckedRange{a.sequence(), a.shard_index(), a.begin(), a.end()});
     }
@@ -379,10 +439,12 @@ v1::internal::JournalRecord CoordinatorState::Snapshot() const {
     j->set_create_time_unix_ms(job.create_time_unix_ms);
     j->set_done(job.done);
     j->set_next_fence(job.next_fence);
-    EpochToProto(job.epoch, job.replanned, job.replan_sequence, job.ack_log, j->mutable_current());
+    EpochToProto(job.epoch, job.plan.workers_per_rank, job.replanned, job.replan_sequence,
+                 job.ack_log, j->mutable_current());
     if (!job.history.empty()) {
       const EpochHistory& h = job.history.front();
-      EpochToProto(h.plan.epoch, h.replanned, h.replan_sequence, h.ack_log, j->mutable_previous());
+      EpochToProto(h.plan.epoch, h.plan.workers_per_rank, h.replanned, h.replan_sequence,
+                   h.ack_log, j->mutable_previous());
     }
     for (const auto& [id, l] : job.leases) {
       v1::internal::LeaseSnapshot* ls = j->add_leases();
@@ -390,6 +452,7 @@ v1::internal::JournalRecord CoordinatorState::Snapshot() const {
       g->set_job(name);
       g->set_epoch(job.epoch);
       g->set_rank(l.rank);
+      g->set_worker(l.worker);
       g->set_sequence(l.sequence);
       g->set_shard_index(l.shard_index);
       g->set_begin(l.begin);
@@ -419,6 +482,7 @@ absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap)
     job.epoch = j.current().epoch();
     job.done = j.done();
     job.next_fence = j.next_fence();
+    job.options.workers_per_rank = std::max(j.current().workers_per_rank(), 1);
     EpochFromProto(j.current(), job, &job.plan, &job.ack_log, &job.replanned,
                    &job.replan_sequence);
     if (j.has_previous()) {
@@ -427,11 +491,11 @@ absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap)
       job.history.push_back(std::move(h));
     }
     // Acknowledged samples and counts follow from the log.
-    job.consumed_per_rank.assign(job.plan.num_ranks, 0);
+    job.consumed_per_slot.assign(job.plan.num_slots(), 0);
     for (size_t r = 0; r < job.ack_log.size(); ++r) {
       for (const AckedRange& a : job.ack_log[r]) {
         job.acked[a.sequence].Add(a.begin, a.end);
-        job.consumed_per_rank[r] += a.end - a.begin;
+        job.consumed_per_slot[r] += a.end - a.begin;
         job.consumed_total += a.end - a.begin;
       }
     }
@@ -480,11 +544,11 @@ std::vector<Piece> CoordinatorState::PendingPieces(const JobData& job) const {
   for (const PlannedUnit& u : job.plan.units) {
     auto it = taken.find(u.sequence);
     if (it == taken.end()) {
-      pieces.push_back(Piece{u.sequence, u.shard_index, u.begin, u.end, u.rank});
+      pieces.push_back(Piece{u.sequence, u.shard_index, u.begin, u.end, u.rank, u.slot});
       continue;
     }
     for (const auto& [b, e] : it->second.Missing(u.begin, u.end)) {
-      pieces.push_back(Piece{u.sequence, u.shard_index, b, e, u.rank});
+      pieces.push_back(Piece{u.sequence, u.shard_index, b, e, u.rank, u.slot});
     }
   }
   return pieces;

@@ -41,6 +41,7 @@ struct DurableLease {
   std::string lease_id;
   uint64_t fence = 0;
   int32_t rank = 0;
+  int32_t worker = 0;  // the reader within the rank (its slot of the quota)
   int64_t sequence = 0;
   int32_t shard_index = 0;
   int64_t begin = 0;
@@ -57,9 +58,10 @@ struct AckedRange {
   int64_t end = 0;
 };
 
-// What a rank acknowledged in one epoch, in acknowledgement order (adjacent
-// ranges of one unit merged). A resume cursor keeps a prefix of it (G7).
-using AckLog = std::vector<std::vector<AckedRange>>;  // [rank]
+// What each slot (a rank's reader: rank * workers_per_rank + worker)
+// acknowledged in one epoch, in acknowledgement order (adjacent ranges of one
+// unit merged). A resume cursor keeps a prefix of each (G7).
+using AckLog = std::vector<std::vector<AckedRange>>;  // [slot]
 
 // A finished epoch kept so a cursor taken in it can still be restored.
 struct EpochHistory {
@@ -76,6 +78,7 @@ struct Piece {
   int64_t begin = 0;
   int64_t end = 0;
   int32_t rank = 0;  // planned rank (static mode)
+  int32_t slot = 0;  // planned slot (static mode)
   int64_t size() const { return end - begin; }
 };
 
@@ -88,7 +91,7 @@ struct JobData {
   bool done = false;
   EpochPlan plan;  // of `epoch`
   std::map<int64_t, IntervalSet> acked;  // sequence -> acknowledged ranges
-  std::vector<int64_t> consumed_per_rank;
+  std::vector<int64_t> consumed_per_slot;  // [rank * workers_per_rank + worker]
   int64_t consumed_total = 0;
   uint64_t next_fence = 1;
   std::map<std::string, DurableLease> leases;
@@ -103,6 +106,13 @@ struct JobData {
 
   int64_t served_per_epoch() const {
     return plan.samples_per_rank * plan.num_ranks;
+  }
+  int64_t consumed_by_rank(int32_t rank) const {
+    int64_t n = 0;
+    for (int32_t w = 0; w < plan.workers_per_rank; ++w) {
+      n += consumed_per_slot[plan.SlotOf(rank, w)];
+    }
+    return n;
   }
   bool epoch_complete() const { return consumed_total >= served_per_epoch(); }
 };
@@ -122,8 +132,9 @@ class CoordinatorState {
   // Whether `resume` (a JobResumed record) can be applied: the cursor's job
   // exists, its epoch is the current or the previous one of that job, its
   // counts fit what each rank acknowledged, and a cursor from another job
-  // has the same manifest, seed and shuffle. INVALID_ARGUMENT or
-  // FAILED_PRECONDITION naming the field otherwise.
+  // has the same manifest, seed and shuffle, and its readers per rank are
+  // those the epoch was read with. INVALID_ARGUMENT or FAILED_PRECONDITION
+  // naming the field otherwise.
   absl::Status CheckResume(const v1::internal::JobResumed& resume) const;
   // The whole state as one record; Apply(snapshot) on any state rebuilds it.
   v1::internal::JournalRecord Snapshot() const;
@@ -135,6 +146,7 @@ class CoordinatorState {
   static void StartEpoch(JobData& job, int64_t epoch);
   void AddJob(JobData job, int64_t create_time_unix_ms);
   absl::Status ApplyResume(const v1::internal::JobResumed& resume);
+  absl::Status ApplyWorkersSet(const v1::internal::WorkersSet& set);
   absl::Status ApplySnapshot(const v1::internal::Snapshot& snapshot);
   std::map<std::string, JobData> jobs_;
   std::map<std::string, v1::internal::OnceFinished> once_finished_;  // "scope/name"

@@ -69,6 +69,7 @@ EpochPlan PlanSequence(const std::vector<SampleRange>& sequence,
   plan.epoch = epoch;
   for (const SampleRange& r : sequence) plan.total_samples += std::max<int64_t>(r.size(), 0);
   plan.num_ranks = std::max(options.world_size, 1);
+  plan.workers_per_rank = std::max(options.workers_per_rank, 1);
   const Quota quota = ComputeQuota(plan.total_samples, options);
   plan.samples_per_rank = quota.samples_per_rank;
   plan.dropped = quota.dropped;
@@ -90,28 +91,31 @@ EpochPlan PlanSequence(const std::vector<SampleRange>& sequence,
   if (plan.total_samples > 0) {
     for (int32_t r = 0; r < plan.num_ranks; ++r) {
       plan.rank_begin[r] = static_cast<int64_t>(plan.units.size());
-      int64_t need = plan.samples_per_rank;
-      int64_t run = 0;  // samples of the current range given to this rank
-      size_t run_range = SIZE_MAX;
-      while (need > 0) {
-        skip_empty();
-        const SampleRange& range = sequence[pos];
-        if (pos != run_range) {
-          run_range = pos;
-          run = 0;
+      for (int32_t w = 0; w < plan.workers_per_rank; ++w) {
+        int64_t need = SlotQuota(plan.samples_per_rank, plan.workers_per_rank, w);
+        int64_t run = 0;  // samples of the current range given to this slot
+        size_t run_range = SIZE_MAX;
+        while (need > 0) {
+          skip_empty();
+          const SampleRange& range = sequence[pos];
+          if (pos != run_range) {
+            run_range = pos;
+            run = 0;
+          }
+          int64_t take = std::min(need, range.size() - offset);
+          if (limit > 0) take = std::min(take, limit - run % limit);
+          PlannedUnit unit;
+          unit.shard_index = range.shard_index;
+          unit.begin = range.begin + offset;
+          unit.end = range.begin + offset + take;
+          unit.sequence = static_cast<int64_t>(plan.units.size());
+          unit.rank = r;
+          unit.slot = plan.SlotOf(r, w);
+          plan.units.push_back(unit);
+          need -= take;
+          run += take;
+          offset += take;
         }
-        int64_t take = std::min(need, range.size() - offset);
-        if (limit > 0) take = std::min(take, limit - run % limit);
-        PlannedUnit unit;
-        unit.shard_index = range.shard_index;
-        unit.begin = range.begin + offset;
-        unit.end = range.begin + offset + take;
-        unit.sequence = static_cast<int64_t>(plan.units.size());
-        unit.rank = r;
-        plan.units.push_back(unit);
-        need -= take;
-        run += take;
-        offset += take;
       }
     }
   }

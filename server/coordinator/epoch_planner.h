@@ -21,9 +21,13 @@
 //      samples again (cyclically, should that exceed T). world_size 0 means
 //      one pool with q = T.
 //   4. Ranks: rank r owns positions [r*q, (r+1)*q) of the served sequence
-//      (contiguous blocks keep each rank on few shards).
-//   5. Units: each rank's block is cut at shard boundaries and every
-//      max_samples_per_lease samples (counted from where the rank's block
+//      (contiguous blocks keep each rank on few shards). With K readers per
+//      rank (DataLoader workers, `workers_per_rank`), the rank's block is
+//      cut into K consecutive slots, slot w of q/K + (w < q mod K ? 1 : 0)
+//      samples; slot index = r*K + w. Every rank's slots have the same
+//      sizes, so every rank's worker w yields the same number of batches.
+//   5. Units: each slot's block is cut at shard boundaries and every
+//      max_samples_per_lease samples (counted from where the slot's block
 //      enters the shard). Units are numbered 0, 1, ... in served order
 //      (`sequence`).
 #ifndef SLUICE_SERVER_COORDINATOR_EPOCH_PLANNER_H_
@@ -44,7 +48,16 @@ struct PlanOptions {
   RemainderPolicy remainder = RemainderPolicy::kDrop;
   // 0 = no limit below a shard (units end at shard and rank boundaries).
   int64_t max_samples_per_lease = 0;
+  // Readers sharing each rank's quota, each with a slot of its own (step
+  // 4). Not part of the job spec: set by the sessions (Hello.num_workers).
+  int32_t workers_per_rank = 1;
 };
+
+// Samples of slot `worker` when a rank's quota q is split over `workers`.
+inline int64_t SlotQuota(int64_t q, int32_t workers, int32_t worker) {
+  if (workers <= 1) return q;
+  return q / workers + (worker < q % workers ? 1 : 0);
+}
 
 struct PlannedUnit {
   int32_t shard_index = 0;
@@ -52,10 +65,11 @@ struct PlannedUnit {
   int64_t end = 0;    // one past the last sample
   int64_t sequence = 0;
   int32_t rank = 0;   // the rank whose block holds the unit (0 without quotas)
+  int32_t slot = 0;   // rank * workers_per_rank + worker
   int64_t size() const { return end - begin; }
   bool operator==(const PlannedUnit& o) const {
     return shard_index == o.shard_index && begin == o.begin && end == o.end &&
-           sequence == o.sequence && rank == o.rank;
+           sequence == o.sequence && rank == o.rank && slot == o.slot;
   }
 };
 
@@ -64,12 +78,20 @@ struct EpochPlan {
   int64_t total_samples = 0;     // T
   int32_t num_ranks = 1;         // max(world_size, 1)
   int64_t samples_per_rank = 0;  // q
+  int32_t workers_per_rank = 1;  // K
   int64_t dropped = 0;           // samples not served (DROP)
   int64_t padded = 0;            // samples served twice (PAD)
   // All units in served order; rank r's units are
   // units[rank_begin[r] .. rank_begin[r+1]).
   std::vector<PlannedUnit> units;
   std::vector<int64_t> rank_begin;
+
+  int32_t num_slots() const { return num_ranks * workers_per_rank; }
+  int32_t SlotOf(int32_t rank, int32_t worker) const { return rank * workers_per_rank + worker; }
+  int32_t RankOfSlot(int32_t slot) const { return slot / workers_per_rank; }
+  int64_t slot_quota(int32_t slot) const {
+    return SlotQuota(samples_per_rank, workers_per_rank, slot % workers_per_rank);
+  }
 };
 
 // SplitMix64, as specified above; exposed for tests and other planners.

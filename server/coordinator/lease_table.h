@@ -36,6 +36,7 @@ struct LeaseEntry {
   std::string job;
   int64_t epoch = 0;
   int32_t rank = 0;
+  int32_t worker = 0;  // the reader within the rank whose slot it counts to
   int32_t shard_index = 0;
   int64_t begin = 0;
   int64_t end = 0;

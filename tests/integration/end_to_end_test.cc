@@ -107,7 +107,7 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
   auto start = [&](int rank, int worker, const std::string& tag) {
     Trainer t{rank, worker, dir.File(absl::StrCat("r", rank, "w", worker, tag, ".jsonl")), {}};
     std::vector<std::string> argv = {ctl, "read", "--job=e2e", absl::StrCat("--rank=", rank),
-                                     absl::StrCat("--worker=", worker),
+                                     absl::StrCat("--worker=", worker), "--workers=2",
                                      absl::StrCat("--rate=", kRate), "--coordinator=" + address};
     argv.insert(argv.end(), progress.begin(), progress.end());
     auto p = ChildProcess::Start(argv, t.ledger);

@@ -69,6 +69,9 @@ struct ReaderOptions {
   std::string coordinator;  // "host:port"
   std::string job;
   int32_t rank = 0;
+  // Readers sharing the rank (e.g. DataLoader workers; 0 = 1) and this
+  // reader's index among them: each reads a fixed slot of the rank's quota.
+  int32_t num_workers = 0;
   int32_t worker = 0;
   // Identifies this trainer across reconnects. Default:
   // "<hostname>-<pid>-r<rank>-w<worker>".
@@ -121,6 +124,10 @@ struct ReaderEvent {
   // already consumed (non-zero after a restart mid-epoch).
   int64_t samples_for_rank = 0;
   int64_t already_consumed = 0;
+  // The same for this reader's slot of the rank (equal to the rank's with
+  // num_workers <= 1).
+  int64_t samples_for_worker = 0;
+  int64_t already_consumed_by_worker = 0;
   Sample sample;  // kSample
 };
 

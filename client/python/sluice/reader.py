@@ -230,6 +230,14 @@ class ReaderError(Exception):
         self.message = message
 
 
+class JobDoneError(ReaderError):
+    """The job has served all its epochs: a reader that opens on it (or asks
+    for an epoch past its end) gets this instead of an empty stream."""
+
+    def __init__(self, message):
+        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
 class Sample:
     """One sample: WebDataset-style fields by name plus where it came from.
 
@@ -267,13 +275,22 @@ class Sample:
 
 
 class Event:
-    """kind: 'sample' | 'epoch_begin' | 'epoch_end' | 'done'."""
-    __slots__ = ("kind", "epoch", "samples_for_rank", "already_consumed", "sample")
+    """kind: 'sample' | 'epoch_begin' | 'epoch_end' | 'done'.
 
-    def __init__(self, kind, epoch=0, samples_for_rank=0, already_consumed=0, sample=None):
+    epoch_begin: samples_for_rank / already_consumed are the rank's;
+    samples_for_worker / already_consumed_by_worker this reader's slot of
+    them (the same with one reader per rank). done: `message` says so."""
+    __slots__ = ("kind", "epoch", "samples_for_rank", "already_consumed", "sample",
+                 "samples_for_worker", "already_consumed_by_worker", "message")
+
+    def __init__(self, kind, epoch=0, samples_for_rank=0, already_consumed=0, sample=None,
+                 samples_for_worker=0, already_consumed_by_worker=0, message=""):
         self.kind, self.epoch = kind, epoch
         self.samples_for_rank, self.already_consumed, self.sample = (
             samples_for_rank, already_consumed, sample)
+        self.samples_for_worker = samples_for_worker
+        self.already_consumed_by_worker = already_consumed_by_worker
+        self.message = message
 
     def __repr__(self):
         return f"Event({self.kind}, epoch={self.epoch})"
@@ -375,26 +392,39 @@ class _Unit:
 
 
 def merge_cursors(cursors):
-    """Combines the ranks' cursors (same job, epoch, world size) into one with
-    every rank's count; ValueError on a mismatch or conflicting counts."""
+    """Combines the ranks' (and workers') cursors (same job, epoch, world
+    size, workers per rank) into one with every count; ValueError on a
+    mismatch or conflicting counts."""
     cursors = list(cursors)
     if not cursors:
         raise ValueError("merge_cursors: no cursors")
     merged = common_pb2.Cursor()
     merged.CopyFrom(cursors[0])
+
+    def shape(c):
+        return (c.job, c.epoch, c.world_size, len(c.consumed_per_rank), c.workers_per_rank,
+                len(c.consumed_per_worker))
+
     for i, c in enumerate(cursors[1:], 1):
-        if (c.job, c.epoch, c.world_size, len(c.consumed_per_rank)) != (
-                merged.job, merged.epoch, merged.world_size, len(merged.consumed_per_rank)):
+        if shape(c) != shape(merged):
             raise ValueError(f"merge_cursors: cursor {i} is job {c.job} epoch {c.epoch} world_size "
-                             f"{c.world_size}, cursor 0 is job {merged.job} epoch {merged.epoch} "
-                             f"world_size {merged.world_size}")
-        for r, n in enumerate(c.consumed_per_rank):
-            if n < 0:
-                continue
-            if merged.consumed_per_rank[r] >= 0 and merged.consumed_per_rank[r] != n:
-                raise ValueError(f"merge_cursors: rank {r} has two counts, "
-                                 f"{merged.consumed_per_rank[r]} and {n}")
-            merged.consumed_per_rank[r] = n
+                             f"{c.world_size} workers_per_rank {c.workers_per_rank}, cursor 0 is "
+                             f"job {merged.job} epoch {merged.epoch} world_size "
+                             f"{merged.world_size} workers_per_rank {merged.workers_per_rank}")
+        for what, mine, theirs in (("rank", merged.consumed_per_rank, c.consumed_per_rank),
+                                   ("worker slot", merged.consumed_per_worker,
+                                    c.consumed_per_worker)):
+            for r, n in enumerate(theirs):
+                if n < 0:
+                    continue
+                if mine[r] >= 0 and mine[r] != n:
+                    raise ValueError(f"merge_cursors: {what} {r} has two counts, {mine[r]} and {n}")
+                mine[r] = n
+    workers = merged.workers_per_rank
+    if workers > 1:  # a rank's count is its workers' sum once all are known
+        for r in range(len(merged.consumed_per_rank)):
+            counts = merged.consumed_per_worker[r * workers:(r + 1) * workers]
+            merged.consumed_per_rank[r] = -1 if min(counts) < 0 else sum(counts)
     return merged
 
 
@@ -402,7 +432,8 @@ class Reader:
     """See the module docstring. Iterating yields Samples across epochs until
     the job is done; next_event() also returns epoch boundaries."""
 
-    def __init__(self, coordinator, job, rank=0, worker=0, *, trainer_id=None, units_in_flight=4,
+    def __init__(self, coordinator, job, rank=0, worker=0, *, num_workers=0, trainer_id=None,
+                 units_in_flight=4,
                  decode=False, resize_shorter_side=0, crop=(0, 0), fields=(),
                  max_batch_bytes=0, progress_interval=0.5, stall_timeout=60.0,
                  reconnect_timeout=120.0, resume_from=None, resume_attempt="", credentials=None,
@@ -415,7 +446,12 @@ class Reader:
             tune_malloc()
         if rank < 0:
             raise ValueError("rank is negative")
+        if num_workers < 0 or not 0 <= worker < max(num_workers, 1):
+            raise ValueError(f"worker={worker} must be in [0, num_workers={num_workers})")
         self._coordinator, self._job, self._rank, self._worker = coordinator, job, rank, worker
+        # Readers sharing the rank (DataLoader workers): each reads its own
+        # slot of the rank's quota.
+        self._num_workers = num_workers
         self._trainer_id = trainer_id or f"{socket.gethostname()}-{os.getpid()}-r{rank}-w{worker}"
         self._units_in_flight = max(1, units_in_flight)
         self._decode = dataserver_pb2.DecodeSpec(
@@ -461,7 +497,6 @@ class Reader:
         self._disconnected_at = None
         self._revalidating = False
         self._revalidate_id = 0
-        self._starved = False
         self._out = None  # queue of the live stream's requests
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -481,14 +516,21 @@ class Reader:
     # ------------------------------------------------------------- public
 
     def __iter__(self):
+        """Samples until the job is done; JobDoneError when it already was
+        (no epoch began for this reader)."""
+        began = False
         while True:
             e = self.next_event()
             if e.kind == "done":
+                if not began:
+                    raise JobDoneError(e.message)
                 return
-            if e.kind == "sample":
+            if e.kind == "epoch_begin":
+                began = True
+            elif e.kind == "sample":
                 yield e.sample
 
-    def next_event(self, timeout=None, stop_when_starved=False):
+    def next_event(self, timeout=None):
         """The next Event; blocks. Raises ReaderError on a final error.
 
         timeout: seconds to wait (TimeoutError after); while the event is a
@@ -496,11 +538,8 @@ class Reader:
         stall_timeout instead (then the stream is cut and the unit
         re-routed, and the wait goes on within `timeout`).
 
-        stop_when_starved: return Event("starved") instead of waiting when
-        nothing is buffered and the coordinator said there is nothing more
-        for this session in the epoch (all of it granted or done, or the
-        rank's quota reached) -- DataLoader workers end their part of the
-        epoch this way instead of waiting for the others."""
+        "done" (the job served all its epochs) carries a message saying so;
+        it repeats on every later call."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             flush = False
@@ -513,9 +552,6 @@ class Reader:
                     if self._closed:
                         raise ReaderError(grpc.StatusCode.CANCELLED, "reader closed")
                     if not self._entries:
-                        if stop_when_starved and self._starved:
-                            event = Event("starved", self._last_epoch_begin)
-                            break
                         self._wait(deadline)
                         continue
                     kind, payload = self._entries[0]
@@ -576,7 +612,8 @@ class Reader:
             if event is not None:
                 if event.kind == "epoch_begin":
                     self._position_epoch = event.epoch
-                    self._position_consumed = event.already_consumed
+                    self._position_consumed = (event.already_consumed_by_worker
+                                               if self._num_workers > 1 else event.already_consumed)
                 elif event.kind == "sample":
                     self._position_consumed += 1
                 return event
@@ -594,8 +631,15 @@ class Reader:
         with self._cv:
             world = self._world_size
         c = common_pb2.Cursor(job=self._job, epoch=self._position_epoch, world_size=world)
+        workers = max(self._num_workers, 1)
+        mine = self._rank * workers + self._worker
         c.consumed_per_rank.extend(
-            self._position_consumed if r == self._rank else -1 for r in range(max(world, 1)))
+            self._position_consumed if r == self._rank and workers == 1 else -1
+            for r in range(max(world, 1)))
+        if workers > 1:
+            c.workers_per_rank = workers
+            c.consumed_per_worker.extend(self._position_consumed if i == mine else -1
+                                         for i in range(max(world, 1) * workers))
         deadline = time.monotonic() + self._reconnect_timeout
         while True:
             self._flush_reports(progress=True)
@@ -776,6 +820,7 @@ class Reader:
             welcomed = False
             if ready:
                 hello = coordinator_pb2.Hello(job=self._job, rank=self._rank, worker=self._worker,
+                                              num_workers=self._num_workers,
                                               trainer_id=self._trainer_id)
                 with self._cv:
                     if self._resume_from is not None and not self._resume_done:
@@ -882,24 +927,24 @@ class Reader:
                 for lease_id in [k for k, f in self._finals.items() if f[2] < self._synced]:
                     del self._finals[lease_id]
             elif kind == "waiting":
-                self._starved = m.waiting.kind in (coordinator_pb2.WAITING_NO_WORK_LEFT,
-                                                   coordinator_pb2.WAITING_QUOTA_REACHED)
+                pass
             elif kind == "epoch_begin":
-                self._starved = False
-                if m.epoch_begin.epoch > self._last_epoch_begin:
-                    self._last_epoch_begin = m.epoch_begin.epoch
-                    self._entries.append(("epoch_begin", (m.epoch_begin.epoch,
-                                                          m.epoch_begin.samples_for_rank,
-                                                          m.epoch_begin.already_consumed)))
+                b = m.epoch_begin
+                if b.epoch > self._last_epoch_begin:
+                    self._last_epoch_begin = b.epoch
+                    self._entries.append(("epoch_begin", (b.epoch, b.samples_for_rank,
+                                                          b.already_consumed, None,
+                                                          b.samples_for_worker,
+                                                          b.already_consumed_by_worker)))
             elif kind == "epoch_end":
                 if m.epoch_end.epoch > self._last_epoch_end:
                     self._last_epoch_end = m.epoch_end.epoch
                     self._entries.append(("epoch_end", (m.epoch_end.epoch,)))
             elif kind == "job_done":
                 self._job_done = True
-                self._entries.append(("done", ()))
+                message = m.job_done.message or f"job {self._job} is done"
+                self._entries.append(("done", (m.job_done.num_epochs, 0, 0, None, 0, 0, message)))
             elif kind == "grant":
-                self._starved = False
                 lease = m.grant.lease
                 final = self._finals.get(lease.lease_id)
                 if final is not None:

@@ -1,36 +1,56 @@
-"""PyTorch integration: ShardLeaseDataset, an IterableDataset over a Sluice job.
+"""PyTorch integration: ShardLeaseDataset, an IterableDataset over a Sluice job,
+and DataLoader, torch's DataLoader that also tells the dataset which samples
+the training loop consumed.
 
     ds = ShardLeaseDataset(coordinator="head:7070", job="imagenet", decode=True,
                            resize_shorter_side=256, crop=(224, 224))
-    loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4)
+    loader = sluice.torch.DataLoader(ds, batch_size=64, num_workers=4,
+                                     persistent_workers=True)
     for epoch in range(90):
         ds.set_epoch(epoch)
         for batch in loader:          # exactly this rank's share of the epoch
             ...
+            checkpoint["data"] = ds.state_dict()   # exact, also with workers
 
 * Rank and world size come from torch.distributed when it is initialised
   (or the `rank` argument); every rank gets the same number of samples per
   epoch, so DDP never hangs on an uneven last step.
-* DataLoader workers: each worker runs its own session under the rank
-  (worker = get_worker_info().id) and the workers share the rank's quota.
+* DataLoader workers: each worker runs its own session under the rank and
+  reads a fixed slot of the rank's quota (the coordinator splits it into
+  num_workers slots of equal size, give or take one sample, the same on every
+  rank). A worker's pass ends when the coordinator's count for its slot is
+  delivered, so it never waits on another worker and every rank yields the
+  same number of batches.
 * gRPC and fork: nothing here opens a channel until __iter__ runs inside
   the worker (or the main process with num_workers=0), and importing sluice
   turns on gRPC's fork support (GRPC_ENABLE_FORK_SUPPORT, poll strategy), so
   workers forked from a process that already used gRPC get a working gRPC.
-  Both the "fork" and "spawn" start methods work.
-* One __iter__ call yields one epoch (the coordinator's next one), then
-  returns; the Reader stays for the next epoch while the process lives.
-* state_dict() / load_state_dict() carry the resume cursor (G7). With
-  torch.distributed initialised, state_dict() all-gathers the ranks' cursors
-  (call it on every rank, as for a checkpoint). Exact with num_workers=0 (one
-  reader per rank); with workers, each worker's reader reports separately.
+  Both the "fork" and "spawn" start methods work. A worker whose parent
+  died hands its leases back and exits within about a second.
+* One __iter__ call yields one epoch's share (the coordinator's next epoch),
+  then returns; the Reader stays for the next epoch while the process lives.
+  On a job that has served all its epochs, __iter__ raises JobDoneError.
+* state_dict() / load_state_dict() carry the resume cursor (G7), covering
+  exactly the samples the training loop took from the loader: with
+  num_workers=0 from the Reader, with workers from what sluice.torch.
+  DataLoader handed out (each batch is durable at the coordinator before it
+  leaves its worker). With workers under torch's own DataLoader the main
+  process cannot know that, and state_dict() raises. With
+  torch.distributed initialised, state_dict() all-gathers the ranks'
+  cursors (call it on every rank, as for a checkpoint). Resume with the
+  same num_workers continues every worker exactly; another num_workers or
+  world size re-balances the epoch's remaining samples.
 
 Items are WebDataset-style dicts: decoded fields by extension (images as
 uint8 HWC tensors sharing memory with the received message: do not modify
 them in place), "__key__", "__shard__", "__index__", "__epoch__".
 """
+import collections
+import multiprocessing
 import multiprocessing.util
 import os
+import threading
+import time
 import warnings
 
 import torch
@@ -40,7 +60,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 import numpy as np
 
 from sluice import tls
-from sluice.reader import Reader, merge_cursors
+from sluice.reader import JobDoneError, Reader, merge_cursors
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 # Tensors made from received bytes are views of read-only memory.
@@ -69,6 +89,26 @@ def _to_torch(name, value):
     return torch.from_numpy(value)
 
 
+# The Reader of this process when it is a DataLoader worker (the tagging
+# collate function reads its position after each batch).
+_worker_reader = None
+
+# Seconds between a worker's checks that its parent is alive.
+_PARENT_CHECK_INTERVAL = 0.2
+
+
+def _watch_parent(reader, parent):
+    """Runs in a DataLoader worker: when the training process dies (the
+    worker is re-parented), give the leases back and exit, instead of holding
+    them for torch's own 5 s watchdog plus the lease TTL."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_CHECK_INTERVAL)
+    try:
+        reader.close()
+    finally:
+        os._exit(0)
+
+
 class ShardLeaseDataset(IterableDataset):
     def __init__(self, coordinator, job, *, rank=None, decode=True, resize_shorter_side=0,
                  crop=(0, 0), fields=(), to_tensor=True, units_in_flight=4,
@@ -82,11 +122,17 @@ class ShardLeaseDataset(IterableDataset):
         self._to_tensor = to_tensor
         self._resume_from = None
         self._resume_attempt = resume_attempt
-        self._epoch = None
+        # [epoch asked for with set_epoch (-1 = none), a worker has read]:
+        # shared with the DataLoader's workers (also persistent ones, which
+        # keep their own copy of everything else).
+        self._shared = multiprocessing.Array("q", [-1, 0], lock=False)
         self._reader = None
         self._reader_pid = None
         self._samples_per_rank = None
         self._ended_epoch = None
+        # What sluice.torch.DataLoader handed to the training loop: the
+        # epoch and each worker's position in it, from the last batches.
+        self._taken = None
 
     # ------------------------------------------------------------ torch API
 
@@ -99,10 +145,11 @@ class ShardLeaseDataset(IterableDataset):
         return 0
 
     def set_epoch(self, epoch):
-        """Records the epoch the caller expects; the coordinator decides the
-        order of epochs (all ranks move together), so a mismatch is warned
-        about, not obeyed."""
-        self._epoch = epoch
+        """Records the epoch the caller expects (workers see it too); the
+        coordinator decides the order of epochs (all ranks move together), so
+        a mismatch is warned about, not obeyed. An epoch past the job's end
+        makes the next iteration raise JobDoneError naming it."""
+        self._shared[0] = epoch
 
     def __len__(self):
         """Samples this rank gets per epoch (from the coordinator)."""
@@ -118,29 +165,23 @@ class ShardLeaseDataset(IterableDataset):
 
     def __iter__(self):
         reader = self._get_reader()
-        info = get_worker_info()
-        # With several workers, the DataLoader asks them in turn: a worker
-        # with nothing left must end its part of the epoch, not wait for the
-        # others (who would wait for it).
-        several = info is not None and info.num_workers > 1
-        # After ending an epoch early, wait for the next one to begin before
-        # "nothing left" can mean this epoch again.
-        in_new_epoch = self._ended_epoch is None
+        if get_worker_info() is not None:
+            self._shared[1] = 1
+        # One pass = this reader's slot of one epoch: it ends when the
+        # coordinator's count for the slot has been delivered.
+        epoch, left, yielded = None, None, 0
         while True:
-            e = reader.next_event(stop_when_starved=several and in_new_epoch)
-            if e.kind == "starved":
-                # Work that comes back later (an expired lease) still reaches
-                # this reader; it is yielded at the start of the next pass.
-                self._ended_epoch = e.epoch
-                return
-            if e.kind == "epoch_end" and e.epoch == self._ended_epoch:
-                continue  # this worker's part of that epoch already ended
+            e = reader.next_event()
             if e.kind == "epoch_begin":
-                in_new_epoch = True
+                epoch, left = e.epoch, e.samples_for_worker - e.already_consumed_by_worker
                 self._samples_per_rank = e.samples_for_rank
-                if self._epoch is not None and self._epoch != e.epoch:
-                    warnings.warn(f"sluice job {self.job}: set_epoch({self._epoch}) but the "
+                asked = self._shared[0]
+                if asked >= 0 and asked != e.epoch:
+                    warnings.warn(f"sluice job {self.job}: set_epoch({asked}) but the "
                                   f"coordinator's next epoch is {e.epoch}")
+                if left <= 0:
+                    self._ended_epoch = epoch
+                    return
             elif e.kind == "sample":
                 s = e.sample
                 item = {k: (_to_torch(k, v) if self._to_tensor else v)
@@ -149,17 +190,39 @@ class ShardLeaseDataset(IterableDataset):
                 item["__shard__"] = s.shard_url
                 item["__index__"] = s.index
                 item["__epoch__"] = s.epoch
+                yielded += 1
+                left -= 1
                 yield item
-            else:  # epoch_end or done
+                if left == 0:
+                    self._ended_epoch = epoch
+                    return
+            elif e.kind == "epoch_end":
+                if e.epoch == epoch:  # the job's epoch ended with the pass unfinished
+                    self._ended_epoch = epoch
+                    return
+                # else: the end of an epoch whose pass this reader finished
+            else:  # done
+                if epoch is None and yielded == 0:
+                    asked = self._shared[0]
+                    raise JobDoneError(e.message + (f" (set_epoch({asked}) asked for one more)"
+                                                    if asked >= 0 else ""))
                 return
 
     def state_dict(self):
-        """{"cursor": serialized sluice.v1.Cursor}: every rank's count when
-        torch.distributed is initialised (all-gathered), else this rank's."""
-        if self._reader is None or self._reader_pid != os.getpid():
-            cursor = self._resume_from
-        else:
+        """{"cursor": serialized sluice.v1.Cursor} after exactly the samples
+        the training loop took: every rank's counts when torch.distributed
+        is initialised (all-gathered), else this rank's."""
+        if self._reader is not None and self._reader_pid == os.getpid():
             cursor = self._reader.cursor()
+        elif self._taken is not None:
+            cursor = self._cursor_from_taken()
+        elif self._shared[1]:
+            raise RuntimeError(
+                f"sluice job {self.job}: ShardLeaseDataset.state_dict() cannot see what the "
+                "training loop consumed: the samples were read in DataLoader workers. Iterate "
+                "through sluice.torch.DataLoader (the same arguments as torch's) instead")
+        else:
+            cursor = self._resume_from
         if cursor is None:
             return {"cursor": b""}
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -174,24 +237,68 @@ class ShardLeaseDataset(IterableDataset):
         torchrun's TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT)."""
         data = state.get("cursor", b"")
         self._resume_from = common_pb2.Cursor.FromString(data) if data else None
+        self._taken = None
 
     # ------------------------------------------------------------ internals
 
+    def _take(self, where):
+        """Records a batch handed to the training loop (sluice.torch.DataLoader):
+        `where` is its worker's cursor right after the batch."""
+        cursor = common_pb2.Cursor.FromString(where)
+        if self._taken is None or self._taken[0].epoch != cursor.epoch:
+            self._taken = (cursor, {})
+        workers = max(cursor.workers_per_rank, 1)
+        counts = cursor.consumed_per_worker if workers > 1 else cursor.consumed_per_rank
+        for slot, n in enumerate(counts):
+            if n >= 0:
+                self._taken[1][slot] = n
+
+    def _cursor_from_taken(self):
+        template, positions = self._taken
+        workers = max(template.workers_per_rank, 1)
+        c = common_pb2.Cursor(job=template.job, epoch=template.epoch,
+                              world_size=template.world_size,
+                              workers_per_rank=template.workers_per_rank)
+        ranks = max(template.world_size, 1)
+        # A worker that has handed out nothing of this epoch yet is where the
+        # epoch began for it: the resume point, if the run resumed into it.
+        start = {}
+        r = self._resume_from
+        if (r is not None and r.job == template.job and r.epoch == template.epoch and
+                max(r.workers_per_rank, 1) == workers and r.world_size == template.world_size):
+            start = dict(enumerate(r.consumed_per_worker if workers > 1 else r.consumed_per_rank))
+        rank = self.rank
+        counts = [positions.get(i, start.get(i, 0)) if i // workers == rank else -1
+                  for i in range(ranks * workers)]
+        if workers > 1:
+            c.consumed_per_worker.extend(counts)
+            c.consumed_per_rank.extend(sum(counts[q * workers:(q + 1) * workers])
+                                       if q == rank else -1 for q in range(ranks))
+        else:
+            c.consumed_per_rank.extend(counts)
+        return c
+
     def _get_reader(self):
+        global _worker_reader
         if self._reader is not None and self._reader_pid == os.getpid():
             return self._reader
         info = get_worker_info()
         worker = info.id if info is not None else 0
+        num_workers = info.num_workers if info is not None else 0
         attempt = self._resume_attempt
         if attempt is None:
             attempt = (f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-"
                        f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '')}")
         self._reader = Reader(self.coordinator, self.job, self.rank, worker,
-                              resume_from=self._resume_from, resume_attempt=attempt,
-                              **self._reader_options)
+                              num_workers=num_workers, resume_from=self._resume_from,
+                              resume_attempt=attempt, **self._reader_options)
         self._reader_pid = os.getpid()
         # Give leases back when a DataLoader worker process exits.
         multiprocessing.util.Finalize(self._reader, self._reader.close, exitpriority=10)
+        if info is not None:
+            _worker_reader = self._reader
+            threading.Thread(target=_watch_parent, args=(self._reader, os.getppid()),
+                             daemon=True, name="sluice-parent-watch").start()
         return self._reader
 
     def close(self):
@@ -203,4 +310,48 @@ class ShardLeaseDataset(IterableDataset):
         state = self.__dict__.copy()
         state["_reader"] = None  # never pickled into spawned workers
         state["_reader_pid"] = None
+        state["_taken"] = None
         return state
+
+
+_Tagged = collections.namedtuple("_Tagged", ["data", "where"])
+
+
+class _TaggingCollate:
+    """The user's collate function, run in the worker, plus where the batch
+    ends: the worker's cursor after its last sample, durable at the
+    coordinator before the batch leaves the worker."""
+
+    def __init__(self, collate_fn):
+        self.collate_fn = collate_fn
+
+    def __call__(self, batch):
+        data = self.collate_fn(batch)
+        reader = _worker_reader
+        if reader is None or reader._pid != os.getpid():
+            return _Tagged(data, b"")  # num_workers=0: the dataset's own Reader knows
+        return _Tagged(data, reader.cursor().SerializeToString())
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch.utils.data.DataLoader over a ShardLeaseDataset (keyword
+    arguments as torch's) that tells the dataset which batches the training
+    loop took, so that ShardLeaseDataset.state_dict() is exact with workers
+    (batches prefetched into the loader's queues are not counted)."""
+
+    def __init__(self, dataset, **kwargs):
+        if not isinstance(dataset, ShardLeaseDataset):
+            raise TypeError("sluice.torch.DataLoader reads a ShardLeaseDataset; got "
+                            f"{type(dataset).__name__}")
+        collate_fn = kwargs.pop("collate_fn", None)
+        if collate_fn is None:
+            batched = kwargs.get("batch_size", 1) is not None or "batch_sampler" in kwargs
+            collate_fn = (torch.utils.data.default_collate if batched
+                          else torch.utils.data.default_convert)
+        super().__init__(dataset, collate_fn=_TaggingCollate(collate_fn), **kwargs)
+
+    def __iter__(self):
+        for tagged in super().__iter__():
+            if tagged.where:
+                self.dataset._take(tagged.where)
+            yield tagged.data

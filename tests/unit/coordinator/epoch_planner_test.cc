@@ -52,9 +52,34 @@ TEST(PlanEpochTest, DropGivesEqualQuotasAndDropsTheTail) {
   EXPECT_EQ(plan.dropped, 1);
   ASSERT_EQ(plan.rank_begin, (std::vector<int64_t>{0, 1, 3, 5}));
   EXPECT_THAT(plan.units,
-              ElementsAre(PlannedUnit{0, 0, 3, 0, 0}, PlannedUnit{0, 3, 4, 1, 1},
-                          PlannedUnit{1, 0, 2, 2, 1}, PlannedUnit{1, 2, 3, 3, 2},
-                          PlannedUnit{2, 0, 2, 4, 2}));
+              ElementsAre(PlannedUnit{0, 0, 3, 0, 0, 0}, PlannedUnit{0, 3, 4, 1, 1, 1},
+                          PlannedUnit{1, 0, 2, 2, 1, 1}, PlannedUnit{1, 2, 3, 3, 2, 2},
+                          PlannedUnit{2, 0, 2, 4, 2, 2}));
+}
+
+TEST(PlanEpochTest, WorkersSplitEachRankIntoSlotsOfEqualSizesOnEveryRank) {
+  PlanOptions options;
+  options.world_size = 2;
+  options.workers_per_rank = 3;
+  const EpochPlan plan = PlanEpoch({7, 4}, options, 0);  // T = 11, q = 5, 1 dropped
+  EXPECT_EQ(plan.samples_per_rank, 5);
+  EXPECT_EQ(plan.dropped, 1);
+  ASSERT_EQ(plan.num_slots(), 6);
+  // Slots of 2, 2, 1 samples on both ranks; a unit never spans two slots.
+  EXPECT_THAT(plan.units,
+              ElementsAre(PlannedUnit{0, 0, 2, 0, 0, 0}, PlannedUnit{0, 2, 4, 1, 0, 1},
+                          PlannedUnit{0, 4, 5, 2, 0, 2}, PlannedUnit{0, 5, 7, 3, 1, 3},
+                          PlannedUnit{1, 0, 2, 4, 1, 4}, PlannedUnit{1, 2, 3, 5, 1, 5}));
+  for (int32_t slot = 0; slot < plan.num_slots(); ++slot) {
+    EXPECT_EQ(plan.slot_quota(slot), slot % 3 == 2 ? 1 : 2) << slot;
+    EXPECT_EQ(plan.RankOfSlot(slot), slot / 3);
+  }
+  // More workers than samples: the last slots are empty.
+  options.workers_per_rank = 4;
+  const EpochPlan small = PlanEpoch({3}, options, 0);  // q = 1
+  EXPECT_EQ(small.slot_quota(0), 1);
+  EXPECT_EQ(small.slot_quota(1), 0);
+  EXPECT_EQ(small.units.size(), 2u);
 }
 
 TEST(PlanEpochTest, PadRepeatsTheFirstSamples) {
@@ -65,9 +90,9 @@ TEST(PlanEpochTest, PadRepeatsTheFirstSamples) {
   EXPECT_EQ(plan.samples_per_rank, 2);
   EXPECT_EQ(plan.padded, 3);
   EXPECT_THAT(plan.units,
-              ElementsAre(PlannedUnit{0, 0, 2, 0, 0}, PlannedUnit{0, 2, 4, 1, 1},
-                          PlannedUnit{0, 4, 5, 2, 2}, PlannedUnit{0, 0, 1, 3, 2},
-                          PlannedUnit{0, 1, 3, 4, 3}));
+              ElementsAre(PlannedUnit{0, 0, 2, 0, 0, 0}, PlannedUnit{0, 2, 4, 1, 1, 1},
+                          PlannedUnit{0, 4, 5, 2, 2, 2}, PlannedUnit{0, 0, 1, 3, 2, 2},
+                          PlannedUnit{0, 1, 3, 4, 3, 3}));
 }
 
 TEST(PlanEpochTest, MaxSamplesPerLeaseCutsUnits) {
