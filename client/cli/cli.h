@@ -20,7 +20,8 @@ enum ExitCode {
   kUsage = 2,        // bad command line
   kUnreachable = 3,  // coordinator / data server not reachable in time
   kVerifyFailed = 4,  // `demo`: the verification did not hold
-  kBarrierTimeout = 5  // `barrier`: not everyone arrived in time
+  kBarrierTimeout = 5,  // `barrier`: not everyone arrived in time
+  kJobDone = 6          // `read`: the job had already served all its epochs
 };
 
 // Prints "sluicectl: <message>" to stderr and returns the exit code that

@@ -325,11 +325,17 @@ int ReadCommand(const std::vector<std::string>& args) {
   const double rate = absl::GetFlag(FLAGS_rate);
   const absl::Time start = absl::Now();
   int64_t delivered = 0, epochs_done = 0;
+  bool began = false;  // an epoch began for this reader (else a done job is an error)
   while (true) {
     auto event = (*reader)->Next();
     if (!event.ok()) return Fail(event.status());
-    if (event->kind == ReaderEvent::Kind::kDone) break;
+    if (event->kind == ReaderEvent::Kind::kDone) {
+      if (began) break;
+      std::fprintf(stderr, "sluicectl: %s\n", event->message.c_str());
+      return kJobDone;
+    }
     if (event->kind == ReaderEvent::Kind::kEpochBegin) {
+      began = true;
       std::fprintf(stderr, "epoch %lld begins: %lld samples for rank %d (%lld already consumed)\n",
                    static_cast<long long>(event->epoch),
                    static_cast<long long>(event->samples_for_rank), options.rank,
@@ -544,8 +550,8 @@ Common flags: --coordinator=HOST:PORT (default 127.0.0.1:7070), --timeout=10s,
 
 Exit codes: 0 ok; 1 the server refused or a local error (the message says
 which); 2 bad command line; 3 coordinator or data server unreachable in time;
-4 demo verification failed; 5 barrier timed out; `once` exits with the
-command's status.
+4 demo verification failed; 5 barrier timed out; 6 `read` on a job that had
+already served all its epochs; `once` exits with the command's status.
 )";
 
 }  // namespace

@@ -176,6 +176,7 @@ class ReaderImpl final : public Reader {
     int64_t epoch = 0, samples = 0, already = 0;
     std::shared_ptr<Unit> unit;  // null for markers
     int64_t worker_samples = 0, worker_already = 0;
+    std::string message;  // kDone
   };
 
   std::shared_ptr<grpc::ChannelCredentials> Creds() const {
@@ -397,6 +398,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           event.already_consumed = e.already;
           event.samples_for_worker = e.worker_samples;
           event.already_consumed_by_worker = e.worker_already;
+          event.message = e.message;
           if (e.kind != ReaderEvent::Kind::kDone) entries_.pop_front();  // Done stays
           have_event = true;
           break;
@@ -690,7 +692,8 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         break;
       case CoordinatorMessage::kJobDone:
         job_done_ = true;
-        entries_.push_back(Entry{ReaderEvent::Kind::kDone, 0, 0, 0, nullptr});
+        entries_.push_back(Entry{ReaderEvent::Kind::kDone, m.job_done().num_epochs(), 0, 0,
+                                 nullptr, 0, 0, m.job_done().message()});
         break;
       case CoordinatorMessage::kGrant: {
         const v1::Lease& lease = m.grant().lease();
@@ -1091,7 +1094,8 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
     while (sent && synced_ < id && fatal_.ok() && !closing_ && absl::Now() < retry) {
       cv_.WaitWithDeadline(&mu_, retry);
     }
-    if (sent && synced_ >= id) return cursor;
+    // JobDone follows the last epoch's reports made durable.
+    if ((sent && synced_ >= id) || job_done_) return cursor;
     if (!fatal_.ok()) return fatal_;
     if (closing_) return absl::CancelledError("reader closed");
     if (absl::Now() >= deadline) {

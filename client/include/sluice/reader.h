@@ -128,6 +128,8 @@ struct ReaderEvent {
   // num_workers <= 1).
   int64_t samples_for_worker = 0;
   int64_t already_consumed_by_worker = 0;
+  // kDone: 'job "x" is done: all N epochs were consumed; ...'.
+  std::string message;
   Sample sample;  // kSample
 };
 

@@ -44,6 +44,7 @@ Reader: create Readers after fork (gRPC and fork do not mix).
 import atexit
 import collections
 import ctypes
+import functools
 import logging
 import os
 import platform
@@ -108,6 +109,12 @@ _DATA_CHANNEL_OPTIONS = _CHANNEL_OPTIONS + [
     (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
 ]
 
+
+# How long a unit's thread waits for its data server's channel to connect
+# before opening the stream anyway (which then fails if the server is down).
+_CONNECT_TIMEOUT = 5.0
+_SETTLED = (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+            grpc.ChannelConnectivity.SHUTDOWN)
 
 # glibc's mallopt parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -477,7 +484,8 @@ class Reader:
         self._units = {}
         self._finals = {}  # lease_id -> (message, order, stamp)
         self._retired = []
-        self._data_stubs = {}
+        self._data_stubs = {}  # address -> (channel, ReadSamples, state watch)
+        self._channel_states = {}  # address -> grpc.ChannelConnectivity
         self._failures = {}  # (data server, shard) -> streams that failed in a row
         self._fatal = None
         self._closing = False
@@ -649,7 +657,8 @@ class Reader:
                 while (sync_id and self._synced < sync_id and self._fatal is None and
                        not self._closing and time.monotonic() < retry):
                     self._cv.wait(retry - time.monotonic())
-                if sync_id and self._synced >= sync_id:
+                if (sync_id and self._synced >= sync_id) or self._job_done:
+                    # JobDone follows the last epoch's reports made durable.
                     return c
                 if self._fatal is not None:
                     raise self._fatal
@@ -715,9 +724,16 @@ class Reader:
             if u.thread is not None:
                 u.thread.join(timeout=5)
         with self._cv:
-            data_channels = [channel for channel, _ in self._data_stubs.values()]
+            # A unit's thread may still be connecting (subscribed to its
+            # channel's state): closing the channel under it makes grpcio's
+            # polling thread fail.
+            until = time.monotonic() + 5
+            while self._opening and time.monotonic() < until:
+                self._cv.wait(0.05)
+            data_channels = list(self._data_stubs.values())
             self._data_stubs.clear()
-        for channel in data_channels:
+        for channel, _, watch in data_channels:
+            channel.unsubscribe(watch)
             channel.close()
         self._channel.close()
 
@@ -985,11 +1001,29 @@ class Reader:
             stub = self._data_stubs.get(address)
             if stub is None:
                 channel = tls.channel(address, self._credentials, _DATA_CHANNEL_OPTIONS)
+                # Watched for the channel's lifetime (see _connect): grpcio's
+                # watching thread also services the connection attempts.
+                watch = functools.partial(self._on_channel_state, address)
+                channel.subscribe(watch, try_to_connect=True)
                 stub = (channel, channel.unary_stream(
                     _READ_SAMPLES, request_serializer=dataserver_pb2.ReadRequest.SerializeToString,
-                    response_deserializer=None))
+                    response_deserializer=None), watch)
                 self._data_stubs[address] = stub
             return stub[1]
+
+    def _connect(self, address, timeout=_CONNECT_TIMEOUT):
+        """Waits (at most `timeout`) until the channel to `address` has
+        connected or failed to (a server that is down fails at once)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while (self._channel_states.get(address) not in _SETTLED and not self._closing and
+                   time.monotonic() < deadline):
+                self._cv.wait(deadline - time.monotonic())
+
+    def _on_channel_state(self, address, state):
+        with self._cv:
+            self._channel_states[address] = state
+            self._cv.notify_all()
 
     def _back_off(self, u, address, error):
         """Seconds a failed stream's unit waits before it is re-routed: the
@@ -1055,9 +1089,18 @@ class Reader:
             request.start = u.next_fetch
             self._opening += 1
         try:
+            read_samples = self._read_samples(address)
+            # Connect first, on this thread. A single-threaded stream's call
+            # is driven only by the thread that reads it: started on a
+            # channel that is still connecting while the consumer reads
+            # another unit, its TCP/HTTP2 handshake went unserviced and was
+            # shut down, and the call failed with "tcp handshaker shutdown",
+            # a spurious re-route. A server that cannot be reached in time
+            # fails the call below, as before.
+            self._connect(address)
             # Sends the request: the server streams into the connection's
             # flow-control window until the consumer reads.
-            stream = _Stream(self._read_samples(address)(request))
+            stream = _Stream(read_samples(request))
         except ValueError:  # grpc: the channel was closed under us
             with self._cv:
                 self._opening -= 1

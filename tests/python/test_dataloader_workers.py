@@ -1,0 +1,213 @@
+"""Exactly once and exact resume the way PyTorch users read: the README's loop
+(tests/python/train_loop.py) in its own process, with DataLoader workers, a
+training step that takes time, two data servers, DDP, SIGKILL and restart.
+
+SLUICE_SOAK=N runs every configuration of the full matrix N times (workers
+0/1/2/4 x fork/spawn x persistent x step 0/0.1 s x one/two data servers);
+the default run covers a cross-section of it once.
+"""
+import collections
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import sluice
+from sluice.torch import ShardLeaseDataset
+
+from conftest import BIN, Cluster, _wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = "/usr/bin/python3"
+SHARDS, PER_SHARD = 10, 30  # 300 samples
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("two-servers"), shards=SHARDS, per_shard=PER_SHARD,
+                data_servers=2)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def one_server(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("one-server"), shards=SHARDS, per_shard=PER_SHARD)
+    yield c
+    c.stop()
+
+
+_jobs = itertools.count()
+
+
+def _loop_args(cluster, job, checkpoint, workers, start, persistent, step, epochs, extra=()):
+    return [PYTHON, os.path.join(HERE, "train_loop.py"), cluster.address, job,
+            f"--workers={workers}", f"--start={start}", f"--step={step}", f"--epochs={epochs}",
+            f"--checkpoint={checkpoint}", *(["--persistent"] if persistent else []), *extra]
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), HERE) if p)
+    return env
+
+
+def _run(args, timeout=120):
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=_env())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def _assert_each_epoch_exactly_once(trained, epochs, total):
+    by_epoch = collections.defaultdict(collections.Counter)
+    for e, shard, index in trained:
+        by_epoch[e][(shard, index)] += 1
+    assert sorted(by_epoch) == list(range(epochs))
+    for e in range(epochs):
+        twice = {k: n for k, n in by_epoch[e].items() if n > 1}
+        assert not twice, f"epoch {e}: trained twice: {sorted(twice)[:5]}"
+        assert len(by_epoch[e]) == total, f"epoch {e}: {len(by_epoch[e])} of {total} samples"
+
+
+def _matrix():
+    full = [(w, s, p, st, ds)
+            for w in (0, 1, 2, 4) for s in ("fork", "spawn") for p in (False, True)
+            for st in (0.0, 0.1) for ds in (1, 2)
+            if w > 0 or (s == "fork" and not p)]
+    soak = int(os.environ.get("SLUICE_SOAK", "0"))
+    if soak:
+        return [c + (i,) for c in full for i in range(soak)]
+    # A cross-section: every value of every axis, and the configurations
+    # that lost samples (2 workers, a real step, two data servers).
+    return [c + (0,) for c in [
+        (0, "fork", False, 0.1, 2),
+        (1, "spawn", True, 0.0, 1),
+        (2, "fork", False, 0.1, 2),
+        (2, "spawn", False, 0.1, 2),
+        (2, "fork", True, 0.1, 2),
+        (4, "spawn", True, 0.0, 2),
+        (4, "fork", False, 0.0, 1),
+    ]]
+
+
+@pytest.mark.parametrize("workers,start,persistent,step,servers,repeat", _matrix())
+def test_readme_loop_trains_every_epoch_exactly_once(request, tmp_path, workers, start,
+                                                     persistent, step, servers, repeat):
+    cluster = request.getfixturevalue("two_servers" if servers == 2 else "one_server")
+    job = f"loop-{next(_jobs)}"
+    cluster.create_job(job, world_size=1, epochs=2, max_samples_per_lease=10)
+    result, err = _run(_loop_args(cluster, job, tmp_path / "ckpt.json", workers, start,
+                                  persistent, step, 2))
+    _assert_each_epoch_exactly_once(result["trained"], 2, cluster.total)
+    # Nothing failed, so nothing was re-routed (a forked worker's
+    # connections work from the start).
+    assert "re-routing" not in err, err[-2000:]
+
+
+def test_ddp_ranks_with_workers_train_the_epoch_once_in_equal_steps(two_servers, tmp_path):
+    job = f"ddp-{next(_jobs)}"
+    two_servers.create_job(job, world_size=2, epochs=2, mode="dynamic", max_samples_per_lease=7)
+    init = tmp_path / "init"
+    procs = [subprocess.Popen(
+        _loop_args(two_servers, job, tmp_path / f"ckpt{r}.json", 2, "fork", True, 0.05, 2,
+                   [f"--world=2", f"--rank={r}", f"--init={init}"]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()) for r in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0]["steps_per_epoch"] == results[1]["steps_per_epoch"]
+    _assert_each_epoch_exactly_once(results[0]["trained"] + results[1]["trained"], 2,
+                                    two_servers.total)
+    for r in results:  # 150 samples per rank each epoch
+        assert collections.Counter(e for e, _, _ in r["trained"]) == {0: 150, 1: 150}
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_sigkill_with_workers_then_resume_trains_the_epoch_exactly_once(two_servers, tmp_path,
+                                                                         start):
+    job = f"kill-{next(_jobs)}"
+    two_servers.create_job(job, world_size=1, epochs=1, max_samples_per_lease=10)
+    ckpt = tmp_path / "ckpt.json"
+    args = _loop_args(two_servers, job, ckpt, 2, start, False, 0.05, 1)
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=_env())
+
+    def steps_done():
+        try:
+            with open(ckpt) as f:
+                return len(json.load(f)["trained"]) >= 80
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+    _wait_for(steps_done, 60, "five steps of the first run")
+    workers = _children(first.pid)
+    assert workers, "the DataLoader's workers"
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    # The orphaned workers hand their leases back and exit by themselves.
+    _wait_for(lambda: not any(_alive(w) for w in workers), 2.0, "orphaned workers to exit")
+    with open(ckpt) as f:
+        before = json.load(f)["trained"]
+    result, err = _run(args + ["--attempt=restart-1"])
+    assert "re-routing" not in err, err[-2000:]
+    _assert_each_epoch_exactly_once(result["trained"], 1, two_servers.total)
+    assert result["trained"][:len(before)] == before
+
+
+def test_state_dict_under_torchs_own_loader_with_workers_is_an_error(one_server):
+    import torch.utils.data
+    job = f"plain-{next(_jobs)}"
+    one_server.create_job(job, world_size=1, epochs=1)
+    ds = ShardLeaseDataset(one_server.address, job, decode=True)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2,
+                                         multiprocessing_context="fork")
+    it = iter(loader)
+    next(it)
+    with pytest.raises(RuntimeError, match="sluice.torch.DataLoader"):
+        ds.state_dict()
+    del it
+
+
+def test_a_finished_job_says_so_at_once(one_server):
+    job = f"done-{next(_jobs)}"
+    one_server.create_job(job, world_size=1, epochs=1)
+    with sluice.Reader(one_server.address, job) as reader:
+        assert sum(1 for _ in reader) == one_server.total
+    message = f'job "{job}" is done: all 1 epochs were consumed'
+    started = time.monotonic()
+    with sluice.Reader(one_server.address, job) as reader:
+        with pytest.raises(sluice.JobDoneError, match=message):
+            next(iter(reader))
+    ds = ShardLeaseDataset(one_server.address, job)
+    ds.set_epoch(1)
+    with pytest.raises(sluice.JobDoneError, match=r"set_epoch\(1\)"):
+        next(iter(ds))
+    ds.close()
+    assert time.monotonic() - started < 2.0
+    out = subprocess.run([os.path.join(BIN, "sluicectl"), "read", f"--job={job}",
+                          f"--coordinator={one_server.address}"],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode == 6, out.stderr  # documented: `read` on a done job
+    assert message in out.stderr
