@@ -572,7 +572,12 @@ void ReaderImpl::RunSession() {
     TrainerMessage want;
     want.mutable_want()->set_credits(options_.units_in_flight);
     bool welcomed = false;
-    if (started_ok && Send(hello) && Send(want)) {
+    if (started_ok) {
+      // A write fails when the coordinator has already ended the stream (a
+      // finished job: Welcome, JobDone, OK right after the Hello). Its
+      // messages are read all the same: they say why, and Finish() waits
+      // for every incoming message to be read.
+      if (Send(hello)) Send(want);
       CoordinatorMessage m;
       while (read(&m)) {
         if (m.has_welcome() && !welcomed) {

@@ -1,5 +1,6 @@
 #include "server/dataserver/dataserver_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 
@@ -504,18 +505,28 @@ absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
     f.units.clear();
   }
   f.epoch = lease.epoch();
-  auto [it, inserted] = f.units.try_emplace(unit, lease.fence());
-  if (inserted) {
-    ++fence_units_;
-  } else {
-    if (lease.fence() < it->second) {
+  const int64_t begin = lease.unit().begin(), end = lease.unit().end();
+  std::vector<FencedRange>& ranges = f.units[unit];
+  for (const FencedRange& r : ranges) {
+    if (r.begin < end && begin < r.end && lease.fence() < r.fence) {
       return absl::AbortedError(absl::StrCat(
-          "lease \"", lease.lease_id(), "\" (job \"", lease.job(),
-          "\") has fence ", lease.fence(), " but fence ", it->second,
-          " was already presented for this unit: the lease was granted again"));
+          "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\") has fence ",
+          lease.fence(), " but fence ", r.fence, " was already presented for samples [", r.begin,
+          ", ", r.end, ") of shard ", lease.unit().shard_index(),
+          ": the lease was granted again"));
     }
-    it->second = lease.fence();
   }
+  // Ranges this lease covers whole are superseded by it.
+  const size_t before = ranges.size();
+  ranges.erase(std::remove_if(ranges.begin(), ranges.end(),
+                              [&](const FencedRange& r) {
+                                return r.fence <= lease.fence() && begin <= r.begin &&
+                                       r.end <= end;
+                              }),
+               ranges.end());
+  ranges.push_back(FencedRange{begin, end, lease.fence()});
+  fence_units_ += ranges.size();
+  fence_units_ -= before;
   f.max_fence = std::max(f.max_fence, lease.fence());
   max_fence_seen_ = std::max(max_fence_seen_, lease.fence());
   if (fence_units_ > kMaxFences) {

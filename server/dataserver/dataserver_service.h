@@ -216,11 +216,20 @@ class DataServerService {
   // of another epoch is stale unless its fence is above every fence seen
   // for the job (then the job moved: a later epoch, an epoch rolled back by
   // a resume, or the job created again under its name).
+  // A lease is stale when a lease with a higher fence over any of the same
+  // samples was presented: fences are kept per sample range, since the
+  // pieces of a unit split at a quota boundary share its sequence number but
+  // never a sample, and both are valid.
+  struct FencedRange {
+    int64_t begin = 0;
+    int64_t end = 0;
+    uint64_t fence = 0;
+  };
   struct JobFences {
     int64_t epoch = 0;
     uint64_t max_fence = 0;
-    // Newest fence per unit ("sequence/shard_index") of `epoch`.
-    absl::flat_hash_map<std::string, uint64_t> units;
+    // Fenced ranges per unit ("sequence/shard_index") of `epoch`.
+    absl::flat_hash_map<std::string, std::vector<FencedRange>> units;
   };
   absl::flat_hash_map<std::string, JobFences> fences_ ABSL_GUARDED_BY(mu_);
   size_t fence_units_ ABSL_GUARDED_BY(mu_) = 0;  // over all jobs

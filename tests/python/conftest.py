@@ -105,7 +105,8 @@ def make_pki(directory):
 
 
 class Cluster:
-    def __init__(self, tmp, shards=6, per_shard=17, data_servers=1, pki=None, bin_repeat=50):
+    def __init__(self, tmp, shards=6, per_shard=17, data_servers=1, pki=None, bin_repeat=50,
+                 lease_secret=False):
         self.tmp = str(tmp)
         self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard, bin_repeat)
         self.total = shards * per_shard
@@ -116,16 +117,25 @@ class Cluster:
                        f"--tls_client_ca={pki['ca.crt']}"] if pki else [])
         self.client_tls = ([f"--ca_cert={pki['ca.crt']}", f"--client_cert={pki['client.crt']}",
                             f"--client_key={pki['client.key']}"] if pki else [])
+        # With `lease_secret`: leases carry tokens, and data servers check
+        # them and their fences.
+        secret = []
+        if lease_secret:
+            path = os.path.join(self.tmp, "lease.secret")
+            with open(path, "w") as f:
+                f.write(os.urandom(16).hex())
+            os.chmod(path, 0o600)
+            secret = [f"--lease_secret_file={path}"]
         self.coordinator = Server("sluice-coordinator", self.tmp,
                                   [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
-                                   "--heartbeat_interval=200ms", *server_tls])
+                                   "--heartbeat_interval=200ms", *server_tls, *secret])
         register_tls = ([f"--coordinator_ca={pki['ca.crt']}",
                          f"--coordinator_cert={pki['client.crt']}",
                          f"--coordinator_key={pki['client.key']}"] if pki else [])
         self.data = [Server("sluice-dataserver", self.tmp,
                             [f"--roots={os.path.join(self.tmp, 'shards')}",
                              f"--coordinator={self.coordinator.address}", *server_tls,
-                             *register_tls])
+                             *register_tls, *secret])
                      for _ in range(data_servers)]
         _wait_for(lambda: f"sluice_coordinator_data_servers {data_servers}"
                   in self.coordinator.metric_text(), 30, "data servers to register")

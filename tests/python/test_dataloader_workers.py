@@ -211,3 +211,50 @@ def test_a_finished_job_says_so_at_once(one_server):
                          capture_output=True, text=True, timeout=10)
     assert out.returncode == 6, out.stderr  # documented: `read` on a done job
     assert message in out.stderr
+
+
+def test_a_lease_read_after_higher_fenced_leases_of_the_same_shard_is_served(tmp_path):
+    # Dynamic, world size 2, one 25-sample shard, units of 10, leases
+    # checked by the data server (token and fence): rank 1 is granted
+    # [0, 10) and [10, 12), rank 0 then [12, 22) and [22, 24) with higher
+    # fences and reads them first; rank 1's [10, 12) is still served. (The
+    # data server's unit test covers two pieces of one split unit.)
+    import queue
+    import grpc
+    from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc, dataserver_pb2
+    c = Cluster(tmp_path, shards=1, per_shard=25, lease_secret=True)
+    try:
+        c.create_job("split", world_size=2, mode="dynamic", max_samples_per_lease=10)
+        out = queue.Queue()
+        out.put(coordinator_pb2.TrainerMessage(hello=coordinator_pb2.Hello(
+            job="split", rank=1, trainer_id="rank-1")))
+        out.put(coordinator_pb2.TrainerMessage(want=coordinator_pb2.Want(credits=2)))
+        with grpc.insecure_channel(c.address) as channel:
+            session = coordinator_pb2_grpc.CoordinatorStub(channel).Session(iter(out.get, None))
+            grants = []
+            for m in session:
+                if m.HasField("grant"):
+                    grants.append(m.grant.lease)
+                    if len(grants) == 2:
+                        break
+            assert [(g.unit.begin, g.unit.end) for g in grants] == [(0, 10), (10, 12)]
+            with sluice.Reader(c.address, "split", rank=0) as reader:
+                got = []
+                for e in iter(lambda: reader.next_event(timeout=30), None):
+                    if e.kind == "sample":
+                        got.append(e.sample.index)
+                    if len(got) == 12:
+                        break
+                assert reader.stats["dropped_units"] == 0, reader.stats
+            assert sorted(got) == list(range(12, 24))
+            with grpc.insecure_channel(grants[1].data_server) as data:
+                read = data.unary_stream("/sluice.v1.DataServer/ReadSamples",
+                                         request_serializer=dataserver_pb2.ReadRequest.SerializeToString,
+                                         response_deserializer=dataserver_pb2.SampleBatch.FromString)
+                indices = [s.index for b in read(dataserver_pb2.ReadRequest(lease=grants[1]),
+                                                 timeout=30) for s in b.samples]
+            assert indices == [10, 11]
+            out.put(None)
+            session.cancel()
+    finally:
+        c.stop()

@@ -427,10 +427,13 @@ namespace {
 // delivery order, as sluice::Reader does).
 struct SimTrainer {
   SimTrainer(CoordinatorService& s, const std::string& job, int rank, const std::string& id,
-             const v1::Cursor* cursor = nullptr, const std::string& attempt = "")
+             const v1::Cursor* cursor = nullptr, const std::string& attempt = "",
+             int worker = 0, int num_workers = 0)
       : service(s), sink(std::make_shared<RecordingSink>()) {
     session = service.OpenSession(sink);
     v1::TrainerMessage hello = Hello(job, rank, id);
+    hello.mutable_hello()->set_worker(worker);
+    hello.mutable_hello()->set_num_workers(num_workers);
     if (cursor != nullptr) {
       *hello.mutable_hello()->mutable_cursor() = *cursor;
       hello.mutable_hello()->set_resume_attempt(attempt);
@@ -450,6 +453,7 @@ struct SimTrainer {
     for (v1::Lease& l : sink->TakeGrants()) held.push_back(l);
     for (const auto& m : sink->inbox) {
       if (m.has_revoke()) revoked.insert(m.revoke().lease_id());
+      if (m.has_waiting()) waiting = m.waiting().kind();
       if (m.has_epoch_begin()) begins.push_back(m.epoch_begin());
       if (m.has_job_done()) job_done = true;
     }
@@ -484,6 +488,7 @@ struct SimTrainer {
   std::set<std::string> revoked;
   std::vector<v1::EpochBegin> begins;
   bool job_done = false;
+  v1::WaitingKind waiting = v1::WAITING_KIND_UNSPECIFIED;
   std::vector<std::tuple<int64_t, int32_t, int64_t>> consumed;  // epoch, shard, index
 };
 
@@ -865,6 +870,75 @@ TEST_F(CoordinatorServiceTest, SessionsOfOneRankShareItsQuota) {
     EXPECT_EQ(per_rank[0], 21) << name;
     EXPECT_EQ(per_rank[1], 21) << name;
   }
+}
+
+// DataLoader workers: each reads a fixed slot of its rank's quota (21 over
+// 3 workers: 7 each, on both ranks), whatever the order they read in; a
+// worker that has its slot is told so and granted nothing more, though the
+// others still read (a DataLoader ends that worker's pass).
+TEST_F(CoordinatorServiceTest, WorkersReadFixedSlotsOfTheirRanksQuota) {
+  for (v1::Mode mode : {v1::MODE_STATIC, v1::MODE_DYNAMIC}) {
+    const std::string name = absl::StrCat("w", v1::Mode_Name(mode));
+    v1::JobSpec spec = Spec(name, {9, 14, 3, 11, 6}, 2, 1);  // T = 43, q = 21
+    spec.set_mode(mode);
+    spec.set_max_samples_per_lease(4);
+    ASSERT_OK(service_->CreateJob(spec));
+    std::vector<std::unique_ptr<SimTrainer>> workers;
+    for (int r = 0; r < 2; ++r) {
+      for (int w = 0; w < 3; ++w) {
+        workers.push_back(std::make_unique<SimTrainer>(
+            *service_, name, r, absl::StrCat("r", r, "w", w), nullptr, "", w, 3));
+      }
+    }
+    for (auto& t : workers) {
+      ASSERT_EQ(t->begins.size(), 1u) << name;
+      EXPECT_EQ(t->begins[0].samples_for_rank(), 21);
+      EXPECT_EQ(t->begins[0].samples_for_worker(), 7);
+    }
+    // Worker 0 of rank 0 reads its whole slot first, before anyone else.
+    EXPECT_EQ(workers[0]->Consume(100), 7) << name;
+    workers[0]->Poll();
+    EXPECT_EQ(workers[0]->waiting, v1::WAITING_QUOTA_REACHED) << name;
+    EXPECT_TRUE(workers[0]->held.empty());
+    std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>> parts;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (i > 0) EXPECT_EQ(workers[i]->Consume(100), 7) << name << " worker " << i;
+      parts.push_back(workers[i]->consumed);
+    }
+    auto seen = Tally(parts);
+    EXPECT_EQ(seen.size(), 42u) << name;
+    for (const auto& [s, n] : seen) EXPECT_EQ(n, 1) << name;
+    auto job = service_->GetJob(name, false);
+    ASSERT_OK(job);
+    EXPECT_EQ(job->status().state(), v1::JOB_STATE_DONE) << name;
+  }
+}
+
+// The number of workers can change only while no lease is out; a session
+// saying another number meanwhile is refused, naming both.
+TEST_F(CoordinatorServiceTest, AnotherNumberOfWorkersWhileLeasesAreOutIsRefused) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {10, 10}, 1, 1)));
+  SimTrainer first(*service_, "j", 0, "a", nullptr, "", 0, 2);
+  ASSERT_FALSE(first.held.empty());
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = service_->OpenSession(sink);
+  v1::TrainerMessage hello = Hello("j", 0, "b");
+  hello.mutable_hello()->set_num_workers(4);
+  service_->OnMessage(id, hello);
+  service_->Flush();
+  ASSERT_TRUE(sink->finished.has_value());
+  EXPECT_THAT(*sink->finished, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                        HasSubstr("read with 2 reader(s) per rank")));
+  // A worker index out of range is INVALID_ARGUMENT naming the field.
+  auto bad = std::make_shared<RecordingSink>();
+  const int64_t bad_id = service_->OpenSession(bad);
+  hello.mutable_hello()->set_num_workers(2);
+  hello.mutable_hello()->set_worker(2);
+  service_->OnMessage(bad_id, hello);
+  service_->Flush();
+  ASSERT_TRUE(bad->finished.has_value());
+  EXPECT_THAT(*bad->finished,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello.worker")));
 }
 
 }  // namespace

@@ -316,6 +316,32 @@ TEST_F(DataServerServiceTest, OlderFenceForTheSameUnitIsAborted) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("fence 3")));
 }
 
+// A unit split where a rank's quota ends: both pieces keep the unit's
+// sequence number, with their own fences. Whichever is read first, the other
+// is still valid; a lease over samples a newer lease covers is not.
+TEST_F(DataServerServiceTest, PiecesOfASplitUnitAreBothServedInEitherOrder) {
+  Make("s3cret");
+  auto piece = [&](int64_t begin, int64_t end, uint64_t fence) {
+    auto r = Request(begin, end);
+    r.mutable_lease()->mutable_unit()->set_sequence(4);
+    r.mutable_lease()->set_lease_id(absl::StrCat("j/e0/f", fence));
+    r.mutable_lease()->set_fence(fence);
+    r.mutable_lease()->set_token(SignLease(r.lease(), "s3cret"));
+    return r;
+  };
+  auto high = Read(piece(1, 3, 8));  // read first
+  ASSERT_OK(high.status());
+  EXPECT_EQ(high->size(), 2u);
+  auto low = Read(piece(0, 1, 7));
+  ASSERT_OK(low.status());
+  EXPECT_EQ(low->size(), 1u);
+  // [2, 3) granted again (fence 9): the fence-8 piece overlaps it.
+  ASSERT_OK(Read(piece(2, 3, 9)).status());
+  EXPECT_THAT(Read(piece(1, 3, 8)).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("fence 9")));
+  ASSERT_OK(Read(piece(0, 1, 7)).status());
+}
+
 // Leases as the coordinator grants them: fences grow across units, epochs
 // and jobs; a lease of epoch e+1 exists only once epoch e is complete.
 TEST_F(DataServerServiceTest, ALeaseOfAnEpochTheJobHasLeftIsAborted) {
