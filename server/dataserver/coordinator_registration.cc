@@ -2,11 +2,19 @@
 
 #include <random>
 
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
 #include "absl/time/clock.h"
 #include "server/common/logging.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
 namespace sluice::dataserver {
+namespace {
+// Longest wait between registration attempts (the coordinator's default
+// heartbeat interval).
+constexpr absl::Duration kMaxRetry = absl::Seconds(1);
+}  // namespace
 
 CoordinatorRegistration::CoordinatorRegistration(Options options)
     : options_(std::move(options)) {}
@@ -42,12 +50,22 @@ bool CoordinatorRegistration::Sleep(absl::Duration d) {
 }
 
 void CoordinatorRegistration::Run() {
-  auto channel = grpc::CreateChannel(
+  // gRPC's own reconnect backoff grows to 120 s by default: after a
+  // coordinator restart the channel would retry only every 10-20 s, and no
+  // unit is granted meanwhile. Kept at most kMaxRetry, like the loop below,
+  // so a restarted coordinator sees this server within about a heartbeat
+  // interval.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(kMaxRetry)));
+  auto channel = grpc::CreateCustomChannel(
       options_.coordinator,
-      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials());
+      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(), args);
   auto stub = v1::Coordinator::NewStub(channel);
   std::mt19937_64 rng(std::random_device{}());
-  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Duration backoff = absl::Milliseconds(100);  // grows to kMaxRetry
   bool reported_failure = false;
   while (true) {
     grpc::ClientContext context;
@@ -120,7 +138,7 @@ void CoordinatorRegistration::Run() {
     // Full jitter: uniform in [backoff/2, backoff].
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
     if (!Sleep(backoff * jitter(rng))) return;
-    backoff = std::min(backoff * 2, absl::Seconds(5));
+    backoff = std::min(backoff * 2, kMaxRetry);
   }
 }
 
