@@ -213,48 +213,77 @@ def test_a_finished_job_says_so_at_once(one_server):
     assert message in out.stderr
 
 
-def test_a_lease_read_after_higher_fenced_leases_of_the_same_shard_is_served(tmp_path):
-    # Dynamic, world size 2, one 25-sample shard, units of 10, leases
-    # checked by the data server (token and fence): rank 1 is granted
-    # [0, 10) and [10, 12), rank 0 then [12, 22) and [22, 24) with higher
-    # fences and reads them first; rank 1's [10, 12) is still served. (The
-    # data server's unit test covers two pieces of one split unit.)
-    import queue
+class _RawSession:
+    """A trainer session driven by hand: exactly the messages a test sends."""
+
+    def __init__(self, channel, job, rank, trainer_id, credits):
+        import queue
+        import threading
+        from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
+        self.pb = coordinator_pb2
+        self.out, self.inbox = queue.Queue(), queue.Queue()
+        self.send(hello=coordinator_pb2.Hello(job=job, rank=rank, trainer_id=trainer_id))
+        self.send(want=coordinator_pb2.Want(credits=credits))
+        self.call = coordinator_pb2_grpc.CoordinatorStub(channel).Session(iter(self.out.get, None))
+        threading.Thread(target=lambda: [self.inbox.put(m) for m in self.call],
+                         daemon=True).start()
+
+    def send(self, **message):
+        self.out.put(self.pb.TrainerMessage(**message))
+
+    def grants(self, n):
+        got = []
+        while len(got) < n:
+            m = self.inbox.get(timeout=30)
+            if m.HasField("grant"):
+                got.append(m.grant.lease)
+        return got
+
+    def close(self):
+        self.out.put(None)
+        self.call.cancel()
+
+
+def test_both_pieces_of_a_unit_split_at_a_quota_are_served_in_either_order(tmp_path):
+    # One 25-sample shard, dynamic, world size 2, units of 5 (rank 0's block
+    # [0, 12) is [0,5) [5,10) [10,12); rank 1's [12,17) [17,22) [22,24)),
+    # leases checked by the data server (token and fence). Rank 0 hands back
+    # [2, 5); rank 1 then takes it, [5, 10) and [10, 12), and reaches its
+    # quota 2 samples into [12, 17): the unit is split, [12, 14) to rank 1
+    # and [14, 17), with the same sequence number and a higher fence, to
+    # rank 0. Rank 0's piece is read first; rank 1's must still be served.
     import grpc
-    from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc, dataserver_pb2
+    from sluice.v1 import dataserver_pb2
     c = Cluster(tmp_path, shards=1, per_shard=25, lease_secret=True)
     try:
-        c.create_job("split", world_size=2, mode="dynamic", max_samples_per_lease=10)
-        out = queue.Queue()
-        out.put(coordinator_pb2.TrainerMessage(hello=coordinator_pb2.Hello(
-            job="split", rank=1, trainer_id="rank-1")))
-        out.put(coordinator_pb2.TrainerMessage(want=coordinator_pb2.Want(credits=2)))
+        c.create_job("split", world_size=2, mode="dynamic", max_samples_per_lease=5)
         with grpc.insecure_channel(c.address) as channel:
-            session = coordinator_pb2_grpc.CoordinatorStub(channel).Session(iter(out.get, None))
-            grants = []
-            for m in session:
-                if m.HasField("grant"):
-                    grants.append(m.grant.lease)
-                    if len(grants) == 2:
-                        break
-            assert [(g.unit.begin, g.unit.end) for g in grants] == [(0, 10), (10, 12)]
-            with sluice.Reader(c.address, "split", rank=0) as reader:
-                got = []
-                for e in iter(lambda: reader.next_event(timeout=30), None):
-                    if e.kind == "sample":
-                        got.append(e.sample.index)
-                    if len(got) == 12:
-                        break
-                assert reader.stats["dropped_units"] == 0, reader.stats
-            assert sorted(got) == list(range(12, 24))
-            with grpc.insecure_channel(grants[1].data_server) as data:
-                read = data.unary_stream("/sluice.v1.DataServer/ReadSamples",
-                                         request_serializer=dataserver_pb2.ReadRequest.SerializeToString,
-                                         response_deserializer=dataserver_pb2.SampleBatch.FromString)
-                indices = [s.index for b in read(dataserver_pb2.ReadRequest(lease=grants[1]),
-                                                 timeout=30) for s in b.samples]
-            assert indices == [10, 11]
-            out.put(None)
-            session.cancel()
+            r0 = _RawSession(channel, "split", 0, "rank-0", 1)
+            (first,) = r0.grants(1)
+            assert (first.unit.begin, first.unit.end) == (0, 5)
+            r0.send(want=r0.pb.Want(credits=0))
+            r0.send(release=r0.pb.Release(lease_id=first.lease_id, fence=first.fence, consumed=2))
+            r1 = _RawSession(channel, "split", 1, "rank-1", 4)
+            mine = r1.grants(4)
+            assert [(l.unit.begin, l.unit.end) for l in mine] == [(2, 5), (5, 10), (10, 12),
+                                                                  (12, 14)]
+            r0.send(want=r0.pb.Want(credits=1))
+            (theirs,) = r0.grants(1)
+            assert (theirs.unit.begin, theirs.unit.end) == (14, 17)
+            assert theirs.unit.sequence == mine[3].unit.sequence
+            assert theirs.fence > mine[3].fence
+            with grpc.insecure_channel(theirs.data_server) as data:
+                read = data.unary_stream(
+                    "/sluice.v1.DataServer/ReadSamples",
+                    request_serializer=dataserver_pb2.ReadRequest.SerializeToString,
+                    response_deserializer=dataserver_pb2.SampleBatch.FromString)
+
+                def indices(lease):
+                    return [x.index for b in read(dataserver_pb2.ReadRequest(lease=lease),
+                                                  timeout=30) for x in b.samples]
+                assert indices(theirs) == [14, 15, 16]
+                assert indices(mine[3]) == [12, 13]
+            r0.close()
+            r1.close()
     finally:
         c.stop()

@@ -1227,10 +1227,23 @@ class Reader:
             stalled = u.stalled
         code = e.code()
         if code == grpc.StatusCode.ABORTED:
+            # The data server holds a newer fence for these samples. Usually
+            # the coordinator granted them again and revokes this lease; if
+            # it still counts the lease live, handing it back is what lets
+            # the rest be granted anew (with a fence the server accepts)
+            # instead of staying with a lease nobody can read. A Release the
+            # coordinator finds stale is refused, harmlessly.
+            _log.warning("sluice: job %s rank %d: data server %s refused lease %s (%s); "
+                         "handing it back", self._job, self._rank, address, lease.lease_id,
+                         e.details())
             with self._cv:
-                u.dropped = True  # a newer grant of the unit exists
+                u.dropped = True
                 u.buffer.clear()
+                u.final = coordinator_pb2.TrainerMessage(release=coordinator_pb2.Release(
+                    lease_id=lease.lease_id, fence=lease.fence, consumed=u.delivered))
+                self.stats["refused_leases"] += 1
                 self._cv.notify_all()
+            self._flush_reports(progress=False)
             return
         if code in _FATAL_READ:
             with self._cv:
