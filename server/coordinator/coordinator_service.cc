@@ -1,10 +1,14 @@
 #include "server/coordinator/coordinator_service.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
-#include <fstream>
+#include <cstring>
 #include <set>
-#include <sstream>
 
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
@@ -79,26 +83,70 @@ LeaseEntry LiveLease(const DurableLease& d, const std::string& job, int64_t epoc
   return lease;
 }
 
+// `text` quoted for a message: at most its first 64 bytes (input can be
+// megabytes; the reply must stay small).
+std::string QuotePrefix(absl::string_view text) {
+  constexpr size_t kShown = 64;
+  if (text.size() <= kShown) return absl::StrCat("\"", text, "\"");
+  return absl::StrCat("\"", text.substr(0, kShown), "...\" (", text.size(), " bytes)");
+}
+
+// The manifest at `path`, read only inside `files.roots`: a regular file
+// (a FIFO or device is refused without blocking) of at most
+// files.max_bytes. Errors name the path, never the file's content.
+absl::StatusOr<v1::Manifest> ReadManifestFile(const std::string& path, const ManifestFiles& files) {
+  const std::string field = "spec.manifest_path";
+  const std::string shown = QuotePrefix(path);
+  if (files.roots == nullptr || files.roots->roots().empty()) {
+    return Invalid(field, "this coordinator reads no manifest files (start it with "
+                          "--manifest_roots=DIR, or send the manifest inline)");
+  }
+  absl::StatusOr<std::string> resolved = files.roots->Resolve(path, absl::StrCat(field, " ", shown));
+  if (!resolved.ok() && resolved.status().code() != absl::StatusCode::kPermissionDenied) {
+    // A missing file is a bad field, like any other.
+    return absl::InvalidArgumentError(resolved.status().message());
+  }
+  RETURN_IF_ERROR(resolved.status());
+  const std::string& real = *resolved;
+  const int fd = open(real.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Invalid(field, absl::StrCat(shown, ": ", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Invalid(field, absl::StrCat(shown, " is not a regular file"));
+  }
+  if (st.st_size > files.max_bytes) {
+    return Invalid(field, absl::StrCat(shown, " is ", st.st_size, " bytes; the limit is ",
+                                       files.max_bytes, " (--max_manifest_bytes)"));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Invalid(field, absl::StrCat(shown, ": read failed"));
+    got += static_cast<size_t>(n);
+  }
+  v1::Manifest manifest;
+  if (!google::protobuf::util::JsonStringToMessage(text, &manifest).ok()) {
+    return Invalid(field, absl::StrCat(shown, " is not a JSON manifest ({\"shards\": [...]})"));
+  }
+  return manifest;
+}
+
 }  // namespace
 
-absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in) {
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const ManifestFiles& files) {
   v1::JobSpec spec = in;
   if (!ValidName(spec.name())) {
-    return Invalid("spec.name", absl::StrCat("\"", spec.name(),
-                                             "\" must be 1-128 characters of [A-Za-z0-9._-]"));
+    return Invalid("spec.name", absl::StrCat(QuotePrefix(spec.name()),
+                                             " must be 1-128 characters of [A-Za-z0-9._-]"));
   }
   if (spec.dataset_case() == v1::JobSpec::kManifestPath) {
-    const std::string path = spec.manifest_path();
-    std::ifstream file(path);
-    if (!file) return Invalid("spec.manifest_path", absl::StrCat("cannot read ", path));
-    std::stringstream text;
-    text << file.rdbuf();
-    v1::Manifest manifest;
-    const auto parsed = google::protobuf::util::JsonStringToMessage(text.str(), &manifest);
-    if (!parsed.ok()) {
-      return Invalid("spec.manifest_path",
-                     absl::StrCat(path, " is not a valid manifest: ", parsed.ToString()));
-    }
+    ASSIGN_OR_RETURN(v1::Manifest manifest, ReadManifestFile(spec.manifest_path(), files));
     *spec.mutable_manifest() = std::move(manifest);
   } else if (spec.dataset_case() != v1::JobSpec::kManifest) {
     return Invalid("spec.dataset", "set manifest or manifest_path");
@@ -164,6 +212,10 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     const CoordinatorOptions& options) {
   std::unique_ptr<CoordinatorService> service(new CoordinatorService(options));
+  if (!options.manifest_roots.empty()) {
+    ASSIGN_OR_RETURN(PathRoots roots, PathRoots::Create(options.manifest_roots, "--manifest_roots"));
+    service->manifest_roots_.emplace(std::move(roots));
+  }
   absl::MutexLock lock(&service->mu_);
   if (options.journal_dir.empty()) {
     service->journal_ = std::make_unique<MemoryJournal>();
@@ -380,7 +432,10 @@ std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job, JobRun
 }
 
 absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request) {
-  ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(request));
+  ASSIGN_OR_RETURN(v1::JobSpec spec,
+                   NormalizeJobSpec(request, ManifestFiles{manifest_roots_ ? &*manifest_roots_
+                                                                           : nullptr,
+                                                           options_.max_manifest_bytes}));
   Effects fx;
   uint64_t ticket = 0;
   v1::Job result;

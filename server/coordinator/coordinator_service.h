@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/common/clock.h"
+#include "server/common/path_roots.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/journal.h"
@@ -79,6 +80,18 @@ struct CoordinatorOptions {
   // Secret for lease tokens (HMAC-SHA256, see server/common/lease_token.h),
   // shared with the data servers. Empty = leases carry no token.
   std::string lease_secret;
+  // Directories JobSpec.manifest_path may name files in (resolved as the
+  // data servers resolve shard paths: "..", symlinks). Empty = manifest_path
+  // is refused (manifests are sent inline).
+  std::vector<std::string> manifest_roots;
+  // Largest manifest file read for manifest_path.
+  int64_t max_manifest_bytes = 256 << 20;
+};
+
+// Where and how much JobSpec.manifest_path may read (see CoordinatorOptions).
+struct ManifestFiles {
+  const PathRoots* roots = nullptr;  // null = manifest_path refused
+  int64_t max_bytes = 256 << 20;
 };
 
 class CoordinatorService {
@@ -244,6 +257,7 @@ class CoordinatorService {
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
+  std::optional<PathRoots> manifest_roots_;  // set when options_.manifest_roots is
   std::unique_ptr<Journal> journal_;
   int64_t recovered_records_ = 0;
   int64_t last_snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -269,8 +283,11 @@ class CoordinatorService {
 };
 
 // Validates `spec` and returns it with defaults filled in and the manifest
-// inline (manifest_path read and parsed). INVALID_ARGUMENT names the field.
-absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& spec);
+// inline (manifest_path read and parsed, only inside `files.roots`; no file
+// content is ever quoted in an error). INVALID_ARGUMENT names the field,
+// PERMISSION_DENIED a path outside the roots.
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& spec,
+                                             const ManifestFiles& files = {});
 
 }  // namespace sluice
 

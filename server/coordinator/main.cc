@@ -1,5 +1,7 @@
 // sluice-coordinator: hands out epoch-consistent shard leases to trainers.
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <prometheus/registry.h>
 
@@ -32,6 +34,13 @@ ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the data servers "
           "(HMAC-SHA256 over each lease). Empty = leases carry no token.");
 
+ABSL_FLAG(std::vector<std::string>, manifest_roots, {},
+          "Directories CreateJob's manifest_path may name files in (comma-separated; \"..\" "
+          "and symlinks are resolved first). Empty = manifest_path is refused and manifests "
+          "are sent inline, as sluicectl does.");
+ABSL_FLAG(int64_t, max_manifest_bytes, 256 << 20,
+          "Largest manifest file read for manifest_path.");
+
 namespace {
 
 class CoordinatorServices : public sluice::ServiceSet {
@@ -48,6 +57,8 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.default_lease_ttl = absl::GetFlag(FLAGS_default_lease_ttl);
     options.metrics = services->metrics_.get();
     options.prefetch_hint_units = absl::GetFlag(FLAGS_prefetch_hint_units);
+    options.manifest_roots = absl::GetFlag(FLAGS_manifest_roots);
+    options.max_manifest_bytes = absl::GetFlag(FLAGS_max_manifest_bytes);
     if (options.prefetch_hint_units < 0) {
       return absl::InvalidArgumentError("--prefetch_hint_units must be >= 0");
     }

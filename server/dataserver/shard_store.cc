@@ -231,53 +231,14 @@ ShardData::~ShardData() {
   if (fd_ >= 0) close(fd_);
 }
 
-std::string NormalizeAbsolutePath(absl::string_view path) {
-  std::vector<absl::string_view> parts;
-  for (absl::string_view part : absl::StrSplit(path, '/')) {
-    if (part.empty() || part == ".") continue;
-    if (part == "..") {
-      if (!parts.empty()) parts.pop_back();
-      continue;
-    }
-    parts.push_back(part);
-  }
-  std::string out;
-  for (absl::string_view part : parts) absl::StrAppend(&out, "/", part);
-  return out.empty() ? "/" : out;
-}
-
 absl::StatusOr<std::unique_ptr<LocalShardStore>> LocalShardStore::Create(
     const std::vector<std::string>& roots) {
-  std::vector<std::string> resolved;
-  for (const std::string& root : roots) {
-    if (root.empty()) continue;
-    char buf[PATH_MAX];
-    if (realpath(root.c_str(), buf) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--roots: \"", root, "\": ", std::strerror(errno)));
-    }
-    struct stat st;
-    if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--roots: \"", root, "\" is not a directory"));
-    }
-    resolved.emplace_back(buf);
-  }
-  if (resolved.empty()) {
+  ASSIGN_OR_RETURN(PathRoots resolved, PathRoots::Create(roots, "--roots"));
+  if (resolved.roots().empty()) {
     return absl::InvalidArgumentError(
         "--roots is empty: name the directories shards may be read from");
   }
-  return std::unique_ptr<LocalShardStore>(
-      new LocalShardStore(std::move(resolved)));
-}
-
-bool LocalShardStore::UnderRoot(absl::string_view path) const {
-  for (const std::string& root : roots_) {
-    if (root == "/") return true;
-    if (path == root) return true;
-    if (absl::StartsWith(path, root) && path[root.size()] == '/') return true;
-  }
-  return false;
+  return std::unique_ptr<LocalShardStore>(new LocalShardStore(std::move(resolved)));
 }
 
 absl::StatusOr<std::string> LocalShardStore::Resolve(
@@ -303,21 +264,7 @@ absl::StatusOr<std::string> LocalShardStore::Resolve(
     return absl::InvalidArgumentError(
         absl::StrCat("shard url \"", url, "\" contains a NUL byte"));
   }
-  std::string lexical = NormalizeAbsolutePath(path);
-  if (!UnderRoot(lexical)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "shard \"", url, "\" is outside the data server's --roots"));
-  }
-  char buf[PATH_MAX];
-  if (realpath(lexical.c_str(), buf) == nullptr) {
-    return ErrnoStatus(errno, "resolve", url);
-  }
-  if (!UnderRoot(buf)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "shard \"", url,
-        "\" resolves (through a symlink) outside the data server's --roots"));
-  }
-  return std::string(buf);
+  return roots_.Resolve(path, absl::StrCat("shard \"", url, "\""));
 }
 
 absl::StatusOr<std::shared_ptr<const ShardData>> LocalShardStore::Open(

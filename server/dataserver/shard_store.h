@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/common/path_roots.h"
 
 namespace sluice::dataserver {
 
@@ -121,17 +122,13 @@ class LocalShardStore : public ShardStore {
   // tests.
   absl::StatusOr<std::string> Resolve(absl::string_view url) const;
 
-  const std::vector<std::string>& roots() const { return roots_; }
+  const std::vector<std::string>& roots() const { return roots_.roots(); }
 
  private:
-  explicit LocalShardStore(std::vector<std::string> roots)
+  explicit LocalShardStore(PathRoots roots)
       : roots_(std::move(roots)) {}
-  bool UnderRoot(absl::string_view path) const;
-  std::vector<std::string> roots_;
+  PathRoots roots_;
 };
-
-// "/a/./b/../c" -> "/a/c". Only absolute paths; ".." above "/" stays at "/".
-std::string NormalizeAbsolutePath(absl::string_view path);
 
 }  // namespace sluice::dataserver
 

@@ -1,6 +1,9 @@
 // The real sluice-coordinator binary with scripted trainers over real gRPC.
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -259,7 +262,9 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
 
 TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  mkdir(dir.File("manifests").c_str(), 0755);
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                     {kNoDataServers, "--manifest_roots=" + dir.File("manifests")});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   {
@@ -275,7 +280,7 @@ TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
     grpc::ClientContext ctx;
     v1::CreateJobRequest req;
     req.mutable_spec()->set_name("x");
-    req.mutable_spec()->set_manifest_path(dir.File("missing.json"));
+    req.mutable_spec()->set_manifest_path(dir.File("manifests/missing.json"));
     v1::Job job;
     grpc::Status s = stub->CreateJob(&ctx, req, &job);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -283,12 +288,12 @@ TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
   }
   {
     // A JSON manifest on disk is accepted.
-    std::ofstream(dir.File("m.json"))
+    std::ofstream(dir.File("manifests/m.json"))
         << R"({"shards": [{"url": "/d/a.tar", "num_samples": 3}, {"url": "/d/b.tar", "num_samples": 4}]})";
     grpc::ClientContext ctx;
     v1::CreateJobRequest req;
     req.mutable_spec()->set_name("fromfile");
-    req.mutable_spec()->set_manifest_path(dir.File("m.json"));
+    req.mutable_spec()->set_manifest_path(dir.File("manifests/../manifests/m.json"));
     req.mutable_spec()->set_world_size(2);
     v1::Job job;
     grpc::Status s = stub->CreateJob(&ctx, req, &job);
@@ -310,6 +315,75 @@ TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(s.error_message(), HasSubstr("hello.rank=2"));
   }
+}
+
+// manifest_path reads only regular files inside --manifest_roots, and no
+// error quotes a file's content: a secret next to the manifests, "..", a
+// symlink out, a FIFO (which would block a reader) and /dev/zero are all
+// refused at once, each with the documented code; without --manifest_roots
+// manifest_path is refused whole.
+TEST(CoordinatorIntegrationTest, ManifestPathReadsOnlyManifestsInsideItsRoots) {
+  TempDir dir;
+  mkdir(dir.File("manifests").c_str(), 0755);
+  const std::string secret = "do-not-leak-this-secret-4b1d";
+  std::ofstream(dir.File("lease.secret")) << secret;
+  std::ofstream(dir.File("manifests/garbage.json")) << secret;
+  symlink(dir.File("lease.secret").c_str(), dir.File("manifests/link.json").c_str());
+  mkfifo(dir.File("manifests/fifo.json").c_str(), 0644);
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                     {kNoDataServers, "--manifest_roots=" + dir.File("manifests"),
+                                      "--max_manifest_bytes=1000"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = Connect(server->grpc_address);
+  auto create = [&](const std::string& path) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::CreateJobRequest req;
+    req.mutable_spec()->set_name("m");
+    req.mutable_spec()->set_manifest_path(path);
+    v1::Job job;
+    return stub->CreateJob(&ctx, req, &job);
+  };
+  struct Case {
+    std::string path;
+    grpc::StatusCode code;
+    std::string says;
+  };
+  std::ofstream(dir.File("manifests/big.json")) << std::string(2000, ' ');
+  const std::vector<Case> cases = {
+      {dir.File("lease.secret"), grpc::StatusCode::PERMISSION_DENIED, "outside --manifest_roots"},
+      {dir.File("manifests/../lease.secret"), grpc::StatusCode::PERMISSION_DENIED,
+       "outside --manifest_roots"},
+      {dir.File("manifests/link.json"), grpc::StatusCode::PERMISSION_DENIED, "through a symlink"},
+      {dir.File("manifests/garbage.json"), grpc::StatusCode::INVALID_ARGUMENT,
+       "is not a JSON manifest"},
+      {dir.File("manifests/fifo.json"), grpc::StatusCode::INVALID_ARGUMENT,
+       "is not a regular file"},
+      {dir.File("manifests/big.json"), grpc::StatusCode::INVALID_ARGUMENT,
+       "the limit is 1000 (--max_manifest_bytes)"},
+      {"/dev/zero", grpc::StatusCode::PERMISSION_DENIED, "outside --manifest_roots"},
+      {"relative.json", grpc::StatusCode::INVALID_ARGUMENT, "not an absolute path"},
+  };
+  for (const Case& c : cases) {
+    grpc::Status s = create(c.path);
+    EXPECT_EQ(s.error_code(), c.code) << c.path << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("spec.manifest_path")) << c.path;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.says)) << c.path;
+    EXPECT_THAT(s.error_message(), Not(HasSubstr("do-not-leak"))) << c.path;
+  }
+
+  // A coordinator without --manifest_roots reads no file at all.
+  auto closed = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  auto closed_stub = Connect(closed->grpc_address);
+  grpc::ClientContext ctx;
+  v1::CreateJobRequest req;
+  req.mutable_spec()->set_name("m");
+  req.mutable_spec()->set_manifest_path(dir.File("manifests/garbage.json"));
+  v1::Job job;
+  grpc::Status s = closed_stub->CreateJob(&ctx, req, &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("--manifest_roots"));
 }
 
 }  // namespace
