@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -33,6 +34,22 @@ void PutU32(std::string* out, uint32_t v) {
 uint32_t GetU32(const char* p) {
   const auto* u = reinterpret_cast<const unsigned char*>(p);
   return u[0] | (u[1] << 8) | (u[2] << 16) | (static_cast<uint32_t>(u[3]) << 24);
+}
+
+// The offset of the first whole, valid record at or after `from` (non-empty
+// payload within the file, CRC matching, parsing as a JournalRecord), if any.
+// Zeros (a preallocated or zero-filled tail) never count as one.
+std::optional<size_t> FindValidFrame(const std::string& data, size_t from) {
+  for (size_t p = from; p + kHeaderBytes < data.size(); ++p) {
+    const uint32_t length = GetU32(data.data() + p);
+    if (length == 0 || length > kMaxRecordBytes || length > data.size() - p - kHeaderBytes) {
+      continue;
+    }
+    if (Crc(data.data() + p + kHeaderBytes, length) != GetU32(data.data() + p + 4)) continue;
+    v1::internal::JournalRecord record;
+    if (record.ParseFromArray(data.data() + p + kHeaderBytes, static_cast<int>(length))) return p;
+  }
+  return std::nullopt;
 }
 
 absl::Status Errno(absl::string_view what, const std::string& path) {
@@ -89,18 +106,29 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
     } else {
       length = GetU32(data->data() + offset);
       const uint32_t crc = GetU32(data->data() + offset + 4);
-      if (length > kMaxRecordBytes || left - kHeaderBytes < length) {
+      // No record is empty: a zero length is a zero-filled tail or damage.
+      if (length == 0 || length > kMaxRecordBytes || left - kHeaderBytes < length) {
         bad = true;
       } else if (Crc(data->data() + offset + kHeaderBytes, length) != crc) {
         bad = true;
       }
     }
     if (bad) {
-      // A bad frame is a torn tail only if it is the last thing in the file.
+      // A bad frame is a torn tail only if it is the last thing in the file:
+      // a write cut short (its length reaches the end) or a zero-filled
+      // tail, with no whole record after it. A damaged length field in the
+      // middle also "reaches the end", but valid records come after it.
       const bool last = left < kHeaderBytes ||
                         length > kMaxRecordBytes ||
                         left - kHeaderBytes <= length;
-      if (!last) {
+      const bool zeros = data->find_first_not_of('\0', offset) == std::string::npos;
+      if (const std::optional<size_t> next = FindValidFrame(*data, offset + 1)) {
+        return absl::DataLossError(absl::StrCat(
+            "journal ", path, " is corrupt at offset ", offset, ": the record there (",
+            length, " bytes claimed) is damaged and a whole record follows at offset ", *next,
+            "; refusing to start"));
+      }
+      if (!last && !zeros) {
         return absl::DataLossError(absl::StrCat(
             "journal ", path, " is corrupt at offset ", offset,
             " (bad record followed by ", left, " more bytes); refusing to start"));

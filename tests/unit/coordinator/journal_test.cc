@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
@@ -129,6 +130,50 @@ TEST(FileJournalTest, CorruptMiddleIsDataLossNamingTheOffset) {
   EXPECT_THAT(OpenCollect(dir.path(), &seen),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("offset 0")));
   EXPECT_GT(FileSize(log), 0);  // nothing was truncated
+}
+
+// Every single-bit flip in the header (length and CRC) of a record in the
+// middle is corruption, never a torn tail: a length made to reach past the
+// end of the file used to truncate every acknowledged record after it. A
+// zero-filled tail after the last record is still a torn tail.
+TEST(FileJournalTest, EveryBitFlipInAMiddleRecordHeaderIsDataLoss) {
+  TempDir dir;
+  const std::string log = dir.File("journal.log");
+  int64_t second = 0;
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK((*j)->Append({Deleted("a", 1)}));
+    second = FileSize(log);
+    ASSERT_OK((*j)->Append({Deleted("b", 2)}));
+    for (int i = 0; i < 20; ++i) ASSERT_OK((*j)->Append({Deleted(absl::StrCat("c", i), 3 + i)}));
+  }
+  std::ifstream in(log, std::ios::binary);
+  const std::string full((std::istreambuf_iterator<char>(in)), {});
+  for (int bit = 0; bit < 64; ++bit) {
+    std::string damaged = full;
+    damaged[second + bit / 8] ^= static_cast<char>(1 << (bit % 8));
+    std::ofstream(log, std::ios::binary | std::ios::trunc) << damaged;
+    std::vector<std::string> seen;
+    EXPECT_THAT(OpenCollect(dir.path(), &seen),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         HasSubstr(absl::StrCat("offset ", second))))
+        << "bit " << bit;
+    EXPECT_EQ(FileSize(log), static_cast<int64_t>(full.size())) << "bit " << bit;
+  }
+  // The length set to 0xFFFFFFFF, as the probe did.
+  std::string damaged = full;
+  for (int i = 0; i < 4; ++i) damaged[second + i] = '\xff';
+  std::ofstream(log, std::ios::binary | std::ios::trunc) << damaged;
+  std::vector<std::string> seen;
+  EXPECT_THAT(OpenCollect(dir.path(), &seen), StatusIs(absl::StatusCode::kDataLoss));
+  // Zeros after the last whole record: a torn tail, truncated.
+  std::ofstream(log, std::ios::binary | std::ios::trunc) << full << std::string(4096, '\0');
+  seen.clear();
+  auto j = OpenCollect(dir.path(), &seen);
+  ASSERT_OK(j);
+  EXPECT_EQ(seen.size(), 22u);
+  EXPECT_EQ((*j)->truncated_bytes(), 4096);
 }
 
 TEST(FileJournalTest, ConcurrentAppendsAreAllDurableAndWhole) {
