@@ -50,8 +50,19 @@ std::string JobDoneMessage(const JobData& job) {
                       " epochs were consumed; create a new job or resume from a cursor");
 }
 
+// Limits on what one CreateJob can make the coordinator plan and hold.
+constexpr int32_t kMaxWorldSize = 65536;
+constexpr int64_t kMaxTotalSamples = int64_t{1} << 50;
+constexpr int64_t kMaxUnitsPerEpoch = 4'000'000;
+constexpr size_t kMaxUrlBytes = 4096;
+// Ids a trainer names (trainer_id, lease_id): longer ones are refused
+// without being quoted.
+constexpr size_t kMaxIdBytes = 256;
+
 // Readers per rank a Hello may name (DataLoader workers).
 constexpr int32_t kMaxWorkersPerRank = 1024;
+// Slots (rank x worker) per job: each holds counts and an acknowledgement log.
+constexpr int64_t kMaxReadersPerJob = 1 << 20;
 
 absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
@@ -161,17 +172,26 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const Manife
   for (int i = 0; i < shards.size(); ++i) {
     const v1::Shard& s = shards[i];
     const std::string field = absl::StrCat("spec.manifest.shards[", i, "]");
+    if (s.url().size() > kMaxUrlBytes) {
+      return Invalid(field + ".url", absl::StrCat(QuotePrefix(s.url()), " is longer than ",
+                                                  kMaxUrlBytes, " bytes"));
+    }
     if (!SupportedUrl(s.url())) {
-      return Invalid(field + ".url", absl::StrCat("\"", s.url(),
-                                                  "\": use an absolute path, file://, "
+      return Invalid(field + ".url", absl::StrCat(QuotePrefix(s.url()),
+                                                  ": use an absolute path, file://, "
                                                   "http(s):// or s3://"));
     }
     auto [it, inserted] = seen.emplace(s.url(), i);
     if (!inserted) {
-      return Invalid(field + ".url",
-                     absl::StrCat("\"", s.url(), "\" duplicates shards[", it->second, "]"));
+      return Invalid(field + ".url", absl::StrCat(QuotePrefix(s.url()), " duplicates shards[",
+                                                  it->second, "]"));
     }
     if (s.num_samples() < 0) return Invalid(field + ".num_samples", "must be >= 0");
+    if (s.num_samples() > kMaxTotalSamples - total) {
+      return Invalid(field + ".num_samples",
+                     absl::StrCat(s.num_samples(), " brings the dataset past ", kMaxTotalSamples,
+                                  " samples"));
+    }
     if (s.size_bytes() < 0) return Invalid(field + ".size_bytes", "must be >= 0");
     if (!s.checksum().empty()) {
       absl::string_view hex = s.checksum();
@@ -179,14 +199,18 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const Manife
           !std::all_of(hex.begin(), hex.end(), [](char c) {
             return absl::ascii_isxdigit(static_cast<unsigned char>(c));
           })) {
-        return Invalid(field + ".checksum",
-                       absl::StrCat("\"", s.checksum(), "\" is not \"sha256:<64 hex digits>\""));
+        return Invalid(field + ".checksum", absl::StrCat(QuotePrefix(s.checksum()),
+                                                         " is not \"sha256:<64 hex digits>\""));
       }
     }
     total += s.num_samples();
   }
   if (total == 0) return Invalid("spec.manifest", "empty dataset (0 samples)");
   if (spec.world_size() < 0) return Invalid("spec.world_size", "must be >= 0 (0 = no quotas)");
+  if (spec.world_size() > kMaxWorldSize) {
+    return Invalid("spec.world_size",
+                   absl::StrCat(spec.world_size(), " is above the limit of ", kMaxWorldSize));
+  }
   if (spec.num_epochs() < 0) return Invalid("spec.num_epochs", "must be >= 0 (0 = endless)");
   if (spec.lease_ttl_ms() < 0 ||
       (spec.lease_ttl_ms() > 0 &&
@@ -196,6 +220,20 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const Manife
                                 absl::ToInt64Milliseconds(LeaseTable::kMinTtl)));
   }
   if (spec.max_samples_per_lease() < 0) return Invalid("spec.max_samples_per_lease", "must be >= 0");
+  // Units an epoch plan holds (each costs memory in the plan, the queues and
+  // the journal): one per max_samples_per_lease samples of each shard, plus
+  // a cut per rank.
+  int64_t units = spec.world_size();
+  for (const v1::Shard& s : shards) {
+    const int64_t per = spec.max_samples_per_lease() > 0 ? spec.max_samples_per_lease()
+                                                         : std::max<int64_t>(s.num_samples(), 1);
+    units += s.num_samples() / per + 1;
+    if (units > kMaxUnitsPerEpoch) {
+      return Invalid("spec.max_samples_per_lease",
+                     absl::StrCat(spec.max_samples_per_lease(), " cuts an epoch into more than ",
+                                  kMaxUnitsPerEpoch, " units; use larger units"));
+    }
+  }
   if (!v1::Mode_IsValid(spec.mode())) return Invalid("spec.mode", "unknown value");
   if (!v1::Remainder_IsValid(spec.remainder())) return Invalid("spec.remainder", "unknown value");
   if (!v1::CorruptPolicy_IsValid(spec.on_corrupt())) return Invalid("spec.on_corrupt", "unknown value");
@@ -790,9 +828,17 @@ void CoordinatorService::OnMessage(int64_t session_id, const v1::TrainerMessage&
 }
 
 void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, Effects& fx) {
+  if (hello.trainer_id().size() > kMaxIdBytes || hello.resume_attempt().size() > kMaxIdBytes) {
+    FinishSessionLocked(s, Invalid("hello.trainer_id", absl::StrCat("trainer_id and resume_attempt "
+                                                                    "are limited to ",
+                                                                    kMaxIdBytes, " bytes")),
+                        fx);
+    return;
+  }
   const JobData* job = state_.FindJob(hello.job());
   if (job == nullptr) {
-    FinishSessionLocked(s, absl::NotFoundError(absl::StrCat("job ", hello.job(), " not found")), fx);
+    FinishSessionLocked(
+        s, absl::NotFoundError(absl::StrCat("job ", QuotePrefix(hello.job()), " not found")), fx);
     return;
   }
   const int32_t ws = job->spec.world_size();
@@ -809,6 +855,14 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
     FinishSessionLocked(s, Invalid("hello.num_workers",
                                    absl::StrCat(hello.num_workers(), " is out of range [0, ",
                                                 kMaxWorkersPerRank, "]")),
+                        fx);
+    return;
+  }
+  if (static_cast<int64_t>(workers) * std::max(ws, 1) > kMaxReadersPerJob) {
+    FinishSessionLocked(s, Invalid("hello.num_workers",
+                                   absl::StrCat(hello.num_workers(), " workers on each of ",
+                                                std::max(ws, 1), " ranks exceed the limit of ",
+                                                kMaxReadersPerJob, " readers per job")),
                         fx);
     return;
   }
@@ -997,6 +1051,14 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
         lease_id = m.release().lease_id(), fence = m.release().fence(), consumed = m.release().consumed();
       } else {
         lease_id = m.reroute().lease_id(), fence = m.reroute().fence(), consumed = m.reroute().consumed();
+      }
+      if (lease_id.size() > kMaxIdBytes) {
+        fx.sends.emplace_back(s.sink, Rejected("", Invalid("lease_id",
+                                                           absl::StrCat(lease_id.size(),
+                                                                        " bytes; no lease id is "
+                                                                        "longer than ",
+                                                                        kMaxIdBytes))));
+        return absl::OkStatus();
       }
       absl::StatusOr<const LeaseEntry*> found = leases_.Check(lease_id, fence);
       if (found.ok() && (*found)->holder != s.trainer_id) {

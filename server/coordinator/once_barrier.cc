@@ -25,6 +25,21 @@ bool SplitNumbered(const std::string& id, std::string* prefix, int64_t* n) {
   return absl::SimpleAtoi(id.substr(i), n);
 }
 
+// INVALID_ARGUMENT when scope, name or participant is longer than
+// kMaxKeyBytes (quoting none of them: they may be megabytes).
+absl::Status CheckKeyLengths(absl::string_view what, absl::string_view scope,
+                             absl::string_view name, absl::string_view participant) {
+  for (const auto& [field, value] :
+       {std::pair<const char*, absl::string_view>{"scope", scope}, {"name", name},
+        {"participant", participant}}) {
+    if (value.size() > kMaxKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".", field, " is ", value.size(),
+                                                     " bytes; the limit is ", kMaxKeyBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void OnceBarrier::Effects::Run() {
@@ -119,6 +134,11 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
                      fx);
       } else if (request.join().ttl_ms() < 0) {
         FinishLocked(id, absl::InvalidArgumentError("once: join.ttl_ms must be >= 0"), fx);
+      } else if (absl::Status too_long = CheckKeyLengths("once: join", request.join().scope(),
+                                                         request.join().name(),
+                                                         request.join().participant());
+                 !too_long.ok()) {
+        FinishLocked(id, too_long, fx);
       } else {
         const v1::OnceJoin& j = request.join();
         s.joined = true;
@@ -169,6 +189,20 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
                        absl::AbortedError(absl::StrCat(
                            "once ", s.key, ": run ", run, " is over (", s.participant,
                            " no longer holds it; current run ", entry.run, ")")),
+                       fx);
+        } else if (request.has_succeeded() &&
+                   request.succeeded().result().size() > kMaxOnceResultBytes) {
+          FinishLocked(id,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "once ", s.key, ": succeeded.result is ",
+                           request.succeeded().result().size(), " bytes; the limit is ",
+                           kMaxOnceResultBytes)),
+                       fx);
+        } else if (request.has_failed() && request.failed().error().size() > kMaxOnceErrorBytes) {
+          FinishLocked(id,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "once ", s.key, ": failed.error is ", request.failed().error().size(),
+                           " bytes; the limit is ", kMaxOnceErrorBytes)),
                        fx);
         } else if (request.has_succeeded()) {
           v1::internal::OnceFinished f;
@@ -247,7 +281,8 @@ absl::Status OnceBarrier::BarrierTimeoutStatus(const std::string& key, const Bar
     seen.insert(n);
   }
   if (numbered) {
-    for (int64_t i = 0; i < entry.participants; ++i) {
+    for (int64_t i = 0; i < entry.participants && details.missing_size() < kMaxListedMissing;
+         ++i) {
       if (!seen.count(i)) details.add_missing(absl::StrCat(prefix, i));
     }
   }
@@ -279,10 +314,16 @@ void OnceBarrier::Barrier(const v1::BarrierRequest& request, BarrierDone done) {
                request.participant().empty()) {
       fx.barriers.emplace_back(std::move(done), absl::InvalidArgumentError(
                                                     "barrier: scope, name and participant are required"));
-    } else if (request.participants() <= 0) {
+    } else if (absl::Status too_long = CheckKeyLengths("barrier", request.scope(),
+                                                       request.name(), request.participant());
+               !too_long.ok()) {
+      fx.barriers.emplace_back(std::move(done), too_long);
+    } else if (request.participants() <= 0 ||
+               request.participants() > kMaxBarrierParticipants) {
       fx.barriers.emplace_back(std::move(done),
                                absl::InvalidArgumentError(absl::StrCat(
-                                   "barrier ", key, ": participants must be > 0, got ",
+                                   "barrier ", key, ": participants must be in [1, ",
+                                   kMaxBarrierParticipants, "], got ",
                                    request.participants())));
     } else {
       BarrierEntry& entry = barriers_[key];

@@ -46,6 +46,15 @@ class OnceSink {
   virtual void Finish(const absl::Status& status) = 0;
 };
 
+// Limits on what one request can make the coordinator hold (INVALID_ARGUMENT
+// naming the field and the limit beyond them).
+inline constexpr size_t kMaxKeyBytes = 256;            // scope, name, participant
+inline constexpr int32_t kMaxBarrierParticipants = 100000;
+inline constexpr size_t kMaxOnceResultBytes = 64 << 10;  // as OnceSucceeded says
+inline constexpr size_t kMaxOnceErrorBytes = 64 << 10;
+// Missing participants listed in a barrier timeout (the count is exact).
+inline constexpr int kMaxListedMissing = 1000;
+
 class OnceBarrier {
  public:
   struct Options {

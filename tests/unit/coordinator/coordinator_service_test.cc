@@ -267,6 +267,63 @@ TEST_F(CoordinatorServiceTest, BadInputGetsTheDocumentedCodes) {
   EXPECT_THAT(service_->GetJob("j", false), StatusIs(absl::StatusCode::kNotFound));
 }
 
+// One request cannot make the coordinator plan or hold without bound, nor
+// make its reply huge: each limit is INVALID_ARGUMENT naming the field and
+// the limit, and a long input is quoted by a short prefix only.
+TEST_F(CoordinatorServiceTest, RequestsBeyondTheLimitsAreRefusedWithShortMessages) {
+  EXPECT_THAT(service_->CreateJob(Spec("w", {1}, 2147483647, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.world_size: 2147483647 is above the limit of 65536")));
+  v1::JobSpec units = Spec("u", {1000000000000}, 1, 1);
+  units.set_max_samples_per_lease(1);
+  EXPECT_THAT(service_->CreateJob(units),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.max_samples_per_lease: 1 cuts an epoch into more than")));
+  v1::JobSpec overflow = Spec("o", {int64_t{1} << 62, int64_t{1} << 62, int64_t{1} << 62}, 1, 1);
+  EXPECT_THAT(service_->CreateJob(overflow),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.manifest.shards[0].num_samples")));
+  const std::string huge(1 << 20, 'x');
+  auto name = service_->CreateJob(Spec(huge + "!", {1}, 1, 1));
+  EXPECT_THAT(name, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.name")));
+  EXPECT_LT(name.status().message().size(), 300u);
+  v1::JobSpec url = Spec("url", {1}, 1, 1);
+  url.mutable_manifest()->mutable_shards(0)->set_url("/" + huge);
+  auto long_url = service_->CreateJob(url);
+  EXPECT_THAT(long_url, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shards[0].url")));
+  EXPECT_LT(long_url.status().message().size(), 300u);
+
+  ASSERT_OK(service_->CreateJob(Spec("j", {10}, 1, 1)));
+  auto a = std::make_shared<RecordingSink>();
+  service_->OnMessage(service_->OpenSession(a), Hello(huge, 0, "t"));
+  ASSERT_TRUE(a->finished.has_value());
+  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found")));
+  EXPECT_LT(a->finished->message().size(), 300u);
+  auto b = std::make_shared<RecordingSink>();
+  service_->OnMessage(service_->OpenSession(b), Hello("j", 0, huge));
+  ASSERT_TRUE(b->finished.has_value());
+  EXPECT_THAT(*b->finished,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello.trainer_id")));
+  EXPECT_LT(b->finished->message().size(), 300u);
+  // A 10 MB lease id is refused without being sent back.
+  auto c = std::make_shared<RecordingSink>();
+  const int64_t id = service_->OpenSession(c);
+  service_->OnMessage(id, Hello("j", 0, "t"));
+  v1::TrainerMessage progress;
+  progress.mutable_progress()->set_lease_id(std::string(10 << 20, 'l'));
+  progress.mutable_progress()->set_consumed(1);
+  service_->OnMessage(id, progress);
+  service_->Flush();
+  ASSERT_EQ(c->Count(v1::CoordinatorMessage::kRejected), 1);
+  for (const auto& m : c->inbox) {
+    if (!m.has_rejected()) continue;
+    EXPECT_EQ(m.rejected().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_TRUE(m.rejected().lease_id().empty());
+    EXPECT_LT(m.ByteSizeLong(), 300u);
+  }
+  EXPECT_FALSE(c->finished.has_value());
+}
+
 // Dynamic mode: a fast rank cannot take more than its quota.
 TEST_F(CoordinatorServiceTest, DynamicModeRespectsQuotas) {
   v1::JobSpec spec = Spec("j", {10, 10}, 2, 1);

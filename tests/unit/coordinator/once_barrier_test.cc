@@ -147,5 +147,54 @@ TEST_F(OnceBarrierTest, BarrierTimeoutKeepsArrivalsAndNamesTheMissing) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank-1 says 5")));
 }
 
+// What one request can make the coordinator hold is bounded: participants
+// (the missing list of a timeout once enumerated 2^31 ids), id lengths, and
+// a Once result (64 KiB, as the proto says; a larger one was journaled and
+// then failed every later caller with RESOURCE_EXHAUSTED).
+TEST_F(OnceBarrierTest, RequestsBeyondTheLimitsAreRefusedNamingTheLimit) {
+  std::vector<absl::StatusOr<v1::BarrierResponse>> results;
+  v1::BarrierRequest r;
+  r.set_scope("job");
+  r.set_name("huge");
+  r.set_participant("rank-0");
+  r.set_participants(2147483647);
+  logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_THAT(results[0].status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[1, 100000]")));
+  // The largest allowed count times out listing at most 1000 missing ids.
+  r.set_participants(kMaxBarrierParticipants);
+  r.set_timeout_ms(10);
+  logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  clock_.Advance(absl::Milliseconds(10));
+  logic_.Tick();
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_THAT(results[1].status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("99999 missing")));
+  EXPECT_LT(results[1].status().message().size(), 20000u);
+  r.set_participant(std::string(1 << 20, 'p'));
+  r.set_participants(2);
+  logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  EXPECT_THAT(results.back().status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("barrier.participant is 1048576 bytes; the limit is 256")));
+
+  auto a = std::make_shared<RecordingOnceSink>();
+  const int64_t ia = logic_.OpenOnce(a);
+  logic_.OnOnceMessage(ia, Join("a"));
+  ASSERT_TRUE(a->inbox[0].has_run());
+  logic_.OnOnceMessage(ia, Succeeded(1, std::string(kMaxOnceResultBytes + 1, 'x')));
+  EXPECT_TRUE(persisted_.empty());
+  ASSERT_TRUE(a->finished.has_value());
+  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("succeeded.result is 65537 bytes")));
+  auto b = std::make_shared<RecordingOnceSink>();
+  const int64_t ib = logic_.OpenOnce(b);
+  logic_.OnOnceMessage(ib, Join(std::string(300, 'b')));
+  ASSERT_TRUE(b->finished.has_value());
+  EXPECT_THAT(*b->finished, StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("once: join.participant is 300 bytes")));
+}
+
 }  // namespace
 }  // namespace sluice
