@@ -1,6 +1,10 @@
 #include "server/coordinator/grpc_coordinator_service.h"
 
+#include <algorithm>
 #include <deque>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "server/common/grpc_status.h"
 
@@ -16,9 +20,18 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
   return reactor;
 }
 
+// Messages (and their bytes) a stream may have waiting for its client to
+// read them: beyond either, a client that does not read is ended.
+constexpr size_t kMaxQueuedMessages = 65536;
+constexpr size_t kMaxQueuedBytes = 64 << 20;
+
 // Writes to one server-streaming side of a bidi reactor: a queue with one
-// write in flight, Finish only after the queue drains. Outlives the reactor:
-// after Detach (OnDone) everything is dropped. Thread-safe.
+// write in flight, Finish only after the queue drains. A client that stops
+// reading while the server keeps answering (its own messages, say) would
+// grow the queue without bound: past kMaxQueuedMessages or kMaxQueuedBytes
+// the queue is dropped and the stream ends with RESOURCE_EXHAUSTED (the
+// service then treats it as any broken stream). Outlives the reactor: after
+// Detach (OnDone) everything is dropped. Thread-safe.
 template <typename Reactor, typename Message>
 class QueuedWriter {
  public:
@@ -26,7 +39,18 @@ class QueuedWriter {
   void Send(Message m) {
     absl::MutexLock lock(&mu_);
     if (reactor_ == nullptr || finish_requested_) return;
+    queued_bytes_ += m.ByteSizeLong();
     queue_.push_back(std::move(m));
+    if (queue_.size() > kMaxQueuedMessages || queued_bytes_ > kMaxQueuedBytes) {
+      const std::string why = absl::StrCat(
+          "the client has not read ", queue_.size(), " messages (", queued_bytes_,
+          " bytes) of this stream; ending it (limits: ", kMaxQueuedMessages, " messages, ",
+          kMaxQueuedBytes, " bytes)");
+      queue_.clear();
+      queued_bytes_ = 0;
+      finish_requested_ = true;
+      finish_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, why);
+    }
     MaybeWriteLocked();
   }
   void Finish(const grpc::Status& status) {
@@ -39,7 +63,10 @@ class QueuedWriter {
   void OnWriteDone(bool ok) {
     absl::MutexLock lock(&mu_);
     writing_ = false;
-    if (!ok) queue_.clear();  // the peer is gone; Finish still runs once
+    if (!ok) {  // the peer is gone; Finish still runs once
+      queue_.clear();
+      queued_bytes_ = 0;
+    }
     MaybeWriteLocked();
   }
   void Detach() {
@@ -53,6 +80,7 @@ class QueuedWriter {
     if (!queue_.empty()) {
       current_ = std::move(queue_.front());
       queue_.pop_front();
+      queued_bytes_ -= std::min(queued_bytes_, current_.ByteSizeLong());
       writing_ = true;
       reactor_->StartWrite(&current_);
     } else if (finish_requested_ && !finished_) {
@@ -63,6 +91,7 @@ class QueuedWriter {
   absl::Mutex mu_;
   Reactor* reactor_ ABSL_GUARDED_BY(mu_);
   std::deque<Message> queue_ ABSL_GUARDED_BY(mu_);
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   Message current_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;

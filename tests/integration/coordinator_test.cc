@@ -386,6 +386,58 @@ TEST(CoordinatorIntegrationTest, ManifestPathReadsOnlyManifestsInsideItsRoots) {
   EXPECT_THAT(s.error_message(), HasSubstr("--manifest_roots"));
 }
 
+// Resident memory of `pid`, from /proc.
+int64_t RssBytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// A Session that keeps sending and never reads its replies: the server's
+// queue for it is bounded, the stream ends with RESOURCE_EXHAUSTED, and the
+// coordinator stays small and answers others meanwhile.
+TEST(CoordinatorIntegrationTest, ASessionThatNeverReadsIsEndedNotBuffered) {
+  TempDir dir;
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = Connect(server->grpc_address);
+  {
+    grpc::ClientContext ctx;
+    v1::CreateJobRequest req;
+    req.mutable_spec()->set_name("j");
+    auto* shard = req.mutable_spec()->mutable_manifest()->add_shards();
+    shard->set_url("/d/a.tar");
+    shard->set_num_samples(10);
+    v1::Job job;
+    ASSERT_TRUE(stub->CreateJob(&ctx, req, &job).ok());
+  }
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  v1::TrainerMessage hello;
+  hello.mutable_hello()->set_job("j");
+  ASSERT_TRUE(stream->Write(hello));
+  // Each bogus Progress is answered with a Rejected the client never reads.
+  v1::TrainerMessage progress;
+  progress.mutable_progress()->set_lease_id(std::string(200, 'x'));
+  progress.mutable_progress()->set_consumed(1);
+  for (int i = 0; i < 100000 && stream->Write(progress); ++i) {
+  }
+  stream->WritesDone();  // without the bound, the server would end with OK after reading all
+  v1::CoordinatorMessage m;
+  while (stream->Read(&m)) {
+  }
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("has not read"));
+  EXPECT_LT(RssBytes(server->process.pid()), int64_t{512} << 20);
+  grpc::ClientContext list_ctx;
+  v1::ListJobsResponse jobs;
+  EXPECT_TRUE(stub->ListJobs(&list_ctx, v1::ListJobsRequest(), &jobs).ok());
+}
+
 }  // namespace
 }  // namespace sluice
 
