@@ -608,6 +608,7 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   params.image.resize_shorter_side = d.resize_shorter_side();
   params.image.crop_height = d.crop_height();
   params.image.crop_width = d.crop_width();
+  params.image.max_pixels = options_.max_image_pixels;
   for (const std::string& f : request.fields()) params.fields.insert(f);
   params.batch_bytes = request.max_batch_bytes() == 0
                            ? options_.default_batch_bytes

@@ -55,6 +55,9 @@ struct DataServerOptions {
   // Requests asking for bigger messages are clamped to this.
   int64_t max_batch_bytes = 16 << 20;
   size_t prefetch_messages = 2;
+  // Images whose header claims more pixels are corrupt samples (see
+  // ImageOptions::max_pixels); 0 = no limit.
+  int64_t max_image_pixels = kDefaultMaxImagePixels;
   DataServerMetrics* metrics = nullptr;  // may be null
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard).

@@ -241,6 +241,18 @@ std::shared_ptr<uint8_t> CmykToRgb(const uint8_t* cmyk, size_t pixels, bool inve
   return rgb;
 }
 
+// INVALID_ARGUMENT (a corrupt sample, under the job's on_corrupt policy)
+// when a header claims more than options.max_pixels pixels.
+absl::Status CheckPixels(absl::string_view format, int64_t width, int64_t height,
+                         const ImageOptions& options) {
+  if (options.max_pixels > 0 && width * height > options.max_pixels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        format, " of ", width, "x", height, " = ", width * height,
+        " pixels is over the limit of ", options.max_pixels, " (--max_image_pixels)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
                                         const ImageOptions& options) {
   tjhandle handle = ThreadJpegHandle();
@@ -255,6 +267,7 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   if (width <= 0 || height <= 0) {
     return absl::InvalidArgumentError("undecodable JPEG: empty image");
   }
+  RETURN_IF_ERROR(CheckPixels("JPEG", width, height, options));
   // Scaled decode: the smallest DCT scaling factor whose output still has a
   // shorter side >= the requested one (the resize then finishes the job).
   int out_w = width, out_h = height;
@@ -375,6 +388,10 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     png_image_free(&image);
     return absl::InvalidArgumentError(
         absl::StrCat("undecodable PNG: ", message));
+  }
+  if (absl::Status big = CheckPixels("PNG", image.width, image.height, options); !big.ok()) {
+    png_image_free(&image);
+    return big;
   }
   if ((image.format & PNG_FORMAT_FLAG_LINEAR) != 0) {
     // 16 bits per sample in the file: kept (uint16), not reduced to 8.

@@ -35,10 +35,16 @@ Codec CodecForField(absl::string_view field);
 // "jpeg", "png", ... for metric labels.
 const char* CodecName(Codec codec);
 
+// PIL's DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS).
+inline constexpr int64_t kDefaultMaxImagePixels = 178956970;
+
 struct ImageOptions {
   int resize_shorter_side = 0;  // 0 = keep size
   int crop_height = 0;          // 0 = no crop
   int crop_width = 0;
+  // An image whose header claims more pixels is refused before any pixel
+  // memory is allocated (a 60000x60000 header would ask for 10 GB).
+  int64_t max_pixels = kDefaultMaxImagePixels;
 };
 
 struct DecodedField {

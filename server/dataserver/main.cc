@@ -65,6 +65,10 @@ ABSL_FLAG(int, decode_threads, 0,
           "Worker threads for tar reading and decoding; 0 = one per core.");
 ABSL_FLAG(int64_t, default_batch_bytes, 1 << 20,
           "SampleBatch size when a request does not set max_batch_bytes.");
+ABSL_FLAG(int64_t, max_image_pixels, sluice::dataserver::kDefaultMaxImagePixels,
+          "Images whose header claims more pixels are corrupt samples (skipped or DATA_LOSS "
+          "per the job's on_corrupt), refused before any pixel memory is allocated. 0 = no "
+          "limit. The default is PIL's DecompressionBombError threshold.");
 ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
           "Upper bound on a request's max_batch_bytes (clients must accept "
           "messages this big).");
@@ -165,6 +169,7 @@ class DataServerServices : public sluice::ServiceSet {
     options.decode_threads = absl::GetFlag(FLAGS_decode_threads);
     options.default_batch_bytes = absl::GetFlag(FLAGS_default_batch_bytes);
     options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
+    options.max_image_pixels = absl::GetFlag(FLAGS_max_image_pixels);
     if (options.default_batch_bytes <= 0 || options.max_batch_bytes <= 0) {
       return absl::InvalidArgumentError(
           "--default_batch_bytes and --max_batch_bytes must be positive");

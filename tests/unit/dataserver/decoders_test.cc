@@ -46,6 +46,46 @@ TEST(CodecTest, ByLastExtension) {
   EXPECT_EQ(CodecForField("png.bin"), Codec::kRaw);
 }
 
+// A header claiming more pixels than the limit is refused before any pixel
+// memory is allocated (60000x60000 would ask for 10 GB); at the limit, the
+// image decodes.
+TEST(JpegTest, AHeaderClaimingTooManyPixelsIsRefusedBeforeAllocating) {
+  std::string jpeg = testing::EncodeJpeg(testing::TestPixels(64, 48, 3), 64, 48);
+  ImageOptions options;
+  options.max_pixels = 64 * 48;
+  ASSERT_OK(DecodeJpeg(P(jpeg), options).status());
+  options.max_pixels = 64 * 48 - 1;
+  EXPECT_THAT(DecodeJpeg(P(jpeg), options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("JPEG of 64x48 = 3072 pixels is over the limit of 3071")));
+  // The frame header (SOF0: FF C0, length, precision, height, width) made
+  // to claim 60000x60000, with the default limit.
+  const size_t sof = jpeg.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  for (size_t at : {sof + 5, sof + 7}) {
+    jpeg[at] = static_cast<char>(60000 >> 8);
+    jpeg[at + 1] = static_cast<char>(60000 & 0xff);
+  }
+  EXPECT_THAT(DecodeJpeg(P(jpeg), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("60000x60000")));
+}
+
+TEST(PngTest, AHeaderClaimingTooManyPixelsIsRefused) {
+  const std::string png8 = testing::EncodePng(testing::TestPixels(20, 10, 3), 20, 10, 3);
+  const std::string png16 =
+      testing::EncodePng16(std::vector<uint16_t>(20 * 10, 7), 20, 10, 1);
+  ImageOptions options;
+  options.max_pixels = 199;
+  for (const std::string& png : {png8, png16}) {
+    EXPECT_THAT(DecodePng(P(png), options).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("PNG of 20x10 = 200 pixels is over the limit of 199")));
+  }
+  options.max_pixels = 200;
+  EXPECT_OK(DecodePng(P(png8), options).status());
+  EXPECT_OK(DecodePng(P(png16), options).status());
+}
+
 TEST(JpegTest, PixelExactAgainstReferenceDecode) {
   std::string jpeg = testing::EncodeJpeg(testing::TestPixels(64, 48, 3), 64, 48);
   auto decoded = DecodeJpeg(P(jpeg), {});
