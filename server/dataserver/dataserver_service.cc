@@ -195,7 +195,8 @@ absl::Status SampleStream::OpenLocked() {
   }
   if (next_ < count) {
     ASSIGN_OR_RETURN(reader_,
-                     TarSampleReader::Open(shard_, index_, next_));
+                     TarSampleReader::Open(shard_, index_, next_,
+                                           service_->options().max_sample_bytes));
   }
   opened_ = true;
   return absl::OkStatus();

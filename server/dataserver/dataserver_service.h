@@ -58,6 +58,10 @@ struct DataServerOptions {
   // Images whose header claims more pixels are corrupt samples (see
   // ImageOptions::max_pixels); 0 = no limit.
   int64_t max_image_pixels = kDefaultMaxImagePixels;
+  // A member of a compressed shard larger than this is a corrupt sample
+  // instead of a buffer held per reader (uncompressed members are served
+  // from the mapping and need no cap).
+  int64_t max_sample_bytes = kDefaultMaxSampleBytes;
   DataServerMetrics* metrics = nullptr;  // may be null
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard).

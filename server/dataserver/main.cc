@@ -69,6 +69,10 @@ ABSL_FLAG(int64_t, max_image_pixels, sluice::dataserver::kDefaultMaxImagePixels,
           "Images whose header claims more pixels are corrupt samples (skipped or DATA_LOSS "
           "per the job's on_corrupt), refused before any pixel memory is allocated. 0 = no "
           "limit. The default is PIL's DecompressionBombError threshold.");
+ABSL_FLAG(int64_t, max_sample_bytes, sluice::dataserver::kDefaultMaxSampleBytes,
+          "A member of a compressed (.tar.gz ...) shard larger than this makes its sample "
+          "corrupt (skipped or DATA_LOSS per on_corrupt) instead of being decompressed into "
+          "memory. Uncompressed shards are served from their mapping.");
 ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
           "Upper bound on a request's max_batch_bytes (clients must accept "
           "messages this big).");
@@ -170,6 +174,7 @@ class DataServerServices : public sluice::ServiceSet {
     options.default_batch_bytes = absl::GetFlag(FLAGS_default_batch_bytes);
     options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
     options.max_image_pixels = absl::GetFlag(FLAGS_max_image_pixels);
+    options.max_sample_bytes = absl::GetFlag(FLAGS_max_sample_bytes);
     if (options.default_batch_bytes <= 0 || options.max_batch_bytes <= 0) {
       return absl::InvalidArgumentError(
           "--default_batch_bytes and --max_batch_bytes must be positive");

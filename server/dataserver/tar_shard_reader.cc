@@ -185,6 +185,14 @@ absl::StatusOr<Payload> TarMemberIterator::ReadData(const Member& member) {
       first = false;
       continue;
     }
+    if (member.size > max_copy_bytes_ || offset + static_cast<int64_t>(size) > max_copy_bytes_) {
+      // A compressed member is copied out whole: one that claims (or turns
+      // out) larger than the cap would be held in memory for each reader.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "member \"", member.path, "\" of shard \"", shard_->path(), "\" is ",
+          std::max<int64_t>(member.size, offset + static_cast<int64_t>(size)),
+          " bytes; the limit is ", max_copy_bytes_, " (--max_sample_bytes)"));
+    }
     if (copy == nullptr) {
       copy = std::make_shared<std::string>();
       copy->reserve(static_cast<size_t>(std::max<int64_t>(member.size, 0)));
@@ -300,7 +308,7 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
 
 absl::StatusOr<std::unique_ptr<TarSampleReader>> TarSampleReader::Open(
     std::shared_ptr<const ShardData> shard,
-    std::shared_ptr<const ShardIndex> index, int64_t begin) {
+    std::shared_ptr<const ShardIndex> index, int64_t begin, int64_t max_member_bytes) {
   if (begin < 0 || begin > index->num_samples()) {
     return absl::OutOfRangeError(
         absl::StrCat("shard \"", shard->path(), "\": sample ", begin,
@@ -310,6 +318,7 @@ absl::StatusOr<std::unique_ptr<TarSampleReader>> TarSampleReader::Open(
   reader->shard_ = std::move(shard);
   reader->index_ = std::move(index);
   reader->next_index_ = begin;
+  reader->max_member_bytes_ = max_member_bytes;
   RETURN_IF_ERROR(reader->Reposition(begin));
   return reader;
 }
@@ -324,6 +333,7 @@ absl::Status TarSampleReader::Reposition(int64_t sample) {
   }
   int64_t offset = index_->seekable ? index_->samples[sample].offset : 0;
   ASSIGN_OR_RETURN(members_, TarMemberIterator::Open(shard_, offset));
+  members_->set_max_copy_bytes(max_member_bytes_);
   next_index_ = index_->seekable ? sample : 0;
   // A compressed shard is read from the start: skip whole samples.
   skip_data_ = true;
@@ -363,7 +373,7 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
   ++next_index_;
   // A sample the index already knows is bad: skip to the next sample's
   // offset (seekable) or walk past its members.
-  const bool known_corrupt = !expected.corrupt.empty();
+  bool known_corrupt = !expected.corrupt.empty();
   if (known_corrupt) sample.corrupt = expected.corrupt;
   if (known_corrupt && index_->seekable) {
     broken_ = true;  // forces a seek to the next sample on the next call
@@ -431,6 +441,14 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
       continue;
     }
     auto data = members_->ReadData(*member);
+    if (!data.ok() && data.status().code() == absl::StatusCode::kResourceExhausted &&
+        members_->SkipData(*member).ok()) {
+      // Too large to hold: the sample is corrupt, its other members skipped.
+      sample.fields.clear();
+      sample.corrupt = std::string(data.status().message());
+      known_corrupt = true;
+      continue;
+    }
     if (!data.ok()) {
       broken_ = true;
       sample.fields.clear();

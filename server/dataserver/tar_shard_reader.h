@@ -32,6 +32,9 @@ struct archive;
 
 namespace sluice::dataserver {
 
+// Largest member of a compressed shard held in memory (--max_sample_bytes).
+inline constexpr int64_t kDefaultMaxSampleBytes = int64_t{256} << 20;
+
 struct MemberName {
   std::string key;
   std::string field;
@@ -82,7 +85,11 @@ class TarMemberIterator {
   // the shard and where it broke.
   absl::StatusOr<std::optional<Member>> Next();
   // The current member's data (call at most once per member).
+  // RESOURCE_EXHAUSTED, before holding it, when it would be copied (a
+  // compressed shard) and is larger than max_copy_bytes; SkipData then
+  // moves past it.
   absl::StatusOr<Payload> ReadData(const Member& member);
+  void set_max_copy_bytes(int64_t bytes) { max_copy_bytes_ = bytes; }
   // Skips the current member's data, surfacing truncation now.
   absl::Status SkipData(const Member& member);
   // Valid after the first Next(): no compression filter.
@@ -100,6 +107,7 @@ class TarMemberIterator {
   struct archive* archive_ = nullptr;
   bool data_consumed_ = true;
   bool at_end_ = false;  // Next() returned the end
+  int64_t max_copy_bytes_ = kDefaultMaxSampleBytes;
 
   static long ReadCallback(struct archive*, void* self, const void** buffer);
   static int64_t SkipCallback(struct archive*, void* self, int64_t request);
@@ -110,9 +118,12 @@ class TarSampleReader {
  public:
   // Positions at sample `begin` (0 <= begin <= index.num_samples()),
   // seeking to its offset when the shard is seekable.
+  // A member larger than max_member_bytes that would be copied (compressed
+  // shards) makes its sample corrupt instead of being held in memory.
   static absl::StatusOr<std::unique_ptr<TarSampleReader>> Open(
       std::shared_ptr<const ShardData> shard,
-      std::shared_ptr<const ShardIndex> index, int64_t begin);
+      std::shared_ptr<const ShardIndex> index, int64_t begin,
+      int64_t max_member_bytes = kDefaultMaxSampleBytes);
 
   // The next sample, or nullopt after the last sample the index lists.
   // A sample the index marks corrupt, or one that breaks while being read,
@@ -133,6 +144,7 @@ class TarSampleReader {
   std::optional<MemberName> pending_name_;
   // Set after an archive error: the iterator must be reopened.
   bool broken_ = false;
+  int64_t max_member_bytes_ = kDefaultMaxSampleBytes;
   // While walking a compressed shard up to `begin`: skip member data.
   bool skip_data_ = false;
 };

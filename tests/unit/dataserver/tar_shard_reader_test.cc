@@ -256,6 +256,37 @@ TEST(TarSampleReaderTest, GzipShardsAreReadFromTheStart) {
   }
 }
 
+// A compressed member larger than the cap (a gzip bomb: a few KB holding
+// megabytes of zeros) makes its sample corrupt instead of being held in
+// memory; the samples around it are read as usual.
+TEST(TarSampleReaderTest, AnOversizedCompressedMemberIsACorruptSampleNotABuffer) {
+  TarWriter tar;
+  tar.File("a.cls", "1");
+  tar.File("b.bin", std::string(8 << 20, '\0'));
+  tar.File("b.cls", "2");
+  tar.File("c.cls", "3");
+  auto gz = Shard(testing::Gzip(tar.Finish()));
+  ASSERT_LT(gz->size(), 64u << 10);
+  auto index = std::make_shared<const ShardIndex>(BuildShardIndex(gz));
+  ASSERT_EQ(index->num_samples(), 3);
+  auto reader = TarSampleReader::Open(gz, index, 0, /*max_member_bytes=*/1 << 20);
+  ASSERT_OK(reader.status());
+  std::vector<std::string> keys, corrupt;
+  while (true) {
+    auto sample = (*reader)->Next();
+    ASSERT_OK(sample.status());
+    if (!sample->has_value()) break;
+    keys.push_back((**sample).key);
+    corrupt.push_back((**sample).corrupt);
+    if ((**sample).key != "b") EXPECT_EQ((**sample).fields.size(), 1u);
+  }
+  EXPECT_EQ(keys, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(corrupt[0], "");
+  EXPECT_THAT(corrupt[1], HasSubstr("member \"b.bin\""));
+  EXPECT_THAT(corrupt[1], HasSubstr("is 8388608 bytes; the limit is 1048576"));
+  EXPECT_EQ(corrupt[2], "");
+}
+
 TEST(TarSampleReaderTest, BeginPastTheEndIsOutOfRange) {
   auto shard = Shard(SampleShard(3, false));
   auto index = std::make_shared<const ShardIndex>(BuildShardIndex(shard));
