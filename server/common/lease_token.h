@@ -33,6 +33,14 @@ std::string SignLease(const v1::Lease& lease, absl::string_view secret);
 // PERMISSION_DENIED naming the lease otherwise (missing or wrong token).
 absl::Status VerifyLeaseToken(const v1::Lease& lease, absl::string_view secret);
 
+// A data server's registration credential for `address` (HMAC-SHA256 of
+// "sluice-register-v1" + address under the lease secret, 32 bytes).
+std::string SignRegistration(absl::string_view address, absl::string_view secret);
+// OK when `credential` is SignRegistration(address, secret);
+// UNAUTHENTICATED naming the address otherwise.
+absl::Status VerifyRegistration(absl::string_view address, absl::string_view credential,
+                                absl::string_view secret);
+
 // Reads a secret from a file (surrounding whitespace trimmed). Empty path =
 // no secret. An empty or unreadable file is an error naming `flag`.
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path,

@@ -59,6 +59,9 @@ constexpr size_t kMaxUrlBytes = 4096;
 // without being quoted.
 constexpr size_t kMaxIdBytes = 256;
 
+// A data server's routing weight (a larger one would take every grant).
+constexpr int32_t kMaxDataServerCapacity = 1024;
+
 // Readers per rank a Hello may name (DataLoader workers).
 constexpr int32_t kMaxWorkersPerRank = 1024;
 // Slots (rank x worker) per job: each holds counts and an acknowledgement log.
@@ -642,6 +645,23 @@ uint64_t Mix64(uint64_t z) {
 
 }  // namespace
 
+absl::Status CoordinatorService::CheckRegistration(const v1::RegisterDataServer& r) const {
+  if (r.address().empty() || r.address().size() > kMaxIdBytes ||
+      r.address().find(':') == std::string::npos) {
+    return Invalid("register.address", absl::StrCat(QuotePrefix(r.address()),
+                                                    " is not host:port (at most ", kMaxIdBytes,
+                                                    " bytes)"));
+  }
+  if (r.capacity() < 0 || r.capacity() > kMaxDataServerCapacity) {
+    return Invalid("register.capacity", absl::StrCat(r.capacity(), " is outside [0, ",
+                                                     kMaxDataServerCapacity, "]"));
+  }
+  if (!options_.lease_secret.empty()) {
+    RETURN_IF_ERROR(VerifyRegistration(r.address(), r.credential(), options_.lease_secret));
+  }
+  return absl::OkStatus();
+}
+
 int64_t CoordinatorService::RegisterDataServer(const std::string& address,
                                                int32_t capacity,
                                                std::shared_ptr<DataServerSink> sink,
@@ -839,6 +859,17 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
   if (job == nullptr) {
     FinishSessionLocked(
         s, absl::NotFoundError(absl::StrCat("job ", QuotePrefix(hello.job()), " not found")), fx);
+    return;
+  }
+  int64_t open_sessions = 0;
+  for (const auto& [id, other] : sessions_) {
+    open_sessions += other.hello && !other.finished && other.job == hello.job();
+  }
+  if (open_sessions >= options_.max_sessions_per_job) {
+    FinishSessionLocked(s, absl::ResourceExhaustedError(absl::StrCat(
+                               "job ", hello.job(), " has ", open_sessions,
+                               " open sessions; the limit is ", options_.max_sessions_per_job)),
+                        fx);
     return;
   }
   const int32_t ws = job->spec.world_size();

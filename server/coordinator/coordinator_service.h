@@ -86,6 +86,9 @@ struct CoordinatorOptions {
   std::vector<std::string> manifest_roots;
   // Largest manifest file read for manifest_path.
   int64_t max_manifest_bytes = 256 << 20;
+  // Open sessions per job (each holds a stream, its queue and its leases);
+  // a Hello beyond it is RESOURCE_EXHAUSTED.
+  int64_t max_sessions_per_job = 65536;
 };
 
 // Where and how much JobSpec.manifest_path may read (see CoordinatorOptions).
@@ -131,6 +134,11 @@ class CoordinatorService {
   // `max_fence_seen`: the newest fence the server was presented; grants
   // from now on use fences above it (a coordinator that lost its journal
   // would otherwise start over at 1 and be refused as stale).
+  // OK when `r` may register: its credential proves the lease secret (when
+  // this coordinator has one; UNAUTHENTICATED otherwise), its address is
+  // host:port of at most 256 bytes and its capacity in [0, 1024]
+  // (INVALID_ARGUMENT naming the field).
+  absl::Status CheckRegistration(const v1::RegisterDataServer& r) const;
   int64_t RegisterDataServer(const std::string& address, int32_t capacity,
                              std::shared_ptr<DataServerSink> sink = nullptr,
                              uint64_t max_fence_seen = 0);

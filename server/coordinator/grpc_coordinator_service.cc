@@ -178,6 +178,10 @@ class RegistrationReactor
       return;
     }
     if (in_.has_register_()) {
+      if (absl::Status allowed = service_->CheckRegistration(in_.register_()); !allowed.ok()) {
+        sink_->Finish(allowed);
+        return;
+      }
       if (id_ == 0) {
         id_ = service_->RegisterDataServer(in_.register_().address(),
                                            in_.register_().capacity(), sink_,

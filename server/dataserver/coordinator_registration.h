@@ -30,6 +30,9 @@ class CoordinatorRegistration {
     std::function<int()> active_streams;                    // for heartbeats
     std::function<uint64_t()> max_fence_seen;               // may be empty
     std::function<void(const v1::PrefetchHint&)> on_prefetch;  // may be empty
+    // RegisterDataServer.credential (SignRegistration of `advertise`);
+    // empty when no lease secret is set.
+    std::string credential;
   };
 
   explicit CoordinatorRegistration(Options options);

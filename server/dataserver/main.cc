@@ -209,6 +209,9 @@ class DataServerServices : public sluice::ServiceSet {
     }
     options.capacity = absl::GetFlag(FLAGS_capacity);
     options.credentials = coordinator_credentials_;
+    if (!logic_->options().lease_secret.empty()) {
+      options.credential = sluice::SignRegistration(options.advertise, logic_->options().lease_secret);
+    }
     DataServerService* logic = logic_.get();
     options.active_streams = [logic] { return logic->active_streams(); };
     options.max_fence_seen = [logic] { return logic->max_fence_seen(); };

@@ -293,14 +293,16 @@ def _soak_repeats():
     return range(int(os.environ.get("SLUICE_SOAK", "1")))
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["journal", "compacting"])
 @pytest.mark.parametrize("repeat", _soak_repeats())
-def test_four_dynamic_ranks_through_random_coordinator_kills_stay_exactly_once(tmp_path,
-                                                                               repeat):
+def test_four_dynamic_ranks_through_random_coordinator_kills_stay_exactly_once(tmp_path, repeat,
+                                                                               compact):
     # 4 `sluicectl read` ranks, dynamic mode, 3 epochs, units of 7 (so units
     # are split where quotas end and pieces come back on expiry); the
     # coordinator is SIGKILLed at random moments and restarted on its
-    # address and journal. No stall (every reader ends), every epoch every
-    # served sample exactly once, equal counts per rank.
+    # address and journal (compacting it every 16 KiB in one variant). No
+    # stall (every reader ends), every epoch every served sample exactly
+    # once, equal counts per rank.
     import random
     from conftest import Server
     rng = random.Random(repeat)
@@ -316,13 +318,14 @@ def test_four_dynamic_ranks_through_random_coordinator_kills_stay_exactly_once(t
                 stdout=out, stderr=subprocess.PIPE, text=True)))
         address = c.coordinator.address
         secret = os.path.join(c.tmp, "lease.secret")
-        for _ in range(3):
+        compaction = ["--journal_compact_bytes=16384"] if compact else []
+        for _ in range(5 if compact else 3):
             time.sleep(rng.uniform(0.2, 1.2))  # a random moment of the run
             c.coordinator.proc.send_signal(signal.SIGKILL)
             c.coordinator.proc.wait()
             c.coordinator = Server("sluice-coordinator", c.tmp, [
                 f"--journal_dir={os.path.join(c.tmp, 'journal')}", "--heartbeat_interval=200ms",
-                f"--lease_secret_file={secret}", f"--listen={address}"])
+                f"--lease_secret_file={secret}", f"--listen={address}", *compaction])
         for out, p in readers:
             _, err = p.communicate(timeout=90)
             out.close()

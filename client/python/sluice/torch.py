@@ -129,7 +129,6 @@ class ShardLeaseDataset(IterableDataset):
         self._reader = None
         self._reader_pid = None
         self._samples_per_rank = None
-        self._ended_epoch = None
         # What sluice.torch.DataLoader handed to the training loop: the
         # epoch and each worker's position in it, from the last batches.
         self._taken = None
@@ -169,7 +168,7 @@ class ShardLeaseDataset(IterableDataset):
             self._shared[1] = 1
         # One pass = this reader's slot of one epoch: it ends when the
         # coordinator's count for the slot has been delivered.
-        epoch, left, yielded = None, None, 0
+        epoch, left = None, None
         while True:
             e = reader.next_event()
             if e.kind == "epoch_begin":
@@ -180,7 +179,6 @@ class ShardLeaseDataset(IterableDataset):
                     warnings.warn(f"sluice job {self.job}: set_epoch({asked}) but the "
                                   f"coordinator's next epoch is {e.epoch}")
                 if left <= 0:
-                    self._ended_epoch = epoch
                     return
             elif e.kind == "sample":
                 s = e.sample
@@ -190,19 +188,16 @@ class ShardLeaseDataset(IterableDataset):
                 item["__shard__"] = s.shard_url
                 item["__index__"] = s.index
                 item["__epoch__"] = s.epoch
-                yielded += 1
                 left -= 1
                 yield item
                 if left == 0:
-                    self._ended_epoch = epoch
                     return
             elif e.kind == "epoch_end":
                 if e.epoch == epoch:  # the job's epoch ended with the pass unfinished
-                    self._ended_epoch = epoch
                     return
                 # else: the end of an epoch whose pass this reader finished
             else:  # done
-                if epoch is None and yielded == 0:
+                if epoch is None:  # no epoch began for this pass
                     asked = self._shared[0]
                     raise JobDoneError(e.message + (f" (set_epoch({asked}) asked for one more)"
                                                     if asked >= 0 else ""))

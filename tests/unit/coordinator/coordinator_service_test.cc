@@ -324,6 +324,63 @@ TEST_F(CoordinatorServiceTest, RequestsBeyondTheLimitsAreRefusedWithShortMessage
   EXPECT_FALSE(c->finished.has_value());
 }
 
+TEST(CoordinatorLimitsTest, SessionsPerJobAreCapped) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  options.max_sessions_per_job = 2;
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  ASSERT_OK((*service)->CreateJob(Spec("j", {10}, 1, 1)));
+  ASSERT_OK((*service)->CreateJob(Spec("k", {10}, 1, 1)));
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const char* job : {"j", "j", "j", "k"}) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    (*service)->OnMessage((*service)->OpenSession(sinks.back()),
+                          Hello(job, 0, absl::StrCat("t", sinks.size())));
+  }
+  EXPECT_FALSE(sinks[0]->finished.has_value());
+  EXPECT_FALSE(sinks[1]->finished.has_value());
+  ASSERT_TRUE(sinks[2]->finished.has_value());
+  EXPECT_THAT(*sinks[2]->finished, StatusIs(absl::StatusCode::kResourceExhausted,
+                                            HasSubstr("job j has 2 open sessions")));
+  EXPECT_FALSE(sinks[3]->finished.has_value());  // another job's count
+}
+
+// With a lease secret, only a data server holding it can register (anyone
+// else could register an address and have leases routed there); capacity
+// and address are bounded either way.
+TEST(CoordinatorLimitsTest, RegistrationNeedsTheLeaseSecretsCredential) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.lease_secret = "s3cret";
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  v1::RegisterDataServer r;
+  r.set_address("10.0.0.7:7071");
+  r.set_capacity(1);
+  EXPECT_THAT((*service)->CheckRegistration(r),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("carries no credential")));
+  r.set_credential(SignRegistration(r.address(), "other"));
+  EXPECT_THAT((*service)->CheckRegistration(r),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("does not match")));
+  r.set_credential(SignRegistration("10.0.0.8:7071", "s3cret"));  // another address's
+  EXPECT_THAT((*service)->CheckRegistration(r), StatusIs(absl::StatusCode::kUnauthenticated));
+  r.set_credential(SignRegistration(r.address(), "s3cret"));
+  EXPECT_OK((*service)->CheckRegistration(r));
+  r.set_capacity(2147483647);
+  EXPECT_THAT((*service)->CheckRegistration(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("register.capacity")));
+  r.set_capacity(1);
+  r.set_address(std::string(1 << 20, 'a') + ":1");
+  auto long_address = (*service)->CheckRegistration(r);
+  EXPECT_THAT(long_address,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("register.address")));
+  EXPECT_LT(long_address.message().size(), 300u);
+}
+
 // Dynamic mode: a fast rank cannot take more than its quota.
 TEST_F(CoordinatorServiceTest, DynamicModeRespectsQuotas) {
   v1::JobSpec spec = Spec("j", {10, 10}, 2, 1);
