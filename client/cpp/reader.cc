@@ -707,7 +707,13 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
           resend = final->second.message;  // re-announced after a reconnect
           break;
         }
-        if (units_.count(lease.lease_id()) > 0 || closing_) break;
+        if (auto held = units_.find(lease.lease_id()); held != units_.end()) {
+          // Sent again (a reconnect, or a token near its expiry): streams
+          // opened from now on present the new token.
+          if (held->second->lease.fence() == lease.fence()) held->second->lease = lease;
+          break;
+        }
+        if (closing_) break;
         auto u = std::make_shared<Unit>(this);
         u->lease = lease;
         u->size = lease.unit().end() - lease.unit().begin();

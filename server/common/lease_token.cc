@@ -28,7 +28,7 @@ void PutString(std::string* out, absl::string_view s) {
 }  // namespace
 
 std::string CanonicalLeaseBytes(const v1::Lease& lease) {
-  std::string out = "sluice-lease-v1";
+  std::string out = "sluice-lease-v2";
   PutString(&out, lease.lease_id());
   PutInt(&out, static_cast<int64_t>(lease.fence()));
   PutString(&out, lease.job());
@@ -43,6 +43,7 @@ std::string CanonicalLeaseBytes(const v1::Lease& lease) {
   PutString(&out, lease.unit().shard_checksum());
   PutString(&out, lease.data_server());
   PutInt(&out, lease.on_corrupt());
+  PutInt(&out, lease.expires_at_unix_ms());
   return out;
 }
 

@@ -2,15 +2,17 @@
 // coordinator and the data servers share, so a data server checks a lease
 // without calling the coordinator.
 //
-// Canonical encoding (version 1), everything little-endian:
-//   "sluice-lease-v1"
+// Canonical encoding (version 2), everything little-endian:
+//   "sluice-lease-v2"
 //   then, in this order, strings as u32 length + bytes and integers as
 //   8-byte two's complement:
 //   lease_id, fence, job, epoch, rank, unit.shard_index, unit.shard_url,
 //   unit.begin, unit.end, unit.sequence, unit.shard_size_bytes,
-//   unit.shard_checksum, data_server, on_corrupt.
-// expires_at_unix_ms is left out: renewals and recovery change it without a
-// new token.
+//   unit.shard_checksum, data_server, on_corrupt, expires_at_unix_ms.
+// The expiry is signed, so a token cannot be replayed after its lease
+// expired: the coordinator sends a held lease again with a fresh expiry and
+// token before half its TTL is left (the holder's heartbeats keep it alive),
+// and a data server refuses a token past its expiry (plus a clock skew).
 #ifndef SLUICE_SERVER_COMMON_LEASE_TOKEN_H_
 #define SLUICE_SERVER_COMMON_LEASE_TOKEN_H_
 

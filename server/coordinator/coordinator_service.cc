@@ -621,6 +621,7 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease, const 
   out.set_on_corrupt(job.spec.on_corrupt());
   if (!options_.lease_secret.empty()) {
     out.set_token(SignLease(out, options_.lease_secret));
+    leases_.SetTokenExpiry(lease.lease_id, lease.expires_at);  // sent to the holder
   }
   return out;
 }
@@ -838,6 +839,7 @@ void CoordinatorService::OnMessage(int64_t session_id, const v1::TrainerMessage&
                                  "session: the first message must be Hello"), fx);
     } else {
       leases_.RenewHolder(s.trainer_id, TtlLocked(*state_.FindJob(s.job)));
+      RefreshTokensLocked(s, fx);
       absl::Status status = HandleLeaseMessageLocked(s, message, fx);
       if (!status.ok()) FinishSessionLocked(s, status, fx);
     }
@@ -1010,6 +1012,20 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& f
   if (options_.metrics != nullptr) options_.metrics->ForJob(hello.job()).resumes->Increment();
   MaybeAdvanceEpochLocked(hello.job(), fx);
   return absl::OkStatus();
+}
+
+void CoordinatorService::RefreshTokensLocked(Session& s, Effects& fx) {
+  if (options_.lease_secret.empty()) return;
+  const JobData* job = state_.FindJob(s.job);
+  if (job == nullptr) return;
+  const absl::Time now = options_.clock->Now();
+  const absl::Duration ttl = TtlLocked(*job);
+  for (const LeaseEntry* lease : leases_.HeldBy(s.trainer_id)) {
+    if (lease->token_expires_at - now >= ttl / 2) continue;
+    CoordinatorMessage grant;
+    *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*lease, *job);
+    fx.sends.emplace_back(s.sink, std::move(grant));
+  }
 }
 
 absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello, Effects& fx) {

@@ -251,6 +251,10 @@ class CoordinatorService {
   // differs in an epoch being read.
   absl::Status UseWorkersLocked(const v1::Hello& hello, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lease tokens carry their expiry: the session's held leases whose token
+  // has less than half a TTL left are sent again (same lease and fence, the
+  // renewed expiry, a new token).
+  void RefreshTokensLocked(Session& s, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ResumeLocked(const v1::Hello& hello, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m, Effects& fx)

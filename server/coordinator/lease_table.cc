@@ -69,6 +69,11 @@ absl::StatusOr<LeaseEntry> LeaseTable::Remove(const std::string& lease_id) {
   return lease;
 }
 
+void LeaseTable::SetTokenExpiry(const std::string& lease_id, absl::Time at) {
+  auto it = leases_.find(lease_id);
+  if (it != leases_.end()) it->second.token_expires_at = at;
+}
+
 int LeaseTable::RenewHolder(const std::string& holder, absl::Duration ttl) {
   auto it = by_holder_.find(holder);
   if (it == by_holder_.end()) return 0;

@@ -45,6 +45,8 @@ struct LeaseEntry {
   std::string data_server;  // where the holder reads it
   int64_t consumed = 0;     // from the last accepted Progress
   absl::Time expires_at;
+  // The expiry signed into the token the holder has (see lease_token.h).
+  absl::Time token_expires_at;
   int64_t remaining() const { return end - begin - consumed; }
 };
 
@@ -85,6 +87,8 @@ class LeaseTable {
   absl::Time NextExpiry();
 
   const LeaseEntry* Find(const std::string& lease_id) const;
+  // Records the expiry of the token last sent for the lease (no-op if gone).
+  void SetTokenExpiry(const std::string& lease_id, absl::Time at);
   std::vector<const LeaseEntry*> HeldBy(const std::string& holder) const;
   size_t size() const { return leases_.size(); }
 

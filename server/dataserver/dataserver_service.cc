@@ -8,6 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/status_macros.h"
@@ -490,6 +492,17 @@ std::shared_ptr<const ShardIndex> DataServerService::GetIndex(
   return index;
 }
 
+absl::Status DataServerService::CheckExpiry(const v1::Lease& lease) const {
+  if (lease.expires_at_unix_ms() <= 0) return absl::OkStatus();  // signed without one
+  const int64_t late = absl::ToUnixMillis(absl::Now()) - lease.expires_at_unix_ms();
+  if (late <= absl::ToInt64Milliseconds(options_.lease_clock_skew)) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\") expired ", late,
+      " ms ago, beyond the allowed clock skew of ",
+      absl::FormatDuration(options_.lease_clock_skew),
+      " (--lease_clock_skew); its holder gets a fresh token while it holds the lease"));
+}
+
 absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
   std::string unit = absl::StrCat(lease.unit().sequence(), "/", lease.unit().shard_index());
   absl::MutexLock lock(&mu_);
@@ -560,6 +573,7 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   const v1::Lease& lease = request.lease();
   if (!options_.lease_secret.empty()) {
     RETURN_IF_ERROR(VerifyLeaseToken(lease, options_.lease_secret));
+    RETURN_IF_ERROR(CheckExpiry(lease));
     RETURN_IF_ERROR(CheckFence(lease));
   }
   const v1::WorkUnit& unit = lease.unit();

@@ -58,6 +58,10 @@ struct DataServerOptions {
   // Images whose header claims more pixels are corrupt samples (see
   // ImageOptions::max_pixels); 0 = no limit.
   int64_t max_image_pixels = kDefaultMaxImagePixels;
+  // A lease token past its signed expiry by more than this is refused
+  // (ABORTED): the coordinator's and this server's clocks may differ by
+  // this much.
+  absl::Duration lease_clock_skew = absl::Seconds(30);
   // A member of a compressed shard larger than this is a corrupt sample
   // instead of a buffer held per reader (uncompressed members are served
   // from the mapping and need no cap).
@@ -207,6 +211,8 @@ class DataServerService {
   friend class SampleStream;
   explicit DataServerService(DataServerOptions options);
   absl::Status CheckFence(const v1::Lease& lease);
+  // ABORTED when the lease's signed expiry passed more than lease_clock_skew ago.
+  absl::Status CheckExpiry(const v1::Lease& lease) const;
   absl::StatusOr<v1::ShardIndex> IndexOf(const v1::IndexShardRequest& request,
                                          const std::shared_ptr<const ShardData>& shard);
 

@@ -55,6 +55,10 @@ ABSL_FLAG(std::string, s3_region, "",
 ABSL_FLAG(int, prefetch, 4,
           "Remote shards to download ahead of their first read, from the "
           "coordinator's hints of upcoming units (0 = off).");
+ABSL_FLAG(absl::Duration, lease_clock_skew, absl::Seconds(30),
+          "With --lease_secret_file: a lease token past its signed expiry by more than this "
+          "is refused (ABORTED). The coordinator re-signs held leases before half their TTL "
+          "is left, so only a token kept after its lease ended is refused.");
 ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the coordinator. "
           "Set = every ReadSamples must carry a valid token. Empty = tokens "
@@ -174,6 +178,7 @@ class DataServerServices : public sluice::ServiceSet {
     options.default_batch_bytes = absl::GetFlag(FLAGS_default_batch_bytes);
     options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
     options.max_image_pixels = absl::GetFlag(FLAGS_max_image_pixels);
+    options.lease_clock_skew = absl::GetFlag(FLAGS_lease_clock_skew);
     options.max_sample_bytes = absl::GetFlag(FLAGS_max_sample_bytes);
     if (options.default_batch_bytes <= 0 || options.max_batch_bytes <= 0) {
       return absl::InvalidArgumentError(

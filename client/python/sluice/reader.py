@@ -963,8 +963,13 @@ class Reader:
             elif kind == "grant":
                 lease = m.grant.lease
                 final = self._finals.get(lease.lease_id)
+                held = self._units.get(lease.lease_id)
                 if final is not None:
                     resend = final[0]  # re-announced after a reconnect
+                elif held is not None and lease.fence == held.lease.fence:
+                    # Sent again (a reconnect, or a token near its expiry):
+                    # streams opened from now on present the new token.
+                    held.lease.CopyFrom(lease)
                 elif lease.lease_id not in self._units and not self._closing:
                     u = _Unit(lease, self._next_order)
                     self._next_order += 1

@@ -530,6 +530,42 @@ TEST_F(CoordinatorServiceTest, LeaseTokensSignTheGrantedLease) {
               StatusIs(absl::StatusCode::kPermissionDenied));
 }
 
+// A token signs the lease's expiry; while its holder heartbeats, the lease
+// is sent again (same id and fence) with the renewed expiry and a new token
+// once less than half the TTL (2 s here) is left on the one it has, and not
+// more often.
+TEST_F(CoordinatorServiceTest, HeldLeasesGetFreshTokensBeforeTheirsExpire) {
+  CoordinatorOptions options;
+  options.clock = &clock_;
+  options.lease_secret = "k";
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  (*service)->RegisterDataServer("a:1", 1);
+  ASSERT_OK((*service)->CreateJob(Spec("t", {5}, 1, 1)));
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = (*service)->OpenSession(sink);
+  (*service)->OnMessage(id, Hello("t", 0, "x"));
+  (*service)->OnMessage(id, Want(1));
+  std::vector<v1::Lease> first = sink->TakeGrants();
+  ASSERT_EQ(first.size(), 1u);
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat();
+  clock_.Advance(absl::Milliseconds(900));  // 1.1 s of 2 left
+  (*service)->OnMessage(id, beat);
+  EXPECT_TRUE(sink->TakeGrants().empty());
+  clock_.Advance(absl::Milliseconds(200));  // 0.9 s left on the token
+  (*service)->OnMessage(id, beat);
+  std::vector<v1::Lease> again = sink->TakeGrants();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].lease_id(), first[0].lease_id());
+  EXPECT_EQ(again[0].fence(), first[0].fence());
+  EXPECT_EQ(again[0].expires_at_unix_ms(), first[0].expires_at_unix_ms() + 1100);
+  EXPECT_NE(again[0].token(), first[0].token());
+  EXPECT_OK(VerifyLeaseToken(again[0], "k"));
+  (*service)->OnMessage(id, beat);
+  EXPECT_TRUE(sink->TakeGrants().empty());
+}
+
 }  // namespace
 }  // namespace sluice
 

@@ -316,6 +316,30 @@ TEST_F(DataServerServiceTest, OlderFenceForTheSameUnitIsAborted) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("fence 3")));
 }
 
+// A token signs its lease's expiry: past it (plus the allowed clock skew,
+// 30 s by default) the lease is refused before anything is read; a token
+// for a lease with time left, or within the skew, is served.
+TEST_F(DataServerServiceTest, AnExpiredLeasesTokenIsRefused) {
+  Make("s3cret");
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  auto at = [&](int64_t expires_at, uint64_t fence) {
+    auto r = Request(0, 2);
+    r.mutable_lease()->set_fence(fence);
+    r.mutable_lease()->set_expires_at_unix_ms(expires_at);
+    r.mutable_lease()->set_token(SignLease(r.lease(), "s3cret"));
+    return r;
+  };
+  EXPECT_THAT(Read(at(now - 60'000, 1)).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("expired")));
+  EXPECT_EQ(store_->opens, 0);
+  ASSERT_OK(Read(at(now - 5'000, 2)).status());  // within the skew
+  ASSERT_OK(Read(at(now + 10'000, 3)).status());
+  // The expiry is signed: moving it forward breaks the token.
+  auto moved = at(now - 60'000, 4);
+  moved.mutable_lease()->set_expires_at_unix_ms(now + 10'000);
+  EXPECT_THAT(Read(moved).status(), StatusIs(absl::StatusCode::kPermissionDenied));
+}
+
 // A unit split where a rank's quota ends: both pieces keep the unit's
 // sequence number, with their own fences. Whichever is read first, the other
 // is still valid; a lease over samples a newer lease covers is not.

@@ -278,7 +278,9 @@ TEST(TarSampleReaderTest, AnOversizedCompressedMemberIsACorruptSampleNotABuffer)
     if (!sample->has_value()) break;
     keys.push_back((**sample).key);
     corrupt.push_back((**sample).corrupt);
-    if ((**sample).key != "b") EXPECT_EQ((**sample).fields.size(), 1u);
+    if ((**sample).key != "b") {
+      EXPECT_EQ((**sample).fields.size(), 1u);
+    }
   }
   EXPECT_EQ(keys, (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(corrupt[0], "");
