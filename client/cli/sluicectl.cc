@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 
 #include <google/protobuf/util/json_util.h>
@@ -20,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -67,6 +70,9 @@ ABSL_FLAG(absl::Duration, progress_interval, absl::Milliseconds(500),
 ABSL_FLAG(std::string, service, "", "health: service name (\"readiness\" for readiness; empty = overall).");
 // index
 ABSL_FLAG(std::string, o, "", "index: write the manifest here (default stdout).");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "job create/delete: file holding the coordinator's operator token (its "
+          "--admin_token_file), sent as \"authorization: Bearer <token>\".");
 ABSL_FLAG(std::string, ca_cert, "",
           "PEM CA certificate(s): set = talk TLS to the coordinator and data servers, "
           "verifying them against it.");
@@ -141,6 +147,16 @@ std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(const std::string& addres
 std::unique_ptr<grpc::ClientContext> Deadline() {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+  // The operator token, for a coordinator started with --admin_token_file
+  // (read once; an unreadable file leaves the calls to be refused by name).
+  static const std::string token = [] {
+    const std::string path = absl::GetFlag(FLAGS_admin_token_file);
+    if (path.empty()) return std::string();
+    std::ifstream in(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::string(absl::StripAsciiWhitespace(text));
+  }();
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
   return ctx;
 }
 

@@ -305,8 +305,10 @@ class OnceReactor : public grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResp
   v1::OnceRequest in_;
 };
 
-GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service)
+GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service,
+                                               std::string admin_token)
     : service_(service),
+      admin_token_(std::move(admin_token)),
       once_barrier_([service] {
         OnceBarrier::Options o;
         o.heartbeat_interval = service->data_server_timeout() / 3;
@@ -388,9 +390,36 @@ void GrpcCoordinatorService::ForgetRegistration(RegistrationReactor* reactor) {
   registrations_.erase(reactor);
 }
 
+absl::Status GrpcCoordinatorService::AuthorizeAdmin(const grpc::CallbackServerContext* ctx,
+                                                    absl::string_view what) const {
+  if (admin_token_.empty()) return absl::OkStatus();
+  const auto& metadata = ctx->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        what, " needs the operator token (metadata \"authorization: Bearer <token>\"; "
+              "sluicectl --admin_token_file)"));
+  }
+  const absl::string_view got(it->second.data(), it->second.size());
+  const std::string want = absl::StrCat("Bearer ", admin_token_);
+  // Compared in time independent of where the strings differ.
+  unsigned char diff = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got[i] : 0));
+  }
+  if (diff != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, ": the authorization metadata is not the operator token"));
+  }
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(grpc::CallbackServerContext* ctx,
                                                             const v1::CreateJobRequest* req,
                                                             v1::Job* resp) {
+  if (absl::Status allowed = AuthorizeAdmin(ctx, "CreateJob"); !allowed.ok()) {
+    return Done(ctx, allowed);
+  }
   absl::StatusOr<v1::Job> job = service_->CreateJob(req->spec());
   if (job.ok()) *resp = std::move(*job);
   return Done(ctx, job.status());
@@ -414,6 +443,9 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(grpc::CallbackServerC
 grpc::ServerUnaryReactor* GrpcCoordinatorService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                             const v1::DeleteJobRequest* req,
                                                             v1::DeleteJobResponse*) {
+  if (absl::Status allowed = AuthorizeAdmin(ctx, "DeleteJob"); !allowed.ok()) {
+    return Done(ctx, allowed);
+  }
   return Done(ctx, service_->DeleteJob(req->name()));
 }
 

@@ -20,7 +20,10 @@ class RegistrationReactor;
 
 class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  explicit GrpcCoordinatorService(CoordinatorService* service);
+  // `admin_token` non-empty: CreateJob and DeleteJob need the metadata
+  // "authorization: Bearer <admin_token>" (UNAUTHENTICATED without it,
+  // PERMISSION_DENIED with another token); trainers' calls need none.
+  explicit GrpcCoordinatorService(CoordinatorService* service, std::string admin_token = "");
   ~GrpcCoordinatorService() override;
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
@@ -53,7 +56,12 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
  private:
   void ExpiryLoop();
 
+  // OK for an operator's call (see the constructor); `what` names the RPC.
+  absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* ctx,
+                              absl::string_view what) const;
+
   CoordinatorService* const service_;
+  const std::string admin_token_;
   OnceBarrier once_barrier_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -38,6 +38,10 @@ ABSL_FLAG(std::vector<std::string>, manifest_roots, {},
           "Directories CreateJob's manifest_path may name files in (comma-separated; \"..\" "
           "and symlinks are resolved first). Empty = manifest_path is refused and manifests "
           "are sent inline, as sluicectl does.");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "File holding the operator token: when set, CreateJob and DeleteJob need the "
+          "metadata \"authorization: Bearer <token>\" (sluicectl --admin_token_file); "
+          "trainers need none. Use with TLS: the token crosses the wire.");
 ABSL_FLAG(int64_t, max_manifest_bytes, 256 << 20,
           "Largest manifest file read for manifest_path.");
 
@@ -71,7 +75,15 @@ class CoordinatorServices : public sluice::ServiceSet {
           "tell a granted lease from a forged one");
     }
     ASSIGN_OR_RETURN(services->logic_, sluice::CoordinatorService::Create(options));
-    services->grpc_ = std::make_unique<sluice::GrpcCoordinatorService>(services->logic_.get());
+    ASSIGN_OR_RETURN(std::string admin_token,
+                     sluice::ReadSecretFile(absl::GetFlag(FLAGS_admin_token_file),
+                                            "admin_token_file"));
+    if (admin_token.empty()) {
+      sluice::LogWarning(
+          "no --admin_token_file: anyone who can reach this port can create and delete jobs");
+    }
+    services->grpc_ = std::make_unique<sluice::GrpcCoordinatorService>(services->logic_.get(),
+                                                                       std::move(admin_token));
     return services;
   }
   std::vector<grpc::Service*> services() override { return {grpc_.get()}; }

@@ -26,6 +26,7 @@ namespace {
 // wait for a data server.
 const char kNoDataServers[] = "--wait_for_data_servers=false";
 
+using ::sluice::testing::ChildProcess;
 using ::sluice::testing::ServerProcess;
 using ::sluice::testing::TempDir;
 using ::testing::HasSubstr;
@@ -436,6 +437,67 @@ TEST(CoordinatorIntegrationTest, ASessionThatNeverReadsIsEndedNotBuffered) {
   grpc::ClientContext list_ctx;
   v1::ListJobsResponse jobs;
   EXPECT_TRUE(stub->ListJobs(&list_ctx, v1::ListJobsRequest(), &jobs).ok());
+}
+
+// With --admin_token_file, creating and deleting jobs needs the operator
+// token; reading job state and training need none.
+TEST(CoordinatorIntegrationTest, JobAdministrationNeedsTheOperatorToken) {
+  TempDir dir;
+  std::ofstream(dir.File("admin.token")) << "op-token-7f3a\n";
+  std::ofstream(dir.File("wrong.token")) << "guess";
+  std::ofstream(dir.File("m.json")) << R"({"shards": [{"url": "/d/a.tar", "num_samples": 3}]})";
+  auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                     {kNoDataServers, "--admin_token_file=" + dir.File("admin.token")});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = Connect(server->grpc_address);
+  auto create = [&](const std::string& authorization) {
+    grpc::ClientContext ctx;
+    if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+    v1::CreateJobRequest req;
+    req.mutable_spec()->set_name("guarded");
+    auto* shard = req.mutable_spec()->mutable_manifest()->add_shards();
+    shard->set_url("/d/a.tar");
+    shard->set_num_samples(3);
+    v1::Job job;
+    return stub->CreateJob(&ctx, req, &job);
+  };
+  grpc::Status none = create("");
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(none.error_message(), HasSubstr("CreateJob needs the operator token"));
+  EXPECT_EQ(create("Bearer guess").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(create("Bearer op-token-7f3a-and-more").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_TRUE(create("Bearer op-token-7f3a").ok());
+  {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest get;
+    get.set_name("guarded");
+    v1::Job job;
+    EXPECT_TRUE(stub->GetJob(&ctx, get, &job).ok());  // reading needs no token
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteJobRequest del;
+    del.set_name("guarded");
+    v1::DeleteJobResponse response;
+    EXPECT_EQ(stub->DeleteJob(&ctx, del, &response).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // sluicectl sends the token from --admin_token_file.
+  const std::string ctl = testing::BinDir() + "/sluicectl";
+  auto run = [&](const std::string& token_file, const std::string& log) {
+    auto p = ChildProcess::Start({ctl, "job", "create", "--name=bycli",
+                                  "--manifest=" + dir.File("m.json"),
+                                  "--admin_token_file=" + token_file,
+                                  "--coordinator=" + server->grpc_address},
+                                 dir.File(log));
+    EXPECT_TRUE(p.ok());
+    auto code = p->WaitForExit(absl::Seconds(30));
+    EXPECT_TRUE(code.ok());
+    return code.ok() ? *code : -1;
+  };
+  EXPECT_EQ(run(dir.File("wrong.token"), "wrong.log"), 1);
+  EXPECT_EQ(run(dir.File("admin.token"), "right.log"), 0);
 }
 
 }  // namespace
