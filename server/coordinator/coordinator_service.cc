@@ -513,7 +513,7 @@ absl::StatusOr<v1::Job> CoordinatorService::GetJob(const std::string& name,
                                                    bool include_manifest) {
   absl::MutexLock lock(&mu_);
   const JobData* job = state_.FindJob(name);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", name, " not found"));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", QuotePrefix(name), " not found"));
   return JobToProtoLocked(*job, include_manifest);
 }
 
@@ -530,7 +530,7 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
   {
     absl::MutexLock lock(&mu_);
     const JobData* job = state_.FindJob(name);
-    if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", name, " not found"));
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", QuotePrefix(name), " not found"));
     for (const auto& [id, lease] : job->leases) leases_.Remove(id).IgnoreError();
     JournalRecord record;
     record.mutable_job_deleted()->set_job(name);
@@ -647,6 +647,10 @@ uint64_t Mix64(uint64_t z) {
 }  // namespace
 
 absl::Status CoordinatorService::CheckRegistration(const v1::RegisterDataServer& r) const {
+  // Who is asking first: an unauthenticated caller learns nothing more.
+  if (!options_.lease_secret.empty()) {
+    RETURN_IF_ERROR(VerifyRegistration(r.address(), r.credential(), options_.lease_secret));
+  }
   if (r.address().empty() || r.address().size() > kMaxIdBytes ||
       r.address().find(':') == std::string::npos) {
     return Invalid("register.address", absl::StrCat(QuotePrefix(r.address()),
@@ -656,9 +660,6 @@ absl::Status CoordinatorService::CheckRegistration(const v1::RegisterDataServer&
   if (r.capacity() < 0 || r.capacity() > kMaxDataServerCapacity) {
     return Invalid("register.capacity", absl::StrCat(r.capacity(), " is outside [0, ",
                                                      kMaxDataServerCapacity, "]"));
-  }
-  if (!options_.lease_secret.empty()) {
-    RETURN_IF_ERROR(VerifyRegistration(r.address(), r.credential(), options_.lease_secret));
   }
   return absl::OkStatus();
 }
@@ -959,6 +960,9 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
 }
 
 absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& fx) {
+  if (hello.cursor().job().size() > 128) {
+    return Invalid("hello.cursor.job", "is longer than a job name (128 bytes)");
+  }
   v1::internal::JobResumed resume;
   *resume.mutable_cursor() = hello.cursor();
   if (resume.cursor().job().empty()) resume.mutable_cursor()->set_job(hello.job());

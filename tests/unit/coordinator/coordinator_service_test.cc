@@ -375,6 +375,7 @@ TEST(CoordinatorLimitsTest, RegistrationNeedsTheLeaseSecretsCredential) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("register.capacity")));
   r.set_capacity(1);
   r.set_address(std::string(1 << 20, 'a') + ":1");
+  r.set_credential(SignRegistration(r.address(), "s3cret"));
   auto long_address = (*service)->CheckRegistration(r);
   EXPECT_THAT(long_address,
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("register.address")));
