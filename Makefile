@@ -23,6 +23,8 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # Seconds of libFuzzer in `make test` (CI); `make fuzz FUZZ_SECONDS=600` for more.
 FUZZ_SECONDS ?= 60
+# The same for the coordinator's request handling.
+COORDINATOR_FUZZ_SECONDS ?= 30
 
 # Idempotent and fast when everything is present: apt runs only for what is
 # missing.
@@ -56,14 +58,20 @@ test-asan: deps
 	cmake --build build-asan -j $(JOBS) --target dataserver_format_tests
 	./build-asan/bin/dataserver_format_tests --gtest_brief=1
 
-# A short libFuzzer run (clang) over the tar reader + decoders.
+# Short libFuzzer runs (clang) over the tar reader + decoders, and over the
+# coordinator's request handling.
 test-fuzz fuzz: deps
 	@test -f build-fuzz/build.ninja || cmake --preset fuzz -G Ninja >/dev/null
-	cmake --build build-fuzz -j $(JOBS) --target tar_reader_fuzzer
+	cmake --build build-fuzz -j $(JOBS) --target tar_reader_fuzzer coordinator_fuzzer
 	@/usr/bin/python3 tests/fuzz/make_seed_corpus.py build-fuzz/corpus
 	@./build-fuzz/bin/tar_reader_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	  -print_final_stats=1 build-fuzz/corpus > build-fuzz/fuzz.log 2>&1; rc=$$?; \
 	  tail -n 12 build-fuzz/fuzz.log; exit $$rc
+	@/usr/bin/python3 tests/fuzz/make_coordinator_seeds.py build-fuzz/coordinator-corpus
+	@./build-fuzz/bin/coordinator_fuzzer -max_total_time=$(COORDINATOR_FUZZ_SECONDS) \
+	  -rss_limit_mb=2048 -print_final_stats=1 build-fuzz/coordinator-corpus \
+	  > build-fuzz/coordinator-fuzz.log 2>&1; rc=$$?; \
+	  tail -n 12 build-fuzz/coordinator-fuzz.log; exit $$rc
 
 # The demo: a synthetic dataset, a coordinator and 2 data servers, 4 trainer
 # ranks for 2 epochs with a trainer and a data server SIGKILLed mid-epoch,
