@@ -176,6 +176,60 @@ def test_sigkill_with_workers_then_resume_trains_the_epoch_exactly_once(two_serv
     assert result["trained"][:len(before)] == before
 
 
+@pytest.mark.parametrize("after", ["4 workers", "2 ranks x 2 workers"])
+def test_resume_with_another_worker_count_or_world_size_is_exactly_once(two_servers, tmp_path,
+                                                                        after):
+    # A run with 2 workers is SIGKILLed mid-epoch; it resumes from its last
+    # checkpoint with 4 workers (same job), or as 2 DDP ranks of 2 workers
+    # (a new job over the same data with world size 2): the epoch's
+    # remaining samples are re-planned over the new readers, and what both
+    # runs trained is the epoch exactly once.
+    job = f"regrow-{next(_jobs)}"
+    two_servers.create_job(job, world_size=1, epochs=1, max_samples_per_lease=10)
+    ckpt = tmp_path / "ckpt.json"
+    first = subprocess.Popen(_loop_args(two_servers, job, ckpt, 2, "fork", False, 0.05, 1),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=_env())
+
+    def steps_done():
+        try:
+            with open(ckpt) as f:
+                return len(json.load(f)["trained"]) >= 80
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+    _wait_for(steps_done, 60, "five steps of the first run")
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    with open(ckpt) as f:
+        before = json.load(f)["trained"]
+    if after == "4 workers":
+        result, _ = _run(_loop_args(two_servers, job, ckpt, 4, "fork", False, 0.0, 1,
+                                    ["--attempt=regrow"]))
+        _assert_each_epoch_exactly_once(result["trained"], 1, two_servers.total)
+        assert result["trained"][:len(before)] == before
+        return
+    wider = f"{job}-w2"
+    two_servers.create_job(wider, world_size=2, epochs=1, max_samples_per_lease=10)
+    init = tmp_path / "init"
+    procs = []
+    for r in range(2):
+        copy = tmp_path / f"ckpt{r}.json"
+        copy.write_bytes(ckpt.read_bytes())
+        procs.append(subprocess.Popen(
+            _loop_args(two_servers, wider, copy, 2, "fork", False, 0.0, 1,
+                       ["--world=2", f"--rank={r}", f"--init={init}", "--attempt=regrow"]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    after_kill = [results[r]["trained"][len(before):] for r in range(2)]
+    assert len(after_kill[0]) == len(after_kill[1])  # re-balanced equally
+    _assert_each_epoch_exactly_once(before + after_kill[0] + after_kill[1], 1,
+                                    two_servers.total)
+
+
 def test_state_dict_under_torchs_own_loader_with_workers_is_an_error(one_server):
     import torch.utils.data
     job = f"plain-{next(_jobs)}"
