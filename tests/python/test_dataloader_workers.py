@@ -129,6 +129,17 @@ def test_ddp_ranks_with_workers_train_the_epoch_once_in_equal_steps(two_servers,
         assert collections.Counter(e for e, _, _ in r["trained"]) == {0: 150, 1: 150}
 
 
+def _wait_for_trained(ckpt, samples):
+    """Until the loop's checkpoint at `ckpt` holds at least `samples`."""
+    def enough():
+        try:
+            with open(ckpt) as f:
+                return len(json.load(f)["trained"]) >= samples
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+    _wait_for(enough, 60, f"{samples} samples trained")
+
+
 def _children(pid):
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -154,14 +165,7 @@ def test_sigkill_with_workers_then_resume_trains_the_epoch_exactly_once(two_serv
     args = _loop_args(two_servers, job, ckpt, 2, start, False, 0.05, 1)
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=_env())
-
-    def steps_done():
-        try:
-            with open(ckpt) as f:
-                return len(json.load(f)["trained"]) >= 80
-        except (FileNotFoundError, json.JSONDecodeError):
-            return False
-    _wait_for(steps_done, 60, "five steps of the first run")
+    _wait_for_trained(ckpt, 80)
     workers = _children(first.pid)
     assert workers, "the DataLoader's workers"
     first.send_signal(signal.SIGKILL)
@@ -190,14 +194,7 @@ def test_resume_with_another_worker_count_or_world_size_is_exactly_once(two_serv
     first = subprocess.Popen(_loop_args(two_servers, job, ckpt, 2, "fork", False, 0.05, 1),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=_env())
-
-    def steps_done():
-        try:
-            with open(ckpt) as f:
-                return len(json.load(f)["trained"]) >= 80
-        except (FileNotFoundError, json.JSONDecodeError):
-            return False
-    _wait_for(steps_done, 60, "five steps of the first run")
+    _wait_for_trained(ckpt, 80)
     first.send_signal(signal.SIGKILL)
     first.communicate()
     with open(ckpt) as f:
