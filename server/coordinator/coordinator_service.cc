@@ -51,9 +51,9 @@ std::string JobDoneMessage(const JobData& job) {
 }
 
 // Limits on what one CreateJob can make the coordinator plan and hold.
-constexpr int32_t kMaxWorldSize = 65536;
+// Samples per dataset: far beyond any real one, and far from int64's end
+// (quotas and counts are summed).
 constexpr int64_t kMaxTotalSamples = int64_t{1} << 50;
-constexpr int64_t kMaxUnitsPerEpoch = 4'000'000;
 constexpr size_t kMaxUrlBytes = 4096;
 // Ids a trainer names (trainer_id, lease_id): longer ones are refused
 // without being quoted.
@@ -153,7 +153,8 @@ absl::StatusOr<v1::Manifest> ReadManifestFile(const std::string& path, const Man
 
 }  // namespace
 
-absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const ManifestFiles& files) {
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const ManifestFiles& files,
+                                             const JobLimits& limits) {
   v1::JobSpec spec = in;
   if (!ValidName(spec.name())) {
     return Invalid("spec.name", absl::StrCat(QuotePrefix(spec.name()),
@@ -210,9 +211,9 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const Manife
   }
   if (total == 0) return Invalid("spec.manifest", "empty dataset (0 samples)");
   if (spec.world_size() < 0) return Invalid("spec.world_size", "must be >= 0 (0 = no quotas)");
-  if (spec.world_size() > kMaxWorldSize) {
-    return Invalid("spec.world_size",
-                   absl::StrCat(spec.world_size(), " is above the limit of ", kMaxWorldSize));
+  if (spec.world_size() > limits.max_world_size) {
+    return Invalid("spec.world_size", absl::StrCat(spec.world_size(), " is above the limit of ",
+                                                   limits.max_world_size, " (--max_world_size)"));
   }
   if (spec.num_epochs() < 0) return Invalid("spec.num_epochs", "must be >= 0 (0 = endless)");
   if (spec.lease_ttl_ms() < 0 ||
@@ -231,10 +232,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const Manife
     const int64_t per = spec.max_samples_per_lease() > 0 ? spec.max_samples_per_lease()
                                                          : std::max<int64_t>(s.num_samples(), 1);
     units += s.num_samples() / per + 1;
-    if (units > kMaxUnitsPerEpoch) {
+    if (units > limits.max_units_per_epoch) {
       return Invalid("spec.max_samples_per_lease",
                      absl::StrCat(spec.max_samples_per_lease(), " cuts an epoch into more than ",
-                                  kMaxUnitsPerEpoch, " units; use larger units"));
+                                  limits.max_units_per_epoch,
+                                  " units (--max_units_per_epoch); use larger units"));
     }
   }
   if (!v1::Mode_IsValid(spec.mode())) return Invalid("spec.mode", "unknown value");
@@ -474,9 +476,10 @@ std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job, JobRun
 
 absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request) {
   ASSIGN_OR_RETURN(v1::JobSpec spec,
-                   NormalizeJobSpec(request, ManifestFiles{manifest_roots_ ? &*manifest_roots_
-                                                                           : nullptr,
-                                                           options_.max_manifest_bytes}));
+                   NormalizeJobSpec(request,
+                                    ManifestFiles{manifest_roots_ ? &*manifest_roots_ : nullptr,
+                                                  options_.max_manifest_bytes},
+                                    options_.job_limits));
   Effects fx;
   uint64_t ticket = 0;
   v1::Job result;

@@ -60,6 +60,15 @@ class DataServerSink {
   virtual void Send(const v1::CoordinatorToDataServer& message) = 0;
 };
 
+// What one JobSpec may make the coordinator plan (INVALID_ARGUMENT naming
+// the field and the limit beyond it).
+struct JobLimits {
+  int32_t max_world_size = 65536;
+  // Units of one epoch's plan (each held in the plan, the queues and the
+  // journal).
+  int64_t max_units_per_epoch = 4'000'000;
+};
+
 struct CoordinatorOptions {
   Clock* clock = Clock::Real();
   absl::Duration heartbeat_interval = absl::Seconds(1);
@@ -89,6 +98,9 @@ struct CoordinatorOptions {
   // Open sessions per job (each holds a stream, its queue and its leases);
   // a Hello beyond it is RESOURCE_EXHAUSTED.
   int64_t max_sessions_per_job = 65536;
+  JobLimits job_limits;
+  // Participants one Barrier may name.
+  int32_t max_barrier_participants = 100000;
 };
 
 // Where and how much JobSpec.manifest_path may read (see CoordinatorOptions).
@@ -106,6 +118,7 @@ class CoordinatorService {
   ~CoordinatorService();
 
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  const CoordinatorOptions& options() const { return options_; }
   absl::StatusOr<v1::Job> GetJob(const std::string& name, bool include_manifest);
   std::vector<v1::Job> ListJobs();
   absl::Status DeleteJob(const std::string& name);
@@ -299,7 +312,8 @@ class CoordinatorService {
 // content is ever quoted in an error). INVALID_ARGUMENT names the field,
 // PERMISSION_DENIED a path outside the roots.
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& spec,
-                                             const ManifestFiles& files = {});
+                                             const ManifestFiles& files = {},
+                                             const JobLimits& limits = {});
 
 }  // namespace sluice
 

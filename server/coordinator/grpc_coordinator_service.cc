@@ -312,6 +312,7 @@ GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service,
       once_barrier_([service] {
         OnceBarrier::Options o;
         o.heartbeat_interval = service->data_server_timeout() / 3;
+        o.max_barrier_participants = service->options().max_barrier_participants;
         o.persist = [service](const v1::internal::OnceFinished& f) {
           return service->PersistOnceFinished(f);
         };

@@ -42,6 +42,13 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "File holding the operator token: when set, CreateJob and DeleteJob need the "
           "metadata \"authorization: Bearer <token>\" (sluicectl --admin_token_file); "
           "trainers need none. Use with TLS: the token crosses the wire.");
+ABSL_FLAG(int32_t, max_world_size, 65536, "Largest JobSpec.world_size accepted.");
+ABSL_FLAG(int64_t, max_units_per_epoch, 4000000,
+          "Most work units one epoch of a job may be planned into (shards x samples / "
+          "max_samples_per_lease); each costs memory in the plan, the queues and the journal.");
+ABSL_FLAG(int64_t, max_sessions_per_job, 65536,
+          "Most open trainer sessions per job; a Hello beyond it is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, max_barrier_participants, 100000, "Most participants one Barrier may name.");
 ABSL_FLAG(int64_t, max_manifest_bytes, 256 << 20,
           "Largest manifest file read for manifest_path.");
 
@@ -63,6 +70,10 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.prefetch_hint_units = absl::GetFlag(FLAGS_prefetch_hint_units);
     options.manifest_roots = absl::GetFlag(FLAGS_manifest_roots);
     options.max_manifest_bytes = absl::GetFlag(FLAGS_max_manifest_bytes);
+    options.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+    options.job_limits.max_units_per_epoch = absl::GetFlag(FLAGS_max_units_per_epoch);
+    options.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
+    options.max_barrier_participants = absl::GetFlag(FLAGS_max_barrier_participants);
     if (options.prefetch_hint_units < 0) {
       return absl::InvalidArgumentError("--prefetch_hint_units must be >= 0");
     }

@@ -319,11 +319,11 @@ void OnceBarrier::Barrier(const v1::BarrierRequest& request, BarrierDone done) {
                !too_long.ok()) {
       fx.barriers.emplace_back(std::move(done), too_long);
     } else if (request.participants() <= 0 ||
-               request.participants() > kMaxBarrierParticipants) {
+               request.participants() > options_.max_barrier_participants) {
       fx.barriers.emplace_back(std::move(done),
                                absl::InvalidArgumentError(absl::StrCat(
                                    "barrier ", key, ": participants must be in [1, ",
-                                   kMaxBarrierParticipants, "], got ",
+                                   options_.max_barrier_participants, "], got ",
                                    request.participants())));
     } else {
       BarrierEntry& entry = barriers_[key];

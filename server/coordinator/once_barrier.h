@@ -68,6 +68,7 @@ class OnceBarrier {
     std::function<std::optional<v1::internal::OnceFinished>(const std::string& scope,
                                                             const std::string& name)>
         find_finished;
+    int32_t max_barrier_participants = kMaxBarrierParticipants;
   };
   explicit OnceBarrier(Options options) : options_(std::move(options)) {}
 

@@ -324,6 +324,27 @@ TEST_F(CoordinatorServiceTest, RequestsBeyondTheLimitsAreRefusedWithShortMessage
   EXPECT_FALSE(c->finished.has_value());
 }
 
+// The planning limits are the operator's (flags): lowered, they apply.
+TEST(CoordinatorLimitsTest, JobLimitsComeFromTheOptions) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.job_limits.max_world_size = 2;
+  options.job_limits.max_units_per_epoch = 5;
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  EXPECT_THAT((*service)->CreateJob(Spec("w", {10}, 3, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("3 is above the limit of 2 (--max_world_size)")));
+  v1::JobSpec units = Spec("u", {10}, 1, 1);
+  units.set_max_samples_per_lease(1);
+  EXPECT_THAT((*service)->CreateJob(units),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("more than 5 units (--max_units_per_epoch)")));
+  units.set_max_samples_per_lease(5);
+  EXPECT_OK((*service)->CreateJob(units));
+}
+
 TEST(CoordinatorLimitsTest, SessionsPerJobAreCapped) {
   FakeClock clock;
   CoordinatorOptions options;

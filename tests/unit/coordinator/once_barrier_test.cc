@@ -196,5 +196,23 @@ TEST_F(OnceBarrierTest, RequestsBeyondTheLimitsAreRefusedNamingTheLimit) {
                                      HasSubstr("once: join.participant is 300 bytes")));
 }
 
+TEST(OnceBarrierLimitsTest, BarrierParticipantsComeFromTheOptions) {
+  FakeClock clock;
+  OnceBarrier::Options o;
+  o.clock = &clock;
+  o.max_barrier_participants = 3;
+  OnceBarrier logic(o);
+  std::vector<absl::StatusOr<v1::BarrierResponse>> results;
+  v1::BarrierRequest r;
+  r.set_scope("job");
+  r.set_name("b");
+  r.set_participant("rank-0");
+  r.set_participants(4);
+  logic.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_THAT(results[0].status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[1, 3], got 4")));
+}
+
 }  // namespace
 }  // namespace sluice
