@@ -28,8 +28,8 @@ std::string NormalizeAbsolutePath(absl::string_view path) {
   return out.empty() ? "/" : out;
 }
 
-absl::StatusOr<PathRoots> PathRoots::Create(const std::vector<std::string>& roots,
-                                            absl::string_view flag) {
+absl::StatusOr<PathRoots> PathRoots::Create(
+    const std::vector<std::string>& roots, absl::string_view flag) {
   std::vector<std::string> resolved;
   for (const std::string& root : roots) {
     if (root.empty()) continue;
@@ -52,7 +52,8 @@ bool PathRoots::Contains(absl::string_view path) const {
   for (const std::string& root : roots_) {
     if (root == "/") return true;
     if (path == root) return true;
-    if (absl::StartsWith(path, root) && path.size() > root.size() && path[root.size()] == '/') {
+    if (absl::StartsWith(path, root) && path.size() > root.size() &&
+        path[root.size()] == '/') {
       return true;
     }
   }
@@ -62,14 +63,17 @@ bool PathRoots::Contains(absl::string_view path) const {
 absl::StatusOr<std::string> PathRoots::Resolve(absl::string_view path,
                                                absl::string_view what) const {
   if (path.empty() || path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not an absolute path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not an absolute path"));
   }
   if (absl::StrContains(path, absl::string_view("\0", 1))) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " contains a NUL byte"));
   }
   const std::string lexical = NormalizeAbsolutePath(path);
   if (!Contains(lexical)) {
-    return absl::PermissionDeniedError(absl::StrCat(what, " is outside ", flag_));
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " is outside ", flag_));
   }
   char buf[PATH_MAX];
   if (realpath(lexical.c_str(), buf) == nullptr) {

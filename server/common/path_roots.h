@@ -28,7 +28,8 @@ class PathRoots {
   // PERMISSION_DENIED (naming `what` and the flag) if it does not, before or
   // after resolving symlinks; INVALID_ARGUMENT if it is not absolute or holds
   // a NUL byte; NOT_FOUND and the like from realpath.
-  absl::StatusOr<std::string> Resolve(absl::string_view path, absl::string_view what) const;
+  absl::StatusOr<std::string> Resolve(absl::string_view path,
+                                      absl::string_view what) const;
   bool Contains(absl::string_view real_path) const;
   const std::vector<std::string>& roots() const { return roots_; }
 

@@ -28,7 +28,8 @@ class NullSink : public sluice::SessionSink {
 };
 
 bool SmallEnough(const sluice::v1::JobSpec& spec) {
-  if (spec.manifest().shards_size() > 64 || spec.world_size() > 64) return false;
+  if (spec.manifest().shards_size() > 64 || spec.world_size() > 64)
+    return false;
   int64_t total = 0;
   for (const auto& s : spec.manifest().shards()) {
     if (s.num_samples() < 0 || s.num_samples() > 10000) return false;
@@ -51,28 +52,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t at = 0;
   while (at + 3 <= size) {
     const uint8_t op = data[at];
-    const size_t length = std::min<size_t>(data[at + 1] | (data[at + 2] << 8), size - at - 3);
+    const size_t length =
+        std::min<size_t>(data[at + 1] | (data[at + 2] << 8), size - at - 3);
     const char* body = reinterpret_cast<const char*>(data + at + 3);
     at += 3 + length;
     const int slot = (op / 8) % 4;
     switch (op % 8) {
       case 0: {
         sluice::v1::JobSpec spec;
-        if (spec.ParseFromArray(body, static_cast<int>(length)) && SmallEnough(spec)) {
+        if (spec.ParseFromArray(body, static_cast<int>(length)) &&
+            SmallEnough(spec)) {
           (void)(*service)->CreateJob(spec);
         }
         break;
       }
       case 1:
         if (sessions.count(slot) == 0) {
-          sessions[slot] = (*service)->OpenSession(std::make_shared<NullSink>());
+          sessions[slot] =
+              (*service)->OpenSession(std::make_shared<NullSink>());
         }
         break;
       case 2: {
         auto it = sessions.find(slot);
         sluice::v1::TrainerMessage m;
-        if (it != sessions.end() && m.ParseFromArray(body, static_cast<int>(length))) {
-          if (m.has_hello() && m.hello().num_workers() > 8) break;  // keep plans small
+        if (it != sessions.end() &&
+            m.ParseFromArray(body, static_cast<int>(length))) {
+          if (m.has_hello() && m.hello().num_workers() > 8)
+            break;  // keep plans small
           (*service)->OnMessage(it->second, m);
         }
         break;
