@@ -533,19 +533,30 @@ TEST_F(CoordinatorServiceTest, GrantsNameDataServersByRendezvousHashing) {
   (void)c;
 }
 
+// A service with lease secret "k" on the fixture's clock, one data server,
+// and a session of job "t" holding one lease.
+struct SignedSession {
+  explicit SignedSession(FakeClock* clock) : sink(std::make_shared<RecordingSink>()) {
+    CoordinatorOptions options;
+    options.clock = clock;
+    options.lease_secret = "k";
+    auto created = CoordinatorService::Create(options);
+    EXPECT_OK(created);
+    service = std::move(*created);
+    service->RegisterDataServer("a:1", 1);
+    EXPECT_OK(service->CreateJob(Spec("t", {5}, 1, 1)));
+    id = service->OpenSession(sink);
+    service->OnMessage(id, Hello("t", 0, "x"));
+    service->OnMessage(id, Want(1));
+  }
+  std::unique_ptr<CoordinatorService> service;
+  std::shared_ptr<RecordingSink> sink;
+  int64_t id = 0;
+};
+
 TEST_F(CoordinatorServiceTest, LeaseTokensSignTheGrantedLease) {
-  CoordinatorOptions options;
-  options.clock = &clock_;
-  options.lease_secret = "k";
-  auto service = CoordinatorService::Create(options);
-  ASSERT_OK(service);
-  (*service)->RegisterDataServer("a:1", 1);
-  ASSERT_OK((*service)->CreateJob(Spec("t", {5}, 1, 1)));
-  auto sink = std::make_shared<RecordingSink>();
-  const int64_t id = (*service)->OpenSession(sink);
-  (*service)->OnMessage(id, Hello("t", 0, "x"));
-  (*service)->OnMessage(id, Want(1));
-  std::vector<v1::Lease> grants = sink->TakeGrants();
+  SignedSession t(&clock_);
+  std::vector<v1::Lease> grants = t.sink->TakeGrants();
   ASSERT_EQ(grants.size(), 1u);
   EXPECT_OK(VerifyLeaseToken(grants[0], "k"));
   EXPECT_THAT(VerifyLeaseToken(grants[0], "other"),
@@ -557,35 +568,25 @@ TEST_F(CoordinatorServiceTest, LeaseTokensSignTheGrantedLease) {
 // once less than half the TTL (2 s here) is left on the one it has, and not
 // more often.
 TEST_F(CoordinatorServiceTest, HeldLeasesGetFreshTokensBeforeTheirsExpire) {
-  CoordinatorOptions options;
-  options.clock = &clock_;
-  options.lease_secret = "k";
-  auto service = CoordinatorService::Create(options);
-  ASSERT_OK(service);
-  (*service)->RegisterDataServer("a:1", 1);
-  ASSERT_OK((*service)->CreateJob(Spec("t", {5}, 1, 1)));
-  auto sink = std::make_shared<RecordingSink>();
-  const int64_t id = (*service)->OpenSession(sink);
-  (*service)->OnMessage(id, Hello("t", 0, "x"));
-  (*service)->OnMessage(id, Want(1));
-  std::vector<v1::Lease> first = sink->TakeGrants();
+  SignedSession t(&clock_);
+  std::vector<v1::Lease> first = t.sink->TakeGrants();
   ASSERT_EQ(first.size(), 1u);
   v1::TrainerMessage beat;
   beat.mutable_heartbeat();
   clock_.Advance(absl::Milliseconds(900));  // 1.1 s of 2 left
-  (*service)->OnMessage(id, beat);
-  EXPECT_TRUE(sink->TakeGrants().empty());
+  t.service->OnMessage(t.id, beat);
+  EXPECT_TRUE(t.sink->TakeGrants().empty());
   clock_.Advance(absl::Milliseconds(200));  // 0.9 s left on the token
-  (*service)->OnMessage(id, beat);
-  std::vector<v1::Lease> again = sink->TakeGrants();
+  t.service->OnMessage(t.id, beat);
+  std::vector<v1::Lease> again = t.sink->TakeGrants();
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0].lease_id(), first[0].lease_id());
   EXPECT_EQ(again[0].fence(), first[0].fence());
   EXPECT_EQ(again[0].expires_at_unix_ms(), first[0].expires_at_unix_ms() + 1100);
   EXPECT_NE(again[0].token(), first[0].token());
   EXPECT_OK(VerifyLeaseToken(again[0], "k"));
-  (*service)->OnMessage(id, beat);
-  EXPECT_TRUE(sink->TakeGrants().empty());
+  t.service->OnMessage(t.id, beat);
+  EXPECT_TRUE(t.sink->TakeGrants().empty());
 }
 
 }  // namespace
