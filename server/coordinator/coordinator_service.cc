@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 
 namespace sluice {
@@ -95,14 +96,6 @@ LeaseEntry LiveLease(const DurableLease& d, const std::string& job, int64_t epoc
   lease.holder = d.holder;
   lease.consumed = d.acked;
   return lease;
-}
-
-// `text` quoted for a message: at most its first 64 bytes (input can be
-// megabytes; the reply must stay small).
-std::string QuotePrefix(absl::string_view text) {
-  constexpr size_t kShown = 64;
-  if (text.size() <= kShown) return absl::StrCat("\"", text, "\"");
-  return absl::StrCat("\"", text.substr(0, kShown), "...\" (", text.size(), " bytes)");
 }
 
 // The manifest at `path`, read only inside `files.roots`: a regular file

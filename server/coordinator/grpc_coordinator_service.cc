@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "server/common/grpc_status.h"
+#include "server/common/quote.h"
 
 namespace sluice {
 namespace {
@@ -306,9 +307,9 @@ class OnceReactor : public grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResp
 };
 
 GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service,
-                                               std::string admin_token)
+                                               AdminPolicy admin)
     : service_(service),
-      admin_token_(std::move(admin_token)),
+      admin_(std::move(admin)),
       once_barrier_([service] {
         OnceBarrier::Options o;
         o.heartbeat_interval = service->data_server_timeout() / 3;
@@ -391,28 +392,72 @@ void GrpcCoordinatorService::ForgetRegistration(RegistrationReactor* reactor) {
   registrations_.erase(reactor);
 }
 
-absl::Status GrpcCoordinatorService::AuthorizeAdmin(const grpc::CallbackServerContext* ctx,
-                                                    absl::string_view what) const {
-  if (admin_token_.empty()) return absl::OkStatus();
-  const auto& metadata = ctx->client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        what, " needs the operator token (metadata \"authorization: Bearer <token>\"; "
-              "sluicectl --admin_token_file)"));
-  }
-  const absl::string_view got(it->second.data(), it->second.size());
-  const std::string want = absl::StrCat("Bearer ", admin_token_);
-  // Compared in time independent of where the strings differ.
+namespace {
+
+// True when `got` equals `want`, compared in time independent of where the
+// strings differ.
+bool ConstantTimeEquals(absl::string_view got, absl::string_view want) {
   unsigned char diff = got.size() == want.size() ? 0 : 1;
   for (size_t i = 0; i < want.size(); ++i) {
     diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got[i] : 0));
   }
-  if (diff != 0) {
+  return diff == 0;
+}
+
+// The client certificate's common name and subject alternative names, when
+// the call came over mutual TLS.
+std::vector<std::string> PeerIdentities(const grpc::CallbackServerContext* ctx) {
+  std::vector<std::string> names;
+  std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
+  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+    for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
+      names.emplace_back(value.data(), value.size());
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
+absl::Status GrpcCoordinatorService::AuthorizeAdmin(const grpc::CallbackServerContext* ctx,
+                                                    absl::string_view what) const {
+  if (!admin_.enforce) return absl::OkStatus();
+  const std::vector<std::string> peer = PeerIdentities(ctx);
+  for (const std::string& name : peer) {
+    for (const std::string& allowed : admin_.identities) {
+      if (name == allowed) return absl::OkStatus();
+    }
+  }
+  const auto& metadata = ctx->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it != metadata.end() && !admin_.token.empty() &&
+      ConstantTimeEquals(absl::string_view(it->second.data(), it->second.size()),
+                         absl::StrCat("Bearer ", admin_.token))) {
+    return absl::OkStatus();
+  }
+  if (admin_.token.empty() && admin_.identities.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " is refused: this coordinator has TLS or a lease secret but accepts no "
+              "operator credential (start it with --admin_token_file or --admin_identities, "
+              "or --allow_unauthenticated_admin)"));
+  }
+  if (it != metadata.end()) {
     return absl::PermissionDeniedError(
         absl::StrCat(what, ": the authorization metadata is not the operator token"));
   }
-  return absl::OkStatus();
+  if (!peer.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, ": client certificate ", QuotePrefix(peer.front()),
+        " is not an operator identity (--admin_identities)", admin_.token.empty() ? "" :
+        ", and no operator token was sent"));
+  }
+  return absl::UnauthenticatedError(absl::StrCat(
+      what, " needs an operator credential: ",
+      admin_.token.empty() ? "" : "the token (metadata \"authorization: Bearer <token>\"; "
+                                  "sluicectl --admin_token_file)",
+      !admin_.token.empty() && !admin_.identities.empty() ? " or " : "",
+      admin_.identities.empty() ? "" : "a client certificate named in --admin_identities"));
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(grpc::CallbackServerContext* ctx,

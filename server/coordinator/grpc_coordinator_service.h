@@ -5,7 +5,9 @@
 #define SLUICE_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
 
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 
@@ -18,12 +20,26 @@ namespace sluice {
 
 class RegistrationReactor;
 
+// Who may call CreateJob and DeleteJob. Every other RPC is a trainer's or a
+// data server's and is not checked here.
+struct AdminPolicy {
+  // False: anyone who reaches the port administers (the plaintext demo).
+  bool enforce = false;
+  // Non-empty: a call with the metadata "authorization: Bearer <token>" is
+  // an operator's.
+  std::string token;
+  // A call over mutual TLS whose client certificate's common name or a
+  // subject alternative name is in this list is an operator's.
+  std::vector<std::string> identities;
+};
+
 class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // `admin_token` non-empty: CreateJob and DeleteJob need the metadata
-  // "authorization: Bearer <admin_token>" (UNAUTHENTICATED without it,
-  // PERMISSION_DENIED with another token); trainers' calls need none.
-  explicit GrpcCoordinatorService(CoordinatorService* service, std::string admin_token = "");
+  // With `admin.enforce`, CreateJob and DeleteJob need an operator's
+  // credential (see AdminPolicy): UNAUTHENTICATED without any,
+  // PERMISSION_DENIED with one that is not an operator's; with nothing
+  // configured to accept, they are PERMISSION_DENIED for everyone.
+  explicit GrpcCoordinatorService(CoordinatorService* service, AdminPolicy admin = {});
   ~GrpcCoordinatorService() override;
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
@@ -61,7 +77,7 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
                               absl::string_view what) const;
 
   CoordinatorService* const service_;
-  const std::string admin_token_;
+  const AdminPolicy admin_;
   OnceBarrier once_barrier_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

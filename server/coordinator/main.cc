@@ -5,6 +5,7 @@
 
 #include <prometheus/registry.h>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
@@ -39,9 +40,18 @@ ABSL_FLAG(std::vector<std::string>, manifest_roots, {},
           "and symlinks are resolved first). Empty = manifest_path is refused and manifests "
           "are sent inline, as sluicectl does.");
 ABSL_FLAG(std::string, admin_token_file, "",
-          "File holding the operator token: when set, CreateJob and DeleteJob need the "
-          "metadata \"authorization: Bearer <token>\" (sluicectl --admin_token_file); "
-          "trainers need none. Use with TLS: the token crosses the wire.");
+          "File holding an operator token: CreateJob and DeleteJob are accepted with the "
+          "metadata \"authorization: Bearer <token>\" (sluicectl --admin_token_file). "
+          "Use with TLS: the token crosses the wire.");
+ABSL_FLAG(std::vector<std::string>, admin_identities, {},
+          "Client-certificate names (common name or subject alternative name, "
+          "comma-separated) whose mutual-TLS calls may CreateJob and DeleteJob. Needs "
+          "--tls_client_ca.");
+ABSL_FLAG(bool, allow_unauthenticated_admin, false,
+          "Let anyone who reaches the port create and delete jobs even though TLS or a lease "
+          "secret is configured. Without TLS and a lease secret this is always so.");
+ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, tls_client_ca);
 ABSL_FLAG(int32_t, max_world_size, 65536, "Largest JobSpec.world_size accepted.");
 ABSL_FLAG(int64_t, max_units_per_epoch, 4000000,
           "Most work units one epoch of a job may be planned into (shards x samples / "
@@ -53,6 +63,42 @@ ABSL_FLAG(int64_t, max_manifest_bytes, 256 << 20,
           "Largest manifest file read for manifest_path.");
 
 namespace {
+
+// Operators are checked whenever the deployment is secured at all (TLS or a
+// lease secret): a secured cluster whose jobs anyone can delete is not.
+absl::StatusOr<sluice::AdminPolicy> AdminPolicyFromFlags(bool has_lease_secret) {
+  sluice::AdminPolicy admin;
+  ASSIGN_OR_RETURN(admin.token, sluice::ReadSecretFile(absl::GetFlag(FLAGS_admin_token_file),
+                                                       "admin_token_file"));
+  admin.identities = absl::GetFlag(FLAGS_admin_identities);
+  if (!admin.identities.empty() && absl::GetFlag(FLAGS_tls_client_ca).empty()) {
+    return absl::InvalidArgumentError(
+        "--admin_identities needs --tls_client_ca: without mutual TLS no call carries a "
+        "client certificate");
+  }
+  const bool secured = has_lease_secret || !absl::GetFlag(FLAGS_tls_cert).empty();
+  const bool configured = !admin.token.empty() || !admin.identities.empty();
+  if (absl::GetFlag(FLAGS_allow_unauthenticated_admin)) {
+    if (configured) {
+      return absl::InvalidArgumentError(
+          "--allow_unauthenticated_admin contradicts --admin_token_file/--admin_identities");
+    }
+    sluice::LogWarning("--allow_unauthenticated_admin: anyone who can reach this port can "
+                       "create and delete jobs");
+    return admin;
+  }
+  admin.enforce = secured || configured;
+  if (!admin.enforce) {
+    sluice::LogWarning(
+        "no TLS, lease secret or operator credential: anyone who can reach this port can "
+        "create and delete jobs");
+  } else if (!configured) {
+    sluice::LogWarning(
+        "TLS or a lease secret is configured but no operator credential: CreateJob and "
+        "DeleteJob are refused (give --admin_token_file or --admin_identities)");
+  }
+  return admin;
+}
 
 class CoordinatorServices : public sluice::ServiceSet {
  public:
@@ -86,15 +132,9 @@ class CoordinatorServices : public sluice::ServiceSet {
           "tell a granted lease from a forged one");
     }
     ASSIGN_OR_RETURN(services->logic_, sluice::CoordinatorService::Create(options));
-    ASSIGN_OR_RETURN(std::string admin_token,
-                     sluice::ReadSecretFile(absl::GetFlag(FLAGS_admin_token_file),
-                                            "admin_token_file"));
-    if (admin_token.empty()) {
-      sluice::LogWarning(
-          "no --admin_token_file: anyone who can reach this port can create and delete jobs");
-    }
-    services->grpc_ = std::make_unique<sluice::GrpcCoordinatorService>(services->logic_.get(),
-                                                                       std::move(admin_token));
+    ASSIGN_OR_RETURN(sluice::AdminPolicy admin, AdminPolicyFromFlags(!options.lease_secret.empty()));
+    services->grpc_ =
+        std::make_unique<sluice::GrpcCoordinatorService>(services->logic_.get(), std::move(admin));
     return services;
   }
   std::vector<grpc::Service*> services() override { return {grpc_.get()}; }

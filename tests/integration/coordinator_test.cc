@@ -463,7 +463,7 @@ TEST(CoordinatorIntegrationTest, JobAdministrationNeedsTheOperatorToken) {
   };
   grpc::Status none = create("");
   EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_THAT(none.error_message(), HasSubstr("CreateJob needs the operator token"));
+  EXPECT_THAT(none.error_message(), HasSubstr("CreateJob needs an operator credential: the token (metadata"));
   EXPECT_EQ(create("Bearer guess").error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(create("Bearer op-token-7f3a-and-more").error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
@@ -498,6 +498,57 @@ TEST(CoordinatorIntegrationTest, JobAdministrationNeedsTheOperatorToken) {
   };
   EXPECT_EQ(run(dir.File("wrong.token"), "wrong.log"), 1);
   EXPECT_EQ(run(dir.File("admin.token"), "right.log"), 0);
+}
+
+// A coordinator with a lease secret is a secured deployment: without an
+// operator credential configured, nobody may create or delete jobs (the
+// refusal names the flags), while reading and training stay open.
+// --allow_unauthenticated_admin opts out.
+TEST(CoordinatorIntegrationTest, ASecuredCoordinatorRefusesAdministrationWithoutOperators) {
+  TempDir dir;
+  std::ofstream(dir.File("secret")) << "a lease secret\n";
+  auto create = [](const std::string& address) {
+    grpc::ClientContext ctx;
+    v1::CreateJobRequest req;
+    req.mutable_spec()->set_name("guarded");
+    auto* shard = req.mutable_spec()->mutable_manifest()->add_shards();
+    shard->set_url("/d/a.tar");
+    shard->set_num_samples(3);
+    v1::Job job;
+    return Connect(address)->CreateJob(&ctx, req, &job);
+  };
+  {
+    auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                       {kNoDataServers, "--lease_secret_file=" + dir.File("secret"),
+                                        "--journal_dir=" + dir.File("j1")});
+    ASSERT_TRUE(server.ok()) << server.status();
+    grpc::Status refused = create(server->grpc_address);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr("CreateJob is refused: this coordinator has TLS or a lease secret but "
+                          "accepts no operator credential (start it with --admin_token_file"));
+    grpc::ClientContext ctx;
+    v1::ListJobsResponse jobs;
+    EXPECT_TRUE(Connect(server->grpc_address)->ListJobs(&ctx, v1::ListJobsRequest(), &jobs).ok());
+  }
+  auto open = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                   {kNoDataServers, "--lease_secret_file=" + dir.File("secret"),
+                                    "--journal_dir=" + dir.File("j2"),
+                                    "--allow_unauthenticated_admin"});
+  ASSERT_TRUE(open.ok()) << open.status();
+  grpc::Status created = create(open->grpc_address);
+  EXPECT_TRUE(created.ok()) << created.error_message();
+  // Identities without mutual TLS cannot match any call: a startup error.
+  auto child = ChildProcess::Start({testing::BinDir() + "/sluice-coordinator",
+                                    "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                    "--journal_dir=" + dir.File("j3"), "--admin_identities=ops"},
+                                   dir.File("identities.log"));
+  ASSERT_TRUE(child.ok());
+  auto code = child->WaitForExit(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_NE(*code, 0);
+  EXPECT_THAT(testing::ReadWholeFile(dir.File("identities.log")).value_or(""),
+              HasSubstr("--admin_identities needs --tls_client_ca"));
 }
 
 }  // namespace

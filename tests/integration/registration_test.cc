@@ -51,7 +51,8 @@ void StartSecretCluster(const TempDir& dir, SecretCluster* c) {
   c->journal_flag = "--journal_dir=" + dir.File("journal");
   auto coordinator = ServerProcess::Start(
       "sluice-coordinator", dir.path(),
-      {c->journal_flag, c->secret_flag, "--heartbeat_interval=200ms"});
+      {c->journal_flag, c->secret_flag, "--heartbeat_interval=200ms",
+       "--allow_unauthenticated_admin"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   c->coordinator.emplace(*std::move(coordinator));
   auto dataserver = ServerProcess::Start(
@@ -141,7 +142,8 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   coordinator->process.Kill();
   auto restarted = ServerProcess::Start(
       "sluice-coordinator", dir.path(),
-      {journal, secret_flag, "--heartbeat_interval=200ms", "--listen=" + address});
+      {journal, secret_flag, "--heartbeat_interval=200ms", "--listen=" + address,
+       "--allow_unauthenticated_admin"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
   // The coordinator counts the server before the server has read the reply
@@ -181,7 +183,8 @@ TEST(RegistrationTest, DataServersRegisterAgainSoonAfterALongCoordinatorOutage) 
   absl::SleepFor(absl::Seconds(8));  // the outage itself, not a wait for an event
   auto restarted = ServerProcess::Start(
       "sluice-coordinator", dir.path(),
-      {c.journal_flag, c.secret_flag, "--heartbeat_interval=200ms", "--listen=" + address});
+      {c.journal_flag, c.secret_flag, "--heartbeat_interval=200ms", "--listen=" + address,
+       "--allow_unauthenticated_admin"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   const absl::Time listening = absl::Now();
   ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
@@ -244,7 +247,7 @@ TEST(RegistrationTest, ACoordinatorThatLostItsJournalGrantsAboveWhatDataServersS
   auto restarted = ServerProcess::Start(
       "sluice-coordinator", dir.path(),
       {"--journal_dir=" + dir.File("empty-journal"), c.secret_flag,
-       "--heartbeat_interval=200ms", "--listen=" + address});
+       "--heartbeat_interval=200ms", "--listen=" + address, "--allow_unauthenticated_admin"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
   ASSERT_TRUE(testing::CreateJob(address, spec).ok());

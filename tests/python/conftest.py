@@ -92,7 +92,8 @@ def make_pki(directory):
     subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", d("ca.key"), "-out", d("ca.crt"),
                     "-days", "2", "-subj", "/CN=sluice-test-ca"], check=True, capture_output=True)
     for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-                      ("client", "extendedKeyUsage=clientAuth")):
+                      ("client", "extendedKeyUsage=clientAuth"),
+                      ("trainer", "extendedKeyUsage=clientAuth")):
         with open(d(f"{name}.ext"), "w") as f:
             f.write(ext + "\n")
         subprocess.run(["openssl", "req", "-new", *ec, "-keyout", d(f"{name}.key"), "-out",
@@ -101,7 +102,8 @@ def make_pki(directory):
                         "-CAkey", d("ca.key"), "-CAcreateserial", "-days", "2", "-out",
                         d(f"{name}.crt"), "-extfile", d(f"{name}.ext")],
                        check=True, capture_output=True)
-    return {n: d(n) for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+    return {n: d(n) for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key",
+                              "trainer.crt", "trainer.key")}
 
 
 class Cluster:
@@ -111,7 +113,8 @@ class Cluster:
         self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard, bin_repeat)
         self.total = shards * per_shard
         # With `pki`: both servers listen with TLS and demand client
-        # certificates; data servers register with the client certificate.
+        # certificates; data servers register with the client certificate,
+        # which is also the operator's (CN=client); CN=trainer is not.
         self.pki = pki
         server_tls = ([f"--tls_cert={pki['server.crt']}", f"--tls_key={pki['server.key']}",
                        f"--tls_client_ca={pki['ca.crt']}"] if pki else [])
@@ -119,16 +122,27 @@ class Cluster:
                             f"--client_key={pki['client.key']}"] if pki else [])
         # With `lease_secret`: leases carry tokens, and data servers check
         # them and their fences.
+        # A secured coordinator needs an operator credential for CreateJob:
+        # with a lease secret, a token in admin.token (sent by create_job).
         secret = []
+        self.admin_token = []
+        self.admin_metadata = ()
         if lease_secret:
             path = os.path.join(self.tmp, "lease.secret")
-            with open(path, "w") as f:
-                f.write(os.urandom(16).hex())
-            os.chmod(path, 0o600)
+            token = os.path.join(self.tmp, "admin.token")
+            for p in (path, token):
+                with open(p, "w") as f:
+                    f.write(os.urandom(16).hex())
+                os.chmod(p, 0o600)
             secret = [f"--lease_secret_file={path}"]
-        self.coordinator = Server("sluice-coordinator", self.tmp,
-                                  [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
-                                   "--heartbeat_interval=200ms", *server_tls, *secret])
+            self.admin_token = [f"--admin_token_file={token}"]
+            with open(token) as f:
+                self.admin_metadata = (("authorization", "Bearer " + f.read()),)
+        admin = ["--admin_identities=client"] if pki else []
+        self.coordinator_flags = [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
+                                  "--heartbeat_interval=200ms", *server_tls, *secret,
+                                  *self.admin_token, *admin]
+        self.coordinator = Server("sluice-coordinator", self.tmp, self.coordinator_flags)
         register_tls = ([f"--coordinator_ca={pki['ca.crt']}",
                          f"--coordinator_cert={pki['client.crt']}",
                          f"--coordinator_key={pki['client.key']}"] if pki else [])
@@ -154,7 +168,7 @@ class Cluster:
                 f"--name={name}", f"--manifest={manifest}", f"--world_size={world_size}",
                 f"--epochs={epochs}", f"--mode={mode}", f"--seed={seed}",
                 "--shuffle" if shuffle else "--noshuffle", f"--lease_ttl={lease_ttl}",
-                *self.client_tls]
+                *self.client_tls, *self.admin_token]
         if max_samples_per_lease:
             args.append(f"--max_samples_per_lease={max_samples_per_lease}")
         out = subprocess.run(args, capture_output=True, text=True)

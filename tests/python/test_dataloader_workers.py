@@ -371,15 +371,13 @@ def test_four_dynamic_ranks_through_random_coordinator_kills_stay_exactly_once(t
                  "--rate=150", "--progress_interval=100ms", f"--coordinator={c.address}"],
                 stdout=out, stderr=subprocess.PIPE, text=True)))
         address = c.coordinator.address
-        secret = os.path.join(c.tmp, "lease.secret")
         compaction = ["--journal_compact_bytes=16384"] if compact else []
         for _ in range(5 if compact else 3):
             time.sleep(rng.uniform(0.2, 1.2))  # a random moment of the run
             c.coordinator.proc.send_signal(signal.SIGKILL)
             c.coordinator.proc.wait()
             c.coordinator = Server("sluice-coordinator", c.tmp, [
-                f"--journal_dir={os.path.join(c.tmp, 'journal')}", "--heartbeat_interval=200ms",
-                f"--lease_secret_file={secret}", f"--listen={address}", *compaction])
+                *c.coordinator_flags, f"--listen={address}", *compaction])
         for out, p in readers:
             _, err = p.communicate(timeout=90)
             out.close()

@@ -83,7 +83,7 @@ def test_hostile_requests_get_their_codes_and_the_servers_stay_healthy(probed):
         if "manifest_path" not in spec:
             spec.setdefault("manifest", common_pb2.Manifest(shards=[shard]))
         return lambda: stub.CreateJob(coordinator_pb2.CreateJobRequest(
-            spec=coordinator_pb2.JobSpec(**spec)), timeout=10)
+            spec=coordinator_pb2.JobSpec(**spec)), timeout=10, metadata=probed.admin_metadata)
 
     secret = os.path.join(probed.tmp, "lease.secret")
     cases = [
@@ -107,6 +107,14 @@ def test_hostile_requests_get_their_codes_and_the_servers_stay_healthy(probed):
              scope="s", name="b", participant="p", participants=2 ** 31 - 1, timeout_ms=10),
              timeout=10),
          grpc.StatusCode.INVALID_ARGUMENT),
+        ("CreateJob without the operator token",
+         lambda: stub.CreateJob(coordinator_pb2.CreateJobRequest(spec=coordinator_pb2.JobSpec(
+             name="anonymous", manifest=common_pb2.Manifest(shards=[shard]))), timeout=10),
+         grpc.StatusCode.UNAUTHENTICATED),
+        ("DeleteJob with a guessed token",
+         lambda: stub.DeleteJob(coordinator_pb2.DeleteJobRequest(name="probe"), timeout=10,
+                                metadata=(("authorization", "Bearer guess"),)),
+         grpc.StatusCode.PERMISSION_DENIED),
         ("GetJob of a 1 MB name",
          lambda: stub.GetJob(coordinator_pb2.GetJobRequest(name=huge), timeout=10),
          grpc.StatusCode.NOT_FOUND),

@@ -3,6 +3,8 @@ client certificates, reached with PEM files (arguments or SLUICE_* variables)
 from a plain Reader and from spawned DataLoader workers."""
 import collections
 import multiprocessing
+import os
+import subprocess
 
 import pytest
 import torch  # noqa: F401  (DataLoader)
@@ -11,7 +13,7 @@ from torch.utils.data import DataLoader
 import sluice
 from sluice.torch import ShardLeaseDataset
 
-from conftest import Cluster, make_pki
+from conftest import BIN, Cluster, make_pki
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +78,24 @@ def test_incomplete_tls_settings_name_the_argument(tls_cluster):
                       client_cert=tls_cluster.pki["client.crt"])
     with pytest.raises(ValueError, match="ca_cert"):
         sluice.Reader(tls_cluster.address, "x", ca_cert="/nonexistent/ca.pem")
+
+
+def test_a_trainer_certificate_reads_but_cannot_administer(tls_cluster):
+    # The coordinator names CN=client in --admin_identities; CN=trainer is
+    # signed by the same CA, so it may train but not create or delete jobs.
+    tls_cluster.create_job("tls-guarded")
+    trainer = dict(ca_cert=tls_cluster.pki["ca.crt"], client_cert=tls_cluster.pki["trainer.crt"],
+                   client_key=tls_cluster.pki["trainer.key"])
+    with sluice.Reader(tls_cluster.address, "tls-guarded", **trainer) as reader:
+        assert sum(1 for _ in reader) == tls_cluster.total
+    ctl = [os.path.join(BIN, "sluicectl"), "--coordinator=" + tls_cluster.address,
+           "--ca_cert=" + trainer["ca_cert"], "--client_cert=" + trainer["client_cert"],
+           "--client_key=" + trainer["client_key"]]
+    manifest = os.path.join(tls_cluster.tmp, "tls-guarded.json")
+    for args in (["job", "create", "--name=tls-by-trainer", "--manifest=" + manifest],
+                 ["job", "delete", "tls-guarded"]):
+        out = subprocess.run(ctl[:1] + args + ctl[1:], capture_output=True, text=True)
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert 'client certificate "trainer" is not an operator identity' in out.stderr
+    out = subprocess.run(ctl[:1] + ["job", "list"] + ctl[1:], capture_output=True, text=True)
+    assert out.returncode == 0 and "tls-guarded" in out.stdout, out.stdout + out.stderr
