@@ -615,6 +615,7 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease, const 
   out.set_data_server(lease.data_server);
   out.set_expires_at_unix_ms(absl::ToUnixMillis(lease.expires_at));
   out.set_on_corrupt(job.spec.on_corrupt());
+  out.set_augment_seed(job.spec.seed());
   if (!options_.lease_secret.empty()) {
     out.set_token(SignLease(out, options_.lease_secret));
     leases_.SetTokenExpiry(lease.lease_id, lease.expires_at);  // sent to the holder

@@ -27,6 +27,9 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
     : samples_served(Counters(r, "sluice_dataserver_samples_served_total",
                               "Samples sent to trainers (skipped ones included).")
                          .Add({})),
+      images_transformed(Counters(r, "sluice_dataserver_images_transformed_total",
+                                  "Image fields that went through DecodeSpec transforms.")
+                             .Add({})),
       bytes_served(Counters(r, "sluice_dataserver_bytes_served_total",
                             "Bytes of SampleBatch messages sent to trainers.")
                        .Add({})),
@@ -74,8 +77,14 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
                       .Add({})),
       decode_seconds_(prometheus::BuildHistogram()
                           .Name("sluice_dataserver_decode_seconds")
-                          .Help("Time to decode one field, by codec.")
+                          .Help("Time to decode one field, by codec (transform steps "
+                                "included).")
                           .Register(r)),
+      transform_seconds_(prometheus::BuildHistogram()
+                             .Name("sluice_dataserver_transform_seconds")
+                             .Help("Time in the transform steps of one image field, by op "
+                                   "(resize, crop, output).")
+                             .Register(r)),
       skipped_(Counters(r, "sluice_dataserver_samples_skipped_total",
                         "Samples reported as skipped (on_corrupt=skip), by reason.")),
       corrupt_(Counters(r, "sluice_dataserver_corrupt_samples_total",
@@ -109,6 +118,13 @@ prometheus::Histogram& DataServerMetrics::DecodeSeconds(const char* codec) {
       prometheus::Histogram::BucketBoundaries{0.00001, 0.00005, 0.0001, 0.00025,
                                               0.0005, 0.001, 0.0025, 0.005,
                                               0.01, 0.025, 0.1});
+}
+
+prometheus::Histogram& DataServerMetrics::TransformSeconds(const char* op) {
+  return transform_seconds_.Add(
+      {{"op", op}}, prometheus::Histogram::BucketBoundaries{0.000005, 0.00001, 0.00005, 0.0001,
+                                                            0.00025, 0.0005, 0.001, 0.0025,
+                                                            0.005, 0.01});
 }
 
 prometheus::Counter& DataServerMetrics::Skipped(CorruptReason reason) {

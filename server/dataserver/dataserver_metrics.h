@@ -21,6 +21,9 @@ class DataServerMetrics {
   explicit DataServerMetrics(prometheus::Registry& registry);
 
   prometheus::Histogram& DecodeSeconds(const char* codec);
+  // Time in transform steps of one image field, by op: "resize", "crop",
+  // "output" (flips, layout, float conversion).
+  prometheus::Histogram& TransformSeconds(const char* op);
   prometheus::Counter& Skipped(CorruptReason reason);
   prometheus::Counter& Corrupt(CorruptReason reason);
   prometheus::Counter& StreamErrors(const std::string& code);
@@ -28,6 +31,8 @@ class DataServerMetrics {
   prometheus::Counter& DownloadFailures(const std::string& reason);
 
   prometheus::Counter& samples_served;
+  // Image fields that went through DecodeSpec transforms.
+  prometheus::Counter& images_transformed;
   prometheus::Counter& bytes_served;
   prometheus::Gauge& active_streams;
   prometheus::Counter& index_cache_hits;
@@ -44,6 +49,7 @@ class DataServerMetrics {
 
  private:
   prometheus::Family<prometheus::Histogram>& decode_seconds_;
+  prometheus::Family<prometheus::Histogram>& transform_seconds_;
   prometheus::Family<prometheus::Counter>& skipped_;
   prometheus::Family<prometheus::Counter>& corrupt_;
   prometheus::Family<prometheus::Counter>& stream_errors_;

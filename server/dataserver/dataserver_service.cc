@@ -20,7 +20,6 @@ namespace {
 // Samples read per produce step at most (bounds the work of one step when
 // samples are tiny).
 constexpr size_t kMaxSamplesPerStep = 1024;
-constexpr int kMaxImageSide = 16384;
 constexpr size_t kMaxFences = 1 << 20;
 
 CorruptReason Classify(const std::string& reason) {
@@ -422,6 +421,13 @@ void SampleStream::DecodeSample(Slot& slot) {
   if (params_.decode && service_->options().before_decode) {
     service_->options().before_decode(raw.index);
   }
+  // Every image field of the sample gets the geometry planned for the first
+  // one (scaled to its own size), from the sample's stateless randomness.
+  const ImageTransforms& transforms = *params_.transforms;
+  std::optional<Geometry> geometry;
+  ImageSize planned_for;
+  const SampleRandom random(params_.lease.augment_seed(), params_.lease.epoch(),
+                            params_.lease.unit().shard_index(), raw.index);
   for (RawField& f : raw.fields) {
     OutField field;
     field.name = std::move(f.name);
@@ -433,12 +439,42 @@ void SampleStream::DecodeSample(Slot& slot) {
     }
     Codec codec = CodecForField(field.name);
     auto started = std::chrono::steady_clock::now();
-    auto decoded = DecodeField(codec, f.data, params_.image);
+    ImageOptions image = params_.image;
+    Geometry field_geometry;
+    TransformTimes times;
+    absl::StatusOr<DecodedField> decoded = absl::UnknownError("not decoded");
+    const bool is_image = codec == Codec::kJpeg || codec == Codec::kPng;
+    if (is_image) {
+      absl::StatusOr<ImageSize> size = ReadImageSize(codec, f.data);
+      if (!size.ok()) {
+        decoded = size.status();
+      } else {
+        if (!geometry.has_value()) {
+          geometry = transforms.Plan(size->width, size->height, random);
+          planned_for = *size;
+        }
+        field_geometry = ImageTransforms::ScaleTo(*geometry, planned_for.width,
+                                                  planned_for.height, size->width, size->height);
+        image.transforms = &transforms;
+        image.geometry = &field_geometry;
+        image.interpolation = transforms.InterpolationFor(field.name);
+        image.times = &times;
+        decoded = DecodeField(codec, f.data, image);
+      }
+    } else {
+      decoded = DecodeField(codec, f.data, image);
+    }
     if (metrics != nullptr && codec != Codec::kRaw) {
       metrics->DecodeSeconds(CodecName(codec))
           .Observe(std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - started)
                        .count());
+      if (is_image && !transforms.identity() && decoded.ok()) {
+        metrics->images_transformed.Increment();
+        metrics->TransformSeconds("resize").Observe(times.resize);
+        metrics->TransformSeconds("crop").Observe(times.crop);
+        metrics->TransformSeconds("output").Observe(times.output);
+      }
     }
     if (!decoded.ok()) {
       slot.out = Corrupt(
@@ -596,18 +632,7 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     return absl::InvalidArgumentError("max_batch_bytes is negative");
   }
   const v1::DecodeSpec& d = request.decode();
-  for (auto [value, name] : {std::pair{d.resize_shorter_side(), "decode.resize_shorter_side"},
-                             std::pair{d.crop_height(), "decode.crop_height"},
-                             std::pair{d.crop_width(), "decode.crop_width"}}) {
-    if (value < 0 || value > kMaxImageSide) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " is ", value, "; it must be in [0, ", kMaxImageSide, "]"));
-    }
-  }
-  if ((d.crop_height() == 0) != (d.crop_width() == 0)) {
-    return absl::InvalidArgumentError(
-        "decode.crop_height and decode.crop_width must be set together");
-  }
+  ASSIGN_OR_RETURN(ImageTransforms transforms, ImageTransforms::FromSpec(d));
   SampleStream::Params params;
   params.ref.url = unit.shard_url();
   params.ref.size_bytes = unit.shard_size_bytes();
@@ -620,9 +645,7 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   params.start = start;
   params.end = unit.end();
   params.decode = d.decode();
-  params.image.resize_shorter_side = d.resize_shorter_side();
-  params.image.crop_height = d.crop_height();
-  params.image.crop_width = d.crop_width();
+  params.transforms = std::make_shared<const ImageTransforms>(std::move(transforms));
   params.image.max_pixels = options_.max_image_pixels;
   for (const std::string& f : request.fields()) params.fields.insert(f);
   params.batch_bytes = request.max_batch_bytes() == 0

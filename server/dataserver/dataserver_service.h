@@ -37,6 +37,7 @@
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/sample_encoder.h"
+#include "server/dataserver/image_transforms.h"
 #include "server/dataserver/sample_index.h"
 #include "server/dataserver/shard_store.h"
 #include "server/dataserver/tar_shard_reader.h"
@@ -97,6 +98,8 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
     int64_t end = 0;
     bool decode = false;
     ImageOptions image;
+    // DecodeSpec's image transforms (never null when decoding).
+    std::shared_ptr<const ImageTransforms> transforms;
     absl::flat_hash_set<std::string> fields;  // empty = all
     int64_t batch_bytes = 0;
     v1::CorruptPolicy policy = v1::CORRUPT_POLICY_SKIP;

@@ -10,10 +10,12 @@
 //                 Fortran order and big-endian data are converted)
 //   anything else -> raw bytes
 //
-// Images can be resized so the shorter side is N pixels (the longer side
-// scales to floor(long * N / short), as torchvision's Resize(N)), then
-// center-cropped to H x W (zero-padded where the image is smaller, as
-// torchvision's CenterCrop). Decoders are pure functions and thread-safe.
+// Images then go through ImageTransforms (image_transforms.h): the
+// geometry planned for them, layout and float conversion. A JPEG decodes
+// only what the output needs: the first crop window (libjpeg-turbo's
+// jpeg_crop_scanline / jpeg_skip_scanlines) at the smallest DCT scale that
+// keeps it at least as large as the resize that follows. Decoders are pure
+// functions and thread-safe.
 #ifndef SLUICE_SERVER_DATASERVER_DECODERS_H_
 #define SLUICE_SERVER_DATASERVER_DECODERS_H_
 
@@ -23,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/dataserver/image_types.h"
 #include "server/dataserver/tar_shard_reader.h"
 #include "sluice/v1/dataserver.pb.h"
 
@@ -38,14 +41,32 @@ const char* CodecName(Codec codec);
 // PIL's DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS).
 inline constexpr int64_t kDefaultMaxImagePixels = 178956970;
 
+class ImageTransforms;
+
 struct ImageOptions {
-  int resize_shorter_side = 0;  // 0 = keep size
-  int crop_height = 0;          // 0 = no crop
+  // Shorthand for transforms [Resize(shorter side), CenterCrop(h, w)], used
+  // when `transforms` is null. 0 = none.
+  int resize_shorter_side = 0;
+  int crop_height = 0;
   int crop_width = 0;
   // An image whose header claims more pixels is refused before any pixel
   // memory is allocated (a 60000x60000 header would ask for 10 GB).
   int64_t max_pixels = kDefaultMaxImagePixels;
+  // With `geometry`: the transforms and the geometry planned for this image
+  // (null = the shorthand above). Both outlive the call.
+  const ImageTransforms* transforms = nullptr;
+  const Geometry* geometry = nullptr;
+  Interpolation interpolation = Interpolation::kBilinear;
+  // Time per kind of transform step is added here when non-null.
+  TransformTimes* times = nullptr;
 };
+
+// An image's size from its header, without decoding pixels.
+struct ImageSize {
+  int width = 0;
+  int height = 0;
+};
+absl::StatusOr<ImageSize> ReadImageSize(Codec codec, const Payload& data);
 
 struct DecodedField {
   enum class Kind { kRaw, kTensor, kInt, kText };

@@ -441,7 +441,7 @@ class Reader:
 
     def __init__(self, coordinator, job, rank=0, worker=0, *, num_workers=0, trainer_id=None,
                  units_in_flight=4,
-                 decode=False, resize_shorter_side=0, crop=(0, 0), fields=(),
+                 decode=False, resize_shorter_side=0, crop=(0, 0), transform=None, fields=(),
                  max_batch_bytes=0, progress_interval=0.5, stall_timeout=60.0,
                  reconnect_timeout=120.0, resume_from=None, resume_attempt="", credentials=None,
                  ca_cert=None, client_cert=None, client_key=None):
@@ -461,9 +461,16 @@ class Reader:
         self._num_workers = num_workers
         self._trainer_id = trainer_id or f"{socket.gethostname()}-{os.getpid()}-r{rank}-w{worker}"
         self._units_in_flight = max(1, units_in_flight)
-        self._decode = dataserver_pb2.DecodeSpec(
-            decode=decode, resize_shorter_side=resize_shorter_side,
-            crop_height=crop[0], crop_width=crop[1])
+        if transform is not None:
+            # sluice.transforms.Compose: decoding with the data servers' transforms.
+            if resize_shorter_side or any(crop):
+                raise ValueError("give transform or resize_shorter_side/crop, not both "
+                                 "(put Resize and CenterCrop in the transform)")
+            self._decode = transform.decode_spec()
+        else:
+            self._decode = dataserver_pb2.DecodeSpec(
+                decode=decode, resize_shorter_side=resize_shorter_side,
+                crop_height=crop[0], crop_width=crop[1])
         self._fields = list(fields)
         self._max_batch_bytes = max_batch_bytes
         self._progress_interval = progress_interval

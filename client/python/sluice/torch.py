@@ -111,13 +111,13 @@ def _watch_parent(reader, parent):
 
 class ShardLeaseDataset(IterableDataset):
     def __init__(self, coordinator, job, *, rank=None, decode=True, resize_shorter_side=0,
-                 crop=(0, 0), fields=(), to_tensor=True, units_in_flight=4,
+                 crop=(0, 0), transform=None, fields=(), to_tensor=True, units_in_flight=4,
                  resume_attempt=None, **reader_options):
         super().__init__()
         self.coordinator, self.job = coordinator, job
         self._rank = rank
         self._reader_options = dict(decode=decode, resize_shorter_side=resize_shorter_side,
-                                    crop=tuple(crop), fields=tuple(fields),
+                                    crop=tuple(crop), transform=transform, fields=tuple(fields),
                                     units_in_flight=units_in_flight, **reader_options)
         self._to_tensor = to_tensor
         self._resume_from = None

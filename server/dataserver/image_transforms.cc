@@ -1,0 +1,635 @@
+#include "server/dataserver/image_transforms.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+extern "C" {
+#include <libswscale/swscale.h>
+}
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace sluice::dataserver {
+namespace {
+
+// Largest output side a transform may ask for.
+constexpr int kMaxSide = 16384;
+constexpr int kMaxTransforms = SampleRandom::kMaxPositions;
+constexpr int kAttempts = 10;  // torchvision's RandomResizedCrop
+
+absl::Status Invalid(const std::string& field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", problem));
+}
+
+absl::Status CheckSide(const std::string& field, int value, bool zero_ok) {
+  if (value < (zero_ok ? 0 : 1) || value > kMaxSide) {
+    return Invalid(field, absl::StrCat("is ", value, "; it must be in [",
+                                       zero_ok ? 0 : 1, ", ", kMaxSide, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Python's round(): halves to even (the default floating-point rounding).
+int RoundHalfEven(double v) { return static_cast<int>(std::nearbyint(v)); }
+
+// Floor division as Python's // for a possibly negative numerator.
+int FloorDiv(int a, int b) {
+  return static_cast<int>(std::floor(static_cast<double>(a) / b));
+}
+
+}  // namespace
+
+ImageBuffer AllocateImage(int width, int height, int channels,
+                          int sample_bytes) {
+  ImageBuffer image;
+  image.width = width;
+  image.height = height;
+  image.channels = channels;
+  image.sample_bytes = sample_bytes;
+  image.stride = static_cast<size_t>(width) * channels * sample_bytes;
+  const size_t bytes = std::max<size_t>(image.stride * height, 1);
+  image.owner = std::shared_ptr<uint8_t>(new uint8_t[bytes],
+                                         std::default_delete<uint8_t[]>());
+  image.data = image.owner.get();
+  return image;
+}
+
+absl::StatusOr<ImageTransforms> ImageTransforms::FromSpec(
+    const v1::DecodeSpec& spec) {
+  ImageTransforms t;
+  const bool legacy = spec.resize_shorter_side() != 0 ||
+                      spec.crop_height() != 0 || spec.crop_width() != 0;
+  if (legacy && spec.transforms_size() > 0) {
+    return Invalid(
+        "decode.transforms",
+        "cannot be combined with decode.resize_shorter_side / crop_height / "
+        "crop_width (put Resize and CenterCrop in the list)");
+  }
+  if (legacy) {
+    if (absl::Status s = CheckSide("decode.resize_shorter_side",
+                                   spec.resize_shorter_side(), true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            CheckSide("decode.crop_height", spec.crop_height(), true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            CheckSide("decode.crop_width", spec.crop_width(), true);
+        !s.ok())
+      return s;
+    if ((spec.crop_height() == 0) != (spec.crop_width() == 0)) {
+      return absl::InvalidArgumentError(
+          "decode.crop_height and decode.crop_width must be set together");
+    }
+    if (spec.resize_shorter_side() > 0) {
+      Op op{Op::Kind::kResize};
+      op.shorter_side = spec.resize_shorter_side();
+      t.ops_.push_back(op);
+    }
+    if (spec.crop_height() > 0) {
+      Op op{Op::Kind::kCenterCrop};
+      op.height = spec.crop_height();
+      op.width = spec.crop_width();
+      t.ops_.push_back(op);
+    }
+  }
+  if (spec.transforms_size() > kMaxTransforms) {
+    return Invalid("decode.transforms",
+                   absl::StrCat("has ", spec.transforms_size(),
+                                " entries; at most ", kMaxTransforms));
+  }
+  for (int i = 0; i < spec.transforms_size(); ++i) {
+    const v1::Transform& tr = spec.transforms(i);
+    const std::string field = absl::StrCat("decode.transforms[", i, "]");
+    switch (tr.op_case()) {
+      case v1::Transform::kResize: {
+        const v1::Resize& r = tr.resize();
+        Op op{Op::Kind::kResize};
+        if (r.shorter_side() != 0) {
+          if (r.height() != 0 || r.width() != 0) {
+            return Invalid(field + ".resize",
+                           "sets shorter_side and height/width; give one");
+          }
+          if (absl::Status s = CheckSide(field + ".resize.shorter_side",
+                                         r.shorter_side(), false);
+              !s.ok()) {
+            return s;
+          }
+          op.shorter_side = r.shorter_side();
+        } else {
+          if (absl::Status s =
+                  CheckSide(field + ".resize.height", r.height(), false);
+              !s.ok()) {
+            return s;
+          }
+          if (absl::Status s =
+                  CheckSide(field + ".resize.width", r.width(), false);
+              !s.ok()) {
+            return s;
+          }
+          op.height = r.height();
+          op.width = r.width();
+        }
+        t.ops_.push_back(op);
+        break;
+      }
+      case v1::Transform::kCenterCrop: {
+        const v1::CenterCrop& c = tr.center_crop();
+        if (absl::Status s =
+                CheckSide(field + ".center_crop.height", c.height(), false);
+            !s.ok()) {
+          return s;
+        }
+        if (absl::Status s =
+                CheckSide(field + ".center_crop.width", c.width(), false);
+            !s.ok()) {
+          return s;
+        }
+        Op op{Op::Kind::kCenterCrop};
+        op.height = c.height();
+        op.width = c.width();
+        t.ops_.push_back(op);
+        break;
+      }
+      case v1::Transform::kRandomResizedCrop: {
+        const v1::RandomResizedCrop& c = tr.random_resized_crop();
+        const std::string f = field + ".random_resized_crop";
+        if (absl::Status s = CheckSide(f + ".height", c.height(), false);
+            !s.ok())
+          return s;
+        if (absl::Status s = CheckSide(f + ".width", c.width(), false); !s.ok())
+          return s;
+        Op op{Op::Kind::kRandomResizedCrop};
+        op.height = c.height();
+        op.width = c.width();
+        op.scale_min = c.scale_min();
+        op.scale_max = c.scale_max();
+        if (op.scale_min == 0 && op.scale_max == 0) {
+          op.scale_min = 0.08;
+          op.scale_max = 1.0;
+        }
+        op.ratio_min = c.ratio_min();
+        op.ratio_max = c.ratio_max();
+        if (op.ratio_min == 0 && op.ratio_max == 0) {
+          op.ratio_min = 3.0 / 4.0;
+          op.ratio_max = 4.0 / 3.0;
+        }
+        if (!(op.scale_min > 0 && op.scale_min <= 1)) {
+          return Invalid(
+              f + ".scale_min",
+              absl::StrCat("is ", op.scale_min, "; it must be in (0, 1]"));
+        }
+        if (!(op.scale_max > 0 && op.scale_max <= 1)) {
+          return Invalid(
+              f + ".scale_max",
+              absl::StrCat("is ", op.scale_max, "; it must be in (0, 1]"));
+        }
+        if (op.scale_min > op.scale_max) {
+          return Invalid(
+              f + ".scale_min",
+              absl::StrCat("(", op.scale_min, ") is greater than scale_max (",
+                           op.scale_max, ")"));
+        }
+        if (!(op.ratio_min > 0 && std::isfinite(op.ratio_min))) {
+          return Invalid(f + ".ratio_min",
+                         absl::StrCat("is ", op.ratio_min, "; it must be > 0"));
+        }
+        if (!(op.ratio_max > 0 && std::isfinite(op.ratio_max))) {
+          return Invalid(f + ".ratio_max",
+                         absl::StrCat("is ", op.ratio_max, "; it must be > 0"));
+        }
+        if (op.ratio_min > op.ratio_max) {
+          return Invalid(
+              f + ".ratio_min",
+              absl::StrCat("(", op.ratio_min, ") is greater than ratio_max (",
+                           op.ratio_max, ")"));
+        }
+        t.ops_.push_back(op);
+        t.random_ = true;
+        break;
+      }
+      case v1::Transform::kHorizontalFlip:
+      case v1::Transform::kVerticalFlip: {
+        const bool horizontal = tr.op_case() == v1::Transform::kHorizontalFlip;
+        const float p =
+            horizontal ? tr.horizontal_flip().p() : tr.vertical_flip().p();
+        if (!(p >= 0 && p <= 1)) {
+          return Invalid(
+              field + (horizontal ? ".horizontal_flip.p" : ".vertical_flip.p"),
+              absl::StrCat("is ", p, "; it must be in [0, 1]"));
+        }
+        Op op{horizontal ? Op::Kind::kHorizontalFlip : Op::Kind::kVerticalFlip};
+        op.p = p;
+        t.ops_.push_back(op);
+        t.random_ = true;
+        break;
+      }
+      case v1::Transform::OP_NOT_SET:
+        return Invalid(field, "sets no transform");
+    }
+  }
+  if (!v1::ImageLayout_IsValid(spec.layout())) {
+    return Invalid("decode.layout",
+                   absl::StrCat("is ", spec.layout(), "; not a layout"));
+  }
+  t.chw_ = spec.layout() == v1::IMAGE_LAYOUT_CHW;
+  const v1::ToFloat& f = spec.to_float();
+  if (!f.enabled() && (f.mean_size() > 0 || f.std_size() > 0 || f.half())) {
+    return Invalid("decode.to_float", "sets mean, std or half without enabled");
+  }
+  t.to_float_ = f.enabled();
+  t.half_ = f.half();
+  if (f.mean_size() != f.std_size()) {
+    return Invalid(
+        "decode.to_float.mean",
+        absl::StrCat("has ", f.mean_size(), " values and std ", f.std_size(),
+                     "; give one per channel in both"));
+  }
+  if (f.mean_size() > 4) {
+    return Invalid("decode.to_float.mean",
+                   absl::StrCat("has ", f.mean_size(),
+                                " values; images have at most 4 channels"));
+  }
+  for (int c = 0; c < f.std_size(); ++c) {
+    if (!(f.std(c) != 0 && std::isfinite(f.std(c)))) {
+      return Invalid(
+          absl::StrCat("decode.to_float.std[", c, "]"),
+          absl::StrCat("is ", f.std(c), "; it must be finite and non-zero"));
+    }
+    if (!std::isfinite(f.mean(c))) {
+      return Invalid(absl::StrCat("decode.to_float.mean[", c, "]"),
+                     "must be finite");
+    }
+  }
+  t.mean_.assign(f.mean().begin(), f.mean().end());
+  t.std_.assign(f.std().begin(), f.std().end());
+  for (const std::string& name : spec.nearest_fields()) {
+    if (name.empty() || name.size() > 256) {
+      return Invalid("decode.nearest_fields", "has an empty or over-long name");
+    }
+    t.nearest_.insert(name);
+  }
+  return t;
+}
+
+bool ImageTransforms::identity() const {
+  return ops_.empty() && !chw_ && !to_float_;
+}
+
+Interpolation ImageTransforms::InterpolationFor(absl::string_view field) const {
+  return nearest_.contains(field) ? Interpolation::kNearest
+                                  : Interpolation::kBilinear;
+}
+
+Geometry ImageTransforms::Plan(int width, int height,
+                               const SampleRandom& random) const {
+  Geometry g;
+  int w = width, h = height;
+  // Flips commute with crops and resizes once crop windows are mirrored:
+  // they are applied last, to the output.
+  auto crop = [&](int left, int top, int cw, int ch) {
+    if (g.flip_horizontal) left = w - left - cw;
+    if (g.flip_vertical) top = h - top - ch;
+    g.steps.push_back({GeometryStep::Kind::kCrop, left, top, cw, ch});
+    w = cw;
+    h = ch;
+  };
+  auto resize = [&](int rw, int rh) {
+    if (rw != w || rh != h)
+      g.steps.push_back({GeometryStep::Kind::kResize, 0, 0, rw, rh});
+    w = rw;
+    h = rh;
+  };
+  for (size_t position = 0; position < ops_.size(); ++position) {
+    const Op& op = ops_[position];
+    switch (op.kind) {
+      case Op::Kind::kResize:
+        if (op.shorter_side > 0) {
+          int rw = 0, rh = 0;
+          ResizedSize(w, h, op.shorter_side, &rw, &rh);
+          resize(rw, rh);
+        } else {
+          resize(op.width, op.height);
+        }
+        break;
+      case Op::Kind::kCenterCrop: {
+        // torchvision: pad (left/top by floor of half the shortfall), then
+        // top = round((H - ch) / 2) on the padded image.
+        const int left = op.width > w ? -FloorDiv(op.width - w, 2)
+                                      : RoundHalfEven((w - op.width) / 2.0);
+        const int top = op.height > h ? -FloorDiv(op.height - h, 2)
+                                      : RoundHalfEven((h - op.height) / 2.0);
+        crop(left, top, op.width, op.height);
+        break;
+      }
+      case Op::Kind::kRandomResizedCrop: {
+        const double area = static_cast<double>(w) * h;
+        const double log_min = std::log(op.ratio_min),
+                     log_max = std::log(op.ratio_max);
+        bool found = false;
+        int cl = 0, ct = 0, cw = 0, ch = 0;
+        for (int attempt = 0; attempt < kAttempts && !found; ++attempt) {
+          const auto words = random.Words(static_cast<int>(position), attempt);
+          const double target =
+              area * (op.scale_min + (op.scale_max - op.scale_min) *
+                                         SampleRandom::Unit(words[0]));
+          const double aspect = std::exp(
+              log_min + (log_max - log_min) * SampleRandom::Unit(words[1]));
+          const int tw = RoundHalfEven(std::sqrt(target * aspect));
+          const int th = RoundHalfEven(std::sqrt(target / aspect));
+          if (tw > 0 && tw <= w && th > 0 && th <= h) {
+            ct = static_cast<int>(SampleRandom::Unit(words[2]) * (h - th + 1));
+            cl = static_cast<int>(SampleRandom::Unit(words[3]) * (w - tw + 1));
+            cw = tw;
+            ch = th;
+            found = true;
+          }
+        }
+        if (!found) {  // the central fallback
+          const double in_ratio = static_cast<double>(w) / h;
+          if (in_ratio < op.ratio_min) {
+            cw = w;
+            ch = RoundHalfEven(cw / op.ratio_min);
+          } else if (in_ratio > op.ratio_max) {
+            ch = h;
+            cw = RoundHalfEven(ch * op.ratio_max);
+          } else {
+            cw = w;
+            ch = h;
+          }
+          ct = (h - ch) / 2;
+          cl = (w - cw) / 2;
+        }
+        crop(cl, ct, cw, ch);
+        resize(op.width, op.height);
+        break;
+      }
+      case Op::Kind::kHorizontalFlip:
+      case Op::Kind::kVerticalFlip: {
+        const double u =
+            SampleRandom::Unit(random.Words(static_cast<int>(position), 0)[0]);
+        if (u < op.p) {
+          bool& flag = op.kind == Op::Kind::kHorizontalFlip ? g.flip_horizontal
+                                                            : g.flip_vertical;
+          flag = !flag;
+        }
+        break;
+      }
+    }
+  }
+  return g;
+}
+
+Geometry ImageTransforms::ScaleTo(const Geometry& geometry, int width,
+                                  int height, int other_width,
+                                  int other_height) {
+  if (width == other_width && height == other_height) return geometry;
+  Geometry g = geometry;
+  const double sx = static_cast<double>(other_width) / width;
+  const double sy = static_cast<double>(other_height) / height;
+  for (GeometryStep& s : g.steps) {
+    if (s.kind == GeometryStep::Kind::kResize) break;
+    const int right = static_cast<int>(std::lround((s.left + s.width) * sx));
+    const int bottom = static_cast<int>(std::lround((s.top + s.height) * sy));
+    s.left = static_cast<int>(std::lround(s.left * sx));
+    s.top = static_cast<int>(std::lround(s.top * sy));
+    s.width = std::max(1, right - s.left);
+    s.height = std::max(1, bottom - s.top);
+  }
+  return g;
+}
+
+ImageBuffer CropImage(const ImageBuffer& image, int left, int top, int width,
+                      int height) {
+  const size_t pixel = static_cast<size_t>(image.channels) * image.sample_bytes;
+  if (left >= 0 && top >= 0 && left + width <= image.width &&
+      top + height <= image.height) {
+    ImageBuffer view = image;
+    view.data =
+        image.data + static_cast<size_t>(top) * image.stride + left * pixel;
+    view.width = width;
+    view.height = height;
+    return view;
+  }
+  ImageBuffer out =
+      AllocateImage(width, height, image.channels, image.sample_bytes);
+  uint8_t* dst = out.owner.get();
+  std::memset(dst, 0, out.stride * height);
+  const int x0 = std::max(0, -left), x1 = std::min(width, image.width - left);
+  for (int y = 0; y < height && x1 > x0; ++y) {
+    const int sy = y + top;
+    if (sy < 0 || sy >= image.height) continue;
+    std::memcpy(dst + y * out.stride + x0 * pixel,
+                image.data + sy * image.stride + (x0 + left) * pixel,
+                (x1 - x0) * pixel);
+  }
+  return out;
+}
+
+namespace {
+
+// Nearest neighbour as PIL's NEAREST: source = floor((x + 0.5) * in / out).
+ImageBuffer ResizeNearest(const ImageBuffer& image, int width, int height) {
+  ImageBuffer out =
+      AllocateImage(width, height, image.channels, image.sample_bytes);
+  const size_t pixel = static_cast<size_t>(image.channels) * image.sample_bytes;
+  std::vector<int> xs(width);
+  for (int x = 0; x < width; ++x) {
+    xs[x] = std::min(image.width - 1,
+                     static_cast<int>((x + 0.5) * image.width / width));
+  }
+  uint8_t* dst = out.owner.get();
+  for (int y = 0; y < height; ++y) {
+    const int sy = std::min(
+        image.height - 1, static_cast<int>((y + 0.5) * image.height / height));
+    const uint8_t* row = image.data + sy * image.stride;
+    uint8_t* d = dst + y * out.stride;
+    for (int x = 0; x < width; ++x)
+      std::memcpy(d + x * pixel, row + xs[x] * pixel, pixel);
+  }
+  return out;
+}
+
+struct SwsCache {
+  SwsContext* context = nullptr;
+  ~SwsCache() { sws_freeContext(context); }
+};
+
+}  // namespace
+
+absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
+                                        int height,
+                                        Interpolation interpolation) {
+  if (width == image.width && height == image.height) return image;
+  if (interpolation == Interpolation::kNearest || image.width < 2 ||
+      image.height < 2) {
+    return ResizeNearest(image, width, height);
+  }
+  // libswscale, one channel plane at a time (GRAY8 / GRAY16LE: no colour
+  // conversion, any channel count). SWS_BILINEAR widens its filter by the
+  // downscaling factor: antialiased, as PIL's and torchvision's bilinear.
+  thread_local SwsCache cache;
+  const AVPixelFormat format =
+      image.sample_bytes == 2 ? AV_PIX_FMT_GRAY16LE : AV_PIX_FMT_GRAY8;
+  cache.context = sws_getCachedContext(
+      cache.context, image.width, image.height, format, width, height, format,
+      SWS_BILINEAR | SWS_ACCURATE_RND, nullptr, nullptr, nullptr);
+  if (cache.context == nullptr) {
+    return absl::InternalError(absl::StrCat("libswscale cannot resize ",
+                                            image.width, "x", image.height,
+                                            " to ", width, "x", height));
+  }
+  const int c = image.channels;
+  const int sb = image.sample_bytes;
+  ImageBuffer out = AllocateImage(width, height, c, sb);
+  if (c == 1) {
+    const uint8_t* src[1] = {image.data};
+    const int src_stride[1] = {static_cast<int>(image.stride)};
+    uint8_t* dst[1] = {out.owner.get()};
+    const int dst_stride[1] = {static_cast<int>(out.stride)};
+    sws_scale(cache.context, src, src_stride, 0, image.height, dst, dst_stride);
+    return out;
+  }
+  // Planes, split and merged here.
+  const size_t in_plane = static_cast<size_t>(image.width) * image.height * sb;
+  const size_t out_plane = static_cast<size_t>(width) * height * sb;
+  std::unique_ptr<uint8_t[]> planes(new uint8_t[in_plane + out_plane]);
+  uint8_t* in_p = planes.get();
+  uint8_t* out_p = planes.get() + in_plane;
+  for (int ch = 0; ch < c; ++ch) {
+    if (sb == 1) {
+      for (int y = 0; y < image.height; ++y) {
+        const uint8_t* row = image.data + y * image.stride + ch;
+        uint8_t* d = in_p + static_cast<size_t>(y) * image.width;
+        for (int x = 0; x < image.width; ++x) d[x] = row[x * c];
+      }
+    } else {
+      for (int y = 0; y < image.height; ++y) {
+        const uint8_t* row = image.data + y * image.stride + ch * 2;
+        uint8_t* d = in_p + static_cast<size_t>(y) * image.width * 2;
+        for (int x = 0; x < image.width; ++x)
+          std::memcpy(d + 2 * x, row + x * c * 2, 2);
+      }
+    }
+    const uint8_t* src[1] = {in_p};
+    const int src_stride[1] = {image.width * sb};
+    uint8_t* dst[1] = {out_p};
+    const int dst_stride[1] = {width * sb};
+    sws_scale(cache.context, src, src_stride, 0, image.height, dst, dst_stride);
+    uint8_t* o = out.owner.get();
+    if (sb == 1) {
+      for (size_t i = 0, n = static_cast<size_t>(width) * height; i < n; ++i)
+        o[i * c + ch] = out_p[i];
+    } else {
+      for (size_t i = 0, n = static_cast<size_t>(width) * height; i < n; ++i) {
+        std::memcpy(o + (i * c + ch) * 2, out_p + i * 2, 2);
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<DecodedField> ImageTransforms::Finish(
+    ImageBuffer image, const Geometry& geometry, size_t first,
+    Interpolation interpolation, TransformTimes* times) const {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  for (size_t i = first; i < geometry.steps.size(); ++i) {
+    const GeometryStep& s = geometry.steps[i];
+    const Clock::time_point started = Clock::now();
+    if (s.kind == GeometryStep::Kind::kCrop) {
+      image = CropImage(image, s.left, s.top, s.width, s.height);
+      if (times != nullptr) times->crop += since(started);
+    } else {
+      auto resized = ResizeImage(image, s.width, s.height, interpolation);
+      if (!resized.ok()) return resized.status();
+      image = *std::move(resized);
+      if (times != nullptr) times->resize += since(started);
+    }
+  }
+  const Clock::time_point output_started = Clock::now();
+  struct OutputTimer {
+    TransformTimes* times;
+    Clock::time_point started;
+    ~OutputTimer() {
+      if (times != nullptr) {
+        times->output +=
+            std::chrono::duration<double>(Clock::now() - started).count();
+      }
+    }
+  } output_timer{times, output_started};
+  const int w = image.width, h = image.height, c = image.channels,
+            sb = image.sample_bytes;
+  const bool packed = image.stride == static_cast<size_t>(w) * c * sb;
+  DecodedField field;
+  field.kind = DecodedField::Kind::kTensor;
+  field.shape =
+      chw_ ? std::vector<int64_t>{c, h, w} : std::vector<int64_t>{h, w, c};
+  const size_t count = static_cast<size_t>(w) * h * c;
+  // Nothing to move: hand the buffer over as is.
+  if (!to_float_ && !chw_ && !geometry.flip_horizontal &&
+      !geometry.flip_vertical && packed) {
+    field.dtype = sb == 2 ? v1::DTYPE_UINT16 : v1::DTYPE_UINT8;
+    field.bytes.bytes = absl::string_view(
+        reinterpret_cast<const char*>(image.data), count * sb);
+    field.bytes.owner = image.owner;
+    return field;
+  }
+  if (!mean_.empty() && static_cast<int>(mean_.size()) != c) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode.to_float.mean has ", mean_.size(),
+                     " values for an image of ", c, " channels"));
+  }
+  const int out_bytes = to_float_ ? (half_ ? 2 : 4) : sb;
+  field.dtype = to_float_ ? (half_ ? v1::DTYPE_FLOAT16 : v1::DTYPE_FLOAT32)
+                          : (sb == 2 ? v1::DTYPE_UINT16 : v1::DTYPE_UINT8);
+  std::shared_ptr<uint8_t> out(
+      new uint8_t[std::max<size_t>(count * out_bytes, 1)],
+      std::default_delete<uint8_t[]>());
+  const float max_value = sb == 2 ? 65535.0f : 255.0f;
+  uint8_t* o = out.get();
+  for (int y = 0; y < h; ++y) {
+    const int sy = geometry.flip_vertical ? h - 1 - y : y;
+    const uint8_t* row = image.data + sy * image.stride;
+    for (int x = 0; x < w; ++x) {
+      const int sx = geometry.flip_horizontal ? w - 1 - x : x;
+      const uint8_t* px = row + static_cast<size_t>(sx) * c * sb;
+      for (int ch = 0; ch < c; ++ch) {
+        const size_t at = chw_ ? (static_cast<size_t>(ch) * h + y) * w + x
+                               : (static_cast<size_t>(y) * w + x) * c + ch;
+        const uint32_t v =
+            sb == 2 ? (px[2 * ch] | px[2 * ch + 1] << 8) : px[ch];
+        if (!to_float_) {
+          std::memcpy(o + at * sb, px + ch * sb, sb);
+        } else {
+          // torchvision: ToTensor divides by 255, Normalize subtracts and
+          // divides; the same in one multiply-add up to float rounding.
+          const float f =
+              mean_.empty()
+                  ? static_cast<float>(v) / max_value
+                  : (static_cast<float>(v) / max_value - mean_[ch]) / std_[ch];
+          if (half_) {
+            const _Float16 hv = static_cast<_Float16>(f);
+            std::memcpy(o + at * 2, &hv, 2);
+          } else {
+            std::memcpy(o + at * 4, &f, 4);
+          }
+        }
+      }
+    }
+  }
+  field.bytes.bytes = absl::string_view(
+      reinterpret_cast<const char*>(out.get()), count * out_bytes);
+  field.bytes.owner = std::move(out);
+  return field;
+}
+
+}  // namespace sluice::dataserver
