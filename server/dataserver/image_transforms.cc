@@ -8,6 +8,7 @@
 extern "C" {
 #include <libswscale/swscale.h>
 }
+#include <libyuv/planar_functions.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -496,44 +497,88 @@ absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
     sws_scale(cache.context, src, src_stride, 0, image.height, dst, dst_stride);
     return out;
   }
-  // Planes, split and merged here.
+  // Planes: split and merged with libyuv (SIMD) for 8-bit RGB and RGBA.
   const size_t in_plane = static_cast<size_t>(image.width) * image.height * sb;
   const size_t out_plane = static_cast<size_t>(width) * height * sb;
-  std::unique_ptr<uint8_t[]> planes(new uint8_t[in_plane + out_plane]);
-  uint8_t* in_p = planes.get();
-  uint8_t* out_p = planes.get() + in_plane;
-  for (int ch = 0; ch < c; ++ch) {
-    if (sb == 1) {
-      for (int y = 0; y < image.height; ++y) {
-        const uint8_t* row = image.data + y * image.stride + ch;
-        uint8_t* d = in_p + static_cast<size_t>(y) * image.width;
-        for (int x = 0; x < image.width; ++x) d[x] = row[x * c];
-      }
-    } else {
-      for (int y = 0; y < image.height; ++y) {
-        const uint8_t* row = image.data + y * image.stride + ch * 2;
-        uint8_t* d = in_p + static_cast<size_t>(y) * image.width * 2;
-        for (int x = 0; x < image.width; ++x)
-          std::memcpy(d + 2 * x, row + x * c * 2, 2);
+  std::unique_ptr<uint8_t[]> planes(new uint8_t[(in_plane + out_plane) * c]);
+  uint8_t* in_p[4];
+  uint8_t* out_p[4];
+  for (int ch = 0; ch < c && ch < 4; ++ch) {
+    in_p[ch] = planes.get() + ch * in_plane;
+    out_p[ch] = planes.get() + c * in_plane + ch * out_plane;
+  }
+  const int iw = image.width, ih = image.height;
+  if (sb == 1 && c == 3) {
+    libyuv::SplitRGBPlane(image.data, static_cast<int>(image.stride), in_p[0],
+                          iw, in_p[1], iw, in_p[2], iw, iw, ih);
+  } else if (sb == 1 && c == 4) {
+    libyuv::SplitARGBPlane(image.data, static_cast<int>(image.stride), in_p[0],
+                           iw, in_p[1], iw, in_p[2], iw, in_p[3], iw, iw, ih);
+  } else {
+    for (int ch = 0; ch < c; ++ch) {
+      for (int y = 0; y < ih; ++y) {
+        const uint8_t* row = image.data + y * image.stride + ch * sb;
+        uint8_t* d = in_p[ch] + static_cast<size_t>(y) * iw * sb;
+        for (int x = 0; x < iw; ++x)
+          std::memcpy(d + x * sb, row + x * c * sb, sb);
       }
     }
-    const uint8_t* src[1] = {in_p};
-    const int src_stride[1] = {image.width * sb};
-    uint8_t* dst[1] = {out_p};
+  }
+  for (int ch = 0; ch < c; ++ch) {
+    const uint8_t* src[1] = {in_p[ch]};
+    const int src_stride[1] = {iw * sb};
+    uint8_t* dst[1] = {out_p[ch]};
     const int dst_stride[1] = {width * sb};
-    sws_scale(cache.context, src, src_stride, 0, image.height, dst, dst_stride);
-    uint8_t* o = out.owner.get();
-    if (sb == 1) {
-      for (size_t i = 0, n = static_cast<size_t>(width) * height; i < n; ++i)
-        o[i * c + ch] = out_p[i];
-    } else {
+    sws_scale(cache.context, src, src_stride, 0, ih, dst, dst_stride);
+  }
+  uint8_t* o = out.owner.get();
+  if (sb == 1 && c == 3) {
+    libyuv::MergeRGBPlane(out_p[0], width, out_p[1], width, out_p[2], width, o,
+                          static_cast<int>(out.stride), width, height);
+  } else if (sb == 1 && c == 4) {
+    libyuv::MergeARGBPlane(out_p[0], width, out_p[1], width, out_p[2], width,
+                           out_p[3], width, o, static_cast<int>(out.stride),
+                           width, height);
+  } else {
+    for (int ch = 0; ch < c; ++ch) {
       for (size_t i = 0, n = static_cast<size_t>(width) * height; i < n; ++i) {
-        std::memcpy(o + (i * c + ch) * 2, out_p + i * 2, 2);
+        std::memcpy(o + (i * c + ch) * sb, out_p[ch] + i * sb, sb);
       }
     }
   }
   return out;
 }
+
+namespace {
+
+// `image` mirrored left to right (8-bit samples).
+ImageBuffer Mirror8(const ImageBuffer& image) {
+  ImageBuffer out = AllocateImage(image.width, image.height, image.channels, 1);
+  uint8_t* o = out.owner.get();
+  const int stride = static_cast<int>(image.stride), w = image.width,
+            h = image.height;
+  const int c = image.channels;
+  if (c == 3) {
+    libyuv::RGB24Mirror(image.data, stride, o, static_cast<int>(out.stride), w,
+                        h);
+  } else if (c == 4) {
+    libyuv::ARGBMirror(image.data, stride, o, static_cast<int>(out.stride), w,
+                       h);
+  } else if (c == 1) {
+    libyuv::MirrorPlane(image.data, stride, o, static_cast<int>(out.stride), w,
+                        h);
+  } else {
+    for (int y = 0; y < h; ++y) {
+      const uint8_t* row = image.data + y * image.stride;
+      uint8_t* d = o + y * out.stride;
+      for (int x = 0; x < w; ++x)
+        std::memcpy(d + x * c, row + (w - 1 - x) * c, c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<DecodedField> ImageTransforms::Finish(
     ImageBuffer image, const Geometry& geometry, size_t first,
@@ -595,6 +640,74 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
       new uint8_t[std::max<size_t>(count * out_bytes, 1)],
       std::default_delete<uint8_t[]>());
   const float max_value = sb == 2 ? 65535.0f : 255.0f;
+  if (sb == 1) {
+    // 8-bit: mirror (libyuv), then rows in order or reversed, into the
+    // layout (planes split by libyuv), then floats per plane.
+    if (geometry.flip_horizontal) image = Mirror8(image);
+    const size_t plane = static_cast<size_t>(w) * h;
+    std::unique_ptr<uint8_t[]> staging;
+    uint8_t* bytes = out.get();
+    if (to_float_) {
+      staging.reset(new uint8_t[count]);
+      bytes = staging.get();
+    }
+    // libyuv: a negative height writes the rows bottom-up.
+    const int signed_h = geometry.flip_vertical ? -h : h;
+    const int stride = static_cast<int>(image.stride);
+    if (!chw_ || c == 1) {
+      for (int y = 0; y < h; ++y) {
+        const int sy = geometry.flip_vertical ? h - 1 - y : y;
+        std::memcpy(bytes + static_cast<size_t>(y) * w * c,
+                    image.data + sy * image.stride, static_cast<size_t>(w) * c);
+      }
+    } else if (c == 3) {
+      libyuv::SplitRGBPlane(image.data, stride, bytes, w, bytes + plane, w,
+                            bytes + 2 * plane, w, w, signed_h);
+    } else if (c == 4) {
+      libyuv::SplitARGBPlane(image.data, stride, bytes, w, bytes + plane, w,
+                             bytes + 2 * plane, w, bytes + 3 * plane, w, w,
+                             signed_h);
+    } else {
+      for (int y = 0; y < h; ++y) {
+        const int sy = geometry.flip_vertical ? h - 1 - y : y;
+        const uint8_t* row = image.data + sy * image.stride;
+        for (int x = 0; x < w; ++x) {
+          for (int ch = 0; ch < c; ++ch)
+            bytes[ch * plane + static_cast<size_t>(y) * w + x] =
+                row[x * c + ch];
+        }
+      }
+    }
+    if (to_float_) {
+      // torchvision: ToTensor divides by 255, Normalize subtracts the mean
+      // and divides by the std.
+      for (int ch = 0; ch < c; ++ch) {
+        const float m = mean_.empty() ? 0.0f : mean_[ch];
+        const float sd = std_.empty() ? 1.0f : std_[ch];
+        // CHW: channel ch is one plane; HWC: every c-th value from ch.
+        const size_t begin = chw_ ? ch * plane : ch;
+        const size_t step_size = chw_ ? 1 : c;
+        const size_t n = plane;
+        if (half_) {
+          auto* f = reinterpret_cast<_Float16*>(out.get());
+          for (size_t i = 0; i < n; ++i) {
+            const size_t at = begin + i * step_size;
+            f[at] = static_cast<_Float16>((bytes[at] / max_value - m) / sd);
+          }
+        } else {
+          auto* f = reinterpret_cast<float*>(out.get());
+          for (size_t i = 0; i < n; ++i) {
+            const size_t at = begin + i * step_size;
+            f[at] = (bytes[at] / max_value - m) / sd;
+          }
+        }
+      }
+    }
+    field.bytes.bytes = absl::string_view(
+        reinterpret_cast<const char*>(out.get()), count * out_bytes);
+    field.bytes.owner = std::move(out);
+    return field;
+  }
   uint8_t* o = out.get();
   for (int y = 0; y < h; ++y) {
     const int sy = geometry.flip_vertical ? h - 1 - y : y;
