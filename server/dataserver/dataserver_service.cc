@@ -476,6 +476,16 @@ void SampleStream::DecodeSample(Slot& slot) {
         metrics->TransformSeconds("output").Observe(times.output);
       }
     }
+    if (!decoded.ok() && absl::StartsWith(decoded.status().message(), "decode.")) {
+      // The request's transforms do not fit this image (Normalize with 3
+      // values for a 1-channel PNG): the request's error, not the data's.
+      slot.out = absl::InvalidArgumentError(
+          absl::StrCat(decoded.status().message(), " (shard \"",
+                       params_.lease.unit().shard_url(), "\", member \"", raw.key, ".",
+                       field.name, "\")"));
+      slot.raw = RawSample();
+      return;
+    }
     if (!decoded.ok()) {
       slot.out = Corrupt(
           raw.index, raw.key,
