@@ -15,6 +15,7 @@
 #include <iterator>
 #include <map>
 
+#include <google/protobuf/text_format.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
@@ -62,6 +63,10 @@ ABSL_FLAG(int32_t, workers, 0,
           "read: readers sharing the rank (0 = 1); each reads a fixed share of its quota.");
 ABSL_FLAG(int64_t, read_epochs, 0, "read: stop after this many epochs end (0 = until the job is done).");
 ABSL_FLAG(bool, decode, false, "read: ask the data server to decode fields.");
+ABSL_FLAG(std::string, decode_spec, "",
+          "read: a sluice.v1.DecodeSpec in protobuf text format, e.g. image transforms: "
+          "'transforms { random_resized_crop { height: 224 width: 224 } } "
+          "transforms { horizontal_flip { p: 0.5 } }' (implies --decode).");
 ABSL_FLAG(std::string, trainer_id, "", "read: trainer id (default host-pid-rank-worker).");
 ABSL_FLAG(double, rate, 0, "read: at most this many samples/s (emulates a training step; 0 = as fast as possible).");
 ABSL_FLAG(absl::Duration, progress_interval, absl::Milliseconds(500),
@@ -330,7 +335,14 @@ int ReadCommand(const std::vector<std::string>& args) {
   options.worker = absl::GetFlag(FLAGS_worker);
   options.num_workers = absl::GetFlag(FLAGS_workers);
   options.trainer_id = absl::GetFlag(FLAGS_trainer_id);
-  options.decode.set_decode(absl::GetFlag(FLAGS_decode));
+  if (const std::string spec = absl::GetFlag(FLAGS_decode_spec); !spec.empty()) {
+    google::protobuf::TextFormat::Parser parser;
+    if (!parser.ParseFromString(spec, &options.decode)) {
+      return Usage("read: --decode_spec is not a sluice.v1.DecodeSpec in text format");
+    }
+    options.decode.set_decode(true);
+  }
+  if (absl::GetFlag(FLAGS_decode)) options.decode.set_decode(true);
   options.progress_interval = absl::GetFlag(FLAGS_progress_interval);
   options.reconnect_timeout = std::max(absl::GetFlag(FLAGS_timeout), absl::Seconds(30));
   // This process only reads: keep freed megabyte buffers (malloc_tuning.h).
@@ -551,7 +563,7 @@ Commands:
   job get NAME | job list | job delete NAME
   status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
                             live data servers
-  read --job J --rank R [--read_epochs N] [--decode] [--rate N]
+  read --job J --rank R [--read_epochs N] [--decode] [--decode_spec TEXT] [--rate N]
                             one JSON line per sample on stdout
   health HOST:PORT [--service readiness]
   once NAME [--scope S --id ID --ttl 10s --fail_all] -- COMMAND [ARGS...]

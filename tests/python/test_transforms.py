@@ -296,3 +296,17 @@ def test_bad_specs_are_refused_naming_the_field(images, tf, field):
     with pytest.raises(sluice.ReaderError) as e:
         read_all(images, name, tf)
     assert field in str(e.value)
+
+
+def test_sluicectl_read_takes_a_decode_spec(images):
+    create(images, "tf-cli", images.photo_urls[:1])
+    ctl = [os.path.join(BIN, "sluicectl"), "read", "--job=tf-cli", f"--coordinator={images.address}"]
+    spec = ("transforms { random_resized_crop { height: 32 width: 48 } } "
+            "transforms { horizontal_flip { p: 0.5 } } layout: IMAGE_LAYOUT_CHW")
+    out = subprocess.run(ctl + [f"--decode_spec={spec}"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(lines) == 12 and all(d["fields"]["jpg"] == 32 * 48 * 3 for d in lines)
+    bad = subprocess.run(ctl + ["--decode_spec=transforms { no_such_op {} }"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "--decode_spec" in bad.stderr
