@@ -105,8 +105,10 @@ SampleStream::NextCallback SampleStream::TakeWaiterLocked(NextResult* result) {
     *result = absl::CancelledError("stream cancelled");
   } else {
     // The client waits: framed samples go now rather than when a message
-    // is full.
-    if (ready_.empty() && error_.ok()) FlushLocked();
+    // is full -- when decoding, once no decode of this stream is in flight
+    // (the samples still being decoded join the message): a message per
+    // sample would cost the client a wake-up per sample.
+    if (ready_.empty() && error_.ok() && (!params_.decode || window_.empty())) FlushLocked();
     // Only when there is an answer to give (one fstat, not one per call).
     if (!ready_.empty() || !error_.ok() || finished_) CheckShardLocked();
     if (!ready_.empty()) {

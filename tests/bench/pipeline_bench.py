@@ -155,6 +155,10 @@ def main():
     parser.add_argument("bin_dir")
     parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--transform", choices=("eval", "train"), action="append",
+                        help="only these transforms (default: both)")
+    parser.add_argument("--pipeline", choices=("sluice", "baseline"), action="append",
+                        help="only these pipelines (default: both)")
     args = parser.parse_args()
     os.environ["SLUICE_BIN_DIR"] = os.path.abspath(args.bin_dir)
     sys.path.insert(0, os.path.join(args.bin_dir, "..", "python"))
@@ -190,6 +194,8 @@ def main():
             }
             pids = [coordinator.proc.pid, data.proc.pid]
             for name, (sluice_tf, tv_tf) in pipelines.items():
+                if args.transform and name not in args.transform:
+                    continue
                 job = f"bench-{name}"
                 out = __import__("subprocess").run(
                     [os.path.join(args.bin_dir, "sluicectl"), "job", "create",
@@ -221,12 +227,16 @@ def main():
                 best = {"sluice": (0, 0), "baseline": (0, 0)}
                 for _ in range(args.rounds):
                     for which, fn in (("baseline", baseline_loader), ("sluice", sluice_loader)):
+                        if args.pipeline and which not in args.pipeline:
+                            continue
                         rate, cpu, per = measure(fn, args.samples, pids)
                         print(f"{name:5s} {which:8s} {rate:7.1f} samples/s "
                               f"{cpu:5.2f} CPU-s per 1,000 samples {per}", file=sys.stderr)
                         if rate > best[which][0]:
                             best[which] = (rate, cpu)
                 (s_rate, s_cpu), (b_rate, b_cpu) = best["sluice"], best["baseline"]
+                if not s_rate or not b_rate:
+                    continue
                 results[name] = {"sluice_samples_per_s": round(s_rate, 1),
                                  "baseline_samples_per_s": round(b_rate, 1),
                                  "sluice_cpu_s_per_1000": round(s_cpu, 3),
