@@ -1,15 +1,15 @@
 #include "server/dataserver/decoders.h"
 
-#include <png.h>
 #include <jpeglib.h>
+#include <png.h>
 #include <turbojpeg.h>
 
 #include <algorithm>
 #include <cmath>
+#include <csetjmp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <csetjmp>
 #include <memory>
 #include <optional>
 
@@ -53,15 +53,19 @@ absl::Status Resolve(const ImageOptions& options, int width, int height,
   spec.set_crop_width(options.crop_width);
   ASSIGN_OR_RETURN(ImageTransforms transforms, ImageTransforms::FromSpec(spec));
   out->own_transforms.emplace(std::move(transforms));
-  out->own_geometry = out->own_transforms->Plan(width, height, SampleRandom(0, 0, 0, 0));
+  out->own_geometry =
+      out->own_transforms->Plan(width, height, SampleRandom(0, 0, 0, 0));
   out->transforms = &*out->own_transforms;
   out->geometry = &out->own_geometry;
   return absl::OkStatus();
 }
 
-absl::StatusOr<DecodedField> Transform(const ImageBuffer& image, const ResolvedTransforms& r,
-                                       size_t first, const ImageOptions& options) {
-  return r.transforms->Finish(image, *r.geometry, first, options.interpolation, options.times);
+absl::StatusOr<DecodedField> Transform(const ImageBuffer& image,
+                                       const ResolvedTransforms& r,
+                                       size_t first,
+                                       const ImageOptions& options) {
+  return r.transforms->Finish(image, *r.geometry, first, options.interpolation,
+                              options.times);
 }
 
 // One TurboJPEG decompressor per thread (handles are not thread-safe).
@@ -141,12 +145,18 @@ Codec CodecForField(absl::string_view field) {
 
 const char* CodecName(Codec codec) {
   switch (codec) {
-    case Codec::kJpeg: return "jpeg";
-    case Codec::kPng: return "png";
-    case Codec::kInt: return "int";
-    case Codec::kText: return "text";
-    case Codec::kNpy: return "npy";
-    case Codec::kRaw: return "raw";
+    case Codec::kJpeg:
+      return "jpeg";
+    case Codec::kPng:
+      return "png";
+    case Codec::kInt:
+      return "int";
+    case Codec::kText:
+      return "text";
+    case Codec::kNpy:
+      return "npy";
+    case Codec::kRaw:
+      return "raw";
   }
   return "raw";
 }
@@ -155,10 +165,12 @@ void ResizedSize(int width, int height, int shorter, int* out_width,
                  int* out_height) {
   if (width <= height) {
     *out_width = shorter;
-    *out_height = static_cast<int>(static_cast<int64_t>(shorter) * height / width);
+    *out_height =
+        static_cast<int>(static_cast<int64_t>(shorter) * height / width);
   } else {
     *out_height = shorter;
-    *out_width = static_cast<int>(static_cast<int64_t>(shorter) * width / height);
+    *out_width =
+        static_cast<int>(static_cast<int64_t>(shorter) * width / height);
   }
   *out_width = std::max(1, *out_width);
   *out_height = std::max(1, *out_height);
@@ -175,11 +187,14 @@ bool HasAdobeMarker(absl::string_view jpeg) {
       ++pos;
       continue;
     }
-    if (marker == 0xDA || marker == 0xD9) return false;  // scan or end: no more headers
-    const size_t length = static_cast<size_t>(static_cast<uint8_t>(jpeg[pos + 2])) << 8 |
-                          static_cast<uint8_t>(jpeg[pos + 3]);
+    if (marker == 0xDA || marker == 0xD9)
+      return false;  // scan or end: no more headers
+    const size_t length =
+        static_cast<size_t>(static_cast<uint8_t>(jpeg[pos + 2])) << 8 |
+        static_cast<uint8_t>(jpeg[pos + 3]);
     if (length < 2 || pos + 2 + length > jpeg.size()) return false;
-    if (marker == 0xEE && length >= 7 && jpeg.substr(pos + 4, 5) == "Adobe") return true;
+    if (marker == 0xEE && length >= 7 && jpeg.substr(pos + 4, 5) == "Adobe")
+      return true;
     pos += 2 + length;
   }
   return false;
@@ -188,7 +203,8 @@ bool HasAdobeMarker(absl::string_view jpeg) {
 // CMYK -> RGB as PIL's convert("RGB") does it (what a WebDataset pipeline
 // decoding with PIL gets): un-invert Adobe CMYK, then
 // channel = (255 - k) - (255 - k) * c / 255, rounded as PIL rounds.
-std::shared_ptr<uint8_t> CmykToRgb(const uint8_t* cmyk, size_t pixels, bool inverted) {
+std::shared_ptr<uint8_t> CmykToRgb(const uint8_t* cmyk, size_t pixels,
+                                   bool inverted) {
   auto rgb = AllocateBytes(pixels * 3);
   uint8_t* out = rgb.get();
   auto muldiv255 = [](int a, int b) {
@@ -208,12 +224,13 @@ std::shared_ptr<uint8_t> CmykToRgb(const uint8_t* cmyk, size_t pixels, bool inve
 
 // INVALID_ARGUMENT (a corrupt sample, under the job's on_corrupt policy)
 // when a header claims more than options.max_pixels pixels.
-absl::Status CheckPixels(absl::string_view format, int64_t width, int64_t height,
-                         const ImageOptions& options) {
+absl::Status CheckPixels(absl::string_view format, int64_t width,
+                         int64_t height, const ImageOptions& options) {
   if (options.max_pixels > 0 && width * height > options.max_pixels) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        format, " of ", width, "x", height, " = ", width * height,
-        " pixels is over the limit of ", options.max_pixels, " (--max_image_pixels)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(format, " of ", width, "x", height, " = ", width * height,
+                     " pixels is over the limit of ", options.max_pixels,
+                     " (--max_image_pixels)"));
   }
   return absl::OkStatus();
 }
@@ -245,10 +262,12 @@ void JpegEmitMessage(j_common_ptr info, int level) {
 }
 
 // Decodes rows [y, y + h) and columns [x, x + w) of the JPEG scaled by
-// scale_eighths / 8 (coordinates in the scaled image) into `*out` as RGB.
-// Plain C data only between setjmp and the reads (a longjmp skips
-// destructors).
-absl::Status DecodeJpegWindow(const Payload& data, int scale_eighths, int x, int y, int w, int h,
+// scale_eighths / 8 (coordinates in the scaled image) into `*out` as RGB:
+// the window alone, or with `in_frame` the whole image with zeros outside
+// the window. Plain C data only between setjmp and the reads (a longjmp
+// skips destructors).
+absl::Status DecodeJpegWindow(const Payload& data, int scale_eighths, int x,
+                              int y, int w, int h, bool in_frame,
                               ImageBuffer* out) {
   jpeg_decompress_struct info;
   JpegErrors errors;
@@ -261,7 +280,8 @@ absl::Status DecodeJpegWindow(const Payload& data, int scale_eighths, int x, int
   if (setjmp(errors.jump)) {
     jpeg_destroy_decompress(&info);
     std::free(buffer);
-    return absl::InvalidArgumentError(absl::StrCat("undecodable JPEG: ", errors.message));
+    return absl::InvalidArgumentError(
+        absl::StrCat("undecodable JPEG: ", errors.message));
   }
   jpeg_create_decompress(&info);
   jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(data.bytes.data()),
@@ -273,8 +293,9 @@ absl::Status DecodeJpegWindow(const Payload& data, int scale_eighths, int x, int
   jpeg_start_decompress(&info);
   if (x < 0 || y < 0 || x + w > static_cast<int>(info.output_width) ||
       y + h > static_cast<int>(info.output_height) || w <= 0 || h <= 0) {
-    std::snprintf(errors.message, sizeof(errors.message), "window outside the %ux%u image",
-                  info.output_width, info.output_height);
+    std::snprintf(errors.message, sizeof(errors.message),
+                  "window outside the %ux%u image", info.output_width,
+                  info.output_height);
     std::longjmp(errors.jump, 1);
   }
   // The decoded columns start at an iMCU boundary at or left of x. One
@@ -282,19 +303,42 @@ absl::Status DecodeJpegWindow(const Payload& data, int scale_eighths, int x, int
   // the decoded region's edges would otherwise lack its neighbours and
   // differ from a full decode.
   const int ask_left = std::max(0, x - 1);
-  const int ask_right = std::min(static_cast<int>(info.output_width), x + w + 1);
+  const int ask_right =
+      std::min(static_cast<int>(info.output_width), x + w + 1);
   JDIMENSION x_offset = static_cast<JDIMENSION>(ask_left);
   JDIMENSION width = static_cast<JDIMENSION>(ask_right - ask_left);
-  if (x_offset != 0 || width != info.output_width) jpeg_crop_scanline(&info, &x_offset, &width);
+  // (jpeg_crop_scanline sets output_width to the cropped width.)
+  const JDIMENSION full_width = info.output_width;
+  if (x_offset != 0 || width != info.output_width)
+    jpeg_crop_scanline(&info, &x_offset, &width);
   const size_t row_bytes = static_cast<size_t>(width) * 3;
-  buffer = static_cast<unsigned char*>(std::malloc(std::max<size_t>(row_bytes * h, 1)));
+  // In a frame: rows of the whole scaled width, the window's at their place.
+  const size_t stride =
+      in_frame ? static_cast<size_t>(full_width) * 3 : row_bytes;
+  const size_t rows_allocated =
+      in_frame ? info.output_height : static_cast<size_t>(h);
+  buffer = static_cast<unsigned char*>(
+      std::malloc(std::max<size_t>(stride * rows_allocated, 1)));
   if (buffer == nullptr) {
     std::snprintf(errors.message, sizeof(errors.message), "out of memory");
     std::longjmp(errors.jump, 1);
   }
+  unsigned char* first_row = buffer;
+  if (in_frame) {
+    std::memset(buffer, 0, stride * y);
+    std::memset(buffer + stride * (y + h), 0,
+                stride * (info.output_height - y - h));
+    first_row = buffer + stride * y + static_cast<size_t>(x_offset) * 3;
+    for (int row = 0; row < h; ++row) {
+      unsigned char* line = buffer + stride * (y + row);
+      std::memset(line, 0, static_cast<size_t>(x_offset) * 3);
+      const size_t right = static_cast<size_t>(x_offset + width) * 3;
+      std::memset(line + right, 0, stride - right);
+    }
+  }
   if (y > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(y));
   for (int row = 0; row < h;) {
-    JSAMPROW rows[1] = {buffer + static_cast<size_t>(row) * row_bytes};
+    JSAMPROW rows[1] = {first_row + static_cast<size_t>(row) * stride};
     const JDIMENSION read = jpeg_read_scanlines(&info, rows, 1);
     if (read == 0) break;
     row += static_cast<int>(read);
@@ -305,19 +349,58 @@ absl::Status DecodeJpegWindow(const Payload& data, int scale_eighths, int x, int
     jpeg_abort_decompress(&info);
   }
   const bool warned = errors.warned;
+  const int frame_w = static_cast<int>(full_width);
+  const int frame_h = static_cast<int>(info.output_height);
   jpeg_destroy_decompress(&info);
   if (warned) {
     std::free(buffer);
-    return absl::InvalidArgumentError(absl::StrCat("undecodable JPEG: data: ", errors.message));
+    return absl::InvalidArgumentError(
+        absl::StrCat("undecodable JPEG: data: ", errors.message));
   }
-  out->owner = std::shared_ptr<uint8_t>(buffer, [](uint8_t* p) { std::free(p); });
+  out->owner =
+      std::shared_ptr<uint8_t>(buffer, [](uint8_t* p) { std::free(p); });
+  out->channels = 3;
+  out->sample_bytes = 1;
+  out->stride = stride;
+  if (in_frame) {
+    out->data = buffer;
+    out->width = frame_w;
+    out->height = frame_h;
+    return absl::OkStatus();
+  }
   out->data = buffer + (static_cast<size_t>(x) - x_offset) * 3;
   out->width = w;
   out->height = h;
-  out->channels = 3;
-  out->sample_bytes = 1;
-  out->stride = row_bytes;
   return absl::OkStatus();
+}
+
+// For steps starting [Resize, Crop]: the window of the source (width x
+// height) that the crop's pixels depend on, with a margin past the resize
+// filter's reach (libswscale's bilinear reaches about one source pixel per
+// unit of reduction on each side, at least one); false when that is most
+// of the image anyway.
+bool NeededForResizeThenCrop(const std::vector<GeometryStep>& steps, int width,
+                             int height, int* x0, int* y0, int* x1, int* y1) {
+  if (steps.size() < 2 || steps[0].kind != GeometryStep::Kind::kResize ||
+      steps[1].kind != GeometryStep::Kind::kCrop) {
+    return false;
+  }
+  const GeometryStep& resize = steps[0];
+  const GeometryStep& crop = steps[1];
+  const int cx0 = std::max(0, crop.left),
+            cx1 = std::min(resize.width, crop.left + crop.width);
+  const int cy0 = std::max(0, crop.top),
+            cy1 = std::min(resize.height, crop.top + crop.height);
+  if (cx1 <= cx0 || cy1 <= cy0) return false;
+  const double sx = static_cast<double>(width) / resize.width;
+  const double sy = static_cast<double>(height) / resize.height;
+  const double mx = 2 * std::max(1.0, sx) + 4, my = 2 * std::max(1.0, sy) + 4;
+  *x0 = std::max(0, static_cast<int>(std::floor(cx0 * sx - mx)));
+  *x1 = std::min(width, static_cast<int>(std::ceil(cx1 * sx + mx)));
+  *y0 = std::max(0, static_cast<int>(std::floor(cy0 * sy - my)));
+  *y1 = std::min(height, static_cast<int>(std::ceil(cy1 * sy + my)));
+  return static_cast<int64_t>(*x1 - *x0) * (*y1 - *y0) <
+         int64_t{9} * width * height / 10;
 }
 
 }  // namespace
@@ -343,8 +426,9 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   // Decode only the first crop's window when it lies inside the image...
   size_t first = 0;
   int wx = 0, wy = 0, ww = width, wh = height;
-  if (!steps.empty() && steps[0].kind == GeometryStep::Kind::kCrop && steps[0].left >= 0 &&
-      steps[0].top >= 0 && steps[0].left + steps[0].width <= width &&
+  if (!steps.empty() && steps[0].kind == GeometryStep::Kind::kCrop &&
+      steps[0].left >= 0 && steps[0].top >= 0 &&
+      steps[0].left + steps[0].width <= width &&
       steps[0].top + steps[0].height <= height) {
     wx = steps[0].left;
     wy = steps[0].top;
@@ -359,27 +443,37 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   // the pixels torchvision computes (mean 2.4, max 69 levels at 2x on a
   // photo, against 0.16 and 1 with the margin).
   int eighths = 8;
-  if (first < steps.size() && steps[first].kind == GeometryStep::Kind::kResize) {
+  if (first < steps.size() &&
+      steps[first].kind == GeometryStep::Kind::kResize) {
     for (int n : {1, 2, 4}) {
-      if ((static_cast<int64_t>(ww) * n + 7) / 8 >= int64_t{2} * steps[first].width &&
-          (static_cast<int64_t>(wh) * n + 7) / 8 >= int64_t{2} * steps[first].height) {
+      if ((static_cast<int64_t>(ww) * n + 7) / 8 >=
+              int64_t{2} * steps[first].width &&
+          (static_cast<int64_t>(wh) * n + 7) / 8 >=
+              int64_t{2} * steps[first].height) {
         eighths = n;
         break;
       }
     }
   }
-  const int scaled_w = static_cast<int>((static_cast<int64_t>(width) * eighths + 7) / 8);
-  const int scaled_h = static_cast<int>((static_cast<int64_t>(height) * eighths + 7) / 8);
+  const int scaled_w =
+      static_cast<int>((static_cast<int64_t>(width) * eighths + 7) / 8);
+  const int scaled_h =
+      static_cast<int>((static_cast<int64_t>(height) * eighths + 7) / 8);
   const int x0 = static_cast<int>(static_cast<int64_t>(wx) * eighths / 8);
   const int y0 = static_cast<int>(static_cast<int64_t>(wy) * eighths / 8);
-  const int x1 = std::min<int>(scaled_w, static_cast<int>((static_cast<int64_t>(wx + ww) * eighths + 7) / 8));
-  const int y1 = std::min<int>(scaled_h, static_cast<int>((static_cast<int64_t>(wy + wh) * eighths + 7) / 8));
+  const int x1 = std::min<int>(
+      scaled_w,
+      static_cast<int>((static_cast<int64_t>(wx + ww) * eighths + 7) / 8));
+  const int y1 = std::min<int>(
+      scaled_h,
+      static_cast<int>((static_cast<int64_t>(wy + wh) * eighths + 7) / 8));
   // CMYK and YCCK JPEGs (print workflows; ImageNet has a few) decode to
   // CMYK, which libjpeg leaves to the caller to turn into RGB: decoded
   // whole through TurboJPEG, then windowed.
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
     auto cmyk = AllocateBytes(static_cast<size_t>(scaled_w) * scaled_h * 4);
-    if (tjDecompress2(handle, bytes, size, cmyk.get(), scaled_w, 0, scaled_h, TJPF_CMYK, 0) != 0) {
+    if (tjDecompress2(handle, bytes, size, cmyk.get(), scaled_w, 0, scaled_h,
+                      TJPF_CMYK, 0) != 0) {
       // Warnings too (a truncated file decodes to grey): that is not the
       // image the writer stored.
       return JpegError(handle, "data");
@@ -392,10 +486,23 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
     rgb.height = scaled_h;
     rgb.channels = 3;
     rgb.stride = static_cast<size_t>(scaled_w) * 3;
-    return Transform(CropImage(rgb, x0, y0, x1 - x0, y1 - y0), r, first, options);
+    return Transform(CropImage(rgb, x0, y0, x1 - x0, y1 - y0), r, first,
+                     options);
   }
   ImageBuffer window;
-  RETURN_IF_ERROR(DecodeJpegWindow(data, eighths, x0, y0, x1 - x0, y1 - y0, &window));
+  int nx0 = 0, ny0 = 0, nx1 = 0, ny1 = 0;
+  if (first == 0 && eighths == 8 &&
+      NeededForResizeThenCrop(steps, width, height, &nx0, &ny0, &nx1, &ny1)) {
+    // A resize then a crop (Resize + CenterCrop): decode the rows and
+    // columns the crop needs (with the resize filter's reach) into a
+    // zeroed frame; the resize runs over the frame as over a full decode,
+    // and the pixels it takes from the zeros are the ones cropped away.
+    RETURN_IF_ERROR(DecodeJpegWindow(data, 8, nx0, ny0, nx1 - nx0, ny1 - ny0,
+                                     true, &window));
+    return Transform(window, r, 0, options);
+  }
+  RETURN_IF_ERROR(DecodeJpegWindow(data, eighths, x0, y0, x1 - x0, y1 - y0,
+                                   false, &window));
   return Transform(window, r, first, options);
 }
 
@@ -427,13 +534,16 @@ void PngWarning(png_structp, png_const_charp) {}
 
 // Decodes a 16-bit PNG into `*pixels` (HWC, little-endian uint16). Plain C
 // data only between setjmp and the reads (a longjmp skips destructors).
-absl::Status ReadPng16(const Payload& data, std::shared_ptr<uint8_t>* pixels, int* width,
-                       int* height, int* channels) {
+absl::Status ReadPng16(const Payload& data, std::shared_ptr<uint8_t>* pixels,
+                       int* width, int* height, int* channels) {
   PngMemory memory{reinterpret_cast<const unsigned char*>(data.bytes.data()),
-                   data.bytes.size(), 0, {0}};
-  png_structp png =
-      png_create_read_struct(PNG_LIBPNG_VER_STRING, &memory, &PngError, &PngWarning);
-  if (png == nullptr) return absl::ResourceExhaustedError("png_create_read_struct");
+                   data.bytes.size(),
+                   0,
+                   {0}};
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &memory,
+                                           &PngError, &PngWarning);
+  if (png == nullptr)
+    return absl::ResourceExhaustedError("png_create_read_struct");
   png_infop info = png_create_info_struct(png);
   // Set after setjmp and freed on the error path: volatile.
   unsigned char* volatile buffer = nullptr;
@@ -442,26 +552,30 @@ absl::Status ReadPng16(const Payload& data, std::shared_ptr<uint8_t>* pixels, in
     std::free(rows);
     std::free(buffer);
     png_destroy_read_struct(&png, &info, nullptr);
-    return absl::InvalidArgumentError(absl::StrCat("undecodable PNG: ", memory.error));
+    return absl::InvalidArgumentError(
+        absl::StrCat("undecodable PNG: ", memory.error));
   }
   png_set_read_fn(png, &memory, &PngRead);
   png_read_info(png, info);
   png_set_tRNS_to_alpha(png);  // a transparent colour becomes an alpha channel
-  png_set_swap(png);           // PNG stores big-endian; tensors are little-endian
+  png_set_swap(png);  // PNG stores big-endian; tensors are little-endian
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
   const png_uint_32 w = png_get_image_width(png, info);
   const png_uint_32 h = png_get_image_height(png, info);
   const int c = png_get_channels(png, info);
   const size_t row_bytes = png_get_rowbytes(png, info);
-  if (png_get_bit_depth(png, info) != 16 || row_bytes != static_cast<size_t>(w) * c * 2) {
+  if (png_get_bit_depth(png, info) != 16 ||
+      row_bytes != static_cast<size_t>(w) * c * 2) {
     png_error(png, "unexpected 16-bit layout");
   }
   if (static_cast<uint64_t>(row_bytes) * h > (uint64_t{1} << 30)) {
     png_error(png, "image larger than 1 GiB decoded");
   }
-  buffer = static_cast<unsigned char*>(std::malloc(std::max<size_t>(row_bytes * h, 1)));
-  rows = static_cast<png_bytep*>(std::malloc(sizeof(png_bytep) * std::max<png_uint_32>(h, 1)));
+  buffer = static_cast<unsigned char*>(
+      std::malloc(std::max<size_t>(row_bytes * h, 1)));
+  rows = static_cast<png_bytep*>(
+      std::malloc(sizeof(png_bytep) * std::max<png_uint_32>(h, 1)));
   if (buffer == nullptr || rows == nullptr) png_error(png, "out of memory");
   for (png_uint_32 y = 0; y < h; ++y) rows[y] = buffer + y * row_bytes;
   png_read_image(png, rows);
@@ -487,7 +601,8 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     return absl::InvalidArgumentError(
         absl::StrCat("undecodable PNG: ", message));
   }
-  if (absl::Status big = CheckPixels("PNG", image.width, image.height, options); !big.ok()) {
+  if (absl::Status big = CheckPixels("PNG", image.width, image.height, options);
+      !big.ok()) {
     png_image_free(&image);
     return big;
   }
@@ -510,7 +625,8 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     return Transform(image, r, 0, options);
   }
   image.format &= (PNG_FORMAT_FLAG_COLOR | PNG_FORMAT_FLAG_ALPHA);
-  const int channels = static_cast<int>(PNG_IMAGE_SAMPLE_CHANNELS(image.format));
+  const int channels =
+      static_cast<int>(PNG_IMAGE_SAMPLE_CHANNELS(image.format));
   const int width = static_cast<int>(image.width);
   const int height = static_cast<int>(image.height);
   auto pixels = AllocateBytes(PNG_IMAGE_SIZE(image));
@@ -651,10 +767,12 @@ absl::StatusOr<DecodedField> DecodeNpy(const Payload& data) {
 absl::StatusOr<ImageSize> ReadImageSize(Codec codec, const Payload& data) {
   if (codec == Codec::kJpeg) {
     tjhandle handle = ThreadJpegHandle();
-    if (handle == nullptr) return absl::InternalError("tjInitDecompress failed");
+    if (handle == nullptr)
+      return absl::InternalError("tjInitDecompress failed");
     int width = 0, height = 0, subsamp = 0, colorspace = 0;
-    if (tjDecompressHeader3(handle, reinterpret_cast<const unsigned char*>(data.bytes.data()),
-                            data.bytes.size(), &width, &height, &subsamp, &colorspace) != 0) {
+    if (tjDecompressHeader3(
+            handle, reinterpret_cast<const unsigned char*>(data.bytes.data()),
+            data.bytes.size(), &width, &height, &subsamp, &colorspace) != 0) {
       return JpegError(handle, "header");
     }
     return ImageSize{width, height};
@@ -663,13 +781,16 @@ absl::StatusOr<ImageSize> ReadImageSize(Codec codec, const Payload& data) {
     png_image image;
     std::memset(&image, 0, sizeof(image));
     image.version = PNG_IMAGE_VERSION;
-    if (!png_image_begin_read_from_memory(&image, data.bytes.data(), data.bytes.size())) {
+    if (!png_image_begin_read_from_memory(&image, data.bytes.data(),
+                                          data.bytes.size())) {
       std::string message = image.message;
       png_image_free(&image);
-      return absl::InvalidArgumentError(absl::StrCat("undecodable PNG: ", message));
+      return absl::InvalidArgumentError(
+          absl::StrCat("undecodable PNG: ", message));
     }
     png_image_free(&image);
-    return ImageSize{static_cast<int>(image.width), static_cast<int>(image.height)};
+    return ImageSize{static_cast<int>(image.width),
+                     static_cast<int>(image.height)};
   }
   return absl::InvalidArgumentError("not an image");
 }
@@ -688,8 +809,8 @@ absl::StatusOr<DecodedField> DecodeField(Codec codec, const Payload& data,
       field.kind = DecodedField::Kind::kInt;
       absl::string_view text = absl::StripAsciiWhitespace(data.bytes);
       if (!absl::SimpleAtoi(text, &field.int_value)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "not an integer: \"", text.substr(0, 32), "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("not an integer: \"", text.substr(0, 32), "\""));
       }
       return field;
     }

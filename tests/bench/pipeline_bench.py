@@ -22,6 +22,7 @@ import io
 import json
 import os
 import resource
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -193,20 +194,26 @@ def main():
                                       TV.PILToTensor()])),
             }
             pids = [coordinator.proc.pid, data.proc.pid]
+            opened = []
             for name, (sluice_tf, tv_tf) in pipelines.items():
                 if args.transform and name not in args.transform:
                     continue
-                job = f"bench-{name}"
-                out = __import__("subprocess").run(
-                    [os.path.join(args.bin_dir, "sluicectl"), "job", "create",
-                     f"--coordinator={coordinator.address}", f"--name={job}",
-                     f"--manifest={manifest}", "--epochs=1000", "--lease_ttl=30s"],
-                    capture_output=True, text=True)
-                assert out.returncode == 0, out.stderr
+                jobs = iter(range(1000))
 
-                def sluice_loader(job=job, tf=sluice_tf):
+                def sluice_loader(name=name, tf=sluice_tf):
+                    # A job per measurement: a reader left from the last one
+                    # would hold leases, and epochs only end when every
+                    # lease is done.
+                    job = f"bench-{name}-{next(jobs)}"
+                    out = subprocess.run(
+                        [os.path.join(args.bin_dir, "sluicectl"), "job", "create",
+                         f"--coordinator={coordinator.address}", f"--name={job}",
+                         f"--manifest={manifest}", "--epochs=1000"],
+                        capture_output=True, text=True)
+                    assert out.returncode == 0, out.stderr
                     ds = ShardLeaseDataset(coordinator=coordinator.address, job=job,
                                            transform=tf, fields=("jpg", "cls"))
+                    opened.append(ds)
 
                     class Batches(IterableDataset):
                         def __iter__(self):
@@ -230,6 +237,8 @@ def main():
                         if args.pipeline and which not in args.pipeline:
                             continue
                         rate, cpu, per = measure(fn, args.samples, pids)
+                        while opened:
+                            opened.pop().close()
                         print(f"{name:5s} {which:8s} {rate:7.1f} samples/s "
                               f"{cpu:5.2f} CPU-s per 1,000 samples {per}", file=sys.stderr)
                         if rate > best[which][0]:
