@@ -38,6 +38,12 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
                          .Help("ReadSamples streams in progress.")
                          .Register(r)
                          .Add({})),
+      decode_memory_bytes(prometheus::BuildGauge()
+                              .Name("sluice_dataserver_decode_memory_bytes")
+                              .Help("Estimated bytes of the samples being decoded, across "
+                                    "streams (bounded by --max_decode_memory).")
+                              .Register(r)
+                              .Add({})),
       index_cache_hits(Counters(r, "sluice_dataserver_index_cache_hits_total",
                                 "Shard index lookups served from the cache.")
                            .Add({})),

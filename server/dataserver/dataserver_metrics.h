@@ -35,6 +35,8 @@ class DataServerMetrics {
   prometheus::Counter& images_transformed;
   prometheus::Counter& bytes_served;
   prometheus::Gauge& active_streams;
+  // Estimated bytes of samples being decoded (--max_decode_memory).
+  prometheus::Gauge& decode_memory_bytes;
   prometheus::Counter& index_cache_hits;
   prometheus::Counter& index_cache_misses;
   // Streams ended because their shard was truncated or rewritten in place.

@@ -38,7 +38,37 @@ struct SampleStream::Slot {
   RawSample raw;
   absl::StatusOr<OutSample> out = absl::UnknownError("not decoded");
   bool done = false;
+  // Decode memory granted for this sample; given back when the slot goes
+  // (framed, or its stream cancelled).
+  DecodeMemoryBudget* budget = nullptr;
+  int64_t reserved = 0;
+  ~Slot() {
+    if (budget != nullptr) budget->Release(reserved);
+  }
 };
+
+namespace {
+
+// What decoding `raw` may allocate at once: an image's full-size pixels
+// and the buffers its transforms work in, an npy's array.
+int64_t EstimateDecodeBytes(const RawSample& raw) {
+  int64_t total = 0;
+  for (const RawField& f : raw.fields) {
+    const Codec codec = CodecForField(f.name);
+    if (codec == Codec::kJpeg || codec == Codec::kPng) {
+      absl::StatusOr<ImageSize> size = ReadImageSize(codec, f.data);
+      if (size.ok()) {
+        // RGB(A), up to 16 bits, twice (decoded + resampled planes).
+        total += int64_t{size->width} * size->height * (codec == Codec::kJpeg ? 3 : 8) * 2;
+      }
+    } else if (codec == Codec::kNpy) {
+      total += static_cast<int64_t>(f.data.bytes.size()) * 2;
+    }
+  }
+  return total;
+}
+
+}  // namespace
 
 SampleStream::SampleStream(DataServerService* service, Params params)
     : service_(service),
@@ -334,13 +364,24 @@ void SampleStream::Produce() {
     }
     slots.push_back(std::move(slot));
   }
+  // Estimated before the slots are shared with the decoding tasks.
+  std::vector<int64_t> estimates;
+  estimates.reserve(to_decode.size());
+  for (const auto& s : to_decode) estimates.push_back(EstimateDecodeBytes(s->raw));
   // Into the window first, so that a finished decode finds its slot there.
   if (!Append(std::move(slots), failed || next_ >= params_.end)) return;
-  for (auto& s : to_decode) {
-    service_->pool().Schedule([self = shared_from_this(), s] {
-      // A decode still queued when the client went away is not run.
-      if (!self->IsCancelled()) self->DecodeSample(*s);
-      self->Done(s);
+  // Each decode waits for its memory (granted in the order asked, across
+  // streams), then goes to the pool.
+  for (size_t i = 0; i < to_decode.size(); ++i) {
+    std::shared_ptr<Slot>& s = to_decode[i];
+    s->budget = &service_->decode_budget();
+    s->reserved = estimates[i];
+    service_->decode_budget().Reserve(estimates[i], [self = shared_from_this(), s] {
+      self->service_->pool().Schedule([self, s] {
+        // A decode still queued when the client went away is not run.
+        if (!self->IsCancelled()) self->DecodeSample(*s);
+        self->Done(s);
+      });
     });
   }
 }
@@ -372,6 +413,10 @@ bool SampleStream::Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end)
 void SampleStream::Done(const std::shared_ptr<Slot>& slot) {
   NextCallback waiter;
   NextResult result;
+  if (service_->metrics() != nullptr) {
+    service_->metrics()->decode_memory_bytes.Set(
+        static_cast<double>(service_->decode_budget().in_use()));
+  }
   {
     absl::MutexLock lock(&mu_);
     slot->done = true;
@@ -523,6 +568,7 @@ absl::StatusOr<std::unique_ptr<DataServerService>> DataServerService::Create(
 DataServerService::DataServerService(DataServerOptions options)
     : options_(std::move(options)),
       index_cache_(options_.index_cache_entries),
+      decode_budget_(options_.max_decode_memory),
       pool_(options_.decode_threads) {}
 
 std::shared_ptr<const ShardIndex> DataServerService::GetIndex(

@@ -37,6 +37,7 @@
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/sample_encoder.h"
+#include "server/dataserver/decode_budget.h"
 #include "server/dataserver/image_transforms.h"
 #include "server/dataserver/sample_index.h"
 #include "server/dataserver/shard_store.h"
@@ -67,6 +68,9 @@ struct DataServerOptions {
   // instead of a buffer held per reader (uncompressed members are served
   // from the mapping and need no cap).
   int64_t max_sample_bytes = kDefaultMaxSampleBytes;
+  // Estimated memory of the samples being decoded, across all streams
+  // (decode_budget.h); <= 0 = no bound.
+  int64_t max_decode_memory = int64_t{1} << 30;
   DataServerMetrics* metrics = nullptr;  // may be null
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard).
@@ -207,6 +211,7 @@ class DataServerService {
   uint64_t max_fence_seen() const;
 
   ThreadPool& pool() { return pool_; }
+  DecodeMemoryBudget& decode_budget() { return decode_budget_; }
   DataServerMetrics* metrics() { return options_.metrics; }
   const DataServerOptions& options() const { return options_; }
 
@@ -221,6 +226,7 @@ class DataServerService {
 
   DataServerOptions options_;
   SampleIndexCache index_cache_;
+  DecodeMemoryBudget decode_budget_;
   ThreadPool pool_;
 
   mutable absl::Mutex mu_;

@@ -77,6 +77,11 @@ ABSL_FLAG(int64_t, max_sample_bytes, sluice::dataserver::kDefaultMaxSampleBytes,
           "A member of a compressed (.tar.gz ...) shard larger than this makes its sample "
           "corrupt (skipped or DATA_LOSS per on_corrupt) instead of being decompressed into "
           "memory. Uncompressed shards are served from their mapping.");
+ABSL_FLAG(int64_t, max_decode_memory, int64_t{1} << 30,
+          "Bytes the samples being decoded may hold at once, across all streams (estimated "
+          "from each image's header: its full-size pixels and the resampling buffers); a "
+          "sample waits for room before it is decoded, in the order samples were read. One "
+          "sample larger than this still decodes, alone. 0 = no bound.");
 ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
           "Upper bound on a request's max_batch_bytes (clients must accept "
           "messages this big).");
@@ -180,6 +185,7 @@ class DataServerServices : public sluice::ServiceSet {
     options.max_image_pixels = absl::GetFlag(FLAGS_max_image_pixels);
     options.lease_clock_skew = absl::GetFlag(FLAGS_lease_clock_skew);
     options.max_sample_bytes = absl::GetFlag(FLAGS_max_sample_bytes);
+    options.max_decode_memory = absl::GetFlag(FLAGS_max_decode_memory);
     if (options.default_batch_bytes <= 0 || options.max_batch_bytes <= 0) {
       return absl::InvalidArgumentError(
           "--default_batch_bytes and --max_batch_bytes must be positive");

@@ -640,3 +640,54 @@ TEST_F(DataServerServiceTest, IndexShardIsCached) {
 
 }  // namespace
 }  // namespace sluice::dataserver
+
+namespace sluice::dataserver {
+namespace {
+
+// Many streams decoding large images at once stay within
+// --max_decode_memory: samples wait for room (in order) instead of all
+// allocating together, and every sample is still delivered.
+TEST(DecodeMemoryTest, ConcurrentStreamsStayWithinTheBudget) {
+  testing::TempDir dir;
+  const std::string png = testing::EncodePng(testing::TestPixels(512, 512, 3), 512, 512, 3);
+  testing::TarWriter tar;
+  for (int i = 0; i < 5; ++i) tar.File(absl::StrCat("s", i, ".png"), png);
+  testing::WriteFile(dir.File("big.tar"), tar.Finish());
+  auto local = LocalShardStore::Create({dir.path()});
+  ASSERT_OK(local.status());
+  DataServerOptions options;
+  options.store = *std::move(local);
+  options.decode_threads = 4;
+  // One sample is estimated at 512 x 512 x 8 x 2 = 4 MiB: two fit.
+  options.max_decode_memory = 10 << 20;
+  auto service = DataServerService::Create(std::move(options));
+  ASSERT_OK(service.status());
+  std::vector<std::thread> readers;
+  std::atomic<int> delivered{0};
+  for (int r = 0; r < 6; ++r) {
+    readers.emplace_back([&, r] {
+      v1::ReadRequest request;
+      request.mutable_lease()->set_lease_id(absl::StrCat("j/e0/u", r, "/f1"));
+      request.mutable_lease()->set_job("j");
+      request.mutable_lease()->mutable_unit()->set_shard_url(dir.File("big.tar"));
+      request.mutable_lease()->mutable_unit()->set_end(5);
+      request.mutable_decode()->set_decode(true);
+      auto stream = (*service)->ReadSamples(request);
+      ASSERT_OK(stream.status());
+      auto batches = ReadAll(**stream);
+      ASSERT_OK(batches.status());
+      for (const v1::Sample& s : Samples(*batches)) {
+        EXPECT_EQ(s.fields(0).tensor().data().size(), 512u * 512 * 3);
+        ++delivered;
+      }
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(delivered.load(), 30);
+  EXPECT_LE((*service)->decode_budget().peak(), 10 << 20);
+  EXPECT_GT((*service)->decode_budget().waits(), 0);
+  EXPECT_EQ((*service)->decode_budget().in_use(), 0);
+}
+
+}  // namespace
+}  // namespace sluice::dataserver
