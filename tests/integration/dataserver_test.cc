@@ -92,6 +92,46 @@ TEST_F(DataServerBinaryTest, StreamsRawAndDecodedSamples) {
   EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_decode_seconds_count{codec=\"jpeg\"} 5"));
 }
 
+// The transforms through the real binary: RandomResizedCrop + flip to a
+// CHW float16 tensor, counted in the transform metrics; a malformed spec is
+// INVALID_ARGUMENT naming the field.
+TEST_F(DataServerBinaryTest, TransformsShapeTheOutputAndBadSpecsNameTheField) {
+  auto request = Request(shard_, 0, 4);
+  v1::DecodeSpec* spec = request.mutable_decode();
+  spec->set_decode(true);
+  auto* crop = spec->add_transforms()->mutable_random_resized_crop();
+  crop->set_height(16);
+  crop->set_width(20);
+  spec->add_transforms()->mutable_horizontal_flip()->set_p(0.5f);
+  spec->set_layout(v1::IMAGE_LAYOUT_CHW);
+  spec->mutable_to_float()->set_enabled(true);
+  spec->mutable_to_float()->set_half(true);
+  std::vector<v1::Sample> decoded;
+  grpc::Status status = Read(request, &decoded);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(decoded.size(), 4u);
+  for (const v1::Sample& s : decoded) {
+    EXPECT_EQ(s.fields(0).tensor().dtype(), v1::DTYPE_FLOAT16);
+    EXPECT_THAT(s.fields(0).tensor().shape(), ElementsAre(3, 16, 20));
+    EXPECT_EQ(s.fields(0).tensor().data().size(), 3u * 16 * 20 * 2);
+  }
+  auto metrics = testing::HttpGet("http://" + server_.metrics_address + "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_images_transformed_total 4"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("sluice_dataserver_transform_seconds_count{op=\"resize\"} 4"));
+
+  crop->set_scale_min(0.9f);
+  crop->set_scale_max(0.5f);
+  std::vector<v1::Sample> none;
+  status = Read(request, &none);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("decode.transforms[0].random_resized_crop.scale_min (0.9) is greater "
+                        "than scale_max (0.5)"));
+  EXPECT_TRUE(none.empty());
+}
+
 TEST_F(DataServerBinaryTest, ErrorsCarryTheRightCodes) {
   std::vector<v1::Sample> out;
   grpc::Status s = Read(Request(dir_.File("shards/../secret.tar"), 0, 1), &out);
