@@ -149,6 +149,34 @@ class SessionReactor : public grpc::ServerBidiReactor<TrainerMessage, Coordinato
 
 }  // namespace
 
+namespace {
+
+// True when `got` equals `want`, compared in time independent of where the
+// strings differ.
+bool ConstantTimeEquals(absl::string_view got, absl::string_view want) {
+  unsigned char diff = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got[i] : 0));
+  }
+  return diff == 0;
+}
+
+// The client certificate's common name and subject alternative names, when
+// the call came over mutual TLS.
+std::vector<std::string> PeerIdentities(const grpc::CallbackServerContext* ctx) {
+  std::vector<std::string> names;
+  std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
+  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+    for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
+      names.emplace_back(value.data(), value.size());
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
 // One data server's registration stream: Register, then heartbeats in;
 // DataServerRegistered, then prefetch hints out (through Sink, queued). The
 // server is dropped from routing when the stream ends.
@@ -167,8 +195,12 @@ class RegistrationReactor
     QueuedWriter<RegistrationReactor, v1::CoordinatorToDataServer> writer_;
   };
 
-  RegistrationReactor(CoordinatorService* service, GrpcCoordinatorService* owner)
-      : service_(service), owner_(owner), sink_(std::make_shared<Sink>(this)) {
+  RegistrationReactor(CoordinatorService* service, GrpcCoordinatorService* owner,
+                      absl::Status allowed)
+      : service_(service),
+        owner_(owner),
+        sink_(std::make_shared<Sink>(this)),
+        allowed_(std::move(allowed)) {
     StartRead(&in_);
   }
 
@@ -179,6 +211,10 @@ class RegistrationReactor
       return;
     }
     if (in_.has_register_()) {
+      if (!allowed_.ok()) {
+        sink_->Finish(allowed_);
+        return;
+      }
       if (absl::Status allowed = service_->CheckRegistration(in_.register_()); !allowed.ok()) {
         sink_->Finish(allowed);
         return;
@@ -217,6 +253,9 @@ class RegistrationReactor
   GrpcCoordinatorService* const owner_;
   std::shared_ptr<Sink> sink_;
   v1::DataServerMessage in_;
+  // Not OK: the stream may not register (its certificate is not a data
+  // server's); said when it tries.
+  const absl::Status allowed_;
   int64_t id_ = 0;
 };
 
@@ -307,9 +346,9 @@ class OnceReactor : public grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResp
 };
 
 GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service,
-                                               AdminPolicy admin)
+                                               AccessPolicy access)
     : service_(service),
-      admin_(std::move(admin)),
+      admin_(std::move(access)),
       once_barrier_([service] {
         OnceBarrier::Options o;
         o.heartbeat_interval = service->data_server_timeout() / 3;
@@ -380,8 +419,23 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::Barrier(grpc::CallbackServerCo
 }
 
 grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*
-GrpcCoordinatorService::RegisterDataServer(grpc::CallbackServerContext*) {
-  auto* reactor = new RegistrationReactor(service_, this);
+GrpcCoordinatorService::RegisterDataServer(grpc::CallbackServerContext* ctx) {
+  absl::Status allowed;
+  if (!admin_.data_server_identities.empty()) {
+    const std::vector<std::string> peer = PeerIdentities(ctx);
+    bool listed = false;
+    for (const std::string& name : peer) {
+      for (const std::string& want : admin_.data_server_identities) listed |= name == want;
+    }
+    if (!listed) {
+      allowed = absl::PermissionDeniedError(absl::StrCat(
+          "RegisterDataServer: ",
+          peer.empty() ? std::string("the call carries no client certificate")
+                       : absl::StrCat("client certificate ", QuotePrefix(peer.front())),
+          peer.empty() ? "" : " is not a data server identity", " (--data_server_identities)"));
+    }
+  }
+  auto* reactor = new RegistrationReactor(service_, this, std::move(allowed));
   absl::MutexLock lock(&mu_);
   registrations_.insert(reactor);
   return reactor;
@@ -391,34 +445,6 @@ void GrpcCoordinatorService::ForgetRegistration(RegistrationReactor* reactor) {
   absl::MutexLock lock(&mu_);
   registrations_.erase(reactor);
 }
-
-namespace {
-
-// True when `got` equals `want`, compared in time independent of where the
-// strings differ.
-bool ConstantTimeEquals(absl::string_view got, absl::string_view want) {
-  unsigned char diff = got.size() == want.size() ? 0 : 1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got[i] : 0));
-  }
-  return diff == 0;
-}
-
-// The client certificate's common name and subject alternative names, when
-// the call came over mutual TLS.
-std::vector<std::string> PeerIdentities(const grpc::CallbackServerContext* ctx) {
-  std::vector<std::string> names;
-  std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
-  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
-    for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
-      names.emplace_back(value.data(), value.size());
-    }
-  }
-  return names;
-}
-
-}  // namespace
 
 absl::Status GrpcCoordinatorService::AuthorizeAdmin(const grpc::CallbackServerContext* ctx,
                                                     absl::string_view what) const {

@@ -20,9 +20,9 @@ namespace sluice {
 
 class RegistrationReactor;
 
-// Who may call CreateJob and DeleteJob. Every other RPC is a trainer's or a
-// data server's and is not checked here.
-struct AdminPolicy {
+// Who may call CreateJob and DeleteJob, and RegisterDataServer. Trainers'
+// RPCs are not checked here.
+struct AccessPolicy {
   // False: anyone who reaches the port administers (the plaintext demo).
   bool enforce = false;
   // Non-empty: a call with the metadata "authorization: Bearer <token>" is
@@ -31,15 +31,21 @@ struct AdminPolicy {
   // A call over mutual TLS whose client certificate's common name or a
   // subject alternative name is in this list is an operator's.
   std::vector<std::string> identities;
+  // Non-empty: RegisterDataServer only over mutual TLS with a client
+  // certificate named here (PERMISSION_DENIED otherwise), in addition to
+  // the lease secret's credential when a secret is set.
+  std::vector<std::string> data_server_identities;
 };
 
 class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // With `admin.enforce`, CreateJob and DeleteJob need an operator's
-  // credential (see AdminPolicy): UNAUTHENTICATED without any,
+  // With `access.enforce`, CreateJob and DeleteJob need an operator's
+  // credential (see AccessPolicy): UNAUTHENTICATED without any,
   // PERMISSION_DENIED with one that is not an operator's; with nothing
   // configured to accept, they are PERMISSION_DENIED for everyone.
-  explicit GrpcCoordinatorService(CoordinatorService* service, AdminPolicy admin = {});
+  explicit GrpcCoordinatorService(CoordinatorService* service, AccessPolicy access = {});
+
+  const AccessPolicy& access() const { return admin_; }
   ~GrpcCoordinatorService() override;
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
@@ -77,7 +83,7 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
                               absl::string_view what) const;
 
   CoordinatorService* const service_;
-  const AdminPolicy admin_;
+  const AccessPolicy admin_;
   OnceBarrier once_barrier_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -7,6 +7,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/server_host.h"
@@ -47,6 +48,11 @@ ABSL_FLAG(std::vector<std::string>, admin_identities, {},
           "Client-certificate names (common name or subject alternative name, "
           "comma-separated) whose mutual-TLS calls may CreateJob and DeleteJob. Needs "
           "--tls_client_ca.");
+ABSL_FLAG(std::vector<std::string>, data_server_identities, {},
+          "Client-certificate names (common name or subject alternative name, "
+          "comma-separated) that may RegisterDataServer over mutual TLS; others are refused "
+          "(PERMISSION_DENIED). Empty = any client the TLS settings admit (with a lease "
+          "secret, only those holding it). Needs --tls_client_ca.");
 ABSL_FLAG(bool, allow_unauthenticated_admin, false,
           "Let anyone who reaches the port create and delete jobs even though TLS or a lease "
           "secret is configured. Without TLS and a lease secret this is always so.");
@@ -66,15 +72,20 @@ namespace {
 
 // Operators are checked whenever the deployment is secured at all (TLS or a
 // lease secret): a secured cluster whose jobs anyone can delete is not.
-absl::StatusOr<sluice::AdminPolicy> AdminPolicyFromFlags(bool has_lease_secret) {
-  sluice::AdminPolicy admin;
+absl::StatusOr<sluice::AccessPolicy> AccessPolicyFromFlags(bool has_lease_secret) {
+  sluice::AccessPolicy admin;
   ASSIGN_OR_RETURN(admin.token, sluice::ReadSecretFile(absl::GetFlag(FLAGS_admin_token_file),
                                                        "admin_token_file"));
   admin.identities = absl::GetFlag(FLAGS_admin_identities);
-  if (!admin.identities.empty() && absl::GetFlag(FLAGS_tls_client_ca).empty()) {
-    return absl::InvalidArgumentError(
-        "--admin_identities needs --tls_client_ca: without mutual TLS no call carries a "
-        "client certificate");
+  admin.data_server_identities = absl::GetFlag(FLAGS_data_server_identities);
+  for (const char* flag : {"admin_identities", "data_server_identities"}) {
+    const bool set = std::string(flag) == "admin_identities" ? !admin.identities.empty()
+                                                             : !admin.data_server_identities.empty();
+    if (set && absl::GetFlag(FLAGS_tls_client_ca).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " needs --tls_client_ca: without mutual TLS no call carries a "
+          "client certificate"));
+    }
   }
   const bool secured = has_lease_secret || !absl::GetFlag(FLAGS_tls_cert).empty();
   const bool configured = !admin.token.empty() || !admin.identities.empty();
@@ -132,7 +143,7 @@ class CoordinatorServices : public sluice::ServiceSet {
           "tell a granted lease from a forged one");
     }
     ASSIGN_OR_RETURN(services->logic_, sluice::CoordinatorService::Create(options));
-    ASSIGN_OR_RETURN(sluice::AdminPolicy admin, AdminPolicyFromFlags(!options.lease_secret.empty()));
+    ASSIGN_OR_RETURN(sluice::AccessPolicy admin, AccessPolicyFromFlags(!options.lease_secret.empty()));
     services->grpc_ =
         std::make_unique<sluice::GrpcCoordinatorService>(services->logic_.get(), std::move(admin));
     return services;

@@ -83,7 +83,8 @@ void CoordinatorRegistration::Run() {
       hello.mutable_register_()->set_max_fence_seen(options_.max_fence_seen());
     }
     v1::CoordinatorToDataServer reply;
-    bool registered = stream->Write(hello) && stream->Read(&reply) && reply.has_registered();
+    const bool replied = stream->Write(hello) && stream->Read(&reply);
+    const bool registered = replied && reply.has_registered();
     if (registered) {
       int count;
       {
@@ -122,8 +123,11 @@ void CoordinatorRegistration::Run() {
       reader.join();
       absl::MutexLock lock(&mu_);
       stream_broken_ = false;
+    } else if (replied) {
+      context.TryCancel();  // an answer that is not a registration: end the stream
     }
-    context.TryCancel();
+    // A refused registration was ended by the coordinator: its status says
+    // why (a missing credential, a certificate that is not a data server's).
     grpc::Status status = stream->Finish();
     {
       absl::MutexLock lock(&mu_);

@@ -114,7 +114,7 @@ class Cluster:
         self.total = shards * per_shard
         # With `pki`: both servers listen with TLS and demand client
         # certificates; data servers register with the client certificate,
-        # which is also the operator's (CN=client); CN=trainer is not.
+        # which is also the operator's (CN=client); CN=trainer is neither.
         self.pki = pki
         server_tls = ([f"--tls_cert={pki['server.crt']}", f"--tls_key={pki['server.key']}",
                        f"--tls_client_ca={pki['ca.crt']}"] if pki else [])
@@ -138,7 +138,7 @@ class Cluster:
             self.admin_token = [f"--admin_token_file={token}"]
             with open(token) as f:
                 self.admin_metadata = (("authorization", "Bearer " + f.read()),)
-        admin = ["--admin_identities=client"] if pki else []
+        admin = ["--admin_identities=client", "--data_server_identities=client"] if pki else []
         self.coordinator_flags = [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
                                   "--heartbeat_interval=200ms", *server_tls, *secret,
                                   *self.admin_token, *admin]

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 import sluice
 from sluice.torch import ShardLeaseDataset
 
-from conftest import BIN, Cluster, make_pki
+from conftest import BIN, Cluster, Server, _wait_for, make_pki
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +99,19 @@ def test_a_trainer_certificate_reads_but_cannot_administer(tls_cluster):
         assert 'client certificate "trainer" is not an operator identity' in out.stderr
     out = subprocess.run(ctl[:1] + ["job", "list"] + ctl[1:], capture_output=True, text=True)
     assert out.returncode == 0 and "tls-guarded" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_trainer_certificate_cannot_register_a_data_server(tls_cluster):
+    pki = tls_cluster.pki
+    rogue = Server("sluice-dataserver", os.path.join(tls_cluster.tmp, "rogue"), [
+        f"--roots={os.path.join(tls_cluster.tmp, 'shards')}",
+        f"--coordinator={tls_cluster.address}", f"--tls_cert={pki['server.crt']}",
+        f"--tls_key={pki['server.key']}", f"--coordinator_ca={pki['ca.crt']}",
+        f"--coordinator_cert={pki['trainer.crt']}", f"--coordinator_key={pki['trainer.key']}"])
+    try:
+        log = os.path.join(tls_cluster.tmp, "rogue", "sluice-dataserver.log")
+        _wait_for(lambda: "is not a data server identity" in open(log).read(), 30,
+                  "the registration to be refused")
+        assert "sluice_coordinator_data_servers 1\n" in tls_cluster.coordinator.metric_text()
+    finally:
+        rogue.stop()
