@@ -310,3 +310,33 @@ def test_sluicectl_read_takes_a_decode_spec(images):
     bad = subprocess.run(ctl + ["--decode_spec=transforms { no_such_op {} }"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "--decode_spec" in bad.stderr
+
+
+def test_a_unit_resumed_mid_way_on_another_data_server_gets_the_same_pixels(images):
+    # A re-route reads the rest of a unit from another data server with
+    # ReadRequest.start: the samples after it must come out as the first
+    # server would have made them.
+    import grpc
+    from sluice.v1 import common_pb2, dataserver_pb2
+
+    url = images.photo_urls[0][0]
+    spec = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip()]).decode_spec()
+
+    def read(address, start, epoch=0):
+        lease = common_pb2.Lease(lease_id=f"tf/e{epoch}/s{start}", job="tf", epoch=epoch,
+                                 augment_seed=21, fence=1,
+                                 unit=common_pb2.WorkUnit(shard_index=0, shard_url=url, begin=0,
+                                                          end=12))
+        with grpc.insecure_channel(address) as channel:
+            call = channel.unary_stream("/sluice.v1.DataServer/ReadSamples",
+                                        request_serializer=dataserver_pb2.ReadRequest.SerializeToString,
+                                        response_deserializer=dataserver_pb2.SampleBatch.FromString)
+            request = dataserver_pb2.ReadRequest(lease=lease, start=start, decode=spec)
+            return {s.index: s.fields[0].tensor.data for b in call(request, timeout=30)
+                    for s in b.samples}
+    whole = read(images.data[0].address, 0)
+    rest = read(images.data[1].address, 5)
+    assert sorted(whole) == list(range(12)) and sorted(rest) == list(range(5, 12))
+    assert all(rest[i] == whole[i] for i in range(5, 12))
+    other_epoch = read(images.data[1].address, 5, epoch=1)
+    assert sum(other_epoch[i] == whole[i] for i in range(5, 12)) <= 1
