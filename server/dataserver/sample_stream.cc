@@ -1,0 +1,568 @@
+#include "server/dataserver/sample_stream.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/logging.h"
+#include "server/common/status_macros.h"
+#include "server/dataserver/dataserver_service.h"
+
+namespace sluice::dataserver {
+namespace {
+
+// Samples read per produce step at most (bounds the work of one step when
+// samples are tiny).
+constexpr size_t kMaxSamplesPerStep = 1024;
+
+CorruptReason Classify(const std::string& reason) {
+  if (absl::StrContains(reason, "duplicate field")) {
+    return CorruptReason::kDuplicateField;
+  }
+  if (absl::StrContains(reason, "unreadable after"))
+    return CorruptReason::kLost;
+  return CorruptReason::kDamagedTar;
+}
+
+}  // namespace
+
+// One sample on its way through the window. `out` is written by the one
+// task that produces it, before `done` is set under the stream's mu_.
+struct SampleStream::Slot {
+  RawSample raw;
+  absl::StatusOr<OutSample> out = absl::UnknownError("not decoded");
+  bool done = false;
+  // Decode memory granted for this sample; given back when the slot goes
+  // (framed, or its stream cancelled).
+  DecodeMemoryBudget* budget = nullptr;
+  int64_t reserved = 0;
+  ~Slot() {
+    if (budget != nullptr) budget->Release(reserved);
+  }
+};
+
+namespace {
+
+// What decoding `raw` may allocate at once: an image's full-size pixels
+// and the buffers its transforms work in, an npy's array.
+int64_t EstimateDecodeBytes(const RawSample& raw) {
+  int64_t total = 0;
+  for (const RawField& f : raw.fields) {
+    const Codec codec = CodecForField(f.name);
+    if (codec == Codec::kJpeg || codec == Codec::kPng) {
+      absl::StatusOr<ImageSize> size = ReadImageSize(codec, f.data);
+      if (size.ok()) {
+        // RGB(A), up to 16 bits, twice (decoded + resampled planes).
+        total += int64_t{size->width} * size->height *
+                 (codec == Codec::kJpeg ? 3 : 8) * 2;
+      }
+    } else if (codec == Codec::kNpy) {
+      total += static_cast<int64_t>(f.data.bytes.size()) * 2;
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+SampleStream::SampleStream(DataServerService* service, Params params)
+    : service_(service),
+      params_(std::move(params)),
+      encoder_(static_cast<size_t>(params_.batch_bytes)) {
+  next_ = params_.start;
+  shard_ = params_.shard;
+  {
+    absl::MutexLock lock(&service_->mu_);
+    ++service_->active_streams_;
+  }
+  if (service_->metrics() != nullptr)
+    service_->metrics()->active_streams.Increment();
+}
+
+SampleStream::~SampleStream() {
+  {
+    absl::MutexLock lock(&service_->mu_);
+    --service_->active_streams_;
+  }
+  if (service_->metrics() != nullptr)
+    service_->metrics()->active_streams.Decrement();
+}
+
+size_t SampleStream::WindowSamples() const {
+  return 4 * static_cast<size_t>(service_->pool().size());
+}
+
+SampleStream::NextResult SampleStream::PopReadyLocked() {
+  NextResult result = std::optional<EncodedMessage>(std::move(ready_.front()));
+  ready_.pop_front();
+  ready_bytes_ -= (*result)->size();
+  return result;
+}
+
+void SampleStream::PushReadyLocked(std::vector<EncodedMessage>& messages) {
+  for (EncodedMessage& m : messages) {
+    ready_bytes_ += m.size();
+    ready_.push_back(std::move(m));
+  }
+}
+
+void SampleStream::FlushLocked() {
+  std::vector<EncodedMessage> messages;
+  encoder_.Flush(&messages);
+  PushReadyLocked(messages);
+}
+
+void SampleStream::Next(NextCallback done) {
+  NextCallback waiter;
+  NextResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    // Answered now if it can be; otherwise by whoever frames the next
+    // message.
+    waiter_ = std::move(done);
+    waiter = TakeWaiterLocked(&result);
+    MaybeProduceLocked();
+  }
+  Deliver(std::move(waiter), std::move(result));
+}
+
+SampleStream::NextCallback SampleStream::TakeWaiterLocked(NextResult* result) {
+  if (!waiter_) return nullptr;
+  if (cancelled_) {
+    *result = absl::CancelledError("stream cancelled");
+  } else {
+    // The client waits: framed samples go now rather than when a message
+    // is full -- when decoding, once no decode of this stream is in flight
+    // (the samples still being decoded join the message): a message per
+    // sample would cost the client a wake-up per sample.
+    if (ready_.empty() && error_.ok() && (!params_.decode || window_.empty()))
+      FlushLocked();
+    // Only when there is an answer to give (one fstat, not one per call).
+    if (!ready_.empty() || !error_.ok() || finished_) CheckShardLocked();
+    if (!ready_.empty()) {
+      *result = PopReadyLocked();
+    } else if (!error_.ok()) {
+      *result = error_;
+    } else if (finished_) {
+      *result = std::optional<EncodedMessage>();
+    } else {
+      return nullptr;
+    }
+  }
+  NextCallback waiter = std::move(waiter_);
+  waiter_ = nullptr;
+  return waiter;
+}
+
+void SampleStream::CheckShardLocked() {
+  // Before anything read from the shard goes out (and before the stream's
+  // end or error): a file truncated or rewritten in place since it was
+  // opened fails the stream, replacing whatever error reading the changed
+  // bytes produced, and nothing framed is sent.
+  if (shard_ == nullptr || shard_changed_) return;
+  absl::Status intact = shard_->CheckIntact();
+  if (intact.ok()) return;
+  shard_changed_ = true;
+  error_ = absl::Status(intact.code(),
+                        absl::StrCat("lease \"", params_.lease.lease_id(),
+                                     "\": ", intact.message()));
+  ready_.clear();
+  ready_bytes_ = 0;
+  if (service_->metrics() != nullptr)
+    service_->metrics()->shards_changed.Increment();
+  LogWarning("%s", error_.message());
+}
+
+void SampleStream::Deliver(NextCallback callback, NextResult result) {
+  if (callback == nullptr) return;
+  if (result.ok() && result->has_value() && service_->metrics() != nullptr) {
+    service_->metrics()->samples_served.Increment(
+        static_cast<double>((*result)->num_samples()));
+    service_->metrics()->bytes_served.Increment(
+        static_cast<double>((*result)->size()));
+  }
+  callback(std::move(result));
+}
+
+void SampleStream::Cancel() {
+  NextCallback waiter;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    ready_.clear();
+    ready_bytes_ = 0;
+    waiter = std::move(waiter_);
+    waiter_ = nullptr;
+  }
+  if (waiter) waiter(absl::CancelledError("stream cancelled"));
+}
+
+size_t SampleStream::RoomLocked() const {
+  if (!params_.decode) {
+    return ready_.size() >= service_->options().prefetch_messages
+               ? 0
+               : kMaxSamplesPerStep;
+  }
+  // Framed and waiting: about as much as raw mode keeps ready.
+  const size_t framed = ready_bytes_ + encoder_.pending_bytes();
+  if (framed >= service_->options().prefetch_messages *
+                    static_cast<size_t>(params_.batch_bytes)) {
+    return 0;
+  }
+  return window_.size() >= WindowSamples() ? 0
+                                           : WindowSamples() - window_.size();
+}
+
+void SampleStream::MaybeProduceLocked() {
+  if (producing_ || read_all_ || cancelled_ || !error_.ok()) return;
+  if (RoomLocked() == 0) return;
+  producing_ = true;
+  service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
+}
+
+absl::Status SampleStream::OpenLocked() {
+  index_ = service_->GetIndex(shard_);
+  const int64_t count = index_->num_samples();
+  if (params_.end > count && index_->damage.empty()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("lease \"", params_.lease.lease_id(), "\": samples [",
+                     params_.lease.unit().begin(), ", ", params_.end,
+                     ") of shard \"", params_.lease.unit().shard_url(),
+                     "\" are beyond its ", count, " samples"));
+  }
+  if (next_ < count) {
+    ASSIGN_OR_RETURN(
+        reader_, TarSampleReader::Open(shard_, index_, next_,
+                                       service_->options().max_sample_bytes));
+  }
+  opened_ = true;
+  return absl::OkStatus();
+}
+
+void SampleStream::OnShard(
+    absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
+  if (!shard.ok()) {
+    Fail(shard.status());
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) {
+      producing_ = false;
+      return;
+    }
+    shard_ = *std::move(shard);
+  }
+  service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
+}
+
+absl::StatusOr<OutSample> SampleStream::Corrupt(int64_t index,
+                                                const std::string& key,
+                                                const std::string& reason,
+                                                CorruptReason kind) {
+  DataServerMetrics* metrics = service_->metrics();
+  if (metrics != nullptr) metrics->Corrupt(kind).Increment();
+  if (params_.policy == v1::CORRUPT_POLICY_FAIL) {
+    return absl::DataLossError(
+        absl::StrCat("sample ", index, " (\"", key, "\"): ", reason));
+  }
+  if (metrics != nullptr) metrics->Skipped(kind).Increment();
+  OutSample sample;
+  sample.key = key;
+  sample.index = index;
+  sample.skipped = true;
+  sample.skip_reason = reason;
+  return sample;
+}
+
+void SampleStream::Produce() {
+  size_t room;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) {
+      producing_ = false;
+      return;
+    }
+    room = RoomLocked();
+  }
+  if (!opened_ && shard_ == nullptr) {
+    // Production pauses (producing_ stays set) until the store has the
+    // shard; OnShard resumes it.
+    service_->options().store->OpenAsync(
+        params_.ref,
+        [self = shared_from_this()](
+            absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
+          self->OnShard(std::move(shard));
+        });
+    return;
+  }
+  if (!opened_) {
+    absl::Status opened = OpenLocked();
+    if (!opened.ok()) {
+      Fail(opened);
+      return;
+    }
+  }
+  const int64_t count = index_->num_samples();
+  int64_t budget = params_.batch_bytes;
+  std::vector<std::shared_ptr<Slot>> slots;
+  std::vector<std::shared_ptr<Slot>> to_decode;
+  bool failed = false;
+  // About one message's worth of shard bytes per step; decoding, also no
+  // more samples for the pool than the window has room for.
+  const size_t max_heavy = std::max<size_t>(room, 1);
+  size_t heavy_count = 0;
+  while (next_ < params_.end && slots.size() < kMaxSamplesPerStep &&
+         heavy_count < max_heavy) {
+    auto slot = std::make_shared<Slot>();
+    if (next_ >= count) {
+      // Past the damage that ended the shard's index: these samples are lost.
+      slot->out = Corrupt(next_, "", absl::StrCat("lost: ", index_->damage),
+                          CorruptReason::kLost);
+      slot->done = true;
+      slots.push_back(std::move(slot));
+      ++next_;
+      continue;
+    }
+    int64_t size = index_->samples[next_].bytes;
+    if (!slots.empty() && size > budget) break;
+    budget -= size;
+    auto sample = reader_->Next();
+    if (!sample.ok()) {
+      // Reading ends here, after the samples before it.
+      slot->out = sample.status();
+      slot->done = true;
+      slots.push_back(std::move(slot));
+      failed = true;
+      break;
+    }
+    if (!sample->has_value()) break;  // cannot happen while next_ < count
+    ++next_;
+    RawSample& raw = **sample;
+    if (!raw.corrupt.empty()) {
+      slot->out =
+          Corrupt(raw.index, raw.key, raw.corrupt, Classify(raw.corrupt));
+      slot->done = true;
+      slots.push_back(std::move(slot));
+      continue;
+    }
+    if (!params_.fields.empty()) {
+      std::vector<RawField> kept;
+      for (RawField& f : raw.fields) {
+        if (params_.fields.contains(f.name)) kept.push_back(std::move(f));
+      }
+      raw.fields = std::move(kept);
+    }
+    slot->raw = std::move(raw);
+    // Samples that need a real decoder go to the pool, one task each; the
+    // rest are done here.
+    bool heavy = false;
+    if (params_.decode) {
+      for (const RawField& f : slot->raw.fields) {
+        Codec c = CodecForField(f.name);
+        heavy |= c == Codec::kJpeg || c == Codec::kPng || c == Codec::kNpy;
+      }
+    }
+    if (heavy) {
+      to_decode.push_back(slot);
+      ++heavy_count;
+    } else {
+      DecodeSample(*slot);
+      slot->done = true;
+    }
+    slots.push_back(std::move(slot));
+  }
+  // Estimated before the slots are shared with the decoding tasks.
+  std::vector<int64_t> estimates;
+  estimates.reserve(to_decode.size());
+  for (const auto& s : to_decode)
+    estimates.push_back(EstimateDecodeBytes(s->raw));
+  // Into the window first, so that a finished decode finds its slot there.
+  if (!Append(std::move(slots), failed || next_ >= params_.end)) return;
+  // Each decode waits for its memory (granted in the order asked, across
+  // streams), then goes to the pool.
+  for (size_t i = 0; i < to_decode.size(); ++i) {
+    std::shared_ptr<Slot>& s = to_decode[i];
+    s->budget = &service_->decode_budget();
+    s->reserved = estimates[i];
+    service_->decode_budget().Reserve(
+        estimates[i], [self = shared_from_this(), s] {
+          self->service_->pool().Schedule([self, s] {
+            // A decode still queued when the client went away is not run.
+            if (!self->IsCancelled()) self->DecodeSample(*s);
+            self->Done(s);
+          });
+        });
+  }
+}
+
+bool SampleStream::IsCancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool SampleStream::Append(std::vector<std::shared_ptr<Slot>> slots,
+                          bool at_end) {
+  NextCallback waiter;
+  NextResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    producing_ = false;
+    if (cancelled_) return false;
+    for (auto& s : slots) window_.push_back(std::move(s));
+    if (at_end) read_all_ = true;
+    DrainLocked();
+    // A raw step is about one message: send it as one.
+    if (!params_.decode) FlushLocked();
+    waiter = TakeWaiterLocked(&result);
+    MaybeProduceLocked();
+  }
+  Deliver(std::move(waiter), std::move(result));
+  return true;
+}
+
+void SampleStream::Done(const std::shared_ptr<Slot>& slot) {
+  NextCallback waiter;
+  NextResult result;
+  if (service_->metrics() != nullptr) {
+    service_->metrics()->decode_memory_bytes.Set(
+        static_cast<double>(service_->decode_budget().in_use()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    slot->done = true;
+    if (cancelled_) return;
+    DrainLocked();
+    waiter = TakeWaiterLocked(&result);
+    MaybeProduceLocked();
+  }
+  Deliver(std::move(waiter), std::move(result));
+}
+
+void SampleStream::Fail(absl::Status status) {
+  auto slot = std::make_shared<Slot>();
+  slot->out = std::move(status);
+  slot->done = true;
+  std::vector<std::shared_ptr<Slot>> slots;
+  slots.push_back(std::move(slot));
+  (void)Append(std::move(slots), true);
+}
+
+void SampleStream::DrainLocked() {
+  std::vector<EncodedMessage> messages;
+  while (!window_.empty() && window_.front()->done) {
+    std::shared_ptr<Slot> slot = std::move(window_.front());
+    window_.pop_front();
+    if (!error_.ok()) continue;  // after an error nothing more is sent
+    if (!slot->out.ok()) {
+      // The samples before the error are still delivered, then the error.
+      encoder_.Flush(&messages);
+      error_ = slot->out.status();
+      continue;
+    }
+    encoder_.Add(*std::move(slot->out), &messages);
+  }
+  PushReadyLocked(messages);
+  if (window_.empty() && read_all_ && error_.ok()) {
+    FlushLocked();
+    finished_ = true;
+  }
+}
+
+void SampleStream::DecodeSample(Slot& slot) {
+  RawSample& raw = slot.raw;
+  OutSample out;
+  out.key = raw.key;
+  out.index = raw.index;
+  out.fields.reserve(raw.fields.size());
+  DataServerMetrics* metrics = service_->metrics();
+  if (params_.decode && service_->options().before_decode) {
+    service_->options().before_decode(raw.index);
+  }
+  // Every image field of the sample gets the geometry planned for the first
+  // one (scaled to its own size), from the sample's stateless randomness.
+  const ImageTransforms& transforms = *params_.transforms;
+  std::optional<Geometry> geometry;
+  ImageSize planned_for;
+  const SampleRandom random(params_.lease.augment_seed(), params_.lease.epoch(),
+                            params_.lease.unit().shard_index(), raw.index);
+  for (RawField& f : raw.fields) {
+    OutField field;
+    field.name = std::move(f.name);
+    if (!params_.decode) {
+      field.value.kind = DecodedField::Kind::kRaw;
+      field.value.bytes = std::move(f.data);
+      out.fields.push_back(std::move(field));
+      continue;
+    }
+    Codec codec = CodecForField(field.name);
+    auto started = std::chrono::steady_clock::now();
+    ImageOptions image = params_.image;
+    Geometry field_geometry;
+    TransformTimes times;
+    absl::StatusOr<DecodedField> decoded = absl::UnknownError("not decoded");
+    const bool is_image = codec == Codec::kJpeg || codec == Codec::kPng;
+    if (is_image) {
+      absl::StatusOr<ImageSize> size = ReadImageSize(codec, f.data);
+      if (!size.ok()) {
+        decoded = size.status();
+      } else {
+        if (!geometry.has_value()) {
+          geometry = transforms.Plan(size->width, size->height, random);
+          planned_for = *size;
+        }
+        field_geometry = ImageTransforms::ScaleTo(*geometry, planned_for.width,
+                                                  planned_for.height,
+                                                  size->width, size->height);
+        image.transforms = &transforms;
+        image.geometry = &field_geometry;
+        image.interpolation = transforms.InterpolationFor(field.name);
+        image.times = &times;
+        decoded = DecodeField(codec, f.data, image);
+      }
+    } else {
+      decoded = DecodeField(codec, f.data, image);
+    }
+    if (metrics != nullptr && codec != Codec::kRaw) {
+      metrics->DecodeSeconds(CodecName(codec))
+          .Observe(std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - started)
+                       .count());
+      if (is_image && !transforms.identity() && decoded.ok()) {
+        metrics->images_transformed.Increment();
+        metrics->TransformSeconds("resize").Observe(times.resize);
+        metrics->TransformSeconds("crop").Observe(times.crop);
+        metrics->TransformSeconds("output").Observe(times.output);
+      }
+    }
+    if (!decoded.ok() &&
+        absl::StartsWith(decoded.status().message(), "decode.")) {
+      // The request's transforms do not fit this image (Normalize with 3
+      // values for a 1-channel PNG): the request's error, not the data's.
+      slot.out = absl::InvalidArgumentError(
+          absl::StrCat(decoded.status().message(), " (shard \"",
+                       params_.lease.unit().shard_url(), "\", member \"",
+                       raw.key, ".", field.name, "\")"));
+      slot.raw = RawSample();
+      return;
+    }
+    if (!decoded.ok()) {
+      slot.out =
+          Corrupt(raw.index, raw.key,
+                  absl::StrCat("shard \"", params_.lease.unit().shard_url(),
+                               "\", member \"", raw.key, ".", field.name,
+                               "\": ", decoded.status().message()),
+                  CorruptReason::kUndecodable);
+      slot.raw = RawSample();
+      return;
+    }
+    field.value = *std::move(decoded);
+    out.fields.push_back(std::move(field));
+  }
+  slot.out = std::move(out);
+  slot.raw = RawSample();
+}
+
+}  // namespace sluice::dataserver

@@ -1,0 +1,155 @@
+// SampleStream: one ReadSamples stream of a data server, a pull-based
+// producer of encoded SampleBatch messages.
+//
+// Pipeline of one stream. Samples pass through a window in shard order; each
+// is decoded on its own and framed as soon as every sample before it is, so
+// one slow image holds back only the framing, never the decoding of the
+// samples behind it (no per-step barrier):
+//
+//   produce on the pool: read samples from the tar (index seek, no copy)
+//     --> window: one pool task per sample to decode (raw mode and cheap
+//         fields: inline)
+//     --> in order, frame into messages of <= max_batch_bytes --> ready
+//   Next() --> ready message? --yes--> deliver, top up the window
+//                 | no: frame what is done now (the client is waiting;
+//                   decoding, once none of the stream's decodes is in
+//                   flight, so those join the message)
+//
+// Bounds (nothing is unbounded): raw, `prefetch_messages` messages ready;
+// decoding, four samples per pool thread in the window, about
+// `prefetch_messages` messages' bytes framed and waiting, and across all
+// streams the decode memory budget (decode_budget.h) before a decode starts.
+// A client that goes away calls Cancel(): decodes in flight finish and are
+// dropped, and nothing more is read. Thread-safe.
+#ifndef SLUICE_SERVER_DATASERVER_SAMPLE_STREAM_H_
+#define SLUICE_SERVER_DATASERVER_SAMPLE_STREAM_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/dataserver/dataserver_metrics.h"
+#include "server/dataserver/decoders.h"
+#include "server/dataserver/image_transforms.h"
+#include "server/dataserver/sample_encoder.h"
+#include "server/dataserver/sample_index.h"
+#include "server/dataserver/shard_store.h"
+#include "server/dataserver/tar_shard_reader.h"
+#include "sluice/v1/dataserver.pb.h"
+
+namespace sluice::dataserver {
+
+class DataServerService;
+
+class SampleStream : public std::enable_shared_from_this<SampleStream> {
+ public:
+  // Receives the next message, nullopt at the end of the range, or the error
+  // that ends the stream. Runs on a pool thread or inline in Next().
+  using NextCallback =
+      std::function<void(absl::StatusOr<std::optional<EncodedMessage>>)>;
+
+  // At most one call outstanding.
+  void Next(NextCallback done);
+  // Stops production; an outstanding Next gets CANCELLED.
+  void Cancel();
+
+  // Construction goes through DataServerService::ReadSamples.
+  struct Params {
+    // The shard, opened; null = open `ref` through the store (asynchronously:
+    // a remote shard may have to be downloaded first).
+    std::shared_ptr<const ShardData> shard;
+    ShardRef ref;
+    v1::Lease lease;
+    int64_t start = 0;
+    int64_t end = 0;
+    bool decode = false;
+    ImageOptions image;
+    // DecodeSpec's image transforms (never null when decoding).
+    std::shared_ptr<const ImageTransforms> transforms;
+    absl::flat_hash_set<std::string> fields;  // empty = all
+    int64_t batch_bytes = 0;
+    v1::CorruptPolicy policy = v1::CORRUPT_POLICY_SKIP;
+  };
+  SampleStream(DataServerService* service, Params params);
+  ~SampleStream();
+
+ private:
+  struct Slot;
+  using NextResult = absl::StatusOr<std::optional<EncodedMessage>>;
+  void MaybeProduceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How much the next produce step may read: raw, samples; decoding,
+  // samples for the pool (samples decoded inline do not count). 0 = none.
+  size_t RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decoding: samples the window holds at most (read, not yet framed).
+  size_t WindowSamples() const;
+  void Produce();
+  void OnShard(absl::StatusOr<std::shared_ptr<const ShardData>> shard);
+  absl::Status OpenLocked();
+  void DecodeSample(Slot& slot);
+  // Appends `slots` (read in order) to the window; marks reading done.
+  // False (and nothing appended) once the stream is cancelled.
+  bool Append(std::vector<std::shared_ptr<Slot>> slots, bool at_end);
+  bool IsCancelled();
+  // Marks a decoded slot done and frames what became framable.
+  void Done(const std::shared_ptr<Slot>& slot);
+  // Ends reading with `status`, after the samples already in the window.
+  void Fail(absl::Status status);
+  // Frames the window's done prefix; ends the stream when all is framed.
+  void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the encoder's pending samples into a ready message.
+  void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushReadyLocked(std::vector<EncodedMessage>& messages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // If a Next() waits and can be answered, takes its callback and answer.
+  NextCallback TakeWaiterLocked(NextResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  NextResult PopReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the stream (DATA_LOSS) if its shard's file was truncated or
+  // rewritten since it was opened (ShardData::CheckIntact).
+  void CheckShardLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a callback taken by TakeWaiterLocked (outside mu_), counting what
+  // it delivers.
+  void Deliver(NextCallback callback, NextResult result);
+  // A corrupt sample under the stream's policy: a skipped sample, or the
+  // DATA_LOSS error that ends the stream.
+  absl::StatusOr<OutSample> Corrupt(int64_t index, const std::string& key,
+                                    const std::string& reason,
+                                    CorruptReason kind);
+
+  DataServerService* const service_;
+  const Params params_;
+
+  // Set once (in the constructor, or by OnShard under mu_) before the
+  // producing task reads it; CheckShardLocked reads it under mu_.
+  std::shared_ptr<const ShardData> shard_;
+  // Touched only by the producing task (one at a time).
+  std::shared_ptr<const ShardIndex> index_;
+  std::unique_ptr<TarSampleReader> reader_;
+  int64_t next_ = 0;
+  bool opened_ = false;
+
+  absl::Mutex mu_;
+  // Samples read and not yet framed, in shard order.
+  std::deque<std::shared_ptr<Slot>> window_ ABSL_GUARDED_BY(mu_);
+  BatchEncoder encoder_ ABSL_GUARDED_BY(mu_);
+  std::deque<EncodedMessage> ready_ ABSL_GUARDED_BY(mu_);
+  size_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  NextCallback waiter_ ABSL_GUARDED_BY(mu_);
+  bool producing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_all_ ABSL_GUARDED_BY(mu_) = false;  // nothing more to read
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // everything is in ready_
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool shard_changed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace sluice::dataserver
+
+#endif  // SLUICE_SERVER_DATASERVER_SAMPLE_STREAM_H_
