@@ -589,18 +589,27 @@ absl::Status ReadPng16(const Payload& data, std::shared_ptr<uint8_t>* pixels,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Reads the PNG's header into `*image` (libpng's simplified API); on an
+// error `*image` is freed.
+absl::Status BeginPng(const Payload& data, png_image* image) {
+  std::memset(image, 0, sizeof(*image));
+  image->version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(image, data.bytes.data(), data.bytes.size())) {
+    std::string message = image->message;
+    png_image_free(image);
+    return absl::InvalidArgumentError(absl::StrCat("undecodable PNG: ", message));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<DecodedField> DecodePng(const Payload& data,
                                        const ImageOptions& options) {
   png_image image;
-  std::memset(&image, 0, sizeof(image));
-  image.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(&image, data.bytes.data(),
-                                        data.bytes.size())) {
-    std::string message = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(
-        absl::StrCat("undecodable PNG: ", message));
-  }
+  RETURN_IF_ERROR(BeginPng(data, &image));
   if (absl::Status big = CheckPixels("PNG", image.width, image.height, options);
       !big.ok()) {
     png_image_free(&image);
@@ -779,15 +788,7 @@ absl::StatusOr<ImageSize> ReadImageSize(Codec codec, const Payload& data) {
   }
   if (codec == Codec::kPng) {
     png_image image;
-    std::memset(&image, 0, sizeof(image));
-    image.version = PNG_IMAGE_VERSION;
-    if (!png_image_begin_read_from_memory(&image, data.bytes.data(),
-                                          data.bytes.size())) {
-      std::string message = image.message;
-      png_image_free(&image);
-      return absl::InvalidArgumentError(
-          absl::StrCat("undecodable PNG: ", message));
-    }
+    RETURN_IF_ERROR(BeginPng(data, &image));
     png_image_free(&image);
     return ImageSize{static_cast<int>(image.width),
                      static_cast<int>(image.height)};

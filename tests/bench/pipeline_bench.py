@@ -36,6 +36,8 @@ import torchvision.transforms as TV
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, HERE)
+from python_reader_bench import write_shards  # noqa: E402  (jpg + cls tars)
 
 BATCH = 64
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -59,23 +61,6 @@ def photo_jpegs(n, seed=7):
         Image.fromarray(img.astype(np.uint8)).save(buf, format="JPEG", quality=92)
         out.append(buf.getvalue())
     return out
-
-
-def write_shards(directory, shards, per_shard, jpegs):
-    os.makedirs(directory, exist_ok=True)
-    urls = []
-    for s in range(shards):
-        path = os.path.join(directory, f"train-{s:03d}.tar")
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(per_shard):
-                key = f"{s:03d}_{i:05d}"
-                for ext, data in (("jpg", jpegs[(s * per_shard + i) % len(jpegs)]),
-                                  ("cls", str(i % 1000).encode())):
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append((path, per_shard))
-    return urls
 
 
 class TarPil(IterableDataset):

@@ -1,4 +1,7 @@
 // The real sluice-coordinator binary with scripted trainers over real gRPC.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,10 +10,6 @@
 #include <fstream>
 #include <map>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/synchronization/mutex.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
@@ -44,7 +43,8 @@ struct Ledger {
     for (int64_t k = lease.unit().begin(); k < lease.unit().end(); ++k) {
       ++acked[lease.epoch()][{lease.unit().shard_index(), k}];
     }
-    per_rank[lease.epoch()][lease.rank()] += lease.unit().end() - lease.unit().begin();
+    per_rank[lease.epoch()][lease.rank()] +=
+        lease.unit().end() - lease.unit().begin();
   }
 };
 
@@ -53,7 +53,8 @@ std::unique_ptr<v1::Coordinator::Stub> Connect(const std::string& address) {
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 }
 
-v1::JobSpec ManifestSpec(const std::string& name, int shards, int32_t world_size, int64_t epochs) {
+v1::JobSpec ManifestSpec(const std::string& name, int shards,
+                         int32_t world_size, int64_t epochs) {
   v1::JobSpec spec;
   spec.set_name(name);
   for (int i = 0; i < shards; ++i) {
@@ -78,11 +79,13 @@ struct RunResult {
 
 // A scripted trainer: Hello, Want(credits), completes every granted lease,
 // stops at JobDone or after `max_units` units (then just drops the stream).
-RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job, int32_t rank,
-                     const std::string& trainer_id, Ledger* ledger, int max_units = -1) {
+RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job,
+                     int32_t rank, const std::string& trainer_id,
+                     Ledger* ledger, int max_units = -1) {
   RunResult result;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::seconds(120));
   auto stream = stub->Session(&ctx);
   v1::TrainerMessage hello;
   hello.mutable_hello()->set_job(job);
@@ -105,7 +108,9 @@ RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job, int32_
         int64_t counted = 0;
         {
           absl::MutexLock lock(&ledger->mu);
-          for (const auto& [rank, n] : ledger->per_rank[m.grant().lease().epoch()]) counted += n;
+          for (const auto& [rank, n] :
+               ledger->per_rank[m.grant().lease().epoch()])
+            counted += n;
         }
         const absl::Time deadline = absl::Now() + absl::Seconds(10);
         while (absl::Now() < deadline) {
@@ -117,7 +122,8 @@ RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job, int32_
               status.status().consumed_in_epoch() >= counted) {
             break;
           }
-          absl::SleepFor(absl::Milliseconds(5));  // polling, not synchronisation by sleep
+          absl::SleepFor(
+              absl::Milliseconds(5));  // polling, not synchronisation by sleep
         }
         ctx.TryCancel();
         break;
@@ -141,7 +147,8 @@ RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job, int32_
 // exactly once per epoch, equal counts per rank.
 TEST(CoordinatorIntegrationTest, EightRanksThreeEpochsExactlyOnceAndBalanced) {
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  auto server =
+      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   v1::CreateJobRequest req;
@@ -161,20 +168,24 @@ TEST(CoordinatorIntegrationTest, EightRanksThreeEpochsExactlyOnceAndBalanced) {
   std::vector<std::thread> trainers;
   for (int r = 0; r < 8; ++r) {
     trainers.emplace_back([&, r] {
-      results[r] = RunTrainer(stub.get(), "big", r, "trainer-" + std::to_string(r), &ledger);
+      results[r] = RunTrainer(stub.get(), "big", r,
+                              "trainer-" + std::to_string(r), &ledger);
     });
   }
   for (auto& t : trainers) t.join();
   for (int r = 0; r < 8; ++r) {
-    EXPECT_TRUE(results[r].status.ok()) << r << ": " << results[r].status.error_message();
+    EXPECT_TRUE(results[r].status.ok())
+        << r << ": " << results[r].status.error_message();
     EXPECT_TRUE(results[r].job_done);
     EXPECT_EQ(results[r].epochs_begun, 3);
     EXPECT_EQ(results[r].samples_for_rank, quota);
   }
   ASSERT_EQ(ledger.acked.size(), 3u);
   for (const auto& [epoch, samples] : ledger.acked) {
-    EXPECT_EQ(static_cast<int64_t>(samples.size()), quota * 8) << "epoch " << epoch;
-    for (const auto& [sample, n] : samples) ASSERT_EQ(n, 1) << "epoch " << epoch;
+    EXPECT_EQ(static_cast<int64_t>(samples.size()), quota * 8)
+        << "epoch " << epoch;
+    for (const auto& [sample, n] : samples)
+      ASSERT_EQ(n, 1) << "epoch " << epoch;
     for (int r = 0; r < 8; ++r) EXPECT_EQ(ledger.per_rank[epoch][r], quota);
   }
 }
@@ -183,7 +194,8 @@ TEST(CoordinatorIntegrationTest, EightRanksThreeEpochsExactlyOnceAndBalanced) {
 // to the survivor, and the epoch still covers every sample once.
 TEST(CoordinatorIntegrationTest, CutSessionsLeasesGoToTheSurvivor) {
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  auto server =
+      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   v1::CreateJobRequest req;
@@ -193,7 +205,8 @@ TEST(CoordinatorIntegrationTest, CutSessionsLeasesGoToTheSurvivor) {
   grpc::ClientContext ctx;
   ASSERT_TRUE(stub->CreateJob(&ctx, req, &job).ok());
   Ledger ledger;
-  RunResult dead = RunTrainer(stub.get(), "pool", 0, "doomed", &ledger, /*max_units=*/3);
+  RunResult dead =
+      RunTrainer(stub.get(), "pool", 0, "doomed", &ledger, /*max_units=*/3);
   EXPECT_EQ(dead.units, 3);
   const absl::Time start = absl::Now();
   RunResult survivor = RunTrainer(stub.get(), "pool", 0, "survivor", &ledger);
@@ -212,7 +225,8 @@ TEST(CoordinatorIntegrationTest, CutSessionsLeasesGoToTheSurvivor) {
 TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
   TempDir dir;
   const std::string journal = "--journal_dir=" + dir.File("journal");
-  auto first = ServerProcess::Start("sluice-coordinator", dir.path(), {journal, kNoDataServers});
+  auto first = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                    {journal, kNoDataServers});
   ASSERT_TRUE(first.ok()) << first.status();
   {
     auto stub = Connect(first->grpc_address);
@@ -231,9 +245,11 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
   first->process.Signal(SIGKILL);
   ASSERT_TRUE(first->process.WaitForExit(absl::Seconds(10)).ok());
 
-  auto second = ServerProcess::Start("sluice-coordinator", dir.path(), {journal, kNoDataServers});
+  auto second = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                     {journal, kNoDataServers});
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_THAT(testing::ReadWholeFile(second->log_path).value_or(""), HasSubstr("recovered"));
+  EXPECT_THAT(testing::ReadWholeFile(second->log_path).value_or(""),
+              HasSubstr("recovered"));
   auto stub = Connect(second->grpc_address);
   v1::Job job;
   {
@@ -244,8 +260,12 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
   }
   const int64_t quota = job.status().samples_per_rank();
   std::vector<RunResult> results(2);
-  std::thread t0([&] { results[0] = RunTrainer(stub.get(), "durable", 0, "r0", &ledger); });
-  std::thread t1([&] { results[1] = RunTrainer(stub.get(), "durable", 1, "r1", &ledger); });
+  std::thread t0([&] {
+    results[0] = RunTrainer(stub.get(), "durable", 0, "r0", &ledger);
+  });
+  std::thread t1([&] {
+    results[1] = RunTrainer(stub.get(), "durable", 1, "r1", &ledger);
+  });
   t0.join();
   t1.join();
   for (const RunResult& r : results) {
@@ -254,8 +274,10 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
   }
   ASSERT_EQ(ledger.acked.size(), 2u);
   for (const auto& [epoch, samples] : ledger.acked) {
-    EXPECT_EQ(static_cast<int64_t>(samples.size()), quota * 2) << "epoch " << epoch;
-    for (const auto& [sample, n] : samples) ASSERT_EQ(n, 1) << "epoch " << epoch;
+    EXPECT_EQ(static_cast<int64_t>(samples.size()), quota * 2)
+        << "epoch " << epoch;
+    for (const auto& [sample, n] : samples)
+      ASSERT_EQ(n, 1) << "epoch " << epoch;
     EXPECT_EQ(ledger.per_rank[epoch][0], quota);
     EXPECT_EQ(ledger.per_rank[epoch][1], quota);
   }
@@ -264,8 +286,9 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
 TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
   TempDir dir;
   mkdir(dir.File("manifests").c_str(), 0755);
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
-                                     {kNoDataServers, "--manifest_roots=" + dir.File("manifests")});
+  auto server = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {kNoDataServers, "--manifest_roots=" + dir.File("manifests")});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   {
@@ -294,7 +317,8 @@ TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
     grpc::ClientContext ctx;
     v1::CreateJobRequest req;
     req.mutable_spec()->set_name("fromfile");
-    req.mutable_spec()->set_manifest_path(dir.File("manifests/../manifests/m.json"));
+    req.mutable_spec()->set_manifest_path(
+        dir.File("manifests/../manifests/m.json"));
     req.mutable_spec()->set_world_size(2);
     v1::Job job;
     grpc::Status s = stub->CreateJob(&ctx, req, &job);
@@ -329,16 +353,19 @@ TEST(CoordinatorIntegrationTest, ManifestPathReadsOnlyManifestsInsideItsRoots) {
   const std::string secret = "do-not-leak-this-secret-4b1d";
   std::ofstream(dir.File("lease.secret")) << secret;
   std::ofstream(dir.File("manifests/garbage.json")) << secret;
-  symlink(dir.File("lease.secret").c_str(), dir.File("manifests/link.json").c_str());
+  symlink(dir.File("lease.secret").c_str(),
+          dir.File("manifests/link.json").c_str());
   mkfifo(dir.File("manifests/fifo.json").c_str(), 0644);
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
-                                     {kNoDataServers, "--manifest_roots=" + dir.File("manifests"),
-                                      "--max_manifest_bytes=1000"});
+  auto server = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {kNoDataServers, "--manifest_roots=" + dir.File("manifests"),
+       "--max_manifest_bytes=1000"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   auto create = [&](const std::string& path) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
     v1::CreateJobRequest req;
     req.mutable_spec()->set_name("m");
     req.mutable_spec()->set_manifest_path(path);
@@ -352,18 +379,22 @@ TEST(CoordinatorIntegrationTest, ManifestPathReadsOnlyManifestsInsideItsRoots) {
   };
   std::ofstream(dir.File("manifests/big.json")) << std::string(2000, ' ');
   const std::vector<Case> cases = {
-      {dir.File("lease.secret"), grpc::StatusCode::PERMISSION_DENIED, "outside --manifest_roots"},
-      {dir.File("manifests/../lease.secret"), grpc::StatusCode::PERMISSION_DENIED,
+      {dir.File("lease.secret"), grpc::StatusCode::PERMISSION_DENIED,
        "outside --manifest_roots"},
-      {dir.File("manifests/link.json"), grpc::StatusCode::PERMISSION_DENIED, "through a symlink"},
+      {dir.File("manifests/../lease.secret"),
+       grpc::StatusCode::PERMISSION_DENIED, "outside --manifest_roots"},
+      {dir.File("manifests/link.json"), grpc::StatusCode::PERMISSION_DENIED,
+       "through a symlink"},
       {dir.File("manifests/garbage.json"), grpc::StatusCode::INVALID_ARGUMENT,
        "is not a JSON manifest"},
       {dir.File("manifests/fifo.json"), grpc::StatusCode::INVALID_ARGUMENT,
        "is not a regular file"},
       {dir.File("manifests/big.json"), grpc::StatusCode::INVALID_ARGUMENT,
        "the limit is 1000 (--max_manifest_bytes)"},
-      {"/dev/zero", grpc::StatusCode::PERMISSION_DENIED, "outside --manifest_roots"},
-      {"relative.json", grpc::StatusCode::INVALID_ARGUMENT, "not an absolute path"},
+      {"/dev/zero", grpc::StatusCode::PERMISSION_DENIED,
+       "outside --manifest_roots"},
+      {"relative.json", grpc::StatusCode::INVALID_ARGUMENT,
+       "not an absolute path"},
   };
   for (const Case& c : cases) {
     grpc::Status s = create(c.path);
@@ -374,7 +405,8 @@ TEST(CoordinatorIntegrationTest, ManifestPathReadsOnlyManifestsInsideItsRoots) {
   }
 
   // A coordinator without --manifest_roots reads no file at all.
-  auto closed = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  auto closed =
+      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(closed.ok()) << closed.status();
   auto closed_stub = Connect(closed->grpc_address);
   grpc::ClientContext ctx;
@@ -402,7 +434,8 @@ int64_t RssBytes(pid_t pid) {
 // coordinator stays small and answers others meanwhile.
 TEST(CoordinatorIntegrationTest, ASessionThatNeverReadsIsEndedNotBuffered) {
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  auto server =
+      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   {
@@ -426,17 +459,29 @@ TEST(CoordinatorIntegrationTest, ASessionThatNeverReadsIsEndedNotBuffered) {
   progress.mutable_progress()->set_consumed(1);
   for (int i = 0; i < 100000 && stream->Write(progress); ++i) {
   }
-  stream->WritesDone();  // without the bound, the server would end with OK after reading all
+  stream->WritesDone();  // without the bound, the server would end with OK
+                         // after reading all
   v1::CoordinatorMessage m;
   while (stream->Read(&m)) {
   }
   grpc::Status status = stream->Finish();
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("has not read"));
   EXPECT_LT(RssBytes(server->process.pid()), int64_t{512} << 20);
   grpc::ClientContext list_ctx;
   v1::ListJobsResponse jobs;
   EXPECT_TRUE(stub->ListJobs(&list_ctx, v1::ListJobsRequest(), &jobs).ok());
+}
+
+// A one-shard job "guarded", for the tests of who may create jobs.
+v1::CreateJobRequest GuardedJobRequest() {
+  v1::CreateJobRequest req;
+  req.mutable_spec()->set_name("guarded");
+  auto* shard = req.mutable_spec()->mutable_manifest()->add_shards();
+  shard->set_url("/d/a.tar");
+  shard->set_num_samples(3);
+  return req;
 }
 
 // With --admin_token_file, creating and deleting jobs needs the operator
@@ -445,26 +490,26 @@ TEST(CoordinatorIntegrationTest, JobAdministrationNeedsTheOperatorToken) {
   TempDir dir;
   std::ofstream(dir.File("admin.token")) << "op-token-7f3a\n";
   std::ofstream(dir.File("wrong.token")) << "guess";
-  std::ofstream(dir.File("m.json")) << R"({"shards": [{"url": "/d/a.tar", "num_samples": 3}]})";
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
-                                     {kNoDataServers, "--admin_token_file=" + dir.File("admin.token")});
+  std::ofstream(dir.File("m.json"))
+      << R"({"shards": [{"url": "/d/a.tar", "num_samples": 3}]})";
+  auto server = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {kNoDataServers, "--admin_token_file=" + dir.File("admin.token")});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   auto create = [&](const std::string& authorization) {
     grpc::ClientContext ctx;
     if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
-    v1::CreateJobRequest req;
-    req.mutable_spec()->set_name("guarded");
-    auto* shard = req.mutable_spec()->mutable_manifest()->add_shards();
-    shard->set_url("/d/a.tar");
-    shard->set_num_samples(3);
     v1::Job job;
-    return stub->CreateJob(&ctx, req, &job);
+    return stub->CreateJob(&ctx, GuardedJobRequest(), &job);
   };
   grpc::Status none = create("");
   EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_THAT(none.error_message(), HasSubstr("CreateJob needs an operator credential: the token (metadata"));
-  EXPECT_EQ(create("Bearer guess").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(
+      none.error_message(),
+      HasSubstr("CreateJob needs an operator credential: the token (metadata"));
+  EXPECT_EQ(create("Bearer guess").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(create("Bearer op-token-7f3a-and-more").error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
   ASSERT_TRUE(create("Bearer op-token-7f3a").ok());
@@ -486,11 +531,11 @@ TEST(CoordinatorIntegrationTest, JobAdministrationNeedsTheOperatorToken) {
   // sluicectl sends the token from --admin_token_file.
   const std::string ctl = testing::BinDir() + "/sluicectl";
   auto run = [&](const std::string& token_file, const std::string& log) {
-    auto p = ChildProcess::Start({ctl, "job", "create", "--name=bycli",
-                                  "--manifest=" + dir.File("m.json"),
-                                  "--admin_token_file=" + token_file,
-                                  "--coordinator=" + server->grpc_address},
-                                 dir.File(log));
+    auto p = ChildProcess::Start(
+        {ctl, "job", "create", "--name=bycli",
+         "--manifest=" + dir.File("m.json"), "--admin_token_file=" + token_file,
+         "--coordinator=" + server->grpc_address},
+        dir.File(log));
     EXPECT_TRUE(p.ok());
     auto code = p->WaitForExit(absl::Seconds(30));
     EXPECT_TRUE(code.ok());
@@ -504,45 +549,47 @@ TEST(CoordinatorIntegrationTest, JobAdministrationNeedsTheOperatorToken) {
 // operator credential configured, nobody may create or delete jobs (the
 // refusal names the flags), while reading and training stay open.
 // --allow_unauthenticated_admin opts out.
-TEST(CoordinatorIntegrationTest, ASecuredCoordinatorRefusesAdministrationWithoutOperators) {
+TEST(CoordinatorIntegrationTest,
+     ASecuredCoordinatorRefusesAdministrationWithoutOperators) {
   TempDir dir;
   std::ofstream(dir.File("secret")) << "a lease secret\n";
   auto create = [](const std::string& address) {
     grpc::ClientContext ctx;
-    v1::CreateJobRequest req;
-    req.mutable_spec()->set_name("guarded");
-    auto* shard = req.mutable_spec()->mutable_manifest()->add_shards();
-    shard->set_url("/d/a.tar");
-    shard->set_num_samples(3);
     v1::Job job;
-    return Connect(address)->CreateJob(&ctx, req, &job);
+    return Connect(address)->CreateJob(&ctx, GuardedJobRequest(), &job);
   };
   {
-    auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
-                                       {kNoDataServers, "--lease_secret_file=" + dir.File("secret"),
-                                        "--journal_dir=" + dir.File("j1")});
+    auto server = ServerProcess::Start(
+        "sluice-coordinator", dir.path(),
+        {kNoDataServers, "--lease_secret_file=" + dir.File("secret"),
+         "--journal_dir=" + dir.File("j1")});
     ASSERT_TRUE(server.ok()) << server.status();
     grpc::Status refused = create(server->grpc_address);
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
     EXPECT_THAT(refused.error_message(),
-                HasSubstr("CreateJob is refused: this coordinator has TLS or a lease secret but "
-                          "accepts no operator credential (start it with --admin_token_file"));
+                HasSubstr("CreateJob is refused: this coordinator has TLS or a "
+                          "lease secret but "
+                          "accepts no operator credential (start it with "
+                          "--admin_token_file"));
     grpc::ClientContext ctx;
     v1::ListJobsResponse jobs;
-    EXPECT_TRUE(Connect(server->grpc_address)->ListJobs(&ctx, v1::ListJobsRequest(), &jobs).ok());
+    EXPECT_TRUE(Connect(server->grpc_address)
+                    ->ListJobs(&ctx, v1::ListJobsRequest(), &jobs)
+                    .ok());
   }
-  auto open = ServerProcess::Start("sluice-coordinator", dir.path(),
-                                   {kNoDataServers, "--lease_secret_file=" + dir.File("secret"),
-                                    "--journal_dir=" + dir.File("j2"),
-                                    "--allow_unauthenticated_admin"});
+  auto open = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {kNoDataServers, "--lease_secret_file=" + dir.File("secret"),
+       "--journal_dir=" + dir.File("j2"), "--allow_unauthenticated_admin"});
   ASSERT_TRUE(open.ok()) << open.status();
   grpc::Status created = create(open->grpc_address);
   EXPECT_TRUE(created.ok()) << created.error_message();
   // Identities without mutual TLS cannot match any call: a startup error.
-  auto child = ChildProcess::Start({testing::BinDir() + "/sluice-coordinator",
-                                    "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-                                    "--journal_dir=" + dir.File("j3"), "--admin_identities=ops"},
-                                   dir.File("identities.log"));
+  auto child = ChildProcess::Start(
+      {testing::BinDir() + "/sluice-coordinator", "--listen=127.0.0.1:0",
+       "--metrics_listen=127.0.0.1:0", "--journal_dir=" + dir.File("j3"),
+       "--admin_identities=ops"},
+      dir.File("identities.log"));
   ASSERT_TRUE(child.ok());
   auto code = child->WaitForExit(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
@@ -562,10 +609,15 @@ namespace {
 // lingering at their last values.
 TEST(CoordinatorIntegrationTest, PerJobSeriesFollowSessionsAndDeletion) {
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  auto server =
+      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_TRUE(testing::CreateJob(server->grpc_address, ManifestSpec("kept", 4, 1, 1)).ok());
-  ASSERT_TRUE(testing::CreateJob(server->grpc_address, ManifestSpec("gone", 4, 1, 1)).ok());
+  ASSERT_TRUE(
+      testing::CreateJob(server->grpc_address, ManifestSpec("kept", 4, 1, 1))
+          .ok());
+  ASSERT_TRUE(
+      testing::CreateJob(server->grpc_address, ManifestSpec("gone", 4, 1, 1))
+          .ok());
   auto stub = Connect(server->grpc_address);
   grpc::ClientContext ctx;
   auto session = stub->Session(&ctx);
@@ -573,10 +625,12 @@ TEST(CoordinatorIntegrationTest, PerJobSeriesFollowSessionsAndDeletion) {
   hello.mutable_hello()->set_job("gone");
   hello.mutable_hello()->set_trainer_id("t0");
   ASSERT_TRUE(session->Write(hello));
-  ASSERT_TRUE(testing::WaitForMetric(server->metrics_address,
-                                     "sluice_coordinator_sessions{sluice_job=\"gone\"} 1"));
-  ASSERT_TRUE(testing::WaitForMetric(server->metrics_address,
-                                     "sluice_coordinator_sessions{sluice_job=\"kept\"} 0"));
+  ASSERT_TRUE(testing::WaitForMetric(
+      server->metrics_address,
+      "sluice_coordinator_sessions{sluice_job=\"gone\"} 1"));
+  ASSERT_TRUE(testing::WaitForMetric(
+      server->metrics_address,
+      "sluice_coordinator_sessions{sluice_job=\"kept\"} 0"));
   {
     grpc::ClientContext del;
     v1::DeleteJobRequest request;
@@ -588,10 +642,14 @@ TEST(CoordinatorIntegrationTest, PerJobSeriesFollowSessionsAndDeletion) {
   while (session->Read(&m)) {
   }
   EXPECT_EQ(session->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
-  auto page = testing::HttpGet("http://" + server->metrics_address + "/metrics");
+  auto page =
+      testing::HttpGet("http://" + server->metrics_address + "/metrics");
   ASSERT_TRUE(page.ok()) << page.status();
-  EXPECT_THAT(page->body, ::testing::Not(::testing::HasSubstr("sluice_job=\"gone\"")));
-  EXPECT_THAT(page->body, ::testing::HasSubstr("sluice_coordinator_epoch{sluice_job=\"kept\"} 0"));
+  EXPECT_THAT(page->body,
+              ::testing::Not(::testing::HasSubstr("sluice_job=\"gone\"")));
+  EXPECT_THAT(
+      page->body,
+      ::testing::HasSubstr("sluice_coordinator_epoch{sluice_job=\"kept\"} 0"));
 }
 
 }  // namespace
