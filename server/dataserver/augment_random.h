@@ -18,7 +18,7 @@
 
 namespace sluice::dataserver {
 
-// Philox4x32 with 10 rounds.
+// Philox4x32 with 10 rounds (Random123's r123::Philox4x32).
 std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter,
                                    std::array<uint32_t, 2> key);
 
