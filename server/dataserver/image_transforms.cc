@@ -8,6 +8,7 @@
 extern "C" {
 #include <libswscale/swscale.h>
 }
+#include <Imath/half.h>
 #include <libyuv/planar_functions.h>
 
 #include "absl/status/status.h"
@@ -552,31 +553,8 @@ absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
 namespace {
 
 // IEEE 754 binary16 bits of `f`, rounded to nearest even (as numpy's and
-// torch's float32 -> float16 conversions).
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof(x));
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t exponent = (x >> 23) & 0xFFu;
-  uint32_t mantissa = x & 0x7FFFFFu;
-  if (exponent == 0xFF) return static_cast<uint16_t>(sign | 0x7C00u | (mantissa ? 0x200u : 0));
-  const int e = static_cast<int>(exponent) - 127 + 15;
-  if (e >= 31) return static_cast<uint16_t>(sign | 0x7C00u);  // too large: infinity
-  if (e <= 0) {                                               // a subnormal half, or zero
-    if (e < -10) return static_cast<uint16_t>(sign);
-    mantissa |= 0x800000u;
-    const int shift = 14 - e;
-    uint32_t half = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1);
-    const uint32_t midway = 1u << (shift - 1);
-    if (rest > midway || (rest == midway && (half & 1))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = static_cast<uint32_t>(e) << 10 | mantissa >> 13;
-  const uint32_t rest = mantissa & 0x1FFFu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1))) ++half;  // a carry rounds up the exponent
-  return static_cast<uint16_t>(sign | half);
-}
+// torch's float32 -> float16 conversions), by Imath (libimath-dev).
+uint16_t FloatToHalf(float f) { return imath_float_to_half(f); }
 
 // `image` mirrored left to right (8-bit samples).
 ImageBuffer Mirror8(const ImageBuffer& image) {
