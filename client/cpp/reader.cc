@@ -88,10 +88,12 @@ class ReaderImpl final : public Reader {
     if (options_.units_in_flight < 1) options_.units_in_flight = 1;
     if (options_.buffer_samples < 1) options_.buffer_samples = 1;
     // gRPC's own reconnect backoff (up to 120 s) must not outlast a lease
-    // TTL: a restarted coordinator keeps our leases only that long.
+    // TTL: a restarted coordinator keeps our leases only that long. (Not
+    // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the time one
+    // connection attempt may take, and a short one fails connects to a busy
+    // server.)
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     channel_ = grpc::CreateCustomChannel(options_.coordinator, Creds(), args);
     coordinator_ = v1::Coordinator::NewStub(channel_);

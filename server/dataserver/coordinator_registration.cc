@@ -54,10 +54,10 @@ void CoordinatorRegistration::Run() {
   // coordinator restart the channel would retry only every 10-20 s, and no
   // unit is granted meanwhile. Kept at most kMaxRetry, like the loop below,
   // so a restarted coordinator sees this server within about a heartbeat
-  // interval.
+  // interval. (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the
+  // time one connection attempt may take.)
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(kMaxRetry)));
   auto channel = grpc::CreateCustomChannel(

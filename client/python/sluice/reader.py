@@ -97,9 +97,12 @@ _REROUTE_BACKOFF, _REROUTE_BACKOFF_MAX = 0.05, 2.0
 # its data server make no progress.
 _TURN_PATIENCE = 2.0
 
+# Reconnect attempts start 100 ms apart and stay within a second of each
+# other. (grpc.min_reconnect_backoff_ms is not set: gRPC takes it as the
+# time a connection attempt may take, and 100 ms made connects to a busy
+# server time out "before receiving SETTINGS frame".)
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_receive_message_length", 64 << 20),
 ]
