@@ -374,28 +374,26 @@ void SampleStream::Produce() {
     }
     slots.push_back(std::move(slot));
   }
-  // Estimated before the slots are shared with the decoding tasks.
-  std::vector<int64_t> estimates;
-  estimates.reserve(to_decode.size());
-  for (const auto& s : to_decode)
-    estimates.push_back(EstimateDecodeBytes(s->raw));
-  // Into the window first, so that a finished decode finds its slot there.
-  if (!Append(std::move(slots), failed || next_ >= params_.end)) return;
-  // Each decode waits for its memory (granted in the order asked, across
-  // streams), then goes to the pool.
-  for (size_t i = 0; i < to_decode.size(); ++i) {
-    std::shared_ptr<Slot>& s = to_decode[i];
+  // Each decode waits for its memory, then goes to the pool. Reserved
+  // before the window is appended to: until then no other produce step of
+  // this stream can run (producing_ is set), so the stream's samples ask in
+  // read order. Were a later step to reserve first, its samples could hold
+  // the memory that an earlier sample -- which they wait behind in the
+  // window -- needs. A decode that finishes before Append marks its slot
+  // done; Append drains it.
+  for (const std::shared_ptr<Slot>& s : to_decode) {
+    const int64_t estimate = EstimateDecodeBytes(s->raw);
     s->budget = &service_->decode_budget();
-    s->reserved = estimates[i];
-    service_->decode_budget().Reserve(
-        estimates[i], [self = shared_from_this(), s] {
-          self->service_->pool().Schedule([self, s] {
-            // A decode still queued when the client went away is not run.
-            if (!self->IsCancelled()) self->DecodeSample(*s);
-            self->Done(s);
-          });
-        });
+    s->reserved = estimate;
+    service_->decode_budget().Reserve(estimate, [self = shared_from_this(), s] {
+      self->service_->pool().Schedule([self, s] {
+        // A decode still queued when the client went away is not run.
+        if (!self->IsCancelled()) self->DecodeSample(*s);
+        self->Done(s);
+      });
+    });
   }
+  Append(std::move(slots), failed || next_ >= params_.end);
 }
 
 bool SampleStream::IsCancelled() {
