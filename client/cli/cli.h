@@ -2,11 +2,11 @@
 #ifndef SLUICE_CLIENT_CLI_CLI_H_
 #define SLUICE_CLIENT_CLI_CLI_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
@@ -16,9 +16,9 @@ namespace sluice::cli {
 // Documented in `sluicectl --help` and the README.
 enum ExitCode {
   kOk = 0,
-  kError = 1,        // the server refused (message says why) or a local error
-  kUsage = 2,        // bad command line
-  kUnreachable = 3,  // coordinator / data server not reachable in time
+  kError = 1,         // the server refused (message says why) or a local error
+  kUsage = 2,         // bad command line
+  kUnreachable = 3,   // coordinator / data server not reachable in time
   kVerifyFailed = 4,  // `demo`: the verification did not hold
   kBarrierTimeout = 5,  // `barrier`: not everyone arrived in time
   kJobDone = 6          // `read`: the job had already served all its epochs
@@ -29,7 +29,8 @@ enum ExitCode {
 int Fail(const absl::Status& status);
 int Usage(const std::string& message);
 std::string JsonEscape(const std::string& s);
-std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(const std::string& address);
+std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
+    const std::string& address);
 // Channel credentials from --ca_cert / --client_cert / --client_key
 // (insecure when --ca_cert is empty), loaded once by main().
 std::shared_ptr<grpc::ChannelCredentials> Credentials();

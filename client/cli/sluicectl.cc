@@ -1,10 +1,13 @@
 // sluicectl: the command line of Sluice. Data on stdout, logs on stderr.
 #include <fcntl.h>
 #include <glob.h>
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
 #include <limits.h>
+#include <openssl/evp.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,10 +17,6 @@
 #include <iostream>
 #include <iterator>
 #include <map>
-
-#include <google/protobuf/text_format.h>
-#include <google/protobuf/util/json_util.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -30,13 +29,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/cli/cli.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "server/common/grpc_status.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
 #include "server/dataserver/shard_store.h"
 #include "server/dataserver/tar_shard_reader.h"
 #include "sluice/reader.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "Coordinator HOST:PORT.");
@@ -44,66 +43,89 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each RPC.");
 ABSL_FLAG(bool, json, false, "Print data as JSON.");
 // job create
 ABSL_FLAG(std::string, name, "", "job create: job name.");
-ABSL_FLAG(std::string, manifest, "", "job create: manifest JSON file (see `sluicectl index`).");
+ABSL_FLAG(std::string, manifest, "",
+          "job create: manifest JSON file (see `sluicectl index`).");
 ABSL_FLAG(int32_t, world_size, 1, "job create: ranks (0 = no quotas).");
 ABSL_FLAG(int64_t, epochs, 1, "job create: epochs (0 = endless).");
 ABSL_FLAG(std::string, mode, "static", "job create: static | dynamic.");
 ABSL_FLAG(std::string, remainder, "drop", "job create: drop | pad.");
 ABSL_FLAG(std::string, on_corrupt, "skip", "job create: skip | fail.");
 ABSL_FLAG(uint64_t, seed, 0, "job create: shuffle seed.");
-ABSL_FLAG(bool, shuffle, true, "job create: shuffle each epoch (--noshuffle to keep order).");
+ABSL_FLAG(bool, shuffle, true,
+          "job create: shuffle each epoch (--noshuffle to keep order).");
 ABSL_FLAG(absl::Duration, lease_ttl, absl::ZeroDuration(),
           "job create: lease TTL (0 = coordinator default).");
-ABSL_FLAG(int64_t, max_samples_per_lease, 0, "job create: largest unit (0 = whole shards).");
+ABSL_FLAG(int64_t, max_samples_per_lease, 0,
+          "job create: largest unit (0 = whole shards).");
 // read
 ABSL_FLAG(std::string, job, "", "read: job name.");
 ABSL_FLAG(int32_t, rank, 0, "read: rank.");
-ABSL_FLAG(int32_t, worker, 0, "read: this reader's index among the rank's --workers.");
+ABSL_FLAG(int32_t, worker, 0,
+          "read: this reader's index among the rank's --workers.");
 ABSL_FLAG(int32_t, workers, 0,
-          "read: readers sharing the rank (0 = 1); each reads a fixed share of its quota.");
-ABSL_FLAG(int64_t, read_epochs, 0, "read: stop after this many epochs end (0 = until the job is done).");
+          "read: readers sharing the rank (0 = 1); each reads a fixed share of "
+          "its quota.");
+ABSL_FLAG(int64_t, read_epochs, 0,
+          "read: stop after this many epochs end (0 = until the job is done).");
 ABSL_FLAG(bool, decode, false, "read: ask the data server to decode fields.");
 ABSL_FLAG(std::string, decode_spec, "",
-          "read: a sluice.v1.DecodeSpec in protobuf text format, e.g. image transforms: "
+          "read: a sluice.v1.DecodeSpec in protobuf text format, e.g. image "
+          "transforms: "
           "'transforms { random_resized_crop { height: 224 width: 224 } } "
           "transforms { horizontal_flip { p: 0.5 } }' (implies --decode).");
-ABSL_FLAG(std::string, trainer_id, "", "read: trainer id (default host-pid-rank-worker).");
-ABSL_FLAG(double, rate, 0, "read: at most this many samples/s (emulates a training step; 0 = as fast as possible).");
+ABSL_FLAG(std::string, trainer_id, "",
+          "read: trainer id (default host-pid-rank-worker).");
+ABSL_FLAG(double, rate, 0,
+          "read: at most this many samples/s (emulates a training step; 0 = as "
+          "fast as possible).");
 ABSL_FLAG(absl::Duration, progress_interval, absl::Milliseconds(500),
           "read: longest time between delivering a sample and reporting it.");
 // health
-ABSL_FLAG(std::string, service, "", "health: service name (\"readiness\" for readiness; empty = overall).");
+ABSL_FLAG(
+    std::string, service, "",
+    "health: service name (\"readiness\" for readiness; empty = overall).");
 // index
-ABSL_FLAG(std::string, o, "", "index: write the manifest here (default stdout).");
-ABSL_FLAG(std::string, admin_token_file, "",
-          "job create/delete: file holding the coordinator's operator token (its "
-          "--admin_token_file), sent as \"authorization: Bearer <token>\".");
+ABSL_FLAG(std::string, o, "",
+          "index: write the manifest here (default stdout).");
+ABSL_FLAG(
+    std::string, admin_token_file, "",
+    "job create/delete: file holding the coordinator's operator token (its "
+    "--admin_token_file), sent as \"authorization: Bearer <token>\".");
 ABSL_FLAG(std::string, ca_cert, "",
-          "PEM CA certificate(s): set = talk TLS to the coordinator and data servers, "
+          "PEM CA certificate(s): set = talk TLS to the coordinator and data "
+          "servers, "
           "verifying them against it.");
 ABSL_FLAG(std::string, client_cert, "",
-          "PEM client certificate for servers that demand one (mutual TLS); needs --ca_cert.");
+          "PEM client certificate for servers that demand one (mutual TLS); "
+          "needs --ca_cert.");
 ABSL_FLAG(std::string, client_key, "", "PEM private key for --client_cert.");
 ABSL_FLAG(std::string, data_server, "",
-          "index: HOST:PORT of a data server to index the shards through (IndexShard): the "
-          "arguments are then shard URLs (http://, https://, s3://, or paths the server may "
+          "index: HOST:PORT of a data server to index the shards through "
+          "(IndexShard): the "
+          "arguments are then shard URLs (http://, https://, s3://, or paths "
+          "the server may "
           "read); remote shards land in its cache on the way.");
 ABSL_FLAG(std::string, url_prefix, "",
-          "index (local): write each shard's URL as this prefix + its path relative to the "
-          "indexed directory (e.g. https://host/shards/), for shards published remotely.");
+          "index (local): write each shard's URL as this prefix + its path "
+          "relative to the "
+          "indexed directory (e.g. https://host/shards/), for shards published "
+          "remotely.");
 ABSL_FLAG(bool, checksum, false,
-          "index (local): record each shard's sha256 so data servers verify downloads.");
+          "index (local): record each shard's sha256 so data servers verify "
+          "downloads.");
 
 namespace sluice::cli {
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "sluicectl: %s\n", status.ToString().c_str());
-  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return kUnreachable;
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))
+    return kUnreachable;
   return kError;
 }
 
 int Usage(const std::string& message) {
-  std::fprintf(stderr, "sluicectl: %s (see sluicectl --help)\n", message.c_str());
+  std::fprintf(stderr, "sluicectl: %s (see sluicectl --help)\n",
+               message.c_str());
   return kUsage;
 }
 
@@ -111,14 +133,26 @@ std::string JsonEscape(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
-        if (c < 0x20) out += absl::StrFormat("\\u%04x", c);
-        else out += static_cast<char>(c);
+        if (c < 0x20)
+          out += absl::StrFormat("\\u%04x", c);
+        else
+          out += static_cast<char>(c);
     }
   }
   return out;
@@ -133,32 +167,37 @@ std::shared_ptr<grpc::ChannelCredentials>& CredentialsSlot() {
 }  // namespace
 
 absl::Status LoadCredentials() {
-  ASSIGN_OR_RETURN(CredentialsSlot(),
-                   ClientCredentialsFromFiles(ClientTlsFiles{
-                       absl::GetFlag(FLAGS_ca_cert), absl::GetFlag(FLAGS_client_cert),
-                       absl::GetFlag(FLAGS_client_key), "--ca_cert", "--client_cert",
-                       "--client_key"}));
+  ASSIGN_OR_RETURN(
+      CredentialsSlot(),
+      ClientCredentialsFromFiles(ClientTlsFiles{
+          absl::GetFlag(FLAGS_ca_cert), absl::GetFlag(FLAGS_client_cert),
+          absl::GetFlag(FLAGS_client_key), "--ca_cert", "--client_cert",
+          "--client_key"}));
   return absl::OkStatus();
 }
 
 std::shared_ptr<grpc::ChannelCredentials> Credentials() {
-  return CredentialsSlot() != nullptr ? CredentialsSlot() : grpc::InsecureChannelCredentials();
+  return CredentialsSlot() != nullptr ? CredentialsSlot()
+                                      : grpc::InsecureChannelCredentials();
 }
 
-std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(const std::string& address) {
+std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
+    const std::string& address) {
   return v1::Coordinator::NewStub(grpc::CreateChannel(address, Credentials()));
 }
 
 std::unique_ptr<grpc::ClientContext> Deadline() {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+  ctx->set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
   // The operator token, for a coordinator started with --admin_token_file
   // (read once; an unreadable file leaves the calls to be refused by name).
   static const std::string token = [] {
     const std::string path = absl::GetFlag(FLAGS_admin_token_file);
     if (path.empty()) return std::string();
     std::ifstream in(path, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string text((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
     return std::string(absl::StripAsciiWhitespace(text));
   }();
   if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
@@ -171,11 +210,13 @@ absl::Status Rpc(const grpc::Status& s, const std::string& what) {
   absl::Status status = FromGrpcStatus(s);
   if (status.ok()) return status;
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
-    return absl::Status(status.code(), absl::StrCat(what, ": coordinator ",
-                                                    absl::GetFlag(FLAGS_coordinator),
-                                                    " unreachable: ", status.message()));
+    return absl::Status(
+        status.code(),
+        absl::StrCat(what, ": coordinator ", absl::GetFlag(FLAGS_coordinator),
+                     " unreachable: ", status.message()));
   }
-  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+  return absl::Status(status.code(),
+                      absl::StrCat(what, ": ", status.message()));
 }
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -189,13 +230,15 @@ std::string ToJson(const google::protobuf::Message& m) {
 
 void PrintJob(const v1::Job& job) {
   const v1::JobStatus& s = job.status();
-  std::printf("%-20s %-8s epoch %lld/%lld  %lld/%lld samples  world %d  %d shards\n",
-              job.spec().name().c_str(),
-              v1::JobState_Name(s.state()).substr(10).c_str(),
-              static_cast<long long>(s.epoch()), static_cast<long long>(job.spec().num_epochs()),
-              static_cast<long long>(s.consumed_in_epoch()),
-              static_cast<long long>(s.samples_per_epoch()), job.spec().world_size(),
-              s.num_shards());
+  std::printf(
+      "%-20s %-8s epoch %lld/%lld  %lld/%lld samples  world %d  %d shards\n",
+      job.spec().name().c_str(),
+      v1::JobState_Name(s.state()).substr(10).c_str(),
+      static_cast<long long>(s.epoch()),
+      static_cast<long long>(job.spec().num_epochs()),
+      static_cast<long long>(s.consumed_in_epoch()),
+      static_cast<long long>(s.samples_per_epoch()), job.spec().world_size(),
+      s.num_shards());
 }
 
 void PrintJobOrJson(const v1::Job& job) {
@@ -220,13 +263,15 @@ int JobCommand(const std::vector<std::string>& args) {
     const std::string manifest = absl::GetFlag(FLAGS_manifest);
     if (manifest.empty()) return Usage("job create: --manifest is required");
     FILE* f = std::fopen(manifest.c_str(), "rb");
-    if (f == nullptr) return Fail(absl::NotFoundError("--manifest: cannot read " + manifest));
+    if (f == nullptr)
+      return Fail(absl::NotFoundError("--manifest: cannot read " + manifest));
     std::string text;
     char buf[65536];
     size_t n;
     while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
     std::fclose(f);
-    auto parsed = google::protobuf::util::JsonStringToMessage(text, spec->mutable_manifest());
+    auto parsed = google::protobuf::util::JsonStringToMessage(
+        text, spec->mutable_manifest());
     if (!parsed.ok()) {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("--manifest ", manifest, ": ", parsed.ToString())));
@@ -236,18 +281,24 @@ int JobCommand(const std::vector<std::string>& args) {
     spec->set_seed(absl::GetFlag(FLAGS_seed));
     spec->set_shuffle(absl::GetFlag(FLAGS_shuffle));
     const std::string mode = absl::GetFlag(FLAGS_mode);
-    if (mode != "static" && mode != "dynamic") return Usage("--mode must be static or dynamic");
+    if (mode != "static" && mode != "dynamic")
+      return Usage("--mode must be static or dynamic");
     spec->set_mode(mode == "static" ? v1::MODE_STATIC : v1::MODE_DYNAMIC);
     const std::string rem = absl::GetFlag(FLAGS_remainder);
-    if (rem != "drop" && rem != "pad") return Usage("--remainder must be drop or pad");
+    if (rem != "drop" && rem != "pad")
+      return Usage("--remainder must be drop or pad");
     spec->set_remainder(rem == "drop" ? v1::REMAINDER_DROP : v1::REMAINDER_PAD);
     const std::string corrupt = absl::GetFlag(FLAGS_on_corrupt);
-    if (corrupt != "skip" && corrupt != "fail") return Usage("--on_corrupt must be skip or fail");
-    spec->set_on_corrupt(corrupt == "skip" ? v1::CORRUPT_POLICY_SKIP : v1::CORRUPT_POLICY_FAIL);
-    spec->set_lease_ttl_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_lease_ttl)));
+    if (corrupt != "skip" && corrupt != "fail")
+      return Usage("--on_corrupt must be skip or fail");
+    spec->set_on_corrupt(corrupt == "skip" ? v1::CORRUPT_POLICY_SKIP
+                                           : v1::CORRUPT_POLICY_FAIL);
+    spec->set_lease_ttl_ms(
+        absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_lease_ttl)));
     spec->set_max_samples_per_lease(absl::GetFlag(FLAGS_max_samples_per_lease));
     v1::Job job;
-    absl::Status s = Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
+    absl::Status s =
+        Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
     if (!s.ok()) return Fail(s);
     PrintJobOrJson(job);
     return kOk;
@@ -258,7 +309,8 @@ int JobCommand(const std::vector<std::string>& args) {
       v1::DeleteJobRequest request;
       request.set_name(args[1]);
       v1::DeleteJobResponse response;
-      absl::Status s = Rpc(stub->DeleteJob(Deadline().get(), request, &response), "job delete");
+      absl::Status s = Rpc(
+          stub->DeleteJob(Deadline().get(), request, &response), "job delete");
       if (!s.ok()) return Fail(s);
       std::fprintf(stderr, "deleted job %s\n", args[1].c_str());
       return kOk;
@@ -266,15 +318,17 @@ int JobCommand(const std::vector<std::string>& args) {
     v1::GetJobRequest request;
     request.set_name(args[1]);
     v1::Job job;
-    absl::Status s = Rpc(stub->GetJob(Deadline().get(), request, &job), "job get");
+    absl::Status s =
+        Rpc(stub->GetJob(Deadline().get(), request, &job), "job get");
     if (!s.ok()) return Fail(s);
     PrintJobOrJson(job);
     return kOk;
   }
   if (verb == "list") {
     v1::ListJobsResponse response;
-    absl::Status s = Rpc(stub->ListJobs(Deadline().get(), v1::ListJobsRequest(), &response),
-                         "job list");
+    absl::Status s =
+        Rpc(stub->ListJobs(Deadline().get(), v1::ListJobsRequest(), &response),
+            "job list");
     if (!s.ok()) return Fail(s);
     if (absl::GetFlag(FLAGS_json)) {
       std::printf("%s", ToJson(response).c_str());
@@ -291,8 +345,9 @@ int StatusCommand(const std::vector<std::string>& args) {
   std::vector<v1::Job> jobs;
   if (args.empty()) {
     v1::ListJobsResponse response;
-    absl::Status s = Rpc(stub->ListJobs(Deadline().get(), v1::ListJobsRequest(), &response),
-                         "status");
+    absl::Status s =
+        Rpc(stub->ListJobs(Deadline().get(), v1::ListJobsRequest(), &response),
+            "status");
     if (!s.ok()) return Fail(s);
     jobs.assign(response.jobs().begin(), response.jobs().end());
   } else {
@@ -300,7 +355,8 @@ int StatusCommand(const std::vector<std::string>& args) {
       v1::GetJobRequest request;
       request.set_name(name);
       v1::Job job;
-      absl::Status s = Rpc(stub->GetJob(Deadline().get(), request, &job), "status");
+      absl::Status s =
+          Rpc(stub->GetJob(Deadline().get(), request, &job), "status");
       if (!s.ok()) return Fail(s);
       jobs.push_back(job);
     }
@@ -311,14 +367,16 @@ int StatusCommand(const std::vector<std::string>& args) {
       continue;
     }
     PrintJob(job);
-    std::printf("  data servers: %s\n",
-                job.status().live_data_servers().empty()
-                    ? "none live"
-                    : absl::StrJoin(job.status().live_data_servers(), ", ").c_str());
+    std::printf(
+        "  data servers: %s\n",
+        job.status().live_data_servers().empty()
+            ? "none live"
+            : absl::StrJoin(job.status().live_data_servers(), ", ").c_str());
     for (const v1::RankStatus& r : job.status().ranks()) {
-      std::printf("  rank %-4d %8lld / %-8lld consumed  %d live leases  %d sessions\n", r.rank(),
-                  static_cast<long long>(r.consumed()), static_cast<long long>(r.quota()),
-                  r.live_leases(), r.sessions());
+      std::printf(
+          "  rank %-4d %8lld / %-8lld consumed  %d live leases  %d sessions\n",
+          r.rank(), static_cast<long long>(r.consumed()),
+          static_cast<long long>(r.quota()), r.live_leases(), r.sessions());
     }
   }
   return kOk;
@@ -335,16 +393,19 @@ int ReadCommand(const std::vector<std::string>& args) {
   options.worker = absl::GetFlag(FLAGS_worker);
   options.num_workers = absl::GetFlag(FLAGS_workers);
   options.trainer_id = absl::GetFlag(FLAGS_trainer_id);
-  if (const std::string spec = absl::GetFlag(FLAGS_decode_spec); !spec.empty()) {
+  if (const std::string spec = absl::GetFlag(FLAGS_decode_spec);
+      !spec.empty()) {
     google::protobuf::TextFormat::Parser parser;
     if (!parser.ParseFromString(spec, &options.decode)) {
-      return Usage("read: --decode_spec is not a sluice.v1.DecodeSpec in text format");
+      return Usage(
+          "read: --decode_spec is not a sluice.v1.DecodeSpec in text format");
     }
     options.decode.set_decode(true);
   }
   if (absl::GetFlag(FLAGS_decode)) options.decode.set_decode(true);
   options.progress_interval = absl::GetFlag(FLAGS_progress_interval);
-  options.reconnect_timeout = std::max(absl::GetFlag(FLAGS_timeout), absl::Seconds(30));
+  options.reconnect_timeout =
+      std::max(absl::GetFlag(FLAGS_timeout), absl::Seconds(30));
   // This process only reads: keep freed megabyte buffers (malloc_tuning.h).
   (void)TuneMallocForStreaming();
   auto reader = Reader::Create(options);
@@ -353,7 +414,8 @@ int ReadCommand(const std::vector<std::string>& args) {
   const double rate = absl::GetFlag(FLAGS_rate);
   const absl::Time start = absl::Now();
   int64_t delivered = 0, epochs_done = 0;
-  bool began = false;  // an epoch began for this reader (else a done job is an error)
+  bool began =
+      false;  // an epoch began for this reader (else a done job is an error)
   while (true) {
     auto event = (*reader)->Next();
     if (!event.ok()) return Fail(event.status());
@@ -364,43 +426,58 @@ int ReadCommand(const std::vector<std::string>& args) {
     }
     if (event->kind == ReaderEvent::Kind::kEpochBegin) {
       began = true;
-      std::fprintf(stderr, "epoch %lld begins: %lld samples for rank %d (%lld already consumed)\n",
+      std::fprintf(stderr,
+                   "epoch %lld begins: %lld samples for rank %d (%lld already "
+                   "consumed)\n",
                    static_cast<long long>(event->epoch),
-                   static_cast<long long>(event->samples_for_rank), options.rank,
+                   static_cast<long long>(event->samples_for_rank),
+                   options.rank,
                    static_cast<long long>(event->already_consumed));
       continue;
     }
     if (event->kind == ReaderEvent::Kind::kEpochEnd) {
-      std::fprintf(stderr, "epoch %lld ends\n", static_cast<long long>(event->epoch));
+      std::fprintf(stderr, "epoch %lld ends\n",
+                   static_cast<long long>(event->epoch));
       if (max_epochs > 0 && ++epochs_done >= max_epochs) break;
       continue;
     }
     const Sample& s = event->sample;
     std::string fields;
     for (const v1::Field& f : s.fields) {
-      size_t size = f.has_tensor() ? f.tensor().data().size()
-                    : f.has_text() ? f.text().size()
-                    : f.has_int_value() ? 8 : f.raw().size();
-      absl::StrAppend(&fields, fields.empty() ? "" : ",", "\"", JsonEscape(f.name()), "\":", size);
+      size_t size = f.has_tensor()      ? f.tensor().data().size()
+                    : f.has_text()      ? f.text().size()
+                    : f.has_int_value() ? 8
+                                        : f.raw().size();
+      absl::StrAppend(&fields, fields.empty() ? "" : ",", "\"",
+                      JsonEscape(f.name()), "\":", size);
     }
     std::string line = absl::StrCat(
-        "{\"epoch\":", s.epoch, ",\"rank\":", s.rank, ",\"shard\":", s.shard_index,
-        ",\"index\":", s.index, ",\"key\":\"", JsonEscape(s.key), "\",\"fields\":{", fields, "}",
-        s.skipped ? absl::StrCat(",\"skipped\":true,\"skip_reason\":\"", JsonEscape(s.skip_reason), "\"") : "",
+        "{\"epoch\":", s.epoch, ",\"rank\":", s.rank,
+        ",\"shard\":", s.shard_index, ",\"index\":", s.index, ",\"key\":\"",
+        JsonEscape(s.key), "\",\"fields\":{", fields, "}",
+        s.skipped ? absl::StrCat(",\"skipped\":true,\"skip_reason\":\"",
+                                 JsonEscape(s.skip_reason), "\"")
+                  : "",
         "}\n");
     // One write per line: a reader killed mid-run leaves whole lines behind.
-    if (write(STDOUT_FILENO, line.data(), line.size()) < 0) return Fail(absl::InternalError("stdout closed"));
+    if (write(STDOUT_FILENO, line.data(), line.size()) < 0)
+      return Fail(absl::InternalError("stdout closed"));
     ++delivered;
     if (rate > 0) {
       absl::Time due = start + absl::Seconds(delivered / rate);
-      if (due > absl::Now()) absl::SleepFor(due - absl::Now());  // emulated training step
+      if (due > absl::Now())
+        absl::SleepFor(due - absl::Now());  // emulated training step
     }
   }
   ReaderStats stats = (*reader)->stats();
   (*reader)->Close();
-  std::fprintf(stderr, "read %lld samples (%lld units, %lld re-routed, %lld dropped, %lld reconnects)\n",
-               static_cast<long long>(stats.delivered), static_cast<long long>(stats.units_completed),
-               static_cast<long long>(stats.reroutes), static_cast<long long>(stats.dropped_units),
+  std::fprintf(stderr,
+               "read %lld samples (%lld units, %lld re-routed, %lld dropped, "
+               "%lld reconnects)\n",
+               static_cast<long long>(stats.delivered),
+               static_cast<long long>(stats.units_completed),
+               static_cast<long long>(stats.reroutes),
+               static_cast<long long>(stats.dropped_units),
                static_cast<long long>(stats.reconnects));
   return kOk;
 }
@@ -412,30 +489,41 @@ int HealthCommand(const std::vector<std::string>& args) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse response;
-  absl::Status s = FromGrpcStatus(stub->Check(Deadline().get(), request, &response));
+  absl::Status s =
+      FromGrpcStatus(stub->Check(Deadline().get(), request, &response));
   if (!s.ok()) {
-    return Fail(absl::Status(s.code(), absl::StrCat("health ", args[0], ": ", s.message())));
+    return Fail(absl::Status(
+        s.code(), absl::StrCat("health ", args[0], ": ", s.message())));
   }
-  std::string status = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  std::string status =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+          response.status());
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf("{\"address\":\"%s\",\"status\":\"%s\"}\n", JsonEscape(args[0]).c_str(), status.c_str());
+    std::printf("{\"address\":\"%s\",\"status\":\"%s\"}\n",
+                JsonEscape(args[0]).c_str(), status.c_str());
   } else {
     std::printf("%s %s\n", args[0].c_str(), status.c_str());
   }
-  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kOk : kError;
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING
+             ? kOk
+             : kError;
 }
 
 // The manifest entry of `url` as the data server at `address` indexes it.
-absl::StatusOr<v1::Shard> IndexThroughDataServer(v1::DataServer::Stub& stub, const std::string& url) {
+absl::StatusOr<v1::Shard> IndexThroughDataServer(v1::DataServer::Stub& stub,
+                                                 const std::string& url) {
   grpc::ClientContext ctx;
   // Indexing a remote shard downloads it first: allow for that.
   ctx.set_deadline(std::chrono::system_clock::now() +
-                   absl::ToChronoSeconds(std::max(absl::GetFlag(FLAGS_timeout), absl::Minutes(10))));
+                   absl::ToChronoSeconds(std::max(absl::GetFlag(FLAGS_timeout),
+                                                  absl::Minutes(10))));
   v1::IndexShardRequest request;
   request.set_url(url);
   v1::ShardIndex index;
   absl::Status s = FromGrpcStatus(stub.IndexShard(&ctx, request, &index));
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("index ", url, ": ", s.message()));
+  if (!s.ok())
+    return absl::Status(s.code(),
+                        absl::StrCat("index ", url, ": ", s.message()));
   v1::Shard shard;
   shard.set_url(url);
   shard.set_num_samples(index.num_samples());
@@ -448,23 +536,31 @@ std::string FileSha256(absl::string_view bytes) {
   unsigned int len = 0;
   EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
   std::string hex;
-  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  for (unsigned int i = 0; i < len; ++i)
+    absl::StrAppendFormat(&hex, "%02x", digest[i]);
   return hex;
 }
 
 int IndexCommand(const std::vector<std::string>& args) {
-  if (args.empty()) return Usage("index: give a directory or a glob of shards (or URLs with --data_server)");
+  if (args.empty())
+    return Usage(
+        "index: give a directory or a glob of shards (or URLs with "
+        "--data_server)");
   const std::string data_server = absl::GetFlag(FLAGS_data_server);
   std::vector<std::string> paths;
   // Local: the directory each path was found under, for --url_prefix.
   std::map<std::string, std::string> base_of;
   if (!data_server.empty()) {
-    if (!absl::GetFlag(FLAGS_url_prefix).empty() || absl::GetFlag(FLAGS_checksum)) {
-      return Usage("index: --url_prefix and --checksum index local files; not with --data_server");
+    if (!absl::GetFlag(FLAGS_url_prefix).empty() ||
+        absl::GetFlag(FLAGS_checksum)) {
+      return Usage(
+          "index: --url_prefix and --checksum index local files; not with "
+          "--data_server");
     }
     paths = args;
   }
-  for (const std::string& arg : data_server.empty() ? args : std::vector<std::string>{}) {
+  for (const std::string& arg :
+       data_server.empty() ? args : std::vector<std::string>{}) {
     struct stat st;
     std::string pattern = arg;
     std::string base;
@@ -479,7 +575,8 @@ int IndexCommand(const std::vector<std::string>& args) {
         char real[PATH_MAX];
         if (realpath(g.gl_pathv[i], real) != nullptr) {
           paths.emplace_back(real);
-          std::string dir = base.empty() ? std::string(real).substr(0, std::string(real).rfind('/'))
+          std::string dir = base.empty() ? std::string(real).substr(
+                                               0, std::string(real).rfind('/'))
                                          : base;
           base_of[real] = dir;
         }
@@ -488,10 +585,13 @@ int IndexCommand(const std::vector<std::string>& args) {
     globfree(&g);
   }
   if (data_server.empty()) std::sort(paths.begin(), paths.end());
-  if (paths.empty()) return Fail(absl::NotFoundError("index: no shards match " + absl::StrJoin(args, " ")));
+  if (paths.empty())
+    return Fail(absl::NotFoundError("index: no shards match " +
+                                    absl::StrJoin(args, " ")));
   std::unique_ptr<v1::DataServer::Stub> stub;
   if (!data_server.empty()) {
-    stub = v1::DataServer::NewStub(grpc::CreateChannel(data_server, Credentials()));
+    stub = v1::DataServer::NewStub(
+        grpc::CreateChannel(data_server, Credentials()));
   }
   const std::string url_prefix = absl::GetFlag(FLAGS_url_prefix);
   const bool tty = isatty(STDERR_FILENO);
@@ -505,24 +605,30 @@ int IndexCommand(const std::vector<std::string>& args) {
       *manifest.add_shards() = *std::move(shard);
     } else {
       int fd = open(paths[i].c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return Fail(absl::NotFoundError("index: cannot open " + paths[i]));
+      if (fd < 0)
+        return Fail(absl::NotFoundError("index: cannot open " + paths[i]));
       auto shard = dataserver::ShardData::Map(fd, paths[i]);
       if (!shard.ok()) return Fail(shard.status());
       dataserver::ShardIndex index = dataserver::BuildShardIndex(*shard);
-      if (!index.damage.empty()) return Fail(absl::DataLossError("index: " + index.damage));
+      if (!index.damage.empty())
+        return Fail(absl::DataLossError("index: " + index.damage));
       v1::Shard* s = manifest.add_shards();
-      s->set_url(url_prefix.empty()
-                     ? paths[i]
-                     : absl::StrCat(url_prefix, absl::EndsWith(url_prefix, "/") ? "" : "/",
-                                    paths[i].substr(base_of[paths[i]].size() + 1)));
+      s->set_url(
+          url_prefix.empty()
+              ? paths[i]
+              : absl::StrCat(url_prefix,
+                             absl::EndsWith(url_prefix, "/") ? "" : "/",
+                             paths[i].substr(base_of[paths[i]].size() + 1)));
       s->set_num_samples(index.num_samples());
       s->set_size_bytes(index.size_bytes);
-      if (absl::GetFlag(FLAGS_checksum)) s->set_checksum("sha256:" + FileSha256((*shard)->bytes()));
+      if (absl::GetFlag(FLAGS_checksum))
+        s->set_checksum("sha256:" + FileSha256((*shard)->bytes()));
       samples += index.num_samples();
     }
     if (tty) {
       int width = 30, done = static_cast<int>(width * (i + 1) / paths.size());
-      std::fprintf(stderr, "\r[%s%s] %zu/%zu shards, %lld samples", std::string(done, '#').c_str(),
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu shards, %lld samples",
+                   std::string(done, '#').c_str(),
                    std::string(width - done, ' ').c_str(), i + 1, paths.size(),
                    static_cast<long long>(samples));
     }
@@ -534,12 +640,14 @@ int IndexCommand(const std::vector<std::string>& args) {
     std::printf("%s", json.c_str());
   } else {
     FILE* f = std::fopen(out.c_str(), "wb");
-    if (f == nullptr || std::fwrite(json.data(), 1, json.size(), f) != json.size()) {
+    if (f == nullptr ||
+        std::fwrite(json.data(), 1, json.size(), f) != json.size()) {
       return Fail(absl::InternalError("index: cannot write " + out));
     }
     std::fclose(f);
   }
-  std::fprintf(stderr, "indexed %zu shards, %lld samples\n", paths.size(), static_cast<long long>(samples));
+  std::fprintf(stderr, "indexed %zu shards, %lld samples\n", paths.size(),
+               static_cast<long long>(samples));
   return kOk;
 }
 
@@ -601,12 +709,15 @@ int main(int argc, char** argv) {
   }
   absl::FlagsUsageConfig config;
   config.contains_helpshort_flags = [](absl::string_view) { return false; };
-  config.contains_help_flags = [](absl::string_view f) { return absl::StrContains(f, "client/cli"); };
+  config.contains_help_flags = [](absl::string_view f) {
+    return absl::StrContains(f, "client/cli");
+  };
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(kHelpText);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2) return Usage("no command");
-  if (absl::Status creds = LoadCredentials(); !creds.ok()) return Usage(std::string(creds.message()));
+  if (absl::Status creds = LoadCredentials(); !creds.ok())
+    return Usage(std::string(creds.message()));
   const std::string command = positional[1];
   std::vector<std::string> args(positional.begin() + 2, positional.end());
   if (command == "job") return JobCommand(args);

@@ -1,5 +1,6 @@
 #include "sluice/reader.h"
 
+#include <grpcpp/alarm.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,8 +9,6 @@
 #include <optional>
 #include <random>
 #include <thread>
-
-#include <grpcpp/alarm.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -74,7 +73,8 @@ class WaitTag final : public Tag {
 // back is exact.
 void* TagOf(Tag* tag) { return tag; }
 
-using SessionStream = grpc::ClientAsyncReaderWriter<TrainerMessage, CoordinatorMessage>;
+using SessionStream =
+    grpc::ClientAsyncReaderWriter<TrainerMessage, CoordinatorMessage>;
 
 class ReaderImpl final : public Reader {
  public:
@@ -82,8 +82,8 @@ class ReaderImpl final : public Reader {
     if (options_.trainer_id.empty()) {
       char host[256] = {0};
       gethostname(host, sizeof(host) - 1);
-      options_.trainer_id =
-          absl::StrCat(host, "-", getpid(), "-r", options_.rank, "-w", options_.worker);
+      options_.trainer_id = absl::StrCat(host, "-", getpid(), "-r",
+                                         options_.rank, "-w", options_.worker);
     }
     if (options_.units_in_flight < 1) options_.units_in_flight = 1;
     if (options_.buffer_samples < 1) options_.buffer_samples = 1;
@@ -121,7 +121,8 @@ class ReaderImpl final : public Reader {
   class FetchTag final : public Tag {
    public:
     enum class Op { kStart, kRead, kFinish, kRetryAfter };
-    FetchTag(ReaderImpl* reader, Unit* unit, Op op) : reader_(reader), unit_(unit), op_(op) {}
+    FetchTag(ReaderImpl* reader, Unit* unit, Op op)
+        : reader_(reader), unit_(unit), op_(op) {}
     void Done(bool ok) override { reader_->OnFetchEvent(*unit_, op_, ok); }
 
    private:
@@ -141,7 +142,7 @@ class ReaderImpl final : public Reader {
     int64_t order = 0;  // grant order: reports go out in this order
     int64_t size = 0;
     std::deque<Sample> buffer;
-    int64_t next_fetch = 0;  // absolute sample index
+    int64_t next_fetch = 0;          // absolute sample index
     int64_t last_batch_samples = 0;  // size of the newest batch received
     enum class Fetch { kRunning, kDone, kFailed } fetch = Fetch::kRunning;
     std::string fetch_error;
@@ -153,12 +154,12 @@ class ReaderImpl final : public Reader {
     bool stalled = false;
     // The unit's ReadSamples stream, a small state machine driven by the I/O
     // thread (OnFetchEvent); at most one operation outstanding at a time.
-    bool fetch_started = false;  // stream opened (or the retry alarm armed)
-    bool op_pending = false;     // StartCall or Read outstanding
+    bool fetch_started = false;     // stream opened (or the retry alarm armed)
+    bool op_pending = false;        // StartCall or Read outstanding
     bool waiting_for_room = false;  // no Read issued: the buffer is full
-    bool cancelled = false;      // TryCancel'ed: no further Read
-    bool finishing = false;      // Finish issued
-    bool call_done = false;      // Finish (or the retry alarm) completed
+    bool cancelled = false;         // TryCancel'ed: no further Read
+    bool finishing = false;         // Finish issued
+    bool call_done = false;         // Finish (or the retry alarm) completed
     v1::ReadRequest request;
     std::unique_ptr<grpc::ClientContext> ctx;
     std::unique_ptr<grpc::ClientAsyncReader<v1::SampleBatch>> stream;
@@ -182,7 +183,8 @@ class ReaderImpl final : public Reader {
   };
 
   std::shared_ptr<grpc::ChannelCredentials> Creds() const {
-    return options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
+    return options_.credentials ? options_.credentials
+                                : grpc::InsecureChannelCredentials();
   }
 
   // Blocking writes on the session stream, one at a time (write_mu_).
@@ -221,7 +223,8 @@ class ReaderImpl final : public Reader {
   // once room appears), then Finish once a Read fails (end of stream or
   // cancelled); Finish's status decides the unit's fate.
   void StartEligibleFetchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartFetchLocked(const std::shared_ptr<Unit>& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartFetchLocked(const std::shared_ptr<Unit>& u)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFetchEvent(Unit& u, FetchTag::Op op, bool ok);
   void OnBatch(Unit& u, bool ok);
   void OnFetchFinished(Unit& u);
@@ -266,7 +269,8 @@ class ReaderImpl final : public Reader {
   }
   // The lease is no longer ours (Revoke, Rejected): drop what is undelivered
   // and report nothing more for it.
-  void RetireLocked(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void RetireLocked(const std::string& lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = units_.find(lease_id);
     if (it == units_.end()) return;
     DropLocked(*it->second);
@@ -286,11 +290,13 @@ class ReaderImpl final : public Reader {
     for (const auto& [id, other] : units_) {
       const Unit& o = *other;
       if (o.order >= u.order || o.dropped || o.fetch != Unit::Fetch::kRunning ||
-          o.retry_alarm != nullptr || o.lease.data_server() != u.lease.data_server()) {
+          o.retry_alarm != nullptr ||
+          o.lease.data_server() != u.lease.data_server()) {
         continue;
       }
       const int64_t remaining = o.lease.unit().end() - o.next_fetch;
-      if (o.last_batch_samples == 0 || remaining > o.last_batch_samples) return false;
+      if (o.last_batch_samples == 0 || remaining > o.last_batch_samples)
+        return false;
     }
     return true;
   }
@@ -314,7 +320,8 @@ class ReaderImpl final : public Reader {
   // (NotifyAllLocked).
   absl::CondVar cv_;
   absl::CondVar data_cv_;
-  absl::CondVar maintenance_cv_;  // the maintenance thread's timer; woken on closing
+  absl::CondVar
+      maintenance_cv_;  // the maintenance thread's timer; woken on closing
   void NotifyAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     StartEligibleFetchesLocked();
     cv_.SignalAll();
@@ -335,7 +342,8 @@ class ReaderImpl final : public Reader {
   // Units no longer in units_ whose stream may still have an operation
   // outstanding.
   std::vector<std::shared_ptr<Unit>> retired_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<v1::DataServer::Stub>> data_stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<v1::DataServer::Stub>> data_stubs_
+      ABSL_GUARDED_BY(mu_);
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -345,7 +353,8 @@ class ReaderImpl final : public Reader {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;
-  bool resume_done_ ABSL_GUARDED_BY(mu_) = false;  // the cursor reached a Welcome
+  bool resume_done_ ABSL_GUARDED_BY(mu_) =
+      false;  // the cursor reached a Welcome
   bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t synced_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sync_ ABSL_GUARDED_BY(mu_) = 0;
@@ -364,7 +373,8 @@ class ReaderImpl final : public Reader {
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);
 
   // Streams that failed in a row, per (data server, shard): re-route back-off.
-  std::map<std::pair<std::string, std::string>, int> stream_failures_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, int> stream_failures_
+      ABSL_GUARDED_BY(mu_);
   static constexpr absl::Duration kRerouteBackoff = absl::Milliseconds(50);
   static constexpr absl::Duration kRerouteBackoffMax = absl::Seconds(2);
 
@@ -372,7 +382,8 @@ class ReaderImpl final : public Reader {
   SessionStream* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
   grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(write_mu_) = nullptr;
 
-  grpc::CompletionQueue cq_;  // every stream's operations; drained by io_thread_
+  grpc::CompletionQueue
+      cq_;  // every stream's operations; drained by io_thread_
   std::thread io_thread_;
   std::thread session_thread_;
   std::thread maintenance_thread_;
@@ -401,7 +412,8 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           event.samples_for_worker = e.worker_samples;
           event.already_consumed_by_worker = e.worker_already;
           event.message = e.message;
-          if (e.kind != ReaderEvent::Kind::kDone) entries_.pop_front();  // Done stays
+          if (e.kind != ReaderEvent::Kind::kDone)
+            entries_.pop_front();  // Done stays
           have_event = true;
           break;
         }
@@ -464,8 +476,9 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
     if (have_event) {
       if (event.kind == ReaderEvent::Kind::kEpochBegin) {
         position_epoch_ = event.epoch;
-        position_consumed_ = options_.num_workers > 1 ? event.already_consumed_by_worker
-                                                      : event.already_consumed;
+        position_consumed_ = options_.num_workers > 1
+                                 ? event.already_consumed_by_worker
+                                 : event.already_consumed;
       } else if (event.kind == ReaderEvent::Kind::kSample) {
         ++position_consumed_;
       }
@@ -482,7 +495,8 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
     for (auto& [id, u] : units_) {
       if (u->final_report.has_value()) {
         out.emplace_back(u, *u->final_report);
-      } else if (progress && !u->dropped && (u->delivered > u->reported || force)) {
+      } else if (progress && !u->dropped &&
+                 (u->delivered > u->reported || force)) {
         TrainerMessage m;
         m.mutable_progress()->set_lease_id(u->lease.lease_id());
         m.mutable_progress()->set_fence(u->lease.fence());
@@ -493,8 +507,9 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
   }
   // In delivery order: the coordinator's per-rank acknowledgement order is
   // what a resume cursor counts in.
-  std::stable_sort(out.begin(), out.end(),
-                   [](const auto& a, const auto& b) { return a.first->order < b.first->order; });
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.first->order < b.first->order;
+  });
   for (auto& [u, m] : out) {
     if (!Send(m)) return;  // disconnected: the session re-flushes on reconnect
     absl::MutexLock lock(&mu_);
@@ -521,14 +536,14 @@ void ReaderImpl::RunSession() {
     }
     // Connect first (polling the connection up to once per retry period,
     // the channel's backoff capped as above), then open the stream.
-    if (!channel_->WaitForConnected(
-            absl::ToChronoTime(absl::Now() + std::min(backoff * 5, absl::Seconds(1))))) {
+    if (!channel_->WaitForConnected(absl::ToChronoTime(
+            absl::Now() + std::min(backoff * 5, absl::Seconds(1))))) {
       absl::MutexLock lock(&mu_);
       if (closing_ || job_done_) return;
       if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
-        fatal_ = absl::UnavailableError(
-            absl::StrCat("coordinator ", options_.coordinator, " unreachable for ",
-                         absl::FormatDuration(options_.reconnect_timeout)));
+        fatal_ = absl::UnavailableError(absl::StrCat(
+            "coordinator ", options_.coordinator, " unreachable for ",
+            absl::FormatDuration(options_.reconnect_timeout)));
         NotifyAllLocked();
         return;
       }
@@ -536,7 +551,8 @@ void ReaderImpl::RunSession() {
       continue;
     }
     grpc::ClientContext ctx;
-    std::unique_ptr<SessionStream> stream = coordinator_->PrepareAsyncSession(&ctx, &cq_);
+    std::unique_ptr<SessionStream> stream =
+        coordinator_->PrepareAsyncSession(&ctx, &cq_);
     {
       absl::MutexLock lock(&write_mu_);
       session_ctx_ = &ctx;  // Close() can cancel from here on
@@ -596,14 +612,16 @@ void ReaderImpl::RunSession() {
             absl::MutexLock lock(&mu_);
             for (const auto& [id, f] : finals_) finals.push_back(f);
           }
-          std::sort(finals.begin(), finals.end(),
-                    [](const Final& a, const Final& b) { return a.order < b.order; });
+          std::sort(
+              finals.begin(), finals.end(),
+              [](const Final& a, const Final& b) { return a.order < b.order; });
           for (const Final& f : finals) Send(f.message);
           FlushReports(true, /*force=*/true);
           const uint64_t id = SendSync();
           {
             absl::MutexLock lock(&mu_);
-            revalidating_ = id != 0 && disconnected_at_ != absl::InfinitePast() &&
+            revalidating_ = id != 0 &&
+                            disconnected_at_ != absl::InfinitePast() &&
                             absl::Now() - disconnected_at_ > lease_ttl_ / 2;
             revalidate_id_ = id;
             if (id != 0) disconnected_at_ = absl::InfinitePast();
@@ -621,7 +639,8 @@ void ReaderImpl::RunSession() {
     {
       absl::MutexLock lock(&mu_);
       stream_open_ = false;
-      if (disconnected_at_ == absl::InfinitePast()) disconnected_at_ = absl::Now();
+      if (disconnected_at_ == absl::InfinitePast())
+        disconnected_at_ = absl::Now();
       NotifyAllLocked();
     }
     grpc::Status finish_status;
@@ -645,7 +664,8 @@ void ReaderImpl::RunSession() {
     if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
       fatal_ = absl::UnavailableError(absl::StrCat(
           "coordinator ", options_.coordinator, " unreachable for ",
-          absl::FormatDuration(options_.reconnect_timeout), ": ", status.ToString()));
+          absl::FormatDuration(options_.reconnect_timeout), ": ",
+          status.ToString()));
       NotifyAllLocked();
       return;
     }
@@ -665,7 +685,8 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
     switch (m.msg_case()) {
       case CoordinatorMessage::kWelcome:
         if (m.welcome().heartbeat_interval_ms() > 0) {
-          heartbeat_interval_ = absl::Milliseconds(m.welcome().heartbeat_interval_ms());
+          heartbeat_interval_ =
+              absl::Milliseconds(m.welcome().heartbeat_interval_ms());
         }
         world_size_ = m.welcome().world_size();
         if (m.welcome().lease_ttl_ms() > 0) {
@@ -683,24 +704,26 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
       case CoordinatorMessage::kEpochBegin:
         if (m.epoch_begin().epoch() > last_epoch_begin_) {
           last_epoch_begin_ = m.epoch_begin().epoch();
-          entries_.push_back(Entry{ReaderEvent::Kind::kEpochBegin, m.epoch_begin().epoch(),
-                                   m.epoch_begin().samples_for_rank(),
-                                   m.epoch_begin().already_consumed(), nullptr,
-                                   m.epoch_begin().samples_for_worker(),
-                                   m.epoch_begin().already_consumed_by_worker()});
+          entries_.push_back(
+              Entry{ReaderEvent::Kind::kEpochBegin, m.epoch_begin().epoch(),
+                    m.epoch_begin().samples_for_rank(),
+                    m.epoch_begin().already_consumed(), nullptr,
+                    m.epoch_begin().samples_for_worker(),
+                    m.epoch_begin().already_consumed_by_worker()});
         }
         break;
       case CoordinatorMessage::kEpochEnd:
         if (m.epoch_end().epoch() > last_epoch_end_) {
           last_epoch_end_ = m.epoch_end().epoch();
-          entries_.push_back(
-              Entry{ReaderEvent::Kind::kEpochEnd, m.epoch_end().epoch(), 0, 0, nullptr});
+          entries_.push_back(Entry{ReaderEvent::Kind::kEpochEnd,
+                                   m.epoch_end().epoch(), 0, 0, nullptr});
         }
         break;
       case CoordinatorMessage::kJobDone:
         job_done_ = true;
-        entries_.push_back(Entry{ReaderEvent::Kind::kDone, m.job_done().num_epochs(), 0, 0,
-                                 nullptr, 0, 0, m.job_done().message()});
+        entries_.push_back(Entry{ReaderEvent::Kind::kDone,
+                                 m.job_done().num_epochs(), 0, 0, nullptr, 0, 0,
+                                 m.job_done().message()});
         break;
       case CoordinatorMessage::kGrant: {
         const v1::Lease& lease = m.grant().lease();
@@ -712,7 +735,8 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         if (auto held = units_.find(lease.lease_id()); held != units_.end()) {
           // Sent again (a reconnect, or a token near its expiry): streams
           // opened from now on present the new token.
-          if (held->second->lease.fence() == lease.fence()) held->second->lease = lease;
+          if (held->second->lease.fence() == lease.fence())
+            held->second->lease = lease;
           break;
         }
         if (closing_) break;
@@ -723,7 +747,8 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         u->order = next_order_++;
         units_[lease.lease_id()] = u;
         entries_.push_back(Entry{ReaderEvent::Kind::kSample, 0, 0, 0, u});
-        break;  // its stream opens in NotifyAllLocked below, when its turn comes
+        break;  // its stream opens in NotifyAllLocked below, when its turn
+                // comes
       }
       case CoordinatorMessage::kRevoke:
         RetireLocked(m.revoke().lease_id());
@@ -743,10 +768,12 @@ void ReaderImpl::StartEligibleFetchesLocked() {
   if (closing_) return;
   std::vector<const std::shared_ptr<Unit>*> waiting;
   for (const auto& [id, u] : units_) {
-    if (!u->fetch_started && !u->dropped && !u->cancelled) waiting.push_back(&u);
+    if (!u->fetch_started && !u->dropped && !u->cancelled)
+      waiting.push_back(&u);
   }
-  std::sort(waiting.begin(), waiting.end(),
-            [](const auto* a, const auto* b) { return (*a)->order < (*b)->order; });
+  std::sort(waiting.begin(), waiting.end(), [](const auto* a, const auto* b) {
+    return (*a)->order < (*b)->order;
+  });
   for (const auto* u : waiting) {
     if (FetchMayStartLocked(**u)) StartFetchLocked(*u);
   }
@@ -761,15 +788,17 @@ void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
     // No live data server: wait a little, then ask for a re-route.
     u.retry_error = "no live data server";
     u.retry_alarm = std::make_unique<grpc::Alarm>();
-    u.retry_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)),
-                       TagOf(&u.retry_tag));
+    u.retry_alarm->Set(
+        &cq_, absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)),
+        TagOf(&u.retry_tag));
     return;
   }
   auto& stub = data_stubs_[address];
   if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
-    stub = v1::DataServer::NewStub(grpc::CreateCustomChannel(address, Creds(), args));
+    stub = v1::DataServer::NewStub(
+        grpc::CreateCustomChannel(address, Creds(), args));
   }
   *u.request.mutable_lease() = u.lease;
   *u.request.mutable_decode() = options_.decode;
@@ -806,7 +835,8 @@ void ReaderImpl::OnFetchEvent(Unit& u, FetchTag::Op op, bool ok) {
       absl::MutexLock lock(&mu_);
       hold = std::move(u.io_hold);
       u.call_done = true;
-      if (!u.dropped && !closing_) SetFetchStateLocked(u, Unit::Fetch::kFailed, u.retry_error);
+      if (!u.dropped && !closing_)
+        SetFetchStateLocked(u, Unit::Fetch::kFailed, u.retry_error);
       NotifyAllLocked();
       return;
     }
@@ -849,8 +879,9 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
   }
   for (Sample& out : converted) {
     if (out.index != u.next_fetch) {
-      u.protocol_error = absl::StrCat("data server ", u.lease.data_server(), " sent sample ",
-                                      out.index, ", expected ", u.next_fetch);
+      u.protocol_error =
+          absl::StrCat("data server ", u.lease.data_server(), " sent sample ",
+                       out.index, ", expected ", u.next_fetch);
       u.cancelled = true;
       u.ctx->TryCancel();
       BeginFinishLocked(u);
@@ -873,7 +904,8 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
   } else {
     u.waiting_for_room = true;  // Next() re-issues it
   }
-  StartEligibleFetchesLocked();  // the next unit's turn comes near this one's end
+  StartEligibleFetchesLocked();  // the next unit's turn comes near this one's
+                                 // end
 }
 
 void ReaderImpl::OnFetchFinished(Unit& u) {
@@ -901,27 +933,34 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
              status.code() == absl::StatusCode::kPermissionDenied) {
     // Not a server fault: corrupt data under on_corrupt=fail, or a manifest
     // / configuration that does not match the shards.
-    fatal_ = absl::Status(status.code(), absl::StrCat("lease ", u.lease.lease_id(), ": ",
-                                                      status.message()));
+    fatal_ = absl::Status(
+        status.code(),
+        absl::StrCat("lease ", u.lease.lease_id(), ": ", status.message()));
   } else {
-    std::string error = u.stalled ? absl::StrCat(address, ": no data for ",
-                                                 absl::FormatDuration(options_.stall_timeout))
-                                  : absl::StrCat(address, ": ", status.ToString());
+    std::string error =
+        u.stalled ? absl::StrCat(address, ": no data for ",
+                                 absl::FormatDuration(options_.stall_timeout))
+                  : absl::StrCat(address, ": ", status.ToString());
     // The more streams of this shard from this server failed in a row, the
     // longer before the re-route (the first goes at once): a shard a server
     // cannot serve (missing, unreadable) must not become a grant/re-route
     // loop as fast as the machine allows.
-    const int failures = ++stream_failures_[{address, u.lease.unit().shard_url()}];
+    const int failures =
+        ++stream_failures_[{address, u.lease.unit().shard_url()}];
     if (failures == 1 || failures % 10 == 0) {
-      LogWarning("sluice::Reader job %s rank %d: stream %d in a row from %s failed, re-routing: %s",
-                 options_.job, options_.rank, failures, address, error);
+      LogWarning(
+          "sluice::Reader job %s rank %d: stream %d in a row from %s failed, "
+          "re-routing: %s",
+          options_.job, options_.rank, failures, address, error);
     }
     if (failures > 1) {
-      const absl::Duration wait =
-          std::min(kRerouteBackoffMax, kRerouteBackoff * (int64_t{1} << std::min(failures - 2, 20)));
+      const absl::Duration wait = std::min(
+          kRerouteBackoffMax,
+          kRerouteBackoff * (int64_t{1} << std::min(failures - 2, 20)));
       u.retry_error = std::move(error);
       u.retry_alarm = std::make_unique<grpc::Alarm>();
-      u.retry_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + wait), TagOf(&u.retry_tag));
+      u.retry_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + wait),
+                         TagOf(&u.retry_tag));
       u.call_done = false;  // the alarm is outstanding
       u.io_hold = std::move(hold);
       return;
@@ -939,16 +978,19 @@ void ReaderImpl::RunMaintenance() {
     {
       absl::MutexLock lock(&mu_);
       heartbeat = heartbeat_interval_;
-      absl::Time until = absl::Now() + std::min({heartbeat, options_.progress_interval,
-                                                 options_.stall_timeout / 2});
-      while (!closing_ && absl::Now() < until) maintenance_cv_.WaitWithDeadline(&mu_, until);
+      absl::Time until =
+          absl::Now() + std::min({heartbeat, options_.progress_interval,
+                                  options_.stall_timeout / 2});
+      while (!closing_ && absl::Now() < until)
+        maintenance_cv_.WaitWithDeadline(&mu_, until);
       if (closing_) return;
       // Streams that went quiet: cancel them, the unit is then re-routed.
       const absl::Time now = absl::Now();
       for (auto& [id, u] : units_) {
         if (u->fetch_started && !u->call_done && !u->cancelled &&
-            u->retry_alarm == nullptr && u->fetch == Unit::Fetch::kRunning && !u->stalled &&
-            !u->waiting_for_room && now - u->last_activity > options_.stall_timeout) {
+            u->retry_alarm == nullptr && u->fetch == Unit::Fetch::kRunning &&
+            !u->stalled && !u->waiting_for_room &&
+            now - u->last_activity > options_.stall_timeout) {
           u->stalled = true;
           CancelFetchLocked(*u);
         }
@@ -1042,7 +1084,8 @@ void ReaderImpl::Close() {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time until = absl::Now() + absl::Seconds(2);
-    while (stream_open_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+    while (stream_open_ && absl::Now() < until)
+      cv_.WaitWithDeadline(&mu_, until);
   }
   {
     absl::MutexLock lock(&write_mu_);
@@ -1087,12 +1130,13 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
   cursor.set_world_size(world_size);
   const int32_t workers = std::max(options_.num_workers, 1);
   for (int32_t r = 0; r < std::max(world_size, 1); ++r) {
-    cursor.add_consumed_per_rank(r == options_.rank && workers == 1 ? position_consumed_ : -1);
+    cursor.add_consumed_per_rank(
+        r == options_.rank && workers == 1 ? position_consumed_ : -1);
     if (workers == 1) continue;
     cursor.set_workers_per_rank(workers);
     for (int32_t w = 0; w < workers; ++w) {
-      cursor.add_consumed_per_worker(r == options_.rank && w == options_.worker ? position_consumed_
-                                                                                : -1);
+      cursor.add_consumed_per_worker(
+          r == options_.rank && w == options_.worker ? position_consumed_ : -1);
     }
   }
   // Report everything delivered, then wait until it is durable. A broken
@@ -1104,7 +1148,8 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
     const bool sent = id != 0;
     absl::MutexLock lock(&mu_);
     const absl::Time retry = std::min(deadline, absl::Now() + absl::Seconds(1));
-    while (sent && synced_ < id && fatal_.ok() && !closing_ && absl::Now() < retry) {
+    while (sent && synced_ < id && fatal_.ok() && !closing_ &&
+           absl::Now() < retry) {
       cv_.WaitWithDeadline(&mu_, retry);
     }
     // JobDone follows the last epoch's reports made durable.
@@ -1112,10 +1157,12 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
     if (!fatal_.ok()) return fatal_;
     if (closing_) return absl::CancelledError("reader closed");
     if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat(
-          "coordinator ", options_.coordinator, " did not confirm the reports of job ",
-          options_.job, " rank ", options_.rank, " within ",
-          absl::FormatDuration(options_.reconnect_timeout), "; the cursor is not safe to save"));
+      return absl::UnavailableError(
+          absl::StrCat("coordinator ", options_.coordinator,
+                       " did not confirm the reports of job ", options_.job,
+                       " rank ", options_.rank, " within ",
+                       absl::FormatDuration(options_.reconnect_timeout),
+                       "; the cursor is not safe to save"));
     }
     if (!sent) cv_.WaitWithDeadline(&mu_, retry);
   }
@@ -1123,8 +1170,10 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
 
 }  // namespace
 
-absl::StatusOr<v1::Cursor> MergeCursors(const std::vector<v1::Cursor>& cursors) {
-  if (cursors.empty()) return absl::InvalidArgumentError("MergeCursors: no cursors");
+absl::StatusOr<v1::Cursor> MergeCursors(
+    const std::vector<v1::Cursor>& cursors) {
+  if (cursors.empty())
+    return absl::InvalidArgumentError("MergeCursors: no cursors");
   v1::Cursor merged = cursors.front();
   for (size_t i = 1; i < cursors.size(); ++i) {
     const v1::Cursor& c = cursors[i];
@@ -1134,26 +1183,31 @@ absl::StatusOr<v1::Cursor> MergeCursors(const std::vector<v1::Cursor>& cursors) 
         c.workers_per_rank() != merged.workers_per_rank() ||
         c.consumed_per_worker_size() != merged.consumed_per_worker_size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "MergeCursors: cursor ", i, " is job ", c.job(), " epoch ", c.epoch(), " world_size ",
-          c.world_size(), " workers_per_rank ", c.workers_per_rank(), ", cursor 0 is job ",
-          merged.job(), " epoch ", merged.epoch(), " world_size ", merged.world_size(),
+          "MergeCursors: cursor ", i, " is job ", c.job(), " epoch ", c.epoch(),
+          " world_size ", c.world_size(), " workers_per_rank ",
+          c.workers_per_rank(), ", cursor 0 is job ", merged.job(), " epoch ",
+          merged.epoch(), " world_size ", merged.world_size(),
           " workers_per_rank ", merged.workers_per_rank()));
     }
     for (int r = 0; r < c.consumed_per_worker_size(); ++r) {
-      const int64_t mine = merged.consumed_per_worker(r), theirs = c.consumed_per_worker(r);
+      const int64_t mine = merged.consumed_per_worker(r),
+                    theirs = c.consumed_per_worker(r);
       if (theirs < 0) continue;
       if (mine >= 0 && mine != theirs) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "MergeCursors: worker slot ", r, " has two counts, ", mine, " and ", theirs));
+        return absl::InvalidArgumentError(
+            absl::StrCat("MergeCursors: worker slot ", r, " has two counts, ",
+                         mine, " and ", theirs));
       }
       merged.set_consumed_per_worker(r, theirs);
     }
     for (int r = 0; r < c.consumed_per_rank_size(); ++r) {
-      const int64_t mine = merged.consumed_per_rank(r), theirs = c.consumed_per_rank(r);
+      const int64_t mine = merged.consumed_per_rank(r),
+                    theirs = c.consumed_per_rank(r);
       if (theirs < 0) continue;
       if (mine >= 0 && mine != theirs) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "MergeCursors: rank ", r, " has two counts, ", mine, " and ", theirs));
+        return absl::InvalidArgumentError(absl::StrCat("MergeCursors: rank ", r,
+                                                       " has two counts, ",
+                                                       mine, " and ", theirs));
       }
       merged.set_consumed_per_rank(r, theirs);
     }
@@ -1175,13 +1229,15 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Create(ReaderOptions options) {
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("ReaderOptions.coordinator is empty");
   }
-  if (options.job.empty()) return absl::InvalidArgumentError("ReaderOptions.job is empty");
-  if (options.rank < 0) return absl::InvalidArgumentError("ReaderOptions.rank is negative");
+  if (options.job.empty())
+    return absl::InvalidArgumentError("ReaderOptions.job is empty");
+  if (options.rank < 0)
+    return absl::InvalidArgumentError("ReaderOptions.rank is negative");
   if (options.num_workers < 0 || options.worker < 0 ||
       options.worker >= std::max(options.num_workers, 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("ReaderOptions.worker=", options.worker,
-                                                   " must be in [0, num_workers=",
-                                                   options.num_workers, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReaderOptions.worker=", options.worker,
+                     " must be in [0, num_workers=", options.num_workers, ")"));
   }
   auto reader = std::make_unique<ReaderImpl>(std::move(options));
   reader->Start();

@@ -60,9 +60,10 @@ std::string SignLease(const v1::Lease& lease, absl::string_view secret) {
 absl::Status VerifyLeaseToken(const v1::Lease& lease,
                               absl::string_view secret) {
   if (lease.token().empty()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "lease \"", lease.lease_id(), "\" has no token; this server requires "
-        "leases signed by the coordinator"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("lease \"", lease.lease_id(),
+                     "\" has no token; this server requires "
+                     "leases signed by the coordinator"));
   }
   std::string expected = SignLease(lease, secret);
   if (lease.token().size() != expected.size() ||
@@ -75,24 +76,29 @@ absl::Status VerifyLeaseToken(const v1::Lease& lease,
   return absl::OkStatus();
 }
 
-std::string SignRegistration(absl::string_view address, absl::string_view secret) {
+std::string SignRegistration(absl::string_view address,
+                             absl::string_view secret) {
   const std::string data = absl::StrCat("sluice-register-v1", address);
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int mac_len = 0;
   HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &mac_len);
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac,
+       &mac_len);
   return std::string(reinterpret_cast<const char*>(mac), mac_len);
 }
 
-absl::Status VerifyRegistration(absl::string_view address, absl::string_view credential,
+absl::Status VerifyRegistration(absl::string_view address,
+                                absl::string_view credential,
                                 absl::string_view secret) {
   const std::string expected = SignRegistration(address, secret);
   if (credential.size() != expected.size() ||
       CRYPTO_memcmp(credential.data(), expected.data(), expected.size()) != 0) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "data server ", address.substr(0, 256), ": registration ",
-        credential.empty() ? "carries no credential" : "credential does not match",
-        "; this coordinator accepts data servers holding its --lease_secret_file"));
+    return absl::UnauthenticatedError(
+        absl::StrCat("data server ", address.substr(0, 256), ": registration ",
+                     credential.empty() ? "carries no credential"
+                                        : "credential does not match",
+                     "; this coordinator accepts data servers holding its "
+                     "--lease_secret_file"));
   }
   return absl::OkStatus();
 }

@@ -37,10 +37,12 @@ absl::Status VerifyLeaseToken(const v1::Lease& lease, absl::string_view secret);
 
 // A data server's registration credential for `address` (HMAC-SHA256 of
 // "sluice-register-v1" + address under the lease secret, 32 bytes).
-std::string SignRegistration(absl::string_view address, absl::string_view secret);
+std::string SignRegistration(absl::string_view address,
+                             absl::string_view secret);
 // OK when `credential` is SignRegistration(address, secret);
 // UNAUTHENTICATED naming the address otherwise.
-absl::Status VerifyRegistration(absl::string_view address, absl::string_view credential,
+absl::Status VerifyRegistration(absl::string_view address,
+                                absl::string_view credential,
                                 absl::string_view secret);
 
 // Reads a secret from a file (surrounding whitespace trimmed). Empty path =

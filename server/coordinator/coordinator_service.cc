@@ -1,6 +1,8 @@
 #include "server/coordinator/coordinator_service.h"
 
 #include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,9 +11,6 @@
 #include <cmath>
 #include <cstring>
 #include <set>
-
-#include <google/protobuf/util/json_util.h>
-#include <google/protobuf/util/message_differencer.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
@@ -34,21 +33,22 @@ constexpr int64_t kDefaultLeaseTtlMs = 10000;
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
   });
 }
 
 bool SupportedUrl(const std::string& url) {
   return absl::StartsWith(url, "/") || absl::StartsWith(url, "file:///") ||
-         absl::StartsWith(url, "http://") || absl::StartsWith(url, "https://") ||
-         absl::StartsWith(url, "s3://");
+         absl::StartsWith(url, "http://") ||
+         absl::StartsWith(url, "https://") || absl::StartsWith(url, "s3://");
 }
 
 // What a reader of a finished job is told.
 std::string JobDoneMessage(const JobData& job) {
-  return absl::StrCat("job \"", job.spec.name(), "\" is done: all ", job.spec.num_epochs(),
-                      " epochs were consumed; create a new job or resume from a cursor");
+  return absl::StrCat(
+      "job \"", job.spec.name(), "\" is done: all ", job.spec.num_epochs(),
+      " epochs were consumed; create a new job or resume from a cursor");
 }
 
 // Limits on what one CreateJob can make the coordinator plan and hold.
@@ -72,7 +72,8 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
 
-CoordinatorMessage Rejected(const std::string& lease_id, const absl::Status& s) {
+CoordinatorMessage Rejected(const std::string& lease_id,
+                            const absl::Status& s) {
   CoordinatorMessage m;
   m.mutable_rejected()->set_lease_id(lease_id);
   m.mutable_rejected()->set_code(s.raw_code());
@@ -81,7 +82,8 @@ CoordinatorMessage Rejected(const std::string& lease_id, const absl::Status& s) 
 }
 
 // The live-table form of a lease from its durable record.
-LeaseEntry LiveLease(const DurableLease& d, const std::string& job, int64_t epoch) {
+LeaseEntry LiveLease(const DurableLease& d, const std::string& job,
+                     int64_t epoch) {
   LeaseEntry lease;
   lease.lease_id = d.lease_id;
   lease.fence = d.fence;
@@ -101,22 +103,28 @@ LeaseEntry LiveLease(const DurableLease& d, const std::string& job, int64_t epoc
 // The manifest at `path`, read only inside `files.roots`: a regular file
 // (a FIFO or device is refused without blocking) of at most
 // files.max_bytes. Errors name the path, never the file's content.
-absl::StatusOr<v1::Manifest> ReadManifestFile(const std::string& path, const ManifestFiles& files) {
+absl::StatusOr<v1::Manifest> ReadManifestFile(const std::string& path,
+                                              const ManifestFiles& files) {
   const std::string field = "spec.manifest_path";
   const std::string shown = QuotePrefix(path);
   if (files.roots == nullptr || files.roots->roots().empty()) {
-    return Invalid(field, "this coordinator reads no manifest files (start it with "
-                          "--manifest_roots=DIR, or send the manifest inline)");
+    return Invalid(field,
+                   "this coordinator reads no manifest files (start it with "
+                   "--manifest_roots=DIR, or send the manifest inline)");
   }
-  absl::StatusOr<std::string> resolved = files.roots->Resolve(path, absl::StrCat(field, " ", shown));
-  if (!resolved.ok() && resolved.status().code() != absl::StatusCode::kPermissionDenied) {
+  absl::StatusOr<std::string> resolved =
+      files.roots->Resolve(path, absl::StrCat(field, " ", shown));
+  if (!resolved.ok() &&
+      resolved.status().code() != absl::StatusCode::kPermissionDenied) {
     // A missing file is a bad field, like any other.
     return absl::InvalidArgumentError(resolved.status().message());
   }
   RETURN_IF_ERROR(resolved.status());
   const std::string& real = *resolved;
-  const int fd = open(real.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return Invalid(field, absl::StrCat(shown, ": ", std::strerror(errno)));
+  const int fd =
+      open(real.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return Invalid(field, absl::StrCat(shown, ": ", std::strerror(errno)));
   struct Closer {
     int fd;
     ~Closer() { close(fd); }
@@ -126,8 +134,9 @@ absl::StatusOr<v1::Manifest> ReadManifestFile(const std::string& path, const Man
     return Invalid(field, absl::StrCat(shown, " is not a regular file"));
   }
   if (st.st_size > files.max_bytes) {
-    return Invalid(field, absl::StrCat(shown, " is ", st.st_size, " bytes; the limit is ",
-                                       files.max_bytes, " (--max_manifest_bytes)"));
+    return Invalid(
+        field, absl::StrCat(shown, " is ", st.st_size, " bytes; the limit is ",
+                            files.max_bytes, " (--max_manifest_bytes)"));
   }
   std::string text(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;
@@ -139,28 +148,34 @@ absl::StatusOr<v1::Manifest> ReadManifestFile(const std::string& path, const Man
   }
   v1::Manifest manifest;
   if (!google::protobuf::util::JsonStringToMessage(text, &manifest).ok()) {
-    return Invalid(field, absl::StrCat(shown, " is not a JSON manifest ({\"shards\": [...]})"));
+    return Invalid(
+        field,
+        absl::StrCat(shown, " is not a JSON manifest ({\"shards\": [...]})"));
   }
   return manifest;
 }
 
 }  // namespace
 
-absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const ManifestFiles& files,
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
+                                             const ManifestFiles& files,
                                              const JobLimits& limits) {
   v1::JobSpec spec = in;
   if (!ValidName(spec.name())) {
-    return Invalid("spec.name", absl::StrCat(QuotePrefix(spec.name()),
-                                             " must be 1-128 characters of [A-Za-z0-9._-]"));
+    return Invalid("spec.name",
+                   absl::StrCat(QuotePrefix(spec.name()),
+                                " must be 1-128 characters of [A-Za-z0-9._-]"));
   }
   if (spec.dataset_case() == v1::JobSpec::kManifestPath) {
-    ASSIGN_OR_RETURN(v1::Manifest manifest, ReadManifestFile(spec.manifest_path(), files));
+    ASSIGN_OR_RETURN(v1::Manifest manifest,
+                     ReadManifestFile(spec.manifest_path(), files));
     *spec.mutable_manifest() = std::move(manifest);
   } else if (spec.dataset_case() != v1::JobSpec::kManifest) {
     return Invalid("spec.dataset", "set manifest or manifest_path");
   }
   const auto& shards = spec.manifest().shards();
-  if (shards.empty()) return Invalid("spec.manifest", "empty dataset (no shards)");
+  if (shards.empty())
+    return Invalid("spec.manifest", "empty dataset (no shards)");
   // Views into the spec's own strings: a million-shard manifest must not be
   // copied again just to find duplicates.
   absl::flat_hash_map<absl::string_view, int> seen;
@@ -170,74 +185,93 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in, const Manife
     const v1::Shard& s = shards[i];
     const std::string field = absl::StrCat("spec.manifest.shards[", i, "]");
     if (s.url().size() > kMaxUrlBytes) {
-      return Invalid(field + ".url", absl::StrCat(QuotePrefix(s.url()), " is longer than ",
-                                                  kMaxUrlBytes, " bytes"));
+      return Invalid(field + ".url",
+                     absl::StrCat(QuotePrefix(s.url()), " is longer than ",
+                                  kMaxUrlBytes, " bytes"));
     }
     if (!SupportedUrl(s.url())) {
-      return Invalid(field + ".url", absl::StrCat(QuotePrefix(s.url()),
-                                                  ": use an absolute path, file://, "
-                                                  "http(s):// or s3://"));
+      return Invalid(field + ".url",
+                     absl::StrCat(QuotePrefix(s.url()),
+                                  ": use an absolute path, file://, "
+                                  "http(s):// or s3://"));
     }
     auto [it, inserted] = seen.emplace(s.url(), i);
     if (!inserted) {
-      return Invalid(field + ".url", absl::StrCat(QuotePrefix(s.url()), " duplicates shards[",
-                                                  it->second, "]"));
+      return Invalid(field + ".url",
+                     absl::StrCat(QuotePrefix(s.url()), " duplicates shards[",
+                                  it->second, "]"));
     }
-    if (s.num_samples() < 0) return Invalid(field + ".num_samples", "must be >= 0");
+    if (s.num_samples() < 0)
+      return Invalid(field + ".num_samples", "must be >= 0");
     if (s.num_samples() > kMaxTotalSamples - total) {
       return Invalid(field + ".num_samples",
-                     absl::StrCat(s.num_samples(), " brings the dataset past ", kMaxTotalSamples,
-                                  " samples"));
+                     absl::StrCat(s.num_samples(), " brings the dataset past ",
+                                  kMaxTotalSamples, " samples"));
     }
-    if (s.size_bytes() < 0) return Invalid(field + ".size_bytes", "must be >= 0");
+    if (s.size_bytes() < 0)
+      return Invalid(field + ".size_bytes", "must be >= 0");
     if (!s.checksum().empty()) {
       absl::string_view hex = s.checksum();
       if (!absl::ConsumePrefix(&hex, "sha256:") || hex.size() != 64 ||
           !std::all_of(hex.begin(), hex.end(), [](char c) {
             return absl::ascii_isxdigit(static_cast<unsigned char>(c));
           })) {
-        return Invalid(field + ".checksum", absl::StrCat(QuotePrefix(s.checksum()),
-                                                         " is not \"sha256:<64 hex digits>\""));
+        return Invalid(field + ".checksum",
+                       absl::StrCat(QuotePrefix(s.checksum()),
+                                    " is not \"sha256:<64 hex digits>\""));
       }
     }
     total += s.num_samples();
   }
   if (total == 0) return Invalid("spec.manifest", "empty dataset (0 samples)");
-  if (spec.world_size() < 0) return Invalid("spec.world_size", "must be >= 0 (0 = no quotas)");
+  if (spec.world_size() < 0)
+    return Invalid("spec.world_size", "must be >= 0 (0 = no quotas)");
   if (spec.world_size() > limits.max_world_size) {
-    return Invalid("spec.world_size", absl::StrCat(spec.world_size(), " is above the limit of ",
-                                                   limits.max_world_size, " (--max_world_size)"));
+    return Invalid("spec.world_size",
+                   absl::StrCat(spec.world_size(), " is above the limit of ",
+                                limits.max_world_size, " (--max_world_size)"));
   }
-  if (spec.num_epochs() < 0) return Invalid("spec.num_epochs", "must be >= 0 (0 = endless)");
+  if (spec.num_epochs() < 0)
+    return Invalid("spec.num_epochs", "must be >= 0 (0 = endless)");
   if (spec.lease_ttl_ms() < 0 ||
       (spec.lease_ttl_ms() > 0 &&
        spec.lease_ttl_ms() < absl::ToInt64Milliseconds(LeaseTable::kMinTtl))) {
-    return Invalid("spec.lease_ttl_ms",
-                   absl::StrCat(spec.lease_ttl_ms(), " is below the minimum of ",
-                                absl::ToInt64Milliseconds(LeaseTable::kMinTtl)));
+    return Invalid(
+        "spec.lease_ttl_ms",
+        absl::StrCat(spec.lease_ttl_ms(), " is below the minimum of ",
+                     absl::ToInt64Milliseconds(LeaseTable::kMinTtl)));
   }
-  if (spec.max_samples_per_lease() < 0) return Invalid("spec.max_samples_per_lease", "must be >= 0");
+  if (spec.max_samples_per_lease() < 0)
+    return Invalid("spec.max_samples_per_lease", "must be >= 0");
   // Units an epoch plan holds (each costs memory in the plan, the queues and
   // the journal): one per max_samples_per_lease samples of each shard, plus
   // a cut per rank.
   int64_t units = spec.world_size();
   for (const v1::Shard& s : shards) {
-    const int64_t per = spec.max_samples_per_lease() > 0 ? spec.max_samples_per_lease()
-                                                         : std::max<int64_t>(s.num_samples(), 1);
+    const int64_t per = spec.max_samples_per_lease() > 0
+                            ? spec.max_samples_per_lease()
+                            : std::max<int64_t>(s.num_samples(), 1);
     units += s.num_samples() / per + 1;
     if (units > limits.max_units_per_epoch) {
-      return Invalid("spec.max_samples_per_lease",
-                     absl::StrCat(spec.max_samples_per_lease(), " cuts an epoch into more than ",
-                                  limits.max_units_per_epoch,
-                                  " units (--max_units_per_epoch); use larger units"));
+      return Invalid(
+          "spec.max_samples_per_lease",
+          absl::StrCat(spec.max_samples_per_lease(),
+                       " cuts an epoch into more than ",
+                       limits.max_units_per_epoch,
+                       " units (--max_units_per_epoch); use larger units"));
     }
   }
-  if (!v1::Mode_IsValid(spec.mode())) return Invalid("spec.mode", "unknown value");
-  if (!v1::Remainder_IsValid(spec.remainder())) return Invalid("spec.remainder", "unknown value");
-  if (!v1::CorruptPolicy_IsValid(spec.on_corrupt())) return Invalid("spec.on_corrupt", "unknown value");
+  if (!v1::Mode_IsValid(spec.mode()))
+    return Invalid("spec.mode", "unknown value");
+  if (!v1::Remainder_IsValid(spec.remainder()))
+    return Invalid("spec.remainder", "unknown value");
+  if (!v1::CorruptPolicy_IsValid(spec.on_corrupt()))
+    return Invalid("spec.on_corrupt", "unknown value");
   if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::MODE_STATIC);
-  if (spec.remainder() == v1::REMAINDER_UNSPECIFIED) spec.set_remainder(v1::REMAINDER_DROP);
-  if (spec.on_corrupt() == v1::CORRUPT_POLICY_UNSPECIFIED) spec.set_on_corrupt(v1::CORRUPT_POLICY_SKIP);
+  if (spec.remainder() == v1::REMAINDER_UNSPECIFIED)
+    spec.set_remainder(v1::REMAINDER_DROP);
+  if (spec.on_corrupt() == v1::CORRUPT_POLICY_UNSPECIFIED)
+    spec.set_on_corrupt(v1::CORRUPT_POLICY_SKIP);
   if (spec.lease_ttl_ms() == 0) spec.set_lease_ttl_ms(kDefaultLeaseTtlMs);
   return spec;
 }
@@ -249,7 +283,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     const CoordinatorOptions& options) {
   std::unique_ptr<CoordinatorService> service(new CoordinatorService(options));
   if (!options.manifest_roots.empty()) {
-    ASSIGN_OR_RETURN(PathRoots roots, PathRoots::Create(options.manifest_roots, "--manifest_roots"));
+    ASSIGN_OR_RETURN(PathRoots roots, PathRoots::Create(options.manifest_roots,
+                                                        "--manifest_roots"));
     service->manifest_roots_.emplace(std::move(roots));
   }
   absl::MutexLock lock(&service->mu_);
@@ -258,16 +293,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   } else {
     FsyncObserver observer;
     if (options.metrics != nullptr) {
-      observer = [m = options.metrics](double s) { m->fsync_latency.Observe(s); };
+      observer = [m = options.metrics](double s) {
+        m->fsync_latency.Observe(s);
+      };
     }
     CoordinatorState* state = &service->state_;
     ASSIGN_OR_RETURN(
         std::unique_ptr<FileJournal> journal,
         FileJournal::Open(
             options.journal_dir, /*create=*/true,
-            [state](const JournalRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return state->Apply(r);
-            },
+            [state](const JournalRecord& r)
+                ABSL_NO_THREAD_SAFETY_ANALYSIS { return state->Apply(r); },
             std::move(observer)));
     service->recovered_records_ = journal->replayed_records();
     // The next compaction waits until the journal has doubled.
@@ -279,13 +315,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   for (const auto& [name, job] : service->state_.jobs()) {
     service->RebuildQueuesLocked(name);
     for (const auto& [id, d] : job.leases) {
-      RETURN_IF_ERROR(
-          service->leases_.Add(LiveLease(d, name, job.epoch), service->TtlLocked(job)));
+      RETURN_IF_ERROR(service->leases_.Add(LiveLease(d, name, job.epoch),
+                                           service->TtlLocked(job)));
     }
   }
   if (service->recovered_records_ > 0) {
-    LogInfo("recovered %d journal records: %d jobs, %d live leases (fresh TTLs)",
-            service->recovered_records_, service->state_.jobs().size(), service->leases_.size());
+    LogInfo(
+        "recovered %d journal records: %d jobs, %d live leases (fresh TTLs)",
+        service->recovered_records_, service->state_.jobs().size(),
+        service->leases_.size());
   }
   service->UpdateGaugesLocked();
   service->flusher_ = std::thread([svc = service.get()] { svc->RunFlusher(); });
@@ -293,11 +331,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
 }
 
 absl::Duration CoordinatorService::TtlLocked(const JobData& job) const {
-  return job.spec.lease_ttl_ms() > 0 ? absl::Milliseconds(job.spec.lease_ttl_ms())
-                                     : options_.default_lease_ttl;
+  return job.spec.lease_ttl_ms() > 0
+             ? absl::Milliseconds(job.spec.lease_ttl_ms())
+             : options_.default_lease_ttl;
 }
 
-absl::Status CoordinatorService::CommitLocked(JournalRecord record, Effects& fx) {
+absl::Status CoordinatorService::CommitLocked(JournalRecord record,
+                                              Effects& fx) {
   record.set_time_unix_ms(absl::ToUnixMillis(options_.clock->Now()));
   fx.ticket = journal_->Enqueue(record);
   RETURN_IF_ERROR(state_.Apply(std::move(record)));
@@ -307,7 +347,8 @@ absl::Status CoordinatorService::CommitLocked(JournalRecord record, Effects& fx)
 
 void CoordinatorService::MaybeCompactLocked() {
   const int64_t size = journal_->bytes_written();
-  if (options_.journal_compact_bytes <= 0 || size < options_.journal_compact_bytes ||
+  if (options_.journal_compact_bytes <= 0 ||
+      size < options_.journal_compact_bytes ||
       size < 2 * last_snapshot_bytes_) {
     return;
   }
@@ -320,7 +361,8 @@ void CoordinatorService::MaybeCompactLocked() {
   absl::Status status = journal_->Compact(snapshot);
   if (!status.ok()) {
     // Not fatal: the journal keeps growing and compaction is retried later.
-    LogWarning("journal compaction failed (the journal is unchanged): %s", status.message());
+    LogWarning("journal compaction failed (the journal is unchanged): %s",
+               status.message());
     last_snapshot_bytes_ = size;
     return;
   }
@@ -337,7 +379,8 @@ void CoordinatorService::SubmitLocked(Effects& fx) {
   if (!journaled) fx.ticket = journal_->LastTicket();
   // Records with nothing to send still go through the flusher, so they are
   // written within one group commit rather than whenever the next reply is.
-  if (fx.sends.empty() && fx.finishes.empty() && fx.hints.empty() && !journaled) return;
+  if (fx.sends.empty() && fx.finishes.empty() && fx.hints.empty() && !journaled)
+    return;
   absl::MutexLock lock(&out_mu_);
   outbox_.push_back(std::move(fx));
   out_cv_.Signal();
@@ -364,7 +407,8 @@ void CoordinatorService::SendEffects(Effects& fx, const absl::Status& durable) {
   for (auto& [sink, status] : fx.finishes) sink->Finish(status);
   if (options_.metrics != nullptr && grants > 0) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - fx.started);
-    for (int i = 0; i < grants; ++i) options_.metrics->grant_latency.Observe(seconds);
+    for (int i = 0; i < grants; ++i)
+      options_.metrics->grant_latency.Observe(seconds);
   }
 }
 
@@ -382,7 +426,8 @@ void CoordinatorService::DeliverReady() {
   delivering_ = false;
   out_cv_.SignalAll();  // the flusher (entries still waiting) and Flush()
   if (options_.metrics != nullptr) {
-    options_.metrics->journal_bytes.Set(static_cast<double>(journal_->bytes_written()));
+    options_.metrics->journal_bytes.Set(
+        static_cast<double>(journal_->bytes_written()));
   }
 }
 
@@ -405,7 +450,8 @@ void CoordinatorService::RunFlusher() {
     const absl::Status durable = journal_->WaitDurable(target);
     if (!durable.ok()) LogError("journal write failed: %s", durable.message());
     out_mu_.Lock();
-    while (!outbox_.empty() && (!durable.ok() || outbox_.front().ticket <= target)) {
+    while (!outbox_.empty() &&
+           (!durable.ok() || outbox_.front().ticket <= target)) {
       Effects fx = std::move(outbox_.front());
       outbox_.pop_front();
       out_mu_.Unlock();
@@ -415,7 +461,8 @@ void CoordinatorService::RunFlusher() {
     delivering_ = false;
     out_cv_.SignalAll();
     if (options_.metrics != nullptr) {
-      options_.metrics->journal_bytes.Set(static_cast<double>(journal_->bytes_written()));
+      options_.metrics->journal_bytes.Set(
+          static_cast<double>(journal_->bytes_written()));
     }
   }
 }
@@ -454,32 +501,39 @@ void CoordinatorService::RebuildQueuesLocked(const std::string& name) {
     return;
   }
   JobRuntime& rt = runtime_[name];
-  const bool per_rank = job->spec.mode() == v1::MODE_STATIC && job->spec.world_size() > 0;
+  const bool per_rank =
+      job->spec.mode() == v1::MODE_STATIC && job->spec.world_size() > 0;
   rt.queues.assign(per_rank ? job->plan.num_slots() : 1, {});
   for (const Piece& p : state_.PendingPieces(*job)) {
     rt.queues[per_rank ? p.slot : 0].push_back(p);
   }
 }
 
-std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job, JobRuntime& rt,
+std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job,
+                                                      JobRuntime& rt,
                                                       int32_t slot) {
-  const bool per_rank = job.spec.mode() == v1::MODE_STATIC && job.spec.world_size() > 0;
+  const bool per_rank =
+      job.spec.mode() == v1::MODE_STATIC && job.spec.world_size() > 0;
   return rt.queues[per_rank ? slot : 0];
 }
 
-absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request) {
-  ASSIGN_OR_RETURN(v1::JobSpec spec,
-                   NormalizeJobSpec(request,
-                                    ManifestFiles{manifest_roots_ ? &*manifest_roots_ : nullptr,
-                                                  options_.max_manifest_bytes},
-                                    options_.job_limits));
+absl::StatusOr<v1::Job> CoordinatorService::CreateJob(
+    const v1::JobSpec& request) {
+  ASSIGN_OR_RETURN(
+      v1::JobSpec spec,
+      NormalizeJobSpec(
+          request,
+          ManifestFiles{manifest_roots_ ? &*manifest_roots_ : nullptr,
+                        options_.max_manifest_bytes},
+          options_.job_limits));
   Effects fx;
   uint64_t ticket = 0;
   v1::Job result;
   {
     absl::MutexLock lock(&mu_);
     if (const JobData* existing = state_.FindJob(spec.name())) {
-      if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec, spec)) {
+      if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec,
+                                                              spec)) {
         return absl::AlreadyExistsError(
             absl::StrCat("job ", spec.name(), " exists with a different spec"));
       }
@@ -487,7 +541,8 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request
     }
     const std::string name = spec.name();
     JournalRecord record;
-    *record.mutable_job_created()->mutable_spec() = std::move(spec);  // moved, not copied
+    *record.mutable_job_created()->mutable_spec() =
+        std::move(spec);  // moved, not copied
     RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
     RebuildQueuesLocked(name);
     result = JobToProtoLocked(*state_.FindJob(name), false);
@@ -499,9 +554,9 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& request
   absl::Status durable = journal_->WaitDurable(ticket);
   DeliverReady();
   RETURN_IF_ERROR(durable);
-  LogInfo("created job %s: %d shards, %d samples/epoch, world_size %d", result.spec().name(),
-          result.status().num_shards(), result.status().samples_per_epoch(),
-          result.spec().world_size());
+  LogInfo("created job %s: %d shards, %d samples/epoch, world_size %d",
+          result.spec().name(), result.status().num_shards(),
+          result.status().samples_per_epoch(), result.spec().world_size());
   return result;
 }
 
@@ -509,14 +564,17 @@ absl::StatusOr<v1::Job> CoordinatorService::GetJob(const std::string& name,
                                                    bool include_manifest) {
   absl::MutexLock lock(&mu_);
   const JobData* job = state_.FindJob(name);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", QuotePrefix(name), " not found"));
+  if (job == nullptr)
+    return absl::NotFoundError(
+        absl::StrCat("job ", QuotePrefix(name), " not found"));
   return JobToProtoLocked(*job, include_manifest);
 }
 
 std::vector<v1::Job> CoordinatorService::ListJobs() {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Job> jobs;
-  for (const auto& [name, job] : state_.jobs()) jobs.push_back(JobToProtoLocked(job, false));
+  for (const auto& [name, job] : state_.jobs())
+    jobs.push_back(JobToProtoLocked(job, false));
   return jobs;
 }
 
@@ -526,15 +584,20 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
   {
     absl::MutexLock lock(&mu_);
     const JobData* job = state_.FindJob(name);
-    if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", QuotePrefix(name), " not found"));
-    for (const auto& [id, lease] : job->leases) leases_.Remove(id).IgnoreError();
+    if (job == nullptr)
+      return absl::NotFoundError(
+          absl::StrCat("job ", QuotePrefix(name), " not found"));
+    for (const auto& [id, lease] : job->leases)
+      leases_.Remove(id).IgnoreError();
     JournalRecord record;
     record.mutable_job_deleted()->set_job(name);
     RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
     runtime_.erase(name);
     for (auto& [id, s] : sessions_) {
       if (s.hello && s.job == name) {
-        FinishSessionLocked(s, absl::NotFoundError(absl::StrCat("job ", name, " was deleted")), fx);
+        FinishSessionLocked(
+            s, absl::NotFoundError(absl::StrCat("job ", name, " was deleted")),
+            fx);
       }
     }
     if (options_.metrics != nullptr) options_.metrics->RemoveJob(name);
@@ -548,7 +611,8 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
   return absl::OkStatus();
 }
 
-v1::Job CoordinatorService::JobToProtoLocked(const JobData& job, bool include_manifest) {
+v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
+                                             bool include_manifest) {
   v1::Job out;
   if (include_manifest) {
     *out.mutable_spec() = job.spec;
@@ -566,10 +630,12 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job, bool include_ma
   v1::JobStatus* st = out.mutable_status();
   const absl::Time now = options_.clock->Now();
   for (const auto& [id, e] : data_servers_) {
-    if (now - e.last_seen <= data_server_timeout()) st->add_live_data_servers(e.address);
+    if (now - e.last_seen <= data_server_timeout())
+      st->add_live_data_servers(e.address);
   }
   st->set_state(job.done ? v1::JOB_STATE_DONE
-                         : (job.epoch == 0 && job.consumed_total == 0 && job.leases.empty()
+                         : (job.epoch == 0 && job.consumed_total == 0 &&
+                                    job.leases.empty()
                                 ? v1::JOB_STATE_PENDING
                                 : v1::JOB_STATE_RUNNING));
   st->set_epoch(job.epoch);
@@ -589,14 +655,16 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job, bool include_ma
     rs->set_live_leases(live);
     int32_t sessions = 0;
     for (const auto& [id, s] : sessions_) {
-      sessions += s.hello && !s.finished && s.job == job.spec.name() && s.rank == r;
+      sessions +=
+          s.hello && !s.finished && s.job == job.spec.name() && s.rank == r;
     }
     rs->set_sessions(sessions);
   }
   return out;
 }
 
-v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease, const JobData& job) {
+v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
+                                                 const JobData& job) {
   v1::Lease out;
   out.set_lease_id(lease.lease_id);
   out.set_fence(lease.fence);
@@ -618,7 +686,8 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease, const 
   out.set_augment_seed(job.spec.seed());
   if (!options_.lease_secret.empty()) {
     out.set_token(SignLease(out, options_.lease_secret));
-    leases_.SetTokenExpiry(lease.lease_id, lease.expires_at);  // sent to the holder
+    leases_.SetTokenExpiry(lease.lease_id,
+                           lease.expires_at);  // sent to the holder
   }
   return out;
 }
@@ -643,28 +712,31 @@ uint64_t Mix64(uint64_t z) {
 
 }  // namespace
 
-absl::Status CoordinatorService::CheckRegistration(const v1::RegisterDataServer& r) const {
+absl::Status CoordinatorService::CheckRegistration(
+    const v1::RegisterDataServer& r) const {
   // Who is asking first: an unauthenticated caller learns nothing more.
   if (!options_.lease_secret.empty()) {
-    RETURN_IF_ERROR(VerifyRegistration(r.address(), r.credential(), options_.lease_secret));
+    RETURN_IF_ERROR(
+        VerifyRegistration(r.address(), r.credential(), options_.lease_secret));
   }
   if (r.address().empty() || r.address().size() > kMaxIdBytes ||
       r.address().find(':') == std::string::npos) {
-    return Invalid("register.address", absl::StrCat(QuotePrefix(r.address()),
-                                                    " is not host:port (at most ", kMaxIdBytes,
-                                                    " bytes)"));
+    return Invalid(
+        "register.address",
+        absl::StrCat(QuotePrefix(r.address()), " is not host:port (at most ",
+                     kMaxIdBytes, " bytes)"));
   }
   if (r.capacity() < 0 || r.capacity() > kMaxDataServerCapacity) {
-    return Invalid("register.capacity", absl::StrCat(r.capacity(), " is outside [0, ",
-                                                     kMaxDataServerCapacity, "]"));
+    return Invalid("register.capacity",
+                   absl::StrCat(r.capacity(), " is outside [0, ",
+                                kMaxDataServerCapacity, "]"));
   }
   return absl::OkStatus();
 }
 
-int64_t CoordinatorService::RegisterDataServer(const std::string& address,
-                                               int32_t capacity,
-                                               std::shared_ptr<DataServerSink> sink,
-                                               uint64_t max_fence_seen) {
+int64_t CoordinatorService::RegisterDataServer(
+    const std::string& address, int32_t capacity,
+    std::shared_ptr<DataServerSink> sink, uint64_t max_fence_seen) {
   Effects fx;
   int64_t id;
   {
@@ -706,7 +778,8 @@ void CoordinatorService::PumpAllLocked(Effects& fx) {
   for (const auto& [name, job] : state_.jobs()) PumpLocked(name, fx);
 }
 
-void CoordinatorService::DataServerHeartbeat(int64_t id, uint64_t max_fence_seen) {
+void CoordinatorService::DataServerHeartbeat(int64_t id,
+                                             uint64_t max_fence_seen) {
   Effects fx;
   {
     absl::MutexLock lock(&mu_);
@@ -737,7 +810,8 @@ std::vector<std::string> CoordinatorService::LiveDataServers() {
   return out;
 }
 
-absl::Status CoordinatorService::PersistOnceFinished(const v1::internal::OnceFinished& finished) {
+absl::Status CoordinatorService::PersistOnceFinished(
+    const v1::internal::OnceFinished& finished) {
   Effects fx;
   {
     absl::MutexLock lock(&mu_);
@@ -760,14 +834,16 @@ void CoordinatorService::UpdateDataServerMetricLocked() {
   if (options_.metrics == nullptr) return;
   const absl::Time now = options_.clock->Now();
   int live = 0;
-  for (const auto& [id, e] : data_servers_) live += now - e.last_seen <= data_server_timeout();
+  for (const auto& [id, e] : data_servers_)
+    live += now - e.last_seen <= data_server_timeout();
   options_.metrics->data_servers.Set(live);
 }
 
 // Rendezvous (highest random weight) hashing: each live server scores
 // -capacity / ln(u) with u in (0, 1) from a hash of (server, shard); the top
 // score wins. Removing a server moves only the shards it had.
-std::string CoordinatorService::PickDataServerLocked(const std::string& shard_url) {
+std::string CoordinatorService::PickDataServerLocked(
+    const std::string& shard_url) {
   const absl::Time now = options_.clock->Now();
   const uint64_t shard_hash = Mix64(Fnv1a(shard_url));
   std::string best;
@@ -806,20 +882,24 @@ void CoordinatorService::CloseSession(int64_t session_id) {
   if (owner != session_of_trainer_.end() && owner->second == session_id) {
     session_of_trainer_.erase(owner);
   }
-  if (it->second.hello && options_.metrics != nullptr && state_.FindJob(it->second.job) != nullptr) {
+  if (it->second.hello && options_.metrics != nullptr &&
+      state_.FindJob(it->second.job) != nullptr) {
     options_.metrics->ForJob(it->second.job).sessions->Decrement();
   }
   sessions_.erase(it);
   UpdateGaugesLocked();
 }
 
-void CoordinatorService::FinishSessionLocked(Session& s, const absl::Status& status, Effects& fx) {
+void CoordinatorService::FinishSessionLocked(Session& s,
+                                             const absl::Status& status,
+                                             Effects& fx) {
   if (s.finished) return;
   s.finished = true;
   fx.finishes.emplace_back(s.sink, status);
 }
 
-void CoordinatorService::OnMessage(int64_t session_id, const v1::TrainerMessage& message) {
+void CoordinatorService::OnMessage(int64_t session_id,
+                                   const v1::TrainerMessage& message) {
   Effects fx;
   {
     absl::MutexLock lock(&mu_);
@@ -828,13 +908,16 @@ void CoordinatorService::OnMessage(int64_t session_id, const v1::TrainerMessage&
     Session& s = it->second;
     if (message.has_hello()) {
       if (s.hello) {
-        FinishSessionLocked(s, absl::FailedPreconditionError("session: second Hello"), fx);
+        FinishSessionLocked(
+            s, absl::FailedPreconditionError("session: second Hello"), fx);
       } else {
         HandleHelloLocked(s, message.hello(), fx);
       }
     } else if (!s.hello) {
-      FinishSessionLocked(s, absl::FailedPreconditionError(
-                                 "session: the first message must be Hello"), fx);
+      FinishSessionLocked(s,
+                          absl::FailedPreconditionError(
+                              "session: the first message must be Hello"),
+                          fx);
     } else {
       leases_.RenewHolder(s.trainer_id, TtlLocked(*state_.FindJob(s.job)));
       RefreshTokensLocked(s, fx);
@@ -847,18 +930,24 @@ void CoordinatorService::OnMessage(int64_t session_id, const v1::TrainerMessage&
   DeliverReady();
 }
 
-void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, Effects& fx) {
-  if (hello.trainer_id().size() > kMaxIdBytes || hello.resume_attempt().size() > kMaxIdBytes) {
-    FinishSessionLocked(s, Invalid("hello.trainer_id", absl::StrCat("trainer_id and resume_attempt "
-                                                                    "are limited to ",
-                                                                    kMaxIdBytes, " bytes")),
+void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
+                                           Effects& fx) {
+  if (hello.trainer_id().size() > kMaxIdBytes ||
+      hello.resume_attempt().size() > kMaxIdBytes) {
+    FinishSessionLocked(s,
+                        Invalid("hello.trainer_id",
+                                absl::StrCat("trainer_id and resume_attempt "
+                                             "are limited to ",
+                                             kMaxIdBytes, " bytes")),
                         fx);
     return;
   }
   const JobData* job = state_.FindJob(hello.job());
   if (job == nullptr) {
-    FinishSessionLocked(
-        s, absl::NotFoundError(absl::StrCat("job ", QuotePrefix(hello.job()), " not found")), fx);
+    FinishSessionLocked(s,
+                        absl::NotFoundError(absl::StrCat(
+                            "job ", QuotePrefix(hello.job()), " not found")),
+                        fx);
     return;
   }
   int64_t open_sessions = 0;
@@ -866,42 +955,54 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
     open_sessions += other.hello && !other.finished && other.job == hello.job();
   }
   if (open_sessions >= options_.max_sessions_per_job) {
-    FinishSessionLocked(s, absl::ResourceExhaustedError(absl::StrCat(
-                               "job ", hello.job(), " has ", open_sessions,
-                               " open sessions; the limit is ", options_.max_sessions_per_job)),
-                        fx);
+    FinishSessionLocked(
+        s,
+        absl::ResourceExhaustedError(absl::StrCat(
+            "job ", hello.job(), " has ", open_sessions,
+            " open sessions; the limit is ", options_.max_sessions_per_job)),
+        fx);
     return;
   }
   const int32_t ws = job->spec.world_size();
-  if (hello.rank() < 0 || (ws > 0 && hello.rank() >= ws) || (ws == 0 && hello.rank() != 0)) {
-    FinishSessionLocked(
-        s, absl::InvalidArgumentError(absl::StrCat(
-               "hello.rank=", hello.rank(), " is out of range for job ", hello.job(),
-               ws > 0 ? absl::StrCat(" (world_size ", ws, ")") : " (world_size 0: use rank 0)")),
-        fx);
+  if (hello.rank() < 0 || (ws > 0 && hello.rank() >= ws) ||
+      (ws == 0 && hello.rank() != 0)) {
+    FinishSessionLocked(s,
+                        absl::InvalidArgumentError(absl::StrCat(
+                            "hello.rank=", hello.rank(),
+                            " is out of range for job ", hello.job(),
+                            ws > 0 ? absl::StrCat(" (world_size ", ws, ")")
+                                   : " (world_size 0: use rank 0)")),
+                        fx);
     return;
   }
   const int32_t workers = std::max(hello.num_workers(), 1);
   if (hello.num_workers() < 0 || hello.num_workers() > kMaxWorkersPerRank) {
-    FinishSessionLocked(s, Invalid("hello.num_workers",
-                                   absl::StrCat(hello.num_workers(), " is out of range [0, ",
-                                                kMaxWorkersPerRank, "]")),
-                        fx);
+    FinishSessionLocked(
+        s,
+        Invalid("hello.num_workers",
+                absl::StrCat(hello.num_workers(), " is out of range [0, ",
+                             kMaxWorkersPerRank, "]")),
+        fx);
     return;
   }
   if (static_cast<int64_t>(workers) * std::max(ws, 1) > kMaxReadersPerJob) {
-    FinishSessionLocked(s, Invalid("hello.num_workers",
-                                   absl::StrCat(hello.num_workers(), " workers on each of ",
-                                                std::max(ws, 1), " ranks exceed the limit of ",
-                                                kMaxReadersPerJob, " readers per job")),
-                        fx);
+    FinishSessionLocked(
+        s,
+        Invalid("hello.num_workers",
+                absl::StrCat(hello.num_workers(), " workers on each of ",
+                             std::max(ws, 1), " ranks exceed the limit of ",
+                             kMaxReadersPerJob, " readers per job")),
+        fx);
     return;
   }
   if (hello.worker() < 0 || hello.worker() >= workers) {
-    FinishSessionLocked(s, Invalid("hello.worker",
-                                   absl::StrCat(hello.worker(), " is out of range for num_workers ",
-                                                hello.num_workers(), " (job ", hello.job(), ")")),
-                        fx);
+    FinishSessionLocked(
+        s,
+        Invalid(
+            "hello.worker",
+            absl::StrCat(hello.worker(), " is out of range for num_workers ",
+                         hello.num_workers(), " (job ", hello.job(), ")")),
+        fx);
     return;
   }
   if (hello.has_cursor()) {
@@ -921,28 +1022,32 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
   s.rank = hello.rank();
   s.worker = hello.worker();
   s.num_workers = workers;
-  if (options_.metrics != nullptr) options_.metrics->ForJob(s.job).sessions->Increment();
+  if (options_.metrics != nullptr)
+    options_.metrics->ForJob(s.job).sessions->Increment();
   // Leases follow the trainer within its job: the same trainer_id in
   // another job (one process reading two jobs) is another holder.
-  s.trainer_id = absl::StrCat(
-      hello.job(), "/",
-      hello.trainer_id().empty() ? absl::StrCat("session-", s.id) : hello.trainer_id());
+  s.trainer_id =
+      absl::StrCat(hello.job(), "/",
+                   hello.trainer_id().empty() ? absl::StrCat("session-", s.id)
+                                              : hello.trainer_id());
   // One live session per trainer: a reconnect replaces the old stream.
   auto [owner, inserted] = session_of_trainer_.emplace(s.trainer_id, s.id);
   if (!inserted && owner->second != s.id) {
     auto old = sessions_.find(owner->second);
     if (old != sessions_.end()) {
-      FinishSessionLocked(old->second,
-                          absl::AbortedError(absl::StrCat("trainer ", s.trainer_id,
-                                                          " reconnected on a new session")),
-                          fx);
+      FinishSessionLocked(
+          old->second,
+          absl::AbortedError(absl::StrCat("trainer ", s.trainer_id,
+                                          " reconnected on a new session")),
+          fx);
     }
     owner->second = s.id;
   }
   CoordinatorMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(options_.heartbeat_interval));
-  welcome.mutable_welcome()->set_lease_ttl_ms(absl::ToInt64Milliseconds(TtlLocked(*job)));
+  welcome.mutable_welcome()->set_lease_ttl_ms(
+      absl::ToInt64Milliseconds(TtlLocked(*job)));
   welcome.mutable_welcome()->set_session_id(absl::StrCat(s.id));
   welcome.mutable_welcome()->set_world_size(ws);
   fx.sends.emplace_back(s.sink, std::move(welcome));
@@ -956,25 +1061,29 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello, E
   }
 }
 
-absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& fx) {
+absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello,
+                                              Effects& fx) {
   if (hello.cursor().job().size() > 128) {
     return Invalid("hello.cursor.job", "is longer than a job name (128 bytes)");
   }
   v1::internal::JobResumed resume;
   *resume.mutable_cursor() = hello.cursor();
-  if (resume.cursor().job().empty()) resume.mutable_cursor()->set_job(hello.job());
+  if (resume.cursor().job().empty())
+    resume.mutable_cursor()->set_job(hello.job());
   resume.set_job(hello.job());
   resume.set_attempt(hello.resume_attempt());
   resume.set_workers_per_rank(std::max(hello.num_workers(), 1));
   const JobData* job = state_.FindJob(hello.job());
   if (job->last_resume.has_value() &&
-      google::protobuf::util::MessageDifferencer::Equals(*job->last_resume, resume)) {
+      google::protobuf::util::MessageDifferencer::Equals(*job->last_resume,
+                                                         resume)) {
     return absl::OkStatus();  // another rank of the same restart
   }
   RETURN_IF_ERROR(state_.CheckResume(resume));
   // Every live lease of the job belongs to the position being replaced.
-  const std::string why = absl::StrCat("job ", hello.job(), " resumed from a cursor of job ",
-                                       resume.cursor().job(), " epoch ", resume.cursor().epoch());
+  const std::string why =
+      absl::StrCat("job ", hello.job(), " resumed from a cursor of job ",
+                   resume.cursor().job(), " epoch ", resume.cursor().epoch());
   for (const auto& [id, lease] : job->leases) {
     if (!leases_.Remove(id).ok()) continue;
     auto owner = session_of_trainer_.find(lease.holder);
@@ -1005,12 +1114,16 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello, Effects& f
   RebuildQueuesLocked(hello.job());
   job = state_.FindJob(hello.job());
   std::string counts;
-  for (int64_t n : job->consumed_per_slot) absl::StrAppend(&counts, counts.empty() ? "" : ",", n);
-  LogInfo("%s: now epoch %d, consumed per reader [%s] of %d per rank, world_size %d, %d reader(s) "
-          "per rank",
-          why, job->epoch, counts, job->plan.samples_per_rank, job->spec.world_size(),
-          job->plan.workers_per_rank);
-  if (options_.metrics != nullptr) options_.metrics->ForJob(hello.job()).resumes->Increment();
+  for (int64_t n : job->consumed_per_slot)
+    absl::StrAppend(&counts, counts.empty() ? "" : ",", n);
+  LogInfo(
+      "%s: now epoch %d, consumed per reader [%s] of %d per rank, world_size "
+      "%d, %d reader(s) "
+      "per rank",
+      why, job->epoch, counts, job->plan.samples_per_rank,
+      job->spec.world_size(), job->plan.workers_per_rank);
+  if (options_.metrics != nullptr)
+    options_.metrics->ForJob(hello.job()).resumes->Increment();
   MaybeAdvanceEpochLocked(hello.job(), fx);
   return absl::OkStatus();
 }
@@ -1029,15 +1142,19 @@ void CoordinatorService::RefreshTokensLocked(Session& s, Effects& fx) {
   }
 }
 
-absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello, Effects& fx) {
+absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello,
+                                                  Effects& fx) {
   const JobData* job = state_.FindJob(hello.job());
   const int32_t workers = std::max(hello.num_workers(), 1);
-  if (job->done || job->plan.workers_per_rank == workers) return absl::OkStatus();
+  if (job->done || job->plan.workers_per_rank == workers)
+    return absl::OkStatus();
   if (!job->leases.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "hello.num_workers=", hello.num_workers(), ": job ", hello.job(), " epoch ", job->epoch,
-        " is being read with ", job->plan.workers_per_rank,
-        " reader(s) per rank (DataLoader num_workers) and has leases out; every reader of a job "
+        "hello.num_workers=", hello.num_workers(), ": job ", hello.job(),
+        " epoch ", job->epoch, " is being read with ",
+        job->plan.workers_per_rank,
+        " reader(s) per rank (DataLoader num_workers) and has leases out; "
+        "every reader of a job "
         "must use the same number (it can change once no lease is out)"));
   }
   JournalRecord record;
@@ -1047,25 +1164,28 @@ absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello, Effect
   RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
   RebuildQueuesLocked(hello.job());
   job = state_.FindJob(hello.job());
-  LogInfo("job %s: epoch %d planned for %d reader(s) per rank (%d samples per rank left)",
-          hello.job(), job->epoch, workers, job->plan.samples_per_rank);
+  LogInfo(
+      "job %s: epoch %d planned for %d reader(s) per rank (%d samples per rank "
+      "left)",
+      hello.job(), job->epoch, workers, job->plan.samples_per_rank);
   // Sessions that said another number read slots that no longer exist.
   for (auto& [id, other] : sessions_) {
     if (other.hello && !other.finished && other.job == hello.job() &&
         other.num_workers != workers) {
-      FinishSessionLocked(other,
-                          absl::FailedPreconditionError(absl::StrCat(
-                              "job ", hello.job(), " is now read with ", workers,
-                              " reader(s) per rank (a session said num_workers=",
-                              hello.num_workers(), "); this session said ", other.num_workers)),
-                          fx);
+      FinishSessionLocked(
+          other,
+          absl::FailedPreconditionError(absl::StrCat(
+              "job ", hello.job(), " is now read with ", workers,
+              " reader(s) per rank (a session said num_workers=",
+              hello.num_workers(), "); this session said ", other.num_workers)),
+          fx);
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m,
-                                                          Effects& fx) {
+absl::Status CoordinatorService::HandleLeaseMessageLocked(
+    Session& s, const v1::TrainerMessage& m, Effects& fx) {
   switch (m.msg_case()) {
     case v1::TrainerMessage::kWant:
       if (m.want().credits() < 0) {
@@ -1092,25 +1212,30 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
       uint64_t fence = 0;
       int64_t consumed = -1;
       if (m.has_progress()) {
-        lease_id = m.progress().lease_id(), fence = m.progress().fence(), consumed = m.progress().consumed();
+        lease_id = m.progress().lease_id(), fence = m.progress().fence(),
+        consumed = m.progress().consumed();
       } else if (m.has_complete()) {
         lease_id = m.complete().lease_id(), fence = m.complete().fence();
       } else if (m.has_release()) {
-        lease_id = m.release().lease_id(), fence = m.release().fence(), consumed = m.release().consumed();
+        lease_id = m.release().lease_id(), fence = m.release().fence(),
+        consumed = m.release().consumed();
       } else {
-        lease_id = m.reroute().lease_id(), fence = m.reroute().fence(), consumed = m.reroute().consumed();
+        lease_id = m.reroute().lease_id(), fence = m.reroute().fence(),
+        consumed = m.reroute().consumed();
       }
       if (lease_id.size() > kMaxIdBytes) {
-        fx.sends.emplace_back(s.sink, Rejected("", Invalid("lease_id",
-                                                           absl::StrCat(lease_id.size(),
-                                                                        " bytes; no lease id is "
-                                                                        "longer than ",
-                                                                        kMaxIdBytes))));
+        fx.sends.emplace_back(
+            s.sink, Rejected("", Invalid("lease_id",
+                                         absl::StrCat(lease_id.size(),
+                                                      " bytes; no lease id is "
+                                                      "longer than ",
+                                                      kMaxIdBytes))));
         return absl::OkStatus();
       }
       absl::StatusOr<const LeaseEntry*> found = leases_.Check(lease_id, fence);
       if (found.ok() && (*found)->holder != s.trainer_id) {
-        found = absl::AbortedError(absl::StrCat("lease ", lease_id, " is held by another trainer"));
+        found = absl::AbortedError(
+            absl::StrCat("lease ", lease_id, " is held by another trainer"));
       }
       if (!found.ok()) {
         // Not fatal: the trainer drops the unit and carries on.
@@ -1123,9 +1248,11 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
       if (complete) consumed = size;
       if (consumed < lease.consumed || consumed > size) {
         fx.sends.emplace_back(
-            s.sink, Rejected(lease_id, absl::InvalidArgumentError(absl::StrCat(
-                                           "lease ", lease_id, ": consumed=", consumed,
-                                           " must be in [", lease.consumed, ", ", size, "]"))));
+            s.sink,
+            Rejected(lease_id,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "lease ", lease_id, ": consumed=", consumed,
+                         " must be in [", lease.consumed, ", ", size, "]"))));
         return absl::OkStatus();
       }
       if (consumed > lease.consumed || complete) {
@@ -1147,7 +1274,8 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
       }
       if (complete) {
         leases_.Remove(lease_id).IgnoreError();
-        if (options_.metrics) options_.metrics->ForJob(lease.job).completed->Increment();
+        if (options_.metrics)
+          options_.metrics->ForJob(lease.job).completed->Increment();
       } else if (m.has_release() || m.has_reroute()) {
         if (m.has_reroute() && !m.reroute().failed_data_server().empty()) {
           for (auto& [id, e] : data_servers_) {
@@ -1156,21 +1284,26 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(Session& s, const v1::
             }
           }
         }
-        EndLeaseLocked(lease.job, lease_id, m.has_release() ? "released" : "rerouted", fx);
+        EndLeaseLocked(lease.job, lease_id,
+                       m.has_release() ? "released" : "rerouted", fx);
       }
       // Only a new epoch or returned work concerns the other sessions; a
       // Complete or Progress frees (at most) this session's credit.
       const bool advanced = MaybeAdvanceEpochLocked(s.job, fx);
-      PumpLocked(s.job, fx, advanced || m.has_release() || m.has_reroute() ? nullptr : &s);
+      PumpLocked(s.job, fx,
+                 advanced || m.has_release() || m.has_reroute() ? nullptr : &s);
       return absl::OkStatus();
     }
     default:
-      return absl::InvalidArgumentError("session: empty or unknown trainer message");
+      return absl::InvalidArgumentError(
+          "session: empty or unknown trainer message");
   }
 }
 
-void CoordinatorService::EndLeaseLocked(const std::string& job_name, const std::string& lease_id,
-                                        const std::string& reason, Effects& fx) {
+void CoordinatorService::EndLeaseLocked(const std::string& job_name,
+                                        const std::string& lease_id,
+                                        const std::string& reason,
+                                        Effects& fx) {
   absl::StatusOr<LeaseEntry> lease = leases_.Remove(lease_id);
   if (!lease.ok()) return;
   JournalRecord record;
@@ -1183,8 +1316,9 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name, const std::
   // The unconsumed remainder goes back to the front of its queue.
   if (lease->remaining() > 0) {
     const int32_t slot = job->plan.SlotOf(lease->rank, lease->worker);
-    Piece piece{lease->sequence, lease->shard_index, lease->begin + lease->consumed, lease->end,
-                lease->rank, slot};
+    Piece piece{
+        lease->sequence, lease->shard_index, lease->begin + lease->consumed,
+        lease->end,      lease->rank,        slot};
     QueueForLocked(*job, runtime_[job_name], slot).push_front(piece);
   }
   if (options_.metrics) {
@@ -1193,7 +1327,8 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name, const std::
   }
 }
 
-bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name, Effects& fx) {
+bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name,
+                                                 Effects& fx) {
   const JobData* job = state_.FindJob(name);
   if (job == nullptr || job->done || !job->epoch_complete()) return false;
   JournalRecord record;
@@ -1205,20 +1340,23 @@ bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name, Effect
   return true;
 }
 
-bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt,
-                                        Effects& fx, std::string* why_not,
+bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
+                                        JobRuntime& rt, Effects& fx,
+                                        std::string* why_not,
                                         v1::WaitingKind* why_kind) {
   const int32_t slot = job.plan.SlotOf(s.rank, s.worker);
   std::deque<Piece>& queue = QueueForLocked(job, rt, slot);
   const std::string reader =
-      job.plan.workers_per_rank > 1 ? absl::StrCat("rank ", s.rank, " worker ", s.worker)
-                                    : absl::StrCat("rank ", s.rank);
+      job.plan.workers_per_rank > 1
+          ? absl::StrCat("rank ", s.rank, " worker ", s.worker)
+          : absl::StrCat("rank ", s.rank);
   // Every reader takes at most its slot of the rank's quota (dynamic mode;
   // in static mode its queue holds just that), so a DataLoader worker's
   // pass ends with its own slot and never waits on another worker's.
   int64_t assigned = job.consumed_per_slot[slot];
   for (const auto& [id, l] : job.leases) {
-    if (l.rank == s.rank && l.worker == s.worker) assigned += (l.end - l.begin) - l.acked;
+    if (l.rank == s.rank && l.worker == s.worker)
+      assigned += (l.end - l.begin) - l.acked;
   }
   const int64_t limit = job.plan.slot_quota(slot) - assigned;
   if (limit <= 0) {
@@ -1229,21 +1367,24 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
   }
   if (queue.empty()) {
     *why_kind = v1::WAITING_NO_WORK_LEFT;
-    *why_not = absl::StrCat("no unassigned work left in epoch ", job.epoch, " for ", reader,
-                            "; waiting for held leases to complete");
+    *why_not =
+        absl::StrCat("no unassigned work left in epoch ", job.epoch, " for ",
+                     reader, "; waiting for held leases to complete");
     return false;
   }
   Piece piece = queue.front();
   queue.pop_front();
   if (piece.size() > limit) {
-    queue.push_front(Piece{piece.sequence, piece.shard_index, piece.begin + limit, piece.end,
-                           piece.rank, piece.slot});
+    queue.push_front(Piece{piece.sequence, piece.shard_index,
+                           piece.begin + limit, piece.end, piece.rank,
+                           piece.slot});
     piece.end = piece.begin + limit;
   }
   // Above what the data servers report having seen, too (not journaled: the
   // grant record carries the fence chosen).
   const uint64_t fence = std::max(job.next_fence, seen_fence_floor_);
-  const std::string lease_id = absl::StrCat(job.spec.name(), "/e", job.epoch, "/f", fence);
+  const std::string lease_id =
+      absl::StrCat(job.spec.name(), "/e", job.epoch, "/f", fence);
   JournalRecord record;
   auto* g = record.mutable_lease_granted();
   g->set_job(job.spec.name());
@@ -1258,26 +1399,30 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job, JobRunti
   g->set_lease_id(lease_id);
   g->set_holder(s.trainer_id);
   if (!CommitLocked(std::move(record), fx).ok()) return false;
-  LeaseEntry entry = LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
+  LeaseEntry entry =
+      LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
   entry.data_server =
       PickDataServerLocked(job.spec.manifest().shards(piece.shard_index).url());
   leases_.Add(std::move(entry), TtlLocked(job)).IgnoreError();
   CoordinatorMessage grant;
-  *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*leases_.Find(lease_id), job);
+  *grant.mutable_grant()->mutable_lease() =
+      LeaseToProtoLocked(*leases_.Find(lease_id), job);
   fx.sends.emplace_back(s.sink, std::move(grant));
-  if (options_.metrics) options_.metrics->ForJob(job.spec.name()).granted->Increment();
+  if (options_.metrics)
+    options_.metrics->ForJob(job.spec.name()).granted->Increment();
   HintUpcomingLocked(job, queue, fx);
   return true;
 }
 
 namespace {
 bool IsRemoteShardUrl(const std::string& url) {
-  return absl::StartsWith(url, "http://") || absl::StartsWith(url, "https://") ||
-         absl::StartsWith(url, "s3://");
+  return absl::StartsWith(url, "http://") ||
+         absl::StartsWith(url, "https://") || absl::StartsWith(url, "s3://");
 }
 }  // namespace
 
-void CoordinatorService::HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue,
+void CoordinatorService::HintUpcomingLocked(const JobData& job,
+                                            const std::deque<Piece>& queue,
                                             Effects& fx) {
   if (options_.prefetch_hint_units <= 0 || data_servers_.empty()) return;
   constexpr size_t kRememberedHints = 4096;
@@ -1300,10 +1445,12 @@ void CoordinatorService::HintUpcomingLocked(const JobData& job, const std::deque
       break;
     }
   }
-  for (auto& [id, msg] : hints) fx.hints.emplace_back(data_servers_[id].sink, std::move(msg));
+  for (auto& [id, msg] : hints)
+    fx.hints.emplace_back(data_servers_[id].sink, std::move(msg));
 }
 
-void CoordinatorService::PumpLocked(const std::string& name, Effects& fx, Session* only) {
+void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
+                                    Session* only) {
   const JobData* job = state_.FindJob(name);
   if (job == nullptr) return;
   JobRuntime& rt = runtime_[name];
@@ -1329,10 +1476,14 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx, Sessio
       CoordinatorMessage begin;
       begin.mutable_epoch_begin()->set_epoch(job->epoch);
       const int32_t slot = job->plan.SlotOf(s.rank, s.worker);
-      begin.mutable_epoch_begin()->set_samples_for_rank(job->plan.samples_per_rank);
-      begin.mutable_epoch_begin()->set_already_consumed(job->consumed_by_rank(s.rank));
-      begin.mutable_epoch_begin()->set_samples_for_worker(job->plan.slot_quota(slot));
-      begin.mutable_epoch_begin()->set_already_consumed_by_worker(job->consumed_per_slot[slot]);
+      begin.mutable_epoch_begin()->set_samples_for_rank(
+          job->plan.samples_per_rank);
+      begin.mutable_epoch_begin()->set_already_consumed(
+          job->consumed_by_rank(s.rank));
+      begin.mutable_epoch_begin()->set_samples_for_worker(
+          job->plan.slot_quota(slot));
+      begin.mutable_epoch_begin()->set_already_consumed_by_worker(
+          job->consumed_per_slot[slot]);
       fx.sends.emplace_back(s.sink, begin);
     }
     if (job->done) continue;
@@ -1341,11 +1492,15 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx, Sessio
     v1::WaitingKind why_kind = v1::WAITING_KIND_UNSPECIFIED;
     if (options_.wait_for_data_servers && !AnyLiveDataServerLocked()) {
       // A grant must name a server to read from: the units wait.
-      why_not = "no live data server: units wait until one registers with the coordinator";
+      why_not =
+          "no live data server: units wait until one registers with the "
+          "coordinator";
       why_kind = v1::WAITING_NO_DATA_SERVER;
     } else {
       const int32_t before = held;
-      while (held < s.credits && GrantOneLocked(s, *job, rt, fx, &why_not, &why_kind)) ++held;
+      while (held < s.credits &&
+             GrantOneLocked(s, *job, rt, fx, &why_not, &why_kind))
+        ++held;
       // Told again after being fed: a trainer may wait for "nothing left" to
       // end its part of the epoch.
       if (held > before) s.waiting.clear();
@@ -1373,8 +1528,8 @@ int CoordinatorService::ExpireLeases() {
       const LeaseEntry* lease = leases_.Find(id);
       if (lease == nullptr) continue;
       const std::string job = lease->job;
-      LogInfo("lease %s of trainer %s expired; %d samples return to the queue", id,
-              lease->holder, lease->remaining());
+      LogInfo("lease %s of trainer %s expired; %d samples return to the queue",
+              id, lease->holder, lease->remaining());
       EndLeaseLocked(job, id, "expired", fx);
       jobs.insert(job);
       ++expired;
@@ -1397,7 +1552,9 @@ void CoordinatorService::Drain() {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, s] : sessions_) {
-      FinishSessionLocked(s, absl::UnavailableError("coordinator is shutting down; reconnect"), fx);
+      FinishSessionLocked(
+          s, absl::UnavailableError("coordinator is shutting down; reconnect"),
+          fx);
     }
     SubmitLocked(fx);
   }

@@ -20,9 +20,9 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
-#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -119,7 +119,8 @@ class CoordinatorService {
 
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   const CoordinatorOptions& options() const { return options_; }
-  absl::StatusOr<v1::Job> GetJob(const std::string& name, bool include_manifest);
+  absl::StatusOr<v1::Job> GetJob(const std::string& name,
+                                 bool include_manifest);
   std::vector<v1::Job> ListJobs();
   absl::Status DeleteJob(const std::string& name);
 
@@ -162,9 +163,11 @@ class CoordinatorService {
   // Once steps: journal a finished step (returns once durable), and look one
   // up (survives restarts through the journal).
   absl::Status PersistOnceFinished(const v1::internal::OnceFinished& finished);
-  std::optional<v1::internal::OnceFinished> FindOnceFinished(const std::string& scope,
-                                                             const std::string& name);
-  absl::Duration data_server_timeout() const { return 3 * options_.heartbeat_interval; }
+  std::optional<v1::internal::OnceFinished> FindOnceFinished(
+      const std::string& scope, const std::string& name);
+  absl::Duration data_server_timeout() const {
+    return 3 * options_.heartbeat_interval;
+  }
   // When the next lease expires (for the expiry thread's wait).
   absl::Time NextExpiry();
 
@@ -202,7 +205,7 @@ class CoordinatorService {
     int32_t rank = 0;
     int32_t worker = 0;
     int32_t num_workers = 1;  // readers per rank this session reads with
-    std::string trainer_id;  // "job/trainer_id": the holder of its leases
+    std::string trainer_id;   // "job/trainer_id": the holder of its leases
     int32_t credits = 0;
     int64_t announced_epoch = -1;
     std::string waiting;
@@ -213,15 +216,18 @@ class CoordinatorService {
     std::vector<std::deque<Piece>> queues;  // static: per slot; else [0]
   };
   struct Effects {
-    std::vector<std::pair<std::shared_ptr<SessionSink>, v1::CoordinatorMessage>> sends;
+    std::vector<std::pair<std::shared_ptr<SessionSink>, v1::CoordinatorMessage>>
+        sends;
     std::vector<std::pair<std::shared_ptr<SessionSink>, absl::Status>> finishes;
-    std::vector<std::pair<std::shared_ptr<DataServerSink>, v1::CoordinatorToDataServer>> hints;
+    std::vector<
+        std::pair<std::shared_ptr<DataServerSink>, v1::CoordinatorToDataServer>>
+        hints;
     uint64_t ticket = 0;
     absl::Time started = absl::Now();  // for the grant latency histogram
   };
   // Queues PrefetchHints for the units at the front of `queue`.
-  void HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue, Effects& fx)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue,
+                          Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   explicit CoordinatorService(const CoordinatorOptions& options);
 
@@ -239,16 +245,19 @@ class CoordinatorService {
   void RunFlusher();
   // Replaces the journal with a snapshot of state_ when it has grown enough.
   void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RebuildQueuesLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt, int32_t slot)
+  void RebuildQueuesLocked(const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt,
+                                    int32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Announces epochs and grants up to each session's credits; `only`
   // restricts it to one session (when nothing changed for the others).
   void PumpLocked(const std::string& job, Effects& fx, Session* only = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PumpAllLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt, Effects& fx,
-                      std::string* why_not, v1::WaitingKind* why_kind)
+  bool GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt,
+                      Effects& fx, std::string* why_not,
+                      v1::WaitingKind* why_kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLeaseLocked(const std::string& job, const std::string& lease_id,
                       const std::string& reason, Effects& fx)
@@ -267,10 +276,12 @@ class CoordinatorService {
   // Lease tokens carry their expiry: the session's held leases whose token
   // has less than half a TTL left are sent again (same lease and fence, the
   // renewed expiry, a new token).
-  void RefreshTokensLocked(Session& s, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshTokensLocked(Session& s, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ResumeLocked(const v1::Hello& hello, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m, Effects& fx)
+  absl::Status HandleLeaseMessageLocked(Session& s, const v1::TrainerMessage& m,
+                                        Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishSessionLocked(Session& s, const absl::Status& status, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -278,11 +289,13 @@ class CoordinatorService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Lease LeaseToProtoLocked(const LeaseEntry& lease, const JobData& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Duration TtlLocked(const JobData& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration TtlLocked(const JobData& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
-  std::optional<PathRoots> manifest_roots_;  // set when options_.manifest_roots is
+  std::optional<PathRoots>
+      manifest_roots_;  // set when options_.manifest_roots is
   std::unique_ptr<Journal> journal_;
   int64_t recovered_records_ = 0;
   int64_t last_snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;

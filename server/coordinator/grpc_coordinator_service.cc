@@ -5,7 +5,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-
 #include "server/common/grpc_status.h"
 #include "server/common/quote.h"
 
@@ -15,7 +14,8 @@ namespace {
 using v1::CoordinatorMessage;
 using v1::TrainerMessage;
 
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
+                               const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -44,9 +44,10 @@ class QueuedWriter {
     queue_.push_back(std::move(m));
     if (queue_.size() > kMaxQueuedMessages || queued_bytes_ > kMaxQueuedBytes) {
       const std::string why = absl::StrCat(
-          "the client has not read ", queue_.size(), " messages (", queued_bytes_,
-          " bytes) of this stream; ending it (limits: ", kMaxQueuedMessages, " messages, ",
-          kMaxQueuedBytes, " bytes)");
+          "the client has not read ", queue_.size(), " messages (",
+          queued_bytes_,
+          " bytes) of this stream; ending it (limits: ", kMaxQueuedMessages,
+          " messages, ", kMaxQueuedBytes, " bytes)");
       queue_.clear();
       queued_bytes_ = 0;
       finish_requested_ = true;
@@ -102,13 +103,16 @@ class QueuedWriter {
 
 // One Session stream. The service talks to it through Sink, which outlives
 // the reactor: after OnDone, messages for the stream are dropped.
-class SessionReactor : public grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage> {
+class SessionReactor
+    : public grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage> {
  public:
   class Sink : public SessionSink {
    public:
     explicit Sink(SessionReactor* reactor) : writer_(reactor) {}
     void Send(CoordinatorMessage m) override { writer_.Send(std::move(m)); }
-    void Finish(const absl::Status& status) override { writer_.Finish(ToGrpcStatus(status)); }
+    void Finish(const absl::Status& status) override {
+      writer_.Finish(ToGrpcStatus(status));
+    }
     void OnWriteDone(bool ok) { writer_.OnWriteDone(ok); }
     void Detach() { writer_.Detach(); }
 
@@ -163,11 +167,13 @@ bool ConstantTimeEquals(absl::string_view got, absl::string_view want) {
 
 // The client certificate's common name and subject alternative names, when
 // the call came over mutual TLS.
-std::vector<std::string> PeerIdentities(const grpc::CallbackServerContext* ctx) {
+std::vector<std::string> PeerIdentities(
+    const grpc::CallbackServerContext* ctx) {
   std::vector<std::string> names;
   std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
-  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+  for (const char* property :
+       {"x509_common_name", "x509_subject_alternative_name"}) {
     for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
       names.emplace_back(value.data(), value.size());
     }
@@ -181,13 +187,18 @@ std::vector<std::string> PeerIdentities(const grpc::CallbackServerContext* ctx) 
 // DataServerRegistered, then prefetch hints out (through Sink, queued). The
 // server is dropped from routing when the stream ends.
 class RegistrationReactor
-    : public grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer> {
+    : public grpc::ServerBidiReactor<v1::DataServerMessage,
+                                     v1::CoordinatorToDataServer> {
  public:
   class Sink : public DataServerSink {
    public:
     explicit Sink(RegistrationReactor* reactor) : writer_(reactor) {}
-    void Send(const v1::CoordinatorToDataServer& m) override { writer_.Send(m); }
-    void Finish(const absl::Status& status) { writer_.Finish(ToGrpcStatus(status)); }
+    void Send(const v1::CoordinatorToDataServer& m) override {
+      writer_.Send(m);
+    }
+    void Finish(const absl::Status& status) {
+      writer_.Finish(ToGrpcStatus(status));
+    }
     void OnWriteDone(bool ok) { writer_.OnWriteDone(ok); }
     void Detach() { writer_.Detach(); }
 
@@ -195,8 +206,8 @@ class RegistrationReactor
     QueuedWriter<RegistrationReactor, v1::CoordinatorToDataServer> writer_;
   };
 
-  RegistrationReactor(CoordinatorService* service, GrpcCoordinatorService* owner,
-                      absl::Status allowed)
+  RegistrationReactor(CoordinatorService* service,
+                      GrpcCoordinatorService* owner, absl::Status allowed)
       : service_(service),
         owner_(owner),
         sink_(std::make_shared<Sink>(this)),
@@ -215,7 +226,8 @@ class RegistrationReactor
         sink_->Finish(allowed_);
         return;
       }
-      if (absl::Status allowed = service_->CheckRegistration(in_.register_()); !allowed.ok()) {
+      if (absl::Status allowed = service_->CheckRegistration(in_.register_());
+          !allowed.ok()) {
         sink_->Finish(allowed);
         return;
       }
@@ -259,10 +271,10 @@ class RegistrationReactor
   int64_t id_ = 0;
 };
 
-
 // One Once stream: reads go to OnceBarrier; responses are queued with one
 // write in flight; Finish exactly once, after queued writes.
-class OnceReactor : public grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse> {
+class OnceReactor
+    : public grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse> {
  public:
   class Sink : public OnceSink {
    public:
@@ -317,7 +329,8 @@ class OnceReactor : public grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResp
     grpc::Status status_ ABSL_GUARDED_BY(mu_);
   };
 
-  explicit OnceReactor(OnceBarrier* logic) : logic_(logic), sink_(std::make_shared<Sink>(this)) {
+  explicit OnceReactor(OnceBarrier* logic)
+      : logic_(logic), sink_(std::make_shared<Sink>(this)) {
     id_ = logic_->OpenOnce(sink_);
     if (!sink_->finishing()) StartRead(&in_);
   }
@@ -329,7 +342,8 @@ class OnceReactor : public grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResp
       return;
     }
     logic_->OnOnceMessage(id_, in_);
-    if (!sink_->finishing()) StartRead(&in_);  // no new operations once finishing
+    if (!sink_->finishing())
+      StartRead(&in_);  // no new operations once finishing
   }
   void OnWriteDone(bool) override { sink_->OnWriteDone(); }
   void OnDone() override {
@@ -352,11 +366,13 @@ GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service,
       once_barrier_([service] {
         OnceBarrier::Options o;
         o.heartbeat_interval = service->data_server_timeout() / 3;
-        o.max_barrier_participants = service->options().max_barrier_participants;
+        o.max_barrier_participants =
+            service->options().max_barrier_participants;
         o.persist = [service](const v1::internal::OnceFinished& f) {
           return service->PersistOnceFinished(f);
         };
-        o.find_finished = [service](const std::string& scope, const std::string& name) {
+        o.find_finished = [service](const std::string& scope,
+                                    const std::string& name) {
           return service->FindOnceFinished(scope, name);
         };
         return o;
@@ -377,7 +393,8 @@ void GrpcCoordinatorService::ExpiryLoop() {
     // Wake at the next expiry, but at least every 100 ms (new leases may
     // expire sooner than the one we saw).
     mu_.Unlock();
-    const absl::Time next = std::min(service_->NextExpiry(), absl::Now() + absl::Milliseconds(100));
+    const absl::Time next =
+        std::min(service_->NextExpiry(), absl::Now() + absl::Milliseconds(100));
     mu_.Lock();
     mu_.AwaitWithDeadline(absl::Condition(&stopping_), next);
     if (stopping_) break;
@@ -393,28 +410,31 @@ void GrpcCoordinatorService::Drain() {
   once_barrier_.Drain();
   std::vector<std::shared_ptr<RegistrationReactor::Sink>> registrations;
   {
-    absl::MutexLock lock(&mu_);  // a reactor leaves the set before it is deleted
+    absl::MutexLock lock(
+        &mu_);  // a reactor leaves the set before it is deleted
     stopping_ = true;
-    for (RegistrationReactor* r : registrations_) registrations.push_back(r->sink());
+    for (RegistrationReactor* r : registrations_)
+      registrations.push_back(r->sink());
   }
   for (const auto& sink : registrations) {
     sink->Finish(absl::UnavailableError("coordinator is shutting down"));
   }
 }
 
-grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse>* GrpcCoordinatorService::Once(
-    grpc::CallbackServerContext*) {
+grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse>*
+GrpcCoordinatorService::Once(grpc::CallbackServerContext*) {
   return new OnceReactor(&once_barrier_);
 }
 
-grpc::ServerUnaryReactor* GrpcCoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
-                                                          const v1::BarrierRequest* req,
-                                                          v1::BarrierResponse* resp) {
+grpc::ServerUnaryReactor* GrpcCoordinatorService::Barrier(
+    grpc::CallbackServerContext* ctx, const v1::BarrierRequest* req,
+    v1::BarrierResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  once_barrier_.Barrier(*req, [reactor, resp](absl::StatusOr<v1::BarrierResponse> r) {
-    if (r.ok()) *resp = *std::move(r);
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
+  once_barrier_.Barrier(*req,
+                        [reactor, resp](absl::StatusOr<v1::BarrierResponse> r) {
+                          if (r.ok()) *resp = *std::move(r);
+                          reactor->Finish(ToGrpcStatus(r.status()));
+                        });
   return reactor;
 }
 
@@ -425,14 +445,17 @@ GrpcCoordinatorService::RegisterDataServer(grpc::CallbackServerContext* ctx) {
     const std::vector<std::string> peer = PeerIdentities(ctx);
     bool listed = false;
     for (const std::string& name : peer) {
-      for (const std::string& want : admin_.data_server_identities) listed |= name == want;
+      for (const std::string& want : admin_.data_server_identities)
+        listed |= name == want;
     }
     if (!listed) {
       allowed = absl::PermissionDeniedError(absl::StrCat(
           "RegisterDataServer: ",
-          peer.empty() ? std::string("the call carries no client certificate")
-                       : absl::StrCat("client certificate ", QuotePrefix(peer.front())),
-          peer.empty() ? "" : " is not a data server identity", " (--data_server_identities)"));
+          peer.empty()
+              ? std::string("the call carries no client certificate")
+              : absl::StrCat("client certificate ", QuotePrefix(peer.front())),
+          peer.empty() ? "" : " is not a data server identity",
+          " (--data_server_identities)"));
     }
   }
   auto* reactor = new RegistrationReactor(service_, this, std::move(allowed));
@@ -446,8 +469,8 @@ void GrpcCoordinatorService::ForgetRegistration(RegistrationReactor* reactor) {
   registrations_.erase(reactor);
 }
 
-absl::Status GrpcCoordinatorService::AuthorizeAdmin(const grpc::CallbackServerContext* ctx,
-                                                    absl::string_view what) const {
+absl::Status GrpcCoordinatorService::AuthorizeAdmin(
+    const grpc::CallbackServerContext* ctx, absl::string_view what) const {
   if (!admin_.enforce) return absl::OkStatus();
   const std::vector<std::string> peer = PeerIdentities(ctx);
   for (const std::string& name : peer) {
@@ -458,37 +481,45 @@ absl::Status GrpcCoordinatorService::AuthorizeAdmin(const grpc::CallbackServerCo
   const auto& metadata = ctx->client_metadata();
   auto it = metadata.find("authorization");
   if (it != metadata.end() && !admin_.token.empty() &&
-      ConstantTimeEquals(absl::string_view(it->second.data(), it->second.size()),
-                         absl::StrCat("Bearer ", admin_.token))) {
+      ConstantTimeEquals(
+          absl::string_view(it->second.data(), it->second.size()),
+          absl::StrCat("Bearer ", admin_.token))) {
     return absl::OkStatus();
   }
   if (admin_.token.empty() && admin_.identities.empty()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        what, " is refused: this coordinator has TLS or a lease secret but accepts no "
-              "operator credential (start it with --admin_token_file or --admin_identities, "
-              "or --allow_unauthenticated_admin)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(what,
+                     " is refused: this coordinator has TLS or a lease secret "
+                     "but accepts no "
+                     "operator credential (start it with --admin_token_file or "
+                     "--admin_identities, "
+                     "or --allow_unauthenticated_admin)"));
   }
   if (it != metadata.end()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(what, ": the authorization metadata is not the operator token"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, ": the authorization metadata is not the operator token"));
   }
   if (!peer.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         what, ": client certificate ", QuotePrefix(peer.front()),
-        " is not an operator identity (--admin_identities)", admin_.token.empty() ? "" :
-        ", and no operator token was sent"));
+        " is not an operator identity (--admin_identities)",
+        admin_.token.empty() ? "" : ", and no operator token was sent"));
   }
   return absl::UnauthenticatedError(absl::StrCat(
       what, " needs an operator credential: ",
-      admin_.token.empty() ? "" : "the token (metadata \"authorization: Bearer <token>\"; "
-                                  "sluicectl --admin_token_file)",
+      admin_.token.empty()
+          ? ""
+          : "the token (metadata \"authorization: Bearer <token>\"; "
+            "sluicectl --admin_token_file)",
       !admin_.token.empty() && !admin_.identities.empty() ? " or " : "",
-      admin_.identities.empty() ? "" : "a client certificate named in --admin_identities"));
+      admin_.identities.empty()
+          ? ""
+          : "a client certificate named in --admin_identities"));
 }
 
-grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(grpc::CallbackServerContext* ctx,
-                                                            const v1::CreateJobRequest* req,
-                                                            v1::Job* resp) {
+grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(
+    grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
+    v1::Job* resp) {
   if (absl::Status allowed = AuthorizeAdmin(ctx, "CreateJob"); !allowed.ok()) {
     return Done(ctx, allowed);
   }
@@ -497,32 +528,33 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(grpc::CallbackServer
   return Done(ctx, job.status());
 }
 
-grpc::ServerUnaryReactor* GrpcCoordinatorService::GetJob(grpc::CallbackServerContext* ctx,
-                                                         const v1::GetJobRequest* req,
-                                                         v1::Job* resp) {
-  absl::StatusOr<v1::Job> job = service_->GetJob(req->name(), req->include_manifest());
+grpc::ServerUnaryReactor* GrpcCoordinatorService::GetJob(
+    grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+    v1::Job* resp) {
+  absl::StatusOr<v1::Job> job =
+      service_->GetJob(req->name(), req->include_manifest());
   if (job.ok()) *resp = std::move(*job);
   return Done(ctx, job.status());
 }
 
-grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(grpc::CallbackServerContext* ctx,
-                                                           const v1::ListJobsRequest*,
-                                                           v1::ListJobsResponse* resp) {
+grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
+    grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
+    v1::ListJobsResponse* resp) {
   for (v1::Job& job : service_->ListJobs()) *resp->add_jobs() = std::move(job);
   return Done(ctx, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* GrpcCoordinatorService::DeleteJob(grpc::CallbackServerContext* ctx,
-                                                            const v1::DeleteJobRequest* req,
-                                                            v1::DeleteJobResponse*) {
+grpc::ServerUnaryReactor* GrpcCoordinatorService::DeleteJob(
+    grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* req,
+    v1::DeleteJobResponse*) {
   if (absl::Status allowed = AuthorizeAdmin(ctx, "DeleteJob"); !allowed.ok()) {
     return Done(ctx, allowed);
   }
   return Done(ctx, service_->DeleteJob(req->name()));
 }
 
-grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage>* GrpcCoordinatorService::Session(
-    grpc::CallbackServerContext*) {
+grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage>*
+GrpcCoordinatorService::Session(grpc::CallbackServerContext*) {
   return new SessionReactor(service_);
 }
 

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-
 #include "absl/synchronization/mutex.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/once_barrier.h"
@@ -43,15 +42,18 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
   // credential (see AccessPolicy): UNAUTHENTICATED without any,
   // PERMISSION_DENIED with one that is not an operator's; with nothing
   // configured to accept, they are PERMISSION_DENIED for everyone.
-  explicit GrpcCoordinatorService(CoordinatorService* service, AccessPolicy access = {});
+  explicit GrpcCoordinatorService(CoordinatorService* service,
+                                  AccessPolicy access = {});
 
   const AccessPolicy& access() const { return admin_; }
   ~GrpcCoordinatorService() override;
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
-                                      const v1::CreateJobRequest* req, v1::Job* resp) override;
+                                      const v1::CreateJobRequest* req,
+                                      v1::Job* resp) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
-                                   const v1::GetJobRequest* req, v1::Job* resp) override;
+                                   const v1::GetJobRequest* req,
+                                   v1::Job* resp) override;
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override;

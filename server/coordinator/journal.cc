@@ -33,7 +33,8 @@ void PutU32(std::string* out, uint32_t v) {
 
 uint32_t GetU32(const char* p) {
   const auto* u = reinterpret_cast<const unsigned char*>(p);
-  return u[0] | (u[1] << 8) | (u[2] << 16) | (static_cast<uint32_t>(u[3]) << 24);
+  return u[0] | (u[1] << 8) | (u[2] << 16) |
+         (static_cast<uint32_t>(u[3]) << 24);
 }
 
 // The offset of the first whole, valid record at or after `from` (non-empty
@@ -42,12 +43,17 @@ uint32_t GetU32(const char* p) {
 std::optional<size_t> FindValidFrame(const std::string& data, size_t from) {
   for (size_t p = from; p + kHeaderBytes < data.size(); ++p) {
     const uint32_t length = GetU32(data.data() + p);
-    if (length == 0 || length > kMaxRecordBytes || length > data.size() - p - kHeaderBytes) {
+    if (length == 0 || length > kMaxRecordBytes ||
+        length > data.size() - p - kHeaderBytes) {
       continue;
     }
-    if (Crc(data.data() + p + kHeaderBytes, length) != GetU32(data.data() + p + 4)) continue;
+    if (Crc(data.data() + p + kHeaderBytes, length) !=
+        GetU32(data.data() + p + 4))
+      continue;
     v1::internal::JournalRecord record;
-    if (record.ParseFromArray(data.data() + p + kHeaderBytes, static_cast<int>(length))) return p;
+    if (record.ParseFromArray(data.data() + p + kHeaderBytes,
+                              static_cast<int>(length)))
+      return p;
   }
   return std::nullopt;
 }
@@ -55,7 +61,8 @@ std::optional<size_t> FindValidFrame(const std::string& data, size_t from) {
 absl::Status Errno(absl::string_view what, const std::string& path) {
   const int e = errno;
   const std::string message = absl::StrCat(what, " ", path, ": ", strerror(e));
-  return e == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+  return e == ENOENT ? absl::NotFoundError(message)
+                     : absl::InternalError(message);
 }
 
 absl::StatusOr<std::string> ReadAll(int fd, const std::string& path) {
@@ -86,13 +93,15 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
       return Errno("cannot create journal directory", dir);
     }
   } else if (!S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("journal path ", dir, " is not a directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("journal path ", dir, " is not a directory"));
   }
   const std::string path = dir + "/journal.log";
   unlink((path + ".compact").c_str());  // an interrupted compaction
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot open journal", path);
-  std::unique_ptr<FileJournal> journal(new FileJournal(fd, path, std::move(on_fsync)));
+  std::unique_ptr<FileJournal> journal(
+      new FileJournal(fd, path, std::move(on_fsync)));
 
   absl::StatusOr<std::string> data = ReadAll(fd, path);
   if (!data.ok()) return data.status();
@@ -107,7 +116,8 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
       length = GetU32(data->data() + offset);
       const uint32_t crc = GetU32(data->data() + offset + 4);
       // No record is empty: a zero length is a zero-filled tail or damage.
-      if (length == 0 || length > kMaxRecordBytes || left - kHeaderBytes < length) {
+      if (length == 0 || length > kMaxRecordBytes ||
+          left - kHeaderBytes < length) {
         bad = true;
       } else if (Crc(data->data() + offset + kHeaderBytes, length) != crc) {
         bad = true;
@@ -118,24 +128,27 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
       // a write cut short (its length reaches the end) or a zero-filled
       // tail, with no whole record after it. A damaged length field in the
       // middle also "reaches the end", but valid records come after it.
-      const bool last = left < kHeaderBytes ||
-                        length > kMaxRecordBytes ||
+      const bool last = left < kHeaderBytes || length > kMaxRecordBytes ||
                         left - kHeaderBytes <= length;
-      const bool zeros = data->find_first_not_of('\0', offset) == std::string::npos;
-      if (const std::optional<size_t> next = FindValidFrame(*data, offset + 1)) {
-        return absl::DataLossError(absl::StrCat(
-            "journal ", path, " is corrupt at offset ", offset, ": the record there (",
-            length, " bytes claimed) is damaged and a whole record follows at offset ", *next,
-            "; refusing to start"));
-      }
-      if (!last && !zeros) {
+      const bool zeros =
+          data->find_first_not_of('\0', offset) == std::string::npos;
+      if (const std::optional<size_t> next =
+              FindValidFrame(*data, offset + 1)) {
         return absl::DataLossError(absl::StrCat(
             "journal ", path, " is corrupt at offset ", offset,
-            " (bad record followed by ", left, " more bytes); refusing to start"));
+            ": the record there (", length,
+            " bytes claimed) is damaged and a whole record follows at offset ",
+            *next, "; refusing to start"));
+      }
+      if (!last && !zeros) {
+        return absl::DataLossError(
+            absl::StrCat("journal ", path, " is corrupt at offset ", offset,
+                         " (bad record followed by ", left,
+                         " more bytes); refusing to start"));
       }
       journal->truncated_ = static_cast<int64_t>(left);
-      LogWarning("journal %s: torn tail of %d bytes at offset %d truncated", path,
-                 left, offset);
+      LogWarning("journal %s: torn tail of %d bytes at offset %d truncated",
+                 path, left, offset);
       if (ftruncate(fd, static_cast<off_t>(offset)) != 0 || fsync(fd) != 0) {
         return Errno("cannot truncate torn journal tail", path);
       }
@@ -144,11 +157,13 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
     JournalRecord record;
     if (!record.ParseFromArray(data->data() + offset + kHeaderBytes,
                                static_cast<int>(length))) {
-      return absl::DataLossError(absl::StrCat("journal ", path, ": record at offset ",
-                                              offset, " has a valid CRC but does not parse"));
+      return absl::DataLossError(
+          absl::StrCat("journal ", path, ": record at offset ", offset,
+                       " has a valid CRC but does not parse"));
     }
     if (absl::Status s = apply(record); !s.ok()) {
-      return absl::DataLossError(absl::StrCat("journal ", path, ": replaying record at offset ",
+      return absl::DataLossError(absl::StrCat("journal ", path,
+                                              ": replaying record at offset ",
                                               offset, ": ", s.message()));
     }
     ++journal->replayed_;
@@ -231,7 +246,8 @@ absl::Status FileJournal::WaitDurable(uint64_t my_seq) {
       done += static_cast<size_t>(n);
     }
     const absl::Time start = absl::Now();
-    if (status.ok() && fdatasync(fd_) != 0) status = Errno("cannot fsync journal", path_);
+    if (status.ok() && fdatasync(fd_) != 0)
+      status = Errno("cannot fsync journal", path_);
     if (on_fsync_) on_fsync_(absl::ToDoubleSeconds(absl::Now() - start));
     mu_.Lock();
     writing_ = false;
@@ -255,16 +271,19 @@ absl::Status FileJournal::Compact(const JournalRecord& snapshot) {
   mu_.Await(absl::Condition(
       +[](bool* writing) { return !*writing; }, &writing_));
   if (!write_status_.ok()) return write_status_;
-  const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd =
+      open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create compacted journal", tmp);
   size_t done = 0;
   absl::Status status;
   while (status.ok() && done < framed.size()) {
     const ssize_t n = write(fd, framed.data() + done, framed.size() - done);
-    if (n < 0 && errno != EINTR) status = Errno("cannot write compacted journal", tmp);
+    if (n < 0 && errno != EINTR)
+      status = Errno("cannot write compacted journal", tmp);
     if (n > 0) done += static_cast<size_t>(n);
   }
-  if (status.ok() && fsync(fd) != 0) status = Errno("cannot fsync compacted journal", tmp);
+  if (status.ok() && fsync(fd) != 0)
+    status = Errno("cannot fsync compacted journal", tmp);
   if (status.ok() && rename(tmp.c_str(), path_.c_str()) != 0) {
     status = Errno("cannot rename compacted journal over", path_);
   }

@@ -15,7 +15,8 @@ void LeaseTable::Schedule(LeaseEntry& lease, absl::Duration ttl) {
 
 absl::Status LeaseTable::Add(LeaseEntry lease, absl::Duration ttl) {
   if (leases_.count(lease.lease_id) != 0) {
-    return absl::AlreadyExistsError(absl::StrCat("lease ", lease.lease_id, " exists"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("lease ", lease.lease_id, " exists"));
   }
   const std::string id = lease.lease_id;
   by_holder_[lease.holder].push_back(id);
@@ -29,17 +30,19 @@ absl::StatusOr<const LeaseEntry*> LeaseTable::Check(const std::string& lease_id,
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     return absl::NotFoundError(
-        absl::StrCat("lease ", lease_id, " is not held (expired, completed or never granted)"));
+        absl::StrCat("lease ", lease_id,
+                     " is not held (expired, completed or never granted)"));
   }
   if (it->second.fence != fence) {
-    return absl::AbortedError(absl::StrCat("lease ", lease_id, ": stale fence ", fence,
-                                           " (current ", it->second.fence, ")"));
+    return absl::AbortedError(absl::StrCat("lease ", lease_id, ": stale fence ",
+                                           fence, " (current ",
+                                           it->second.fence, ")"));
   }
   return &it->second;
 }
 
-absl::Status LeaseTable::SetProgress(const std::string& lease_id, uint64_t fence,
-                                     int64_t consumed) {
+absl::Status LeaseTable::SetProgress(const std::string& lease_id,
+                                     uint64_t fence, int64_t consumed) {
   absl::StatusOr<const LeaseEntry*> lease = Check(lease_id, fence);
   if (!lease.ok()) return lease.status();
   LeaseEntry& entry = leases_.find(lease_id)->second;
@@ -55,7 +58,8 @@ absl::Status LeaseTable::SetProgress(const std::string& lease_id, uint64_t fence
 absl::StatusOr<LeaseEntry> LeaseTable::Remove(const std::string& lease_id) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
-    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held"));
+    return absl::NotFoundError(
+        absl::StrCat("lease ", lease_id, " is not held"));
   }
   LeaseEntry lease = std::move(it->second);
   leases_.erase(it);
@@ -120,7 +124,8 @@ const LeaseEntry* LeaseTable::Find(const std::string& lease_id) const {
   return it == leases_.end() ? nullptr : &it->second;
 }
 
-std::vector<const LeaseEntry*> LeaseTable::HeldBy(const std::string& holder) const {
+std::vector<const LeaseEntry*> LeaseTable::HeldBy(
+    const std::string& holder) const {
   std::vector<const LeaseEntry*> result;
   auto it = by_holder_.find(holder);
   if (it == by_holder_.end()) return result;

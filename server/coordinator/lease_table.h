@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/common/clock.h"
 
@@ -97,7 +97,9 @@ class LeaseTable {
     absl::Time expires_at;
     std::string lease_id;
     uint64_t generation;
-    bool operator>(const HeapEntry& o) const { return expires_at > o.expires_at; }
+    bool operator>(const HeapEntry& o) const {
+      return expires_at > o.expires_at;
+    }
   };
   void Schedule(LeaseEntry& lease, absl::Duration ttl);
   void DropStaleTop();
@@ -109,7 +111,9 @@ class LeaseTable {
   absl::node_hash_map<std::string, LeaseEntry> leases_;
   absl::flat_hash_map<std::string, uint64_t> generation_;
   absl::flat_hash_map<std::string, std::vector<std::string>> by_holder_;
-  std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
+  std::priority_queue<HeapEntry, std::vector<HeapEntry>,
+                      std::greater<HeapEntry>>
+      heap_;
   uint64_t next_generation_ = 1;
 };
 

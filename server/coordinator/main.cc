@@ -1,9 +1,9 @@
 // sluice-coordinator: hands out epoch-consistent shard leases to trainers.
+#include <prometheus/registry.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <prometheus/registry.h>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -23,48 +23,67 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
 ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
           "Lease TTL for jobs that do not set lease_ttl_ms.");
 ABSL_FLAG(int64_t, journal_compact_bytes, 64 << 20,
-          "Compact the journal into one snapshot record when it grows past this many bytes "
+          "Compact the journal into one snapshot record when it grows past "
+          "this many bytes "
           "(and past twice the last snapshot).");
-ABSL_FLAG(bool, wait_for_data_servers, true,
-          "Hold grants back while no data server is registered and live (trainers are told "
-          "why). Turn off only for tests with scripted trainers that read nothing.");
+ABSL_FLAG(
+    bool, wait_for_data_servers, true,
+    "Hold grants back while no data server is registered and live (trainers "
+    "are told "
+    "why). Turn off only for tests with scripted trainers that read nothing.");
 ABSL_FLAG(int, prefetch_hint_units, 8,
-          "After each grant, look this many units ahead in the grant's queue and send the "
-          "data servers they will be routed to a PrefetchHint for their remote shards "
+          "After each grant, look this many units ahead in the grant's queue "
+          "and send the "
+          "data servers they will be routed to a PrefetchHint for their remote "
+          "shards "
           "(http/https/s3). 0 = no hints.");
 ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the data servers "
           "(HMAC-SHA256 over each lease). Empty = leases carry no token.");
 
 ABSL_FLAG(std::vector<std::string>, manifest_roots, {},
-          "Directories CreateJob's manifest_path may name files in (comma-separated; \"..\" "
-          "and symlinks are resolved first). Empty = manifest_path is refused and manifests "
+          "Directories CreateJob's manifest_path may name files in "
+          "(comma-separated; \"..\" "
+          "and symlinks are resolved first). Empty = manifest_path is refused "
+          "and manifests "
           "are sent inline, as sluicectl does.");
 ABSL_FLAG(std::string, admin_token_file, "",
-          "File holding an operator token: CreateJob and DeleteJob are accepted with the "
-          "metadata \"authorization: Bearer <token>\" (sluicectl --admin_token_file). "
+          "File holding an operator token: CreateJob and DeleteJob are "
+          "accepted with the "
+          "metadata \"authorization: Bearer <token>\" (sluicectl "
+          "--admin_token_file). "
           "Use with TLS: the token crosses the wire.");
 ABSL_FLAG(std::vector<std::string>, admin_identities, {},
           "Client-certificate names (common name or subject alternative name, "
-          "comma-separated) whose mutual-TLS calls may CreateJob and DeleteJob. Needs "
+          "comma-separated) whose mutual-TLS calls may CreateJob and "
+          "DeleteJob. Needs "
           "--tls_client_ca.");
 ABSL_FLAG(std::vector<std::string>, data_server_identities, {},
           "Client-certificate names (common name or subject alternative name, "
-          "comma-separated) that may RegisterDataServer over mutual TLS; others are refused "
-          "(PERMISSION_DENIED). Empty = any client the TLS settings admit (with a lease "
+          "comma-separated) that may RegisterDataServer over mutual TLS; "
+          "others are refused "
+          "(PERMISSION_DENIED). Empty = any client the TLS settings admit "
+          "(with a lease "
           "secret, only those holding it). Needs --tls_client_ca.");
-ABSL_FLAG(bool, allow_unauthenticated_admin, false,
-          "Let anyone who reaches the port create and delete jobs even though TLS or a lease "
-          "secret is configured. Without TLS and a lease secret this is always so.");
+ABSL_FLAG(
+    bool, allow_unauthenticated_admin, false,
+    "Let anyone who reaches the port create and delete jobs even though TLS or "
+    "a lease "
+    "secret is configured. Without TLS and a lease secret this is always so.");
 ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_client_ca);
-ABSL_FLAG(int32_t, max_world_size, 65536, "Largest JobSpec.world_size accepted.");
+ABSL_FLAG(int32_t, max_world_size, 65536,
+          "Largest JobSpec.world_size accepted.");
 ABSL_FLAG(int64_t, max_units_per_epoch, 4000000,
-          "Most work units one epoch of a job may be planned into (shards x samples / "
-          "max_samples_per_lease); each costs memory in the plan, the queues and the journal.");
+          "Most work units one epoch of a job may be planned into (shards x "
+          "samples / "
+          "max_samples_per_lease); each costs memory in the plan, the queues "
+          "and the journal.");
 ABSL_FLAG(int64_t, max_sessions_per_job, 65536,
-          "Most open trainer sessions per job; a Hello beyond it is RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int32_t, max_barrier_participants, 100000, "Most participants one Barrier may name.");
+          "Most open trainer sessions per job; a Hello beyond it is "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, max_barrier_participants, 100000,
+          "Most participants one Barrier may name.");
 ABSL_FLAG(int64_t, max_manifest_bytes, 256 << 20,
           "Largest manifest file read for manifest_path.");
 
@@ -72,41 +91,51 @@ namespace {
 
 // Operators are checked whenever the deployment is secured at all (TLS or a
 // lease secret): a secured cluster whose jobs anyone can delete is not.
-absl::StatusOr<sluice::AccessPolicy> AccessPolicyFromFlags(bool has_lease_secret) {
+absl::StatusOr<sluice::AccessPolicy> AccessPolicyFromFlags(
+    bool has_lease_secret) {
   sluice::AccessPolicy admin;
-  ASSIGN_OR_RETURN(admin.token, sluice::ReadSecretFile(absl::GetFlag(FLAGS_admin_token_file),
-                                                       "admin_token_file"));
+  ASSIGN_OR_RETURN(admin.token,
+                   sluice::ReadSecretFile(absl::GetFlag(FLAGS_admin_token_file),
+                                          "admin_token_file"));
   admin.identities = absl::GetFlag(FLAGS_admin_identities);
   admin.data_server_identities = absl::GetFlag(FLAGS_data_server_identities);
   for (const char* flag : {"admin_identities", "data_server_identities"}) {
-    const bool set = std::string(flag) == "admin_identities" ? !admin.identities.empty()
-                                                             : !admin.data_server_identities.empty();
+    const bool set = std::string(flag) == "admin_identities"
+                         ? !admin.identities.empty()
+                         : !admin.data_server_identities.empty();
     if (set && absl::GetFlag(FLAGS_tls_client_ca).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, " needs --tls_client_ca: without mutual TLS no call carries a "
+          "--", flag,
+          " needs --tls_client_ca: without mutual TLS no call carries a "
           "client certificate"));
     }
   }
-  const bool secured = has_lease_secret || !absl::GetFlag(FLAGS_tls_cert).empty();
+  const bool secured =
+      has_lease_secret || !absl::GetFlag(FLAGS_tls_cert).empty();
   const bool configured = !admin.token.empty() || !admin.identities.empty();
   if (absl::GetFlag(FLAGS_allow_unauthenticated_admin)) {
     if (configured) {
       return absl::InvalidArgumentError(
-          "--allow_unauthenticated_admin contradicts --admin_token_file/--admin_identities");
+          "--allow_unauthenticated_admin contradicts "
+          "--admin_token_file/--admin_identities");
     }
-    sluice::LogWarning("--allow_unauthenticated_admin: anyone who can reach this port can "
-                       "create and delete jobs");
+    sluice::LogWarning(
+        "--allow_unauthenticated_admin: anyone who can reach this port can "
+        "create and delete jobs");
     return admin;
   }
   admin.enforce = secured || configured;
   if (!admin.enforce) {
     sluice::LogWarning(
-        "no TLS, lease secret or operator credential: anyone who can reach this port can "
+        "no TLS, lease secret or operator credential: anyone who can reach "
+        "this port can "
         "create and delete jobs");
   } else if (!configured) {
     sluice::LogWarning(
-        "TLS or a lease secret is configured but no operator credential: CreateJob and "
-        "DeleteJob are refused (give --admin_token_file or --admin_identities)");
+        "TLS or a lease secret is configured but no operator credential: "
+        "CreateJob and "
+        "DeleteJob are refused (give --admin_token_file or "
+        "--admin_identities)");
   }
   return admin;
 }
@@ -115,8 +144,10 @@ class CoordinatorServices : public sluice::ServiceSet {
  public:
   static absl::StatusOr<std::unique_ptr<CoordinatorServices>> Create(
       std::shared_ptr<prometheus::Registry> registry) {
-    auto services = std::unique_ptr<CoordinatorServices>(new CoordinatorServices());
-    services->metrics_ = std::make_unique<sluice::CoordinatorMetrics>(*registry);
+    auto services =
+        std::unique_ptr<CoordinatorServices>(new CoordinatorServices());
+    services->metrics_ =
+        std::make_unique<sluice::CoordinatorMetrics>(*registry);
     sluice::CoordinatorOptions options;
     options.journal_dir = absl::GetFlag(FLAGS_journal_dir);
     options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
@@ -128,24 +159,30 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.manifest_roots = absl::GetFlag(FLAGS_manifest_roots);
     options.max_manifest_bytes = absl::GetFlag(FLAGS_max_manifest_bytes);
     options.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
-    options.job_limits.max_units_per_epoch = absl::GetFlag(FLAGS_max_units_per_epoch);
+    options.job_limits.max_units_per_epoch =
+        absl::GetFlag(FLAGS_max_units_per_epoch);
     options.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
-    options.max_barrier_participants = absl::GetFlag(FLAGS_max_barrier_participants);
+    options.max_barrier_participants =
+        absl::GetFlag(FLAGS_max_barrier_participants);
     if (options.prefetch_hint_units < 0) {
       return absl::InvalidArgumentError("--prefetch_hint_units must be >= 0");
     }
-    ASSIGN_OR_RETURN(options.lease_secret,
-                     sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
-                                            "lease_secret_file"));
+    ASSIGN_OR_RETURN(
+        options.lease_secret,
+        sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
+                               "lease_secret_file"));
     if (options.lease_secret.empty()) {
       sluice::LogWarning(
-          "no --lease_secret_file: leases carry no token, so data servers cannot "
+          "no --lease_secret_file: leases carry no token, so data servers "
+          "cannot "
           "tell a granted lease from a forged one");
     }
-    ASSIGN_OR_RETURN(services->logic_, sluice::CoordinatorService::Create(options));
-    ASSIGN_OR_RETURN(sluice::AccessPolicy admin, AccessPolicyFromFlags(!options.lease_secret.empty()));
-    services->grpc_ =
-        std::make_unique<sluice::GrpcCoordinatorService>(services->logic_.get(), std::move(admin));
+    ASSIGN_OR_RETURN(services->logic_,
+                     sluice::CoordinatorService::Create(options));
+    ASSIGN_OR_RETURN(sluice::AccessPolicy admin,
+                     AccessPolicyFromFlags(!options.lease_secret.empty()));
+    services->grpc_ = std::make_unique<sluice::GrpcCoordinatorService>(
+        services->logic_.get(), std::move(admin));
     return services;
   }
   std::vector<grpc::Service*> services() override { return {grpc_.get()}; }
@@ -171,7 +208,8 @@ int main(int argc, char** argv) {
   options.default_metrics_listen = "0.0.0.0:9070";
   options.make_services = [](std::shared_ptr<prometheus::Registry> registry)
       -> absl::StatusOr<std::unique_ptr<sluice::ServiceSet>> {
-    ASSIGN_OR_RETURN(auto services, CoordinatorServices::Create(std::move(registry)));
+    ASSIGN_OR_RETURN(auto services,
+                     CoordinatorServices::Create(std::move(registry)));
     return std::unique_ptr<sluice::ServiceSet>(std::move(services));
   };
   return sluice::RunServerMain(argc, argv, options);

@@ -28,13 +28,16 @@ bool SplitNumbered(const std::string& id, std::string* prefix, int64_t* n) {
 // INVALID_ARGUMENT when scope, name or participant is longer than
 // kMaxKeyBytes (quoting none of them: they may be megabytes).
 absl::Status CheckKeyLengths(absl::string_view what, absl::string_view scope,
-                             absl::string_view name, absl::string_view participant) {
+                             absl::string_view name,
+                             absl::string_view participant) {
   for (const auto& [field, value] :
-       {std::pair<const char*, absl::string_view>{"scope", scope}, {"name", name},
+       {std::pair<const char*, absl::string_view>{"scope", scope},
+        {"name", name},
         {"participant", participant}}) {
     if (value.size() > kMaxKeyBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ".", field, " is ", value.size(),
-                                                     " bytes; the limit is ", kMaxKeyBytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".", field, " is ", value.size(),
+                       " bytes; the limit is ", kMaxKeyBytes));
     }
   }
   return absl::OkStatus();
@@ -55,13 +58,16 @@ int64_t OnceBarrier::OpenOnce(std::shared_ptr<OnceSink> sink) {
     absl::MutexLock lock(&mu_);
     id = next_stream_++;
     streams_[id].sink = std::move(sink);
-    if (draining_) FinishLocked(id, absl::UnavailableError("coordinator is shutting down"), fx);
+    if (draining_)
+      FinishLocked(id, absl::UnavailableError("coordinator is shutting down"),
+                   fx);
   }
   fx.Run();
   return id;
 }
 
-void OnceBarrier::FinishLocked(int64_t id, const absl::Status& status, Effects& fx) {
+void OnceBarrier::FinishLocked(int64_t id, const absl::Status& status,
+                               Effects& fx) {
   auto it = streams_.find(id);
   if (it == streams_.end() || it->second.finished) return;
   it->second.finished = true;
@@ -75,8 +81,8 @@ void OnceBarrier::StartRunLocked(OnceEntry& entry, int64_t id, Effects& fx) {
   entry.runner_deadline = options_.clock->Now() + s.ttl;
   v1::OnceResponse r;
   r.mutable_run()->set_run(entry.run);
-  r.mutable_run()->set_heartbeat_interval_ms(
-      absl::ToInt64Milliseconds(std::min(options_.heartbeat_interval, s.ttl / 3)));
+  r.mutable_run()->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(
+      std::min(options_.heartbeat_interval, s.ttl / 3)));
   r.mutable_run()->set_ttl_ms(absl::ToInt64Milliseconds(s.ttl));
   fx.sends.emplace_back(s.sink, r);
   // Tell the waiters who runs now.
@@ -104,8 +110,8 @@ void OnceBarrier::PromoteLocked(const std::string& key, Effects& fx) {
   }
 }
 
-void OnceBarrier::EndStepLocked(const std::string& key, const v1::OnceResponse& to_all,
-                                Effects& fx) {
+void OnceBarrier::EndStepLocked(const std::string& key,
+                                const v1::OnceResponse& to_all, Effects& fx) {
   OnceEntry& entry = once_[key];
   std::vector<int64_t> everyone(entry.waiters.begin(), entry.waiters.end());
   if (entry.runner != 0) everyone.push_back(entry.runner);
@@ -128,15 +134,23 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
     Stream& s = it->second;
     if (!s.joined) {
       if (!request.has_join()) {
-        FinishLocked(id, absl::FailedPreconditionError("once: the first message must be Join"), fx);
-      } else if (request.join().scope().empty() || request.join().name().empty()) {
-        FinishLocked(id, absl::InvalidArgumentError("once: join.scope and join.name are required"),
+        FinishLocked(id,
+                     absl::FailedPreconditionError(
+                         "once: the first message must be Join"),
+                     fx);
+      } else if (request.join().scope().empty() ||
+                 request.join().name().empty()) {
+        FinishLocked(id,
+                     absl::InvalidArgumentError(
+                         "once: join.scope and join.name are required"),
                      fx);
       } else if (request.join().ttl_ms() < 0) {
-        FinishLocked(id, absl::InvalidArgumentError("once: join.ttl_ms must be >= 0"), fx);
-      } else if (absl::Status too_long = CheckKeyLengths("once: join", request.join().scope(),
-                                                         request.join().name(),
-                                                         request.join().participant());
+        FinishLocked(
+            id, absl::InvalidArgumentError("once: join.ttl_ms must be >= 0"),
+            fx);
+      } else if (absl::Status too_long = CheckKeyLengths(
+                     "once: join", request.join().scope(),
+                     request.join().name(), request.join().participant());
                  !too_long.ok()) {
         FinishLocked(id, too_long, fx);
       } else {
@@ -145,14 +159,17 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
         s.scope = j.scope();
         s.name = j.name();
         s.key = Key(j.scope(), j.name());
-        s.participant = j.participant().empty() ? absl::StrCat("stream-", id) : j.participant();
-        s.ttl = j.ttl_ms() > 0 ? std::max(absl::Milliseconds(j.ttl_ms()), absl::Milliseconds(300))
+        s.participant = j.participant().empty() ? absl::StrCat("stream-", id)
+                                                : j.participant();
+        s.ttl = j.ttl_ms() > 0 ? std::max(absl::Milliseconds(j.ttl_ms()),
+                                          absl::Milliseconds(300))
                                : options_.default_ttl;
         s.policy = j.on_failure() == v1::ONCE_FAILURE_POLICY_FAIL_ALL
                        ? v1::ONCE_FAILURE_POLICY_FAIL_ALL
                        : v1::ONCE_FAILURE_POLICY_RETRY;
         std::optional<v1::internal::OnceFinished> finished =
-            options_.find_finished ? options_.find_finished(s.scope, s.name) : std::nullopt;
+            options_.find_finished ? options_.find_finished(s.scope, s.name)
+                                   : std::nullopt;
         OnceEntry& entry = once_[s.key];
         if (finished.has_value()) {
           v1::OnceResponse r;
@@ -180,28 +197,33 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
     } else {
       OnceEntry& entry = once_[s.key];
       const bool is_runner = entry.runner == id;
-      if (is_runner) entry.runner_deadline = options_.clock->Now() + s.ttl;  // any message renews
+      if (is_runner)
+        entry.runner_deadline =
+            options_.clock->Now() + s.ttl;  // any message renews
       if (request.has_succeeded() || request.has_failed()) {
-        const int64_t run =
-            request.has_succeeded() ? request.succeeded().run() : request.failed().run();
+        const int64_t run = request.has_succeeded() ? request.succeeded().run()
+                                                    : request.failed().run();
         if (!is_runner || run != entry.run) {
-          FinishLocked(id,
-                       absl::AbortedError(absl::StrCat(
-                           "once ", s.key, ": run ", run, " is over (", s.participant,
-                           " no longer holds it; current run ", entry.run, ")")),
-                       fx);
+          FinishLocked(
+              id,
+              absl::AbortedError(absl::StrCat(
+                  "once ", s.key, ": run ", run, " is over (", s.participant,
+                  " no longer holds it; current run ", entry.run, ")")),
+              fx);
         } else if (request.has_succeeded() &&
                    request.succeeded().result().size() > kMaxOnceResultBytes) {
           FinishLocked(id,
                        absl::InvalidArgumentError(absl::StrCat(
                            "once ", s.key, ": succeeded.result is ",
-                           request.succeeded().result().size(), " bytes; the limit is ",
-                           kMaxOnceResultBytes)),
+                           request.succeeded().result().size(),
+                           " bytes; the limit is ", kMaxOnceResultBytes)),
                        fx);
-        } else if (request.has_failed() && request.failed().error().size() > kMaxOnceErrorBytes) {
+        } else if (request.has_failed() &&
+                   request.failed().error().size() > kMaxOnceErrorBytes) {
           FinishLocked(id,
                        absl::InvalidArgumentError(absl::StrCat(
-                           "once ", s.key, ": failed.error is ", request.failed().error().size(),
+                           "once ", s.key, ": failed.error is ",
+                           request.failed().error().size(),
                            " bytes; the limit is ", kMaxOnceErrorBytes)),
                        fx);
         } else if (request.has_succeeded()) {
@@ -210,7 +232,8 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
           f.set_name(s.name);
           f.set_run(run);
           f.set_result(request.succeeded().result());
-          absl::Status persisted = options_.persist ? options_.persist(f) : absl::OkStatus();
+          absl::Status persisted =
+              options_.persist ? options_.persist(f) : absl::OkStatus();
           if (!persisted.ok()) {
             FinishLocked(id, persisted, fx);
           } else {
@@ -228,8 +251,11 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
             f.set_scope(s.scope);
             f.set_name(s.name);
             f.set_run(run);
-            f.set_error(request.failed().error().empty() ? "failed" : request.failed().error());
-            absl::Status persisted = options_.persist ? options_.persist(f) : absl::OkStatus();
+            f.set_error(request.failed().error().empty()
+                            ? "failed"
+                            : request.failed().error());
+            absl::Status persisted =
+                options_.persist ? options_.persist(f) : absl::OkStatus();
             if (!persisted.ok()) FinishLocked(id, persisted, fx);
           }
           EndStepLocked(s.key, error, fx);
@@ -259,12 +285,14 @@ void OnceBarrier::CloseOnce(int64_t id) {
   fx.Run();
 }
 
-absl::Status OnceBarrier::BarrierTimeoutStatus(const std::string& key, const BarrierEntry& entry,
+absl::Status OnceBarrier::BarrierTimeoutStatus(const std::string& key,
+                                               const BarrierEntry& entry,
                                                const Pending& pending) const {
   v1::BarrierTimeout details;
   details.set_generation(entry.generation);
   for (const std::string& a : entry.arrived) details.add_arrived(a);
-  const int32_t missing = entry.participants - static_cast<int32_t>(entry.arrived.size());
+  const int32_t missing =
+      entry.participants - static_cast<int32_t>(entry.arrived.size());
   details.set_missing_count(missing);
   // Ids like "rank-3": name the missing ones.
   std::string prefix;
@@ -281,16 +309,20 @@ absl::Status OnceBarrier::BarrierTimeoutStatus(const std::string& key, const Bar
     seen.insert(n);
   }
   if (numbered) {
-    for (int64_t i = 0; i < entry.participants && details.missing_size() < kMaxListedMissing;
+    for (int64_t i = 0;
+         i < entry.participants && details.missing_size() < kMaxListedMissing;
          ++i) {
       if (!seen.count(i)) details.add_missing(absl::StrCat(prefix, i));
     }
   }
   std::string message = absl::StrCat(
-      "barrier ", key, " generation ", entry.generation, ": ", entry.arrived.size(), " of ",
-      entry.participants, " arrived within ", absl::FormatDuration(pending.timeout), " (",
+      "barrier ", key, " generation ", entry.generation, ": ",
+      entry.arrived.size(), " of ", entry.participants, " arrived within ",
+      absl::FormatDuration(pending.timeout), " (",
       absl::StrJoin(entry.arrived, ", "), "); ", missing, " missing",
-      details.missing_size() > 0 ? absl::StrCat(": ", absl::StrJoin(details.missing(), ", ")) : "");
+      details.missing_size() > 0
+          ? absl::StrCat(": ", absl::StrJoin(details.missing(), ", "))
+          : "");
   v1::RpcStatus rpc;
   rpc.set_code(static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded));
   rpc.set_message(message);
@@ -298,7 +330,8 @@ absl::Status OnceBarrier::BarrierTimeoutStatus(const std::string& key, const Bar
   any->set_type_url("type.googleapis.com/sluice.v1.BarrierTimeout");
   any->set_value(details.SerializeAsString());
   absl::Status status = absl::DeadlineExceededError(message);
-  status.SetPayload(kGrpcDetailsPayloadUrl, absl::Cord(rpc.SerializeAsString()));
+  status.SetPayload(kGrpcDetailsPayloadUrl,
+                    absl::Cord(rpc.SerializeAsString()));
   return status;
 }
 
@@ -308,41 +341,50 @@ void OnceBarrier::Barrier(const v1::BarrierRequest& request, BarrierDone done) {
     absl::MutexLock lock(&mu_);
     const std::string key = Key(request.scope(), request.name());
     if (draining_) {
-      fx.barriers.emplace_back(std::move(done),
-                               absl::UnavailableError("coordinator is shutting down"));
+      fx.barriers.emplace_back(
+          std::move(done),
+          absl::UnavailableError("coordinator is shutting down"));
     } else if (request.scope().empty() || request.name().empty() ||
                request.participant().empty()) {
-      fx.barriers.emplace_back(std::move(done), absl::InvalidArgumentError(
-                                                    "barrier: scope, name and participant are required"));
-    } else if (absl::Status too_long = CheckKeyLengths("barrier", request.scope(),
-                                                       request.name(), request.participant());
+      fx.barriers.emplace_back(
+          std::move(done),
+          absl::InvalidArgumentError(
+              "barrier: scope, name and participant are required"));
+    } else if (absl::Status too_long =
+                   CheckKeyLengths("barrier", request.scope(), request.name(),
+                                   request.participant());
                !too_long.ok()) {
       fx.barriers.emplace_back(std::move(done), too_long);
     } else if (request.participants() <= 0 ||
                request.participants() > options_.max_barrier_participants) {
-      fx.barriers.emplace_back(std::move(done),
-                               absl::InvalidArgumentError(absl::StrCat(
-                                   "barrier ", key, ": participants must be in [1, ",
-                                   options_.max_barrier_participants, "], got ",
-                                   request.participants())));
+      fx.barriers.emplace_back(
+          std::move(done),
+          absl::InvalidArgumentError(
+              absl::StrCat("barrier ", key, ": participants must be in [1, ",
+                           options_.max_barrier_participants, "], got ",
+                           request.participants())));
     } else {
       BarrierEntry& entry = barriers_[key];
-      if (!entry.arrived.empty() && entry.participants != request.participants()) {
+      if (!entry.arrived.empty() &&
+          entry.participants != request.participants()) {
         fx.barriers.emplace_back(
             std::move(done),
             absl::InvalidArgumentError(absl::StrCat(
-                "barrier ", key, ": participant ", request.participant(), " says ",
-                request.participants(), " participants, others said ", entry.participants)));
+                "barrier ", key, ": participant ", request.participant(),
+                " says ", request.participants(), " participants, others said ",
+                entry.participants)));
       } else {
         entry.participants = request.participants();
-        if (std::find(entry.arrived.begin(), entry.arrived.end(), request.participant()) ==
-            entry.arrived.end()) {
+        if (std::find(entry.arrived.begin(), entry.arrived.end(),
+                      request.participant()) == entry.arrived.end()) {
           entry.arrived.push_back(request.participant());
         }
-        absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
-                                                          : options_.default_barrier_timeout;
-        entry.pending.push_back(
-            Pending{request.participant(), options_.clock->Now() + timeout, timeout, std::move(done)});
+        absl::Duration timeout = request.timeout_ms() > 0
+                                     ? absl::Milliseconds(request.timeout_ms())
+                                     : options_.default_barrier_timeout;
+        entry.pending.push_back(Pending{request.participant(),
+                                        options_.clock->Now() + timeout,
+                                        timeout, std::move(done)});
         if (static_cast<int32_t>(entry.arrived.size()) >= entry.participants) {
           v1::BarrierResponse response;
           response.set_generation(entry.generation);
@@ -350,7 +392,8 @@ void OnceBarrier::Barrier(const v1::BarrierRequest& request, BarrierDone done) {
           std::vector<std::string> sorted = entry.arrived;
           std::sort(sorted.begin(), sorted.end());
           for (const std::string& a : sorted) response.add_arrived(a);
-          for (Pending& p : entry.pending) fx.barriers.emplace_back(std::move(p.done), response);
+          for (Pending& p : entry.pending)
+            fx.barriers.emplace_back(std::move(p.done), response);
           ++entry.generation;
           entry.arrived.clear();
           entry.pending.clear();
@@ -375,15 +418,17 @@ void OnceBarrier::Tick() {
       OnceEntry& entry = once_[key];
       const int64_t runner = entry.runner;
       FinishLocked(runner,
-                   absl::AbortedError(absl::StrCat("once ", key, ": run ", entry.run,
-                                                   " expired (no heartbeat within its ttl)")),
+                   absl::AbortedError(
+                       absl::StrCat("once ", key, ": run ", entry.run,
+                                    " expired (no heartbeat within its ttl)")),
                    fx);
       PromoteLocked(key, fx);
     }
     for (auto& [key, entry] : barriers_) {
       for (auto it = entry.pending.begin(); it != entry.pending.end();) {
         if (now >= it->deadline) {
-          fx.barriers.emplace_back(std::move(it->done), BarrierTimeoutStatus(key, entry, *it));
+          fx.barriers.emplace_back(std::move(it->done),
+                                   BarrierTimeoutStatus(key, entry, *it));
           it = entry.pending.erase(it);
         } else {
           ++it;
@@ -401,12 +446,14 @@ void OnceBarrier::Drain() {
     draining_ = true;
     for (auto& [id, s] : streams_) {
       (void)s;
-      FinishLocked(id, absl::UnavailableError("coordinator is shutting down"), fx);
+      FinishLocked(id, absl::UnavailableError("coordinator is shutting down"),
+                   fx);
     }
     for (auto& [key, entry] : barriers_) {
       for (Pending& p : entry.pending) {
-        fx.barriers.emplace_back(std::move(p.done),
-                                 absl::UnavailableError("coordinator is shutting down"));
+        fx.barriers.emplace_back(
+            std::move(p.done),
+            absl::UnavailableError("coordinator is shutting down"));
       }
       entry.pending.clear();
     }

@@ -48,9 +48,10 @@ class OnceSink {
 
 // Limits on what one request can make the coordinator hold (INVALID_ARGUMENT
 // naming the field and the limit beyond them).
-inline constexpr size_t kMaxKeyBytes = 256;            // scope, name, participant
+inline constexpr size_t kMaxKeyBytes = 256;  // scope, name, participant
 inline constexpr int32_t kMaxBarrierParticipants = 100000;
-inline constexpr size_t kMaxOnceResultBytes = 64 << 10;  // as OnceSucceeded says
+inline constexpr size_t kMaxOnceResultBytes = 64
+                                              << 10;  // as OnceSucceeded says
 inline constexpr size_t kMaxOnceErrorBytes = 64 << 10;
 // Missing participants listed in a barrier timeout (the count is exact).
 inline constexpr int kMaxListedMissing = 1000;
@@ -65,8 +66,8 @@ class OnceBarrier {
     // Journals a finished step; Done is sent only after it returns OK.
     std::function<absl::Status(const v1::internal::OnceFinished&)> persist;
     // A step finished before (from the journal), if any.
-    std::function<std::optional<v1::internal::OnceFinished>(const std::string& scope,
-                                                            const std::string& name)>
+    std::function<std::optional<v1::internal::OnceFinished>(
+        const std::string& scope, const std::string& name)>
         find_finished;
     int32_t max_barrier_participants = kMaxBarrierParticipants;
   };
@@ -114,18 +115,22 @@ class OnceBarrier {
   struct Effects {
     std::vector<std::pair<std::shared_ptr<OnceSink>, v1::OnceResponse>> sends;
     std::vector<std::pair<std::shared_ptr<OnceSink>, absl::Status>> finishes;
-    std::vector<std::pair<BarrierDone, absl::StatusOr<v1::BarrierResponse>>> barriers;
+    std::vector<std::pair<BarrierDone, absl::StatusOr<v1::BarrierResponse>>>
+        barriers;
     void Run();
   };
 
   void FinishLocked(int64_t id, const absl::Status& status, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartRunLocked(OnceEntry& entry, int64_t id, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The runner is gone: hand the run to the next live waiter.
-  void PromoteLocked(const std::string& key, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndStepLocked(const std::string& key, const v1::OnceResponse& to_all, Effects& fx)
+  void StartRunLocked(OnceEntry& entry, int64_t id, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status BarrierTimeoutStatus(const std::string& key, const BarrierEntry& entry,
+  // The runner is gone: hand the run to the next live waiter.
+  void PromoteLocked(const std::string& key, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndStepLocked(const std::string& key, const v1::OnceResponse& to_all,
+                     Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status BarrierTimeoutStatus(const std::string& key,
+                                    const BarrierEntry& entry,
                                     const Pending& pending) const;
 
   const Options options_;

@@ -1,9 +1,9 @@
 #include "server/dataserver/coordinator_registration.h"
 
-#include <random>
-
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
+
+#include <random>
 
 #include "absl/time/clock.h"
 #include "server/common/logging.h"
@@ -62,7 +62,9 @@ void CoordinatorRegistration::Run() {
               static_cast<int>(absl::ToInt64Milliseconds(kMaxRetry)));
   auto channel = grpc::CreateCustomChannel(
       options_.coordinator,
-      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(), args);
+      options_.credentials ? options_.credentials
+                           : grpc::InsecureChannelCredentials(),
+      args);
   auto stub = v1::Coordinator::NewStub(channel);
   std::mt19937_64 rng(std::random_device{}());
   absl::Duration backoff = absl::Milliseconds(100);  // grows to kMaxRetry
@@ -91,17 +93,19 @@ void CoordinatorRegistration::Run() {
         absl::MutexLock lock(&mu_);
         count = ++registrations_;
       }
-      LogInfo("%s with coordinator %s as %s", count == 1 ? "registered" : "re-registered",
-              options_.coordinator, options_.advertise);
+      LogInfo("%s with coordinator %s as %s",
+              count == 1 ? "registered" : "re-registered", options_.coordinator,
+              options_.advertise);
       reported_failure = false;
       backoff = absl::Milliseconds(100);
-      absl::Duration interval =
-          absl::Milliseconds(std::max<int64_t>(50, reply.registered().heartbeat_interval_ms()));
+      absl::Duration interval = absl::Milliseconds(
+          std::max<int64_t>(50, reply.registered().heartbeat_interval_ms()));
       // Reads (prefetch hints) run beside the heartbeat writes.
       std::thread reader([&] {
         v1::CoordinatorToDataServer in;
         while (stream->Read(&in)) {
-          if (in.has_prefetch() && options_.on_prefetch) options_.on_prefetch(in.prefetch());
+          if (in.has_prefetch() && options_.on_prefetch)
+            options_.on_prefetch(in.prefetch());
         }
         absl::MutexLock lock(&mu_);
         stream_broken_ = true;
@@ -115,7 +119,8 @@ void CoordinatorRegistration::Run() {
         beat.mutable_heartbeat()->set_active_streams(
             options_.active_streams ? options_.active_streams() : 0);
         if (options_.max_fence_seen) {
-          beat.mutable_heartbeat()->set_max_fence_seen(options_.max_fence_seen());
+          beat.mutable_heartbeat()->set_max_fence_seen(
+              options_.max_fence_seen());
         }
         if (!stream->Write(beat)) break;
       }
@@ -124,7 +129,8 @@ void CoordinatorRegistration::Run() {
       absl::MutexLock lock(&mu_);
       stream_broken_ = false;
     } else if (replied) {
-      context.TryCancel();  // an answer that is not a registration: end the stream
+      context
+          .TryCancel();  // an answer that is not a registration: end the stream
     }
     // A refused registration was ended by the coordinator: its status says
     // why (a missing credential, a certificate that is not a data server's).
@@ -135,9 +141,11 @@ void CoordinatorRegistration::Run() {
       if (stopping_) return;
     }
     if (!reported_failure) {
-      LogWarning("coordinator %s: registration stream ended (%s); retrying with backoff",
-                 options_.coordinator,
-                 status.ok() ? "closed" : status.error_message());
+      LogWarning(
+          "coordinator %s: registration stream ended (%s); retrying with "
+          "backoff",
+          options_.coordinator,
+          status.ok() ? "closed" : status.error_message());
       reported_failure = true;
     }
     // Full jitter: uniform in [backoff/2, backoff].

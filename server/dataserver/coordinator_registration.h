@@ -8,12 +8,12 @@
 #ifndef SLUICE_SERVER_DATASERVER_COORDINATOR_REGISTRATION_H_
 #define SLUICE_SERVER_DATASERVER_COORDINATOR_REGISTRATION_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/synchronization/mutex.h"
 #include "sluice/v1/coordinator.pb.h"

@@ -15,21 +15,27 @@ prometheus::Family<prometheus::Counter>& Counters(prometheus::Registry& r,
 
 const char* CorruptReasonLabel(CorruptReason reason) {
   switch (reason) {
-    case CorruptReason::kDamagedTar: return "damaged_tar";
-    case CorruptReason::kDuplicateField: return "duplicate_field";
-    case CorruptReason::kUndecodable: return "undecodable";
-    case CorruptReason::kLost: return "lost_after_damage";
+    case CorruptReason::kDamagedTar:
+      return "damaged_tar";
+    case CorruptReason::kDuplicateField:
+      return "duplicate_field";
+    case CorruptReason::kUndecodable:
+      return "undecodable";
+    case CorruptReason::kLost:
+      return "lost_after_damage";
   }
   return "unknown";
 }
 
 DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
-    : samples_served(Counters(r, "sluice_dataserver_samples_served_total",
-                              "Samples sent to trainers (skipped ones included).")
-                         .Add({})),
-      images_transformed(Counters(r, "sluice_dataserver_images_transformed_total",
-                                  "Image fields that went through DecodeSpec transforms.")
-                             .Add({})),
+    : samples_served(
+          Counters(r, "sluice_dataserver_samples_served_total",
+                   "Samples sent to trainers (skipped ones included).")
+              .Add({})),
+      images_transformed(
+          Counters(r, "sluice_dataserver_images_transformed_total",
+                   "Image fields that went through DecodeSpec transforms.")
+              .Add({})),
       bytes_served(Counters(r, "sluice_dataserver_bytes_served_total",
                             "Bytes of SampleBatch messages sent to trainers.")
                        .Add({})),
@@ -38,22 +44,25 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
                          .Help("ReadSamples streams in progress.")
                          .Register(r)
                          .Add({})),
-      decode_memory_bytes(prometheus::BuildGauge()
-                              .Name("sluice_dataserver_decode_memory_bytes")
-                              .Help("Estimated bytes of the samples being decoded, across "
-                                    "streams (bounded by --max_decode_memory).")
-                              .Register(r)
-                              .Add({})),
+      decode_memory_bytes(
+          prometheus::BuildGauge()
+              .Name("sluice_dataserver_decode_memory_bytes")
+              .Help("Estimated bytes of the samples being decoded, across "
+                    "streams (bounded by --max_decode_memory).")
+              .Register(r)
+              .Add({})),
       index_cache_hits(Counters(r, "sluice_dataserver_index_cache_hits_total",
                                 "Shard index lookups served from the cache.")
                            .Add({})),
-      index_cache_misses(Counters(r, "sluice_dataserver_index_cache_misses_total",
+      index_cache_misses(Counters(r,
+                                  "sluice_dataserver_index_cache_misses_total",
                                   "Shard index lookups that scanned the shard.")
                              .Add({})),
-      shards_changed(Counters(r, "sluice_dataserver_shards_changed_while_served_total",
-                              "Streams ended with DATA_LOSS because their shard file was "
-                              "truncated or rewritten in place while being read.")
-                         .Add({})),
+      shards_changed(
+          Counters(r, "sluice_dataserver_shards_changed_while_served_total",
+                   "Streams ended with DATA_LOSS because their shard file was "
+                   "truncated or rewritten in place while being read.")
+              .Add({})),
       cache_hits(Counters(r, "sluice_dataserver_cache_hits_total",
                           "Remote shard opens served from the shard cache.")
                      .Add({})),
@@ -65,46 +74,57 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
                                "Shards removed from the cache to stay under "
                                "--cache_bytes.")
                           .Add({})),
-      cache_downloaded_bytes(Counters(r, "sluice_dataserver_cache_downloaded_bytes_total",
-                                      "Bytes of shards downloaded into the cache.")
-                                 .Add({})),
+      cache_downloaded_bytes(
+          Counters(r, "sluice_dataserver_cache_downloaded_bytes_total",
+                   "Bytes of shards downloaded into the cache.")
+              .Add({})),
       cache_download_seconds(
           prometheus::BuildHistogram()
               .Name("sluice_dataserver_cache_download_seconds")
-              .Help("Time to download, verify and install one shard, retries included.")
+              .Help("Time to download, verify and install one shard, retries "
+                    "included.")
               .Register(r)
-              .Add({}, prometheus::Histogram::BucketBoundaries{
-                           0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300})),
-      cache_bytes(prometheus::BuildGauge()
-                      .Name("sluice_dataserver_cache_bytes")
-                      .Help("Bytes of complete shards in the cache directory (this "
-                            "process's accounting).")
-                      .Register(r)
-                      .Add({})),
-      decode_seconds_(prometheus::BuildHistogram()
-                          .Name("sluice_dataserver_decode_seconds")
-                          .Help("Time to decode one field, by codec (transform steps "
-                                "included).")
-                          .Register(r)),
-      transform_seconds_(prometheus::BuildHistogram()
-                             .Name("sluice_dataserver_transform_seconds")
-                             .Help("Time in the transform steps of one image field, by op "
-                                   "(resize, crop, output).")
-                             .Register(r)),
-      skipped_(Counters(r, "sluice_dataserver_samples_skipped_total",
-                        "Samples reported as skipped (on_corrupt=skip), by reason.")),
-      corrupt_(Counters(r, "sluice_dataserver_corrupt_samples_total",
-                        "Corrupt samples found, under either policy, by reason.")),
+              .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1,
+                                                               0.25, 0.5, 1,
+                                                               2.5, 5, 10, 30,
+                                                               60, 120, 300})),
+      cache_bytes(
+          prometheus::BuildGauge()
+              .Name("sluice_dataserver_cache_bytes")
+              .Help("Bytes of complete shards in the cache directory (this "
+                    "process's accounting).")
+              .Register(r)
+              .Add({})),
+      decode_seconds_(
+          prometheus::BuildHistogram()
+              .Name("sluice_dataserver_decode_seconds")
+              .Help("Time to decode one field, by codec (transform steps "
+                    "included).")
+              .Register(r)),
+      transform_seconds_(
+          prometheus::BuildHistogram()
+              .Name("sluice_dataserver_transform_seconds")
+              .Help("Time in the transform steps of one image field, by op "
+                    "(resize, crop, output).")
+              .Register(r)),
+      skipped_(Counters(
+          r, "sluice_dataserver_samples_skipped_total",
+          "Samples reported as skipped (on_corrupt=skip), by reason.")),
+      corrupt_(
+          Counters(r, "sluice_dataserver_corrupt_samples_total",
+                   "Corrupt samples found, under either policy, by reason.")),
       stream_errors_(Counters(r, "sluice_dataserver_stream_errors_total",
                               "ReadSamples/IndexShard calls that ended in an "
                               "error, by gRPC status code.")),
-      download_failures_(Counters(r, "sluice_dataserver_cache_download_failures_total",
-                                  "Shard downloads that failed (after retries), by "
-                                  "reason.")) {
+      download_failures_(
+          Counters(r, "sluice_dataserver_cache_download_failures_total",
+                   "Shard downloads that failed (after retries), by "
+                   "reason.")) {
   // Bounded label sets exported from start-up at 0, so a rate or an alert
   // sees the first occurrence as an increase (and dashboards have series).
-  for (CorruptReason reason : {CorruptReason::kDamagedTar, CorruptReason::kDuplicateField,
-                               CorruptReason::kUndecodable, CorruptReason::kLost}) {
+  for (CorruptReason reason :
+       {CorruptReason::kDamagedTar, CorruptReason::kDuplicateField,
+        CorruptReason::kUndecodable, CorruptReason::kLost}) {
     Skipped(reason);
     Corrupt(reason);
   }
@@ -113,24 +133,24 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
   }
 }
 
-prometheus::Counter& DataServerMetrics::DownloadFailures(const std::string& reason) {
+prometheus::Counter& DataServerMetrics::DownloadFailures(
+    const std::string& reason) {
   return download_failures_.Add({{"reason", reason}});
 }
 
 prometheus::Histogram& DataServerMetrics::DecodeSeconds(const char* codec) {
   // JPEG decodes take ~1 ms at 500x375 on one core; text/int take microseconds.
   return decode_seconds_.Add(
-      {{"codec", codec}},
-      prometheus::Histogram::BucketBoundaries{0.00001, 0.00005, 0.0001, 0.00025,
-                                              0.0005, 0.001, 0.0025, 0.005,
-                                              0.01, 0.025, 0.1});
+      {{"codec", codec}}, prometheus::Histogram::BucketBoundaries{
+                              0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+                              0.0025, 0.005, 0.01, 0.025, 0.1});
 }
 
 prometheus::Histogram& DataServerMetrics::TransformSeconds(const char* op) {
   return transform_seconds_.Add(
-      {{"op", op}}, prometheus::Histogram::BucketBoundaries{0.000005, 0.00001, 0.00005, 0.0001,
-                                                            0.00025, 0.0005, 0.001, 0.0025,
-                                                            0.005, 0.01});
+      {{"op", op}}, prometheus::Histogram::BucketBoundaries{
+                        0.000005, 0.00001, 0.00005, 0.0001, 0.00025, 0.0005,
+                        0.001, 0.0025, 0.005, 0.01});
 }
 
 prometheus::Counter& DataServerMetrics::Skipped(CorruptReason reason) {

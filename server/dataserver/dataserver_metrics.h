@@ -3,12 +3,12 @@
 #ifndef SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_
 #define SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_
 
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <string>
 
 namespace sluice::dataserver {
 

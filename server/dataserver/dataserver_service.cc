@@ -44,10 +44,12 @@ std::shared_ptr<const ShardIndex> DataServerService::GetIndex(
     const std::shared_ptr<const ShardData>& shard) {
   std::string key = absl::StrCat(shard->path(), "@", shard->version());
   if (auto index = index_cache_.Find(key)) {
-    if (options_.metrics != nullptr) options_.metrics->index_cache_hits.Increment();
+    if (options_.metrics != nullptr)
+      options_.metrics->index_cache_hits.Increment();
     return index;
   }
-  if (options_.metrics != nullptr) options_.metrics->index_cache_misses.Increment();
+  if (options_.metrics != nullptr)
+    options_.metrics->index_cache_misses.Increment();
   // Two streams may scan the same new shard at once; both get the same
   // result and the second insert wins. Cheaper than a lock around a scan.
   auto index = std::make_shared<const ShardIndex>(BuildShardIndex(shard));
@@ -56,27 +58,33 @@ std::shared_ptr<const ShardIndex> DataServerService::GetIndex(
 }
 
 absl::Status DataServerService::CheckExpiry(const v1::Lease& lease) const {
-  if (lease.expires_at_unix_ms() <= 0) return absl::OkStatus();  // signed without one
-  const int64_t late = absl::ToUnixMillis(absl::Now()) - lease.expires_at_unix_ms();
-  if (late <= absl::ToInt64Milliseconds(options_.lease_clock_skew)) return absl::OkStatus();
+  if (lease.expires_at_unix_ms() <= 0)
+    return absl::OkStatus();  // signed without one
+  const int64_t late =
+      absl::ToUnixMillis(absl::Now()) - lease.expires_at_unix_ms();
+  if (late <= absl::ToInt64Milliseconds(options_.lease_clock_skew))
+    return absl::OkStatus();
   return absl::AbortedError(absl::StrCat(
-      "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\") expired ", late,
-      " ms ago, beyond the allowed clock skew of ",
+      "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\") expired ",
+      late, " ms ago, beyond the allowed clock skew of ",
       absl::FormatDuration(options_.lease_clock_skew),
-      " (--lease_clock_skew); its holder gets a fresh token while it holds the lease"));
+      " (--lease_clock_skew); its holder gets a fresh token while it holds the "
+      "lease"));
 }
 
 absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
-  std::string unit = absl::StrCat(lease.unit().sequence(), "/", lease.unit().shard_index());
+  std::string unit =
+      absl::StrCat(lease.unit().sequence(), "/", lease.unit().shard_index());
   absl::MutexLock lock(&mu_);
   auto [job, new_job] = fences_.try_emplace(lease.job());
   JobFences& f = job->second;
   if (!new_job && lease.epoch() != f.epoch) {
     if (lease.fence() <= f.max_fence) {
       return absl::AbortedError(absl::StrCat(
-          "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\") is for epoch ",
-          lease.epoch(), " with fence ", lease.fence(), ", but leases of epoch ", f.epoch,
-          " up to fence ", f.max_fence, " were already presented: the job has moved on"));
+          "lease \"", lease.lease_id(), "\" (job \"", lease.job(),
+          "\") is for epoch ", lease.epoch(), " with fence ", lease.fence(),
+          ", but leases of epoch ", f.epoch, " up to fence ", f.max_fence,
+          " were already presented: the job has moved on"));
     }
     fence_units_ -= f.units.size();
     f.units.clear();
@@ -86,19 +94,20 @@ absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
   std::vector<FencedRange>& ranges = f.units[unit];
   for (const FencedRange& r : ranges) {
     if (r.begin < end && begin < r.end && lease.fence() < r.fence) {
-      return absl::AbortedError(absl::StrCat(
-          "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\") has fence ",
-          lease.fence(), " but fence ", r.fence, " was already presented for samples [", r.begin,
-          ", ", r.end, ") of shard ", lease.unit().shard_index(),
-          ": the lease was granted again"));
+      return absl::AbortedError(
+          absl::StrCat("lease \"", lease.lease_id(), "\" (job \"", lease.job(),
+                       "\") has fence ", lease.fence(), " but fence ", r.fence,
+                       " was already presented for samples [", r.begin, ", ",
+                       r.end, ") of shard ", lease.unit().shard_index(),
+                       ": the lease was granted again"));
     }
   }
   // Ranges this lease covers whole are superseded by it.
   const size_t before = ranges.size();
   ranges.erase(std::remove_if(ranges.begin(), ranges.end(),
                               [&](const FencedRange& r) {
-                                return r.fence <= lease.fence() && begin <= r.begin &&
-                                       r.end <= end;
+                                return r.fence <= lease.fence() &&
+                                       begin <= r.begin && r.end <= end;
                               }),
                ranges.end());
   ranges.push_back(FencedRange{begin, end, lease.fence()});
@@ -145,9 +154,10 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
         "lease \"", lease.lease_id(), "\": lease.unit.shard_url is empty"));
   }
   if (unit.begin() < 0 || unit.end() <= unit.begin()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "lease \"", lease.lease_id(), "\": lease.unit range [", unit.begin(),
-        ", ", unit.end(), ") of shard \"", unit.shard_url(), "\" is empty or negative"));
+    return absl::OutOfRangeError(
+        absl::StrCat("lease \"", lease.lease_id(), "\": lease.unit range [",
+                     unit.begin(), ", ", unit.end(), ") of shard \"",
+                     unit.shard_url(), "\" is empty or negative"));
   }
   int64_t start = request.start() == 0 ? unit.begin() : request.start();
   if (start < unit.begin() || start > unit.end()) {
@@ -172,13 +182,14 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   params.start = start;
   params.end = unit.end();
   params.decode = d.decode();
-  params.transforms = std::make_shared<const ImageTransforms>(std::move(transforms));
+  params.transforms =
+      std::make_shared<const ImageTransforms>(std::move(transforms));
   params.image.max_pixels = options_.max_image_pixels;
   for (const std::string& f : request.fields()) params.fields.insert(f);
-  params.batch_bytes = request.max_batch_bytes() == 0
-                           ? options_.default_batch_bytes
-                           : std::min(request.max_batch_bytes(),
-                                      options_.max_batch_bytes);
+  params.batch_bytes =
+      request.max_batch_bytes() == 0
+          ? options_.default_batch_bytes
+          : std::min(request.max_batch_bytes(), options_.max_batch_bytes);
   params.policy = lease.on_corrupt() == v1::CORRUPT_POLICY_FAIL
                       ? v1::CORRUPT_POLICY_FAIL
                       : v1::CORRUPT_POLICY_SKIP;
@@ -212,13 +223,15 @@ void DataServerService::IndexShardAsync(
           done(shard.status());
           return;
         }
-        pool_.Schedule([this, request = std::move(request), done = std::move(done),
-                        shard = *std::move(shard)] { done(IndexOf(request, shard)); });
+        pool_.Schedule(
+            [this, request = std::move(request), done = std::move(done),
+             shard = *std::move(shard)] { done(IndexOf(request, shard)); });
       });
 }
 
 absl::StatusOr<v1::ShardIndex> DataServerService::IndexOf(
-    const v1::IndexShardRequest& request, const std::shared_ptr<const ShardData>& shard) {
+    const v1::IndexShardRequest& request,
+    const std::shared_ptr<const ShardData>& shard) {
   std::shared_ptr<const ShardIndex> index = GetIndex(shard);
   // An index scanned while the file was being rewritten is not the file's.
   RETURN_IF_ERROR(shard->CheckIntact());

@@ -18,12 +18,12 @@
 #include "absl/synchronization/mutex.h"
 #include "server/common/thread_pool.h"
 #include "server/dataserver/dataserver_metrics.h"
-#include "server/dataserver/decoders.h"
-#include "server/dataserver/sample_encoder.h"
 #include "server/dataserver/decode_budget.h"
+#include "server/dataserver/decoders.h"
 #include "server/dataserver/image_transforms.h"
-#include "server/dataserver/sample_stream.h"
+#include "server/dataserver/sample_encoder.h"
 #include "server/dataserver/sample_index.h"
+#include "server/dataserver/sample_stream.h"
 #include "server/dataserver/shard_store.h"
 #include "server/dataserver/tar_shard_reader.h"
 #include "sluice/v1/dataserver.pb.h"
@@ -75,8 +75,9 @@ class DataServerService {
       const v1::IndexShardRequest& request);
   // The same without blocking a thread on a download (IndexShard waits on
   // it): `done` runs on a pool thread (or inline for an early error).
-  void IndexShardAsync(const v1::IndexShardRequest& request,
-                       std::function<void(absl::StatusOr<v1::ShardIndex>)> done);
+  void IndexShardAsync(
+      const v1::IndexShardRequest& request,
+      std::function<void(absl::StatusOr<v1::ShardIndex>)> done);
 
   // The shard's index, from the cache or by scanning it.
   std::shared_ptr<const ShardIndex> GetIndex(
@@ -99,10 +100,12 @@ class DataServerService {
   friend class SampleStream;
   explicit DataServerService(DataServerOptions options);
   absl::Status CheckFence(const v1::Lease& lease);
-  // ABORTED when the lease's signed expiry passed more than lease_clock_skew ago.
+  // ABORTED when the lease's signed expiry passed more than lease_clock_skew
+  // ago.
   absl::Status CheckExpiry(const v1::Lease& lease) const;
-  absl::StatusOr<v1::ShardIndex> IndexOf(const v1::IndexShardRequest& request,
-                                         const std::shared_ptr<const ShardData>& shard);
+  absl::StatusOr<v1::ShardIndex> IndexOf(
+      const v1::IndexShardRequest& request,
+      const std::shared_ptr<const ShardData>& shard);
 
   DataServerOptions options_;
   SampleIndexCache index_cache_;

@@ -596,10 +596,12 @@ namespace {
 absl::Status BeginPng(const Payload& data, png_image* image) {
   std::memset(image, 0, sizeof(*image));
   image->version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(image, data.bytes.data(), data.bytes.size())) {
+  if (!png_image_begin_read_from_memory(image, data.bytes.data(),
+                                        data.bytes.size())) {
     std::string message = image->message;
     png_image_free(image);
-    return absl::InvalidArgumentError(absl::StrCat("undecodable PNG: ", message));
+    return absl::InvalidArgumentError(
+        absl::StrCat("undecodable PNG: ", message));
   }
   return absl::OkStatus();
 }

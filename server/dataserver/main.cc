@@ -1,11 +1,10 @@
 // sluice-dataserver: streams samples of WebDataset tar shards to trainers.
+#include <prometheus/registry.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <prometheus/registry.h>
-
-#include <unistd.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -30,11 +29,13 @@ ABSL_FLAG(std::string, cache_dir, "",
           "to and served from. Empty = remote shards are refused "
           "(FAILED_PRECONDITION). One data server per node should own it; no "
           "lock files are used.");
-ABSL_FLAG(int64_t, cache_bytes, int64_t{100} << 30,
-          "Upper bound on the bytes of shards kept in --cache_dir (LRU of whole "
-          "shards; shards being read are never evicted). 0 = unbounded.");
+ABSL_FLAG(
+    int64_t, cache_bytes, int64_t{100} << 30,
+    "Upper bound on the bytes of shards kept in --cache_dir (LRU of whole "
+    "shards; shards being read are never evicted). 0 = unbounded.");
 ABSL_FLAG(int64_t, cache_min_free_bytes, int64_t{1} << 30,
-          "Also evict unpinned cached shards while the cache's filesystem has less than this "
+          "Also evict unpinned cached shards while the cache's filesystem has "
+          "less than this "
           "free (plus room for downloads in flight). 0 = no check.");
 ABSL_FLAG(int, download_threads, 4, "Shard downloads running at once.");
 ABSL_FLAG(int, download_attempts, 5,
@@ -56,8 +57,10 @@ ABSL_FLAG(int, prefetch, 4,
           "Remote shards to download ahead of their first read, from the "
           "coordinator's hints of upcoming units (0 = off).");
 ABSL_FLAG(absl::Duration, lease_clock_skew, absl::Seconds(30),
-          "With --lease_secret_file: a lease token past its signed expiry by more than this "
-          "is refused (ABORTED). The coordinator re-signs held leases before half their TTL "
+          "With --lease_secret_file: a lease token past its signed expiry by "
+          "more than this "
+          "is refused (ABORTED). The coordinator re-signs held leases before "
+          "half their TTL "
           "is left, so only a token kept after its lease ended is refused.");
 ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the coordinator. "
@@ -70,17 +73,24 @@ ABSL_FLAG(int, decode_threads, 0,
 ABSL_FLAG(int64_t, default_batch_bytes, 1 << 20,
           "SampleBatch size when a request does not set max_batch_bytes.");
 ABSL_FLAG(int64_t, max_image_pixels, sluice::dataserver::kDefaultMaxImagePixels,
-          "Images whose header claims more pixels are corrupt samples (skipped or DATA_LOSS "
-          "per the job's on_corrupt), refused before any pixel memory is allocated. 0 = no "
+          "Images whose header claims more pixels are corrupt samples (skipped "
+          "or DATA_LOSS "
+          "per the job's on_corrupt), refused before any pixel memory is "
+          "allocated. 0 = no "
           "limit. The default is PIL's DecompressionBombError threshold.");
 ABSL_FLAG(int64_t, max_sample_bytes, sluice::dataserver::kDefaultMaxSampleBytes,
-          "A member of a compressed (.tar.gz ...) shard larger than this makes its sample "
-          "corrupt (skipped or DATA_LOSS per on_corrupt) instead of being decompressed into "
+          "A member of a compressed (.tar.gz ...) shard larger than this makes "
+          "its sample "
+          "corrupt (skipped or DATA_LOSS per on_corrupt) instead of being "
+          "decompressed into "
           "memory. Uncompressed shards are served from their mapping.");
 ABSL_FLAG(int64_t, max_decode_memory, int64_t{1} << 30,
-          "Bytes the samples being decoded may hold at once, across all streams (estimated "
-          "from each image's header: its full-size pixels and the resampling buffers); a "
-          "sample waits for room before it is decoded, in the order samples were read. One "
+          "Bytes the samples being decoded may hold at once, across all "
+          "streams (estimated "
+          "from each image's header: its full-size pixels and the resampling "
+          "buffers); a "
+          "sample waits for room before it is decoded, in the order samples "
+          "were read. One "
           "sample larger than this still decodes, alone. 0 = no bound.");
 ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
           "Upper bound on a request's max_batch_bytes (clients must accept "
@@ -89,11 +99,14 @@ ABSL_FLAG(std::string, coordinator, "",
           "Coordinator HOST:PORT to register with (and heartbeat to); empty = "
           "standalone. Re-registers when the coordinator restarts.");
 ABSL_FLAG(std::string, coordinator_ca, "",
-          "PEM CA certificate(s) to verify the coordinator with: set = register over TLS "
+          "PEM CA certificate(s) to verify the coordinator with: set = "
+          "register over TLS "
           "(a coordinator started with --tls_cert). Empty = plaintext.");
 ABSL_FLAG(std::string, coordinator_cert, "",
-          "PEM client certificate for mutual TLS with the coordinator (its --tls_client_ca).");
-ABSL_FLAG(std::string, coordinator_key, "", "PEM private key for --coordinator_cert.");
+          "PEM client certificate for mutual TLS with the coordinator (its "
+          "--tls_client_ca).");
+ABSL_FLAG(std::string, coordinator_key, "",
+          "PEM private key for --coordinator_cert.");
 ABSL_FLAG(std::string, advertise, "",
           "Address trainers use to reach this server. Default: the --listen "
           "host and bound port (the hostname when listening on 0.0.0.0/::).");
@@ -101,12 +114,12 @@ ABSL_FLAG(int, capacity, 1, "Relative routing weight sent to the coordinator.");
 
 namespace {
 
+using sluice::dataserver::CompositeShardStore;
 using sluice::dataserver::CoordinatorRegistration;
 using sluice::dataserver::DataServerMetrics;
 using sluice::dataserver::DataServerOptions;
 using sluice::dataserver::DataServerService;
 using sluice::dataserver::GrpcDataServerService;
-using sluice::dataserver::CompositeShardStore;
 using sluice::dataserver::LocalShardStore;
 using sluice::dataserver::RemoteFetcher;
 using sluice::dataserver::RemoteFetcherOptions;
@@ -134,48 +147,58 @@ class DataServerServices : public sluice::ServiceSet {
       fetch.s3_endpoint = absl::GetFlag(FLAGS_s3_endpoint);
       fetch.s3_region = absl::GetFlag(FLAGS_s3_region);
       if (fetch.max_attempts < 1) {
-        return absl::InvalidArgumentError("--download_attempts must be at least 1");
-      }
-      if (!fetch.ca_bundle.empty() && access(fetch.ca_bundle.c_str(), R_OK) != 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("--ca_bundle \"", fetch.ca_bundle, "\" is not readable"));
+            "--download_attempts must be at least 1");
+      }
+      if (!fetch.ca_bundle.empty() &&
+          access(fetch.ca_bundle.c_str(), R_OK) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--ca_bundle \"", fetch.ca_bundle, "\" is not readable"));
       }
       ShardCacheOptions cache_options;
       cache_options.dir = cache_dir;
       cache_options.max_bytes = absl::GetFlag(FLAGS_cache_bytes);
       cache_options.min_free_bytes = absl::GetFlag(FLAGS_cache_min_free_bytes);
       if (cache_options.min_free_bytes < 0) {
-        return absl::InvalidArgumentError("--cache_min_free_bytes must be >= 0");
+        return absl::InvalidArgumentError(
+            "--cache_min_free_bytes must be >= 0");
       }
       cache_options.download_threads = absl::GetFlag(FLAGS_download_threads);
       cache_options.metrics = s->metrics_.get();
       cache_options.max_queued_prefetches = absl::GetFlag(FLAGS_prefetch);
       if (cache_options.download_threads < 1) {
-        return absl::InvalidArgumentError("--download_threads must be at least 1");
+        return absl::InvalidArgumentError(
+            "--download_threads must be at least 1");
       }
-      ASSIGN_OR_RETURN(cache, ShardCache::Create(std::move(cache_options),
-                                                 std::make_unique<RemoteFetcher>(fetch)));
+      ASSIGN_OR_RETURN(
+          cache, ShardCache::Create(std::move(cache_options),
+                                    std::make_unique<RemoteFetcher>(fetch)));
     }
     if (absl::GetFlag(FLAGS_prefetch) < 0) {
       return absl::InvalidArgumentError("--prefetch must be >= 0");
     }
     s->cache_ = cache.get();
-    ASSIGN_OR_RETURN(s->coordinator_credentials_,
-                     sluice::ClientCredentialsFromFiles(sluice::ClientTlsFiles{
-                         absl::GetFlag(FLAGS_coordinator_ca), absl::GetFlag(FLAGS_coordinator_cert),
-                         absl::GetFlag(FLAGS_coordinator_key), "--coordinator_ca",
-                         "--coordinator_cert", "--coordinator_key"}));
-    options.store = std::make_unique<CompositeShardStore>(std::move(local), std::move(cache));
-    ASSIGN_OR_RETURN(options.lease_secret,
-                     sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
-                                            "lease_secret_file"));
+    ASSIGN_OR_RETURN(
+        s->coordinator_credentials_,
+        sluice::ClientCredentialsFromFiles(sluice::ClientTlsFiles{
+            absl::GetFlag(FLAGS_coordinator_ca),
+            absl::GetFlag(FLAGS_coordinator_cert),
+            absl::GetFlag(FLAGS_coordinator_key), "--coordinator_ca",
+            "--coordinator_cert", "--coordinator_key"}));
+    options.store = std::make_unique<CompositeShardStore>(std::move(local),
+                                                          std::move(cache));
+    ASSIGN_OR_RETURN(
+        options.lease_secret,
+        sluice::ReadSecretFile(absl::GetFlag(FLAGS_lease_secret_file),
+                               "lease_secret_file"));
     if (options.lease_secret.empty()) {
       sluice::LogWarning(
           "no --lease_secret_file: lease tokens are not checked; anyone who "
           "can reach this port can read shards under --roots");
     }
     if (absl::GetFlag(FLAGS_index_cache_entries) <= 0) {
-      return absl::InvalidArgumentError("--index_cache_entries must be positive");
+      return absl::InvalidArgumentError(
+          "--index_cache_entries must be positive");
     }
     options.index_cache_entries =
         static_cast<size_t>(absl::GetFlag(FLAGS_index_cache_entries));
@@ -221,7 +244,8 @@ class DataServerServices : public sluice::ServiceSet {
     options.capacity = absl::GetFlag(FLAGS_capacity);
     options.credentials = coordinator_credentials_;
     if (!logic_->options().lease_secret.empty()) {
-      options.credential = sluice::SignRegistration(options.advertise, logic_->options().lease_secret);
+      options.credential = sluice::SignRegistration(
+          options.advertise, logic_->options().lease_secret);
     }
     DataServerService* logic = logic_.get();
     options.active_streams = [logic] { return logic->active_streams(); };
@@ -234,7 +258,8 @@ class DataServerServices : public sluice::ServiceSet {
         }
       };
     }
-    registration_ = std::make_unique<CoordinatorRegistration>(std::move(options));
+    registration_ =
+        std::make_unique<CoordinatorRegistration>(std::move(options));
     registration_->Start();
     return absl::OkStatus();
   }
@@ -257,13 +282,15 @@ int main(int argc, char** argv) {
   options.usage =
       "Streams samples of WebDataset tar shards to trainers.\n\n"
       "Usage: sluice-dataserver --roots=/data/shards [flags]\n"
-      "       sluice-dataserver --cache_dir=/var/cache/sluice [flags]  (remote shards)\n"
+      "       sluice-dataserver --cache_dir=/var/cache/sluice [flags]  (remote "
+      "shards)\n"
       "Stops cleanly on SIGTERM/SIGINT (exit 0).";
   options.default_listen = "0.0.0.0:7071";
   options.default_metrics_listen = "0.0.0.0:9071";
   options.make_services = [](std::shared_ptr<prometheus::Registry> registry)
       -> absl::StatusOr<std::unique_ptr<sluice::ServiceSet>> {
-    ASSIGN_OR_RETURN(auto services, DataServerServices::Create(std::move(registry)));
+    ASSIGN_OR_RETURN(auto services,
+                     DataServerServices::Create(std::move(registry)));
     return std::unique_ptr<sluice::ServiceSet>(std::move(services));
   };
   return sluice::RunServerMain(argc, argv, options);

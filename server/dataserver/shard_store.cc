@@ -1,8 +1,8 @@
 #include "server/dataserver/shard_store.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -85,7 +85,8 @@ void OnSigbus(int signo, siginfo_t* info, void* context) {
     // than going out as zeros.
     void* patched = mmap(reinterpret_cast<void*>(page), g_page_size, PROT_READ,
                          MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (patched != MAP_FAILED) return;  // the faulting read runs again, on zeros
+    if (patched != MAP_FAILED)
+      return;  // the faulting read runs again, on zeros
     break;
   }
   // Not a shard's page (or it could not be patched): what would have
@@ -121,18 +122,22 @@ int WatchMapping(const void* begin, size_t size, std::atomic<bool>* flag) {
   InstallSigbusHandler();
   for (int i = 0; i < kFaultSlots; ++i) {
     std::atomic<bool>* expected = nullptr;
-    if (!g_fault_slots[i].flag.compare_exchange_strong(expected, flag)) continue;
+    if (!g_fault_slots[i].flag.compare_exchange_strong(expected, flag))
+      continue;
     FaultSlot& slot = g_fault_slots[i];
-    slot.end.store(reinterpret_cast<uintptr_t>(begin) + size, std::memory_order_relaxed);
-    slot.begin.store(reinterpret_cast<uintptr_t>(begin), std::memory_order_release);
+    slot.end.store(reinterpret_cast<uintptr_t>(begin) + size,
+                   std::memory_order_relaxed);
+    slot.begin.store(reinterpret_cast<uintptr_t>(begin),
+                     std::memory_order_release);
     return i;
   }
   static std::once_flag warned;
   std::call_once(warned, [] {
-    std::fprintf(stderr,
-                 "warning: more than %d shards mapped at once; the rest are not "
-                 "protected against being truncated while served\n",
-                 kFaultSlots);
+    std::fprintf(
+        stderr,
+        "warning: more than %d shards mapped at once; the rest are not "
+        "protected against being truncated while served\n",
+        kFaultSlots);
   });
   return -1;
 }
@@ -164,9 +169,8 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardData::Map(
   }
   std::shared_ptr<ShardData> data(new ShardData());
   data->path_ = std::move(path);
-  data->version_ =
-      absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":",
-                   st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+  data->version_ = absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":",
+                                st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
   data->size_ = static_cast<size_t>(st.st_size);
   if (data->size_ > 0) {
     void* addr = mmap(nullptr, data->size_, PROT_READ, MAP_SHARED, fd, 0);
@@ -188,28 +192,31 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardData::Map(
 
 absl::Status ShardData::CheckIntact() const {
   if (fd_ < 0) return absl::OkStatus();
-  const char* kAdvice = " (shards must not be rewritten in place while served: write a new file "
-                        "and rename it over the old one)";
+  const char* kAdvice =
+      " (shards must not be rewritten in place while served: write a new file "
+      "and rename it over the old one)";
   if (faulted_.load()) {
-    return absl::DataLossError(absl::StrCat("shard \"", path_,
-                                            "\" was truncated while being served: bytes "
-                                            "it had are gone",
-                                            kAdvice));
+    return absl::DataLossError(
+        absl::StrCat("shard \"", path_,
+                     "\" was truncated while being served: bytes "
+                     "it had are gone",
+                     kAdvice));
   }
   struct stat st;
   if (fstat(fd_, &st) != 0) return ErrnoStatus(errno, "stat", path_);
   if (static_cast<size_t>(st.st_size) != size_) {
-    return absl::DataLossError(absl::StrCat("shard \"", path_, "\" changed while being served: ",
-                                            size_, " bytes when opened, ", st.st_size, " now",
-                                            kAdvice));
+    return absl::DataLossError(absl::StrCat(
+        "shard \"", path_, "\" changed while being served: ", size_,
+        " bytes when opened, ", st.st_size, " now", kAdvice));
   }
   // Not the change time: unlinking the file (the cache evicting it, a
   // rename over it) changes that, and the mapping stays good.
   if (!SameTime(st.st_mtim, mtime_)) {
-    return absl::DataLossError(absl::StrCat("shard \"", path_,
-                                            "\" changed while being served: modified since it "
-                                            "was opened",
-                                            kAdvice));
+    return absl::DataLossError(
+        absl::StrCat("shard \"", path_,
+                     "\" changed while being served: modified since it "
+                     "was opened",
+                     kAdvice));
   }
   return absl::OkStatus();
 }
@@ -238,7 +245,8 @@ absl::StatusOr<std::unique_ptr<LocalShardStore>> LocalShardStore::Create(
     return absl::InvalidArgumentError(
         "--roots is empty: name the directories shards may be read from");
   }
-  return std::unique_ptr<LocalShardStore>(new LocalShardStore(std::move(resolved)));
+  return std::unique_ptr<LocalShardStore>(
+      new LocalShardStore(std::move(resolved)));
 }
 
 absl::StatusOr<std::string> LocalShardStore::Resolve(
@@ -252,9 +260,9 @@ absl::StatusOr<std::string> LocalShardStore::Resolve(
           "shard url \"", url, "\": file:// URLs must name a local path"));
     }
   } else if (absl::StrContains(path, "://")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard url \"", url,
-        "\": unsupported scheme (this store serves local paths)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard url \"", url,
+                     "\": unsupported scheme (this store serves local paths)"));
   }
   if (path.empty() || path[0] != '/') {
     return absl::InvalidArgumentError(

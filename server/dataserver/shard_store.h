@@ -125,8 +125,7 @@ class LocalShardStore : public ShardStore {
   const std::vector<std::string>& roots() const { return roots_.roots(); }
 
  private:
-  explicit LocalShardStore(PathRoots roots)
-      : roots_(std::move(roots)) {}
+  explicit LocalShardStore(PathRoots roots) : roots_(std::move(roots)) {}
   PathRoots roots_;
 };
 

@@ -91,17 +91,17 @@ int64_t TarMemberIterator::SkipCallback(struct archive*, void* self,
 absl::StatusOr<std::unique_ptr<TarMemberIterator>> TarMemberIterator::Open(
     std::shared_ptr<const ShardData> shard, int64_t offset) {
   if (offset < 0 || offset > shard->size()) {
-    return absl::OutOfRangeError(absl::StrCat("shard \"", shard->path(),
-                                              "\": offset ", offset,
-                                              " is beyond its ", shard->size(),
-                                              " bytes"));
+    return absl::OutOfRangeError(
+        absl::StrCat("shard \"", shard->path(), "\": offset ", offset,
+                     " is beyond its ", shard->size(), " bytes"));
   }
   std::unique_ptr<TarMemberIterator> it(new TarMemberIterator());
   it->shard_ = std::move(shard);
   it->start_ = offset;
   it->pos_ = offset;
   it->archive_ = archive_read_new();
-  if (it->archive_ == nullptr) return absl::ResourceExhaustedError("libarchive");
+  if (it->archive_ == nullptr)
+    return absl::ResourceExhaustedError("libarchive");
   archive_read_support_format_tar(it->archive_);
   archive_read_support_format_empty(it->archive_);
   archive_read_support_filter_all(it->archive_);
@@ -136,7 +136,8 @@ int64_t TarMemberIterator::consumed() const {
 absl::StatusOr<std::optional<TarMemberIterator::Member>>
 TarMemberIterator::Next() {
   struct archive_entry* entry = nullptr;
-  if (at_end_) return std::optional<Member>();  // libarchive refuses a second call
+  if (at_end_)
+    return std::optional<Member>();  // libarchive refuses a second call
   int r = archive_read_next_header(archive_, &entry);
   if (r == ARCHIVE_EOF) {
     at_end_ = true;
@@ -146,9 +147,10 @@ TarMemberIterator::Next() {
     // The position is an error code itself once the archive is in a state
     // that has none (e.g. after the end was seen).
     const int64_t at = archive_read_header_position(archive_);
-    return ArchiveError(at >= 0 ? absl::StrCat("damaged tar header near offset ", start_ + at)
-                                : std::string("damaged tar header"),
-                        "");
+    return ArchiveError(
+        at >= 0 ? absl::StrCat("damaged tar header near offset ", start_ + at)
+                : std::string("damaged tar header"),
+        "");
   }
   Member member;
   const char* path = archive_entry_pathname(entry);
@@ -176,8 +178,8 @@ absl::StatusOr<Payload> TarMemberIterator::ReadData(const Member& member) {
     if (r < ARCHIVE_WARN) return ArchiveError("cannot read data", member.path);
     if (size == 0) continue;
     const char* p = static_cast<const char*>(block);
-    bool in_mapping = p >= mapping.data() &&
-                      p + size <= mapping.data() + mapping.size();
+    bool in_mapping =
+        p >= mapping.data() && p + size <= mapping.data() + mapping.size();
     if (first && offset == 0 && static_cast<int64_t>(size) == member.size &&
         in_mapping) {
       payload.bytes = absl::string_view(p, size);
@@ -185,7 +187,8 @@ absl::StatusOr<Payload> TarMemberIterator::ReadData(const Member& member) {
       first = false;
       continue;
     }
-    if (member.size > max_copy_bytes_ || offset + static_cast<int64_t>(size) > max_copy_bytes_) {
+    if (member.size > max_copy_bytes_ ||
+        offset + static_cast<int64_t>(size) > max_copy_bytes_) {
       // A compressed member is copied out whole: one that claims (or turns
       // out) larger than the cap would be held in memory for each reader.
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -259,11 +262,13 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
     if (!next->has_value()) {
       // A tar ends with zero blocks. Without them the file was cut at a
       // header boundary, and the last sample may be missing members.
-      if (data_end >= 0 && members.consumed() - std::max(before, data_end) < 512) {
+      if (data_end >= 0 &&
+          members.consumed() - std::max(before, data_end) < 512) {
         index.damage = absl::StrCat(
             "shard \"", shard->path(),
             "\" ends without the tar end-of-archive marker (truncated after "
-            "member \"", last_member, "\")");
+            "member \"",
+            last_member, "\")");
         if (current != nullptr && current->corrupt.empty()) {
           current->corrupt = index.damage;
         }
@@ -308,7 +313,8 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
 
 absl::StatusOr<std::unique_ptr<TarSampleReader>> TarSampleReader::Open(
     std::shared_ptr<const ShardData> shard,
-    std::shared_ptr<const ShardIndex> index, int64_t begin, int64_t max_member_bytes) {
+    std::shared_ptr<const ShardIndex> index, int64_t begin,
+    int64_t max_member_bytes) {
   if (begin < 0 || begin > index->num_samples()) {
     return absl::OutOfRangeError(
         absl::StrCat("shard \"", shard->path(), "\": sample ", begin,
@@ -359,8 +365,9 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
       RawSample lost;
       lost.index = next_index_;
       lost.key = index_->samples[next_index_].key;
-      lost.corrupt = absl::StrCat("unreadable after an earlier error in shard \"",
-                                  shard_->path(), "\"");
+      lost.corrupt =
+          absl::StrCat("unreadable after an earlier error in shard \"",
+                       shard_->path(), "\"");
       ++next_index_;
       return std::optional<RawSample>(std::move(lost));
     }
@@ -416,10 +423,10 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
     }
     if (!member.has_value()) {
       if (first) {
-        return absl::DataLossError(absl::StrCat(
-            "shard \"", shard_->path(), "\" ended before sample ",
-            sample.index, " (\"", sample.key,
-            "\") that its index lists; has the file changed?"));
+        return absl::DataLossError(
+            absl::StrCat("shard \"", shard_->path(), "\" ended before sample ",
+                         sample.index, " (\"", sample.key,
+                         "\") that its index lists; has the file changed?"));
       }
       break;
     }
@@ -441,7 +448,8 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
       continue;
     }
     auto data = members_->ReadData(*member);
-    if (!data.ok() && data.status().code() == absl::StatusCode::kResourceExhausted &&
+    if (!data.ok() &&
+        data.status().code() == absl::StatusCode::kResourceExhausted &&
         members_->SkipData(*member).ok()) {
       // Too large to hold: the sample is corrupt, its other members skipped.
       sample.fields.clear();

@@ -1,8 +1,8 @@
 // The real sluice-dataserver binary on 127.0.0.1:0, read over real gRPC with
 // the generated (typed) client.
 #include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
@@ -26,8 +26,8 @@ class DataServerBinaryTest : public ::testing::Test {
     jpeg_ = testing::EncodeJpeg(testing::TestPixels(80, 60, 3), 80, 60);
     testing::TarWriter tar;
     for (int i = 0; i < 50; ++i) {
-      tar.File(absl::StrCat("s", i, ".jpg"), jpeg_).File(absl::StrCat("s", i, ".cls"),
-                                                        std::to_string(i % 10));
+      tar.File(absl::StrCat("s", i, ".jpg"), jpeg_)
+          .File(absl::StrCat("s", i, ".cls"), std::to_string(i % 10));
     }
     mkdir(dir_.File("shards").c_str(), 0755);
     shard_ = dir_.File("shards/train-0.tar");
@@ -37,8 +37,8 @@ class DataServerBinaryTest : public ::testing::Test {
                                        {"--roots=" + dir_.File("shards")});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    stub_ = v1::DataServer::NewStub(
-        grpc::CreateChannel(server_.grpc_address, grpc::InsecureChannelCredentials()));
+    stub_ = v1::DataServer::NewStub(grpc::CreateChannel(
+        server_.grpc_address, grpc::InsecureChannelCredentials()));
   }
 
   v1::ReadRequest Request(const std::string& url, int64_t begin, int64_t end) {
@@ -86,10 +86,14 @@ TEST_F(DataServerBinaryTest, StreamsRawAndDecodedSamples) {
   EXPECT_THAT(decoded[4].fields(0).tensor().shape(), ElementsAre(24, 24, 3));
   EXPECT_EQ(decoded[4].fields(1).int_value(), 4);
 
-  auto metrics = testing::HttpGet("http://" + server_.metrics_address + "/metrics");
+  auto metrics =
+      testing::HttpGet("http://" + server_.metrics_address + "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_samples_served_total 35"));
-  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_decode_seconds_count{codec=\"jpeg\"} 5"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("sluice_dataserver_samples_served_total 35"));
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr("sluice_dataserver_decode_seconds_count{codec=\"jpeg\"} 5"));
 }
 
 // The transforms through the real binary: RandomResizedCrop + flip to a
@@ -115,27 +119,33 @@ TEST_F(DataServerBinaryTest, TransformsShapeTheOutputAndBadSpecsNameTheField) {
     EXPECT_THAT(s.fields(0).tensor().shape(), ElementsAre(3, 16, 20));
     EXPECT_EQ(s.fields(0).tensor().data().size(), 3u * 16 * 20 * 2);
   }
-  auto metrics = testing::HttpGet("http://" + server_.metrics_address + "/metrics");
+  auto metrics =
+      testing::HttpGet("http://" + server_.metrics_address + "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_images_transformed_total 4"));
   EXPECT_THAT(metrics->body,
-              HasSubstr("sluice_dataserver_transform_seconds_count{op=\"resize\"} 4"));
+              HasSubstr("sluice_dataserver_images_transformed_total 4"));
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr("sluice_dataserver_transform_seconds_count{op=\"resize\"} 4"));
 
   crop->set_scale_min(0.9f);
   crop->set_scale_max(0.5f);
   std::vector<v1::Sample> none;
   status = Read(request, &none);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(status.error_message(),
-              HasSubstr("decode.transforms[0].random_resized_crop.scale_min (0.9) is greater "
-                        "than scale_max (0.5)"));
+  EXPECT_THAT(
+      status.error_message(),
+      HasSubstr(
+          "decode.transforms[0].random_resized_crop.scale_min (0.9) is greater "
+          "than scale_max (0.5)"));
   EXPECT_TRUE(none.empty());
 }
 
 TEST_F(DataServerBinaryTest, ErrorsCarryTheRightCodes) {
   std::vector<v1::Sample> out;
   grpc::Status s = Read(Request(dir_.File("shards/../secret.tar"), 0, 1), &out);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
   s = Read(Request(dir_.File("shards/missing.tar"), 0, 1), &out);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(s.error_message(), HasSubstr("missing.tar"));
@@ -151,10 +161,11 @@ TEST_F(DataServerBinaryTest, ErrorsCarryTheRightCodes) {
   ASSERT_TRUE(stub_->IndexShard(&ctx, index_request, &index).ok());
   EXPECT_EQ(index.num_samples(), 50);
 
-  auto metrics = testing::HttpGet("http://" + server_.metrics_address + "/metrics");
+  auto metrics =
+      testing::HttpGet("http://" + server_.metrics_address + "/metrics");
   ASSERT_TRUE(metrics.ok());
-  EXPECT_THAT(metrics->body,
-              HasSubstr("sluice_dataserver_stream_errors_total{code=\"PERMISSION_DENIED\"} 1"));
+  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_stream_errors_total{"
+                                       "code=\"PERMISSION_DENIED\"} 1"));
 }
 
 TEST_F(DataServerBinaryTest, AClientThatLeavesEarlyEndsTheStream) {
@@ -174,7 +185,8 @@ TEST_F(DataServerBinaryTest, AClientThatLeavesEarlyEndsTheStream) {
   EXPECT_EQ(out.size(), 2u);
 }
 
-TEST_F(DataServerBinaryTest, AShardTruncatedInPlaceWhileStreamingIsDataLossNotACrash) {
+TEST_F(DataServerBinaryTest,
+       AShardTruncatedInPlaceWhileStreamingIsDataLossNotACrash) {
   // A shard overwritten in place (not replaced by rename) while a trainer
   // reads it: the stream ends with DATA_LOSS naming the lease and the
   // shard, everything delivered before is the file's real bytes, and the
@@ -193,8 +205,8 @@ TEST_F(DataServerBinaryTest, AShardTruncatedInPlaceWhileStreamingIsDataLossNotAC
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
-  auto stub = v1::DataServer::NewStub(
-      grpc::CreateCustomChannel(server_.grpc_address, grpc::InsecureChannelCredentials(), args));
+  auto stub = v1::DataServer::NewStub(grpc::CreateCustomChannel(
+      server_.grpc_address, grpc::InsecureChannelCredentials(), args));
   grpc::ClientContext ctx;
   auto request = Request(big, 0, 64);
   request.mutable_lease()->set_lease_id("job/e0/f9");
@@ -204,14 +216,16 @@ TEST_F(DataServerBinaryTest, AShardTruncatedInPlaceWhileStreamingIsDataLossNotAC
   ASSERT_TRUE(reader->Read(&batch));
   // Cut where sample 12 begins (512-byte header + 40,448 bytes of padded
   // data per member): what the server has read ahead by now (two messages
-  // ready, one in gRPC's hands, the window) stays intact. A message in flight over
-  // pages the file lost would fail in the kernel instead (EFAULT: the
+  // ready, one in gRPC's hands, the window) stays intact. A message in flight
+  // over pages the file lost would fail in the kernel instead (EFAULT: the
   // connection breaks, UNAVAILABLE), as the README says.
   ASSERT_EQ(truncate(big.c_str(), 12 * 40960), 0);
   std::vector<v1::Sample> got(batch.samples().begin(), batch.samples().end());
-  while (reader->Read(&batch)) got.insert(got.end(), batch.samples().begin(), batch.samples().end());
+  while (reader->Read(&batch))
+    got.insert(got.end(), batch.samples().begin(), batch.samples().end());
   grpc::Status status = reader->Finish();
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS) << status.error_message();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS)
+      << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("job/e0/f9"));
   EXPECT_THAT(status.error_message(), HasSubstr(big));
   EXPECT_THAT(status.error_message(), HasSubstr("changed while being served"));
@@ -225,11 +239,15 @@ TEST_F(DataServerBinaryTest, AShardTruncatedInPlaceWhileStreamingIsDataLossNotAC
   std::vector<v1::Sample> out;
   ASSERT_TRUE(Read(Request(shard_, 0, 3), &out).ok());
   EXPECT_EQ(out.size(), 3u);
-  auto metrics = testing::HttpGet("http://" + server_.metrics_address + "/metrics");
+  auto metrics =
+      testing::HttpGet("http://" + server_.metrics_address + "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_THAT(metrics->body, HasSubstr("sluice_dataserver_shards_changed_while_served_total 1"));
-  EXPECT_THAT(metrics->body,
-              HasSubstr("sluice_dataserver_stream_errors_total{code=\"DATA_LOSS\"} 1"));
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr("sluice_dataserver_shards_changed_while_served_total 1"));
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr("sluice_dataserver_stream_errors_total{code=\"DATA_LOSS\"} 1"));
 }
 
 TEST(DataServerFlagsTest, MissingRootsIsAnError) {
@@ -242,7 +260,8 @@ TEST(DataServerFlagsTest, MissingRootsIsAnError) {
   auto code = child->WaitForExit(absl::Seconds(20));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 2);
-  EXPECT_THAT(testing::ReadWholeFile(dir.File("log")).value_or(""), HasSubstr("--roots"));
+  EXPECT_THAT(testing::ReadWholeFile(dir.File("log")).value_or(""),
+              HasSubstr("--roots"));
 }
 
 }  // namespace

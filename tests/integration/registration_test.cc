@@ -1,14 +1,13 @@
 // Data servers register with the coordinator, leases name them and carry a
 // token they accept, and registration survives a coordinator SIGKILL.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 
 #include <cstdio>
 #include <optional>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -25,8 +24,8 @@ namespace sluice {
 namespace {
 
 using ::sluice::testing::ServerProcess;
-using ::sluice::testing::WaitForMetric;
 using ::sluice::testing::TempDir;
+using ::sluice::testing::WaitForMetric;
 using ::testing::HasSubstr;
 
 // An 8-sample shard under dir/shards and a lease secret in dir/secret; a
@@ -43,7 +42,8 @@ struct SecretCluster {
 void StartSecretCluster(const TempDir& dir, SecretCluster* c) {
   mkdir(dir.File("shards").c_str(), 0755);
   testing::TarWriter tar;
-  for (int i = 0; i < 8; ++i) tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
+  for (int i = 0; i < 8; ++i)
+    tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
   c->shard = dir.File("shards/a.tar");
   testing::WriteFile(c->shard, tar.Finish());
   testing::WriteFile(dir.File("secret"), "a shared secret\n");
@@ -55,14 +55,14 @@ void StartSecretCluster(const TempDir& dir, SecretCluster* c) {
        "--allow_unauthenticated_admin"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   c->coordinator.emplace(*std::move(coordinator));
-  auto dataserver = ServerProcess::Start(
-      "sluice-dataserver", dir.path(),
-      {"--roots=" + dir.File("shards"), c->secret_flag,
-       "--coordinator=" + c->coordinator->grpc_address});
+  auto dataserver =
+      ServerProcess::Start("sluice-dataserver", dir.path(),
+                           {"--roots=" + dir.File("shards"), c->secret_flag,
+                            "--coordinator=" + c->coordinator->grpc_address});
   ASSERT_TRUE(dataserver.ok()) << dataserver.status();
   c->dataserver.emplace(*std::move(dataserver));
-  ASSERT_TRUE(
-      WaitForMetric(c->coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+  ASSERT_TRUE(WaitForMetric(c->coordinator->metrics_address,
+                            "sluice_coordinator_data_servers 1"));
 }
 
 // One epoch of the cluster's shard for one rank.
@@ -78,7 +78,8 @@ v1::JobSpec ShardJob(const std::string& name, const SecretCluster& c) {
 }
 
 // ReadSamples of `lease` to the end; counts the samples.
-grpc::Status ReadLease(v1::DataServer::Stub& data, const v1::Lease& lease, int* samples) {
+grpc::Status ReadLease(v1::DataServer::Stub& data, const v1::Lease& lease,
+                       int* samples) {
   grpc::ClientContext ctx;
   v1::ReadRequest request;
   *request.mutable_lease() = lease;
@@ -117,7 +118,8 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   const std::string& secret_flag = c.secret_flag;
   const std::string& journal = c.journal_flag;
 
-  ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, ShardJob("reg", c)).ok());
+  ASSERT_TRUE(
+      testing::CreateJob(coordinator->grpc_address, ShardJob("reg", c)).ok());
   auto granted = testing::FirstGrant(coordinator->grpc_address, "reg", "t0");
   ASSERT_TRUE(granted.ok()) << granted.status();
   const v1::Lease lease = *granted;
@@ -125,16 +127,19 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   EXPECT_EQ(lease.token().size(), 32u);
 
   // The data server accepts the coordinator's token, and refuses a forgery.
-  auto data = v1::DataServer::NewStub(
-      grpc::CreateChannel(lease.data_server(), grpc::InsecureChannelCredentials()));
-  auto read = [&](const v1::Lease& l, int* samples) { return ReadLease(*data, l, samples); };
+  auto data = v1::DataServer::NewStub(grpc::CreateChannel(
+      lease.data_server(), grpc::InsecureChannelCredentials()));
+  auto read = [&](const v1::Lease& l, int* samples) {
+    return ReadLease(*data, l, samples);
+  };
   int samples = 0;
   grpc::Status ok = read(lease, &samples);
   ASSERT_TRUE(ok.ok()) << ok.error_message();
   EXPECT_EQ(samples, lease.unit().end() - lease.unit().begin());
   v1::Lease forged = lease;
   forged.mutable_unit()->set_end(forged.unit().end() + 1);
-  EXPECT_EQ(read(forged, &samples).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(read(forged, &samples).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
 
   // SIGKILL the coordinator and restart it on the same port and journal: the
   // data server registers again by itself.
@@ -142,15 +147,17 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   coordinator->process.Kill();
   auto restarted = ServerProcess::Start(
       "sluice-coordinator", dir.path(),
-      {journal, secret_flag, "--heartbeat_interval=200ms", "--listen=" + address,
-       "--allow_unauthenticated_admin"});
+      {journal, secret_flag, "--heartbeat_interval=200ms",
+       "--listen=" + address, "--allow_unauthenticated_admin"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
-  ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
+  ASSERT_TRUE(WaitForMetric(restarted->metrics_address,
+                            "sluice_coordinator_data_servers 1"));
   // The coordinator counts the server before the server has read the reply
   // and logged it: poll the log.
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (testing::ReadWholeFile(dataserver->log_path).value_or("").find(
-             "re-registered with coordinator") == std::string::npos &&
+  while (testing::ReadWholeFile(dataserver->log_path)
+                 .value_or("")
+                 .find("re-registered with coordinator") == std::string::npos &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));  // poll
   }
@@ -162,7 +169,8 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   auto code = dataserver->process.WaitForExit(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0);
-  EXPECT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 0"));
+  EXPECT_TRUE(WaitForMetric(restarted->metrics_address,
+                            "sluice_coordinator_data_servers 0"));
 }
 
 // A training job run again under the same name (deleted, created again):
@@ -174,23 +182,28 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
 // interval (1 s), not after a backoff grown over the outage (it took up to
 // 17.5 s while no unit could be granted). The bound is 3 s for a loaded
 // machine.
-TEST(RegistrationTest, DataServersRegisterAgainSoonAfterALongCoordinatorOutage) {
+TEST(RegistrationTest,
+     DataServersRegisterAgainSoonAfterALongCoordinatorOutage) {
   TempDir dir;
   SecretCluster c;
   ASSERT_NO_FATAL_FAILURE(StartSecretCluster(dir, &c));
   const std::string address = c.coordinator->grpc_address;
   c.coordinator->process.Kill();
-  absl::SleepFor(absl::Seconds(8));  // the outage itself, not a wait for an event
+  absl::SleepFor(
+      absl::Seconds(8));  // the outage itself, not a wait for an event
   auto restarted = ServerProcess::Start(
       "sluice-coordinator", dir.path(),
-      {c.journal_flag, c.secret_flag, "--heartbeat_interval=200ms", "--listen=" + address,
-       "--allow_unauthenticated_admin"});
+      {c.journal_flag, c.secret_flag, "--heartbeat_interval=200ms",
+       "--listen=" + address, "--allow_unauthenticated_admin"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   const absl::Time listening = absl::Now();
-  ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
+  ASSERT_TRUE(WaitForMetric(restarted->metrics_address,
+                            "sluice_coordinator_data_servers 1"));
   const absl::Duration took = absl::Now() - listening;
-  EXPECT_LT(took, absl::Seconds(3)) << "registered again " << took << " after the restart";
-  std::printf("registered again %s after the restart\n", absl::FormatDuration(took).c_str());
+  EXPECT_LT(took, absl::Seconds(3))
+      << "registered again " << took << " after the restart";
+  std::printf("registered again %s after the restart\n",
+              absl::FormatDuration(took).c_str());
 }
 
 TEST(RegistrationTest, AJobCreatedAgainUnderItsNameIsServed) {
@@ -200,18 +213,19 @@ TEST(RegistrationTest, AJobCreatedAgainUnderItsNameIsServed) {
   auto& coordinator = c.coordinator;
   v1::JobSpec spec = ShardJob("rerun", c);
   spec.set_lease_ttl_ms(500);
-  auto data = v1::DataServer::NewStub(
-      grpc::CreateChannel(c.dataserver->grpc_address, grpc::InsecureChannelCredentials()));
+  auto data = v1::DataServer::NewStub(grpc::CreateChannel(
+      c.dataserver->grpc_address, grpc::InsecureChannelCredentials()));
   int samples = 0;
   auto read = [&](const v1::Lease& l) { return ReadLease(*data, l, &samples); };
 
   ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
   v1::Lease again;
-  ASSERT_NO_FATAL_FAILURE(ReadAUnitTwice(coordinator->grpc_address, "rerun", *data, &again));
+  ASSERT_NO_FATAL_FAILURE(
+      ReadAUnitTwice(coordinator->grpc_address, "rerun", *data, &again));
 
   {
-    auto stub = v1::Coordinator::NewStub(
-        grpc::CreateChannel(coordinator->grpc_address, grpc::InsecureChannelCredentials()));
+    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+        coordinator->grpc_address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext del;
     v1::DeleteJobRequest request;
     request.set_name("rerun");
@@ -230,26 +244,30 @@ TEST(RegistrationTest, AJobCreatedAgainUnderItsNameIsServed) {
 // A coordinator restarted on an empty journal (its volume lost) would grant
 // fences from 1 again; the data servers report the newest fence they saw
 // when they register again, and the coordinator grants above it.
-TEST(RegistrationTest, ACoordinatorThatLostItsJournalGrantsAboveWhatDataServersSaw) {
+TEST(RegistrationTest,
+     ACoordinatorThatLostItsJournalGrantsAboveWhatDataServersSaw) {
   TempDir dir;
   SecretCluster c;
   ASSERT_NO_FATAL_FAILURE(StartSecretCluster(dir, &c));
   v1::JobSpec spec = ShardJob("lost", c);
   spec.set_lease_ttl_ms(500);
-  auto data = v1::DataServer::NewStub(
-      grpc::CreateChannel(c.dataserver->grpc_address, grpc::InsecureChannelCredentials()));
+  auto data = v1::DataServer::NewStub(grpc::CreateChannel(
+      c.dataserver->grpc_address, grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(testing::CreateJob(c.coordinator->grpc_address, spec).ok());
   v1::Lease again;
-  ASSERT_NO_FATAL_FAILURE(ReadAUnitTwice(c.coordinator->grpc_address, "lost", *data, &again));
+  ASSERT_NO_FATAL_FAILURE(
+      ReadAUnitTwice(c.coordinator->grpc_address, "lost", *data, &again));
 
   const std::string address = c.coordinator->grpc_address;
   c.coordinator->process.Kill();
   auto restarted = ServerProcess::Start(
       "sluice-coordinator", dir.path(),
       {"--journal_dir=" + dir.File("empty-journal"), c.secret_flag,
-       "--heartbeat_interval=200ms", "--listen=" + address, "--allow_unauthenticated_admin"});
+       "--heartbeat_interval=200ms", "--listen=" + address,
+       "--allow_unauthenticated_admin"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
-  ASSERT_TRUE(WaitForMetric(restarted->metrics_address, "sluice_coordinator_data_servers 1"));
+  ASSERT_TRUE(WaitForMetric(restarted->metrics_address,
+                            "sluice_coordinator_data_servers 1"));
   ASSERT_TRUE(testing::CreateJob(address, spec).ok());
   auto granted = testing::FirstGrant(address, "lost", "t2");
   ASSERT_TRUE(granted.ok()) << granted.status();
@@ -282,28 +300,35 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
        "--tls_client_ca=" + pki->ca_cert});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   mkdir(dir.File("anonymous").c_str(), 0755);
-  auto anonymous = ServerProcess::Start(
-      "sluice-dataserver", dir.File("anonymous"),
-      {"--roots=" + dir.File("shards"), "--coordinator=" + coordinator->grpc_address,
-       "--coordinator_ca=" + pki->ca_cert});
+  auto anonymous =
+      ServerProcess::Start("sluice-dataserver", dir.File("anonymous"),
+                           {"--roots=" + dir.File("shards"),
+                            "--coordinator=" + coordinator->grpc_address,
+                            "--coordinator_ca=" + pki->ca_cert});
   ASSERT_TRUE(anonymous.ok()) << anonymous.status();
   mkdir(dir.File("trusted").c_str(), 0755);
-  auto trusted = ServerProcess::Start(
-      "sluice-dataserver", dir.File("trusted"),
-      {"--roots=" + dir.File("shards"), "--coordinator=" + coordinator->grpc_address,
-       "--coordinator_ca=" + pki->ca_cert, "--coordinator_cert=" + pki->client_cert,
-       "--coordinator_key=" + pki->client_key});
+  auto trusted =
+      ServerProcess::Start("sluice-dataserver", dir.File("trusted"),
+                           {"--roots=" + dir.File("shards"),
+                            "--coordinator=" + coordinator->grpc_address,
+                            "--coordinator_ca=" + pki->ca_cert,
+                            "--coordinator_cert=" + pki->client_cert,
+                            "--coordinator_key=" + pki->client_key});
   ASSERT_TRUE(trusted.ok()) << trusted.status();
-  ASSERT_TRUE(WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+  ASSERT_TRUE(WaitForMetric(coordinator->metrics_address,
+                            "sluice_coordinator_data_servers 1"));
   // The anonymous one keeps failing its handshake (and says so).
   bool refused = false;
-  for (absl::Time deadline = absl::Now() + absl::Seconds(20); !refused && absl::Now() < deadline;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(20);
+       !refused && absl::Now() < deadline;
        absl::SleepFor(absl::Milliseconds(20))) {
-    refused = testing::ReadWholeFile(anonymous->log_path).value_or("").find(
-                  "registration stream ended") != std::string::npos;
+    refused = testing::ReadWholeFile(anonymous->log_path)
+                  .value_or("")
+                  .find("registration stream ended") != std::string::npos;
   }
   ASSERT_TRUE(refused);
-  auto page = testing::HttpGet("http://" + coordinator->metrics_address + "/metrics");
+  auto page =
+      testing::HttpGet("http://" + coordinator->metrics_address + "/metrics");
   ASSERT_TRUE(page.ok());
   EXPECT_THAT(page->body, HasSubstr("sluice_coordinator_data_servers 1\n"));
 
@@ -315,24 +340,29 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
     auto code = child->WaitForExit(absl::Seconds(30));
     return code.ok() ? *code : -1;
   };
+  EXPECT_EQ(
+      ctl({"job", "list", "--coordinator=" + coordinator->grpc_address,
+           "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert,
+           "--client_key=" + pki->client_key}),
+      0);
   EXPECT_EQ(ctl({"job", "list", "--coordinator=" + coordinator->grpc_address,
-                 "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert,
-                 "--client_key=" + pki->client_key}),
-            0);
-  EXPECT_EQ(ctl({"job", "list", "--coordinator=" + coordinator->grpc_address, "--timeout=2s"}),
+                 "--timeout=2s"}),
             3);  // plaintext: unreachable
-  EXPECT_EQ(ctl({"job", "list", "--coordinator=" + coordinator->grpc_address,
-                 "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert}),
-            2);
+  EXPECT_EQ(
+      ctl({"job", "list", "--coordinator=" + coordinator->grpc_address,
+           "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert}),
+      2);
   EXPECT_THAT(testing::ReadWholeFile(dir.File("ctl.log")).value_or(""),
               HasSubstr("--client_key"));
 
   // Half a client certificate is a flag error naming the flag.
   mkdir(dir.File("bad").c_str(), 0755);
   auto bad = testing::ChildProcess::Start(
-      {testing::BinDir() + "/sluice-dataserver", "--roots=" + dir.File("shards"),
-       "--listen=127.0.0.1:0", "--coordinator=" + coordinator->grpc_address,
-       "--coordinator_ca=" + pki->ca_cert, "--coordinator_cert=" + pki->client_cert},
+      {testing::BinDir() + "/sluice-dataserver",
+       "--roots=" + dir.File("shards"), "--listen=127.0.0.1:0",
+       "--coordinator=" + coordinator->grpc_address,
+       "--coordinator_ca=" + pki->ca_cert,
+       "--coordinator_cert=" + pki->client_cert},
       dir.File("bad/log"));
   ASSERT_TRUE(bad.ok());
   auto code = bad->WaitForExit(absl::Seconds(20));

@@ -50,13 +50,13 @@
 #ifndef SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
 #define SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -111,7 +111,7 @@ struct Sample {
   int64_t index = 0;  // within the shard
   std::string key;
   std::string data_server;  // where it was read from
-  bool skipped = false;  // corrupt under on_corrupt=skip; fields empty
+  bool skipped = false;     // corrupt under on_corrupt=skip; fields empty
   std::string skip_reason;
   std::vector<v1::Field> fields;
 };

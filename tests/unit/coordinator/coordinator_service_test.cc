@@ -1,14 +1,13 @@
 #include "server/coordinator/coordinator_service.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <deque>
 #include <map>
 #include <set>
 #include <tuple>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "server/common/lease_token.h"
 #include "tests/testing/fake_clock.h"
@@ -25,15 +24,19 @@ using ::testing::HasSubstr;
 // Records what the service sends to one session.
 class RecordingSink : public SessionSink {
  public:
-  void Send(v1::CoordinatorMessage m) override { inbox.push_back(std::move(m)); }
+  void Send(v1::CoordinatorMessage m) override {
+    inbox.push_back(std::move(m));
+  }
   void Finish(const absl::Status& s) override { finished = s; }
   // Pops every Grant received so far.
   std::vector<v1::Lease> TakeGrants() {
     std::vector<v1::Lease> grants;
     std::vector<v1::CoordinatorMessage> rest;
     for (auto& m : inbox) {
-      if (m.has_grant()) grants.push_back(m.grant().lease());
-      else rest.push_back(m);
+      if (m.has_grant())
+        grants.push_back(m.grant().lease());
+      else
+        rest.push_back(m);
     }
     inbox = rest;
     return grants;
@@ -47,8 +50,8 @@ class RecordingSink : public SessionSink {
   std::optional<absl::Status> finished;
 };
 
-v1::JobSpec Spec(const std::string& name, std::vector<int64_t> sizes, int32_t world_size,
-                 int64_t epochs) {
+v1::JobSpec Spec(const std::string& name, std::vector<int64_t> sizes,
+                 int32_t world_size, int64_t epochs) {
   v1::JobSpec spec;
   spec.set_name(name);
   spec.mutable_manifest();
@@ -65,7 +68,8 @@ v1::JobSpec Spec(const std::string& name, std::vector<int64_t> sizes, int32_t wo
   return spec;
 }
 
-v1::TrainerMessage Hello(const std::string& job, int rank, const std::string& trainer) {
+v1::TrainerMessage Hello(const std::string& job, int rank,
+                         const std::string& trainer) {
   v1::TrainerMessage m;
   m.mutable_hello()->set_job(job);
   m.mutable_hello()->set_rank(rank);
@@ -114,11 +118,11 @@ class CoordinatorServiceTest : public ::testing::Test {
   std::unique_ptr<CoordinatorService> service_;
 };
 
-
 // Four ranks consume three epochs; every served sample is acknowledged
 // exactly once per epoch and the ranks get identical counts (G1-G3).
 TEST_F(CoordinatorServiceTest, ThreeEpochsCoverEverySampleOnceWithEqualRanks) {
-  ASSERT_OK(service_->CreateJob(Spec("j", {7, 0, 1, 13, 5, 9}, 4, 3)));  // T = 35
+  ASSERT_OK(
+      service_->CreateJob(Spec("j", {7, 0, 1, 13, 5, 9}, 4, 3)));  // T = 35
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   std::vector<int64_t> ids;
   for (int r = 0; r < 4; ++r) {
@@ -127,7 +131,8 @@ TEST_F(CoordinatorServiceTest, ThreeEpochsCoverEverySampleOnceWithEqualRanks) {
     service_->OnMessage(ids[r], Hello("j", r, "t" + std::to_string(r)));
     service_->OnMessage(ids[r], Want(2));
   }
-  std::map<int64_t, std::map<std::pair<int, int64_t>, int>> seen;  // epoch -> sample -> n
+  std::map<int64_t, std::map<std::pair<int, int64_t>, int>>
+      seen;  // epoch -> sample -> n
   std::map<int64_t, std::vector<int64_t>> per_rank;
   bool progress = true;
   while (progress) {
@@ -217,7 +222,8 @@ TEST_F(CoordinatorServiceTest, StaleFenceIsRejectedWithAborted) {
   ASSERT_EQ(a->Count(v1::CoordinatorMessage::kRejected), 1);
   for (const auto& m : a->inbox) {
     if (m.has_rejected()) {
-      EXPECT_EQ(m.rejected().code(), static_cast<int>(absl::StatusCode::kAborted));
+      EXPECT_EQ(m.rejected().code(),
+                static_cast<int>(absl::StatusCode::kAborted));
       EXPECT_THAT(m.rejected().message(), HasSubstr(lease.lease_id()));
     }
   }
@@ -227,8 +233,9 @@ TEST_F(CoordinatorServiceTest, StaleFenceIsRejectedWithAborted) {
 TEST_F(CoordinatorServiceTest, BadInputGetsTheDocumentedCodes) {
   EXPECT_THAT(service_->GetJob("nope", false),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
-  EXPECT_THAT(service_->CreateJob(Spec("e", {}, 1, 1)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.manifest")));
+  EXPECT_THAT(
+      service_->CreateJob(Spec("e", {}, 1, 1)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.manifest")));
   v1::JobSpec dup = Spec("d", {1, 2}, 1, 1);
   dup.mutable_manifest()->mutable_shards(1)->set_url("/data/shard-0.tar");
   EXPECT_THAT(service_->CreateJob(dup),
@@ -236,19 +243,23 @@ TEST_F(CoordinatorServiceTest, BadInputGetsTheDocumentedCodes) {
                        HasSubstr("spec.manifest.shards[1].url")));
   v1::JobSpec scheme = Spec("s", {1}, 1, 1);
   scheme.mutable_manifest()->mutable_shards(0)->set_url("ftp://x/y.tar");
-  EXPECT_THAT(service_->CreateJob(scheme),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shards[0].url")));
+  EXPECT_THAT(
+      service_->CreateJob(scheme),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shards[0].url")));
   v1::JobSpec sum = Spec("c", {1}, 1, 1);
   sum.mutable_manifest()->mutable_shards(0)->set_checksum("md5:0123");
   EXPECT_THAT(service_->CreateJob(sum),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("spec.manifest.shards[0].checksum")));
-  sum.mutable_manifest()->mutable_shards(0)->set_checksum("sha256:" + std::string(64, 'a'));
+  sum.mutable_manifest()->mutable_shards(0)->set_checksum("sha256:" +
+                                                          std::string(64, 'a'));
   EXPECT_OK(service_->CreateJob(sum));
   EXPECT_THAT(service_->CreateJob(Spec("w", {1}, -1, 1)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.world_size")));
-  EXPECT_THAT(service_->CreateJob(Spec("bad name!", {1}, 1, 1)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.name")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.world_size")));
+  EXPECT_THAT(
+      service_->CreateJob(Spec("bad name!", {1}, 1, 1)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.name")));
   // Idempotent by name.
   ASSERT_OK(service_->CreateJob(Spec("j", {3}, 2, 1)));
   EXPECT_OK(service_->CreateJob(Spec("j", {3}, 2, 1)));
@@ -258,52 +269,66 @@ TEST_F(CoordinatorServiceTest, BadInputGetsTheDocumentedCodes) {
   auto a = std::make_shared<RecordingSink>();
   service_->OnMessage(service_->OpenSession(a), Hello("j", 2, "t"));
   ASSERT_TRUE(a->finished.has_value());
-  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello.rank=2")));
+  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("hello.rank=2")));
   auto b = std::make_shared<RecordingSink>();
   service_->OnMessage(service_->OpenSession(b), Hello("zzz", 0, "t"));
-  EXPECT_THAT(*b->finished, StatusIs(absl::StatusCode::kNotFound, HasSubstr("zzz")));
-  EXPECT_THAT(service_->DeleteJob("zzz"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(*b->finished,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("zzz")));
+  EXPECT_THAT(service_->DeleteJob("zzz"),
+              StatusIs(absl::StatusCode::kNotFound));
   EXPECT_OK(service_->DeleteJob("j"));
-  EXPECT_THAT(service_->GetJob("j", false), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(service_->GetJob("j", false),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 // One request cannot make the coordinator plan or hold without bound, nor
 // make its reply huge: each limit is INVALID_ARGUMENT naming the field and
 // the limit, and a long input is quoted by a short prefix only.
-TEST_F(CoordinatorServiceTest, RequestsBeyondTheLimitsAreRefusedWithShortMessages) {
-  EXPECT_THAT(service_->CreateJob(Spec("w", {1}, 2147483647, 1)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("spec.world_size: 2147483647 is above the limit of 65536")));
+TEST_F(CoordinatorServiceTest,
+       RequestsBeyondTheLimitsAreRefusedWithShortMessages) {
+  EXPECT_THAT(
+      service_->CreateJob(Spec("w", {1}, 2147483647, 1)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr(
+                   "spec.world_size: 2147483647 is above the limit of 65536")));
   v1::JobSpec units = Spec("u", {1000000000000}, 1, 1);
   units.set_max_samples_per_lease(1);
-  EXPECT_THAT(service_->CreateJob(units),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("spec.max_samples_per_lease: 1 cuts an epoch into more than")));
-  v1::JobSpec overflow = Spec("o", {int64_t{1} << 62, int64_t{1} << 62, int64_t{1} << 62}, 1, 1);
+  EXPECT_THAT(
+      service_->CreateJob(units),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          HasSubstr(
+              "spec.max_samples_per_lease: 1 cuts an epoch into more than")));
+  v1::JobSpec overflow =
+      Spec("o", {int64_t{1} << 62, int64_t{1} << 62, int64_t{1} << 62}, 1, 1);
   EXPECT_THAT(service_->CreateJob(overflow),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("spec.manifest.shards[0].num_samples")));
   const std::string huge(1 << 20, 'x');
   auto name = service_->CreateJob(Spec(huge + "!", {1}, 1, 1));
-  EXPECT_THAT(name, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.name")));
+  EXPECT_THAT(name, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("spec.name")));
   EXPECT_LT(name.status().message().size(), 300u);
   v1::JobSpec url = Spec("url", {1}, 1, 1);
   url.mutable_manifest()->mutable_shards(0)->set_url("/" + huge);
   auto long_url = service_->CreateJob(url);
-  EXPECT_THAT(long_url, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shards[0].url")));
+  EXPECT_THAT(long_url, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("shards[0].url")));
   EXPECT_LT(long_url.status().message().size(), 300u);
 
   ASSERT_OK(service_->CreateJob(Spec("j", {10}, 1, 1)));
   auto a = std::make_shared<RecordingSink>();
   service_->OnMessage(service_->OpenSession(a), Hello(huge, 0, "t"));
   ASSERT_TRUE(a->finished.has_value());
-  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found")));
+  EXPECT_THAT(*a->finished,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found")));
   EXPECT_LT(a->finished->message().size(), 300u);
   auto b = std::make_shared<RecordingSink>();
   service_->OnMessage(service_->OpenSession(b), Hello("j", 0, huge));
   ASSERT_TRUE(b->finished.has_value());
-  EXPECT_THAT(*b->finished,
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello.trainer_id")));
+  EXPECT_THAT(*b->finished, StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("hello.trainer_id")));
   EXPECT_LT(b->finished->message().size(), 300u);
   // A 10 MB lease id is refused without being sent back.
   auto c = std::make_shared<RecordingSink>();
@@ -317,7 +342,8 @@ TEST_F(CoordinatorServiceTest, RequestsBeyondTheLimitsAreRefusedWithShortMessage
   ASSERT_EQ(c->Count(v1::CoordinatorMessage::kRejected), 1);
   for (const auto& m : c->inbox) {
     if (!m.has_rejected()) continue;
-    EXPECT_EQ(m.rejected().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_EQ(m.rejected().code(),
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
     EXPECT_TRUE(m.rejected().lease_id().empty());
     EXPECT_LT(m.ByteSizeLong(), 300u);
   }
@@ -333,9 +359,10 @@ TEST(CoordinatorLimitsTest, JobLimitsComeFromTheOptions) {
   options.job_limits.max_units_per_epoch = 5;
   auto service = CoordinatorService::Create(options);
   ASSERT_OK(service);
-  EXPECT_THAT((*service)->CreateJob(Spec("w", {10}, 3, 1)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("3 is above the limit of 2 (--max_world_size)")));
+  EXPECT_THAT(
+      (*service)->CreateJob(Spec("w", {10}, 3, 1)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("3 is above the limit of 2 (--max_world_size)")));
   v1::JobSpec units = Spec("u", {10}, 1, 1);
   units.set_max_samples_per_lease(1);
   EXPECT_THAT((*service)->CreateJob(units),
@@ -364,8 +391,9 @@ TEST(CoordinatorLimitsTest, SessionsPerJobAreCapped) {
   EXPECT_FALSE(sinks[0]->finished.has_value());
   EXPECT_FALSE(sinks[1]->finished.has_value());
   ASSERT_TRUE(sinks[2]->finished.has_value());
-  EXPECT_THAT(*sinks[2]->finished, StatusIs(absl::StatusCode::kResourceExhausted,
-                                            HasSubstr("job j has 2 open sessions")));
+  EXPECT_THAT(*sinks[2]->finished,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("job j has 2 open sessions")));
   EXPECT_FALSE(sinks[3]->finished.has_value());  // another job's count
 }
 
@@ -383,23 +411,28 @@ TEST(CoordinatorLimitsTest, RegistrationNeedsTheLeaseSecretsCredential) {
   r.set_address("10.0.0.7:7071");
   r.set_capacity(1);
   EXPECT_THAT((*service)->CheckRegistration(r),
-              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("carries no credential")));
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("carries no credential")));
   r.set_credential(SignRegistration(r.address(), "other"));
   EXPECT_THAT((*service)->CheckRegistration(r),
-              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("does not match")));
-  r.set_credential(SignRegistration("10.0.0.8:7071", "s3cret"));  // another address's
-  EXPECT_THAT((*service)->CheckRegistration(r), StatusIs(absl::StatusCode::kUnauthenticated));
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("does not match")));
+  r.set_credential(
+      SignRegistration("10.0.0.8:7071", "s3cret"));  // another address's
+  EXPECT_THAT((*service)->CheckRegistration(r),
+              StatusIs(absl::StatusCode::kUnauthenticated));
   r.set_credential(SignRegistration(r.address(), "s3cret"));
   EXPECT_OK((*service)->CheckRegistration(r));
   r.set_capacity(2147483647);
   EXPECT_THAT((*service)->CheckRegistration(r),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("register.capacity")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("register.capacity")));
   r.set_capacity(1);
   r.set_address(std::string(1 << 20, 'a') + ":1");
   r.set_credential(SignRegistration(r.address(), "s3cret"));
   auto long_address = (*service)->CheckRegistration(r);
-  EXPECT_THAT(long_address,
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("register.address")));
+  EXPECT_THAT(long_address, StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("register.address")));
   EXPECT_LT(long_address.message().size(), 300u);
 }
 
@@ -473,7 +506,8 @@ TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
   // credit its Complete freed) come back, each with a fresh TTL.
   std::vector<v1::Lease> again = sink->TakeGrants();
   ASSERT_EQ(again.size(), 2u);
-  EXPECT_TRUE(again[0].lease_id() == held_lease || again[1].lease_id() == held_lease);
+  EXPECT_TRUE(again[0].lease_id() == held_lease ||
+              again[1].lease_id() == held_lease);
   for (const v1::Lease& l : again) {
     EXPECT_EQ(l.expires_at_unix_ms(), absl::ToUnixMillis(clock.Now()) + 2000);
   }
@@ -486,8 +520,8 @@ namespace sluice {
 namespace {
 
 // shard url -> data server, for every unit of a fresh job over `shards`.
-std::map<std::string, std::string> Routes(CoordinatorService& service, const std::string& name,
-                                          int shards) {
+std::map<std::string, std::string> Routes(CoordinatorService& service,
+                                          const std::string& name, int shards) {
   std::vector<int64_t> sizes(static_cast<size_t>(shards), 1);
   v1::JobSpec spec = Spec(name, sizes, 0, 1);
   EXPECT_OK(service.CreateJob(spec));
@@ -496,13 +530,15 @@ std::map<std::string, std::string> Routes(CoordinatorService& service, const std
   service.OnMessage(id, Hello(name, 0, "t-" + name));
   service.OnMessage(id, Want(shards));
   std::map<std::string, std::string> routes;
-  for (const v1::Lease& l : sink->TakeGrants()) routes[l.unit().shard_url()] = l.data_server();
+  for (const v1::Lease& l : sink->TakeGrants())
+    routes[l.unit().shard_url()] = l.data_server();
   service.CloseSession(id);
   return routes;
 }
 
 TEST_F(CoordinatorServiceTest, GrantsNameDataServersByRendezvousHashing) {
-  EXPECT_EQ(Routes(*service_, "none", 4).begin()->second, "");  // nobody registered
+  EXPECT_EQ(Routes(*service_, "none", 4).begin()->second,
+            "");  // nobody registered
   const int64_t a = service_->RegisterDataServer("a:1", 1);
   const int64_t b = service_->RegisterDataServer("b:1", 1);
   const int64_t c = service_->RegisterDataServer("c:1", 1);
@@ -529,14 +565,16 @@ TEST_F(CoordinatorServiceTest, GrantsNameDataServersByRendezvousHashing) {
   service_->DataServerHeartbeat(a);
   clock_.Advance(absl::Seconds(2));  // c last seen 4 s ago > 3 x 1 s
   EXPECT_THAT(service_->LiveDataServers(), ::testing::ElementsAre("a:1"));
-  for (const auto& [url, server] : Routes(*service_, "r4", 20)) EXPECT_EQ(server, "a:1");
+  for (const auto& [url, server] : Routes(*service_, "r4", 20))
+    EXPECT_EQ(server, "a:1");
   (void)c;
 }
 
 // A service with lease secret "k" on the fixture's clock, one data server,
 // and a session of job "t" holding one lease.
 struct SignedSession {
-  explicit SignedSession(FakeClock* clock) : sink(std::make_shared<RecordingSink>()) {
+  explicit SignedSession(FakeClock* clock)
+      : sink(std::make_shared<RecordingSink>()) {
     CoordinatorOptions options;
     options.clock = clock;
     options.lease_secret = "k";
@@ -582,7 +620,8 @@ TEST_F(CoordinatorServiceTest, HeldLeasesGetFreshTokensBeforeTheirsExpire) {
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0].lease_id(), first[0].lease_id());
   EXPECT_EQ(again[0].fence(), first[0].fence());
-  EXPECT_EQ(again[0].expires_at_unix_ms(), first[0].expires_at_unix_ms() + 1100);
+  EXPECT_EQ(again[0].expires_at_unix_ms(),
+            first[0].expires_at_unix_ms() + 1100);
   EXPECT_NE(again[0].token(), first[0].token());
   EXPECT_OK(VerifyLeaseToken(again[0], "k"));
   t.service->OnMessage(t.id, beat);
@@ -599,9 +638,10 @@ namespace {
 // sample, reporting each sample as it goes (acknowledgement order ==
 // delivery order, as sluice::Reader does).
 struct SimTrainer {
-  SimTrainer(CoordinatorService& s, const std::string& job, int rank, const std::string& id,
-             const v1::Cursor* cursor = nullptr, const std::string& attempt = "",
-             int worker = 0, int num_workers = 0)
+  SimTrainer(CoordinatorService& s, const std::string& job, int rank,
+             const std::string& id, const v1::Cursor* cursor = nullptr,
+             const std::string& attempt = "", int worker = 0,
+             int num_workers = 0)
       : service(s), sink(std::make_shared<RecordingSink>()) {
     session = service.OpenSession(sink);
     v1::TrainerMessage hello = Hello(job, rank, id);
@@ -637,7 +677,8 @@ struct SimTrainer {
     int64_t done = 0;
     while (done < n) {
       Poll();
-      while (!held.empty() && revoked.count(held.front().lease_id()) > 0) held.pop_front();
+      while (!held.empty() && revoked.count(held.front().lease_id()) > 0)
+        held.pop_front();
       if (held.empty()) break;
       v1::Lease& l = held.front();
       const int64_t k = l.unit().begin() + delivered[l.lease_id()]++;
@@ -662,7 +703,8 @@ struct SimTrainer {
   std::vector<v1::EpochBegin> begins;
   bool job_done = false;
   v1::WaitingKind waiting = v1::WAITING_KIND_UNSPECIFIED;
-  std::vector<std::tuple<int64_t, int32_t, int64_t>> consumed;  // epoch, shard, index
+  std::vector<std::tuple<int64_t, int32_t, int64_t>>
+      consumed;  // epoch, shard, index
 };
 
 v1::Cursor MakeCursor(const std::string& job, int64_t epoch, int32_t world_size,
@@ -677,7 +719,8 @@ v1::Cursor MakeCursor(const std::string& job, int64_t epoch, int32_t world_size,
 
 // Every sample each epoch served to `trainers`, with how often it was seen.
 std::map<std::tuple<int64_t, int32_t, int64_t>, int> Tally(
-    const std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>>& parts) {
+    const std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>>&
+        parts) {
   std::map<std::tuple<int64_t, int32_t, int64_t>, int> seen;
   for (const auto& part : parts) {
     for (const auto& s : part) ++seen[s];
@@ -689,7 +732,8 @@ std::map<std::tuple<int64_t, int32_t, int64_t>, int> Tally(
 // rank continues right after the last sample it had consumed at the
 // checkpoint, the samples consumed after it are served again, and the
 // epoch still covers every sample exactly once (G7).
-TEST_F(CoordinatorServiceTest, ResumeWithTheSameWorldSizeContinuesAfterTheCursor) {
+TEST_F(CoordinatorServiceTest,
+       ResumeWithTheSameWorldSizeContinuesAfterTheCursor) {
   v1::JobSpec spec = Spec("j", {7, 0, 1, 13, 5, 9}, 2, 2);  // T = 35, q = 17
   spec.set_max_samples_per_lease(4);
   ASSERT_OK(service_->CreateJob(spec));
@@ -726,7 +770,8 @@ TEST_F(CoordinatorServiceTest, ResumeWithTheSameWorldSizeContinuesAfterTheCursor
   EXPECT_EQ(b2.begins[0].already_consumed(), 9);
   std::vector<std::tuple<int64_t, int32_t, int64_t>> epoch0, epoch1;
   for (const auto* t : {&a2, &b2}) {
-    for (const auto& s : t->consumed) (std::get<0>(s) == 0 ? epoch0 : epoch1).push_back(s);
+    for (const auto& s : t->consumed)
+      (std::get<0>(s) == 0 ? epoch0 : epoch1).push_back(s);
   }
   EXPECT_EQ(epoch0.size() + before.size(), 34u);
   auto seen = Tally({before, epoch0});
@@ -745,7 +790,8 @@ TEST_F(CoordinatorServiceTest, ResumeIntoThePreviousEpoch) {
   ASSERT_EQ(b.Consume(10), 10);
   ASSERT_EQ(a.Consume(3), 3);  // epoch 1
   const v1::Cursor cursor = MakeCursor("j", 0, 2, {4, 7});
-  SimTrainer a2(*service_, "j", 0, "a2", &cursor), b2(*service_, "j", 1, "b2", &cursor);
+  SimTrainer a2(*service_, "j", 0, "a2", &cursor),
+      b2(*service_, "j", 1, "b2", &cursor);
   auto job = service_->GetJob("j", false);
   ASSERT_OK(job);
   EXPECT_EQ(job->status().epoch(), 0);
@@ -753,8 +799,8 @@ TEST_F(CoordinatorServiceTest, ResumeIntoThePreviousEpoch) {
   EXPECT_EQ(a2.Consume(6), 6);
   EXPECT_EQ(b2.Consume(3), 3);
   // The first 4 and 7 samples each rank consumed, then the rest once.
-  std::vector<std::tuple<int64_t, int32_t, int64_t>> kept(a.consumed.begin(),
-                                                          a.consumed.begin() + 4);
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> kept(
+      a.consumed.begin(), a.consumed.begin() + 4);
   kept.insert(kept.end(), b.consumed.begin(), b.consumed.begin() + 7);
   auto seen = Tally({kept, a2.consumed, b2.consumed});
   EXPECT_EQ(seen.size(), 20u);
@@ -779,14 +825,16 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
     auto created = CoordinatorService::Create(options);
     ASSERT_OK(created);
     CoordinatorService& service = **created;
-    v1::JobSpec four = Spec("four", {11, 3, 17, 8, 0, 12}, 4, 2);  // T = 51, q = 12
+    v1::JobSpec four =
+        Spec("four", {11, 3, 17, 8, 0, 12}, 4, 2);  // T = 51, q = 12
     four.set_max_samples_per_lease(5);
     ASSERT_OK(service.CreateJob(four));
     std::vector<std::unique_ptr<SimTrainer>> old;
     std::vector<std::tuple<int64_t, int32_t, int64_t>> kept;
     const std::vector<int64_t> counts = {3, 12, 0, 7};
     for (int r = 0; r < 4; ++r) {
-      old.push_back(std::make_unique<SimTrainer>(service, "four", r, "old" + std::to_string(r)));
+      old.push_back(std::make_unique<SimTrainer>(service, "four", r,
+                                                 "old" + std::to_string(r)));
       ASSERT_EQ(old[r]->Consume(counts[r]), counts[r]);
       kept.insert(kept.end(), old[r]->consumed.begin(), old[r]->consumed.end());
       old[r]->Consume(2);  // after the checkpoint: served again below
@@ -798,8 +846,8 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
     const v1::Cursor cursor = MakeCursor("four", 0, 4, counts);
     std::vector<std::unique_ptr<SimTrainer>> fresh;
     for (int r = 0; r < 3; ++r) {
-      fresh.push_back(
-          std::make_unique<SimTrainer>(service, "three", r, "new" + std::to_string(r), &cursor));
+      fresh.push_back(std::make_unique<SimTrainer>(
+          service, "three", r, "new" + std::to_string(r), &cursor));
     }
     // 48 served by "four" in epoch 0, 22 consumed: 26 left -> 8 per rank.
     for (auto& t : fresh) {
@@ -810,7 +858,8 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
       EXPECT_EQ(t->Consume(8), 8);
     }
     std::vector<std::tuple<int64_t, int32_t, int64_t>> after;
-    for (auto& t : fresh) after.insert(after.end(), t->consumed.begin(), t->consumed.end());
+    for (auto& t : fresh)
+      after.insert(after.end(), t->consumed.begin(), t->consumed.end());
     auto seen = Tally({kept, after});
     EXPECT_EQ(seen.size(), 22u + 24u);
     for (const auto& [s, n] : seen) EXPECT_EQ(n, 1);
@@ -824,7 +873,8 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
   auto service = CoordinatorService::Create(options);
   ASSERT_OK(service);
   v1::Job after = *(*service)->GetJob("three", false);
-  for (int r = 0; r < 3; ++r) before.mutable_status()->mutable_ranks(r)->clear_sessions();
+  for (int r = 0; r < 3; ++r)
+    before.mutable_status()->mutable_ranks(r)->clear_sessions();
   EXPECT_EQ(after.status().DebugString(), before.status().DebugString());
 }
 
@@ -838,17 +888,21 @@ TEST_F(CoordinatorServiceTest, BadCursorsGetTheDocumentedCodes) {
     return t.sink->finished.value_or(absl::OkStatus());
   };
   EXPECT_THAT(try_cursor(MakeCursor("nope", 0, 2, {0, 0})),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("hello.cursor.job: job nope")));
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("hello.cursor.job: job nope")));
   EXPECT_THAT(try_cursor(MakeCursor("j", 0, 2, {3, -1})),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("consumed_per_rank[1]=-1 is unknown")));
   EXPECT_THAT(try_cursor(MakeCursor("j", 0, 2, {4, 0})),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("consumed_per_rank[0]=4 but rank 0 of job j acknowledged only 3")));
+                       HasSubstr("consumed_per_rank[0]=4 but rank 0 of job j "
+                                 "acknowledged only 3")));
   EXPECT_THAT(try_cursor(MakeCursor("j", 5, 2, {0, 0})),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("hello.cursor.epoch=5")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("hello.cursor.epoch=5")));
   EXPECT_THAT(try_cursor(MakeCursor("j", 0, 3, {0, 0, 0})),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello.cursor.world_size=3")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("hello.cursor.world_size=3")));
   EXPECT_THAT(try_cursor(MakeCursor("other", 0, 2, {0, 0})),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("job other has a different manifest")));
@@ -885,7 +939,8 @@ TEST_F(CoordinatorServiceTest, ATrainerIdIsScopedToItsJob) {
   SimTrainer in_b(*service_, "b", 0, "same-id");
   ASSERT_EQ(in_b.held.size(), 1u);
   EXPECT_EQ(in_b.held.front().job(), "b");
-  EXPECT_FALSE(in_a.sink->finished.has_value());  // not replaced by the other job's session
+  EXPECT_FALSE(in_a.sink->finished
+                   .has_value());  // not replaced by the other job's session
   EXPECT_EQ(in_a.Consume(5), 5);
   EXPECT_EQ(in_b.Consume(5), 5);
 }
@@ -921,7 +976,8 @@ TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
     ASSERT_EQ(b.Consume(12), 12);
     // Resume into epoch 0, then consume into epoch 1 again.
     const v1::Cursor cursor = MakeCursor("j", 0, 2, {44, 9});
-    SimTrainer a2(service, "j", 0, "a2", &cursor), b2(service, "j", 1, "b2", &cursor);
+    SimTrainer a2(service, "j", 0, "a2", &cursor),
+        b2(service, "j", 1, "b2", &cursor);
     ASSERT_EQ(b2.Consume(41), 41);
     ASSERT_EQ(a2.Consume(6 + 20), 26);
     ASSERT_EQ(b2.Consume(3), 3);
@@ -935,7 +991,8 @@ TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
   auto reopened = CoordinatorService::Create(options);
   ASSERT_OK(reopened);
   v1::Job after = *(*reopened)->GetJob("j", false);
-  for (auto& r : *after.mutable_status()->mutable_ranks()) r.set_sessions(1);  // as before
+  for (auto& r : *after.mutable_status()->mutable_ranks())
+    r.set_sessions(1);  // as before
   EXPECT_EQ(after.status().DebugString(), before);
   EXPECT_EQ(after.status().epoch(), 1);
   EXPECT_EQ(after.status().ranks(0).consumed(), 20);
@@ -973,9 +1030,11 @@ TEST(CoordinatorDataServerTest, UnitsWaitForALiveDataServer) {
   ASSERT_OK(service.CreateJob(Spec("j", {5, 5}, 1, 1)));
   SimTrainer t(service, "j", 0, "t");
   EXPECT_TRUE(t.held.empty());
-  ASSERT_EQ(t.sink->Count(v1::CoordinatorMessage::kWaiting), 0);  // Poll cleared the inbox
-  service.OnMessage(t.session, Want(3));  // ask again: still nothing to read from
-  ASSERT_TRUE(t.sink->inbox.empty());     // the reason was already given once
+  ASSERT_EQ(t.sink->Count(v1::CoordinatorMessage::kWaiting),
+            0);  // Poll cleared the inbox
+  service.OnMessage(t.session,
+                    Want(3));          // ask again: still nothing to read from
+  ASSERT_TRUE(t.sink->inbox.empty());  // the reason was already given once
   service.RegisterDataServer("10.0.0.1:7071", 1);
   t.Poll();
   ASSERT_EQ(t.held.size(), 2u);
@@ -1028,14 +1087,16 @@ TEST_F(CoordinatorServiceTest, SessionsOfOneRankShareItsQuota) {
     int64_t progress = 1;
     while (progress > 0) {
       progress = 0;
-      for (auto& t : workers) progress += t->Consume(1);  // round-robin, like a DataLoader
+      for (auto& t : workers)
+        progress += t->Consume(1);  // round-robin, like a DataLoader
     }
     std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>> parts;
     int64_t per_rank[2] = {0, 0};
     for (size_t i = 0; i < workers.size(); ++i) {
       parts.push_back(workers[i]->consumed);
       per_rank[i / 3] += static_cast<int64_t>(workers[i]->consumed.size());
-      EXPECT_FALSE(workers[i]->consumed.empty()) << name << " worker " << i << " starved";
+      EXPECT_FALSE(workers[i]->consumed.empty())
+          << name << " worker " << i << " starved";
     }
     auto seen = Tally(parts);
     EXPECT_EQ(seen.size(), 42u) << name;
@@ -1060,7 +1121,8 @@ TEST_F(CoordinatorServiceTest, WorkersReadFixedSlotsOfTheirRanksQuota) {
     for (int r = 0; r < 2; ++r) {
       for (int w = 0; w < 3; ++w) {
         workers.push_back(std::make_unique<SimTrainer>(
-            *service_, name, r, absl::StrCat("r", r, "w", w), nullptr, "", w, 3));
+            *service_, name, r, absl::StrCat("r", r, "w", w), nullptr, "", w,
+            3));
       }
     }
     for (auto& t : workers) {
@@ -1075,7 +1137,8 @@ TEST_F(CoordinatorServiceTest, WorkersReadFixedSlotsOfTheirRanksQuota) {
     EXPECT_TRUE(workers[0]->held.empty());
     std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>> parts;
     for (size_t i = 0; i < workers.size(); ++i) {
-      if (i > 0) EXPECT_EQ(workers[i]->Consume(100), 7) << name << " worker " << i;
+      if (i > 0)
+        EXPECT_EQ(workers[i]->Consume(100), 7) << name << " worker " << i;
       parts.push_back(workers[i]->consumed);
     }
     auto seen = Tally(parts);
@@ -1089,7 +1152,8 @@ TEST_F(CoordinatorServiceTest, WorkersReadFixedSlotsOfTheirRanksQuota) {
 
 // The number of workers can change only while no lease is out; a session
 // saying another number meanwhile is refused, naming both.
-TEST_F(CoordinatorServiceTest, AnotherNumberOfWorkersWhileLeasesAreOutIsRefused) {
+TEST_F(CoordinatorServiceTest,
+       AnotherNumberOfWorkersWhileLeasesAreOutIsRefused) {
   ASSERT_OK(service_->CreateJob(Spec("j", {10, 10}, 1, 1)));
   SimTrainer first(*service_, "j", 0, "a", nullptr, "", 0, 2);
   ASSERT_FALSE(first.held.empty());
@@ -1100,8 +1164,9 @@ TEST_F(CoordinatorServiceTest, AnotherNumberOfWorkersWhileLeasesAreOutIsRefused)
   service_->OnMessage(id, hello);
   service_->Flush();
   ASSERT_TRUE(sink->finished.has_value());
-  EXPECT_THAT(*sink->finished, StatusIs(absl::StatusCode::kFailedPrecondition,
-                                        HasSubstr("read with 2 reader(s) per rank")));
+  EXPECT_THAT(*sink->finished,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("read with 2 reader(s) per rank")));
   // A worker index out of range is INVALID_ARGUMENT naming the field.
   auto bad = std::make_shared<RecordingSink>();
   const int64_t bad_id = service_->OpenSession(bad);
@@ -1110,8 +1175,8 @@ TEST_F(CoordinatorServiceTest, AnotherNumberOfWorkersWhileLeasesAreOutIsRefused)
   service_->OnMessage(bad_id, hello);
   service_->Flush();
   ASSERT_TRUE(bad->finished.has_value());
-  EXPECT_THAT(*bad->finished,
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello.worker")));
+  EXPECT_THAT(*bad->finished, StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("hello.worker")));
 }
 
 }  // namespace

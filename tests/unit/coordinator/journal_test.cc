@@ -1,13 +1,12 @@
 #include "server/coordinator/journal.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/status_matchers.h"
@@ -29,8 +28,8 @@ JournalRecord Deleted(const std::string& job, int64_t t) {
 }
 
 // Opens `dir` and collects the replayed job names.
-absl::StatusOr<std::unique_ptr<FileJournal>> OpenCollect(const std::string& dir,
-                                                         std::vector<std::string>* seen) {
+absl::StatusOr<std::unique_ptr<FileJournal>> OpenCollect(
+    const std::string& dir, std::vector<std::string>* seen) {
   return FileJournal::Open(dir, true, [seen](const JournalRecord& r) {
     seen->push_back(r.job_deleted().job());
     return absl::OkStatus();
@@ -67,11 +66,13 @@ TEST(FileJournalTest, RoundTripAndAppendAfterReopen) {
 
 TEST(FileJournalTest, MissingDirectoryIsNotFoundUnlessCreating) {
   TempDir dir;
-  auto j = FileJournal::Open(dir.File("absent"), false,
-                             [](const JournalRecord&) { return absl::OkStatus(); });
+  auto j =
+      FileJournal::Open(dir.File("absent"), false,
+                        [](const JournalRecord&) { return absl::OkStatus(); });
   EXPECT_THAT(j, StatusIs(absl::StatusCode::kNotFound, HasSubstr("absent")));
-  EXPECT_OK(FileJournal::Open(dir.File("absent"), true,
-                              [](const JournalRecord&) { return absl::OkStatus(); }));
+  EXPECT_OK(
+      FileJournal::Open(dir.File("absent"), true,
+                        [](const JournalRecord&) { return absl::OkStatus(); }));
 }
 
 // Every proper prefix of the last frame is a torn tail: truncated, the
@@ -91,7 +92,8 @@ TEST(FileJournalTest, TornTailAtEveryCutIsTruncated) {
   std::ifstream in(log, std::ios::binary);
   const std::string full((std::istreambuf_iterator<char>(in)), {});
   for (int64_t cut = whole_two + 1; cut < whole_three; ++cut) {
-    std::ofstream(log, std::ios::binary | std::ios::trunc) << full.substr(0, cut);
+    std::ofstream(log, std::ios::binary | std::ios::trunc)
+        << full.substr(0, cut);
     std::vector<std::string> seen;
     auto j = OpenCollect(dir.path(), &seen);
     ASSERT_OK(j) << "cut at " << cut;
@@ -120,7 +122,8 @@ TEST(FileJournalTest, CorruptMiddleIsDataLossNamingTheOffset) {
   {
     std::vector<std::string> seen;
     auto j = OpenCollect(dir.path(), &seen);
-    ASSERT_OK((*j)->Append({Deleted("a", 1), Deleted("b", 2), Deleted("c", 3)}));
+    ASSERT_OK(
+        (*j)->Append({Deleted("a", 1), Deleted("b", 2), Deleted("c", 3)}));
   }
   std::fstream f(log, std::ios::binary | std::ios::in | std::ios::out);
   f.seekp(10);  // inside the first record's payload
@@ -146,7 +149,8 @@ TEST(FileJournalTest, EveryBitFlipInAMiddleRecordHeaderIsDataLoss) {
     ASSERT_OK((*j)->Append({Deleted("a", 1)}));
     second = FileSize(log);
     ASSERT_OK((*j)->Append({Deleted("b", 2)}));
-    for (int i = 0; i < 20; ++i) ASSERT_OK((*j)->Append({Deleted(absl::StrCat("c", i), 3 + i)}));
+    for (int i = 0; i < 20; ++i)
+      ASSERT_OK((*j)->Append({Deleted(absl::StrCat("c", i), 3 + i)}));
   }
   std::ifstream in(log, std::ios::binary);
   const std::string full((std::istreambuf_iterator<char>(in)), {});
@@ -159,16 +163,19 @@ TEST(FileJournalTest, EveryBitFlipInAMiddleRecordHeaderIsDataLoss) {
                 StatusIs(absl::StatusCode::kDataLoss,
                          HasSubstr(absl::StrCat("offset ", second))))
         << "bit " << bit;
-    EXPECT_EQ(FileSize(log), static_cast<int64_t>(full.size())) << "bit " << bit;
+    EXPECT_EQ(FileSize(log), static_cast<int64_t>(full.size()))
+        << "bit " << bit;
   }
   // The length set to 0xFFFFFFFF, as the probe did.
   std::string damaged = full;
   for (int i = 0; i < 4; ++i) damaged[second + i] = '\xff';
   std::ofstream(log, std::ios::binary | std::ios::trunc) << damaged;
   std::vector<std::string> seen;
-  EXPECT_THAT(OpenCollect(dir.path(), &seen), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(OpenCollect(dir.path(), &seen),
+              StatusIs(absl::StatusCode::kDataLoss));
   // Zeros after the last whole record: a torn tail, truncated.
-  std::ofstream(log, std::ios::binary | std::ios::trunc) << full << std::string(4096, '\0');
+  std::ofstream(log, std::ios::binary | std::ios::trunc)
+      << full << std::string(4096, '\0');
   seen.clear();
   auto j = OpenCollect(dir.path(), &seen);
   ASSERT_OK(j);
@@ -186,7 +193,8 @@ TEST(FileJournalTest, ConcurrentAppendsAreAllDurableAndWhole) {
     for (int t = 0; t < 8; ++t) {
       threads.emplace_back([&, t] {
         for (int i = 0; i < 50; ++i) {
-          ASSERT_OK((*j)->Append({Deleted("t" + std::to_string(t) + "-" + std::to_string(i), i)}));
+          ASSERT_OK((*j)->Append(
+              {Deleted("t" + std::to_string(t) + "-" + std::to_string(i), i)}));
         }
       });
     }
@@ -218,7 +226,8 @@ TEST(FileJournalTest, ReplayErrorStopsStartup) {
   auto j = FileJournal::Open(dir.path(), true, [](const JournalRecord&) {
     return absl::FailedPreconditionError("job a unknown");
   });
-  EXPECT_THAT(j, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job a unknown")));
+  EXPECT_THAT(
+      j, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job a unknown")));
 }
 
 }  // namespace

@@ -39,20 +39,21 @@ v1::OnceRequest Succeeded(int64_t run, const std::string& result) {
 
 class OnceBarrierTest : public ::testing::Test {
  protected:
-  OnceBarrierTest() : logic_([this] {
-    OnceBarrier::Options o;
-    o.clock = &clock_;
-    o.persist = [this](const v1::internal::OnceFinished& f) {
-      persisted_.push_back(f);
-      return absl::OkStatus();
-    };
-    o.find_finished = [this](const std::string&, const std::string&)
-        -> std::optional<v1::internal::OnceFinished> {
-      if (persisted_.empty()) return std::nullopt;
-      return persisted_.back();
-    };
-    return o;
-  }()) {}
+  OnceBarrierTest()
+      : logic_([this] {
+          OnceBarrier::Options o;
+          o.clock = &clock_;
+          o.persist = [this](const v1::internal::OnceFinished& f) {
+            persisted_.push_back(f);
+            return absl::OkStatus();
+          };
+          o.find_finished = [this](const std::string&, const std::string&)
+              -> std::optional<v1::internal::OnceFinished> {
+            if (persisted_.empty()) return std::nullopt;
+            return persisted_.back();
+          };
+          return o;
+        }()) {}
   FakeClock clock_;
   std::vector<v1::internal::OnceFinished> persisted_;
   OnceBarrier logic_;
@@ -73,7 +74,8 @@ TEST_F(OnceBarrierTest, SilentRunnerExpiresAndItsLateSuccessIsRefused) {
   EXPECT_FALSE(a->finished.has_value());
   clock_.Advance(absl::Milliseconds(2));
   logic_.Tick();  // a's lease is over: b runs
-  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kAborted, HasSubstr("expired")));
+  EXPECT_THAT(*a->finished,
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("expired")));
   ASSERT_TRUE(b->inbox.back().has_run());
   EXPECT_EQ(b->inbox.back().run().run(), 2);
   // a's late report names run 1: refused.
@@ -118,14 +120,17 @@ TEST_F(OnceBarrierTest, BarrierTimeoutKeepsArrivalsAndNamesTheMissing) {
     r.set_participant(who);
     r.set_participants(3);
     r.set_timeout_ms(timeout_ms);
-    logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+    logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) {
+      results.push_back(v);
+    });
   };
   arrive("rank-0", 100);
   clock_.Advance(absl::Milliseconds(100));
   logic_.Tick();
   ASSERT_EQ(results.size(), 1u);
-  EXPECT_THAT(results[0].status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                            HasSubstr("2 missing: rank-1, rank-2")));
+  EXPECT_THAT(results[0].status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("2 missing: rank-1, rank-2")));
   // rank-0 timed out but stays arrived: two more complete generation 0.
   arrive("rank-1", 1000);
   arrive("rank-2", 1000);
@@ -139,12 +144,17 @@ TEST_F(OnceBarrierTest, BarrierTimeoutKeepsArrivalsAndNamesTheMissing) {
   bad.set_name("ckpt");
   bad.set_participant("rank-0");
   bad.set_participants(3);
-  logic_.Barrier(bad, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  logic_.Barrier(bad, [&](absl::StatusOr<v1::BarrierResponse> v) {
+    results.push_back(v);
+  });
   bad.set_participant("rank-1");
   bad.set_participants(5);
-  logic_.Barrier(bad, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
-  EXPECT_THAT(results.back().status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank-1 says 5")));
+  logic_.Barrier(bad, [&](absl::StatusOr<v1::BarrierResponse> v) {
+    results.push_back(v);
+  });
+  EXPECT_THAT(
+      results.back().status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank-1 says 5")));
 }
 
 // What one request can make the coordinator hold is bounded: participants
@@ -158,42 +168,50 @@ TEST_F(OnceBarrierTest, RequestsBeyondTheLimitsAreRefusedNamingTheLimit) {
   r.set_name("huge");
   r.set_participant("rank-0");
   r.set_participants(2147483647);
-  logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  logic_.Barrier(
+      r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
   ASSERT_EQ(results.size(), 1u);
-  EXPECT_THAT(results[0].status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[1, 100000]")));
+  EXPECT_THAT(results[0].status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("[1, 100000]")));
   // The largest allowed count times out listing at most 1000 missing ids.
   r.set_participants(kMaxBarrierParticipants);
   r.set_timeout_ms(10);
-  logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  logic_.Barrier(
+      r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
   clock_.Advance(absl::Milliseconds(10));
   logic_.Tick();
   ASSERT_EQ(results.size(), 2u);
-  EXPECT_THAT(results[1].status(),
-              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("99999 missing")));
+  EXPECT_THAT(results[1].status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                            HasSubstr("99999 missing")));
   EXPECT_LT(results[1].status().message().size(), 20000u);
   r.set_participant(std::string(1 << 20, 'p'));
   r.set_participants(2);
-  logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
-  EXPECT_THAT(results.back().status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("barrier.participant is 1048576 bytes; the limit is 256")));
+  logic_.Barrier(
+      r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  EXPECT_THAT(
+      results.back().status(),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          HasSubstr("barrier.participant is 1048576 bytes; the limit is 256")));
 
   auto a = std::make_shared<RecordingOnceSink>();
   const int64_t ia = logic_.OpenOnce(a);
   logic_.OnOnceMessage(ia, Join("a"));
   ASSERT_TRUE(a->inbox[0].has_run());
-  logic_.OnOnceMessage(ia, Succeeded(1, std::string(kMaxOnceResultBytes + 1, 'x')));
+  logic_.OnOnceMessage(ia,
+                       Succeeded(1, std::string(kMaxOnceResultBytes + 1, 'x')));
   EXPECT_TRUE(persisted_.empty());
   ASSERT_TRUE(a->finished.has_value());
-  EXPECT_THAT(*a->finished, StatusIs(absl::StatusCode::kInvalidArgument,
-                                     HasSubstr("succeeded.result is 65537 bytes")));
+  EXPECT_THAT(*a->finished,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("succeeded.result is 65537 bytes")));
   auto b = std::make_shared<RecordingOnceSink>();
   const int64_t ib = logic_.OpenOnce(b);
   logic_.OnOnceMessage(ib, Join(std::string(300, 'b')));
   ASSERT_TRUE(b->finished.has_value());
-  EXPECT_THAT(*b->finished, StatusIs(absl::StatusCode::kInvalidArgument,
-                                     HasSubstr("once: join.participant is 300 bytes")));
+  EXPECT_THAT(*b->finished,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("once: join.participant is 300 bytes")));
 }
 
 TEST(OnceBarrierLimitsTest, BarrierParticipantsComeFromTheOptions) {
@@ -208,10 +226,11 @@ TEST(OnceBarrierLimitsTest, BarrierParticipantsComeFromTheOptions) {
   r.set_name("b");
   r.set_participant("rank-0");
   r.set_participants(4);
-  logic.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
+  logic.Barrier(
+      r, [&](absl::StatusOr<v1::BarrierResponse> v) { results.push_back(v); });
   ASSERT_EQ(results.size(), 1u);
-  EXPECT_THAT(results[0].status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[1, 3], got 4")));
+  EXPECT_THAT(results[0].status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("[1, 3], got 4")));
 }
 
 }  // namespace

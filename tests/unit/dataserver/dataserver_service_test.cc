@@ -1,12 +1,11 @@
 #include "server/dataserver/dataserver_service.h"
 
 #include <prometheus/registry.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <thread>
-
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -29,9 +28,11 @@ using ::testing::HasSubstr;
 // Counts Open calls, to prove a request was refused before any I/O.
 class CountingStore : public ShardStore {
  public:
-  explicit CountingStore(std::unique_ptr<ShardStore> inner) : inner_(std::move(inner)) {}
+  explicit CountingStore(std::unique_ptr<ShardStore> inner)
+      : inner_(std::move(inner)) {}
   using ShardStore::Open;
-  absl::StatusOr<std::shared_ptr<const ShardData>> Open(const ShardRef& shard) override {
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(
+      const ShardRef& shard) override {
     ++opens;
     return inner_->Open(shard);
   }
@@ -94,13 +95,15 @@ UntilError ReadUntilError(SampleStream& stream) {
       out.error = absl::InternalError("message does not parse");
       return out;
     }
-    for (const auto& sample : batch.samples()) out.indices.push_back(sample.index());
+    for (const auto& sample : batch.samples())
+      out.indices.push_back(sample.index());
   }
 }
 
 std::vector<v1::Sample> Samples(const std::vector<v1::SampleBatch>& batches) {
   std::vector<v1::Sample> out;
-  for (const auto& b : batches) out.insert(out.end(), b.samples().begin(), b.samples().end());
+  for (const auto& b : batches)
+    out.insert(out.end(), b.samples().begin(), b.samples().end());
   return out;
 }
 
@@ -111,7 +114,8 @@ class SequenceStore : public ShardStore {
   explicit SequenceStore(std::vector<std::shared_ptr<const ShardData>> shards)
       : shards_(std::move(shards)) {}
   using ShardStore::Open;
-  absl::StatusOr<std::shared_ptr<const ShardData>> Open(const ShardRef&) override {
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(
+      const ShardRef&) override {
     size_t i = std::min(next_++, shards_.size() - 1);
     return shards_[i];
   }
@@ -261,8 +265,8 @@ TEST_F(DataServerServiceTest, UndecodableImageFailsTheStreamUnderFail) {
   auto r = Request(5, 10);
   r.mutable_decode()->set_decode(true);
   r.mutable_lease()->set_on_corrupt(v1::CORRUPT_POLICY_FAIL);
-  EXPECT_THAT(Read(r).status(), StatusIs(absl::StatusCode::kDataLoss,
-                                         HasSubstr("img/7.jpg")));
+  EXPECT_THAT(Read(r).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("img/7.jpg")));
   EXPECT_EQ(metrics_.Corrupt(CorruptReason::kUndecodable).Value(), 1);
   EXPECT_EQ(metrics_.Skipped(CorruptReason::kUndecodable).Value(), 0);
 }
@@ -270,20 +274,25 @@ TEST_F(DataServerServiceTest, UndecodableImageFailsTheStreamUnderFail) {
 TEST_F(DataServerServiceTest, BadRequests) {
   EXPECT_THAT(Read(Request(15, 25)).status(),
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("20 samples")));
-  EXPECT_THAT(Read(Request(5, 5)).status(), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Read(Request(5, 5)).status(),
+              StatusIs(absl::StatusCode::kOutOfRange));
   auto missing = Request(0, 1);
   missing.mutable_lease()->mutable_unit()->set_shard_url(dir_.File("nope.tar"));
-  EXPECT_THAT(Read(missing).status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope.tar")));
+  EXPECT_THAT(Read(missing).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope.tar")));
   auto outside = Request(0, 1);
-  outside.mutable_lease()->mutable_unit()->set_shard_url(dir_.path() + "/../x.tar");
-  EXPECT_THAT(Read(outside).status(), StatusIs(absl::StatusCode::kPermissionDenied));
+  outside.mutable_lease()->mutable_unit()->set_shard_url(dir_.path() +
+                                                         "/../x.tar");
+  EXPECT_THAT(Read(outside).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied));
   auto crop = Request(0, 1);
   crop.mutable_decode()->set_crop_height(10);
-  EXPECT_THAT(Read(crop).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("crop_width")));
+  EXPECT_THAT(Read(crop).status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("crop_width")));
   auto start = Request(2, 4);
   start.set_start(9);
-  EXPECT_THAT(Read(start).status(), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("start")));
+  EXPECT_THAT(Read(start).status(),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("start")));
 }
 
 TEST_F(DataServerServiceTest, TokensAreCheckedBeforeAnyIo) {
@@ -337,7 +346,8 @@ TEST_F(DataServerServiceTest, AnExpiredLeasesTokenIsRefused) {
   // The expiry is signed: moving it forward breaks the token.
   auto moved = at(now - 60'000, 4);
   moved.mutable_lease()->set_expires_at_unix_ms(now + 10'000);
-  EXPECT_THAT(Read(moved).status(), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(Read(moved).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied));
 }
 
 // A unit split where a rank's quota ends: both pieces keep the unit's
@@ -379,24 +389,28 @@ TEST_F(DataServerServiceTest, ALeaseOfAnEpochTheJobHasLeftIsAborted) {
     r.mutable_lease()->set_token(SignLease(r.lease(), "s3cret"));
     return r;
   };
-  for (int unit = 0; unit < 5; ++unit) ASSERT_OK(Read(lease(0, unit, 1 + unit)).status());
+  for (int unit = 0; unit < 5; ++unit)
+    ASSERT_OK(Read(lease(0, unit, 1 + unit)).status());
   EXPECT_EQ(service_->fence_units(), 5u);
   // Epoch 1 begins: epoch 0's units are forgotten...
   ASSERT_OK(Read(lease(1, 0, 6)).status());
   EXPECT_EQ(service_->fence_units(), 1u);
   // ...and a holder of an epoch-0 lease, even for a unit never read here,
   // is refused: that epoch is over.
-  EXPECT_THAT(Read(lease(0, 7, 4)).status(),
-              StatusIs(absl::StatusCode::kAborted, HasSubstr("epoch 1 up to fence 6")));
+  EXPECT_THAT(
+      Read(lease(0, 7, 4)).status(),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("epoch 1 up to fence 6")));
   // Leases of the current epoch are still checked per unit.
   ASSERT_OK(Read(lease(1, 1, 8)).status());
   ASSERT_OK(Read(lease(1, 2, 7)).status());
-  EXPECT_THAT(Read(lease(1, 0, 5)).status(), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(Read(lease(1, 0, 5)).status(),
+              StatusIs(absl::StatusCode::kAborted));
   // The job deleted and created again (fences above all seen, epoch 0
   // again) or rolled back by a resume: served, and tracked from there.
   ASSERT_OK(Read(lease(0, 0, 9)).status());
   EXPECT_EQ(service_->fence_units(), 1u);
-  EXPECT_THAT(Read(lease(1, 1, 8)).status(), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(Read(lease(1, 1, 8)).status(),
+              StatusIs(absl::StatusCode::kAborted));
 }
 
 TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
@@ -425,7 +439,8 @@ TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
     absl::MutexLock lock(&mu);
     return started.size();
   };
-  while (count() < 8 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  while (count() < 8 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(1));
   {
     absl::MutexLock lock(&mu);
     std::vector<int64_t> sorted = started;
@@ -442,7 +457,8 @@ TEST_F(DataServerServiceTest, OneSlowImageDoesNotHoldBackTheDecodingBehindIt) {
   EXPECT_EQ(samples[8].fields(0).tensor().shape(0), 48);
 }
 
-TEST_F(DataServerServiceTest, AShardTruncatedWhileDecodingEndsTheStreamWithDataLoss) {
+TEST_F(DataServerServiceTest,
+       AShardTruncatedWhileDecodingEndsTheStreamWithDataLoss) {
   // The file loses all but its first page just before sample 10 is decoded:
   // the decoder's reads of the pages gone would be SIGBUS (a dead server);
   // they read zeros instead, and the stream ends with DATA_LOSS naming the
@@ -469,7 +485,8 @@ TEST_F(DataServerServiceTest, SamplesDecodedInlineDoNotCountAgainstTheWindow) {
   // thread: the window (eight samples for the pool here) does not limit
   // them, so they leave in one message, as raw samples would.
   testing::TarWriter tar;
-  for (int i = 0; i < 200; ++i) tar.File(absl::StrCat("t/", i, ".cls"), std::to_string(i));
+  for (int i = 0; i < 200; ++i)
+    tar.File(absl::StrCat("t/", i, ".cls"), std::to_string(i));
   testing::WriteFile(dir_.File("tiny.tar"), tar.Finish());
   auto r = Request(0, 200);
   r.mutable_lease()->mutable_unit()->set_shard_url(dir_.File("tiny.tar"));
@@ -485,7 +502,8 @@ TEST_F(DataServerServiceTest, SamplesDecodedInlineDoNotCountAgainstTheWindow) {
   }
 }
 
-TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) {
+TEST_F(DataServerServiceTest,
+       CancelWithDecodesInFlightEndsTheStreamAndFreesIt) {
   // A client goes away while both pool threads are decoding (samples 0 and
   // 1 held) and six more decodes wait in the pool's queue: the stream
   // answers CANCELLED at once, the two running decodes finish into nothing,
@@ -521,7 +539,8 @@ TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) 
       mu.AssertHeld();
       return held == 2;
     };
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&both_held), absl::Seconds(20)));
+    ASSERT_TRUE(
+        mu.AwaitWithTimeout(absl::Condition(&both_held), absl::Seconds(20)));
   }
   EXPECT_EQ(service_->active_streams(), 1);
   (*stream)->Cancel();
@@ -531,7 +550,8 @@ TEST_F(DataServerServiceTest, CancelWithDecodesInFlightEndsTheStreamAndFreesIt) 
   stream->reset();
   release.Notify();
   auto deadline = absl::Now() + absl::Seconds(20);
-  while (!weak.expired() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  while (!weak.expired() && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(1));
   EXPECT_TRUE(weak.expired());
   EXPECT_EQ(service_->active_streams(), 0);
   EXPECT_EQ(decodes.load(), 2);
@@ -544,14 +564,16 @@ TEST_F(DataServerServiceTest, SamplesBeforeAReadErrorAreDeliveredThenTheError) {
   auto tar = [](const std::string& thirteen) {
     testing::TarWriter w;
     for (int i = 0; i < 20; ++i) {
-      w.File((i == 13 ? thirteen : absl::StrCat("s/", 10 + i)) + ".cls", std::to_string(i));
+      w.File((i == 13 ? thirteen : absl::StrCat("s/", 10 + i)) + ".cls",
+             std::to_string(i));
     }
     return w.Finish();
   };
   DataServerOptions options;
-  options.store = std::make_unique<SequenceStore>(std::vector<std::shared_ptr<const ShardData>>{
-      ShardData::FromString(tar("s/23"), "/data/x.tar"),
-      ShardData::FromString(tar("s/zz"), "/data/x.tar")});
+  options.store = std::make_unique<SequenceStore>(
+      std::vector<std::shared_ptr<const ShardData>>{
+          ShardData::FromString(tar("s/23"), "/data/x.tar"),
+          ShardData::FromString(tar("s/zz"), "/data/x.tar")});
   options.decode_threads = 2;
   auto service = DataServerService::Create(std::move(options));
   ASSERT_OK(service.status());
@@ -586,8 +608,10 @@ TEST_F(DataServerServiceTest, AShardThatEndsBeforeItsIndexIsDataLoss) {
   std::string whole = full.Finish(), cut = half.Finish();
   cut.resize(whole.size(), '\0');
   DataServerOptions options;
-  options.store = std::make_unique<SequenceStore>(std::vector<std::shared_ptr<const ShardData>>{
-      ShardData::FromString(whole, "/data/x.tar"), ShardData::FromString(cut, "/data/x.tar")});
+  options.store = std::make_unique<SequenceStore>(
+      std::vector<std::shared_ptr<const ShardData>>{
+          ShardData::FromString(whole, "/data/x.tar"),
+          ShardData::FromString(cut, "/data/x.tar")});
   options.decode_threads = 2;
   auto service = DataServerService::Create(std::move(options));
   ASSERT_OK(service.status());
@@ -602,10 +626,14 @@ TEST_F(DataServerServiceTest, AShardThatEndsBeforeItsIndexIsDataLoss) {
   ASSERT_OK(second.status());
   UntilError read = ReadUntilError(**second);
   EXPECT_EQ(read.indices, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
-  EXPECT_THAT(read.error,
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("/data/x.tar"),
-                             HasSubstr("ended before sample 10 (\"s/10\") that its index lists"))));
+  EXPECT_THAT(
+      read.error,
+      StatusIs(
+          absl::StatusCode::kDataLoss,
+          AllOf(
+              HasSubstr("/data/x.tar"),
+              HasSubstr(
+                  "ended before sample 10 (\"s/10\") that its index lists"))));
 }
 
 TEST_F(DataServerServiceTest, CancelStopsTheStream) {
@@ -649,7 +677,8 @@ namespace {
 // allocating together, and every sample is still delivered.
 TEST(DecodeMemoryTest, ConcurrentStreamsStayWithinTheBudget) {
   testing::TempDir dir;
-  const std::string png = testing::EncodePng(testing::TestPixels(512, 512, 3), 512, 512, 3);
+  const std::string png =
+      testing::EncodePng(testing::TestPixels(512, 512, 3), 512, 512, 3);
   testing::TarWriter tar;
   for (int i = 0; i < 5; ++i) tar.File(absl::StrCat("s", i, ".png"), png);
   testing::WriteFile(dir.File("big.tar"), tar.Finish());
@@ -669,7 +698,8 @@ TEST(DecodeMemoryTest, ConcurrentStreamsStayWithinTheBudget) {
       v1::ReadRequest request;
       request.mutable_lease()->set_lease_id(absl::StrCat("j/e0/u", r, "/f1"));
       request.mutable_lease()->set_job("j");
-      request.mutable_lease()->mutable_unit()->set_shard_url(dir.File("big.tar"));
+      request.mutable_lease()->mutable_unit()->set_shard_url(
+          dir.File("big.tar"));
       request.mutable_lease()->mutable_unit()->set_end(5);
       request.mutable_decode()->set_decode(true);
       auto stream = (*service)->ReadSamples(request);

@@ -1,12 +1,11 @@
 #include "server/dataserver/decoders.h"
 
 #include <turbojpeg.h>
+#include <zlib.h>
 
 #include <cstring>
 
 #include "gmock/gmock.h"
-#include <zlib.h>
-
 #include "gtest/gtest.h"
 #include "tests/testing/image_fixtures.h"
 #include "tests/testing/status_matchers.h"
@@ -25,10 +24,11 @@ Payload P(absl::string_view s) { return Payload{s, nullptr}; }
 std::string ReferenceJpeg(const std::string& jpeg, int w, int h) {
   tjhandle t = tjInitDecompress();
   std::string out(static_cast<size_t>(w) * h * 3, '\0');
-  EXPECT_EQ(tjDecompress2(t, reinterpret_cast<const unsigned char*>(jpeg.data()),
-                          jpeg.size(), reinterpret_cast<unsigned char*>(out.data()), w, 0,
-                          h, TJPF_RGB, 0),
-            0);
+  EXPECT_EQ(
+      tjDecompress2(t, reinterpret_cast<const unsigned char*>(jpeg.data()),
+                    jpeg.size(), reinterpret_cast<unsigned char*>(out.data()),
+                    w, 0, h, TJPF_RGB, 0),
+      0);
   tjDestroy(t);
   return out;
 }
@@ -50,14 +50,17 @@ TEST(CodecTest, ByLastExtension) {
 // memory is allocated (60000x60000 would ask for 10 GB); at the limit, the
 // image decodes.
 TEST(JpegTest, AHeaderClaimingTooManyPixelsIsRefusedBeforeAllocating) {
-  std::string jpeg = testing::EncodeJpeg(testing::TestPixels(64, 48, 3), 64, 48);
+  std::string jpeg =
+      testing::EncodeJpeg(testing::TestPixels(64, 48, 3), 64, 48);
   ImageOptions options;
   options.max_pixels = 64 * 48;
   ASSERT_OK(DecodeJpeg(P(jpeg), options).status());
   options.max_pixels = 64 * 48 - 1;
-  EXPECT_THAT(DecodeJpeg(P(jpeg), options).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("JPEG of 64x48 = 3072 pixels is over the limit of 3071")));
+  EXPECT_THAT(
+      DecodeJpeg(P(jpeg), options).status(),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          HasSubstr("JPEG of 64x48 = 3072 pixels is over the limit of 3071")));
   // The frame header (SOF0: FF C0, length, precision, height, width) made
   // to claim 60000x60000, with the default limit.
   const size_t sof = jpeg.find("\xff\xc0");
@@ -66,20 +69,24 @@ TEST(JpegTest, AHeaderClaimingTooManyPixelsIsRefusedBeforeAllocating) {
     jpeg[at] = static_cast<char>(60000 >> 8);
     jpeg[at + 1] = static_cast<char>(60000 & 0xff);
   }
-  EXPECT_THAT(DecodeJpeg(P(jpeg), {}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("60000x60000")));
+  EXPECT_THAT(
+      DecodeJpeg(P(jpeg), {}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("60000x60000")));
 }
 
 TEST(PngTest, AHeaderClaimingTooManyPixelsIsRefused) {
-  const std::string png8 = testing::EncodePng(testing::TestPixels(20, 10, 3), 20, 10, 3);
+  const std::string png8 =
+      testing::EncodePng(testing::TestPixels(20, 10, 3), 20, 10, 3);
   const std::string png16 =
       testing::EncodePng16(std::vector<uint16_t>(20 * 10, 7), 20, 10, 1);
   ImageOptions options;
   options.max_pixels = 199;
   for (const std::string& png : {png8, png16}) {
-    EXPECT_THAT(DecodePng(P(png), options).status(),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("PNG of 20x10 = 200 pixels is over the limit of 199")));
+    EXPECT_THAT(
+        DecodePng(P(png), options).status(),
+        StatusIs(
+            absl::StatusCode::kInvalidArgument,
+            HasSubstr("PNG of 20x10 = 200 pixels is over the limit of 199")));
   }
   options.max_pixels = 200;
   EXPECT_OK(DecodePng(P(png8), options).status());
@@ -87,7 +94,8 @@ TEST(PngTest, AHeaderClaimingTooManyPixelsIsRefused) {
 }
 
 TEST(JpegTest, PixelExactAgainstReferenceDecode) {
-  std::string jpeg = testing::EncodeJpeg(testing::TestPixels(64, 48, 3), 64, 48);
+  std::string jpeg =
+      testing::EncodeJpeg(testing::TestPixels(64, 48, 3), 64, 48);
   auto decoded = DecodeJpeg(P(jpeg), {});
   ASSERT_OK(decoded.status());
   EXPECT_EQ(decoded->dtype, v1::DTYPE_UINT8);
@@ -96,7 +104,8 @@ TEST(JpegTest, PixelExactAgainstReferenceDecode) {
 }
 
 TEST(JpegTest, ScaledDecodeThenResizeAndCrop) {
-  std::string jpeg = testing::EncodeJpeg(testing::TestPixels(500, 375, 3), 500, 375);
+  std::string jpeg =
+      testing::EncodeJpeg(testing::TestPixels(500, 375, 3), 500, 375);
   // 375 -> 1/2 scale (188) is the smallest with shorter side >= 100, then
   // resize to shorter side 100: 250 * 100 / 188 = 133 wide.
   auto resized = DecodeJpeg(P(jpeg), {100, 0, 0});
@@ -115,7 +124,8 @@ TEST(JpegTest, ScaledDecodeThenResizeAndCrop) {
 }
 
 TEST(JpegTest, TruncatedOrGarbageIsAnError) {
-  std::string jpeg = testing::EncodeJpeg(testing::TestPixels(64, 64, 3), 64, 64);
+  std::string jpeg =
+      testing::EncodeJpeg(testing::TestPixels(64, 64, 3), 64, 64);
   EXPECT_THAT(DecodeJpeg(P(jpeg.substr(0, jpeg.size() / 2)), {}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("JPEG")));
   EXPECT_THAT(DecodeJpeg(P("not a jpeg"), {}).status(),
@@ -153,7 +163,8 @@ TEST(PngTest, CenterCropIsExactAndPadsWhenLarger) {
 }
 
 TEST(PngTest, ResizeShorterSide) {
-  std::string png = testing::EncodePng(testing::TestPixels(40, 20, 3), 40, 20, 3);
+  std::string png =
+      testing::EncodePng(testing::TestPixels(40, 20, 3), 40, 20, 3);
   auto up = DecodePng(P(png), {30, 0, 0});
   ASSERT_OK(up.status());
   EXPECT_THAT(up->shape, ElementsAre(30, 60, 3));
@@ -163,7 +174,8 @@ TEST(PngTest, ResizeShorterSide) {
 
 std::vector<uint16_t> Pixels16(int width, int height, int channels) {
   std::vector<uint16_t> v(static_cast<size_t>(width) * height * channels);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint16_t>(i * 9973 + 12345);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<uint16_t>(i * 9973 + 12345);
   return v;
 }
 
@@ -172,7 +184,8 @@ std::vector<uint16_t> Values16(const DecodedField& f) {
   std::vector<uint16_t> v(f.bytes.bytes.size() / 2);
   for (size_t i = 0; i < v.size(); ++i) {
     v[i] = static_cast<uint16_t>(static_cast<uint8_t>(f.bytes.bytes[2 * i]) |
-                                 static_cast<uint8_t>(f.bytes.bytes[2 * i + 1]) << 8);
+                                 static_cast<uint8_t>(f.bytes.bytes[2 * i + 1])
+                                     << 8);
   }
   return v;
 }
@@ -184,11 +197,13 @@ TEST(PngTest, SixteenBitSamplesAreKeptExactly) {
   for (int channels = 1; channels <= 4; ++channels) {
     for (double gamma : {0.0, 1 / 2.2}) {
       const std::vector<uint16_t> pixels = Pixels16(13, 7, channels);
-      auto decoded = DecodePng(P(testing::EncodePng16(pixels, 13, 7, channels, gamma)), {});
+      auto decoded = DecodePng(
+          P(testing::EncodePng16(pixels, 13, 7, channels, gamma)), {});
       ASSERT_OK(decoded.status());
       EXPECT_EQ(decoded->dtype, v1::DTYPE_UINT16);
       EXPECT_THAT(decoded->shape, ElementsAre(7, 13, channels));
-      EXPECT_EQ(Values16(*decoded), pixels) << channels << " channels, gamma " << gamma;
+      EXPECT_EQ(Values16(*decoded), pixels)
+          << channels << " channels, gamma " << gamma;
     }
   }
 }
@@ -206,7 +221,8 @@ TEST(PngTest, SixteenBitCropAndResize) {
   EXPECT_EQ(Values16(*crop), want);
   // A flat image stays flat (and 16-bit) through the resize.
   const std::vector<uint16_t> flat(40 * 20 * 3, 40000);
-  auto resized = DecodePng(P(testing::EncodePng16(flat, 40, 20, 3)), {30, 0, 0});
+  auto resized =
+      DecodePng(P(testing::EncodePng16(flat, 40, 20, 3)), {30, 0, 0});
   ASSERT_OK(resized.status());
   EXPECT_EQ(resized->dtype, v1::DTYPE_UINT16);
   EXPECT_THAT(resized->shape, ElementsAre(30, 60, 3));
@@ -223,18 +239,19 @@ std::string PngClaiming(uint32_t width, uint32_t height, int depth) {
   auto chunk = [&](const std::string& type, const std::string& data) {
     std::string body = type + data;
     const uint32_t crc = static_cast<uint32_t>(
-        crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size())));
+        crc32(0, reinterpret_cast<const Bytef*>(body.data()),
+              static_cast<uInt>(body.size())));
     return be32(static_cast<uint32_t>(data.size())) + body + be32(crc);
   };
   std::string ihdr = be32(width) + be32(height);
   ihdr += {static_cast<char>(depth), 6, 0, 0, 0};
   std::string raw(100, '\0'), idat(200, '\0');
   uLongf n = idat.size();
-  compress(reinterpret_cast<Bytef*>(idat.data()), &n, reinterpret_cast<const Bytef*>(raw.data()),
-           raw.size());
+  compress(reinterpret_cast<Bytef*>(idat.data()), &n,
+           reinterpret_cast<const Bytef*>(raw.data()), raw.size());
   idat.resize(n);
-  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + chunk("IDAT", idat) +
-         chunk("IEND", "");
+  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) +
+         chunk("IDAT", idat) + chunk("IEND", "");
 }
 
 TEST(PngTest, AHeaderClaimingAHugeImageIsAnErrorNotAnAllocation) {
@@ -249,7 +266,8 @@ TEST(PngTest, TruncatedSixteenBitIsAnError) {
   const std::string png = testing::EncodePng16(Pixels16(64, 64, 3), 64, 64, 3);
   for (size_t cut : {png.size() / 2, png.size() - 20}) {
     EXPECT_THAT(DecodePng(P(png.substr(0, cut)), {}).status(),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("undecodable PNG")))
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("undecodable PNG")))
         << cut;
   }
 }
@@ -274,10 +292,12 @@ TEST(NpyTest, DtypesAndShapes) {
     EXPECT_THAT(decoded->shape, ElementsAre(2, 3));
     EXPECT_EQ(decoded->bytes.bytes, data);
   }
-  auto scalar = DecodeNpy(Payload{testing::MakeNpy("<f4", {}, "abcd"), nullptr});
+  auto scalar =
+      DecodeNpy(Payload{testing::MakeNpy("<f4", {}, "abcd"), nullptr});
   ASSERT_OK(scalar.status());
   EXPECT_TRUE(scalar->shape.empty());
-  auto vec = DecodeNpy(Payload{testing::MakeNpy("<i4", {2}, std::string(8, 'x')), nullptr});
+  auto vec = DecodeNpy(
+      Payload{testing::MakeNpy("<i4", {2}, std::string(8, 'x')), nullptr});
   ASSERT_OK(vec.status());
   EXPECT_THAT(vec->shape, ElementsAre(2));
 }
@@ -285,10 +305,13 @@ TEST(NpyTest, DtypesAndShapes) {
 TEST(NpyTest, FortranOrderAndBigEndianAreConverted) {
   // 2x3 Fortran order: column-major 0..5 -> C order 0,2,4,1,3,5.
   std::string col = {0, 1, 2, 3, 4, 5};
-  auto f = DecodeNpy(Payload{testing::MakeNpy("|u1", {2, 3}, col, true), nullptr});
+  auto f =
+      DecodeNpy(Payload{testing::MakeNpy("|u1", {2, 3}, col, true), nullptr});
   ASSERT_OK(f.status());
   EXPECT_EQ(f->bytes.bytes, std::string({0, 2, 4, 1, 3, 5}));
-  auto be = DecodeNpy(Payload{testing::MakeNpy(">i2", {2}, std::string("\x01\x02\x03\x04", 4)), nullptr});
+  auto be = DecodeNpy(
+      Payload{testing::MakeNpy(">i2", {2}, std::string("\x01\x02\x03\x04", 4)),
+              nullptr});
   ASSERT_OK(be.status());
   EXPECT_EQ(be->dtype, v1::DTYPE_INT16);
   EXPECT_EQ(be->bytes.bytes, std::string("\x02\x01\x04\x03", 4));
@@ -297,10 +320,14 @@ TEST(NpyTest, FortranOrderAndBigEndianAreConverted) {
 TEST(NpyTest, BadInputIsAnError) {
   EXPECT_THAT(DecodeNpy(Payload{"garbage!!!!!", nullptr}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("magic")));
-  EXPECT_THAT(DecodeNpy(Payload{testing::MakeNpy("<f4", {4}, "short"), nullptr}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("promises 16 bytes")));
-  EXPECT_THAT(DecodeNpy(Payload{testing::MakeNpy("<c8", {1}, "12345678"), nullptr}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
+  EXPECT_THAT(DecodeNpy(Payload{testing::MakeNpy("<f4", {4}, "short"), nullptr})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("promises 16 bytes")));
+  EXPECT_THAT(
+      DecodeNpy(Payload{testing::MakeNpy("<c8", {1}, "12345678"), nullptr})
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
 }
 
 TEST(ScalarsTest, IntTextRaw) {
@@ -308,8 +335,9 @@ TEST(ScalarsTest, IntTextRaw) {
   ASSERT_OK(cls.status());
   EXPECT_EQ(cls->kind, DecodedField::Kind::kInt);
   EXPECT_EQ(cls->int_value, 42);
-  EXPECT_THAT(DecodeField(Codec::kInt, P("x1"), {}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("integer")));
+  EXPECT_THAT(
+      DecodeField(Codec::kInt, P("x1"), {}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("integer")));
   auto text = DecodeField(Codec::kText, P("{\"a\": \"é\"}"), {});
   ASSERT_OK(text.status());
   EXPECT_EQ(text->kind, DecodedField::Kind::kText);

@@ -22,11 +22,12 @@ using ::sluice::testing::TempDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr char kReference[] = SLUICE_SOURCE_DIR "/tests/testing/webdataset_reference.py";
+constexpr char kReference[] =
+    SLUICE_SOURCE_DIR "/tests/testing/webdataset_reference.py";
 
 std::string RunReference(const std::string& mode, const std::string& path) {
-  std::string command = absl::StrCat("/usr/bin/python3 ", kReference, " ", mode,
-                                     " ", path);
+  std::string command =
+      absl::StrCat("/usr/bin/python3 ", kReference, " ", mode, " ", path);
   FILE* pipe = popen(command.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;
@@ -85,8 +86,9 @@ TEST(SplitMemberNameTest, WebDatasetExamples) {
 TEST(SplitMemberNameTest, MatchesPythonRegexOnGeneratedNames) {
   std::mt19937 rng(7);
   const std::string alphabet = "ab._/_X\n";
-  std::vector<std::string> names = {"a/b/x.seg.png", "dir/.hidden", "a.b/.c", "__x__",
-                                    "__x__/y.z", "___", "____/a.b", "a//.b", "./a.b"};
+  std::vector<std::string> names = {"a/b/x.seg.png", "dir/.hidden", "a.b/.c",
+                                    "__x__",         "__x__/y.z",   "___",
+                                    "____/a.b",      "a//.b",       "./a.b"};
   for (int i = 0; i < 3000; ++i) {
     std::string name;
     int len = 1 + static_cast<int>(rng() % 12);
@@ -97,8 +99,8 @@ TEST(SplitMemberNameTest, MatchesPythonRegexOnGeneratedNames) {
   std::string list;
   for (const std::string& n : names) list += absl::BytesToHexString(n) + "\n";
   testing::WriteFile(dir.File("names"), list);
-  std::vector<std::string> expected =
-      absl::StrSplit(RunReference("split", dir.File("names")), '\n', absl::SkipEmpty());
+  std::vector<std::string> expected = absl::StrSplit(
+      RunReference("split", dir.File("names")), '\n', absl::SkipEmpty());
   ASSERT_EQ(expected.size(), names.size());
   int mismatches = 0;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -107,8 +109,8 @@ TEST(SplitMemberNameTest, MatchesPythonRegexOnGeneratedNames) {
                                  absl::BytesToHexString(name->field)
                            : "-";
     if (got != expected[i] && ++mismatches < 10) {
-      ADD_FAILURE() << "name \"" << absl::CEscape(names[i]) << "\": ours " << got
-                    << ", webdataset " << expected[i];
+      ADD_FAILURE() << "name \"" << absl::CEscape(names[i]) << "\": ours "
+                    << got << ", webdataset " << expected[i];
     }
   }
   EXPECT_EQ(mismatches, 0);
@@ -182,9 +184,11 @@ std::string SampleShard(int samples, bool pax_every_third) {
   for (int i = 0; i < samples; ++i) {
     std::string key = absl::StrCat("s/", i);
     if (pax_every_third && i % 3 == 0) {
-      tar.PaxFile(key + ".bin", std::string(static_cast<size_t>(i % 700), 'a' + i % 26));
+      tar.PaxFile(key + ".bin",
+                  std::string(static_cast<size_t>(i % 700), 'a' + i % 26));
     } else {
-      tar.File(key + ".bin", std::string(static_cast<size_t>(i % 700), 'a' + i % 26));
+      tar.File(key + ".bin",
+               std::string(static_cast<size_t>(i % 700), 'a' + i % 26));
     }
     tar.File(key + ".cls", std::to_string(i));
   }
@@ -246,7 +250,8 @@ TEST(TarSampleReaderTest, GzipShardsAreReadFromTheStart) {
   EXPECT_FALSE(index->seekable);
   ASSERT_EQ(index->num_samples(), 50);
   auto plain_shard = Shard(plain);
-  auto plain_index = std::make_shared<const ShardIndex>(BuildShardIndex(plain_shard));
+  auto plain_index =
+      std::make_shared<const ShardIndex>(BuildShardIndex(plain_shard));
   for (int k : {0, 1, 17, 45, 49}) {
     auto a = TarSampleReader::Open(gz, index, k);
     auto b = TarSampleReader::Open(plain_shard, plain_index, k);
@@ -259,7 +264,8 @@ TEST(TarSampleReaderTest, GzipShardsAreReadFromTheStart) {
 // A compressed member larger than the cap (a gzip bomb: a few KB holding
 // megabytes of zeros) makes its sample corrupt instead of being held in
 // memory; the samples around it are read as usual.
-TEST(TarSampleReaderTest, AnOversizedCompressedMemberIsACorruptSampleNotABuffer) {
+TEST(TarSampleReaderTest,
+     AnOversizedCompressedMemberIsACorruptSampleNotABuffer) {
   TarWriter tar;
   tar.File("a.cls", "1");
   tar.File("b.bin", std::string(8 << 20, '\0'));
@@ -269,7 +275,8 @@ TEST(TarSampleReaderTest, AnOversizedCompressedMemberIsACorruptSampleNotABuffer)
   ASSERT_LT(gz->size(), 64u << 10);
   auto index = std::make_shared<const ShardIndex>(BuildShardIndex(gz));
   ASSERT_EQ(index->num_samples(), 3);
-  auto reader = TarSampleReader::Open(gz, index, 0, /*max_member_bytes=*/1 << 20);
+  auto reader =
+      TarSampleReader::Open(gz, index, 0, /*max_member_bytes=*/1 << 20);
   ASSERT_OK(reader.status());
   std::vector<std::string> keys, corrupt;
   while (true) {
@@ -292,8 +299,9 @@ TEST(TarSampleReaderTest, AnOversizedCompressedMemberIsACorruptSampleNotABuffer)
 TEST(TarSampleReaderTest, BeginPastTheEndIsOutOfRange) {
   auto shard = Shard(SampleShard(3, false));
   auto index = std::make_shared<const ShardIndex>(BuildShardIndex(shard));
-  EXPECT_THAT(TarSampleReader::Open(shard, index, 4).status(),
-              testing::StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("3 samples")));
+  EXPECT_THAT(
+      TarSampleReader::Open(shard, index, 4).status(),
+      testing::StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("3 samples")));
   auto at_end = TarSampleReader::Open(shard, index, 3);
   ASSERT_OK(at_end.status());
   auto none = (*at_end)->Next();
@@ -311,7 +319,8 @@ TEST(TarSampleReaderTest, MemberWhoseSizeLiesIsCorruptNotACrash) {
   std::snprintf(&s[header_b + 124], 12, "%011o", 1 << 20);
   std::memset(&s[header_b + 148], ' ', 8);
   unsigned sum = 0;
-  for (size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(s[header_b + i]);
+  for (size_t i = 0; i < 512; ++i)
+    sum += static_cast<unsigned char>(s[header_b + i]);
   std::snprintf(&s[header_b + 148], 8, "%06o", sum);
   auto shard = Shard(bytes);
   auto index = std::make_shared<const ShardIndex>(BuildShardIndex(shard));
@@ -335,7 +344,8 @@ TEST(TarSampleReaderTest, MemberWhoseSizeLiesIsCorruptNotACrash) {
 TEST(TarSampleReaderTest, TruncatedAtEveryBlockBoundary) {
   std::string full = SampleShard(12, true);
   auto full_shard = Shard(full);
-  auto full_index = std::make_shared<const ShardIndex>(BuildShardIndex(full_shard));
+  auto full_index =
+      std::make_shared<const ShardIndex>(BuildShardIndex(full_shard));
   auto full_reader = TarSampleReader::Open(full_shard, full_index, 0);
   ASSERT_OK(full_reader.status());
   std::vector<std::string> whole = Describe(**full_reader, 100);
