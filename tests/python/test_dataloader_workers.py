@@ -276,22 +276,42 @@ class _RawSession:
         from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
         self.pb = coordinator_pb2
         self.out, self.inbox = queue.Queue(), queue.Queue()
+        self.seen = set()
         self.send(hello=coordinator_pb2.Hello(job=job, rank=rank, trainer_id=trainer_id))
         self.send(want=coordinator_pb2.Want(credits=credits))
         self.call = coordinator_pb2_grpc.CoordinatorStub(channel).Session(iter(self.out.get, None))
-        threading.Thread(target=lambda: [self.inbox.put(m) for m in self.call],
-                         daemon=True).start()
+        threading.Thread(target=self._receive, daemon=True).start()
+
+    def _receive(self):
+        import grpc
+        try:
+            for m in self.call:
+                self.inbox.put(m)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:  # close() cancels
+                raise
 
     def send(self, **message):
         self.out.put(self.pb.TrainerMessage(**message))
 
     def grants(self, n):
+        """The next n leases granted; a grant re-sent with a fresh token (the
+        same lease id) is not a new lease."""
         got = []
         while len(got) < n:
             m = self.inbox.get(timeout=30)
-            if m.HasField("grant"):
+            if m.HasField("grant") and m.grant.lease.lease_id not in self.seen:
+                self.seen.add(m.grant.lease.lease_id)
                 got.append(m.grant.lease)
         return got
+
+    def sync(self, sync_id):
+        """Returns once the coordinator has handled every message sent before."""
+        self.send(sync=self.pb.Sync(id=sync_id))
+        while True:
+            m = self.inbox.get(timeout=30)
+            if m.HasField("synced") and m.synced.id == sync_id:
+                return
 
     def close(self):
         self.out.put(None)
@@ -317,6 +337,7 @@ def test_both_pieces_of_a_unit_split_at_a_quota_are_served_in_either_order(tmp_p
             assert (first.unit.begin, first.unit.end) == (0, 5)
             r0.send(want=r0.pb.Want(credits=0))
             r0.send(release=r0.pb.Release(lease_id=first.lease_id, fence=first.fence, consumed=2))
+            r0.sync(1)  # [2, 5) is back in the queue before rank 1 asks
             r1 = _RawSession(channel, "split", 1, "rank-1", 4)
             mine = r1.grants(4)
             assert [(l.unit.begin, l.unit.end) for l in mine] == [(2, 5), (5, 10), (10, 12),
