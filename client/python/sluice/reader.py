@@ -215,18 +215,41 @@ def _settle_grpc_before_fork():
         time.sleep(0.001)
 
 
+# grpcio's fork handlers run Python code in the child from a pthread_atfork
+# handler, before Python has reset its threading state there. If, at the
+# fork, another thread of the parent had been waiting for the GIL longer
+# than the switch interval, it had asked the forking thread to drop the GIL;
+# the child's first Python code honours that request and then waits forever
+# for a thread that only exists in the parent to take it (seen under load:
+# the child hangs in drop_gil). A long switch interval around the fork keeps
+# any such request from being made; the parent's and the child's intervals
+# are restored after it.
+_FORK_SWITCH_INTERVAL_S = 1.0
+_switch_interval_before_fork = None
+
+
 def _before_fork():
+    global _switch_interval_before_fork
+    _switch_interval_before_fork = sys.getswitchinterval()
+    sys.setswitchinterval(max(_switch_interval_before_fork, _FORK_SWITCH_INTERVAL_S))
     for reader in _own_readers():
         reader._suspend_streams()
     _settle_grpc_before_fork()
 
 
+def _restore_switch_interval():
+    if _switch_interval_before_fork is not None:
+        sys.setswitchinterval(_switch_interval_before_fork)
+
+
 def _after_fork_in_parent():
+    _restore_switch_interval()
     for reader in _own_readers():
         reader._resume_streams()
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_restore_switch_interval)
 
 
 class ReaderError(Exception):
