@@ -35,6 +35,7 @@
 #include "server/common/path_roots.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/job_spec.h"
 #include "server/coordinator/journal.h"
 #include "server/coordinator/lease_table.h"
 #include "sluice/v1/coordinator.pb.h"
@@ -58,15 +59,6 @@ class DataServerSink {
  public:
   virtual ~DataServerSink() = default;
   virtual void Send(const v1::CoordinatorToDataServer& message) = 0;
-};
-
-// What one JobSpec may make the coordinator plan (INVALID_ARGUMENT naming
-// the field and the limit beyond it).
-struct JobLimits {
-  int32_t max_world_size = 65536;
-  // Units of one epoch's plan (each held in the plan, the queues and the
-  // journal).
-  int64_t max_units_per_epoch = 4'000'000;
 };
 
 struct CoordinatorOptions {
@@ -101,12 +93,6 @@ struct CoordinatorOptions {
   JobLimits job_limits;
   // Participants one Barrier may name.
   int32_t max_barrier_participants = 100000;
-};
-
-// Where and how much JobSpec.manifest_path may read (see CoordinatorOptions).
-struct ManifestFiles {
-  const PathRoots* roots = nullptr;  // null = manifest_path refused
-  int64_t max_bytes = 256 << 20;
 };
 
 class CoordinatorService {
@@ -319,14 +305,6 @@ class CoordinatorService {
   bool stopping_ ABSL_GUARDED_BY(out_mu_) = false;
   std::thread flusher_;
 };
-
-// Validates `spec` and returns it with defaults filled in and the manifest
-// inline (manifest_path read and parsed, only inside `files.roots`; no file
-// content is ever quoted in an error). INVALID_ARGUMENT names the field,
-// PERMISSION_DENIED a path outside the roots.
-absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& spec,
-                                             const ManifestFiles& files = {},
-                                             const JobLimits& limits = {});
 
 }  // namespace sluice
 

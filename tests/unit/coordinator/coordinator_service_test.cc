@@ -1137,8 +1137,9 @@ TEST_F(CoordinatorServiceTest, WorkersReadFixedSlotsOfTheirRanksQuota) {
     EXPECT_TRUE(workers[0]->held.empty());
     std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>> parts;
     for (size_t i = 0; i < workers.size(); ++i) {
-      if (i > 0)
+      if (i > 0) {
         EXPECT_EQ(workers[i]->Consume(100), 7) << name << " worker " << i;
+      }
       parts.push_back(workers[i]->consumed);
     }
     auto seen = Tally(parts);

@@ -1,7 +1,7 @@
 #include "server/coordinator/coordinator_state.h"
 
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/job_spec.h"
 #include "tests/testing/status_matchers.h"
 
 namespace sluice {
