@@ -73,7 +73,9 @@ LeaseEntry LiveLease(const DurableLease& d, const std::string& job,
 }  // namespace
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
-    : options_(options), leases_(options.clock) {}
+    : options_(options),
+      leases_(options.clock),
+      data_servers_(options.clock, 3 * options.heartbeat_interval) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     const CoordinatorOptions& options) {
@@ -424,11 +426,8 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   }
   out.set_create_time_unix_ms(job.create_time_unix_ms);
   v1::JobStatus* st = out.mutable_status();
-  const absl::Time now = options_.clock->Now();
-  for (const auto& [id, e] : data_servers_) {
-    if (now - e.last_seen <= data_server_timeout())
-      st->add_live_data_servers(e.address);
-  }
+  for (std::string& address : data_servers_.LiveAddresses())
+    st->add_live_data_servers(std::move(address));
   st->set_state(job.done ? v1::JOB_STATE_DONE
                          : (job.epoch == 0 && job.consumed_total == 0 &&
                                     job.leases.empty()
@@ -488,26 +487,6 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
   return out;
 }
 
-namespace {
-
-uint64_t Fnv1a(absl::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-uint64_t Mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
-
 absl::Status CoordinatorService::CheckRegistration(
     const v1::RegisterDataServer& r) const {
   // Who is asking first: an unauthenticated caller learns nothing more.
@@ -538,36 +517,23 @@ int64_t CoordinatorService::RegisterDataServer(
   {
     absl::MutexLock lock(&mu_);
     seen_fence_floor_ = std::max(seen_fence_floor_, max_fence_seen + 1);
-    const bool none_live = !AnyLiveDataServerLocked();
-    id = next_data_server_id_++;
-    DataServerEntry& e = data_servers_[id];
-    e.address = address;
-    e.capacity = capacity > 0 ? capacity : 1;
-    e.last_seen = options_.clock->Now();
-    e.sink = std::move(sink);
-    if (e.sink != nullptr) {
+    const bool none_live = !data_servers_.AnyLive();
+    if (sink != nullptr) {
       // Under mu_, so the reply precedes any hint for this server.
       v1::CoordinatorToDataServer reply;
       reply.mutable_registered()->set_heartbeat_interval_ms(
           absl::ToInt64Milliseconds(data_server_timeout() / 3));
       reply.mutable_registered()->set_heartbeat_timeout_ms(
           absl::ToInt64Milliseconds(data_server_timeout()));
-      e.sink->Send(reply);
+      sink->Send(reply);
     }
+    id = data_servers_.Add(address, capacity, std::move(sink));
     UpdateDataServerMetricLocked();
     if (none_live) PumpAllLocked(fx);  // units waiting for a data server
     SubmitLocked(fx);
   }
   DeliverReady();
   return id;
-}
-
-bool CoordinatorService::AnyLiveDataServerLocked() {
-  const absl::Time now = options_.clock->Now();
-  for (const auto& [id, e] : data_servers_) {
-    if (now - e.last_seen <= data_server_timeout()) return true;
-  }
-  return false;
 }
 
 void CoordinatorService::PumpAllLocked(Effects& fx) {
@@ -580,11 +546,10 @@ void CoordinatorService::DataServerHeartbeat(int64_t id,
   {
     absl::MutexLock lock(&mu_);
     seen_fence_floor_ = std::max(seen_fence_floor_, max_fence_seen + 1);
-    const bool none_live = !AnyLiveDataServerLocked();
-    auto it = data_servers_.find(id);
-    if (it != data_servers_.end()) it->second.last_seen = options_.clock->Now();
+    const bool none_live = !data_servers_.AnyLive();
+    data_servers_.Heartbeat(id);
     UpdateDataServerMetricLocked();
-    if (none_live && AnyLiveDataServerLocked()) PumpAllLocked(fx);
+    if (none_live && data_servers_.AnyLive()) PumpAllLocked(fx);
     SubmitLocked(fx);
   }
   DeliverReady();
@@ -592,18 +557,13 @@ void CoordinatorService::DataServerHeartbeat(int64_t id,
 
 void CoordinatorService::UnregisterDataServer(int64_t id) {
   absl::MutexLock lock(&mu_);
-  data_servers_.erase(id);
+  data_servers_.Remove(id);
   UpdateDataServerMetricLocked();
 }
 
 std::vector<std::string> CoordinatorService::LiveDataServers() {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> out;
-  const absl::Time now = options_.clock->Now();
-  for (const auto& [id, e] : data_servers_) {
-    if (now - e.last_seen <= data_server_timeout()) out.push_back(e.address);
-  }
-  return out;
+  return data_servers_.LiveAddresses();
 }
 
 absl::Status CoordinatorService::PersistOnceFinished(
@@ -628,36 +588,7 @@ std::optional<v1::internal::OnceFinished> CoordinatorService::FindOnceFinished(
 
 void CoordinatorService::UpdateDataServerMetricLocked() {
   if (options_.metrics == nullptr) return;
-  const absl::Time now = options_.clock->Now();
-  int live = 0;
-  for (const auto& [id, e] : data_servers_)
-    live += now - e.last_seen <= data_server_timeout();
-  options_.metrics->data_servers.Set(live);
-}
-
-// Rendezvous (highest random weight) hashing: each live server scores
-// -capacity / ln(u) with u in (0, 1) from a hash of (server, shard); the top
-// score wins. Removing a server moves only the shards it had.
-std::string CoordinatorService::PickDataServerLocked(
-    const std::string& shard_url) {
-  const absl::Time now = options_.clock->Now();
-  const uint64_t shard_hash = Mix64(Fnv1a(shard_url));
-  std::string best;
-  double best_score = -1;
-  for (int pass = 0; pass < 2 && best.empty(); ++pass) {
-    for (const auto& [id, e] : data_servers_) {
-      if (now - e.last_seen > data_server_timeout()) continue;
-      if (pass == 0 && now < e.suspect_until) continue;  // pass 1: all live
-      uint64_t h = Mix64(Fnv1a(e.address) ^ shard_hash);
-      double u = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
-      double score = -static_cast<double>(e.capacity) / std::log(u);
-      if (score > best_score || (score == best_score && e.address < best)) {
-        best_score = score;
-        best = e.address;
-      }
-    }
-  }
-  return best;
+  options_.metrics->data_servers.Set(data_servers_.LiveCount());
 }
 
 int64_t CoordinatorService::OpenSession(std::shared_ptr<SessionSink> sink) {
@@ -1074,11 +1005,7 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
           options_.metrics->ForJob(lease.job).completed->Increment();
       } else if (m.has_release() || m.has_reroute()) {
         if (m.has_reroute() && !m.reroute().failed_data_server().empty()) {
-          for (auto& [id, e] : data_servers_) {
-            if (e.address == m.reroute().failed_data_server()) {
-              e.suspect_until = options_.clock->Now() + data_server_timeout();
-            }
-          }
+          data_servers_.MarkSuspect(m.reroute().failed_data_server());
         }
         EndLeaseLocked(lease.job, lease_id,
                        m.has_release() ? "released" : "rerouted", fx);
@@ -1198,7 +1125,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   LeaseEntry entry =
       LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
   entry.data_server =
-      PickDataServerLocked(job.spec.manifest().shards(piece.shard_index).url());
+      data_servers_.Pick(job.spec.manifest().shards(piece.shard_index).url());
   leases_.Add(std::move(entry), TtlLocked(job)).IgnoreError();
   CoordinatorMessage grant;
   *grant.mutable_grant()->mutable_lease() =
@@ -1221,28 +1148,21 @@ void CoordinatorService::HintUpcomingLocked(const JobData& job,
                                             const std::deque<Piece>& queue,
                                             Effects& fx) {
   if (options_.prefetch_hint_units <= 0 || data_servers_.empty()) return;
-  constexpr size_t kRememberedHints = 4096;
+  std::map<int64_t, DataServerRegistry::HintTarget> targets;
   std::map<int64_t, v1::CoordinatorToDataServer> hints;
   int looked = 0;
   for (const Piece& piece : queue) {
     if (++looked > options_.prefetch_hint_units) break;
     const v1::Shard& shard = job.spec.manifest().shards(piece.shard_index);
     if (!IsRemoteShardUrl(shard.url())) continue;
-    const std::string address = PickDataServerLocked(shard.url());
-    for (auto& [id, e] : data_servers_) {
-      if (e.address != address || e.sink == nullptr) continue;
-      if (!e.hinted_set.insert(shard.url()).second) break;
-      e.hinted.push_back(shard.url());
-      if (e.hinted.size() > kRememberedHints) {
-        e.hinted_set.erase(e.hinted.front());
-        e.hinted.pop_front();
-      }
-      *hints[id].mutable_prefetch()->add_shards() = shard;
-      break;
-    }
+    std::optional<DataServerRegistry::HintTarget> target =
+        data_servers_.NoteHint(data_servers_.Pick(shard.url()), shard.url());
+    if (!target.has_value()) continue;
+    *hints[target->id].mutable_prefetch()->add_shards() = shard;
+    targets.emplace(target->id, std::move(*target));
   }
   for (auto& [id, msg] : hints)
-    fx.hints.emplace_back(data_servers_[id].sink, std::move(msg));
+    fx.hints.emplace_back(targets.at(id).sink, std::move(msg));
 }
 
 void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
@@ -1286,7 +1206,7 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
     int32_t held = static_cast<int32_t>(leases_.HeldBy(s.trainer_id).size());
     std::string why_not;
     v1::WaitingKind why_kind = v1::WAITING_KIND_UNSPECIFIED;
-    if (options_.wait_for_data_servers && !AnyLiveDataServerLocked()) {
+    if (options_.wait_for_data_servers && !data_servers_.AnyLive()) {
       // A grant must name a server to read from: the units wait.
       why_not =
           "no live data server: units wait until one registers with the "

@@ -35,6 +35,7 @@
 #include "server/common/path_roots.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/data_server_registry.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/journal.h"
 #include "server/coordinator/lease_table.h"
@@ -50,15 +51,6 @@ class SessionSink {
   virtual void Send(v1::CoordinatorMessage message) = 0;
   // Ends the stream with `status` after the queued messages.
   virtual void Finish(const absl::Status& status) = 0;
-};
-
-// Where the service sends messages to one registered data server (the
-// registration stream). Send must not block; it is called under the
-// service's lock.
-class DataServerSink {
- public:
-  virtual ~DataServerSink() = default;
-  virtual void Send(const v1::CoordinatorToDataServer& message) = 0;
 };
 
 struct CoordinatorOptions {
@@ -167,20 +159,6 @@ class CoordinatorService {
   void Flush();
 
  private:
-  struct DataServerEntry {
-    std::string address;
-    int32_t capacity = 1;
-    absl::Time last_seen;
-    // A trainer reported it failing: not chosen before this time.
-    absl::Time suspect_until = absl::InfinitePast();
-    std::shared_ptr<DataServerSink> sink;
-    // Shard URLs already hinted (bounded, oldest forgotten first).
-    std::deque<std::string> hinted;
-    std::set<std::string> hinted_set;
-  };
-  std::string PickDataServerLocked(const std::string& shard_url)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool AnyLiveDataServerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateDataServerMetricLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Session {
@@ -291,8 +269,7 @@ class CoordinatorService {
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, DataServerEntry> data_servers_ ABSL_GUARDED_BY(mu_);
-  int64_t next_data_server_id_ ABSL_GUARDED_BY(mu_) = 1;
+  DataServerRegistry data_servers_ ABSL_GUARDED_BY(mu_);
   // One above the newest fence any data server reported having seen.
   uint64_t seen_fence_floor_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, int64_t> session_of_trainer_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,119 @@
+#include "server/coordinator/data_server_registry.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+
+namespace sluice {
+namespace {
+
+uint64_t Fnv1a(absl::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t Mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+int64_t DataServerRegistry::Add(const std::string& address, int32_t capacity,
+                                std::shared_ptr<DataServerSink> sink) {
+  const int64_t id = next_id_++;
+  Server& s = servers_[id];
+  s.address = address;
+  s.capacity = capacity > 0 ? capacity : 1;
+  s.last_seen = clock_->Now();
+  s.sink = std::move(sink);
+  return id;
+}
+
+bool DataServerRegistry::Heartbeat(int64_t id) {
+  auto it = servers_.find(id);
+  if (it == servers_.end()) return false;
+  it->second.last_seen = clock_->Now();
+  return true;
+}
+
+void DataServerRegistry::Remove(int64_t id) { servers_.erase(id); }
+
+bool DataServerRegistry::AnyLive() const {
+  const absl::Time now = clock_->Now();
+  for (const auto& [id, s] : servers_) {
+    if (Live(s, now)) return true;
+  }
+  return false;
+}
+
+int DataServerRegistry::LiveCount() const {
+  const absl::Time now = clock_->Now();
+  int live = 0;
+  for (const auto& [id, s] : servers_) live += Live(s, now);
+  return live;
+}
+
+std::vector<std::string> DataServerRegistry::LiveAddresses() const {
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> out;
+  for (const auto& [id, s] : servers_) {
+    if (Live(s, now)) out.push_back(s.address);
+  }
+  return out;
+}
+
+void DataServerRegistry::MarkSuspect(const std::string& address) {
+  const absl::Time until = clock_->Now() + timeout_;
+  for (auto& [id, s] : servers_) {
+    if (s.address == address) s.suspect_until = until;
+  }
+}
+
+// Each live server scores -capacity / ln(u), u in (0, 1) from a hash of
+// (server address, shard URL); the top score wins, ties to the smaller
+// address.
+std::string DataServerRegistry::Pick(const std::string& shard_url) const {
+  const absl::Time now = clock_->Now();
+  const uint64_t shard_hash = Mix64(Fnv1a(shard_url));
+  std::string best;
+  double best_score = -1;
+  for (int pass = 0; pass < 2 && best.empty(); ++pass) {
+    for (const auto& [id, s] : servers_) {
+      if (!Live(s, now)) continue;
+      if (pass == 0 && now < s.suspect_until) continue;  // pass 1: all live
+      const uint64_t h = Mix64(Fnv1a(s.address) ^ shard_hash);
+      const double u = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
+      const double score = -static_cast<double>(s.capacity) / std::log(u);
+      if (score > best_score || (score == best_score && s.address < best)) {
+        best_score = score;
+        best = s.address;
+      }
+    }
+  }
+  return best;
+}
+
+std::optional<DataServerRegistry::HintTarget> DataServerRegistry::NoteHint(
+    const std::string& address, const std::string& shard_url) {
+  for (auto& [id, s] : servers_) {
+    if (s.address != address || s.sink == nullptr) continue;
+    if (!s.hinted_set.insert(shard_url).second) return std::nullopt;
+    s.hinted.push_back(shard_url);
+    if (s.hinted.size() > kRememberedHints) {
+      s.hinted_set.erase(s.hinted.front());
+      s.hinted.pop_front();
+    }
+    return HintTarget{id, s.sink};
+  }
+  return std::nullopt;
+}
+
+}  // namespace sluice

@@ -1,0 +1,99 @@
+// The coordinator's registry of data servers: soft state, never journaled
+// (servers re-register after a coordinator restart). A server is live while
+// it heartbeats within `timeout`; grants name a live server chosen by
+// rendezvous (highest random weight) hashing of the shard URL, weighted by
+// capacity, so a shard keeps going to the same server while the set of
+// servers is stable, and removing a server moves only the shards it had.
+// A server a trainer reported failing is passed over until `timeout` after
+// the report, unless no other server is live.
+//
+// Thread-safety: none; the coordinator calls it under its own lock.
+#ifndef SLUICE_SERVER_COORDINATOR_DATA_SERVER_REGISTRY_H_
+#define SLUICE_SERVER_COORDINATOR_DATA_SERVER_REGISTRY_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "server/common/clock.h"
+#include "sluice/v1/coordinator.pb.h"
+
+namespace sluice {
+
+// Where the coordinator sends messages to one registered data server (the
+// registration stream). Send must not block; it is called under the
+// coordinator's lock.
+class DataServerSink {
+ public:
+  virtual ~DataServerSink() = default;
+  virtual void Send(const v1::CoordinatorToDataServer& message) = 0;
+};
+
+class DataServerRegistry {
+ public:
+  // Shard URLs remembered as hinted per server (oldest forgotten first).
+  static constexpr size_t kRememberedHints = 4096;
+
+  DataServerRegistry(Clock* clock, absl::Duration timeout)
+      : clock_(clock), timeout_(timeout) {}
+
+  // A new registration, live from now; returns its id (never 0). A
+  // capacity <= 0 counts as 1.
+  int64_t Add(const std::string& address, int32_t capacity,
+              std::shared_ptr<DataServerSink> sink);
+  // Marks `id` seen now; false if it is not registered.
+  bool Heartbeat(int64_t id);
+  void Remove(int64_t id);
+
+  bool empty() const { return servers_.empty(); }
+  bool AnyLive() const;
+  int LiveCount() const;
+  std::vector<std::string> LiveAddresses() const;
+
+  // Passes over every registration at `address` until `timeout` from now.
+  void MarkSuspect(const std::string& address);
+
+  // The live server for `shard_url` (the best one not suspect, else the best
+  // live one); empty when none is live.
+  std::string Pick(const std::string& shard_url) const;
+
+  // Records that `shard_url` is hinted to the server registered at
+  // `address`: returns that registration's id and sink the first time
+  // (within the last kRememberedHints hints), nullopt when it was hinted
+  // already or the server has no sink.
+  struct HintTarget {
+    int64_t id;
+    std::shared_ptr<DataServerSink> sink;
+  };
+  std::optional<HintTarget> NoteHint(const std::string& address,
+                                     const std::string& shard_url);
+
+ private:
+  struct Server {
+    std::string address;
+    int32_t capacity = 1;
+    absl::Time last_seen;
+    absl::Time suspect_until = absl::InfinitePast();
+    std::shared_ptr<DataServerSink> sink;
+    std::deque<std::string> hinted;
+    std::set<std::string> hinted_set;
+  };
+  bool Live(const Server& s, absl::Time now) const {
+    return now - s.last_seen <= timeout_;
+  }
+
+  Clock* const clock_;
+  const absl::Duration timeout_;
+  std::map<int64_t, Server> servers_;
+  int64_t next_id_ = 1;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVER_COORDINATOR_DATA_SERVER_REGISTRY_H_
