@@ -7,13 +7,13 @@
 #include <deque>
 #include <map>
 #include <optional>
-#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "server/common/backoff.h"
 #include "server/common/grpc_status.h"
 #include "server/common/logging.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
@@ -526,8 +526,10 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
 }
 
 void ReaderImpl::RunSession() {
-  std::mt19937_64 rng(std::random_device{}());
-  absl::Duration backoff = absl::Milliseconds(100);
+  // Retries stay well within a lease TTL: a restarted coordinator gives
+  // the leases a fresh TTL and keeps them only if we are back before it
+  // ends.
+  Backoff backoff(absl::Milliseconds(100), absl::Seconds(5));
   absl::Time unreachable_since = absl::Now();
   while (true) {
     {
@@ -537,7 +539,7 @@ void ReaderImpl::RunSession() {
     // Connect first (polling the connection up to once per retry period,
     // the channel's backoff capped as above), then open the stream.
     if (!channel_->WaitForConnected(absl::ToChronoTime(
-            absl::Now() + std::min(backoff * 5, absl::Seconds(1))))) {
+            absl::Now() + std::min(backoff.step() * 5, absl::Seconds(1))))) {
       absl::MutexLock lock(&mu_);
       if (closing_ || job_done_) return;
       if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
@@ -547,7 +549,8 @@ void ReaderImpl::RunSession() {
         NotifyAllLocked();
         return;
       }
-      backoff = std::min({backoff * 2, absl::Seconds(5), lease_ttl_ / 4});
+      backoff.set_max(std::min(absl::Seconds(5), lease_ttl_ / 4));
+      backoff.Grow();
       continue;
     }
     grpc::ClientContext ctx;
@@ -600,7 +603,7 @@ void ReaderImpl::RunSession() {
       while (read(&m)) {
         if (m.has_welcome() && !welcomed) {
           welcomed = true;
-          backoff = absl::Milliseconds(100);
+          backoff.Reset();
           Handle(m);
           // Re-send what a broken stream may have lost, and have every held
           // lease confirmed: a lease the coordinator no longer knows is
@@ -669,12 +672,9 @@ void ReaderImpl::RunSession() {
       NotifyAllLocked();
       return;
     }
-    std::uniform_real_distribution<double> jitter(0.5, 1.0);
-    absl::Time until = absl::Now() + backoff * jitter(rng);
+    backoff.set_max(std::min(absl::Seconds(5), lease_ttl_ / 4));
+    const absl::Time until = absl::Now() + backoff.NextWait();
     while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
-    // Retry well within a lease TTL: a restarted coordinator gives the
-    // leases a fresh TTL and keeps them only if we are back before it ends.
-    backoff = std::min({backoff * 2, absl::Seconds(5), lease_ttl_ / 4});
   }
 }
 
@@ -704,19 +704,27 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
       case CoordinatorMessage::kEpochBegin:
         if (m.epoch_begin().epoch() > last_epoch_begin_) {
           last_epoch_begin_ = m.epoch_begin().epoch();
-          entries_.push_back(
-              Entry{ReaderEvent::Kind::kEpochBegin, m.epoch_begin().epoch(),
-                    m.epoch_begin().samples_for_rank(),
-                    m.epoch_begin().already_consumed(), nullptr,
-                    m.epoch_begin().samples_for_worker(),
-                    m.epoch_begin().already_consumed_by_worker()});
+          entries_.push_back(Entry{ReaderEvent::Kind::kEpochBegin,
+                                   m.epoch_begin().epoch(),
+                                   m.epoch_begin().samples_for_rank(),
+                                   m.epoch_begin().already_consumed(),
+                                   nullptr,
+                                   m.epoch_begin().samples_for_worker(),
+                                   m.epoch_begin().already_consumed_by_worker(),
+                                   {}});
         }
         break;
       case CoordinatorMessage::kEpochEnd:
         if (m.epoch_end().epoch() > last_epoch_end_) {
           last_epoch_end_ = m.epoch_end().epoch();
           entries_.push_back(Entry{ReaderEvent::Kind::kEpochEnd,
-                                   m.epoch_end().epoch(), 0, 0, nullptr});
+                                   m.epoch_end().epoch(),
+                                   0,
+                                   0,
+                                   nullptr,
+                                   0,
+                                   0,
+                                   {}});
         }
         break;
       case CoordinatorMessage::kJobDone:
@@ -746,7 +754,8 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         u->next_fetch = lease.unit().begin();
         u->order = next_order_++;
         units_[lease.lease_id()] = u;
-        entries_.push_back(Entry{ReaderEvent::Kind::kSample, 0, 0, 0, u});
+        entries_.push_back(
+            Entry{ReaderEvent::Kind::kSample, 0, 0, 0, u, 0, 0, {}});
         break;  // its stream opens in NotifyAllLocked below, when its turn
                 // comes
       }
@@ -954,9 +963,8 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
           options_.job, options_.rank, failures, address, error);
     }
     if (failures > 1) {
-      const absl::Duration wait = std::min(
-          kRerouteBackoffMax,
-          kRerouteBackoff * (int64_t{1} << std::min(failures - 2, 20)));
+      const absl::Duration wait =
+          Backoff::Nth(kRerouteBackoff, kRerouteBackoffMax, failures - 1);
       u.retry_error = std::move(error);
       u.retry_alarm = std::make_unique<grpc::Alarm>();
       u.retry_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + wait),

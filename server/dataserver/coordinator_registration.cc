@@ -3,9 +3,8 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
-#include <random>
-
 #include "absl/time/clock.h"
+#include "server/common/backoff.h"
 #include "server/common/logging.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
@@ -66,8 +65,7 @@ void CoordinatorRegistration::Run() {
                            : grpc::InsecureChannelCredentials(),
       args);
   auto stub = v1::Coordinator::NewStub(channel);
-  std::mt19937_64 rng(std::random_device{}());
-  absl::Duration backoff = absl::Milliseconds(100);  // grows to kMaxRetry
+  Backoff backoff(absl::Milliseconds(100), kMaxRetry);
   bool reported_failure = false;
   while (true) {
     grpc::ClientContext context;
@@ -97,7 +95,7 @@ void CoordinatorRegistration::Run() {
               count == 1 ? "registered" : "re-registered", options_.coordinator,
               options_.advertise);
       reported_failure = false;
-      backoff = absl::Milliseconds(100);
+      backoff.Reset();
       absl::Duration interval = absl::Milliseconds(
           std::max<int64_t>(50, reply.registered().heartbeat_interval_ms()));
       // Reads (prefetch hints) run beside the heartbeat writes.
@@ -148,10 +146,7 @@ void CoordinatorRegistration::Run() {
           status.ok() ? "closed" : status.error_message());
       reported_failure = true;
     }
-    // Full jitter: uniform in [backoff/2, backoff].
-    std::uniform_real_distribution<double> jitter(0.5, 1.0);
-    if (!Sleep(backoff * jitter(rng))) return;
-    backoff = std::min(backoff * 2, kMaxRetry);
+    if (!Sleep(backoff.NextWait())) return;
   }
 }
 

@@ -7,14 +7,14 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/escaping.h"
+#include "server/common/backoff.h"
 #include "server/common/logging.h"
 
 namespace sluice::dataserver {
@@ -82,28 +82,41 @@ bool IsRetryableCurlError(CURLcode code) {
 
 const char* FetchFailureLabel(FetchFailure failure) {
   switch (failure) {
-    case FetchFailure::kNone: return "none";
-    case FetchFailure::kNotFound: return "not_found";
-    case FetchFailure::kForbidden: return "forbidden";
-    case FetchFailure::kHttpClient: return "http_4xx";
-    case FetchFailure::kHttpServer: return "http_5xx";
-    case FetchFailure::kNetwork: return "network";
-    case FetchFailure::kTls: return "tls";
-    case FetchFailure::kTruncated: return "truncated";
-    case FetchFailure::kSizeMismatch: return "size_mismatch";
-    case FetchFailure::kChecksumMismatch: return "checksum_mismatch";
-    case FetchFailure::kDisk: return "disk";
-    case FetchFailure::kCancelled: return "cancelled";
+    case FetchFailure::kNone:
+      return "none";
+    case FetchFailure::kNotFound:
+      return "not_found";
+    case FetchFailure::kForbidden:
+      return "forbidden";
+    case FetchFailure::kHttpClient:
+      return "http_4xx";
+    case FetchFailure::kHttpServer:
+      return "http_5xx";
+    case FetchFailure::kNetwork:
+      return "network";
+    case FetchFailure::kTls:
+      return "tls";
+    case FetchFailure::kTruncated:
+      return "truncated";
+    case FetchFailure::kSizeMismatch:
+      return "size_mismatch";
+    case FetchFailure::kChecksumMismatch:
+      return "checksum_mismatch";
+    case FetchFailure::kDisk:
+      return "disk";
+    case FetchFailure::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }
 
 std::vector<FetchFailure> AllFetchFailures() {
-  return {FetchFailure::kNotFound,     FetchFailure::kForbidden,
-          FetchFailure::kHttpClient,   FetchFailure::kHttpServer,
-          FetchFailure::kNetwork,      FetchFailure::kTls,          FetchFailure::kTruncated,
-          FetchFailure::kSizeMismatch, FetchFailure::kChecksumMismatch,
-          FetchFailure::kDisk,         FetchFailure::kCancelled};
+  return {FetchFailure::kNotFound,         FetchFailure::kForbidden,
+          FetchFailure::kHttpClient,       FetchFailure::kHttpServer,
+          FetchFailure::kNetwork,          FetchFailure::kTls,
+          FetchFailure::kTruncated,        FetchFailure::kSizeMismatch,
+          FetchFailure::kChecksumMismatch, FetchFailure::kDisk,
+          FetchFailure::kCancelled};
 }
 
 // State of one transfer attempt, shared with curl's callbacks.
@@ -122,7 +135,8 @@ struct RemoteFetcher::Attempt {
     long status = 0;
     curl_easy_getinfo(a->curl, CURLINFO_RESPONSE_CODE, &status);
     if (status < 200 || status >= 300) {
-      if (a->error_body.size() < 512) a->error_body.append(data, std::min<size_t>(total, 512));
+      if (a->error_body.size() < 512)
+        a->error_body.append(data, std::min<size_t>(total, 512));
       return total;
     }
     if (a->sha != nullptr) EVP_DigestUpdate(a->sha, data, total);
@@ -140,7 +154,8 @@ struct RemoteFetcher::Attempt {
     return total;
   }
 
-  static int Progress(void* arg, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  static int Progress(void* arg, curl_off_t, curl_off_t, curl_off_t,
+                      curl_off_t) {
     return static_cast<Attempt*>(arg)->cancelled->load() ? 1 : 0;
   }
 };
@@ -149,11 +164,12 @@ RemoteFetcher::RemoteFetcher(RemoteFetcherOptions options)
     : options_(std::move(options)) {
   GlobalInit();
   if (options_.max_attempts < 1) options_.max_attempts = 1;
-  s3_region_ = FirstNonEmpty(
-      {options_.s3_region, Env("AWS_REGION"), Env("AWS_DEFAULT_REGION"), "us-east-1"});
-  s3_endpoint_ = FirstNonEmpty({options_.s3_endpoint, Env("AWS_ENDPOINT_URL_S3"),
-                                Env("AWS_ENDPOINT_URL"),
-                                absl::StrCat("https://s3.", s3_region_, ".amazonaws.com")});
+  s3_region_ = FirstNonEmpty({options_.s3_region, Env("AWS_REGION"),
+                              Env("AWS_DEFAULT_REGION"), "us-east-1"});
+  s3_endpoint_ = FirstNonEmpty(
+      {options_.s3_endpoint, Env("AWS_ENDPOINT_URL_S3"),
+       Env("AWS_ENDPOINT_URL"),
+       absl::StrCat("https://s3.", s3_region_, ".amazonaws.com")});
   while (absl::EndsWith(s3_endpoint_, "/")) s3_endpoint_.pop_back();
   const std::string key = Env("AWS_ACCESS_KEY_ID");
   const std::string secret = Env("AWS_SECRET_ACCESS_KEY");
@@ -169,11 +185,12 @@ RemoteFetcher::~RemoteFetcher() {
 }
 
 bool RemoteFetcher::IsRemoteUrl(absl::string_view url) {
-  return absl::StartsWith(url, "http://") || absl::StartsWith(url, "https://") ||
-         absl::StartsWith(url, "s3://");
+  return absl::StartsWith(url, "http://") ||
+         absl::StartsWith(url, "https://") || absl::StartsWith(url, "s3://");
 }
 
-absl::StatusOr<std::string> RemoteFetcher::HttpUrl(absl::string_view url) const {
+absl::StatusOr<std::string> RemoteFetcher::HttpUrl(
+    absl::string_view url) const {
   for (char c : url) {
     if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -183,7 +200,8 @@ absl::StatusOr<std::string> RemoteFetcher::HttpUrl(absl::string_view url) const 
   absl::string_view rest = url;
   if (absl::ConsumePrefix(&rest, "s3://")) {
     size_t slash = rest.find('/');
-    if (slash == 0 || slash == absl::string_view::npos || slash + 1 == rest.size()) {
+    if (slash == 0 || slash == absl::string_view::npos ||
+        slash + 1 == rest.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("shard url \"", url, "\": expected s3://BUCKET/KEY"));
     }
@@ -192,8 +210,8 @@ absl::StatusOr<std::string> RemoteFetcher::HttpUrl(absl::string_view url) const 
   if (absl::StartsWith(url, "http://") || absl::StartsWith(url, "https://")) {
     return std::string(url);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("shard url \"", url, "\" is not http://, https:// or s3://"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "shard url \"", url, "\" is not http://, https:// or s3://"));
 }
 
 void* RemoteFetcher::AcquireHandle() {
@@ -219,7 +237,8 @@ void RemoteFetcher::ReleaseHandle(void* handle) {
   }
 }
 
-absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd, bool sha256,
+absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
+                                                 bool sha256,
                                                  FetchFailure* failure) {
   *failure = FetchFailure::kNone;
   auto fail = [&](FetchFailure why, absl::Status status) {
@@ -229,8 +248,7 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
   absl::StatusOr<std::string> http_url = HttpUrl(url);
   if (!http_url.ok()) return fail(FetchFailure::kHttpClient, http_url.status());
   const bool s3 = absl::StartsWith(url, "s3://");
-  std::mt19937_64 jitter(std::random_device{}());
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
   std::string last_error;
   FetchFailure last_failure = FetchFailure::kNetwork;
   int attempts_made = 0;
@@ -238,17 +256,18 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
   for (int attempt = 1; attempt <= options_.max_attempts; ++attempt) {
     if (cancelled_.load()) {
       return fail(FetchFailure::kCancelled,
-                  absl::CancelledError(absl::StrCat("download of \"", url,
-                                                    "\" cancelled: shutting down")));
+                  absl::CancelledError(absl::StrCat(
+                      "download of \"", url, "\" cancelled: shutting down")));
     }
     if (ftruncate(fd, 0) != 0 || lseek(fd, 0, SEEK_SET) != 0) {
       return fail(FetchFailure::kDisk,
-                  absl::InternalError(absl::StrCat("cache file for \"", url,
-                                                   "\": ", std::strerror(errno))));
+                  absl::InternalError(absl::StrCat(
+                      "cache file for \"", url, "\": ", std::strerror(errno))));
     }
     CURL* curl = static_cast<CURL*>(AcquireHandle());
     if (curl == nullptr) {
-      return fail(FetchFailure::kNetwork, absl::ResourceExhaustedError("curl_easy_init failed"));
+      return fail(FetchFailure::kNetwork,
+                  absl::ResourceExhaustedError("curl_easy_init failed"));
     }
     curl_easy_reset(curl);
     attempts_made = attempt;
@@ -272,12 +291,14 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, curl_error);
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Attempt::Write);
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, &a);
-    curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 512L * 1024);  // fewer, larger writes
+    curl_easy_setopt(curl, CURLOPT_BUFFERSIZE,
+                     512L * 1024);  // fewer, larger writes
     curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, &Attempt::Progress);
     curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &a);
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                     static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
+    curl_easy_setopt(
+        curl, CURLOPT_CONNECTTIMEOUT_MS,
+        static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                      static_cast<long>(std::max<int64_t>(
@@ -293,7 +314,8 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
       curl_easy_setopt(curl, CURLOPT_USERPWD, aws_userpwd_.c_str());
       if (!aws_session_token_.empty()) {
         headers = curl_slist_append(
-            headers, absl::StrCat("x-amz-security-token: ", aws_session_token_).c_str());
+            headers,
+            absl::StrCat("x-amz-security-token: ", aws_session_token_).c_str());
       }
     }
     if (headers != nullptr) curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
@@ -302,7 +324,8 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
     long status = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
     curl_off_t content_length = -1;
-    curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &content_length);
+    curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T,
+                      &content_length);
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int digest_len = 0;
     if (a.sha != nullptr) {
@@ -317,8 +340,9 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
     if (code == CURLE_OK && status >= 200 && status < 300) {
       if (content_length >= 0 && content_length != a.written) {
         last_failure = FetchFailure::kTruncated;
-        last_error = absl::StrCat("body has ", a.written, " bytes but Content-Length says ",
-                                  content_length);
+        last_error =
+            absl::StrCat("body has ", a.written,
+                         " bytes but Content-Length says ", content_length);
         retryable = true;
       } else {
         FetchResult result;
@@ -331,67 +355,76 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
       std::string message = absl::StrCat("writing the cache file for \"", url,
                                          "\": ", std::strerror(a.write_errno));
       if (a.write_errno == ENOSPC || a.write_errno == EDQUOT) {
-        return fail(FetchFailure::kDisk,
-                    absl::ResourceExhaustedError(absl::StrCat(
-                        message, " (the cache's filesystem is full: lower --cache_bytes or "
-                                 "raise --cache_min_free_bytes)")));
+        return fail(
+            FetchFailure::kDisk,
+            absl::ResourceExhaustedError(absl::StrCat(
+                message,
+                " (the cache's filesystem is full: lower --cache_bytes or "
+                "raise --cache_min_free_bytes)")));
       }
       return fail(FetchFailure::kDisk, absl::InternalError(message));
     } else if (code == CURLE_ABORTED_BY_CALLBACK) {
       return fail(FetchFailure::kCancelled,
-                  absl::CancelledError(absl::StrCat("download of \"", url,
-                                                    "\" cancelled: shutting down")));
+                  absl::CancelledError(absl::StrCat(
+                      "download of \"", url, "\" cancelled: shutting down")));
     } else if (code != CURLE_OK) {
-      last_failure = code == CURLE_PARTIAL_FILE ? FetchFailure::kTruncated : FetchFailure::kNetwork;
-      last_error = absl::StrCat(curl_easy_strerror(code),
-                                curl_error[0] != 0 ? absl::StrCat(": ", curl_error) : "",
-                                code == CURLE_PARTIAL_FILE
-                                    ? absl::StrCat(" (body ended after ", a.written,
-                                                   " bytes; Content-Length ", content_length, ")")
-                                    : "");
+      last_failure = code == CURLE_PARTIAL_FILE ? FetchFailure::kTruncated
+                                                : FetchFailure::kNetwork;
+      last_error = absl::StrCat(
+          curl_easy_strerror(code),
+          curl_error[0] != 0 ? absl::StrCat(": ", curl_error) : "",
+          code == CURLE_PARTIAL_FILE
+              ? absl::StrCat(" (body ended after ", a.written,
+                             " bytes; Content-Length ", content_length, ")")
+              : "");
       retryable = IsRetryableCurlError(code);
-      if (code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE) {
+      if (code == CURLE_PEER_FAILED_VERIFICATION ||
+          code == CURLE_SSL_CACERT_BADFILE) {
         return fail(FetchFailure::kTls,
                     absl::FailedPreconditionError(absl::StrCat(
-                        "shard \"", url, "\": TLS verification failed: ", last_error,
-                        " (set --ca_bundle for a private CA)")));
+                        "shard \"", url, "\": TLS verification failed: ",
+                        last_error, " (set --ca_bundle for a private CA)")));
       }
     } else {
       const std::string body = Excerpt(a.error_body);
-      last_error = absl::StrCat("HTTP ", status, body.empty() ? "" : absl::StrCat(": ", body));
+      last_error = absl::StrCat("HTTP ", status,
+                                body.empty() ? "" : absl::StrCat(": ", body));
       if (status == 404 || status == 410) {
         return fail(FetchFailure::kNotFound,
-                    absl::NotFoundError(absl::StrCat("shard \"", url, "\": ", last_error)));
+                    absl::NotFoundError(
+                        absl::StrCat("shard \"", url, "\": ", last_error)));
       }
       if (status == 401 || status == 403) {
-        return fail(FetchFailure::kForbidden, absl::PermissionDeniedError(absl::StrCat(
-                                                  "shard \"", url, "\": ", last_error)));
+        return fail(FetchFailure::kForbidden,
+                    absl::PermissionDeniedError(
+                        absl::StrCat("shard \"", url, "\": ", last_error)));
       }
       if (status >= 500 || status == 408 || status == 429) {
         last_failure = FetchFailure::kHttpServer;
         retryable = true;
       } else {
-        return fail(FetchFailure::kHttpClient, absl::FailedPreconditionError(absl::StrCat(
-                                                   "shard \"", url, "\": ", last_error)));
+        return fail(FetchFailure::kHttpClient,
+                    absl::FailedPreconditionError(
+                        absl::StrCat("shard \"", url, "\": ", last_error)));
       }
     }
     if (!retryable) break;
     if (attempt < options_.max_attempts) {
-      // Full jitter: a uniform wait in [backoff/2, backoff].
-      std::uniform_real_distribution<double> dist(0.5, 1.0);
-      absl::Duration wait = backoff * dist(jitter);
-      LogWarning("download of \"%s\" attempt %d/%d failed (%s); retrying in %s", url, attempt,
-                 options_.max_attempts, last_error, absl::FormatDuration(wait));
-      for (absl::Time until = absl::Now() + wait; absl::Now() < until && !cancelled_.load();) {
+      const absl::Duration wait = backoff.NextWait();
+      LogWarning("download of \"%s\" attempt %d/%d failed (%s); retrying in %s",
+                 url, attempt, options_.max_attempts, last_error,
+                 absl::FormatDuration(wait));
+      for (absl::Time until = absl::Now() + wait;
+           absl::Now() < until && !cancelled_.load();) {
         absl::SleepFor(std::min(absl::Milliseconds(50), until - absl::Now()));
       }
-      backoff = std::min(backoff * 2, options_.max_backoff);
     }
   }
-  return fail(last_failure,
-              absl::UnavailableError(absl::StrCat("shard \"", url, "\": download failed after ",
-                                                  attempts_made, attempts_made == 1 ? " attempt: " : " attempts: ",
-                                                  last_error)));
+  return fail(
+      last_failure,
+      absl::UnavailableError(absl::StrCat(
+          "shard \"", url, "\": download failed after ", attempts_made,
+          attempts_made == 1 ? " attempt: " : " attempts: ", last_error)));
 }
 
 }  // namespace sluice::dataserver
