@@ -13,7 +13,7 @@ DEB_PACKAGES := \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev grpc-proto \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev \
   zlib1g-dev libjemalloc-dev libturbojpeg0-dev libjpeg62-turbo-dev libswscale-dev libyuv-dev librandom123-dev libimath-dev libpng-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  clang libclang-rt-14-dev python3 nodejs systemd nginx-light \
+  clang clang-format libclang-rt-14-dev python3 nodejs systemd nginx-light \
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch python3-torchvision \
   prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel
 

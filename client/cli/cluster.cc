@@ -28,8 +28,11 @@
 #include "server/common/status_macros.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
-ABSL_FLAG(std::string, dir, ".sluice", "up/demo: working directory (journal, logs, port files; demo data).");
-ABSL_FLAG(std::string, shards, "", "up: directory of shards the data servers serve (default DIR/shards).");
+ABSL_FLAG(std::string, dir, ".sluice",
+          "up/demo: working directory (journal, logs, port files; demo data).");
+ABSL_FLAG(
+    std::string, shards, "",
+    "up: directory of shards the data servers serve (default DIR/shards).");
 ABSL_FLAG(int, data_servers, 2, "up: data servers to start.");
 ABSL_FLAG(int, demo_samples, 3002, "demo: samples in the synthetic dataset.");
 ABSL_FLAG(int, demo_shards, 30, "demo: shards in the synthetic dataset.");
@@ -54,7 +57,9 @@ absl::StatusOr<std::string> HttpGet(const std::string& url) {
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 5000L);
   CURLcode rc = curl_easy_perform(curl);
   curl_easy_cleanup(curl);
-  if (rc != CURLE_OK) return absl::UnavailableError(absl::StrCat(url, ": ", curl_easy_strerror(rc)));
+  if (rc != CURLE_OK)
+    return absl::UnavailableError(
+        absl::StrCat(url, ": ", curl_easy_strerror(rc)));
   return body;
 }
 
@@ -76,46 +81,55 @@ struct LocalCluster {
   std::vector<Subprocess> data;
   std::vector<std::string> data_grpc;
 
-  absl::Status Start(const std::string& work, const std::string& shards, int servers,
-                     const std::string& listen, const std::vector<std::string>& extra) {
+  absl::Status Start(const std::string& work, const std::string& shards,
+                     int servers, const std::string& listen,
+                     const std::vector<std::string>& extra) {
     dir = work;
     const std::string bin = SelfDir();
     mkdir(dir.c_str(), 0755);
     mkdir((dir + "/logs").c_str(), 0755);
     std::string ports = dir + "/coordinator.ports";
     unlink(ports.c_str());
-    std::vector<std::string> argv = {bin + "/sluice-coordinator", "--listen=" + listen,
-                                     "--metrics_listen=127.0.0.1:0", "--port_file=" + ports,
-                                     "--journal_dir=" + dir + "/journal"};
+    std::vector<std::string> argv = {
+        bin + "/sluice-coordinator", "--listen=" + listen,
+        "--metrics_listen=127.0.0.1:0", "--port_file=" + ports,
+        "--journal_dir=" + dir + "/journal"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    ASSIGN_OR_RETURN(coordinator, Subprocess::Spawn(argv, "", dir + "/logs/coordinator.log"));
-    ASSIGN_OR_RETURN(auto kv, WaitForPortFile(ports, coordinator, absl::Seconds(20)));
+    ASSIGN_OR_RETURN(coordinator, Subprocess::Spawn(
+                                      argv, "", dir + "/logs/coordinator.log"));
+    ASSIGN_OR_RETURN(auto kv,
+                     WaitForPortFile(ports, coordinator, absl::Seconds(20)));
     coordinator_grpc = kv["grpc"];
     coordinator_metrics = kv["metrics"];
     for (int i = 0; i < servers; ++i) {
       std::string p = absl::StrCat(dir, "/dataserver-", i, ".ports");
       unlink(p.c_str());
-      ASSIGN_OR_RETURN(Subprocess s,
-                       Subprocess::Spawn({bin + "/sluice-dataserver", "--listen=127.0.0.1:0",
-                                          "--metrics_listen=127.0.0.1:0", "--port_file=" + p,
-                                          "--roots=" + shards,
-                                          absl::StrCat("--cache_dir=", dir, "/cache-", i),
-                                          "--coordinator=" + coordinator_grpc},
-                                         "", absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
+      ASSIGN_OR_RETURN(
+          Subprocess s,
+          Subprocess::Spawn({bin + "/sluice-dataserver", "--listen=127.0.0.1:0",
+                             "--metrics_listen=127.0.0.1:0", "--port_file=" + p,
+                             "--roots=" + shards,
+                             absl::StrCat("--cache_dir=", dir, "/cache-", i),
+                             "--coordinator=" + coordinator_grpc},
+                            "",
+                            absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
       data.push_back(std::move(s));
-      ASSIGN_OR_RETURN(auto dkv, WaitForPortFile(p, data.back(), absl::Seconds(20)));
+      ASSIGN_OR_RETURN(auto dkv,
+                       WaitForPortFile(p, data.back(), absl::Seconds(20)));
       data_grpc.push_back(dkv["grpc"]);
     }
     // Until every data server has registered, grants would name none.
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (absl::Now() < deadline) {
       auto page = HttpGet("http://" + coordinator_metrics + "/metrics");
-      if (page.ok() && Metric(*page, "sluice_coordinator_data_servers") >= servers) {
+      if (page.ok() &&
+          Metric(*page, "sluice_coordinator_data_servers") >= servers) {
         return absl::OkStatus();
       }
       absl::SleepFor(absl::Milliseconds(50));  // poll
     }
-    return absl::DeadlineExceededError("data servers did not register with the coordinator");
+    return absl::DeadlineExceededError(
+        "data servers did not register with the coordinator");
   }
 
   void Stop() {
@@ -140,8 +154,8 @@ std::string Jpeg(int seed) {
   tjhandle t = tjInitCompress();
   unsigned char* out = nullptr;
   unsigned long size = 0;
-  tjCompress2(t, reinterpret_cast<const unsigned char*>(rgb.data()), w, 0, h, TJPF_RGB, &out,
-              &size, TJSAMP_420, 85, 0);
+  tjCompress2(t, reinterpret_cast<const unsigned char*>(rgb.data()), w, 0, h,
+              TJPF_RGB, &out, &size, TJSAMP_420, 85, 0);
   std::string jpeg(reinterpret_cast<char*>(out), size);
   tjFree(out);
   tjDestroy(t);
@@ -193,8 +207,9 @@ std::vector<Delivery> ReadLedger(const std::string& path) {
   while (std::getline(in, line)) {
     Delivery d;
     long long epoch = 0, index = 0;
-    if (std::sscanf(line.c_str(), "{\"epoch\":%lld,\"rank\":%d,\"shard\":%d,\"index\":%lld", &epoch,
-                    &d.rank, &d.shard, &index) == 4) {
+    if (std::sscanf(line.c_str(),
+                    "{\"epoch\":%lld,\"rank\":%d,\"shard\":%d,\"index\":%lld",
+                    &epoch, &d.rank, &d.shard, &index) == 4) {
       d.epoch = epoch;
       d.index = index;
       out.push_back(d);
@@ -213,7 +228,8 @@ int UpCommand(const std::vector<std::string>& args) {
   mkdir(dir.c_str(), 0755);
   mkdir(shards.c_str(), 0755);
   char real[PATH_MAX];
-  if (realpath(shards.c_str(), real) == nullptr) return Fail(absl::NotFoundError("--shards: " + shards));
+  if (realpath(shards.c_str(), real) == nullptr)
+    return Fail(absl::NotFoundError("--shards: " + shards));
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   LocalCluster cluster;
@@ -225,8 +241,10 @@ int UpCommand(const std::vector<std::string>& args) {
   }
   std::printf("coordinator %s (metrics %s)\n", cluster.coordinator_grpc.c_str(),
               cluster.coordinator_metrics.c_str());
-  for (const std::string& d : cluster.data_grpc) std::printf("data server %s\n", d.c_str());
-  std::printf("shards from %s; logs in %s/logs; Ctrl-C stops everything\n", real, dir.c_str());
+  for (const std::string& d : cluster.data_grpc)
+    std::printf("data server %s\n", d.c_str());
+  std::printf("shards from %s; logs in %s/logs; Ctrl-C stops everything\n",
+              real, dir.c_str());
   std::fflush(stdout);
   while (!g_stop) {
     if (cluster.coordinator.Poll()) {
@@ -246,20 +264,25 @@ int DemoCommand(const std::vector<std::string>& args) {
   const int total = absl::GetFlag(FLAGS_demo_samples);
   const int num_shards = absl::GetFlag(FLAGS_demo_shards);
   const int world = 4, epochs = 2;
-  if (total < 100 * world || num_shards < 2) return Usage("--demo_samples >= 400, --demo_shards >= 2");
+  if (total < 100 * world || num_shards < 2)
+    return Usage("--demo_samples >= 400, --demo_shards >= 2");
   // A fresh directory every run.
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir + "/shards", ec);
-  if (ec) return Fail(absl::InternalError("cannot create " + dir + "/shards: " + ec.message()));
+  if (ec)
+    return Fail(absl::InternalError("cannot create " + dir +
+                                    "/shards: " + ec.message()));
   char real[PATH_MAX];
-  if (realpath(dir.c_str(), real) == nullptr) return Fail(absl::InternalError("cannot create " + dir));
+  if (realpath(dir.c_str(), real) == nullptr)
+    return Fail(absl::InternalError("cannot create " + dir));
   const std::string root = real;
   const bool tty = isatty(STDERR_FILENO);
 
   // 1. A synthetic WebDataset: JPEG + cls + json samples.
-  std::fprintf(stderr, "[1/5] writing %d samples in %d shards under %s/shards\n", total, num_shards,
-               root.c_str());
+  std::fprintf(stderr,
+               "[1/5] writing %d samples in %d shards under %s/shards\n", total,
+               num_shards, root.c_str());
   std::string manifest = "{\"shards\": [";
   std::vector<int> sizes;
   for (int i = 0, first = 0; i < num_shards; ++i) {
@@ -269,8 +292,10 @@ int DemoCommand(const std::vector<std::string>& args) {
     if (!s.ok()) return Fail(s);
     struct stat st;
     stat(path.c_str(), &st);
-    absl::StrAppend(&manifest, i ? "," : "", "{\"url\":\"", path, "\",\"num_samples\":", count,
-                    ",\"size_bytes\":", static_cast<long long>(st.st_size), "}");
+    absl::StrAppend(&manifest, i ? "," : "", "{\"url\":\"", path,
+                    "\",\"num_samples\":", count,
+                    ",\"size_bytes\":", static_cast<long long>(st.st_size),
+                    "}");
     sizes.push_back(count);
     first += count;
   }
@@ -280,8 +305,8 @@ int DemoCommand(const std::vector<std::string>& args) {
   // 2. Coordinator + 2 data servers.
   std::fprintf(stderr, "[2/5] starting a coordinator and 2 data servers\n");
   LocalCluster cluster;
-  absl::Status started_cluster =
-      cluster.Start(root, root + "/shards", 2, "127.0.0.1:0", {"--heartbeat_interval=250ms"});
+  absl::Status started_cluster = cluster.Start(
+      root, root + "/shards", 2, "127.0.0.1:0", {"--heartbeat_interval=250ms"});
   if (!started_cluster.ok()) {
     cluster.Stop();
     return Fail(started_cluster);
@@ -291,14 +316,18 @@ int DemoCommand(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {self};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.push_back("--coordinator=" + cluster.coordinator_grpc);
-    auto p = Subprocess::Spawn(argv, root + "/logs/ctl.out", root + "/logs/ctl.log");
-    return p.ok() ? p->Wait(absl::Seconds(30)) : absl::StatusOr<int>(p.status());
+    auto p =
+        Subprocess::Spawn(argv, root + "/logs/ctl.out", root + "/logs/ctl.log");
+    return p.ok() ? p->Wait(absl::Seconds(30))
+                  : absl::StatusOr<int>(p.status());
   };
-  auto created = run_ctl({"job", "create", "--name=demo", "--manifest=" + root + "/manifest.json",
-                          "--world_size=4", "--epochs=2", "--seed=7", "--lease_ttl=2s"});
+  auto created = run_ctl(
+      {"job", "create", "--name=demo", "--manifest=" + root + "/manifest.json",
+       "--world_size=4", "--epochs=2", "--seed=7", "--lease_ttl=2s"});
   if (!created.ok() || *created != 0) {
     cluster.Stop();
-    return Fail(absl::InternalError("job create failed; see " + root + "/logs/ctl.log"));
+    return Fail(absl::InternalError("job create failed; see " + root +
+                                    "/logs/ctl.log"));
   }
 
   // 3. Four trainer ranks, each `sluicectl read` writing one line per sample.
@@ -313,15 +342,19 @@ int DemoCommand(const std::vector<std::string>& args) {
     Trainer t;
     t.rank = rank;
     t.ledger = absl::StrCat(root, "/trainer-", rank, tag, ".jsonl");
-    ASSIGN_OR_RETURN(t.process,
-                     Subprocess::Spawn({self, "read", "--job=demo", absl::StrCat("--rank=", rank),
-                                        "--coordinator=" + cluster.coordinator_grpc, "--rate=600",
-                                        "--progress_interval=200ms"},
-                                       t.ledger, absl::StrCat(root, "/logs/trainer-", rank, tag, ".log")));
+    ASSIGN_OR_RETURN(
+        t.process,
+        Subprocess::Spawn(
+            {self, "read", "--job=demo", absl::StrCat("--rank=", rank),
+             "--coordinator=" + cluster.coordinator_grpc, "--rate=600",
+             "--progress_interval=200ms"},
+            t.ledger, absl::StrCat(root, "/logs/trainer-", rank, tag, ".log")));
     trainers.push_back(std::move(t));
     return absl::OkStatus();
   };
-  std::fprintf(stderr, "[3/5] running 4 ranks x 2 epochs; a trainer and a data server will be SIGKILLed\n");
+  std::fprintf(stderr,
+               "[3/5] running 4 ranks x 2 epochs; a trainer and a data server "
+               "will be SIGKILLed\n");
   for (int r = 0; r < world; ++r) {
     absl::Status s = start_trainer(r, "");
     if (!s.ok()) return Fail(s);
@@ -348,8 +381,9 @@ int DemoCommand(const std::vector<std::string>& args) {
       trainers[1].killed = true;
       killed_ledger = trainers[1].ledger;
       trainer_killed = true;
-      events.push_back(absl::StrCat("SIGKILLed rank 1's trainer after ", rank1_epoch0,
-                                    " samples of epoch 0; started a replacement"));
+      events.push_back(
+          absl::StrCat("SIGKILLed rank 1's trainer after ", rank1_epoch0,
+                       " samples of epoch 0; started a replacement"));
       absl::Status s = start_trainer(1, "-replacement");
       if (!s.ok()) return Fail(s);
     }
@@ -357,28 +391,37 @@ int DemoCommand(const std::vector<std::string>& args) {
       cluster.data[1].Signal(SIGKILL);
       (void)cluster.data[1].Wait(absl::Seconds(5));
       server_killed = true;
-      events.push_back(absl::StrCat("SIGKILLed data server ", cluster.data_grpc[1], " after ",
+      events.push_back(absl::StrCat("SIGKILLed data server ",
+                                    cluster.data_grpc[1], " after ",
                                     by_epoch[1], " samples of epoch 1"));
     }
-    int64_t done = std::min(by_epoch[0], per_epoch) + std::min(by_epoch[1], per_epoch);
+    int64_t done =
+        std::min(by_epoch[0], per_epoch) + std::min(by_epoch[1], per_epoch);
     int pct = static_cast<int>(100 * done / (per_epoch * epochs));
     if (tty) {
       int bar = pct * 30 / 100;
-      std::fprintf(stderr, "\r  [%s%s] %3d%%  epoch 0: %lld/%lld  epoch 1: %lld/%lld ",
-                   std::string(bar, '#').c_str(), std::string(30 - bar, ' ').c_str(), pct,
-                   static_cast<long long>(by_epoch[0]), static_cast<long long>(per_epoch),
-                   static_cast<long long>(by_epoch[1]), static_cast<long long>(per_epoch));
+      std::fprintf(
+          stderr, "\r  [%s%s] %3d%%  epoch 0: %lld/%lld  epoch 1: %lld/%lld ",
+          std::string(bar, '#').c_str(), std::string(30 - bar, ' ').c_str(),
+          pct, static_cast<long long>(by_epoch[0]),
+          static_cast<long long>(per_epoch),
+          static_cast<long long>(by_epoch[1]),
+          static_cast<long long>(per_epoch));
     } else if (absl::Now() - last_line > absl::Seconds(2)) {
-      std::fprintf(stderr, "  %3d%%  epoch 0: %lld/%lld  epoch 1: %lld/%lld\n", pct,
-                   static_cast<long long>(by_epoch[0]), static_cast<long long>(per_epoch),
-                   static_cast<long long>(by_epoch[1]), static_cast<long long>(per_epoch));
+      std::fprintf(stderr, "  %3d%%  epoch 0: %lld/%lld  epoch 1: %lld/%lld\n",
+                   pct, static_cast<long long>(by_epoch[0]),
+                   static_cast<long long>(per_epoch),
+                   static_cast<long long>(by_epoch[1]),
+                   static_cast<long long>(per_epoch));
       last_line = absl::Now();
     }
     bool running = false;
-    for (Trainer& t : trainers) running |= !t.killed && !t.process.Poll().has_value();
+    for (Trainer& t : trainers)
+      running |= !t.killed && !t.process.Poll().has_value();
     if (!running) break;
     if (absl::Now() > deadline) {
-      std::fprintf(stderr, "\nsluicectl demo: trainers still running after 100 s\n");
+      std::fprintf(stderr,
+                   "\nsluicectl demo: trainers still running after 100 s\n");
       cluster.Stop();
       return kVerifyFailed;
     }
@@ -394,22 +437,43 @@ int DemoCommand(const std::vector<std::string>& args) {
   // 4. Verify.
   std::fprintf(stderr, "[4/5] verifying\n");
   auto page = HttpGet("http://" + cluster.coordinator_metrics + "/metrics");
-  const double expired = page.ok() ? Metric(*page, "sluice_coordinator_leases_expired_total{sluice_job=\"demo\"}") : 0;
-  const double rerouted = page.ok() ? Metric(*page, "sluice_coordinator_leases_revoked_total{sluice_job=\"demo\"}") : 0;
-  const double granted = page.ok() ? Metric(*page, "sluice_coordinator_leases_granted_total{sluice_job=\"demo\"}") : 0;
+  const double expired =
+      page.ok()
+          ? Metric(
+                *page,
+                "sluice_coordinator_leases_expired_total{sluice_job=\"demo\"}")
+          : 0;
+  const double rerouted =
+      page.ok()
+          ? Metric(
+                *page,
+                "sluice_coordinator_leases_revoked_total{sluice_job=\"demo\"}")
+          : 0;
+  const double granted =
+      page.ok()
+          ? Metric(
+                *page,
+                "sluice_coordinator_leases_granted_total{sluice_job=\"demo\"}")
+          : 0;
   std::map<std::tuple<int64_t, int, int64_t>, std::vector<std::string>> seen;
-  std::map<std::pair<int64_t, int>, std::set<std::pair<int, int64_t>>> unique_by_rank;
+  std::map<std::pair<int64_t, int>, std::set<std::pair<int, int64_t>>>
+      unique_by_rank;
   bool in_dataset = true;
   for (const Trainer& t : trainers) {
     for (const Delivery& d : ReadLedger(t.ledger)) {
       seen[{d.epoch, d.shard, d.index}].push_back(t.ledger);
       unique_by_rank[{d.epoch, d.rank}].insert({d.shard, d.index});
-      in_dataset &= d.shard >= 0 && d.shard < num_shards && d.index >= 0 && d.index < sizes[d.shard];
+      in_dataset &= d.shard >= 0 && d.shard < num_shards && d.index >= 0 &&
+                    d.index < sizes[d.shard];
     }
   }
-  bool ok = in_dataset && failed_trainers == 0 && trainer_killed && server_killed;
-  std::printf("\nSluice demo: %d samples in %d shards, world size %d, %d epochs, drop remainder (%lld per epoch)\n",
-              total, num_shards, world, epochs, static_cast<long long>(total - per_epoch));
+  bool ok =
+      in_dataset && failed_trainers == 0 && trainer_killed && server_killed;
+  std::printf(
+      "\nSluice demo: %d samples in %d shards, world size %d, %d epochs, drop "
+      "remainder (%lld per epoch)\n",
+      total, num_shards, world, epochs,
+      static_cast<long long>(total - per_epoch));
   for (int e = 0; e < epochs; ++e) {
     std::string line = absl::StrCat("  epoch ", e, ": samples per rank");
     int64_t unique = 0;
@@ -424,7 +488,8 @@ int DemoCommand(const std::vector<std::string>& args) {
     for (const auto& [key, who] : seen) {
       if (std::get<0>(key) != e || who.size() < 2) continue;
       dup += static_cast<int64_t>(who.size()) - 1;
-      dup_from_killed &= who.size() == 2 && (who[0] == killed_ledger || who[1] == killed_ledger);
+      dup_from_killed &= who.size() == 2 &&
+                         (who[0] == killed_ledger || who[1] == killed_ledger);
     }
     ok &= unique == per_epoch && dup_from_killed;
     // G2's bound: a killed trainer re-delivers at most what it delivered
@@ -432,26 +497,38 @@ int DemoCommand(const std::vector<std::string>& args) {
     // for the reporting tick's slack.
     bool within_bound = dup <= 600 * 2 / 5;
     ok &= within_bound;
-    absl::StrAppend(&line, unique == per_epoch ? " (all equal to " : " (expected ", per_rank, ")");
+    absl::StrAppend(&line,
+                    unique == per_epoch ? " (all equal to " : " (expected ",
+                    per_rank, ")");
     std::printf("%s\n", line.c_str());
-    std::printf("    distinct samples delivered: %lld of %lld (every sample of the epoch exactly once%s)\n",
-                static_cast<long long>(unique), static_cast<long long>(per_epoch),
-                unique == per_epoch ? "" : ": MISSING SAMPLES");
-    std::printf("    delivered twice: %lld (bound %d)%s\n", static_cast<long long>(dup), 600 * 2 / 5,
-                dup == 0 ? ""
-                : dup_from_killed ? " (all received by the killed trainer but not yet acknowledged, G2)"
+    std::printf(
+        "    distinct samples delivered: %lld of %lld (every sample of the "
+        "epoch exactly once%s)\n",
+        static_cast<long long>(unique), static_cast<long long>(per_epoch),
+        unique == per_epoch ? "" : ": MISSING SAMPLES");
+    std::printf("    delivered twice: %lld (bound %d)%s\n",
+                static_cast<long long>(dup), 600 * 2 / 5,
+                dup == 0          ? ""
+                : dup_from_killed ? " (all received by the killed trainer but "
+                                    "not yet acknowledged, G2)"
                                   : " (NOT explained by the killed trainer)");
   }
-  std::printf("  leases granted %.0f, expired %.0f (the killed trainer's), re-routed or released %.0f\n",
-              granted, expired, rerouted);
+  std::printf(
+      "  leases granted %.0f, expired %.0f (the killed trainer's), re-routed "
+      "or released %.0f\n",
+      granted, expired, rerouted);
   ok &= expired >= 1;
 
-  std::printf("  data server killed: %s; trainer killed: %s; trainers that failed: %d\n",
-              server_killed ? "yes" : "no", trainer_killed ? "yes" : "no", failed_trainers);
+  std::printf(
+      "  data server killed: %s; trainer killed: %s; trainers that failed: "
+      "%d\n",
+      server_killed ? "yes" : "no", trainer_killed ? "yes" : "no",
+      failed_trainers);
 
   std::fprintf(stderr, "[5/5] stopping the cluster\n");
   cluster.Stop();
-  std::printf("%s in %.1f s (logs and ledgers in %s)\n", ok ? "VERIFIED" : "VERIFICATION FAILED",
+  std::printf("%s in %.1f s (logs and ledgers in %s)\n",
+              ok ? "VERIFIED" : "VERIFICATION FAILED",
               absl::ToDoubleSeconds(absl::Now() - started), root.c_str());
   return ok ? kOk : kVerifyFailed;
 }

@@ -8,8 +8,8 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/cli.h"
@@ -18,12 +18,19 @@
 ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_DECLARE_FLAG(absl::Duration, timeout);
 ABSL_DECLARE_FLAG(bool, json);
-ABSL_FLAG(std::string, scope, "default", "once/barrier: scope of the name (e.g. the job).");
-ABSL_FLAG(std::string, id, "", "once/barrier: this participant's id (e.g. rank-3; default host-pid).");
+ABSL_FLAG(std::string, scope, "default",
+          "once/barrier: scope of the name (e.g. the job).");
+ABSL_FLAG(
+    std::string, id, "",
+    "once/barrier: this participant's id (e.g. rank-3; default host-pid).");
 ABSL_FLAG(absl::Duration, ttl, absl::Seconds(10),
-          "once: the runner's execution lease; a waiter takes over after this long without a heartbeat.");
-ABSL_FLAG(bool, fail_all, false, "once: a failed run fails every later caller too (default: retryable).");
-ABSL_FLAG(int32_t, participants, 0, "barrier: how many distinct ids must arrive.");
+          "once: the runner's execution lease; a waiter takes over after this "
+          "long without a heartbeat.");
+ABSL_FLAG(
+    bool, fail_all, false,
+    "once: a failed run fails every later caller too (default: retryable).");
+ABSL_FLAG(int32_t, participants, 0,
+          "barrier: how many distinct ids must arrive.");
 
 namespace sluice::cli {
 namespace {
@@ -35,7 +42,8 @@ int RunCommand(const std::vector<std::string>& argv) {
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execvp(args[0], args.data());
     std::fprintf(stderr, "sluicectl once: cannot run %s\n", argv[0].c_str());
@@ -59,37 +67,42 @@ int OnceCommand(const std::vector<std::string>& args) {
   o.ttl = absl::GetFlag(FLAGS_ttl);
   o.fail_all = absl::GetFlag(FLAGS_fail_all);
   o.on_wait = [&](const std::string& runner, int64_t run) {
-    std::fprintf(stderr, "once %s/%s: waiting for %s (run %lld)\n", o.scope.c_str(),
-                 o.name.c_str(), runner.c_str(), static_cast<long long>(run));
+    std::fprintf(stderr, "once %s/%s: waiting for %s (run %lld)\n",
+                 o.scope.c_str(), o.name.c_str(), runner.c_str(),
+                 static_cast<long long>(run));
   };
   const std::vector<std::string> command(args.begin() + 1, args.end());
   int exit_code = 0;
   auto outcome = RunOnce(o, [&]() -> absl::StatusOr<std::string> {
-    std::fprintf(stderr, "once %s/%s: running %s\n", o.scope.c_str(), o.name.c_str(),
-                 absl::StrJoin(command, " ").c_str());
+    std::fprintf(stderr, "once %s/%s: running %s\n", o.scope.c_str(),
+                 o.name.c_str(), absl::StrJoin(command, " ").c_str());
     exit_code = RunCommand(command);
-    if (exit_code != 0) return absl::InternalError(absl::StrCat("exit ", exit_code));
+    if (exit_code != 0)
+      return absl::InternalError(absl::StrCat("exit ", exit_code));
     return std::string();
   });
   if (!outcome.ok()) return Fail(outcome.status());
   if (outcome->ran) return exit_code;
   if (!outcome->failed) {
     std::fprintf(stderr, "once %s/%s: done by another participant (run %lld)\n",
-                 o.scope.c_str(), o.name.c_str(), static_cast<long long>(outcome->run));
+                 o.scope.c_str(), o.name.c_str(),
+                 static_cast<long long>(outcome->run));
     return kOk;
   }
-  std::fprintf(stderr, "once %s/%s: the run failed: %s\n", o.scope.c_str(), o.name.c_str(),
-               outcome->error.c_str());
+  std::fprintf(stderr, "once %s/%s: the run failed: %s\n", o.scope.c_str(),
+               o.name.c_str(), outcome->error.c_str());
   int code = 1;
   if (absl::StartsWith(outcome->error, "exit ") &&
-      absl::SimpleAtoi(outcome->error.substr(5), &code) && code > 0 && code < 256) {
+      absl::SimpleAtoi(outcome->error.substr(5), &code) && code > 0 &&
+      code < 256) {
     return code;  // the command's status, everywhere
   }
   return kError;
 }
 
 int BarrierCommand(const std::vector<std::string>& args) {
-  if (args.size() != 1) return Usage("barrier NAME --participants N --id ID [--timeout 60s]");
+  if (args.size() != 1)
+    return Usage("barrier NAME --participants N --id ID [--timeout 60s]");
   BarrierOptions o;
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
   o.credentials = Credentials();
@@ -102,7 +115,8 @@ int BarrierCommand(const std::vector<std::string>& args) {
   if (o.participants <= 0) return Usage("barrier: --participants must be > 0");
   auto response = WaitBarrier(o);
   if (!response.ok()) {
-    std::fprintf(stderr, "sluicectl: %s\n", response.status().ToString().c_str());
+    std::fprintf(stderr, "sluicectl: %s\n",
+                 response.status().ToString().c_str());
     if (absl::IsDeadlineExceeded(response.status())) return kBarrierTimeout;
     return Fail(response.status());
   }
@@ -111,8 +125,9 @@ int BarrierCommand(const std::vector<std::string>& args) {
                 static_cast<long long>(response->generation()),
                 absl::StrJoin(response->arrived(), "\",\"").c_str());
   } else {
-    std::printf("barrier %s/%s generation %lld: %d arrived\n", o.scope.c_str(), o.name.c_str(),
-                static_cast<long long>(response->generation()), response->arrived_size());
+    std::printf("barrier %s/%s generation %lld: %d arrived\n", o.scope.c_str(),
+                o.name.c_str(), static_cast<long long>(response->generation()),
+                response->arrived_size());
   }
   return kOk;
 }

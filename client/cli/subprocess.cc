@@ -15,18 +15,22 @@
 
 namespace sluice::cli {
 
-absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
-                                             const std::string& stdout_path,
-                                             const std::string& stderr_path) {
+absl::StatusOr<Subprocess> Subprocess::Spawn(
+    const std::vector<std::string>& argv, const std::string& stdout_path,
+    const std::string& stderr_path) {
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   auto open_out = [](const std::string& path) {
-    return path.empty() ? -1 : open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    return path.empty() ? -1
+                        : open(path.c_str(),
+                               O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   };
   int out = open_out(stdout_path), err = open_out(stderr_path);
   if ((!stdout_path.empty() && out < 0) || (!stderr_path.empty() && err < 0)) {
-    return absl::InternalError(absl::StrCat("cannot open ", stdout_path, " / ", stderr_path));
+    return absl::InternalError(
+        absl::StrCat("cannot open ", stdout_path, " / ", stderr_path));
   }
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -74,7 +78,8 @@ std::optional<int> Subprocess::Poll() {
   if (exit_code_ || pid_ <= 0) return exit_code_;
   int status = 0;
   if (waitpid(pid_, &status, WNOHANG) == pid_) {
-    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    exit_code_ =
+        WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   return exit_code_;
 }
@@ -84,7 +89,8 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   while (true) {
     if (auto code = Poll()) return *code;
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("pid ", pid_, " still running"));
     }
     absl::SleepFor(absl::Milliseconds(10));  // waitpid has no timeout
   }
@@ -111,9 +117,8 @@ std::string SelfDir() {
   return self.substr(0, self.rfind('/'));
 }
 
-absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(const std::string& path,
-                                                                   Subprocess& process,
-                                                                   absl::Duration timeout) {
+absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(
+    const std::string& path, Subprocess& process, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     std::ifstream in(path);
@@ -121,15 +126,17 @@ absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(const std::st
       std::stringstream s;
       s << in.rdbuf();
       std::map<std::string, std::string> kv;
-      for (absl::string_view line : absl::StrSplit(s.str(), '\n', absl::SkipEmpty())) {
-        std::pair<std::string, std::string> p = absl::StrSplit(line, absl::MaxSplits('=', 1));
+      for (absl::string_view line :
+           absl::StrSplit(s.str(), '\n', absl::SkipEmpty())) {
+        std::pair<std::string, std::string> p =
+            absl::StrSplit(line, absl::MaxSplits('=', 1));
         kv[p.first] = p.second;
       }
       if (kv.count("grpc")) return kv;
     }
     if (auto code = process.Poll()) {
-      return absl::InternalError(absl::StrCat("pid ", process.pid(), " exited with ", *code,
-                                              " before listening"));
+      return absl::InternalError(absl::StrCat(
+          "pid ", process.pid(), " exited with ", *code, " before listening"));
     }
     absl::SleepFor(absl::Milliseconds(20));  // poll for the file
   }

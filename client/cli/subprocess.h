@@ -46,9 +46,8 @@ std::string SelfDir();
 std::string SelfPath();
 
 // Waits for a server's --port_file and returns its key=value pairs.
-absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(const std::string& path,
-                                                                   Subprocess& process,
-                                                                   absl::Duration timeout);
+absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(
+    const std::string& path, Subprocess& process, absl::Duration timeout);
 
 }  // namespace sluice::cli
 

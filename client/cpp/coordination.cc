@@ -27,10 +27,12 @@ std::shared_ptr<grpc::ChannelCredentials> Creds(
 
 }  // namespace
 
-absl::StatusOr<OnceOutcome> RunOnce(const OnceOptions& options,
-                                    const std::function<absl::StatusOr<std::string>()>& step) {
+absl::StatusOr<OnceOutcome> RunOnce(
+    const OnceOptions& options,
+    const std::function<absl::StatusOr<std::string>()>& step) {
   if (options.coordinator.empty() || options.name.empty()) {
-    return absl::InvalidArgumentError("OnceOptions.coordinator and .name are required");
+    return absl::InvalidArgumentError(
+        "OnceOptions.coordinator and .name are required");
   }
   auto stub = v1::Coordinator::NewStub(
       grpc::CreateChannel(options.coordinator, Creds(options.credentials)));
@@ -44,11 +46,12 @@ absl::StatusOr<OnceOutcome> RunOnce(const OnceOptions& options,
   v1::OnceRequest join;
   join.mutable_join()->set_scope(options.scope);
   join.mutable_join()->set_name(options.name);
-  join.mutable_join()->set_participant(options.participant.empty() ? DefaultParticipant()
-                                                                   : options.participant);
+  join.mutable_join()->set_participant(
+      options.participant.empty() ? DefaultParticipant() : options.participant);
   join.mutable_join()->set_ttl_ms(absl::ToInt64Milliseconds(options.ttl));
-  join.mutable_join()->set_on_failure(options.fail_all ? v1::ONCE_FAILURE_POLICY_FAIL_ALL
-                                                       : v1::ONCE_FAILURE_POLICY_RETRY);
+  join.mutable_join()->set_on_failure(options.fail_all
+                                          ? v1::ONCE_FAILURE_POLICY_FAIL_ALL
+                                          : v1::ONCE_FAILURE_POLICY_RETRY);
   OnceOutcome outcome;
   bool final = false;  // Done or Error received
   if (write(join)) {
@@ -76,8 +79,8 @@ absl::StatusOr<OnceOutcome> RunOnce(const OnceOptions& options,
         outcome.run = r.run().run();
         // Heartbeat while the step runs: the execution lease.
         absl::Notification stepped;
-        const absl::Duration interval =
-            absl::Milliseconds(std::max<int64_t>(50, r.run().heartbeat_interval_ms()));
+        const absl::Duration interval = absl::Milliseconds(
+            std::max<int64_t>(50, r.run().heartbeat_interval_ms()));
         std::thread heartbeat([&] {
           while (!stepped.WaitForNotificationWithTimeout(interval)) {
             v1::OnceRequest beat;
@@ -95,7 +98,8 @@ absl::StatusOr<OnceOutcome> RunOnce(const OnceOptions& options,
           outcome.result = *result;
         } else {
           report.mutable_failed()->set_run(outcome.run);
-          report.mutable_failed()->set_error(std::string(result.status().message()));
+          report.mutable_failed()->set_error(
+              std::string(result.status().message()));
           outcome.failed = true;
           outcome.error = std::string(result.status().message());
         }
@@ -108,22 +112,26 @@ absl::StatusOr<OnceOutcome> RunOnce(const OnceOptions& options,
   stream->WritesDone();
   absl::Status status = FromGrpcStatus(stream->Finish());
   if (final) return outcome;
-  if (status.ok()) status = absl::UnavailableError("the stream ended without an outcome");
-  return absl::Status(status.code(), absl::StrCat("once ", options.scope, "/", options.name, ": ",
-                                                  status.message()));
+  if (status.ok())
+    status = absl::UnavailableError("the stream ended without an outcome");
+  return absl::Status(status.code(),
+                      absl::StrCat("once ", options.scope, "/", options.name,
+                                   ": ", status.message()));
 }
 
 absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
-  if (options.coordinator.empty() || options.name.empty() || options.participant.empty() ||
-      options.participants <= 0) {
+  if (options.coordinator.empty() || options.name.empty() ||
+      options.participant.empty() || options.participants <= 0) {
     return absl::InvalidArgumentError(
-        "BarrierOptions.coordinator, .name, .participant and .participants are required");
+        "BarrierOptions.coordinator, .name, .participant and .participants are "
+        "required");
   }
   auto stub = v1::Coordinator::NewStub(
       grpc::CreateChannel(options.coordinator, Creds(options.credentials)));
   grpc::ClientContext ctx;
   // The server answers at the timeout; the RPC deadline is a backstop.
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout + absl::Seconds(10)));
+  ctx.set_deadline(
+      absl::ToChronoTime(absl::Now() + options.timeout + absl::Seconds(10)));
   v1::BarrierRequest request;
   request.set_scope(options.scope);
   request.set_name(options.name);

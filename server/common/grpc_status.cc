@@ -1,7 +1,5 @@
 #include "server/common/grpc_status.h"
 
-
-
 #include "absl/strings/cord.h"
 
 namespace sluice {
@@ -34,9 +32,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (raw < 0 || raw > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
     raw = static_cast<int>(absl::StatusCode::kUnknown);
   }
-  absl::Status result(static_cast<absl::StatusCode>(raw), status.error_message());
+  absl::Status result(static_cast<absl::StatusCode>(raw),
+                      status.error_message());
   if (!status.error_details().empty()) {
-    result.SetPayload(kGrpcDetailsPayloadUrl, absl::Cord(status.error_details()));
+    result.SetPayload(kGrpcDetailsPayloadUrl,
+                      absl::Cord(status.error_details()));
   }
   return result;
 }

@@ -3,9 +3,9 @@
 #ifndef SLUICE_SERVER_COMMON_GRPC_STATUS_H_
 #define SLUICE_SERVER_COMMON_GRPC_STATUS_H_
 
-#include <string>
-
 #include <grpcpp/support/status.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 

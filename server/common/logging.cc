@@ -30,10 +30,11 @@ void LogLine(LogSeverity severity, absl::string_view message) {
     absl::MutexLock lock(&program_mu);
     program = program_name != nullptr ? *program_name : "sluice";
   }
-  const std::string line = absl::StrFormat(
-      "%s %c %s: %s\n",
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
-      tag, program, message);
+  const std::string line =
+      absl::StrFormat("%s %c %s: %s\n",
+                      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
+                                       absl::UTCTimeZone()),
+                      tag, program, message);
   // One fwrite per line: stdio locks the stream, so lines stay whole.
   std::fwrite(line.data(), 1, line.size(), stderr);
 }

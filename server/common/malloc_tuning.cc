@@ -16,7 +16,8 @@ std::string MallocProvider() {
   // libraries in link order).
   void* malloc_fn = dlsym(RTLD_DEFAULT, "malloc");
   Dl_info info;
-  if (malloc_fn == nullptr || dladdr(malloc_fn, &info) == 0 || info.dli_fname == nullptr) {
+  if (malloc_fn == nullptr || dladdr(malloc_fn, &info) == 0 ||
+      info.dli_fname == nullptr) {
     return "";
   }
   const char* slash = std::strrchr(info.dli_fname, '/');
@@ -30,7 +31,8 @@ bool TuneMallocForStreaming() {
   if (!GlibcMallocInUse()) return false;
   // The mmap threshold first: setting either value turns off glibc's
   // dynamic threshold, which would otherwise have grown to the sizes seen.
-  return mallopt(M_MMAP_THRESHOLD, static_cast<int>(kTunedMmapThreshold)) == 1 &&
+  return mallopt(M_MMAP_THRESHOLD, static_cast<int>(kTunedMmapThreshold)) ==
+             1 &&
          mallopt(M_TRIM_THRESHOLD, static_cast<int>(kTunedTrimThreshold)) == 1;
 #else
   return false;

@@ -1,14 +1,13 @@
 #include "server/common/server_host.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/gauge.h>
 #include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <prometheus/gauge.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -55,7 +54,6 @@ namespace {
 
 constexpr char kReadinessService[] = "readiness";
 
-
 }  // namespace
 
 std::string HostPort::ToString() const {
@@ -66,9 +64,9 @@ std::string HostPort::ToString() const {
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text,
                                        absl::string_view flag) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid ", flag, "=", text, ": ", why,
-        " (expected HOST:PORT, e.g. 127.0.0.1:0 or [::1]:7070)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid ", flag, "=", text, ": ", why,
+                     " (expected HOST:PORT, e.g. 127.0.0.1:0 or [::1]:7070)"));
   };
   HostPort result;
   absl::string_view port_text;
@@ -155,7 +153,8 @@ std::vector<char*> ParseServerFlags(int argc, char** argv,
   usage_config.version_string = [] { return std::string("sluice 0.1.0\n"); };
   usage_config.normalize_filename = [](absl::string_view file) {
     const size_t pos = file.find("server/");
-    return std::string(pos == absl::string_view::npos ? file : file.substr(pos));
+    return std::string(pos == absl::string_view::npos ? file
+                                                      : file.substr(pos));
   };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(usage);
@@ -172,12 +171,15 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   if (config.tls.enabled()) {
     grpc::SslServerCredentialsOptions options;
     grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(config.tls.cert_file, "--tls_cert"));
-    ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(config.tls.key_file, "--tls_key"));
+    ASSIGN_OR_RETURN(pair.cert_chain,
+                     ReadPemFile(config.tls.cert_file, "--tls_cert"));
+    ASSIGN_OR_RETURN(pair.private_key,
+                     ReadPemFile(config.tls.key_file, "--tls_key"));
     options.pem_key_cert_pairs.push_back(std::move(pair));
     if (!config.tls.client_ca_file.empty()) {
-      ASSIGN_OR_RETURN(options.pem_root_certs,
-                       ReadPemFile(config.tls.client_ca_file, "--tls_client_ca"));
+      ASSIGN_OR_RETURN(
+          options.pem_root_certs,
+          ReadPemFile(config.tls.client_ca_file, "--tls_client_ca"));
       options.client_certificate_request =
           GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
@@ -206,15 +208,16 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   for (grpc::Service* service : services) builder.RegisterService(service);
   host->server_ = builder.BuildAndStart();
   if (host->server_ == nullptr || host->grpc_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on --listen=", config.listen.ToString(),
-        " (address in use, or not an address of this host?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on --listen=", config.listen.ToString(),
+                     " (address in use, or not an address of this host?)"));
   }
   host->SetReady(false);
 
   if (!config.metrics_listen.empty()) {
     try {
-      host->exposer_ = std::make_unique<prometheus::Exposer>(config.metrics_listen);
+      host->exposer_ =
+          std::make_unique<prometheus::Exposer>(config.metrics_listen);
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat(
           "cannot listen on --metrics_listen=", config.metrics_listen, ": ",
@@ -229,8 +232,9 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
           config.tls.enabled()
               ? (config.tls.client_ca_file.empty() ? "TLS" : "mutual TLS")
               : "plaintext",
-          host->exposer_ ? absl::StrFormat(", metrics on port %d", host->metrics_port_)
-                         : std::string());
+          host->exposer_
+              ? absl::StrFormat(", metrics on port %d", host->metrics_port_)
+              : std::string());
   return host;
 }
 
@@ -308,10 +312,13 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
   BlockTerminationSignals();
   ParseServerFlags(argc, argv, options.program, options.usage);
   if (!GlibcMallocInUse()) {
-    LogInfo("malloc: %s (--tune_malloc applies to glibc's malloc only)", MallocProvider());
+    LogInfo("malloc: %s (--tune_malloc applies to glibc's malloc only)",
+            MallocProvider());
   } else if (absl::GetFlag(FLAGS_tune_malloc) && !TuneMallocForStreaming()) {
-    LogWarning("--tune_malloc: glibc's malloc refused the mallopt settings; running with its "
-               "defaults");
+    LogWarning(
+        "--tune_malloc: glibc's malloc refused the mallopt settings; running "
+        "with its "
+        "defaults");
   }
   absl::StatusOr<ServerConfig> config = ServerConfigFromFlags(
       options.program, options.default_listen, options.default_metrics_listen);
@@ -330,7 +337,8 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
       options.make_services(registry);
   if (!services.ok()) {
     LogError("%s", services.status().message());
-    return services.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return services.status().code() == absl::StatusCode::kInvalidArgument ? 2
+                                                                          : 1;
   }
   absl::StatusOr<std::unique_ptr<ServerHost>> host =
       ServerHost::Start(*config, (*services)->services(), registry);

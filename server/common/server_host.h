@@ -15,22 +15,22 @@
 // Typical main():
 //   BlockTerminationSignals();                 // before any thread starts
 //   ASSIGN_OR_RETURN(auto config, ServerConfigFromFlags(kDefaultListen, ...));
-//   ASSIGN_OR_RETURN(auto host, ServerHost::Start(config, {&service}, registry));
-//   host->SetReady(true);
-//   host->RunUntilSignal([&] { service.Drain(); });
+//   ASSIGN_OR_RETURN(auto host, ServerHost::Start(config, {&service},
+//   registry)); host->SetReady(true); host->RunUntilSignal([&] {
+//   service.Drain(); });
 //
 // Thread-safety: SetReady and Shutdown may be called from any thread.
 #ifndef SLUICE_SERVER_COMMON_SERVER_HOST_H_
 #define SLUICE_SERVER_COMMON_SERVER_HOST_H_
 
+#include <grpcpp/grpcpp.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
-#include <prometheus/exposer.h>
-#include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"

@@ -9,24 +9,28 @@
 
 namespace sluice {
 
-absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_view flag) {
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        absl::string_view flag) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", flag, "=", path));
+  if (!in)
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", flag, "=", path));
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentialsFromFiles(
-    const ClientTlsFiles& f) {
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+ClientCredentialsFromFiles(const ClientTlsFiles& f) {
   if (f.cert.empty() != f.key.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(f.cert_flag, " and ", f.key_flag, " must be given together"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.cert_flag, " and ", f.key_flag, " must be given together"));
   }
   if (f.ca.empty()) {
     if (!f.cert.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(f.cert_flag, " (mutual TLS) needs ", f.ca_flag, " to verify the server"));
+          absl::StrCat(f.cert_flag, " (mutual TLS) needs ", f.ca_flag,
+                       " to verify the server"));
     }
     return grpc::InsecureChannelCredentials();
   }

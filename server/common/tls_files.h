@@ -4,10 +4,10 @@
 #ifndef SLUICE_SERVER_COMMON_TLS_FILES_H_
 #define SLUICE_SERVER_COMMON_TLS_FILES_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -15,7 +15,8 @@
 namespace sluice {
 
 // The whole file; INVALID_ARGUMENT "cannot read <flag>=<path>" otherwise.
-absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_view flag);
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        absl::string_view flag);
 
 // Client-side TLS: verify the server against `ca`, and present `cert`/`key`
 // for mutual TLS when set. No `ca` and no certificate = insecure.
@@ -24,8 +25,8 @@ struct ClientTlsFiles {
   // The flags they came from, for messages.
   std::string ca_flag, cert_flag, key_flag;
 };
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentialsFromFiles(
-    const ClientTlsFiles& files);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+ClientCredentialsFromFiles(const ClientTlsFiles& files);
 
 }  // namespace sluice
 

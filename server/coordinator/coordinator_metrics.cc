@@ -3,11 +3,13 @@
 namespace sluice {
 namespace {
 
-prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r, const char* name,
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r,
+                                                       const char* name,
                                                        const char* help) {
   return prometheus::BuildCounter().Name(name).Help(help).Register(r);
 }
-prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, const char* name,
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r,
+                                                   const char* name,
                                                    const char* help) {
   return prometheus::BuildGauge().Name(name).Help(help).Register(r);
 }
@@ -15,57 +17,77 @@ prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, cons
 }  // namespace
 
 CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
-    : jobs(GaugeFamily(r, "sluice_coordinator_jobs", "Jobs known to the coordinator.").Add({})),
-      live_leases(GaugeFamily(r, "sluice_coordinator_live_leases", "Leases currently held.").Add({})),
-      fsync_latency(prometheus::BuildHistogram()
-                        .Name("sluice_coordinator_journal_fsync_seconds")
-                        .Help("Duration of each journal fsync (one per group commit).")
-                        .Register(r)
-                        .Add({}, prometheus::Histogram::BucketBoundaries{
-                                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                     0.025, 0.05, 0.1, 0.25, 1})),
+    : jobs(GaugeFamily(r, "sluice_coordinator_jobs",
+                       "Jobs known to the coordinator.")
+               .Add({})),
+      live_leases(GaugeFamily(r, "sluice_coordinator_live_leases",
+                              "Leases currently held.")
+                      .Add({})),
+      fsync_latency(
+          prometheus::BuildHistogram()
+              .Name("sluice_coordinator_journal_fsync_seconds")
+              .Help("Duration of each journal fsync (one per group commit).")
+              .Register(r)
+              .Add({},
+                   prometheus::Histogram::BucketBoundaries{
+                       0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                       0.025, 0.05, 0.1, 0.25, 1})),
       journal_bytes(GaugeFamily(r, "sluice_coordinator_journal_bytes",
                                 "Size of the journal file in bytes.")
                         .Add({})),
-      compactions(CounterFamily(r, "sluice_coordinator_journal_compactions_total",
-                                "Journal compactions (the journal replaced by one snapshot).")
-                      .Add({})),
+      compactions(
+          CounterFamily(
+              r, "sluice_coordinator_journal_compactions_total",
+              "Journal compactions (the journal replaced by one snapshot).")
+              .Add({})),
       data_servers(GaugeFamily(r, "sluice_coordinator_data_servers",
                                "Data servers registered and heartbeating.")
                        .Add({})),
-      grant_latency(prometheus::BuildHistogram()
-                        .Name("sluice_coordinator_lease_grant_latency_seconds")
-                        .Help("From the trainer message that freed a credit to the durable "
-                              "Grant being sent.")
-                        .Register(r)
-                        .Add({}, prometheus::Histogram::BucketBoundaries{
-                                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                     0.025, 0.05, 0.1, 0.25, 1})),
-      granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total", "Leases granted.")),
+      grant_latency(
+          prometheus::BuildHistogram()
+              .Name("sluice_coordinator_lease_grant_latency_seconds")
+              .Help(
+                  "From the trainer message that freed a credit to the durable "
+                  "Grant being sent.")
+              .Register(r)
+              .Add({},
+                   prometheus::Histogram::BucketBoundaries{
+                       0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                       0.025, 0.05, 0.1, 0.25, 1})),
+      granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total",
+                             "Leases granted.")),
       completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",
                                "Leases completed by their holder.")),
-      expired_(CounterFamily(r, "sluice_coordinator_leases_expired_total",
-                             "Leases reclaimed after their TTL (holder presumed dead).")),
-      released_(CounterFamily(r, "sluice_coordinator_leases_revoked_total",
-                              "Leases given back or re-routed before completion.")),
+      expired_(CounterFamily(
+          r, "sluice_coordinator_leases_expired_total",
+          "Leases reclaimed after their TTL (holder presumed dead).")),
+      released_(
+          CounterFamily(r, "sluice_coordinator_leases_revoked_total",
+                        "Leases given back or re-routed before completion.")),
       epoch_total_(GaugeFamily(r, "sluice_coordinator_epoch_samples",
                                "Samples served per epoch (after drop/pad).")),
       epoch_done_(GaugeFamily(r, "sluice_coordinator_epoch_samples_completed",
                               "Samples of the current epoch acknowledged.")),
-      epoch_(GaugeFamily(r, "sluice_coordinator_epoch", "Current epoch of the job.")),
-      resumes_(CounterFamily(r, "sluice_coordinator_resumes_total",
-                             "Job positions moved to a trainer's resume cursor.")),
-      sessions_(GaugeFamily(r, "sluice_coordinator_sessions",
-                            "Open trainer sessions of the job (past their Hello).")) {}
+      epoch_(GaugeFamily(r, "sluice_coordinator_epoch",
+                         "Current epoch of the job.")),
+      resumes_(
+          CounterFamily(r, "sluice_coordinator_resumes_total",
+                        "Job positions moved to a trainer's resume cursor.")),
+      sessions_(GaugeFamily(
+          r, "sluice_coordinator_sessions",
+          "Open trainer sessions of the job (past their Hello).")) {}
 
-const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(const std::string& job) {
+const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(
+    const std::string& job) {
   auto it = jobs_.find(job);
   if (it != jobs_.end()) return it->second;
   // Not "job": Prometheus attaches its own job label to every scraped series.
   const prometheus::Labels labels = {{"sluice_job", job}};
-  Job series{&granted_.Add(labels),     &completed_.Add(labels),   &expired_.Add(labels),
-             &released_.Add(labels),    &resumes_.Add(labels),     &epoch_total_.Add(labels),
-             &epoch_done_.Add(labels),  &epoch_.Add(labels),      &sessions_.Add(labels)};
+  Job series{&granted_.Add(labels),    &completed_.Add(labels),
+             &expired_.Add(labels),    &released_.Add(labels),
+             &resumes_.Add(labels),    &epoch_total_.Add(labels),
+             &epoch_done_.Add(labels), &epoch_.Add(labels),
+             &sessions_.Add(labels)};
   return jobs_.emplace(job, series).first->second;
 }
 

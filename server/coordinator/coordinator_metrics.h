@@ -5,13 +5,13 @@
 #ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 #define SLUICE_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 
-#include <map>
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <map>
+#include <string>
 
 namespace sluice {
 

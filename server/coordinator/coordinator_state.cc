@@ -1,8 +1,8 @@
 #include "server/coordinator/coordinator_state.h"
 
-#include <algorithm>
-
 #include <google/protobuf/util/message_differencer.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
@@ -27,8 +27,8 @@ void IntervalSet::Add(int64_t begin, int64_t end) {
   ranges_[begin] = end;
 }
 
-std::vector<std::pair<int64_t, int64_t>> IntervalSet::Missing(int64_t begin,
-                                                              int64_t end) const {
+std::vector<std::pair<int64_t, int64_t>> IntervalSet::Missing(
+    int64_t begin, int64_t end) const {
   std::vector<std::pair<int64_t, int64_t>> result;
   int64_t cursor = begin;
   auto it = ranges_.upper_bound(begin);
@@ -53,8 +53,9 @@ PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec) {
   options.seed = spec.seed();
   options.shuffle = spec.shuffle();
   options.world_size = spec.world_size();
-  options.remainder = spec.remainder() == v1::REMAINDER_PAD ? RemainderPolicy::kPad
-                                                            : RemainderPolicy::kDrop;
+  options.remainder = spec.remainder() == v1::REMAINDER_PAD
+                          ? RemainderPolicy::kPad
+                          : RemainderPolicy::kDrop;
   options.max_samples_per_lease = spec.max_samples_per_lease();
   return options;
 }
@@ -82,7 +83,8 @@ int64_t LogSize(const std::vector<AckedRange>& log) {
 }
 
 // The first `count` acknowledged samples of one slot.
-std::vector<AckedRange> LogPrefix(const std::vector<AckedRange>& log, int64_t count) {
+std::vector<AckedRange> LogPrefix(const std::vector<AckedRange>& log,
+                                  int64_t count) {
   std::vector<AckedRange> out;
   for (const AckedRange& r : log) {
     if (count <= 0) break;
@@ -95,8 +97,8 @@ std::vector<AckedRange> LogPrefix(const std::vector<AckedRange>& log, int64_t co
 }
 
 // The samples of `plan` not in `consumed`, in plan order.
-std::vector<SampleRange> Unconsumed(const EpochPlan& plan,
-                                    const std::map<int64_t, IntervalSet>& consumed) {
+std::vector<SampleRange> Unconsumed(
+    const EpochPlan& plan, const std::map<int64_t, IntervalSet>& consumed) {
   std::vector<SampleRange> remaining;
   for (const PlannedUnit& u : plan.units) {
     auto it = consumed.find(u.sequence);
@@ -117,8 +119,9 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   // Keep the finished epoch for cursors taken in it (only the latest one).
   job.history.clear();
   if (epoch == job.epoch + 1) {
-    job.history.push_back(EpochHistory{std::move(job.plan), std::move(job.ack_log),
-                                       job.replanned, std::move(job.replan_sequence)});
+    job.history.push_back(EpochHistory{std::move(job.plan),
+                                       std::move(job.ack_log), job.replanned,
+                                       std::move(job.replan_sequence)});
   }
   job.replanned = false;
   job.replan_sequence.clear();
@@ -132,7 +135,8 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   job.leases.clear();
 }
 
-absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) {
+absl::Status CoordinatorState::Apply(
+    const v1::internal::JournalRecord& record) {
   using R = v1::internal::JournalRecord;
   switch (record.record_case()) {
     case R::kJobCreated: {
@@ -148,8 +152,8 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
     case R::kEpochAdvanced: {
       auto it = jobs_.find(record.epoch_advanced().job());
       if (it == jobs_.end()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("epoch advance for unknown job ", record.epoch_advanced().job()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "epoch advance for unknown job ", record.epoch_advanced().job()));
       }
       StartEpoch(it->second, record.epoch_advanced().epoch());
       return absl::OkStatus();
@@ -159,7 +163,8 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
       auto it = jobs_.find(g.job());
       if (it == jobs_.end() || it->second.epoch != g.epoch()) {
         return absl::FailedPreconditionError(
-            absl::StrCat("grant of lease ", g.lease_id(), " for unknown job/epoch ", g.job()));
+            absl::StrCat("grant of lease ", g.lease_id(),
+                         " for unknown job/epoch ", g.job()));
       }
       DurableLease lease = LeaseFromRecord(g);
       it->second.leases[lease.lease_id] = lease;
@@ -171,19 +176,22 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
       const auto& a = record.unit_acked();
       auto it = jobs_.find(a.job());
       if (it == jobs_.end() || it->second.epoch != a.epoch()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("ack for unknown job/epoch ", a.job(), "/", a.epoch()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "ack for unknown job/epoch ", a.job(), "/", a.epoch()));
       }
       JobData& job = it->second;
       auto lease = job.leases.find(a.lease_id());
       if (lease == job.leases.end()) {
-        return absl::FailedPreconditionError(absl::StrCat("ack for unknown lease ", a.lease_id()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("ack for unknown lease ", a.lease_id()));
       }
       // [begin, begin + consumed) is newly acknowledged.
       job.acked[a.sequence()].Add(a.begin(), a.begin() + a.consumed());
       const bool known_slot = a.rank() >= 0 && a.rank() < job.plan.num_ranks &&
-                              a.worker() >= 0 && a.worker() < job.plan.workers_per_rank;
-      const int32_t slot = known_slot ? job.plan.SlotOf(a.rank(), a.worker()) : -1;
+                              a.worker() >= 0 &&
+                              a.worker() < job.plan.workers_per_rank;
+      const int32_t slot =
+          known_slot ? job.plan.SlotOf(a.rank(), a.worker()) : -1;
       if (known_slot) job.consumed_per_slot[slot] += a.consumed();
       job.consumed_total += a.consumed();
       if (a.consumed() > 0 && known_slot) {
@@ -202,7 +210,8 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
     }
     case R::kLeaseEnded: {
       auto it = jobs_.find(record.lease_ended().job());
-      if (it != jobs_.end()) it->second.leases.erase(record.lease_ended().lease_id());
+      if (it != jobs_.end())
+        it->second.leases.erase(record.lease_ended().lease_id());
       return absl::OkStatus();
     }
     case R::kOnceFinished: {
@@ -222,31 +231,38 @@ absl::Status CoordinatorState::Apply(const v1::internal::JournalRecord& record) 
   return absl::InvalidArgumentError("empty journal record");
 }
 
-absl::Status CoordinatorState::CheckResume(const v1::internal::JobResumed& resume) const {
+absl::Status CoordinatorState::CheckResume(
+    const v1::internal::JobResumed& resume) const {
   const v1::Cursor& c = resume.cursor();
   const JobData* target = FindJob(resume.job());
-  if (target == nullptr) return absl::NotFoundError(absl::StrCat("job ", resume.job(), " not found"));
+  if (target == nullptr)
+    return absl::NotFoundError(
+        absl::StrCat("job ", resume.job(), " not found"));
   const JobData* source = FindJob(c.job());
   if (source == nullptr) {
-    return absl::NotFoundError(absl::StrCat("hello.cursor.job: job ", c.job(), " not found"));
+    return absl::NotFoundError(
+        absl::StrCat("hello.cursor.job: job ", c.job(), " not found"));
   }
   if (source != target) {
     const v1::JobSpec& a = source->spec;
     const v1::JobSpec& b = target->spec;
-    const char* differs =
-        !google::protobuf::util::MessageDifferencer::Equals(a.manifest(), b.manifest())
-            ? "manifest"
-            : a.seed() != b.seed() ? "seed" : a.shuffle() != b.shuffle() ? "shuffle" : nullptr;
+    const char* differs = !google::protobuf::util::MessageDifferencer::Equals(
+                              a.manifest(), b.manifest())
+                              ? "manifest"
+                          : a.seed() != b.seed()       ? "seed"
+                          : a.shuffle() != b.shuffle() ? "shuffle"
+                                                       : nullptr;
     if (differs != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "hello.cursor.job: job ", c.job(), " has a different ", differs, " than job ",
-          resume.job(), "; a cursor moves only between jobs over the same data order"));
+          "hello.cursor.job: job ", c.job(), " has a different ", differs,
+          " than job ", resume.job(),
+          "; a cursor moves only between jobs over the same data order"));
     }
   }
   if (c.world_size() != source->spec.world_size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("hello.cursor.world_size=", c.world_size(), " but job ", c.job(),
-                     " has world_size ", source->spec.world_size()));
+        absl::StrCat("hello.cursor.world_size=", c.world_size(), " but job ",
+                     c.job(), " has world_size ", source->spec.world_size()));
   }
   const AckLog* log = nullptr;
   if (c.epoch() == source->epoch && !source->done) {
@@ -255,66 +271,81 @@ absl::Status CoordinatorState::CheckResume(const v1::internal::JobResumed& resum
     log = &source->history.front().ack_log;
   } else {
     return absl::FailedPreconditionError(absl::StrCat(
-        "hello.cursor.epoch=", c.epoch(), ": job ", c.job(), " is in epoch ", source->epoch,
+        "hello.cursor.epoch=", c.epoch(), ": job ", c.job(), " is in epoch ",
+        source->epoch,
         " and keeps only the current and the previous epoch for resuming"));
   }
-  const EpochPlan& plan = log == &source->ack_log ? source->plan : source->history.front().plan;
+  const EpochPlan& plan =
+      log == &source->ack_log ? source->plan : source->history.front().plan;
   const int32_t workers = std::max(c.workers_per_rank(), 1);
   if (workers != plan.workers_per_rank) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "hello.cursor.workers_per_rank=", workers, " but epoch ", c.epoch(), " of job ", c.job(),
-        " was read with ", plan.workers_per_rank,
-        " reader(s) per rank (DataLoader workers); a cursor names every reader's count"));
+        "hello.cursor.workers_per_rank=", workers, " but epoch ", c.epoch(),
+        " of job ", c.job(), " was read with ", plan.workers_per_rank,
+        " reader(s) per rank (DataLoader workers); a cursor names every "
+        "reader's count"));
   }
   const bool per_worker = workers > 1;
   const char* field = per_worker ? "consumed_per_worker" : "consumed_per_rank";
-  const int counts = per_worker ? c.consumed_per_worker_size() : c.consumed_per_rank_size();
+  const int counts =
+      per_worker ? c.consumed_per_worker_size() : c.consumed_per_rank_size();
   if (counts != static_cast<int>(log->size())) {
-    return absl::InvalidArgumentError(absl::StrCat("hello.cursor.", field, " has ", counts,
-                                                   " entries; job ", c.job(), " has ",
-                                                   log->size(), per_worker ? " readers" : " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.cursor.", field, " has ", counts, " entries; job ", c.job(),
+        " has ", log->size(), per_worker ? " readers" : " ranks"));
   }
   for (int r = 0; r < counts; ++r) {
-    const int64_t n = per_worker ? c.consumed_per_worker(r) : c.consumed_per_rank(r);
+    const int64_t n =
+        per_worker ? c.consumed_per_worker(r) : c.consumed_per_rank(r);
     if (n < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hello.cursor.", field, "[", r, "]=", n,
-          (n == -1 ? " is unknown: merge every rank's cursor (sluice::MergeCursors) before "
-                     "saving a checkpoint"
-                   : " must be >= 0")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("hello.cursor.", field, "[", r, "]=", n,
+                       (n == -1 ? " is unknown: merge every rank's cursor "
+                                  "(sluice::MergeCursors) before "
+                                  "saving a checkpoint"
+                                : " must be >= 0")));
     }
     const int64_t acked = LogSize((*log)[r]);
     if (n > acked) {
       return absl::FailedPreconditionError(absl::StrCat(
           "hello.cursor.", field, "[", r, "]=", n, " but ",
-          per_worker ? absl::StrCat("rank ", r / workers, " worker ", r % workers)
-                     : absl::StrCat("rank ", r),
-          " of job ", c.job(), " acknowledged only ", acked, " samples in epoch ", c.epoch(),
-          " (take cursors with Reader::Cursor(), which waits for its reports to be durable)"));
+          per_worker
+              ? absl::StrCat("rank ", r / workers, " worker ", r % workers)
+              : absl::StrCat("rank ", r),
+          " of job ", c.job(), " acknowledged only ", acked,
+          " samples in epoch ", c.epoch(),
+          " (take cursors with Reader::Cursor(), which waits for its reports "
+          "to be durable)"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorState::ApplyResume(const v1::internal::JobResumed& resume) {
+absl::Status CoordinatorState::ApplyResume(
+    const v1::internal::JobResumed& resume) {
   RETURN_IF_ERROR(CheckResume(resume));
   const v1::Cursor& c = resume.cursor();
   const JobData& source = jobs_.at(c.job());
   JobData& target = jobs_.at(resume.job());
   const bool previous = c.epoch() != source.epoch;
-  const EpochPlan& source_plan = previous ? source.history.front().plan : source.plan;
-  const AckLog& source_log = previous ? source.history.front().ack_log : source.ack_log;
-  bool replanned = previous ? source.history.front().replanned : source.replanned;
+  const EpochPlan& source_plan =
+      previous ? source.history.front().plan : source.plan;
+  const AckLog& source_log =
+      previous ? source.history.front().ack_log : source.ack_log;
+  bool replanned =
+      previous ? source.history.front().replanned : source.replanned;
   std::vector<SampleRange> replan_sequence =
-      previous ? source.history.front().replan_sequence : source.replan_sequence;
+      previous ? source.history.front().replan_sequence
+               : source.replan_sequence;
   const bool per_worker = source_plan.workers_per_rank > 1;
   AckLog kept(source_log.size());
   std::map<int64_t, IntervalSet> consumed;  // sequence -> samples
   for (size_t r = 0; r < source_log.size(); ++r) {
     const int i = static_cast<int>(r);
-    kept[r] = LogPrefix(source_log[r],
-                        per_worker ? c.consumed_per_worker(i) : c.consumed_per_rank(i));
-    for (const AckedRange& a : kept[r]) consumed[a.sequence].Add(a.begin, a.end);
+    kept[r] = LogPrefix(source_log[r], per_worker ? c.consumed_per_worker(i)
+                                                  : c.consumed_per_rank(i));
+    for (const AckedRange& a : kept[r])
+      consumed[a.sequence].Add(a.begin, a.end);
   }
   const int32_t workers = std::max(resume.workers_per_rank(), 1);
   target.options.workers_per_rank = workers;
@@ -353,10 +384,12 @@ absl::Status CoordinatorState::ApplyResume(const v1::internal::JobResumed& resum
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorState::ApplyWorkersSet(const v1::internal::WorkersSet& set) {
+absl::Status CoordinatorState::ApplyWorkersSet(
+    const v1::internal::WorkersSet& set) {
   auto it = jobs_.find(set.job());
   if (it == jobs_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("workers set for unknown job ", set.job()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("workers set for unknown job ", set.job()));
   }
   JobData& job = it->second;
   if (job.epoch != set.epoch() || !job.leases.empty()) {
@@ -373,8 +406,9 @@ absl::Status CoordinatorState::ApplyWorkersSet(const v1::internal::WorkersSet& s
     job.acked.clear();
     job.consumed_total = 0;
   }
-  job.plan = job.replanned ? PlanSequence(job.replan_sequence, job.options, job.epoch)
-                           : PlanEpoch(job.shard_samples, job.options, job.epoch);
+  job.plan = job.replanned
+                 ? PlanSequence(job.replan_sequence, job.options, job.epoch)
+                 : PlanEpoch(job.shard_samples, job.options, job.epoch);
   job.ack_log.assign(job.plan.num_slots(), {});
   job.consumed_per_slot.assign(job.plan.num_slots(), 0);
   return absl::OkStatus();
@@ -382,7 +416,8 @@ absl::Status CoordinatorState::ApplyWorkersSet(const v1::internal::WorkersSet& s
 
 namespace {
 
-void RangesToProto(const std::vector<AckedRange>& in, v1::internal::RankAckLog* out) {
+void RangesToProto(const std::vector<AckedRange>& in,
+                   v1::internal::RankAckLog* out) {
   for (const AckedRange& a : in) {
     auto* r = out->add_ranges();
     r->set_sequence(a.sequence);
@@ -408,8 +443,9 @@ void EpochToProto(int64_t epoch, int32_t workers, bool replanned,
 }
 
 // The plan and log of one epoch from its snapshot.
-void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job, EpochPlan* plan,
-                    AckLog* log, bool* replanned, std::vector<SampleRange>* sequence) {
+void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job,
+                    EpochPlan* plan, AckLog* log, bool* replanned,
+                    std::vector<SampleRange>* sequence) {
   *replanned = in.replanned();
   sequence->clear();
   for (const auto& r : in.replan_sequence()) {
@@ -422,7 +458,8 @@ void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job, E
   log->assign(plan->num_slots(), {});
   for (int r = 0; r < in.ack_log_size() && r < plan->num_slots(); ++r) {
     for (const auto& a : in.ack_log(r).ranges()) {
-      (*log)[r].push_back(AckedRange{a.sequence(), a.shard_index(), a.begin(), a.end()});
+      (*log)[r].push_back(
+          AckedRange{a.sequence(), a.shard_index(), a.begin(), a.end()});
     }
   }
 }
@@ -439,12 +476,12 @@ v1::internal::JournalRecord CoordinatorState::Snapshot() const {
     j->set_create_time_unix_ms(job.create_time_unix_ms);
     j->set_done(job.done);
     j->set_next_fence(job.next_fence);
-    EpochToProto(job.epoch, job.plan.workers_per_rank, job.replanned, job.replan_sequence,
-                 job.ack_log, j->mutable_current());
+    EpochToProto(job.epoch, job.plan.workers_per_rank, job.replanned,
+                 job.replan_sequence, job.ack_log, j->mutable_current());
     if (!job.history.empty()) {
       const EpochHistory& h = job.history.front();
-      EpochToProto(h.plan.epoch, h.plan.workers_per_rank, h.replanned, h.replan_sequence,
-                   h.ack_log, j->mutable_previous());
+      EpochToProto(h.plan.epoch, h.plan.workers_per_rank, h.replanned,
+                   h.replan_sequence, h.ack_log, j->mutable_previous());
     }
     for (const auto& [id, l] : job.leases) {
       v1::internal::LeaseSnapshot* ls = j->add_leases();
@@ -462,13 +499,16 @@ v1::internal::JournalRecord CoordinatorState::Snapshot() const {
       g->set_holder(l.holder);
       ls->set_acked(l.acked);
     }
-    if (job.last_resume.has_value()) *j->mutable_last_resume() = *job.last_resume;
+    if (job.last_resume.has_value())
+      *j->mutable_last_resume() = *job.last_resume;
   }
-  for (const auto& [key, finished] : once_finished_) *snap->add_once() = finished;
+  for (const auto& [key, finished] : once_finished_)
+    *snap->add_once() = finished;
   return record;
 }
 
-absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap) {
+absl::Status CoordinatorState::ApplySnapshot(
+    const v1::internal::Snapshot& snap) {
   jobs_.clear();
   once_finished_.clear();
   next_fence_floor_ = std::max<uint64_t>(1, snap.next_fence_floor());
@@ -476,7 +516,8 @@ absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap)
     next_fence_floor_ = std::max(next_fence_floor_, j.next_fence());
     JobData job;
     job.spec = j.spec();
-    for (const v1::Shard& s : job.spec.manifest().shards()) job.shard_samples.push_back(s.num_samples());
+    for (const v1::Shard& s : job.spec.manifest().shards())
+      job.shard_samples.push_back(s.num_samples());
     job.options = PlanOptionsFromSpec(job.spec);
     job.create_time_unix_ms = j.create_time_unix_ms();
     job.epoch = j.current().epoch();
@@ -487,7 +528,8 @@ absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap)
                    &job.replan_sequence);
     if (j.has_previous()) {
       EpochHistory h;
-      EpochFromProto(j.previous(), job, &h.plan, &h.ack_log, &h.replanned, &h.replan_sequence);
+      EpochFromProto(j.previous(), job, &h.plan, &h.ack_log, &h.replanned,
+                     &h.replan_sequence);
       job.history.push_back(std::move(h));
     }
     // Acknowledged samples and counts follow from the log.
@@ -508,12 +550,14 @@ absl::Status CoordinatorState::ApplySnapshot(const v1::internal::Snapshot& snap)
     if (j.has_last_resume()) job.last_resume = j.last_resume();
     jobs_[job.spec.name()] = std::move(job);
   }
-  for (const auto& f : snap.once()) once_finished_[absl::StrCat(f.scope(), "/", f.name())] = f;
+  for (const auto& f : snap.once())
+    once_finished_[absl::StrCat(f.scope(), "/", f.name())] = f;
   return absl::OkStatus();
 }
 
 void CoordinatorState::AddJob(JobData job, int64_t create_time_unix_ms) {
-  for (const v1::Shard& s : job.spec.manifest().shards()) job.shard_samples.push_back(s.num_samples());
+  for (const v1::Shard& s : job.spec.manifest().shards())
+    job.shard_samples.push_back(s.num_samples());
   job.options = PlanOptionsFromSpec(job.spec);
   job.create_time_unix_ms = create_time_unix_ms;
   job.next_fence = next_fence_floor_;
@@ -539,12 +583,14 @@ const JobData* CoordinatorState::FindJob(const std::string& name) const {
 
 std::vector<Piece> CoordinatorState::PendingPieces(const JobData& job) const {
   std::map<int64_t, IntervalSet> taken = job.acked;
-  for (const auto& [id, lease] : job.leases) taken[lease.sequence].Add(lease.begin, lease.end);
+  for (const auto& [id, lease] : job.leases)
+    taken[lease.sequence].Add(lease.begin, lease.end);
   std::vector<Piece> pieces;
   for (const PlannedUnit& u : job.plan.units) {
     auto it = taken.find(u.sequence);
     if (it == taken.end()) {
-      pieces.push_back(Piece{u.sequence, u.shard_index, u.begin, u.end, u.rank, u.slot});
+      pieces.push_back(
+          Piece{u.sequence, u.shard_index, u.begin, u.end, u.rank, u.slot});
       continue;
     }
     for (const auto& [b, e] : it->second.Missing(u.begin, u.end)) {

@@ -30,7 +30,8 @@ class IntervalSet {
  public:
   void Add(int64_t begin, int64_t end);
   // Parts of [begin, end) not in the set, in order.
-  std::vector<std::pair<int64_t, int64_t>> Missing(int64_t begin, int64_t end) const;
+  std::vector<std::pair<int64_t, int64_t>> Missing(int64_t begin,
+                                                   int64_t end) const;
   int64_t Covered() const;
 
  private:
@@ -89,13 +90,13 @@ struct JobData {
   int64_t create_time_unix_ms = 0;
   int64_t epoch = 0;
   bool done = false;
-  EpochPlan plan;  // of `epoch`
-  std::map<int64_t, IntervalSet> acked;  // sequence -> acknowledged ranges
+  EpochPlan plan;                          // of `epoch`
+  std::map<int64_t, IntervalSet> acked;    // sequence -> acknowledged ranges
   std::vector<int64_t> consumed_per_slot;  // [rank * workers_per_rank + worker]
   int64_t consumed_total = 0;
   uint64_t next_fence = 1;
   std::map<std::string, DurableLease> leases;
-  AckLog ack_log;  // of `epoch`
+  AckLog ack_log;                     // of `epoch`
   std::vector<EpochHistory> history;  // the epoch before `epoch`, if kept
   // The plan of `epoch` came from a resume with re-balancing, not PlanEpoch:
   // PlanSequence(replan_sequence).
@@ -139,8 +140,8 @@ class CoordinatorState {
   // The whole state as one record; Apply(snapshot) on any state rebuilds it.
   v1::internal::JournalRecord Snapshot() const;
   // A finished Once step ("scope/name"), if journaled.
-  const v1::internal::OnceFinished* FindOnceFinished(const std::string& scope,
-                                                     const std::string& name) const;
+  const v1::internal::OnceFinished* FindOnceFinished(
+      const std::string& scope, const std::string& name) const;
 
  private:
   static void StartEpoch(JobData& job, int64_t epoch);
@@ -149,7 +150,8 @@ class CoordinatorState {
   absl::Status ApplyWorkersSet(const v1::internal::WorkersSet& set);
   absl::Status ApplySnapshot(const v1::internal::Snapshot& snapshot);
   std::map<std::string, JobData> jobs_;
-  std::map<std::string, v1::internal::OnceFinished> once_finished_;  // "scope/name"
+  std::map<std::string, v1::internal::OnceFinished>
+      once_finished_;  // "scope/name"
   // Fences are unique across the coordinator, not only within a job: a job
   // created starts above every fence granted before, so a job deleted and
   // created again under its name (a rerun) never presents a data server a

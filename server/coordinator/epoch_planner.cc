@@ -15,7 +15,8 @@ uint64_t SplitMix64::Mix(uint64_t z) {
 }
 
 SplitMix64::SplitMix64(uint64_t seed, int64_t epoch)
-    : state_(Mix(seed) ^ Mix(static_cast<uint64_t>(epoch) ^ 0xD1B54A32D192ED03ULL)) {}
+    : state_(Mix(seed) ^
+             Mix(static_cast<uint64_t>(epoch) ^ 0xD1B54A32D192ED03ULL)) {}
 
 uint64_t SplitMix64::Next() {
   state_ += 0x9E3779B97F4A7C15ULL;
@@ -59,7 +60,8 @@ EpochPlan PlanEpoch(const std::vector<int64_t>& shard_samples,
                  epoch, options.shuffle);
   std::vector<SampleRange> sequence;
   sequence.reserve(order.size());
-  for (int32_t shard : order) sequence.push_back(SampleRange{shard, 0, shard_samples[shard]});
+  for (int32_t shard : order)
+    sequence.push_back(SampleRange{shard, 0, shard_samples[shard]});
   return PlanSequence(sequence, options, epoch);
 }
 
@@ -67,7 +69,8 @@ EpochPlan PlanSequence(const std::vector<SampleRange>& sequence,
                        const PlanOptions& options, int64_t epoch) {
   EpochPlan plan;
   plan.epoch = epoch;
-  for (const SampleRange& r : sequence) plan.total_samples += std::max<int64_t>(r.size(), 0);
+  for (const SampleRange& r : sequence)
+    plan.total_samples += std::max<int64_t>(r.size(), 0);
   plan.num_ranks = std::max(options.world_size, 1);
   plan.workers_per_rank = std::max(options.workers_per_rank, 1);
   const Quota quota = ComputeQuota(plan.total_samples, options);
@@ -78,8 +81,8 @@ EpochPlan PlanSequence(const std::vector<SampleRange>& sequence,
   const int64_t limit = options.max_samples_per_lease;
 
   // Walk the (cyclic) sequence of ranges, handing each rank its q samples.
-  size_t pos = 0;        // index into `sequence`
-  int64_t offset = 0;    // samples of sequence[pos] already handed out
+  size_t pos = 0;      // index into `sequence`
+  int64_t offset = 0;  // samples of sequence[pos] already handed out
   auto skip_empty = [&] {
     // Move past exhausted or empty ranges, wrapping around for PAD.
     size_t guard = 0;
@@ -92,7 +95,8 @@ EpochPlan PlanSequence(const std::vector<SampleRange>& sequence,
     for (int32_t r = 0; r < plan.num_ranks; ++r) {
       plan.rank_begin[r] = static_cast<int64_t>(plan.units.size());
       for (int32_t w = 0; w < plan.workers_per_rank; ++w) {
-        int64_t need = SlotQuota(plan.samples_per_rank, plan.workers_per_rank, w);
+        int64_t need =
+            SlotQuota(plan.samples_per_rank, plan.workers_per_rank, w);
         int64_t run = 0;  // samples of the current range given to this slot
         size_t run_range = SIZE_MAX;
         while (need > 0) {

@@ -64,8 +64,8 @@ struct PlannedUnit {
   int64_t begin = 0;  // first sample, inclusive
   int64_t end = 0;    // one past the last sample
   int64_t sequence = 0;
-  int32_t rank = 0;   // the rank whose block holds the unit (0 without quotas)
-  int32_t slot = 0;   // rank * workers_per_rank + worker
+  int32_t rank = 0;  // the rank whose block holds the unit (0 without quotas)
+  int32_t slot = 0;  // rank * workers_per_rank + worker
   int64_t size() const { return end - begin; }
   bool operator==(const PlannedUnit& o) const {
     return shard_index == o.shard_index && begin == o.begin && end == o.end &&
@@ -87,10 +87,13 @@ struct EpochPlan {
   std::vector<int64_t> rank_begin;
 
   int32_t num_slots() const { return num_ranks * workers_per_rank; }
-  int32_t SlotOf(int32_t rank, int32_t worker) const { return rank * workers_per_rank + worker; }
+  int32_t SlotOf(int32_t rank, int32_t worker) const {
+    return rank * workers_per_rank + worker;
+  }
   int32_t RankOfSlot(int32_t slot) const { return slot / workers_per_rank; }
   int64_t slot_quota(int32_t slot) const {
-    return SlotQuota(samples_per_rank, workers_per_rank, slot % workers_per_rank);
+    return SlotQuota(samples_per_rank, workers_per_rank,
+                     slot % workers_per_rank);
   }
 };
 

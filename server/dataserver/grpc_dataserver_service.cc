@@ -17,7 +17,8 @@ void ReleaseOwner(void* owner) {
 
 void CountError(DataServerService* service, const absl::Status& status) {
   if (status.ok() || service->metrics() == nullptr) return;
-  service->metrics()->StreamErrors(absl::StatusCodeToString(status.code()))
+  service->metrics()
+      ->StreamErrors(absl::StatusCodeToString(status.code()))
       .Increment();
 }
 
@@ -55,7 +56,8 @@ class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void Pump() {
     stream_->Next([this](absl::StatusOr<std::optional<EncodedMessage>> next) {
       if (!next.ok()) {
-        if (!absl::IsCancelled(next.status())) CountError(service_, next.status());
+        if (!absl::IsCancelled(next.status()))
+          CountError(service_, next.status());
         FinishOnce(next.status());
         return;
       }
@@ -108,8 +110,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcDataServerService::ReadSamples(
     }
   }
   if (!parsed.ParseFromString(bytes)) {
-    return new ReadReactor(service_,
-                           absl::InvalidArgumentError("ReadRequest does not parse"));
+    return new ReadReactor(
+        service_, absl::InvalidArgumentError("ReadRequest does not parse"));
   }
   return new ReadReactor(service_, service_->ReadSamples(parsed));
 }
@@ -119,7 +121,8 @@ grpc::ServerUnaryReactor* GrpcDataServerService::IndexShard(
     v1::ShardIndex* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   service_->IndexShardAsync(
-      *request, [this, reactor, response](absl::StatusOr<v1::ShardIndex> index) {
+      *request,
+      [this, reactor, response](absl::StatusOr<v1::ShardIndex> index) {
         if (!index.ok()) {
           CountError(service_, index.status());
           reactor->Finish(ToGrpcStatus(index.status()));

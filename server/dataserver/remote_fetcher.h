@@ -42,8 +42,8 @@ enum class FetchFailure {
   kTruncated,     // body shorter than its Content-Length after every retry
   kSizeMismatch,  // body size differs from the manifest's size_bytes
   kChecksumMismatch,
-  kDisk,          // writing the temp file failed
-  kCancelled,     // the data server is shutting down
+  kDisk,       // writing the temp file failed
+  kCancelled,  // the data server is shutting down
 };
 const char* FetchFailureLabel(FetchFailure failure);
 // The failures FetchFailureLabel can name, for pre-registering metrics.
@@ -100,7 +100,6 @@ class RemoteFetcher {
 
   // Aborts transfers in progress and makes later ones fail fast (shutdown).
   void Cancel() { cancelled_.store(true); }
-
 
  private:
   struct Attempt;

@@ -72,7 +72,8 @@ size_t BatchEncoder::FramedSize(const OutSample& sample) {
   return LenFieldSize(SampleBodySize(sample));
 }
 
-void BatchEncoder::Add(OutSample sample, std::vector<EncodedMessage>* finished) {
+void BatchEncoder::Add(OutSample sample,
+                       std::vector<EncodedMessage>* finished) {
   size_t size = FramedSize(sample);
   if (!pending_.empty() && pending_bytes_ + size > max_bytes_) Flush(finished);
   pending_bytes_ += size;
@@ -174,11 +175,13 @@ void BatchEncoder::Encode(const OutSample& s) {
         }
         if (!v.shape.empty()) {
           size_t packed = 0;
-          for (int64_t d : v.shape) packed += VarintSize(static_cast<uint64_t>(d));
+          for (int64_t d : v.shape)
+            packed += VarintSize(static_cast<uint64_t>(d));
           PutLength(2, packed);
           for (int64_t d : v.shape) PutVarint(static_cast<uint64_t>(d));
         }
-        if (!v.bytes.bytes.empty()) PutBytesField(3, v.bytes.bytes, v.bytes.owner);
+        if (!v.bytes.bytes.empty())
+          PutBytesField(3, v.bytes.bytes, v.bytes.owner);
         break;
       }
     }

@@ -64,7 +64,8 @@ std::string HostName() {
 }
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " \"", path, "\": ", std::strerror(errno)));
+  return absl::InternalError(
+      absl::StrCat(what, " \"", path, "\": ", std::strerror(errno)));
 }
 
 absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
@@ -99,9 +100,10 @@ std::optional<Meta> ReadMeta(const std::string& path) {
   if (!in) return std::nullopt;
   std::string magic, size;
   Meta meta;
-  if (!std::getline(in, magic) || magic != kMetaMagic || !std::getline(in, meta.url) ||
-      !std::getline(in, size) || !std::getline(in, meta.sha256) ||
-      !absl::SimpleAtoi(size, &meta.size) || meta.size < 0) {
+  if (!std::getline(in, magic) || magic != kMetaMagic ||
+      !std::getline(in, meta.url) || !std::getline(in, size) ||
+      !std::getline(in, meta.sha256) || !absl::SimpleAtoi(size, &meta.size) ||
+      meta.size < 0) {
     return std::nullopt;
   }
   return meta;
@@ -112,11 +114,12 @@ absl::StatusOr<std::string> ExpectedSha256(const ShardRef& shard) {
   if (shard.checksum.empty()) return std::string();
   absl::string_view hex = shard.checksum;
   if (!absl::ConsumePrefix(&hex, "sha256:") || hex.size() != 64 ||
-      !std::all_of(hex.begin(), hex.end(),
-                   [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard \"", shard.url, "\": checksum \"", shard.checksum,
-        "\" is not \"sha256:<64 hex digits>\""));
+      !std::all_of(hex.begin(), hex.end(), [](char c) {
+        return absl::ascii_isxdigit(static_cast<unsigned char>(c));
+      })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard \"", shard.url, "\": checksum \"", shard.checksum,
+                     "\" is not \"sha256:<64 hex digits>\""));
   }
   return absl::AsciiStrToLower(hex);
 }
@@ -135,9 +138,11 @@ struct ShardCachePin {
 
 absl::StatusOr<std::shared_ptr<ShardCache>> ShardCache::Create(
     ShardCacheOptions options, std::unique_ptr<RemoteFetcher> fetcher) {
-  if (options.dir.empty()) return absl::InvalidArgumentError("--cache_dir is empty");
+  if (options.dir.empty())
+    return absl::InvalidArgumentError("--cache_dir is empty");
   if (options.max_bytes < 0) {
-    return absl::InvalidArgumentError("--cache_bytes must be >= 0 (0 = unbounded)");
+    return absl::InvalidArgumentError(
+        "--cache_bytes must be >= 0 (0 = unbounded)");
   }
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
@@ -147,7 +152,8 @@ absl::StatusOr<std::shared_ptr<ShardCache>> ShardCache::Create(
   }
   if (access(options.dir.c_str(), W_OK | X_OK) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--cache_dir \"", options.dir, "\" is not writable: ", std::strerror(errno)));
+        absl::StrCat("--cache_dir \"", options.dir,
+                     "\" is not writable: ", std::strerror(errno)));
   }
   if (options.download_threads < 1) options.download_threads = 1;
   if (options.metrics != nullptr) {
@@ -157,12 +163,14 @@ absl::StatusOr<std::shared_ptr<ShardCache>> ShardCache::Create(
       options.metrics->DownloadFailures(FetchFailureLabel(f));
     }
   }
-  std::shared_ptr<ShardCache> cache(new ShardCache(std::move(options), std::move(fetcher)));
+  std::shared_ptr<ShardCache> cache(
+      new ShardCache(std::move(options), std::move(fetcher)));
   RETURN_IF_ERROR(cache->Scan());
   return cache;
 }
 
-ShardCache::ShardCache(ShardCacheOptions options, std::unique_ptr<RemoteFetcher> fetcher)
+ShardCache::ShardCache(ShardCacheOptions options,
+                       std::unique_ptr<RemoteFetcher> fetcher)
     : options_(std::move(options)),
       fetcher_(std::move(fetcher)),
       downloads_(std::make_unique<ThreadPool>(options_.download_threads)) {}
@@ -203,8 +211,10 @@ absl::Status ShardCache::Scan() {
       size_t at = name.rfind('@');
       int64_t pid = 0;
       bool ours = at != std::string::npos && name.substr(at + 1) == host;
-      bool dead = ours && !parts.empty() && absl::SimpleAtoi(parts[0], &pid) && pid > 0 &&
-                  (pid == getpid() || (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH));
+      bool dead = ours && !parts.empty() && absl::SimpleAtoi(parts[0], &pid) &&
+                  pid > 0 &&
+                  (pid == getpid() ||
+                   (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH));
       if (dead || now - st.st_mtime > kForeignTempMaxAgeSeconds) {
         if (unlink(path.c_str()) == 0) ++removed;
       }
@@ -221,13 +231,16 @@ absl::Status ShardCache::Scan() {
   std::vector<std::pair<int64_t, std::string>> adopted;  // (mtime, url)
   absl::MutexLock lock(&mu_);
   for (const std::string& hash : metas) {
-    const std::string meta_path = absl::StrCat(options_.dir, "/", hash, ".meta");
-    const std::string shard_path = absl::StrCat(options_.dir, "/", hash, ".shard");
+    const std::string meta_path =
+        absl::StrCat(options_.dir, "/", hash, ".meta");
+    const std::string shard_path =
+        absl::StrCat(options_.dir, "/", hash, ".shard");
     std::optional<Meta> meta = ReadMeta(meta_path);
     auto shard = shards.find(hash);
     struct stat st;
     bool shard_ok = shard != shards.end() && stat(shard_path.c_str(), &st) == 0;
-    if (meta.has_value() && shard_ok && Sha256Hex(meta->url) == hash && st.st_size == meta->size) {
+    if (meta.has_value() && shard_ok && Sha256Hex(meta->url) == hash &&
+        st.st_size == meta->size) {
       auto entry = std::make_shared<Entry>();
       entry->url = meta->url;
       entry->size = meta->size;
@@ -239,7 +252,8 @@ absl::Status ShardCache::Scan() {
       continue;
     }
     struct stat mst;
-    if (!shard_ok && stat(meta_path.c_str(), &mst) == 0 && now - mst.st_mtime < kInstallGraceSeconds) {
+    if (!shard_ok && stat(meta_path.c_str(), &mst) == 0 &&
+        now - mst.st_mtime < kInstallGraceSeconds) {
       continue;  // another process may be installing it right now
     }
     if (unlink(meta_path.c_str()) == 0) ++removed;
@@ -248,7 +262,8 @@ absl::Status ShardCache::Scan() {
   }
   for (const auto& [hash, mtime] : shards) {  // .shard without .meta
     if (now - mtime < kInstallGraceSeconds) continue;
-    if (unlink(absl::StrCat(options_.dir, "/", hash, ".shard").c_str()) == 0) ++removed;
+    if (unlink(absl::StrCat(options_.dir, "/", hash, ".shard").c_str()) == 0)
+      ++removed;
   }
   std::sort(adopted.begin(), adopted.end());
   for (const auto& [mtime, url] : adopted) {
@@ -256,15 +271,18 @@ absl::Status ShardCache::Scan() {
     e.lru = lru_.insert(lru_.end(), url);
     bytes_ += e.size;
   }
-  LogInfo("shard cache %s: %d cached shards (%d bytes) adopted, %d leftover files removed",
-          options_.dir, static_cast<int>(adopted.size()), bytes_, removed);
+  LogInfo(
+      "shard cache %s: %d cached shards (%d bytes) adopted, %d leftover files "
+      "removed",
+      options_.dir, static_cast<int>(adopted.size()), bytes_, removed);
   EvictLocked();
   UpdateGaugeLocked();
   return absl::OkStatus();
 }
 
 void ShardCache::UpdateGaugeLocked() {
-  if (options_.metrics != nullptr) options_.metrics->cache_bytes.Set(static_cast<double>(bytes_));
+  if (options_.metrics != nullptr)
+    options_.metrics->cache_bytes.Set(static_cast<double>(bytes_));
 }
 
 int64_t ShardCache::bytes_in_use() const {
@@ -277,8 +295,9 @@ std::vector<std::string> ShardCache::CachedUrls() const {
   return std::vector<std::string>(lru_.begin(), lru_.end());
 }
 
-std::shared_ptr<const ShardData> ShardCache::Pinned(const std::shared_ptr<Entry>& entry,
-                                                    std::shared_ptr<const ShardData> data) {
+std::shared_ptr<const ShardData> ShardCache::Pinned(
+    const std::shared_ptr<Entry>& entry,
+    std::shared_ptr<const ShardData> data) {
   ++entry->pins;
   auto pin = std::make_shared<ShardCachePin>();
   pin->data = std::move(data);
@@ -295,11 +314,14 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::PinLocked(
   const std::string path = PathFor(entry->url);
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cached shard \"", entry->url, "\" vanished"));
+    return absl::NotFoundError(
+        absl::StrCat("cached shard \"", entry->url, "\" vanished"));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> data, ShardData::Map(fd, entry->url));
+  ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> data,
+                   ShardData::Map(fd, entry->url));
   if (data->size() != entry->size) {
-    return absl::NotFoundError(absl::StrCat("cached shard \"", entry->url, "\" changed size"));
+    return absl::NotFoundError(
+        absl::StrCat("cached shard \"", entry->url, "\" changed size"));
   }
   lru_.splice(lru_.end(), lru_, entry->lru);
   return Pinned(entry, std::move(data));
@@ -311,7 +333,8 @@ void ShardCache::Unpin(const std::shared_ptr<Entry>& entry) {
   if (entry->pins == 0) EvictLocked();
 }
 
-void ShardCache::DropLocked(const std::shared_ptr<Entry>& entry, bool remove_files) {
+void ShardCache::DropLocked(const std::shared_ptr<Entry>& entry,
+                            bool remove_files) {
   auto it = entries_.find(entry->url);
   if (it == entries_.end() || it->second != entry) return;
   if (entry->ready) {
@@ -334,12 +357,14 @@ void ShardCache::DropLocked(const std::shared_ptr<Entry>& entry, bool remove_fil
 
 void ShardCache::EvictLocked() {
   if (options_.max_bytes > 0) {
-    for (auto it = lru_.begin(); it != lru_.end() && bytes_ + reserved_ > options_.max_bytes;) {
+    for (auto it = lru_.begin();
+         it != lru_.end() && bytes_ + reserved_ > options_.max_bytes;) {
       std::shared_ptr<Entry> entry = entries_[*it];
       ++it;  // DropLocked erases the entry's node
       if (entry->pins > 0) continue;
       DropLocked(entry, /*remove_files=*/true);
-      if (options_.metrics != nullptr) options_.metrics->cache_evictions.Increment();
+      if (options_.metrics != nullptr)
+        options_.metrics->cache_evictions.Increment();
     }
   }
   if (options_.min_free_bytes <= 0) return;
@@ -353,13 +378,16 @@ void ShardCache::EvictLocked() {
     if (entry->pins > 0) continue;
     free += entry->size;  // unlinked and unmapped: its blocks are free again
     DropLocked(entry, /*remove_files=*/true);
-    if (options_.metrics != nullptr) options_.metrics->cache_evictions.Increment();
+    if (options_.metrics != nullptr)
+      options_.metrics->cache_evictions.Increment();
   }
   if (free < want && !warned_full_) {
     warned_full_ = true;
-    LogWarning("shard cache %s: %d bytes free on its filesystem, below --cache_min_free_bytes "
-               "(%d) plus downloads in flight, with nothing left to evict",
-               options_.dir, free, options_.min_free_bytes);
+    LogWarning(
+        "shard cache %s: %d bytes free on its filesystem, below "
+        "--cache_min_free_bytes "
+        "(%d) plus downloads in flight, with nothing left to evict",
+        options_.dir, free, options_.min_free_bytes);
   } else if (free >= want) {
     warned_full_ = false;
   }
@@ -372,13 +400,16 @@ int64_t ShardCache::FreeBytes() const {
   return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
 
-bool ShardCache::AdoptFromDiskLocked(const ShardRef& shard, const std::string& expected_sha) {
+bool ShardCache::AdoptFromDiskLocked(const ShardRef& shard,
+                                     const std::string& expected_sha) {
   const std::string shard_path = PathFor(shard.url);
-  const std::string meta_path = shard_path.substr(0, shard_path.size() - 6) + ".meta";
+  const std::string meta_path =
+      shard_path.substr(0, shard_path.size() - 6) + ".meta";
   std::optional<Meta> meta = ReadMeta(meta_path);
   struct stat st;
-  if (!meta.has_value() || meta->url != shard.url || stat(shard_path.c_str(), &st) != 0 ||
-      st.st_size != meta->size || (shard.size_bytes > 0 && meta->size != shard.size_bytes) ||
+  if (!meta.has_value() || meta->url != shard.url ||
+      stat(shard_path.c_str(), &st) != 0 || st.st_size != meta->size ||
+      (shard.size_bytes > 0 && meta->size != shard.size_bytes) ||
       (!expected_sha.empty() && meta->sha256 != expected_sha)) {
     return false;
   }
@@ -400,7 +431,8 @@ void ShardCache::OpenAsync(const ShardRef& shard, OpenCallback done) {
     done(expected_sha.status());
     return;
   }
-  if (absl::StatusOr<std::string> http = fetcher_->HttpUrl(shard.url); !http.ok()) {
+  if (absl::StatusOr<std::string> http = fetcher_->HttpUrl(shard.url);
+      !http.ok()) {
     done(http.status());
     return;
   }
@@ -410,46 +442,49 @@ void ShardCache::OpenAsync(const ShardRef& shard, OpenCallback done) {
     if (shut_down_) {
       hit = absl::UnavailableError("data server is shutting down");
     } else {
-    auto it = entries_.find(shard.url);
-    std::shared_ptr<Entry> entry = it == entries_.end() ? nullptr : it->second;
-    if (entry != nullptr && entry->ready &&
-        ((shard.size_bytes > 0 && entry->size != shard.size_bytes) ||
-         (!expected_sha->empty() && entry->sha256 != *expected_sha))) {
-      // The manifest describes another version than the cached one.
-      DropLocked(entry, /*remove_files=*/true);
-      entry = nullptr;
-    }
-    if (entry == nullptr && AdoptFromDiskLocked(shard, *expected_sha)) {
-      entry = entries_[shard.url];
-    }
-    if (entry != nullptr && entry->ready) {
-      hit = PinLocked(entry);
-      if (!hit.ok()) {  // evicted underneath us by a process sharing the dir
-        DropLocked(entry, /*remove_files=*/false);
+      auto it = entries_.find(shard.url);
+      std::shared_ptr<Entry> entry =
+          it == entries_.end() ? nullptr : it->second;
+      if (entry != nullptr && entry->ready &&
+          ((shard.size_bytes > 0 && entry->size != shard.size_bytes) ||
+           (!expected_sha->empty() && entry->sha256 != *expected_sha))) {
+        // The manifest describes another version than the cached one.
+        DropLocked(entry, /*remove_files=*/true);
         entry = nullptr;
       }
-    }
-    if (entry == nullptr || !entry->ready) {
-      if (options_.metrics != nullptr) options_.metrics->cache_misses.Increment();
-      if (entry == nullptr) {
-        entry = std::make_shared<Entry>();
-        entry->url = shard.url;
-        entry->downloading = true;
-        entries_[shard.url] = entry;
-        entry->waiters.push_back(std::move(done));
-        StartDownloadLocked(shard);
-      } else {
-        entry->waiters.push_back(std::move(done));
+      if (entry == nullptr && AdoptFromDiskLocked(shard, *expected_sha)) {
+        entry = entries_[shard.url];
       }
-      return;
-    }
-    if (options_.metrics != nullptr) options_.metrics->cache_hits.Increment();
+      if (entry != nullptr && entry->ready) {
+        hit = PinLocked(entry);
+        if (!hit.ok()) {  // evicted underneath us by a process sharing the dir
+          DropLocked(entry, /*remove_files=*/false);
+          entry = nullptr;
+        }
+      }
+      if (entry == nullptr || !entry->ready) {
+        if (options_.metrics != nullptr)
+          options_.metrics->cache_misses.Increment();
+        if (entry == nullptr) {
+          entry = std::make_shared<Entry>();
+          entry->url = shard.url;
+          entry->downloading = true;
+          entries_[shard.url] = entry;
+          entry->waiters.push_back(std::move(done));
+          StartDownloadLocked(shard);
+        } else {
+          entry->waiters.push_back(std::move(done));
+        }
+        return;
+      }
+      if (options_.metrics != nullptr) options_.metrics->cache_hits.Increment();
     }
   }
   done(std::move(hit));
 }
 
-absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::Open(const ShardRef& shard) {
+absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::Open(
+    const ShardRef& shard) {
   absl::Notification ready;
   absl::StatusOr<std::shared_ptr<const ShardData>> result;
   OpenAsync(shard, [&](absl::StatusOr<std::shared_ptr<const ShardData>> r) {
@@ -486,7 +521,8 @@ void ShardCache::Download(const ShardRef& shard) {
   const absl::Time start = absl::Now();
   FetchFailure failure = FetchFailure::kNone;
   std::string sha256;
-  absl::StatusOr<std::shared_ptr<const ShardData>> data = DownloadToCache(shard, &failure, &sha256);
+  absl::StatusOr<std::shared_ptr<const ShardData>> data =
+      DownloadToCache(shard, &failure, &sha256);
   std::vector<OpenCallback> waiters;
   std::vector<absl::StatusOr<std::shared_ptr<const ShardData>>> results;
   {
@@ -505,18 +541,24 @@ void ShardCache::Download(const ShardRef& shard) {
       entry->lru = lru_.insert(lru_.end(), shard.url);
       bytes_ += entry->size;
       if (metrics != nullptr) {
-        metrics->cache_downloaded_bytes.Increment(static_cast<double>(entry->size));
-        metrics->cache_download_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+        metrics->cache_downloaded_bytes.Increment(
+            static_cast<double>(entry->size));
+        metrics->cache_download_seconds.Observe(
+            absl::ToDoubleSeconds(absl::Now() - start));
       }
-      for (size_t i = 0; i < waiters.size(); ++i) results.push_back(Pinned(entry, *data));
-      data = absl::CancelledError("");  // drop the unpinned mapping before eviction
+      for (size_t i = 0; i < waiters.size(); ++i)
+        results.push_back(Pinned(entry, *data));
+      data = absl::CancelledError(
+          "");  // drop the unpinned mapping before eviction
       EvictLocked();
       UpdateGaugeLocked();
     } else {
       entries_.erase(shard.url);
-      if (metrics != nullptr) metrics->DownloadFailures(FetchFailureLabel(failure)).Increment();
+      if (metrics != nullptr)
+        metrics->DownloadFailures(FetchFailureLabel(failure)).Increment();
       LogWarning("%s", data.status().ToString());
-      for (size_t i = 0; i < waiters.size(); ++i) results.push_back(data.status());
+      for (size_t i = 0; i < waiters.size(); ++i)
+        results.push_back(data.status());
     }
   }
   for (size_t i = 0; i < waiters.size(); ++i) waiters[i](std::move(results[i]));
@@ -531,11 +573,14 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::DownloadToCache(
     n = ++temp_counter_;
   }
   static const std::string host = HostName();
-  const std::string temp = absl::StrCat(options_.dir, "/", kTempPrefix, getpid(), "-", n,
-                                        "-shard-", hash, "@", host);
-  const std::string temp_meta = absl::StrCat(options_.dir, "/", kTempPrefix, getpid(), "-", n,
-                                             "-meta-", hash, "@", host);
-  const std::string final_shard = absl::StrCat(options_.dir, "/", hash, ".shard");
+  const std::string temp =
+      absl::StrCat(options_.dir, "/", kTempPrefix, getpid(), "-", n, "-shard-",
+                   hash, "@", host);
+  const std::string temp_meta =
+      absl::StrCat(options_.dir, "/", kTempPrefix, getpid(), "-", n, "-meta-",
+                   hash, "@", host);
+  const std::string final_shard =
+      absl::StrCat(options_.dir, "/", hash, ".shard");
   const std::string final_meta = absl::StrCat(options_.dir, "/", hash, ".meta");
   auto disk_error = [&](absl::Status status) {
     *failure = FetchFailure::kDisk;
@@ -558,14 +603,16 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::DownloadToCache(
   if (!fetched.ok()) return reject(fetched.status());
   if (shard.size_bytes > 0 && fetched->bytes != shard.size_bytes) {
     *failure = FetchFailure::kSizeMismatch;
-    return reject(absl::DataLossError(absl::StrCat(
-        "shard \"", shard.url, "\": downloaded ", fetched->bytes,
-        " bytes but the manifest says size_bytes ", shard.size_bytes, "; not cached")));
+    return reject(absl::DataLossError(
+        absl::StrCat("shard \"", shard.url, "\": downloaded ", fetched->bytes,
+                     " bytes but the manifest says size_bytes ",
+                     shard.size_bytes, "; not cached")));
   }
   if (!expected->empty() && *expected != fetched->sha256) {
     *failure = FetchFailure::kChecksumMismatch;
     return reject(absl::DataLossError(absl::StrCat(
-        "shard \"", shard.url, "\": downloaded content has sha256:", fetched->sha256,
+        "shard \"", shard.url,
+        "\": downloaded content has sha256:", fetched->sha256,
         " but the manifest says ", shard.checksum, "; not cached")));
   }
   *sha256 = fetched->sha256;
@@ -574,16 +621,19 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::DownloadToCache(
     return disk_error(ErrnoError("fsync", temp));
   }
   {
-    int mfd = open(temp_meta.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int mfd =
+        open(temp_meta.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (mfd < 0) {
       close(fd);
       return disk_error(ErrnoError("create", temp_meta));
     }
-    absl::Status written = WriteAll(
-        mfd, absl::StrCat(kMetaMagic, "\n", shard.url, "\n", fetched->bytes, "\n",
-                          fetched->sha256, "\n"),
-        temp_meta);
-    if (written.ok() && fsync(mfd) != 0) written = ErrnoError("fsync", temp_meta);
+    absl::Status written =
+        WriteAll(mfd,
+                 absl::StrCat(kMetaMagic, "\n", shard.url, "\n", fetched->bytes,
+                              "\n", fetched->sha256, "\n"),
+                 temp_meta);
+    if (written.ok() && fsync(mfd) != 0)
+      written = ErrnoError("fsync", temp_meta);
     close(mfd);
     if (!written.ok()) {
       close(fd);
@@ -614,12 +664,14 @@ bool CompositeShardStore::IsRemote(absl::string_view url) const {
 
 absl::Status CompositeShardStore::Unavailable(absl::string_view url) const {
   if (IsRemote(url)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard \"", url,
-        "\" is remote (http/https/s3) but this data server has no --cache_dir to download it to"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard \"", url,
+                     "\" is remote (http/https/s3) but this data server has no "
+                     "--cache_dir to download it to"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "shard \"", url, "\" is a local path but this data server has no --roots"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("shard \"", url,
+                   "\" is a local path but this data server has no --roots"));
 }
 
 absl::StatusOr<std::shared_ptr<const ShardData>> CompositeShardStore::Open(

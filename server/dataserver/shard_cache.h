@@ -110,24 +110,25 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
 
   ShardCache(ShardCacheOptions options, std::unique_ptr<RemoteFetcher> fetcher);
   absl::Status Scan();
-  void StartDownloadLocked(const ShardRef& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartDownloadLocked(const ShardRef& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Download(const ShardRef& shard);
   // Downloads, verifies and installs `shard`; `sha256` gets its hex digest
   // when the manifest has a checksum (empty otherwise).
-  absl::StatusOr<std::shared_ptr<const ShardData>> DownloadToCache(const ShardRef& shard,
-                                                                   FetchFailure* failure,
-                                                                   std::string* sha256);
+  absl::StatusOr<std::shared_ptr<const ShardData>> DownloadToCache(
+      const ShardRef& shard, FetchFailure* failure, std::string* sha256);
   // Maps the entry's file and pins it; NOT_FOUND if the file vanished
   // (evicted by another process sharing the directory).
-  absl::StatusOr<std::shared_ptr<const ShardData>> PinLocked(const std::shared_ptr<Entry>& entry)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<const ShardData>> PinLocked(
+      const std::shared_ptr<Entry>& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<const ShardData> Pinned(const std::shared_ptr<Entry>& entry,
                                           std::shared_ptr<const ShardData> data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(const std::shared_ptr<Entry>& entry);
   // Adopts a complete entry another process (or an earlier run) left in the
   // directory; false if there is none or it does not match `shard`.
-  bool AdoptFromDiskLocked(const ShardRef& shard, const std::string& expected_sha)
+  bool AdoptFromDiskLocked(const ShardRef& shard,
+                           const std::string& expected_sha)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts unpinned shards, least recently used first, until the ready bytes
   // plus the known sizes of downloads in flight fit --cache_bytes, and the
@@ -145,8 +146,8 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   // Ready entries, least recently used first.
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);
-  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;       // ready entries
-  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;    // known sizes in flight
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;     // ready entries
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // known sizes in flight
   int64_t temp_counter_ ABSL_GUARDED_BY(mu_) = 0;
   int queued_prefetches_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
@@ -167,7 +168,8 @@ class CompositeShardStore : public ShardStore {
   ~CompositeShardStore() override;
 
   using ShardStore::Open;
-  absl::StatusOr<std::shared_ptr<const ShardData>> Open(const ShardRef& shard) override;
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(
+      const ShardRef& shard) override;
   bool IsRemote(absl::string_view url) const override;
   void OpenAsync(const ShardRef& shard, OpenCallback done) override;
 

@@ -15,9 +15,9 @@ std::vector<std::string> MakeJpegs();
 // Writes `shards` tars of `per_shard` samples (jpg + cls) into `dir`;
 // sample i of every shard uses jpegs[(s * per_shard + i) % jpegs.size()].
 // Returns (path, samples) per shard.
-std::vector<std::pair<std::string, int64_t>> WriteShards(const std::string& dir, int shards,
-                                                         int per_shard,
-                                                         const std::vector<std::string>& jpegs);
+std::vector<std::pair<std::string, int64_t>> WriteShards(
+    const std::string& dir, int shards, int per_shard,
+    const std::vector<std::string>& jpegs);
 
 }  // namespace sluice::bench
 

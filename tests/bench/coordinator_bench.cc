@@ -5,8 +5,9 @@
 // Grant -> Progress -> Complete -> next Grant, as the issue specifies (with
 // --progress=false: Grant -> Complete; a real trainer on a 1-sample unit
 // sends only the Complete). The coordinator journals the Progress (an
-// acknowledgement) and the Complete. Two phases: saturation (every session completes at once:
-// lease operations per second = grants + completions), and a paced load of
+// acknowledgement) and the Complete. Two phases: saturation (every session
+// completes at once: lease operations per second = grants + completions), and a
+// paced load of
 // --paced_ops_per_s spread evenly over the sessions, where the grant
 // latency (Complete sent -> next Grant received) p50/p99 is measured; in a
 // saturated closed loop latency is only sessions / throughput. Baseline,
@@ -22,6 +23,7 @@
 //
 // Each mode ends with one JSON line.
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -35,8 +37,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -52,12 +52,14 @@
 ABSL_FLAG(std::string, mode, "leases", "leases | plan");
 ABSL_FLAG(int, sessions, 256, "Concurrent sessions (leases mode).");
 ABSL_FLAG(double, seconds, 5, "Measured seconds per round (leases mode).");
-ABSL_FLAG(int, rounds, 3, "Alternating rounds of Sluice and the baseline (leases mode).");
+ABSL_FLAG(int, rounds, 3,
+          "Alternating rounds of Sluice and the baseline (leases mode).");
 ABSL_FLAG(double, paced_ops_per_s, 50000,
           "Grants+completions per second of the paced phase (leases mode).");
 ABSL_FLAG(int, shards, 1000000, "Manifest size (plan mode).");
 ABSL_FLAG(bool, progress, true,
-          "Leases mode: a Progress before every Complete (Grant -> Progress -> Complete).");
+          "Leases mode: a Progress before every Complete (Grant -> Progress -> "
+          "Complete).");
 
 namespace {
 
@@ -97,17 +99,19 @@ class Pacer {
  private:
   void Run();
   absl::Mutex mu_;
-  std::multimap<absl::Time, std::pair<Session*, std::vector<TrainerMessage>>> due_;
+  std::multimap<absl::Time, std::pair<Session*, std::vector<TrainerMessage>>>
+      due_;
   bool stop_ = false;
   std::thread thread_;
 };
 
 // One trainer session: Hello, Want{1}, then Complete every Grant, at once
 // or (with a pacer) every `interval`.
-class Session : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessage> {
+class Session
+    : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessage> {
  public:
-  Session(sluice::v1::Coordinator::Stub* stub, const std::string& job, int id, Totals* totals,
-          Pacer* pacer, absl::Duration interval)
+  Session(sluice::v1::Coordinator::Stub* stub, const std::string& job, int id,
+          Totals* totals, Pacer* pacer, absl::Duration interval)
       : totals_(totals), pacer_(pacer), interval_(interval) {
     TrainerMessage hello;
     hello.mutable_hello()->set_job(job);
@@ -130,13 +134,15 @@ class Session : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessag
         totals_->grants.fetch_add(1, std::memory_order_relaxed);
         if (sent_at_ != absl::InfinitePast()) {
           absl::MutexLock lock(&totals_->mu);
-          totals_->latencies_us.push_back(absl::ToDoubleMicroseconds(now - sent_at_));
+          totals_->latencies_us.push_back(
+              absl::ToDoubleMicroseconds(now - sent_at_));
         }
       }
       std::vector<TrainerMessage> reports;
       if (progress_) {
         TrainerMessage& progress = reports.emplace_back();
-        progress.mutable_progress()->set_lease_id(in_.grant().lease().lease_id());
+        progress.mutable_progress()->set_lease_id(
+            in_.grant().lease().lease_id());
         progress.mutable_progress()->set_fence(in_.grant().lease().fence());
         progress.mutable_progress()->set_consumed(1);
       }
@@ -167,7 +173,8 @@ class Session : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessag
   void OnWriteDone(bool ok) override {
     if (!ok) return;
     absl::MutexLock lock(&mu_);
-    if (queue_[next_].has_complete() && totals_->measuring.load(std::memory_order_relaxed)) {
+    if (queue_[next_].has_complete() &&
+        totals_->measuring.load(std::memory_order_relaxed)) {
       totals_->completes.fetch_add(1, std::memory_order_relaxed);
     }
     ++next_;
@@ -222,8 +229,10 @@ void Pacer::Run() {
       s->Write(std::move(m));
       mu_.Lock();
     }
-    const absl::Time next = due_.empty() ? now + absl::Milliseconds(1) : due_.begin()->first;
-    mu_.AwaitWithDeadline(absl::Condition(&stop_), std::min(next, now + absl::Milliseconds(1)));
+    const absl::Time next =
+        due_.empty() ? now + absl::Milliseconds(1) : due_.begin()->first;
+    mu_.AwaitWithDeadline(absl::Condition(&stop_),
+                          std::min(next, now + absl::Milliseconds(1)));
   }
 }
 
@@ -234,29 +243,32 @@ struct LeaseRate {
 };
 
 // `paced_ops_per_s` 0 = saturate (closed loop).
-LeaseRate Drive(const std::string& address, const std::string& job, int sessions,
-                double seconds, double paced_ops_per_s) {
+LeaseRate Drive(const std::string& address, const std::string& job,
+                int sessions, double seconds, double paced_ops_per_s) {
   // A few connections, as several trainer processes would have.
   std::vector<std::unique_ptr<sluice::v1::Coordinator::Stub>> stubs;
   for (int i = 0; i < 4; ++i) {
     grpc::ChannelArguments args;
-    args.SetInt("grpc.channel_id", i);  // distinct channels, not one shared subchannel
-    stubs.push_back(sluice::v1::Coordinator::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    args.SetInt("grpc.channel_id",
+                i);  // distinct channels, not one shared subchannel
+    stubs.push_back(sluice::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args)));
   }
   Totals totals;
   std::unique_ptr<Pacer> pacer;
   absl::Duration interval;
   if (paced_ops_per_s > 0) {
     pacer = std::make_unique<Pacer>();
-    interval = absl::Seconds(2.0 * sessions / paced_ops_per_s);  // 2 ops per lease
+    interval =
+        absl::Seconds(2.0 * sessions / paced_ops_per_s);  // 2 ops per lease
   }
   std::vector<std::unique_ptr<Session>> all;
   for (int i = 0; i < sessions; ++i) {
-    all.push_back(std::make_unique<Session>(stubs[i % stubs.size()].get(), job, i, &totals,
-                                            pacer.get(), interval));
+    all.push_back(std::make_unique<Session>(stubs[i % stubs.size()].get(), job,
+                                            i, &totals, pacer.get(), interval));
   }
-  absl::SleepFor(absl::Seconds(1));  // warm-up: every session connected and cycling
+  absl::SleepFor(
+      absl::Seconds(1));  // warm-up: every session connected and cycling
   totals.measuring = true;
   const absl::Time start = absl::Now();
   absl::SleepFor(absl::Seconds(seconds));
@@ -265,12 +277,14 @@ LeaseRate Drive(const std::string& address, const std::string& job, int sessions
   if (pacer != nullptr) pacer->Stop();
   for (auto& s : all) s->Stop();
   for (auto& s : all) {
-    while (!s->done()) absl::SleepFor(absl::Milliseconds(1));  // reactor teardown
+    while (!s->done())
+      absl::SleepFor(absl::Milliseconds(1));  // reactor teardown
   }
   all.clear();
   pacer.reset();
   LeaseRate rate;
-  rate.ops_per_s = static_cast<double>(totals.grants + totals.completes) / elapsed;
+  rate.ops_per_s =
+      static_cast<double>(totals.grants + totals.completes) / elapsed;
   std::vector<double>& l = totals.latencies_us;
   if (!l.empty()) {
     std::sort(l.begin(), l.end());
@@ -284,9 +298,12 @@ LeaseRate Drive(const std::string& address, const std::string& job, int sessions
 
 // Bare gRPC: every Want credit and every Complete is answered with a canned
 // Grant of the size the coordinator sends. No state, no journal.
-class EchoSession : public grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage> {
+class EchoSession
+    : public grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage> {
  public:
-  explicit EchoSession(const CoordinatorMessage* grant) : grant_(grant) { StartRead(&in_); }
+  explicit EchoSession(const CoordinatorMessage* grant) : grant_(grant) {
+    StartRead(&in_);
+  }
   void OnReadDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status::OK);
@@ -343,7 +360,8 @@ int RunLeases() {
   sluice::testing::TempDir dir;
   auto coordinator = sluice::testing::ServerProcess::Start(
       "sluice-coordinator", dir.path(),
-      {"--wait_for_data_servers=false", "--journal_dir=" + dir.File("journal")});
+      {"--wait_for_data_servers=false",
+       "--journal_dir=" + dir.File("journal")});
   if (!coordinator.ok()) {
     std::fprintf(stderr, "%s\n", coordinator.status().ToString().c_str());
     return 1;
@@ -361,7 +379,8 @@ int RunLeases() {
     spec.set_max_samples_per_lease(1);
     spec.set_world_size(0);
     spec.set_num_epochs(0);
-    absl::Status created = sluice::testing::CreateJob(coordinator->grpc_address, spec);
+    absl::Status created =
+        sluice::testing::CreateJob(coordinator->grpc_address, spec);
     if (!created.ok()) {
       std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
       return 1;
@@ -381,7 +400,8 @@ int RunLeases() {
   EchoService echo(sample_grant);
   grpc::ServerBuilder builder;
   int echo_port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &echo_port);
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &echo_port);
   builder.RegisterService(&echo);
   std::unique_ptr<grpc::Server> echo_server = builder.BuildAndStart();
   const std::string echo_address = absl::StrCat("127.0.0.1:", echo_port);
@@ -390,43 +410,56 @@ int RunLeases() {
   std::vector<LeaseRate> sluice_rates, bare_rates, sluice_paced, bare_paced;
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
     bare_rates.push_back(Drive(echo_address, "bench", sessions, seconds, 0));
-    sluice_rates.push_back(Drive(coordinator->grpc_address, "bench", sessions, seconds, 0));
-    bare_paced.push_back(Drive(echo_address, "bench", sessions, seconds, paced));
-    sluice_paced.push_back(Drive(coordinator->grpc_address, "bench", sessions, seconds, paced));
+    sluice_rates.push_back(
+        Drive(coordinator->grpc_address, "bench", sessions, seconds, 0));
+    bare_paced.push_back(
+        Drive(echo_address, "bench", sessions, seconds, paced));
+    sluice_paced.push_back(
+        Drive(coordinator->grpc_address, "bench", sessions, seconds, paced));
     std::fprintf(stderr,
-                 "round %d: saturated sluice %.0f ops/s, bare gRPC %.0f; paced sluice %.0f ops/s "
+                 "round %d: saturated sluice %.0f ops/s, bare gRPC %.0f; paced "
+                 "sluice %.0f ops/s "
                  "grant p99 %.2f ms, bare gRPC %.0f ops/s p99 %.2f ms\n",
                  r, sluice_rates.back().ops_per_s, bare_rates.back().ops_per_s,
-                 sluice_paced.back().ops_per_s, sluice_paced.back().p99_us / 1000,
-                 bare_paced.back().ops_per_s, bare_paced.back().p99_us / 1000);
+                 sluice_paced.back().ops_per_s,
+                 sluice_paced.back().p99_us / 1000, bare_paced.back().ops_per_s,
+                 bare_paced.back().p99_us / 1000);
   }
   auto median = [](std::vector<LeaseRate> v) {
-    std::sort(v.begin(), v.end(),
-              [](const LeaseRate& a, const LeaseRate& b) { return a.ops_per_s < b.ops_per_s; });
+    std::sort(v.begin(), v.end(), [](const LeaseRate& a, const LeaseRate& b) {
+      return a.ops_per_s < b.ops_per_s;
+    });
     return v[v.size() / 2];
   };
   const LeaseRate s = median(sluice_rates), b = median(bare_rates);
   auto by_p99 = [](std::vector<LeaseRate> v) {
-    std::sort(v.begin(), v.end(),
-              [](const LeaseRate& a, const LeaseRate& b) { return a.p99_us < b.p99_us; });
+    std::sort(v.begin(), v.end(), [](const LeaseRate& a, const LeaseRate& b) {
+      return a.p99_us < b.p99_us;
+    });
     return v[v.size() / 2];
   };
   const LeaseRate sp = by_p99(sluice_paced), bp = by_p99(bare_paced);
   const double ratio = s.ops_per_s / b.ops_per_s;
   const bool progress = absl::GetFlag(FLAGS_progress);
-  std::printf("coordinator leases (%d sessions, Grant -> %sComplete): saturated %.0f "
-              "grants+completions/s (bare gRPC %.0f, ratio %.2f); paced at %.0f ops/s (bare gRPC "
-              "%.0f): grant latency p50 %.2f ms p99 %.2f ms (bare gRPC p50 %.2f ms p99 %.2f ms)\n",
-              sessions, progress ? "Progress -> " : "", s.ops_per_s, b.ops_per_s, ratio,
-              sp.ops_per_s, bp.ops_per_s, sp.p50_us / 1000, sp.p99_us / 1000, bp.p50_us / 1000,
-              bp.p99_us / 1000);
-  std::printf("{\"bench\":\"coordinator_leases\",\"progress\":%s,\"sessions\":%d,"
-              "\"ops_per_s\":%.0f,\"baseline_ops_per_s\":%.0f,\"ratio\":%.2f,"
-              "\"paced_ops_per_s\":%.0f,\"baseline_paced_ops_per_s\":%.0f,\"grant_p50_ms\":%.3f,"
-              "\"grant_p99_ms\":%.3f,\"baseline_grant_p50_ms\":%.3f,\"baseline_grant_p99_ms\":%.3f}\n",
-              progress ? "true" : "false", sessions, s.ops_per_s, b.ops_per_s, ratio,
-              sp.ops_per_s, bp.ops_per_s, sp.p50_us / 1000, sp.p99_us / 1000, bp.p50_us / 1000,
-              bp.p99_us / 1000);
+  std::printf(
+      "coordinator leases (%d sessions, Grant -> %sComplete): saturated %.0f "
+      "grants+completions/s (bare gRPC %.0f, ratio %.2f); paced at %.0f ops/s "
+      "(bare gRPC "
+      "%.0f): grant latency p50 %.2f ms p99 %.2f ms (bare gRPC p50 %.2f ms p99 "
+      "%.2f ms)\n",
+      sessions, progress ? "Progress -> " : "", s.ops_per_s, b.ops_per_s, ratio,
+      sp.ops_per_s, bp.ops_per_s, sp.p50_us / 1000, sp.p99_us / 1000,
+      bp.p50_us / 1000, bp.p99_us / 1000);
+  std::printf(
+      "{\"bench\":\"coordinator_leases\",\"progress\":%s,\"sessions\":%d,"
+      "\"ops_per_s\":%.0f,\"baseline_ops_per_s\":%.0f,\"ratio\":%.2f,"
+      "\"paced_ops_per_s\":%.0f,\"baseline_paced_ops_per_s\":%.0f,\"grant_p50_"
+      "ms\":%.3f,"
+      "\"grant_p99_ms\":%.3f,\"baseline_grant_p50_ms\":%.3f,\"baseline_grant_"
+      "p99_ms\":%.3f}\n",
+      progress ? "true" : "false", sessions, s.ops_per_s, b.ops_per_s, ratio,
+      sp.ops_per_s, bp.ops_per_s, sp.p50_us / 1000, sp.p99_us / 1000,
+      bp.p50_us / 1000, bp.p99_us / 1000);
   echo_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   coordinator->process.Signal(SIGTERM);
   (void)coordinator->process.WaitForExit(absl::Seconds(20));
@@ -439,7 +472,8 @@ int64_t ProcStatusKb(const char* field) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field)));
+    if (line.rfind(field, 0) == 0)
+      return std::stoll(line.substr(std::strlen(field)));
   }
   return -1;
 }
@@ -462,7 +496,8 @@ int RunPlan() {
   spec.set_seed(7);
   for (int s = 0; s < shards; ++s) {
     auto* shard = spec.mutable_manifest()->add_shards();
-    shard->set_url(absl::StrCat("/data/imagenet/train/shard-", 1000000 + s, ".tar"));
+    shard->set_url(
+        absl::StrCat("/data/imagenet/train/shard-", 1000000 + s, ".tar"));
     shard->set_num_samples(1000 + s % 300);
     shard->set_size_bytes(100 << 20);
   }
@@ -491,17 +526,22 @@ int RunPlan() {
   const int64_t peak_kb = ProcStatusKb("VmHWM:");
   const int64_t rss_after_kb = ProcStatusKb("VmRSS:");
   const double peak_per_shard = (peak_kb - rss_before_kb) * 1024.0 / shards;
-  const double kept_per_shard = (rss_after_kb - rss_before_kb) * 1024.0 / shards;
+  const double kept_per_shard =
+      (rss_after_kb - rss_before_kb) * 1024.0 / shards;
   const double ratio = create_s / parse_s;
-  std::printf("coordinator plan: %d shards (%lld samples) created in %.3f s; memory per shard: "
-              "peak %.0f B, retained %.0f B   baseline (parse the manifest): %.3f s   ratio "
-              "%.2f\n",
-              shards, static_cast<long long>(job->status().total_samples()), create_s,
-              peak_per_shard, kept_per_shard, parse_s, ratio);
-  std::printf("{\"bench\":\"coordinator_plan\",\"shards\":%d,\"create_s\":%.3f,"
-              "\"peak_bytes_per_shard\":%.0f,\"retained_bytes_per_shard\":%.0f,"
-              "\"baseline_parse_s\":%.3f,\"ratio\":%.2f}\n",
-              shards, create_s, peak_per_shard, kept_per_shard, parse_s, ratio);
+  std::printf(
+      "coordinator plan: %d shards (%lld samples) created in %.3f s; memory "
+      "per shard: "
+      "peak %.0f B, retained %.0f B   baseline (parse the manifest): %.3f s   "
+      "ratio "
+      "%.2f\n",
+      shards, static_cast<long long>(job->status().total_samples()), create_s,
+      peak_per_shard, kept_per_shard, parse_s, ratio);
+  std::printf(
+      "{\"bench\":\"coordinator_plan\",\"shards\":%d,\"create_s\":%.3f,"
+      "\"peak_bytes_per_shard\":%.0f,\"retained_bytes_per_shard\":%.0f,"
+      "\"baseline_parse_s\":%.3f,\"ratio\":%.2f}\n",
+      shards, create_s, peak_per_shard, kept_per_shard, parse_s, ratio);
   return 0;
 }
 

@@ -7,17 +7,16 @@
 //                   same files in a tight loop on every core.
 // The data server is the real binary (started here on 127.0.0.1:0). Prints
 // the figures, the ratio, and ends with one line of JSON.
+#include <grpcpp/grpcpp.h>
 #include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
 #include <turbojpeg.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -33,13 +32,15 @@
 #include "tests/testing/temp_dir.h"
 
 ABSL_FLAG(std::string, mode, "raw", "raw | decoded");
-ABSL_FLAG(int, shards, 8, "Shards to write (each --samples_per_shard samples).");
+ABSL_FLAG(int, shards, 8,
+          "Shards to write (each --samples_per_shard samples).");
 ABSL_FLAG(int, samples_per_shard, 250, "Samples per shard.");
 ABSL_FLAG(double, seconds, 4, "Seconds per measurement.");
-ABSL_FLAG(int, resize, 0,
-          "decoded mode: resize the shorter side to this and center-crop a "
-          "square of it (0 = full-size decode). The baseline then does the "
-          "same work (TurboJPEG scaled decode + stb resize + crop) in its loop.");
+ABSL_FLAG(
+    int, resize, 0,
+    "decoded mode: resize the shorter side to this and center-crop a "
+    "square of it (0 = full-size decode). The baseline then does the "
+    "same work (TurboJPEG scaled decode + stb resize + crop) in its loop.");
 ABSL_FLAG(std::string, serve_bare, "",
           "Internal: run only the bare gRPC baseline server and write its port "
           "to this file (the benchmark starts itself this way, so the baseline "
@@ -57,14 +58,17 @@ double Seconds(Clock::time_point since) {
 // Bare gRPC: one message per sample, the bytes prebuilt in memory.
 class BareService final : public sluice::v1::DataServer::Service {
  public:
-  explicit BareService(const std::vector<std::string>* payloads) : payloads_(payloads) {}
-  grpc::Status ReadSamples(grpc::ServerContext* ctx, const sluice::v1::ReadRequest* request,
+  explicit BareService(const std::vector<std::string>* payloads)
+      : payloads_(payloads) {}
+  grpc::Status ReadSamples(grpc::ServerContext* ctx,
+                           const sluice::v1::ReadRequest* request,
                            grpc::ServerWriter<SampleBatch>* writer) override {
     SampleBatch batch;
     auto* sample = batch.add_samples();
     auto* field = sample->add_fields();
     field->set_name("jpg");
-    for (int64_t i = request->lease().unit().begin(); i < request->lease().unit().end(); ++i) {
+    for (int64_t i = request->lease().unit().begin();
+         i < request->lease().unit().end(); ++i) {
       if (ctx->IsCancelled()) break;
       sample->set_index(i);
       field->set_raw((*payloads_)[static_cast<size_t>(i) % payloads_->size()]);
@@ -84,8 +88,8 @@ struct Rate {
 
 // Reads `units` (url, count) repeatedly for `seconds`; counts payload bytes.
 Rate ReadFor(sluice::v1::DataServer::Stub& stub,
-             const std::vector<std::pair<std::string, int64_t>>& units, bool decode,
-             double seconds, int resize = 0) {
+             const std::vector<std::pair<std::string, int64_t>>& units,
+             bool decode, double seconds, int resize = 0) {
   int64_t bytes = 0, samples = 0;
   auto start = Clock::now();
   while (Seconds(start) < seconds) {
@@ -108,13 +112,15 @@ Rate ReadFor(sluice::v1::DataServer::Stub& stub,
         for (const auto& s : batch.samples()) {
           ++samples;
           for (const auto& f : s.fields()) {
-            bytes += static_cast<int64_t>(f.has_tensor() ? f.tensor().data().size() : f.raw().size());
+            bytes += static_cast<int64_t>(
+                f.has_tensor() ? f.tensor().data().size() : f.raw().size());
           }
         }
       }
       grpc::Status status = reader->Finish();
       if (!status.ok()) {
-        std::fprintf(stderr, "ReadSamples failed: %s\n", status.error_message().c_str());
+        std::fprintf(stderr, "ReadSamples failed: %s\n",
+                     status.error_message().c_str());
         std::exit(1);
       }
       if (Seconds(start) >= seconds) break;
@@ -124,7 +130,8 @@ Rate ReadFor(sluice::v1::DataServer::Stub& stub,
   return Rate{bytes / elapsed, samples / elapsed};
 }
 
-double DecodeLoopRate(const std::vector<std::string>& jpegs, double seconds, int resize) {
+double DecodeLoopRate(const std::vector<std::string>& jpegs, double seconds,
+                      int resize) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   std::atomic<int64_t> decoded{0};
   auto start = Clock::now();
@@ -137,18 +144,19 @@ double DecodeLoopRate(const std::vector<std::string>& jpegs, double seconds, int
       while (Seconds(start) < seconds) {
         const std::string& j = jpegs[i++ % jpegs.size()];
         if (resize > 0) {
-          auto d = sluice::dataserver::DecodeJpeg(sluice::dataserver::Payload{j, nullptr},
-                                                  {resize, resize, resize});
+          auto d = sluice::dataserver::DecodeJpeg(
+              sluice::dataserver::Payload{j, nullptr},
+              {resize, resize, resize});
           if (!d.ok()) std::exit(1);
           ++decoded;
           continue;
         }
         int w, hgt, sub, cs;
-        tjDecompressHeader3(h, reinterpret_cast<const unsigned char*>(j.data()), j.size(), &w,
-                            &hgt, &sub, &cs);
+        tjDecompressHeader3(h, reinterpret_cast<const unsigned char*>(j.data()),
+                            j.size(), &w, &hgt, &sub, &cs);
         out.resize(static_cast<size_t>(w) * hgt * 3);
-        tjDecompress2(h, reinterpret_cast<const unsigned char*>(j.data()), j.size(), out.data(),
-                      w, 0, hgt, TJPF_RGB, 0);
+        tjDecompress2(h, reinterpret_cast<const unsigned char*>(j.data()),
+                      j.size(), out.data(), w, 0, hgt, TJPF_RGB, 0);
         ++decoded;
       }
       tjDestroy(h);
@@ -173,11 +181,13 @@ int ServeBare(const std::string& port_file) {
   BareService bare(&payloads);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
   builder.RegisterService(&bare);
   auto server = builder.BuildAndStart();
-  sluice::testing::WriteFile(port_file + ".tmp",
-                             absl::StrCat("grpc=127.0.0.1:", port, "\nmetrics=off\n"));
+  sluice::testing::WriteFile(
+      port_file + ".tmp",
+      absl::StrCat("grpc=127.0.0.1:", port, "\nmetrics=off\n"));
   std::rename((port_file + ".tmp").c_str(), port_file.c_str());
   int signo = 0;
   sigwait(&set, &signo);
@@ -189,7 +199,8 @@ int ServeBare(const std::string& port_file) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (!absl::GetFlag(FLAGS_serve_bare).empty()) return ServeBare(absl::GetFlag(FLAGS_serve_bare));
+  if (!absl::GetFlag(FLAGS_serve_bare).empty())
+    return ServeBare(absl::GetFlag(FLAGS_serve_bare));
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const double seconds = absl::GetFlag(FLAGS_seconds);
   sluice::testing::TempDir dir;
@@ -199,12 +210,14 @@ int main(int argc, char** argv) {
   mean /= jpegs.size();
   const int per_shard = absl::GetFlag(FLAGS_samples_per_shard);
   std::vector<std::pair<std::string, int64_t>> units =
-      sluice::bench::WriteShards(dir.path(), absl::GetFlag(FLAGS_shards), per_shard, jpegs);
-  std::fprintf(stderr, "%zu shards x %d samples, JPEG mean %zu bytes (500x375)\n", units.size(),
-               per_shard, mean);
+      sluice::bench::WriteShards(dir.path(), absl::GetFlag(FLAGS_shards),
+                                 per_shard, jpegs);
+  std::fprintf(stderr,
+               "%zu shards x %d samples, JPEG mean %zu bytes (500x375)\n",
+               units.size(), per_shard, mean);
 
-  auto server = sluice::testing::ServerProcess::Start("sluice-dataserver", dir.path(),
-                                                      {"--metrics_listen=off"});
+  auto server = sluice::testing::ServerProcess::Start(
+      "sluice-dataserver", dir.path(), {"--metrics_listen=off"});
   if (!server.ok()) {
     std::fprintf(stderr, "cannot start sluice-dataserver: %s\n",
                  std::string(server.status().message()).c_str());
@@ -212,9 +225,10 @@ int main(int argc, char** argv) {
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto stub = sluice::v1::DataServer::NewStub(
-      grpc::CreateCustomChannel(server->grpc_address, grpc::InsecureChannelCredentials(), args));
-  ReadFor(*stub, units, mode == "decoded", 0.5);  // warm the page cache and index
+  auto stub = sluice::v1::DataServer::NewStub(grpc::CreateCustomChannel(
+      server->grpc_address, grpc::InsecureChannelCredentials(), args));
+  ReadFor(*stub, units, mode == "decoded",
+          0.5);  // warm the page cache and index
 
   if (mode == "raw") {
     Rate sluice_rate = ReadFor(*stub, units, false, seconds);
@@ -232,26 +246,33 @@ int main(int argc, char** argv) {
         {self, "--serve_bare=" + port_file}, dir.File("bare.log"));
     if (!bare.ok()) return 1;
     std::optional<std::string> ports;
-    for (int i = 0; i < 2000 && !(ports = sluice::testing::ReadWholeFile(port_file)); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // poll for the port file
+    for (int i = 0;
+         i < 2000 && !(ports = sluice::testing::ReadWholeFile(port_file));
+         ++i) {
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(10));  // poll for the port file
     }
     if (!ports) return 1;
     auto bare_stub = sluice::v1::DataServer::NewStub(grpc::CreateCustomChannel(
-        sluice::testing::ParseKeyValueFile(*ports)["grpc"], grpc::InsecureChannelCredentials(),
-        args));
+        sluice::testing::ParseKeyValueFile(*ports)["grpc"],
+        grpc::InsecureChannelCredentials(), args));
     ReadFor(*bare_stub, units, false, 0.5);
     Rate base = ReadFor(*bare_stub, units, false, seconds);
     bare->Signal(SIGTERM);
     (void)bare->WaitForExit(absl::Seconds(10));
     double ratio = sluice_rate.bytes_per_s / base.bytes_per_s;
-    std::printf("raw:      sluice %.0f MB/s (%.0f samples/s)   bare gRPC %.0f MB/s (%.0f msg/s)   "
-                "ratio %.2f\n",
-                sluice_rate.bytes_per_s / 1e6, sluice_rate.samples_per_s, base.bytes_per_s / 1e6,
-                base.samples_per_s, ratio);
-    std::printf("{\"bench\":\"dataserver_raw\",\"mb_per_s\":%.0f,\"samples_per_s\":%.0f,"
-                "\"baseline_mb_per_s\":%.0f,\"ratio\":%.2f}\n",
-                sluice_rate.bytes_per_s / 1e6, sluice_rate.samples_per_s, base.bytes_per_s / 1e6,
-                ratio);
+    std::printf(
+        "raw:      sluice %.0f MB/s (%.0f samples/s)   bare gRPC %.0f MB/s "
+        "(%.0f msg/s)   "
+        "ratio %.2f\n",
+        sluice_rate.bytes_per_s / 1e6, sluice_rate.samples_per_s,
+        base.bytes_per_s / 1e6, base.samples_per_s, ratio);
+    std::printf(
+        "{\"bench\":\"dataserver_raw\",\"mb_per_s\":%.0f,\"samples_per_s\":%."
+        "0f,"
+        "\"baseline_mb_per_s\":%.0f,\"ratio\":%.2f}\n",
+        sluice_rate.bytes_per_s / 1e6, sluice_rate.samples_per_s,
+        base.bytes_per_s / 1e6, ratio);
     return 0;
   }
   const int resize = absl::GetFlag(FLAGS_resize);
@@ -260,14 +281,18 @@ int main(int argc, char** argv) {
   (void)server->process.WaitForExit(absl::Seconds(20));
   double loop = DecodeLoopRate(jpegs, seconds, resize);
   double ratio = decoded.samples_per_s / loop;
-  std::string what = resize > 0 ? absl::StrFormat("resize %d + crop %dx%d", resize, resize, resize)
-                                 : "full size";
-  std::printf("decoded (%s):  sluice %.0f samples/s (%.0f MB/s of pixels)   same decode in a "
-              "loop on %u cores %.0f images/s   ratio %.2f\n",
-              what.c_str(), decoded.samples_per_s, decoded.bytes_per_s / 1e6,
-              std::thread::hardware_concurrency(), loop, ratio);
-  std::printf("{\"bench\":\"dataserver_decoded\",\"resize\":%d,\"samples_per_s\":%.0f,"
-              "\"baseline_samples_per_s\":%.0f,\"ratio\":%.2f}\n",
-              resize, decoded.samples_per_s, loop, ratio);
+  std::string what = resize > 0 ? absl::StrFormat("resize %d + crop %dx%d",
+                                                  resize, resize, resize)
+                                : "full size";
+  std::printf(
+      "decoded (%s):  sluice %.0f samples/s (%.0f MB/s of pixels)   same "
+      "decode in a "
+      "loop on %u cores %.0f images/s   ratio %.2f\n",
+      what.c_str(), decoded.samples_per_s, decoded.bytes_per_s / 1e6,
+      std::thread::hardware_concurrency(), loop, ratio);
+  std::printf(
+      "{\"bench\":\"dataserver_decoded\",\"resize\":%d,\"samples_per_s\":%.0f,"
+      "\"baseline_samples_per_s\":%.0f,\"ratio\":%.2f}\n",
+      resize, decoded.samples_per_s, loop, ratio);
   return 0;
 }

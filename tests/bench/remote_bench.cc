@@ -9,6 +9,7 @@
 //         figure of the data-server benchmark.
 // Both data servers are the real binary; nginx is Debian's. Prints the
 // figures and ratios and ends with one line of JSON.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,8 +19,6 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -31,9 +30,11 @@
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
-ABSL_FLAG(int, shards, 8, "Shards to write (each --samples_per_shard samples).");
+ABSL_FLAG(int, shards, 8,
+          "Shards to write (each --samples_per_shard samples).");
 ABSL_FLAG(int, samples_per_shard, 250, "Samples per shard (~85 KB each).");
-ABSL_FLAG(int, streams, 4, "ReadSamples streams in flight (units a Reader prefetches).");
+ABSL_FLAG(int, streams, 4,
+          "ReadSamples streams in flight (units a Reader prefetches).");
 ABSL_FLAG(double, seconds, 4, "Seconds per warm measurement.");
 
 namespace {
@@ -47,7 +48,8 @@ double Seconds(Clock::time_point since) {
 
 // Reads every unit once with `streams` concurrent streams; returns payload
 // bytes read.
-int64_t ReadAll(sluice::v1::DataServer::Stub& stub, const Units& units, int streams) {
+int64_t ReadAll(sluice::v1::DataServer::Stub& stub, const Units& units,
+                int streams) {
   std::atomic<size_t> next{0};
   std::atomic<int64_t> bytes{0};
   std::vector<std::thread> workers;
@@ -63,13 +65,14 @@ int64_t ReadAll(sluice::v1::DataServer::Stub& stub, const Units& units, int stre
         sluice::v1::SampleBatch batch;
         while (reader->Read(&batch)) {
           for (const auto& s : batch.samples()) {
-            for (const auto& f : s.fields()) bytes += static_cast<int64_t>(f.raw().size());
+            for (const auto& f : s.fields())
+              bytes += static_cast<int64_t>(f.raw().size());
           }
         }
         grpc::Status status = reader->Finish();
         if (!status.ok()) {
-          std::fprintf(stderr, "ReadSamples %s failed: %s\n", units[i].first.c_str(),
-                       status.error_message().c_str());
+          std::fprintf(stderr, "ReadSamples %s failed: %s\n",
+                       units[i].first.c_str(), status.error_message().c_str());
           std::exit(1);
         }
       }
@@ -80,8 +83,8 @@ int64_t ReadAll(sluice::v1::DataServer::Stub& stub, const Units& units, int stre
 }
 
 // Payload bytes per second reading `units` over and over for `seconds`.
-double ReadRate(sluice::v1::DataServer::Stub& stub, const Units& units, int streams,
-                double seconds) {
+double ReadRate(sluice::v1::DataServer::Stub& stub, const Units& units,
+                int streams, double seconds) {
   int64_t bytes = 0;
   auto start = Clock::now();
   while (Seconds(start) < seconds) bytes += ReadAll(stub, units, streams);
@@ -91,8 +94,8 @@ double ReadRate(sluice::v1::DataServer::Stub& stub, const Units& units, int stre
 std::unique_ptr<sluice::v1::DataServer::Stub> Stub(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return sluice::v1::DataServer::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  return sluice::v1::DataServer::NewStub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
 }
 
 int64_t FileSize(const std::string& path) {
@@ -110,11 +113,12 @@ int main(int argc, char** argv) {
   mkdir(docroot.c_str(), 0755);
   mkdir(dir.File("nginx").c_str(), 0755);
   mkdir(dir.File("curl").c_str(), 0755);
-  std::fprintf(stderr, "writing %d shards of %d samples...\n", absl::GetFlag(FLAGS_shards),
+  std::fprintf(stderr, "writing %d shards of %d samples...\n",
+               absl::GetFlag(FLAGS_shards),
                absl::GetFlag(FLAGS_samples_per_shard));
-  auto shards = sluice::bench::WriteShards(docroot, absl::GetFlag(FLAGS_shards),
-                                           absl::GetFlag(FLAGS_samples_per_shard),
-                                           sluice::bench::MakeJpegs());
+  auto shards = sluice::bench::WriteShards(
+      docroot, absl::GetFlag(FLAGS_shards),
+      absl::GetFlag(FLAGS_samples_per_shard), sluice::bench::MakeJpegs());
   auto nginx = sluice::testing::Nginx::Start(dir.File("nginx"), docroot);
   if (!nginx.ok()) {
     std::fprintf(stderr, "%s\n", nginx.status().ToString().c_str());
@@ -137,7 +141,8 @@ int main(int argc, char** argv) {
   // Baseline: curl downloads every shard to disk (connection reused).
   std::fprintf(stderr, "curl baseline...\n");
   double curl_seconds = 0;
-  for (int round = 0; round < 3; ++round) {  // best of three, like the data server gets
+  for (int round = 0; round < 3;
+       ++round) {  // best of three, like the data server gets
     auto start = Clock::now();
     auto child = sluice::testing::ChildProcess::Start(curl_argv);
     if (!child.ok() || *child->WaitForExit(absl::Minutes(5)) != 0) {
@@ -156,7 +161,8 @@ int main(int argc, char** argv) {
     const std::string sub = absl::StrCat("ds-cold-", round);
     mkdir(dir.File(sub).c_str(), 0755);
     auto server = sluice::testing::ServerProcess::Start(
-        "sluice-dataserver", dir.File(sub), {"--cache_dir=" + dir.File(sub + "/cache")});
+        "sluice-dataserver", dir.File(sub),
+        {"--cache_dir=" + dir.File(sub + "/cache")});
     if (!server.ok()) {
       std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
       return 1;
@@ -166,7 +172,8 @@ int main(int argc, char** argv) {
     ReadAll(*stub, remote, absl::GetFlag(FLAGS_streams));
     double s = Seconds(start);
     if (round == 0 || s < cold_seconds) cold_seconds = s;
-    cached = std::make_unique<sluice::testing::ServerProcess>(std::move(*server));
+    cached =
+        std::make_unique<sluice::testing::ServerProcess>(std::move(*server));
   }
 
   std::fprintf(stderr, "warm reads and local-disk reads...\n");
@@ -186,22 +193,29 @@ int main(int argc, char** argv) {
   const double mb = 1e6;
   const double curl_rate = shard_bytes / curl_seconds;
   const double cold_rate = shard_bytes / cold_seconds;
-  std::printf("shards: %zu, %.1f MB; %d streams in flight\n", shards.size(), shard_bytes / mb,
-              streams);
-  std::printf("cold (download + verify + install + stream): %8.1f MB/s\n", cold_rate / mb);
-  std::printf("curl to disk (baseline):                     %8.1f MB/s\n", curl_rate / mb);
-  std::printf("cold / curl:                                 %8.2f\n", cold_rate / curl_rate);
-  std::printf("warm (cache hits):                           %8.1f MB/s payload\n", warm / mb);
-  std::printf("local disk (--roots, baseline):              %8.1f MB/s payload\n",
-              local_rate / mb);
-  std::printf("warm / local:                                %8.2f\n", warm / local_rate);
-  std::printf("%s\n",
-              absl::StrFormat("{\"bench\":\"remote_shards\",\"cold_mb_per_s\":%.0f,"
-                              "\"curl_mb_per_s\":%.0f,\"cold_ratio\":%.2f,"
-                              "\"warm_mb_per_s\":%.0f,\"local_mb_per_s\":%.0f,"
-                              "\"warm_ratio\":%.2f}",
-                              cold_rate / mb, curl_rate / mb, cold_rate / curl_rate, warm / mb,
-                              local_rate / mb, warm / local_rate)
-                  .c_str());
+  std::printf("shards: %zu, %.1f MB; %d streams in flight\n", shards.size(),
+              shard_bytes / mb, streams);
+  std::printf("cold (download + verify + install + stream): %8.1f MB/s\n",
+              cold_rate / mb);
+  std::printf("curl to disk (baseline):                     %8.1f MB/s\n",
+              curl_rate / mb);
+  std::printf("cold / curl:                                 %8.2f\n",
+              cold_rate / curl_rate);
+  std::printf(
+      "warm (cache hits):                           %8.1f MB/s payload\n",
+      warm / mb);
+  std::printf(
+      "local disk (--roots, baseline):              %8.1f MB/s payload\n",
+      local_rate / mb);
+  std::printf("warm / local:                                %8.2f\n",
+              warm / local_rate);
+  std::printf("%s\n", absl::StrFormat(
+                          "{\"bench\":\"remote_shards\",\"cold_mb_per_s\":%.0f,"
+                          "\"curl_mb_per_s\":%.0f,\"cold_ratio\":%.2f,"
+                          "\"warm_mb_per_s\":%.0f,\"local_mb_per_s\":%.0f,"
+                          "\"warm_ratio\":%.2f}",
+                          cold_rate / mb, curl_rate / mb, cold_rate / curl_rate,
+                          warm / mb, local_rate / mb, warm / local_rate)
+                          .c_str());
   return 0;
 }

@@ -5,6 +5,9 @@
 // equal the dataset minus the dropped remainder, the ranks are equal, and
 // the only samples delivered twice are ones the killed trainer had not
 // acknowledged, fewer than its progress interval allows (G1-G5).
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -12,10 +15,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
@@ -43,8 +42,9 @@ std::vector<Line> Ledger(const std::string& path) {
   while (std::getline(in, s)) {
     Line l;
     long long e, i;
-    if (std::sscanf(s.c_str(), "{\"epoch\":%lld,\"rank\":%d,\"shard\":%d,\"index\":%lld", &e,
-                    &l.rank, &l.shard, &i) == 4) {
+    if (std::sscanf(s.c_str(),
+                    "{\"epoch\":%lld,\"rank\":%d,\"shard\":%d,\"index\":%lld",
+                    &e, &l.rank, &l.shard, &i) == 4) {
       l.epoch = e;
       l.index = i;
       out.push_back(l);
@@ -64,10 +64,12 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
   for (int s = 0, total = 0; s < kShards; ++s) {
     int n = 100 + (s == 0 ? 2 : 0);  // 2002 samples: 2 do not divide by 4
     testing::TarWriter tar;
-    for (int i = 0; i < n; ++i) tar.File(absl::StrCat("x", s, "_", i, ".cls"), "1");
+    for (int i = 0; i < n; ++i)
+      tar.File(absl::StrCat("x", s, "_", i, ".cls"), "1");
     std::string path = dir.File(absl::StrCat("shards/", s, ".tar"));
     testing::WriteFile(path, tar.Finish());
-    absl::StrAppend(&manifest, s ? "," : "", "{\"url\":\"", path, "\",\"num_samples\":", n, "}");
+    absl::StrAppend(&manifest, s ? "," : "", "{\"url\":\"", path,
+                    "\",\"num_samples\":", n, "}");
     sizes.push_back(n);
     total += n;
   }
@@ -76,23 +78,27 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
   const int64_t per_rank = 2002 / kWorld, per_epoch = per_rank * kWorld;
 
   const std::string journal = "--journal_dir=" + dir.File("journal");
-  auto coordinator = ServerProcess::Start("sluice-coordinator", dir.path(),
-                                          {journal, "--heartbeat_interval=200ms"});
+  auto coordinator =
+      ServerProcess::Start("sluice-coordinator", dir.path(),
+                           {journal, "--heartbeat_interval=200ms"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   const std::string address = coordinator->grpc_address;
   std::vector<ServerProcess> data;
   for (int i = 0; i < 2; ++i) {
-    auto d = ServerProcess::Start("sluice-dataserver", dir.path(),
-                                  {"--roots=" + dir.File("shards"), "--coordinator=" + address});
+    auto d = ServerProcess::Start(
+        "sluice-dataserver", dir.path(),
+        {"--roots=" + dir.File("shards"), "--coordinator=" + address});
     ASSERT_TRUE(d.ok()) << d.status();
     data.push_back(std::move(*d));
   }
   const std::string ctl = testing::BinDir() + "/sluicectl";
   {
-    auto create = ChildProcess::Start(
-        {ctl, "job", "create", "--name=e2e", "--manifest=" + dir.File("manifest.json"),
-         "--world_size=4", "--epochs=3", "--lease_ttl=2s", "--seed=11", "--coordinator=" + address},
-        dir.File("create.log"));
+    auto create =
+        ChildProcess::Start({ctl, "job", "create", "--name=e2e",
+                             "--manifest=" + dir.File("manifest.json"),
+                             "--world_size=4", "--epochs=3", "--lease_ttl=2s",
+                             "--seed=11", "--coordinator=" + address},
+                            dir.File("create.log"));
     ASSERT_TRUE(create.ok());
     ASSERT_EQ(*create->WaitForExit(absl::Seconds(30)), 0);
   }
@@ -105,10 +111,18 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
   };
   std::vector<Trainer> trainers;
   auto start = [&](int rank, int worker, const std::string& tag) {
-    Trainer t{rank, worker, dir.File(absl::StrCat("r", rank, "w", worker, tag, ".jsonl")), {}};
-    std::vector<std::string> argv = {ctl, "read", "--job=e2e", absl::StrCat("--rank=", rank),
-                                     absl::StrCat("--worker=", worker), "--workers=2",
-                                     absl::StrCat("--rate=", kRate), "--coordinator=" + address};
+    Trainer t{rank,
+              worker,
+              dir.File(absl::StrCat("r", rank, "w", worker, tag, ".jsonl")),
+              {}};
+    std::vector<std::string> argv = {ctl,
+                                     "read",
+                                     "--job=e2e",
+                                     absl::StrCat("--rank=", rank),
+                                     absl::StrCat("--worker=", worker),
+                                     "--workers=2",
+                                     absl::StrCat("--rate=", kRate),
+                                     "--coordinator=" + address};
     argv.insert(argv.end(), progress.begin(), progress.end());
     auto p = ChildProcess::Start(argv, t.ledger);
     ASSERT_TRUE(p.ok());
@@ -119,7 +133,8 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
     for (int w = 0; w < 2; ++w) start(r, w, "");
   }
 
-  bool trainer_killed = false, server_killed = false, coordinator_killed = false;
+  bool trainer_killed = false, server_killed = false,
+       coordinator_killed = false;
   std::string killed_ledger;
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   while (true) {
@@ -139,10 +154,12 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
       data[1].process.Kill();
       server_killed = true;
     }
-    if (server_killed && !coordinator_killed && by_epoch[1] >= per_epoch * 6 / 10) {
+    if (server_killed && !coordinator_killed &&
+        by_epoch[1] >= per_epoch * 6 / 10) {
       coordinator->process.Kill();
-      auto again = ServerProcess::Start("sluice-coordinator", dir.path(),
-                                        {journal, "--heartbeat_interval=200ms", "--listen=" + address});
+      auto again = ServerProcess::Start(
+          "sluice-coordinator", dir.path(),
+          {journal, "--heartbeat_interval=200ms", "--listen=" + address});
       ASSERT_TRUE(again.ok()) << again.status();
       *coordinator = std::move(*again);
       coordinator_killed = true;
@@ -162,7 +179,8 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
   }
 
   std::map<std::tuple<int64_t, int, int64_t>, std::vector<std::string>> seen;
-  std::map<std::pair<int64_t, int>, std::set<std::pair<int, int64_t>>> per_rank_unique;
+  std::map<std::pair<int64_t, int>, std::set<std::pair<int, int64_t>>>
+      per_rank_unique;
   for (const Trainer& t : trainers) {
     for (const Line& l : Ledger(t.ledger)) {
       ASSERT_LT(l.shard, kShards);
@@ -181,11 +199,13 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
         // Only the killed trainer's unacknowledged tail comes twice.
         EXPECT_EQ(who.size(), 2u);
         EXPECT_TRUE(who[0] == killed_ledger || who[1] == killed_ledger)
-            << "epoch " << e << " shard " << std::get<1>(key) << " index " << std::get<2>(key);
+            << "epoch " << e << " shard " << std::get<1>(key) << " index "
+            << std::get<2>(key);
       }
     }
     EXPECT_EQ(distinct, per_epoch) << "epoch " << e;
-    EXPECT_LE(twice, kRate * 2 / 5) << "epoch " << e;  // rate x 2 progress intervals
+    EXPECT_LE(twice, kRate * 2 / 5)
+        << "epoch " << e;  // rate x 2 progress intervals
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_EQ(static_cast<int64_t>(per_rank_unique[{e, r}].size()), per_rank)
           << "epoch " << e << " rank " << r;

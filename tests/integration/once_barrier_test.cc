@@ -2,11 +2,10 @@
 // ranks racing on makedirs (P2), a runner dying mid-step, a failing step,
 // a coordinator restart after the step, and rank 0 creating a checkpoint
 // directory while the others time out in wait_for(exists) (P4).
-#include <signal.h>
-#include <sys/stat.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -68,21 +67,25 @@ TEST_F(OnceBarrierTest, EightRanksRacingOnMakedirsRunItExactlyOnce) {
   // no rank may see a partial file.
   const std::string tree = dir_.File("data");
   const std::string step = absl::StrCat(
-      "mkdir ", tree, " && mkdir ", tree, "/train && echo ran >> ", dir_.File("ran.log"),
-      " && for i in 1 2 3 4 5; do printf 0123456789 >> ", tree, "/train/part.bin; sleep 0.05; done");
+      "mkdir ", tree, " && mkdir ", tree, "/train && echo ran >> ",
+      dir_.File("ran.log"), " && for i in 1 2 3 4 5; do printf 0123456789 >> ",
+      tree, "/train/part.bin; sleep 0.05; done");
   std::vector<ChildProcess> ranks;
   for (int r = 0; r < 8; ++r) {
     const std::string once = absl::StrCat(
-        testing::BinDir(), "/sluicectl once --coordinator=", coordinator_.grpc_address,
+        testing::BinDir(),
+        "/sluicectl once --coordinator=", coordinator_.grpc_address,
         " --id=rank-", r, " prepare -- sh -c '", step, "' && wc -c < ", tree,
         "/train/part.bin > ", dir_.File(absl::StrCat("seen-", r)));
-    auto p = ChildProcess::Start({"/bin/sh", "-c", once}, dir_.File(absl::StrCat("rank", r, ".log")));
+    auto p = ChildProcess::Start({"/bin/sh", "-c", once},
+                                 dir_.File(absl::StrCat("rank", r, ".log")));
     ASSERT_TRUE(p.ok());
     ranks.push_back(std::move(*p));
   }
   for (int r = 0; r < 8; ++r) {
     EXPECT_EQ(Exit(ranks[r]), 0) << Read(absl::StrCat("rank", r, ".log"));
-    EXPECT_EQ(Read(absl::StrCat("seen-", r)), "50\n") << "rank " << r << " saw a partial file";
+    EXPECT_EQ(Read(absl::StrCat("seen-", r)), "50\n")
+        << "rank " << r << " saw a partial file";
   }
   EXPECT_EQ(Read("ran.log"), "ran\n");
 }
@@ -90,7 +93,9 @@ TEST_F(OnceBarrierTest, EightRanksRacingOnMakedirsRunItExactlyOnce) {
 TEST_F(OnceBarrierTest, ARunnerThatDiesIsReplacedByAWaiter) {
   const std::string a_step =
       absl::StrCat("echo A >> ", dir_.File("ran.log"), "; exec sleep 120");
-  ChildProcess a = Ctl({"once", "--id=a", "--ttl=1s", "step", "--", "sh", "-c", a_step}, "a.log");
+  ChildProcess a =
+      Ctl({"once", "--id=a", "--ttl=1s", "step", "--", "sh", "-c", a_step},
+          "a.log");
   ASSERT_TRUE(WaitFor("ran.log", "A"));
   ChildProcess b = Ctl({"once", "--id=b", "step", "--", "sh", "-c",
                         absl::StrCat("echo B >> ", dir_.File("ran.log"))},
@@ -105,9 +110,10 @@ TEST_F(OnceBarrierTest, ARunnerThatDiesIsReplacedByAWaiter) {
 TEST_F(OnceBarrierTest, AFailingStepFailsEveryWaiterWithItsStatus) {
   // The runner waits for the test's go-ahead, so the waiters are waiting.
   const std::string go = dir_.File("go");
-  ChildProcess runner = Ctl({"once", "--id=r0", "flaky", "--", "sh", "-c",
-                             absl::StrCat("while [ ! -f ", go, " ]; do sleep 0.02; done; exit 3")},
-                            "r0.log");
+  ChildProcess runner = Ctl(
+      {"once", "--id=r0", "flaky", "--", "sh", "-c",
+       absl::StrCat("while [ ! -f ", go, " ]; do sleep 0.02; done; exit 3")},
+      "r0.log");
   ASSERT_TRUE(WaitFor("r0.log", "running"));
   ChildProcess w1 = Ctl({"once", "--id=r1", "flaky", "--", "true"}, "r1.log");
   ChildProcess w2 = Ctl({"once", "--id=r2", "flaky", "--", "true"}, "r2.log");
@@ -119,7 +125,8 @@ TEST_F(OnceBarrierTest, AFailingStepFailsEveryWaiterWithItsStatus) {
   EXPECT_EQ(Exit(w2), 3);
   EXPECT_THAT(Read("r1.log"), HasSubstr("the run failed: exit 3"));
   // RETRY (the default): the next caller runs it again.
-  ChildProcess again = Ctl({"once", "--id=r3", "flaky", "--", "true"}, "r3.log");
+  ChildProcess again =
+      Ctl({"once", "--id=r3", "flaky", "--", "true"}, "r3.log");
   EXPECT_EQ(Exit(again), 0);
   EXPECT_THAT(Read("r3.log"), HasSubstr("running"));
 }
@@ -146,8 +153,8 @@ TEST_F(OnceBarrierTest, BarrierTimeoutNamesTheMissingRank) {
   std::vector<ChildProcess> ranks;
   for (int r = 0; r < 8; ++r) {
     if (r == 5) continue;
-    ranks.push_back(Ctl({"barrier", "ckpt-dir", "--participants=8", absl::StrCat("--id=rank-", r),
-                         "--timeout=1s"},
+    ranks.push_back(Ctl({"barrier", "ckpt-dir", "--participants=8",
+                         absl::StrCat("--id=rank-", r), "--timeout=1s"},
                         absl::StrCat("b", r, ".log")));
   }
   for (int r = 0, i = 0; r < 8; ++r) {
@@ -164,14 +171,15 @@ TEST_F(OnceBarrierTest, BarrierReleasesEveryoneAndIsReusableByGeneration) {
   for (int generation = 0; generation < 2; ++generation) {
     std::vector<ChildProcess> ranks;
     for (int r = 0; r < 8; ++r) {
-      ranks.push_back(Ctl({"barrier", "step", "--participants=8", absl::StrCat("--id=rank-", r),
-                           "--timeout=30s"},
+      ranks.push_back(Ctl({"barrier", "step", "--participants=8",
+                           absl::StrCat("--id=rank-", r), "--timeout=30s"},
                           absl::StrCat("g", generation, "r", r, ".log")));
     }
     for (int r = 0; r < 8; ++r) {
       EXPECT_EQ(Exit(ranks[r]), 0);
-      EXPECT_THAT(Read(absl::StrCat("g", generation, "r", r, ".log")),
-                  HasSubstr(absl::StrCat("generation ", generation, ": 8 arrived")));
+      EXPECT_THAT(
+          Read(absl::StrCat("g", generation, "r", r, ".log")),
+          HasSubstr(absl::StrCat("generation ", generation, ": 8 arrived")));
     }
   }
 }

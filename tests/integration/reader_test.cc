@@ -1,6 +1,11 @@
 // sluice::Reader against the real coordinator and data servers: exact
 // coverage, epoch events, a data server killed mid-read (re-route), and the
 // coordinator SIGKILLed and restarted mid-read (reconnect).
+#include "sluice/reader.h"
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -11,13 +16,8 @@
 #include <set>
 #include <thread>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "sluice/reader.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "tests/testing/coordinator_client.h"
 #include "tests/testing/http.h"
@@ -29,8 +29,8 @@ namespace sluice {
 namespace {
 
 using ::sluice::testing::ServerProcess;
-using ::sluice::testing::WaitForMetric;
 using ::sluice::testing::TempDir;
+using ::sluice::testing::WaitForMetric;
 
 class ReaderTest : public ::testing::Test {
  protected:
@@ -42,13 +42,15 @@ class ReaderTest : public ::testing::Test {
 
   // `shards` shards of `per_shard` samples; a coordinator and `servers` data
   // servers registered with it.
-  void StartCluster(int shards, int per_shard, int servers, size_t sample_bytes = 200) {
+  void StartCluster(int shards, int per_shard, int servers,
+                    size_t sample_bytes = 200) {
     mkdir(dir_.File("shards").c_str(), 0755);
     for (int s = 0; s < shards; ++s) {
       testing::TarWriter tar;
       for (int i = 0; i < per_shard; ++i) {
         tar.File(absl::StrCat("s", s, "_", i, ".cls"), std::to_string(i))
-            .File(absl::StrCat("s", s, "_", i, ".bin"), std::string(sample_bytes, 'a' + (i % 26)));
+            .File(absl::StrCat("s", s, "_", i, ".bin"),
+                  std::string(sample_bytes, 'a' + (i % 26)));
       }
       std::string path = dir_.File(absl::StrCat("shards/", s, ".tar"));
       testing::WriteFile(path, tar.Finish());
@@ -57,14 +59,16 @@ class ReaderTest : public ::testing::Test {
     per_shard_ = per_shard;
     StartCoordinator({});
     for (int i = 0; i < servers; ++i) {
-      auto ds = ServerProcess::Start(
-          "sluice-dataserver", dir_.path(),
-          {"--roots=" + dir_.File("shards"), "--coordinator=" + coordinator_.grpc_address});
+      auto ds =
+          ServerProcess::Start("sluice-dataserver", dir_.path(),
+                               {"--roots=" + dir_.File("shards"),
+                                "--coordinator=" + coordinator_.grpc_address});
       ASSERT_TRUE(ds.ok()) << ds.status();
       data_.push_back(std::move(*ds));
     }
-    ASSERT_TRUE(WaitForMetric(coordinator_.metrics_address,
-                              absl::StrCat("sluice_coordinator_data_servers ", servers)));
+    ASSERT_TRUE(WaitForMetric(
+        coordinator_.metrics_address,
+        absl::StrCat("sluice_coordinator_data_servers ", servers)));
   }
 
   void StartCoordinator(std::vector<std::string> extra) {
@@ -92,7 +96,8 @@ class ReaderTest : public ::testing::Test {
     ASSERT_TRUE(created.ok()) << created;
   }
 
-  std::unique_ptr<Reader> MakeReader(const std::string& job, int rank, int buffer = 256,
+  std::unique_ptr<Reader> MakeReader(const std::string& job, int rank,
+                                     int buffer = 256,
                                      const v1::Cursor* resume = nullptr) {
     ReaderOptions o;
     if (resume != nullptr) {
@@ -127,8 +132,9 @@ struct Seen {
 };
 
 // Reads until Done; `on_sample(n, sample)` runs after the n-th sample.
-Seen ReadAll(Reader& reader,
-             const std::function<void(int64_t, const Sample&)>& on_sample = nullptr) {
+Seen ReadAll(
+    Reader& reader,
+    const std::function<void(int64_t, const Sample&)>& on_sample = nullptr) {
   Seen seen;
   int64_t n = 0;
   while (true) {
@@ -150,7 +156,8 @@ Seen ReadAll(Reader& reader,
         break;
       case ReaderEvent::Kind::kSample:
         ++seen.samples[e->epoch][{e->sample.shard_index, e->sample.index}];
-        EXPECT_EQ(e->sample.key, absl::StrCat("s", e->sample.shard_index, "_", e->sample.index));
+        EXPECT_EQ(e->sample.key, absl::StrCat("s", e->sample.shard_index, "_",
+                                              e->sample.index));
         EXPECT_EQ(e->sample.fields.size(), 2u);
         if (on_sample) on_sample(++n, e->sample);
         break;
@@ -180,8 +187,8 @@ TEST_F(ReaderTest, TwoRanksTwoEpochsCoverEverySampleOnceWithEpochEvents) {
     EXPECT_EQ(all.size(), 150u);
     for (auto& [k, c] : all) EXPECT_EQ(c, 1);
   }
-  EXPECT_THAT(seen[0].events,
-              ::testing::ElementsAre("begin0", "end0", "begin1", "end1", "done"));
+  EXPECT_THAT(seen[0].events, ::testing::ElementsAre("begin0", "end0", "begin1",
+                                                     "end1", "done"));
   EXPECT_EQ(seen[0].announced, 75);
 }
 
@@ -201,7 +208,8 @@ TEST_F(ReaderTest, HungAndDeadDataServersAreRoutedAround) {
     kill(data_[0].process.pid(), SIGSTOP);
     kill(data_[1].process.pid(), SIGSTOP);
     faults = std::thread([&] {
-      timed_out = WaitForMetric(coordinator_.metrics_address, "sluice_coordinator_data_servers 0");
+      timed_out = WaitForMetric(coordinator_.metrics_address,
+                                "sluice_coordinator_data_servers 0");
       data_[1].process.Kill();
       kill(data_[0].process.pid(), SIGCONT);
     });
@@ -211,7 +219,8 @@ TEST_F(ReaderTest, HungAndDeadDataServersAreRoutedAround) {
   ASSERT_TRUE(seen.status.ok()) << seen.status;
   std::map<std::pair<int, int64_t>, int> all = seen.samples[0];
   EXPECT_EQ(all.size(), 400u);
-  for (auto& [k, c] : all) EXPECT_EQ(c, 1) << k.first << "/" << k.second;  // nothing twice
+  for (auto& [k, c] : all)
+    EXPECT_EQ(c, 1) << k.first << "/" << k.second;  // nothing twice
   EXPECT_GE(reader->stats().reroutes, 1);
 }
 
@@ -240,7 +249,8 @@ TEST_F(ReaderTest, OneStreamPerDataServerCarriesDataAtATime) {
   CreateJob("streams", 1, 1);
   auto reader = MakeReader("streams", 0, /*buffer=*/4);  // 4 units in flight
   auto active_streams = [&]() -> int {
-    auto page = testing::HttpGet("http://" + data_[0].metrics_address + "/metrics");
+    auto page =
+        testing::HttpGet("http://" + data_[0].metrics_address + "/metrics");
     if (!page.ok()) return -1;
     const std::string name = "\nsluice_dataserver_active_streams ";
     const size_t at = page->body.find(name);
@@ -256,7 +266,8 @@ TEST_F(ReaderTest, OneStreamPerDataServerCarriesDataAtATime) {
     if (e->kind != ReaderEvent::Kind::kSample) continue;
     ++samples;
     const int now = active_streams();
-    ASSERT_GE(now, 0) << "no sluice_dataserver_active_streams on " << data_[0].metrics_address;
+    ASSERT_GE(now, 0) << "no sluice_dataserver_active_streams on "
+                      << data_[0].metrics_address;
     most = std::max(most, now);
   }
   EXPECT_EQ(samples, 240);
@@ -282,10 +293,12 @@ TEST_F(ReaderTest, AShardNoServerCanServeIsRetriedWithBackOff) {
     }
   });
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (got < 20 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));  // poll
+  while (got < 20 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(10));  // poll
   ASSERT_EQ(got, 20) << "every readable sample arrives";
   const int64_t before = reader->stats().reroutes;
-  absl::SleepFor(absl::Seconds(2));  // the window measured, not a synchronisation
+  absl::SleepFor(
+      absl::Seconds(2));  // the window measured, not a synchronisation
   const int64_t reroutes = reader->stats().reroutes - before;
   reader->Close();
   consumer.join();
@@ -328,7 +341,8 @@ TEST_F(ReaderTest, CoordinatorDownLongerThanTheLeaseTtl) {
   Seen seen = ReadAll(*reader, [&](int64_t n, const Sample&) {
     if (n == 120) {
       coordinator_.process.Kill();
-      absl::SleepFor(absl::Seconds(3));  // the outage itself, not a wait for an event
+      absl::SleepFor(
+          absl::Seconds(3));  // the outage itself, not a wait for an event
       StartCoordinator({"--listen=" + address});
     }
   });
@@ -349,7 +363,8 @@ TEST_F(ReaderTest, ResumeFromACursorWithWorldSizeFourThenThree) {
   CreateJob("ws4", 4, 2);
   const int64_t at_checkpoint[4] = {20, 35, 5, 50};
   std::vector<v1::Cursor> cursors(4);
-  std::map<std::pair<int, int64_t>, int> before;  // consumed before the checkpoint
+  std::map<std::pair<int, int64_t>, int>
+      before;  // consumed before the checkpoint
   absl::Mutex mu;
   std::vector<std::thread> ranks;
   for (int r = 0; r < 4; ++r) {
@@ -371,7 +386,8 @@ TEST_F(ReaderTest, ResumeFromACursorWithWorldSizeFourThenThree) {
           cursors[r] = *cursor;
         }
       }
-      reader->Close();  // the 10 samples after the checkpoint are lost with the run
+      reader->Close();  // the 10 samples after the checkpoint are lost with the
+                        // run
     });
   }
   for (auto& t : ranks) t.join();
@@ -379,15 +395,17 @@ TEST_F(ReaderTest, ResumeFromACursorWithWorldSizeFourThenThree) {
   ASSERT_EQ(cursors[1].consumed_per_rank(0), -1);
   auto merged = MergeCursors(cursors);
   ASSERT_TRUE(merged.ok()) << merged.status();
-  EXPECT_EQ(merged->ShortDebugString(),
-            "job: \"ws4\" world_size: 4 consumed_per_rank: 20 consumed_per_rank: 35 "
-            "consumed_per_rank: 5 consumed_per_rank: 50");
+  EXPECT_EQ(
+      merged->ShortDebugString(),
+      "job: \"ws4\" world_size: 4 consumed_per_rank: 20 consumed_per_rank: 35 "
+      "consumed_per_rank: 5 consumed_per_rank: 50");
 
   CreateJob("ws3", 3, 2);
   Seen seen[3];
   ranks.clear();
   for (int r = 0; r < 3; ++r) {
-    ranks.emplace_back([&, r] { seen[r] = ReadAll(*MakeReader("ws3", r, 256, &*merged)); });
+    ranks.emplace_back(
+        [&, r] { seen[r] = ReadAll(*MakeReader("ws3", r, 256, &*merged)); });
   }
   for (auto& t : ranks) t.join();
   // Epoch 0: 110 consumed before the checkpoint, 190 left -> 63 per rank
@@ -395,7 +413,9 @@ TEST_F(ReaderTest, ResumeFromACursorWithWorldSizeFourThenThree) {
   std::map<std::pair<int, int64_t>, int> epoch0 = before;
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(seen[r].status.ok()) << seen[r].status;
-    EXPECT_THAT(seen[r].events, ::testing::ElementsAre("begin0", "end0", "begin1", "end1", "done"));
+    EXPECT_THAT(
+        seen[r].events,
+        ::testing::ElementsAre("begin0", "end0", "begin1", "end1", "done"));
     int64_t n0 = 0, n1 = 0;
     for (auto& [k, c] : seen[r].samples[0]) epoch0[k] += c, n0 += c;
     for (auto& [k, c] : seen[r].samples[1]) n1 += c;
@@ -405,10 +425,12 @@ TEST_F(ReaderTest, ResumeFromACursorWithWorldSizeFourThenThree) {
   }
   EXPECT_EQ(epoch0.size(), 299u);
   // The resume is counted, and every grant's latency observed.
-  EXPECT_TRUE(WaitForMetric(coordinator_.metrics_address,
-                            "sluice_coordinator_resumes_total{sluice_job=\"ws3\"} 1"));
-  EXPECT_TRUE(WaitForMetric(coordinator_.metrics_address,
-                            "sluice_coordinator_lease_grant_latency_seconds_count"));
+  EXPECT_TRUE(
+      WaitForMetric(coordinator_.metrics_address,
+                    "sluice_coordinator_resumes_total{sluice_job=\"ws3\"} 1"));
+  EXPECT_TRUE(
+      WaitForMetric(coordinator_.metrics_address,
+                    "sluice_coordinator_lease_grant_latency_seconds_count"));
   for (auto& [k, c] : epoch0) EXPECT_EQ(c, 1) << k.first << "/" << k.second;
 }
 
@@ -426,8 +448,8 @@ TEST_F(ReaderTest, CloseGivesEveryLeaseBack) {
     n += e->kind == ReaderEvent::Kind::kSample;
   }
   reader->Close();
-  auto stub = v1::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator_.grpc_address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      coordinator_.grpc_address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::GetJobRequest request;

@@ -4,15 +4,14 @@
 // scenario (two data servers sharing one cache directory, no lock files),
 // and S3 requests signed with SigV4.
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <filesystem>
@@ -92,7 +91,8 @@ int64_t ShardBytes(const std::string& dir) {
   return total;
 }
 
-bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout = absl::Seconds(20)) {
+bool PollUntil(const std::function<bool()>& condition,
+               absl::Duration timeout = absl::Seconds(20)) {
   for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
     if (condition()) return true;
     absl::SleepFor(absl::Milliseconds(5));
@@ -116,26 +116,30 @@ class RemoteShardsTest : public ::testing::Test {
   void Publish(const std::string& name, int samples, int bytes) {
     std::string data = MakeShard(name, samples, bytes);
     const std::string path = docroot_ + "/" + name;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    std::filesystem::create_directories(
+        std::filesystem::path(path).parent_path());
     testing::WriteFile(path, data);
     shards_[name] = std::move(data);
     counts_[name] = samples;
   }
 
-  ServerProcess StartDataServer(const std::string& name, std::vector<std::string> flags = {}) {
+  ServerProcess StartDataServer(const std::string& name,
+                                std::vector<std::string> flags = {}) {
     mkdir(dir_.File(name).c_str(), 0755);
     flags.push_back("--cache_dir=" + cache_);
     // The byte limits under test are --cache_bytes; a nearly full disk on
     // the test machine must not evict on its own.
     flags.push_back("--cache_min_free_bytes=0");
-    auto server = ServerProcess::Start("sluice-dataserver", dir_.File(name), flags);
+    auto server =
+        ServerProcess::Start("sluice-dataserver", dir_.File(name), flags);
     EXPECT_TRUE(server.ok()) << server.status();
     return server.ok() ? std::move(*server) : ServerProcess();
   }
 
-  static std::unique_ptr<v1::DataServer::Stub> Stub(const ServerProcess& server) {
-    return v1::DataServer::NewStub(
-        grpc::CreateChannel(server.grpc_address, grpc::InsecureChannelCredentials()));
+  static std::unique_ptr<v1::DataServer::Stub> Stub(
+      const ServerProcess& server) {
+    return v1::DataServer::NewStub(grpc::CreateChannel(
+        server.grpc_address, grpc::InsecureChannelCredentials()));
   }
 
   v1::ReadRequest Request(const std::string& url, const std::string& name) {
@@ -149,10 +153,12 @@ class RemoteShardsTest : public ::testing::Test {
     return r;
   }
 
-  static ReadResult Read(v1::DataServer::Stub* stub, const v1::ReadRequest& request) {
+  static ReadResult Read(v1::DataServer::Stub* stub,
+                         const v1::ReadRequest& request) {
     ReadResult out;
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
     auto reader = stub->ReadSamples(&ctx, request);
     v1::SampleBatch batch;
     while (reader->Read(&batch)) {
@@ -164,19 +170,23 @@ class RemoteShardsTest : public ::testing::Test {
 
   // Every sample of shard `name`, in order, with the bytes written.
   void ExpectWholeShard(const ReadResult& r, const std::string& name) {
-    ASSERT_TRUE(r.status.ok()) << r.status.error_code() << " " << r.status.error_message();
+    ASSERT_TRUE(r.status.ok())
+        << r.status.error_code() << " " << r.status.error_message();
     ASSERT_EQ(static_cast<int>(r.samples.size()), counts_[name]);
     for (int i = 0; i < counts_[name]; ++i) {
       const v1::Sample& s = r.samples[static_cast<size_t>(i)];
       ASSERT_EQ(s.key(), absl::StrCat("k", i));
       ASSERT_EQ(s.index(), i);
       ASSERT_EQ(s.fields_size(), 2);
-      ASSERT_EQ(s.fields(0).raw(), Payload(name, i, BinBytes(name))) << name << " sample " << i;
+      ASSERT_EQ(s.fields(0).raw(), Payload(name, i, BinBytes(name)))
+          << name << " sample " << i;
       ASSERT_EQ(s.fields(1).raw(), std::to_string(i));
     }
   }
 
-  int BinBytes(const std::string& name) { return bin_bytes_.count(name) ? bin_bytes_[name] : 0; }
+  int BinBytes(const std::string& name) {
+    return bin_bytes_.count(name) ? bin_bytes_[name] : 0;
+  }
   void PublishSized(const std::string& name, int samples, int bytes) {
     bin_bytes_[name] = bytes;
     Publish(name, samples, bytes);
@@ -203,19 +213,25 @@ TEST_F(RemoteShardsTest, ConcurrentReadsOfAnUncachedShardMakeOneGet) {
   std::vector<ReadResult> results(32);
   std::vector<std::thread> readers;
   for (auto& result : results) {
-    readers.emplace_back([&, out = &result] { *out = Read(stub.get(), Request(url, "train-0.tar")); });
+    readers.emplace_back([&, out = &result] {
+      *out = Read(stub.get(), Request(url, "train-0.tar"));
+    });
   }
   for (auto& t : readers) t.join();
   for (const ReadResult& r : results) ExpectWholeShard(r, "train-0.tar");
   EXPECT_EQ(nginx_->Count("GET", "/slow/train-0.tar"), 1);
   const std::string metrics = Metrics(server);
-  EXPECT_THAT(metrics, HasSubstr(absl::StrCat("sluice_dataserver_cache_downloaded_bytes_total ",
-                                              shards_["train-0.tar"].size())));
+  EXPECT_THAT(metrics, HasSubstr(absl::StrCat(
+                           "sluice_dataserver_cache_downloaded_bytes_total ",
+                           shards_["train-0.tar"].size())));
   // Once cached, a read is a hit and makes no request at all.
-  ExpectWholeShard(Read(stub.get(), Request(url, "train-0.tar")), "train-0.tar");
+  ExpectWholeShard(Read(stub.get(), Request(url, "train-0.tar")),
+                   "train-0.tar");
   EXPECT_EQ(nginx_->Count("GET", "/slow/train-0.tar"), 1);
-  EXPECT_TRUE(testing::WaitForMetric(server.metrics_address, "sluice_dataserver_cache_hits_total"));
-  EXPECT_THAT(Metrics(server), HasSubstr("sluice_dataserver_cache_download_seconds_count 1"));
+  EXPECT_TRUE(testing::WaitForMetric(server.metrics_address,
+                                     "sluice_dataserver_cache_hits_total"));
+  EXPECT_THAT(Metrics(server),
+              HasSubstr("sluice_dataserver_cache_download_seconds_count 1"));
 }
 
 TEST_F(RemoteShardsTest, KilledMidDownloadNeverLeavesAPartialShard) {
@@ -244,26 +260,32 @@ TEST_F(RemoteShardsTest, KilledMidDownloadNeverLeavesAPartialShard) {
   // the shard again from the start.
   ServerProcess server = StartDataServer("ds2");
   for (const auto& [name, size] : Listing(cache_)) {
-    EXPECT_FALSE(absl::StartsWith(name, ".tmp-")) << name << " survived the restart";
+    EXPECT_FALSE(absl::StartsWith(name, ".tmp-"))
+        << name << " survived the restart";
   }
   auto stub = Stub(server);
-  ExpectWholeShard(Read(stub.get(), Request(url, "train-1.tar")), "train-1.tar");
+  ExpectWholeShard(Read(stub.get(), Request(url, "train-1.tar")),
+                   "train-1.tar");
   const std::string cached = cache_ + "/" + testing::Sha256Hex(url) + ".shard";
   EXPECT_EQ(testing::ReadFileOrDie(cached), shards_["train-1.tar"]);
   EXPECT_EQ(Listing(cache_).size(), 2u);  // .shard and .meta
   auto log = nginx_->AccessLog();
   ASSERT_EQ(nginx_->Count("GET", "/slow/train-1.tar"), 2);
-  EXPECT_EQ(log.back().body_bytes, static_cast<int64_t>(shards_["train-1.tar"].size()));
+  EXPECT_EQ(log.back().body_bytes,
+            static_cast<int64_t>(shards_["train-1.tar"].size()));
 }
 
 TEST_F(RemoteShardsTest, CacheStaysUnderItsLimitAndNeverEvictsAPinnedShard) {
   PublishSized("pinned.tar", 64, 64 << 10);  // ~4 MiB
-  for (int i = 0; i < 8; ++i) PublishSized(absl::StrCat("s", i, ".tar"), 16, 64 << 10);  // ~1 MiB
+  for (int i = 0; i < 8; ++i)
+    PublishSized(absl::StrCat("s", i, ".tar"), 16, 64 << 10);  // ~1 MiB
   const int64_t limit = 6 << 20;
-  ServerProcess server = StartDataServer("ds", {absl::StrCat("--cache_bytes=", limit)});
+  ServerProcess server =
+      StartDataServer("ds", {absl::StrCat("--cache_bytes=", limit)});
   auto stub = Stub(server);
   const std::string pinned_url = nginx_->base_url() + "/pinned.tar";
-  const std::string pinned_file = cache_ + "/" + testing::Sha256Hex(pinned_url) + ".shard";
+  const std::string pinned_file =
+      cache_ + "/" + testing::Sha256Hex(pinned_url) + ".shard";
 
   // A live stream on the pinned shard: read one message, then hold it. A
   // small flow-control window (no BDP growth) keeps the rest on the server,
@@ -279,30 +301,34 @@ TEST_F(RemoteShardsTest, CacheStaysUnderItsLimitAndNeverEvictsAPinnedShard) {
   auto pinned_reader = slow_stub->ReadSamples(&pinned_ctx, pinned_request);
   v1::SampleBatch first;
   ASSERT_TRUE(pinned_reader->Read(&first));
-  ASSERT_TRUE(testing::WaitForMetric(server.metrics_address, "sluice_dataserver_active_streams 1"));
+  ASSERT_TRUE(testing::WaitForMetric(server.metrics_address,
+                                     "sluice_dataserver_active_streams 1"));
 
   int64_t read_bytes = static_cast<int64_t>(shards_["pinned.tar"].size());
   for (int round = 0; round < 2; ++round) {
     for (int i = 0; i < 8; ++i) {
       const std::string name = absl::StrCat("s", i, ".tar");
-      ExpectWholeShard(Read(stub.get(), Request(nginx_->base_url() + "/" + name, name)), name);
+      ExpectWholeShard(
+          Read(stub.get(), Request(nginx_->base_url() + "/" + name, name)),
+          name);
       read_bytes += static_cast<int64_t>(shards_[name].size());
       EXPECT_LE(ShardBytes(cache_), limit) << "after " << name;
       if (round == 0) {
-        EXPECT_TRUE(std::filesystem::exists(pinned_file)) << "pinned shard evicted";
+        EXPECT_TRUE(std::filesystem::exists(pinned_file))
+            << "pinned shard evicted";
       }
     }
     if (round == 0) {
       // The stream is still alive (the gauge settles to it once the reads
       // above have ended on the server too) and still reads correct bytes.
-      ASSERT_TRUE(
-          testing::WaitForMetric(server.metrics_address, "sluice_dataserver_active_streams 1"));
+      ASSERT_TRUE(testing::WaitForMetric(server.metrics_address,
+                                         "sluice_dataserver_active_streams 1"));
       pinned_ctx.TryCancel();
       while (pinned_reader->Read(&first)) {
       }
       pinned_reader->Finish();
-      ASSERT_TRUE(
-          testing::WaitForMetric(server.metrics_address, "sluice_dataserver_active_streams 0"));
+      ASSERT_TRUE(testing::WaitForMetric(server.metrics_address,
+                                         "sluice_dataserver_active_streams 0"));
     }
   }
   EXPECT_GE(read_bytes, 3 * limit);
@@ -317,7 +343,8 @@ TEST_F(RemoteShardsTest, CacheStaysUnderItsLimitAndNeverEvictsAPinnedShard) {
   EXPECT_LE(connections.size(), 4u) << gets << " GETs";
   // Unpinned, the big shard was the least recently used: gone now.
   EXPECT_FALSE(std::filesystem::exists(pinned_file));
-  EXPECT_THAT(Metrics(server), HasSubstr("sluice_dataserver_cache_evictions_total"));
+  EXPECT_THAT(Metrics(server),
+              HasSubstr("sluice_dataserver_cache_evictions_total"));
   EXPECT_LE(ShardBytes(cache_), limit);
 }
 
@@ -327,8 +354,10 @@ TEST_F(RemoteShardsTest, A500IsRetriedUntilTheServerRecovers) {
   auto stub = Stub(server);
   const std::string url = nginx_->base_url() + "/flaky/flaky.tar";
   ReadResult result;
-  std::thread reader([&] { result = Read(stub.get(), Request(url, "flaky.tar")); });
-  ASSERT_TRUE(PollUntil([&] { return nginx_->Count("GET", "/flaky/flaky.tar") >= 1; }));
+  std::thread reader(
+      [&] { result = Read(stub.get(), Request(url, "flaky.tar")); });
+  ASSERT_TRUE(
+      PollUntil([&] { return nginx_->Count("GET", "/flaky/flaky.tar") >= 1; }));
   nginx_->MakeFlakyHealthy();
   reader.join();
   ExpectWholeShard(result, "flaky.tar");
@@ -351,11 +380,12 @@ TEST_F(RemoteShardsTest, MissingShardIsNotFoundNamingTheUrl) {
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(r.status.error_message(), HasSubstr(url));
   EXPECT_THAT(r.status.error_message(), HasSubstr("404"));
-  EXPECT_EQ(nginx_->Count("GET", "/no-such-shard.tar"), 1);  // 404 is final: no retries
+  EXPECT_EQ(nginx_->Count("GET", "/no-such-shard.tar"),
+            1);  // 404 is final: no retries
   EXPECT_TRUE(Listing(cache_).empty());
-  EXPECT_TRUE(testing::WaitForMetric(
-      server.metrics_address,
-      "sluice_dataserver_cache_download_failures_total{reason=\"not_found\"} 1"));
+  EXPECT_TRUE(testing::WaitForMetric(server.metrics_address,
+                                     "sluice_dataserver_cache_download_"
+                                     "failures_total{reason=\"not_found\"} 1"));
 }
 
 // The one fault nginx will not produce: a body shorter than the
@@ -385,7 +415,8 @@ class LyingHttpServer {
         }
         if (absl::StartsWith(request, "GET")) ++requests;
         std::string response =
-            "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n" +
+            "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: "
+            "close\r\n\r\n" +
             std::string(1000, 'x');
         (void)!write(c, response.data(), response.size());
         close(c);
@@ -420,9 +451,9 @@ TEST_F(RemoteShardsTest, TruncatedBodyIsRejectedAndNotCached) {
   EXPECT_THAT(r.status.error_message(), HasSubstr("after 3 attempts"));
   EXPECT_EQ(liar.requests.load(), 3);
   EXPECT_TRUE(Listing(cache_).empty());
-  EXPECT_TRUE(testing::WaitForMetric(
-      server.metrics_address,
-      "sluice_dataserver_cache_download_failures_total{reason=\"truncated\"} 1"));
+  EXPECT_TRUE(testing::WaitForMetric(server.metrics_address,
+                                     "sluice_dataserver_cache_download_"
+                                     "failures_total{reason=\"truncated\"} 1"));
 }
 
 TEST_F(RemoteShardsTest, DownloadsAreCheckedAgainstTheManifest) {
@@ -438,7 +469,8 @@ TEST_F(RemoteShardsTest, DownloadsAreCheckedAgainstTheManifest) {
   EXPECT_TRUE(Listing(cache_).empty());
 
   v1::ReadRequest wrong_sum = Request(url, "checked.tar");
-  wrong_sum.mutable_lease()->mutable_unit()->set_shard_checksum("sha256:" + std::string(64, '0'));
+  wrong_sum.mutable_lease()->mutable_unit()->set_shard_checksum(
+      "sha256:" + std::string(64, '0'));
   r = Read(stub.get(), wrong_sum);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_THAT(r.status.error_message(), HasSubstr("not cached"));
@@ -449,9 +481,10 @@ TEST_F(RemoteShardsTest, DownloadsAreCheckedAgainstTheManifest) {
       "sha256:" + testing::Sha256Hex(shards_["checked.tar"]));
   ExpectWholeShard(Read(stub.get(), right), "checked.tar");
   EXPECT_EQ(Listing(cache_).size(), 2u);
-  EXPECT_TRUE(testing::WaitForMetric(
-      server.metrics_address,
-      "sluice_dataserver_cache_download_failures_total{reason=\"checksum_mismatch\"} 1"));
+  EXPECT_TRUE(
+      testing::WaitForMetric(server.metrics_address,
+                             "sluice_dataserver_cache_download_failures_total{"
+                             "reason=\"checksum_mismatch\"} 1"));
 }
 
 // The seed scenario (WebDataset's vanishing .tar.lock): two data servers on
@@ -459,11 +492,14 @@ TEST_F(RemoteShardsTest, DownloadsAreCheckedAgainstTheManifest) {
 // dataset so both evict while the other reads. Zero errors, zero lock files,
 // every sample correct.
 TEST_F(RemoteShardsTest, TwoServersShareOneCacheDirectoryWithoutLocks) {
-  for (int i = 0; i < 6; ++i) PublishSized(absl::StrCat("seed-", i, ".tar"), 16, 32 << 10);
+  for (int i = 0; i < 6; ++i)
+    PublishSized(absl::StrCat("seed-", i, ".tar"), 16, 32 << 10);
   const int64_t limit = 3 * static_cast<int64_t>(shards_["seed-0.tar"].size());
   std::vector<ServerProcess> servers;
-  servers.push_back(StartDataServer("a", {absl::StrCat("--cache_bytes=", limit)}));
-  servers.push_back(StartDataServer("b", {absl::StrCat("--cache_bytes=", limit)}));
+  servers.push_back(
+      StartDataServer("a", {absl::StrCat("--cache_bytes=", limit)}));
+  servers.push_back(
+      StartDataServer("b", {absl::StrCat("--cache_bytes=", limit)}));
   std::vector<std::unique_ptr<v1::DataServer::Stub>> stubs;
   for (const auto& s : servers) stubs.push_back(Stub(s));
   std::atomic<int> errors{0}, samples{0};
@@ -471,8 +507,10 @@ TEST_F(RemoteShardsTest, TwoServersShareOneCacheDirectoryWithoutLocks) {
     std::vector<std::thread> readers;
     for (int server = 0; server < 2; ++server) {
       for (int r = 0; r < 16; ++r) {
-        const std::string name = absl::StrCat("seed-", (r + round + server) % 6, ".tar");
-        v1::ReadRequest request = Request(nginx_->base_url() + "/" + name, name);
+        const std::string name =
+            absl::StrCat("seed-", (r + round + server) % 6, ".tar");
+        v1::ReadRequest request =
+            Request(nginx_->base_url() + "/" + name, name);
         readers.emplace_back([&, stub = stubs[server].get(), request, name] {
           ReadResult result = Read(stub, request);
           if (!result.status.ok()) {
@@ -510,29 +548,34 @@ TEST_F(RemoteShardsTest, S3RequestsAreSignedWithSigV4) {
   unsetenv("AWS_SECRET_ACCESS_KEY");
   unsetenv("AWS_SESSION_TOKEN");
   auto stub = Stub(server);
-  ExpectWholeShard(Read(stub.get(), Request("s3://bucket/data/s3-0.tar", "bucket/data/s3-0.tar")),
+  ExpectWholeShard(Read(stub.get(), Request("s3://bucket/data/s3-0.tar",
+                                            "bucket/data/s3-0.tar")),
                    "bucket/data/s3-0.tar");
   auto log = nginx_->AccessLog();
   ASSERT_EQ(log.size(), 1u);
   const testing::NginxLogLine& l = log[0];
   EXPECT_EQ(l.uri, "/bucket/data/s3-0.tar");
-  ASSERT_TRUE(absl::StartsWith(l.authorization, "AWS4-HMAC-SHA256 ")) << l.authorization;
+  ASSERT_TRUE(absl::StartsWith(l.authorization, "AWS4-HMAC-SHA256 "))
+      << l.authorization;
   // "AWS4-HMAC-SHA256 Credential=AKID/DATE/REGION/s3/aws4_request,
   //  SignedHeaders=a;b;c, Signature=HEX"
   std::map<std::string, std::string> parts;
-  for (absl::string_view part :
-       absl::StrSplit(l.authorization.substr(17), ',', absl::SkipWhitespace())) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(absl::StripAsciiWhitespace(part), '=');
+  for (absl::string_view part : absl::StrSplit(l.authorization.substr(17), ',',
+                                               absl::SkipWhitespace())) {
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(absl::StripAsciiWhitespace(part), '=');
     parts[kv.first] = kv.second;
   }
   EXPECT_EQ(parts["Credential"],
-            absl::StrCat("AKIDSLUICETEST/", l.amz_date.substr(0, 8), "/eu-west-3/s3/aws4_request"));
+            absl::StrCat("AKIDSLUICETEST/", l.amz_date.substr(0, 8),
+                         "/eu-west-3/s3/aws4_request"));
   testing::SigV4Request r;
   r.canonical_uri = "/bucket/data/s3-0.tar";
   r.amz_date = l.amz_date;
   r.region = "eu-west-3";
   r.secret_key = "sluice/secret/KEY";
-  r.payload_sha256 = l.amz_content_sha256.empty() ? testing::Sha256Hex("") : l.amz_content_sha256;
+  r.payload_sha256 = l.amz_content_sha256.empty() ? testing::Sha256Hex("")
+                                                  : l.amz_content_sha256;
   const std::map<std::string, std::string> logged = {
       {"host", l.host},
       {"x-amz-date", l.amz_date},
@@ -540,12 +583,14 @@ TEST_F(RemoteShardsTest, S3RequestsAreSignedWithSigV4) {
       {"x-amz-security-token", l.amz_security_token}};
   for (absl::string_view name : absl::StrSplit(parts["SignedHeaders"], ';')) {
     auto it = logged.find(std::string(name));
-    ASSERT_NE(it, logged.end()) << "signed header " << name << " is not in the access log";
+    ASSERT_NE(it, logged.end())
+        << "signed header " << name << " is not in the access log";
     r.headers[it->first] = it->second;
   }
   EXPECT_EQ(l.amz_security_token, "session-token-1");
   EXPECT_EQ(parts["Signature"], testing::SigV4Signature(r))
-      << "canonical request:\n" << testing::SigV4CanonicalRequest(r);
+      << "canonical request:\n"
+      << testing::SigV4CanonicalRequest(r);
 }
 
 // Publishing a dataset over http: index the local copy with --url_prefix and
@@ -559,28 +604,34 @@ TEST_F(RemoteShardsTest, SluicectlIndexesPublishedAndRemoteShards) {
     auto child = testing::ChildProcess::Start(args, dir_.File("ctl.log"));
     EXPECT_TRUE(child.ok());
     auto code = child->WaitForExit(absl::Seconds(60));
-    EXPECT_TRUE(code.ok() && *code == 0) << testing::ReadWholeFile(dir_.File("ctl.log")).value_or("");
+    EXPECT_TRUE(code.ok() && *code == 0)
+        << testing::ReadWholeFile(dir_.File("ctl.log")).value_or("");
   };
   const std::string prefix = nginx_->base_url() + "/pub/";
-  run({"index", docroot_ + "/pub", "--url_prefix=" + prefix, "--checksum",
-       "-o", dir_.File("local.json")});
+  run({"index", docroot_ + "/pub", "--url_prefix=" + prefix, "--checksum", "-o",
+       dir_.File("local.json")});
   const std::string local = testing::ReadFileOrDie(dir_.File("local.json"));
   for (const std::string name : {"a.tar", "b.tar"}) {
     EXPECT_THAT(local, HasSubstr("\"" + prefix + name + "\""));
-    EXPECT_THAT(local, HasSubstr("sha256:" + testing::Sha256Hex(shards_["pub/" + name])));
+    EXPECT_THAT(local, HasSubstr("sha256:" +
+                                 testing::Sha256Hex(shards_["pub/" + name])));
   }
   EXPECT_THAT(local, HasSubstr("\"num_samples\": \"7\""));
 
   ServerProcess server = StartDataServer("ds");
-  run({"index", "--data_server=" + server.grpc_address, prefix + "a.tar", prefix + "b.tar",
-       "-o", dir_.File("remote.json")});
+  run({"index", "--data_server=" + server.grpc_address, prefix + "a.tar",
+       prefix + "b.tar", "-o", dir_.File("remote.json")});
   const std::string remote = testing::ReadFileOrDie(dir_.File("remote.json"));
   EXPECT_THAT(remote, HasSubstr("\"" + prefix + "b.tar\""));
   EXPECT_THAT(remote, HasSubstr("\"num_samples\": \"5\""));
-  EXPECT_THAT(remote, HasSubstr(absl::StrCat("\"size_bytes\": \"", shards_["pub/b.tar"].size(), "\"")));
+  EXPECT_THAT(remote,
+              HasSubstr(absl::StrCat("\"size_bytes\": \"",
+                                     shards_["pub/b.tar"].size(), "\"")));
   // Indexing downloaded them into the cache: reading is a hit.
   EXPECT_EQ(nginx_->Count("GET", "/pub/a.tar"), 1);
-  ExpectWholeShard(Read(Stub(server).get(), Request(prefix + "a.tar", "pub/a.tar")), "pub/a.tar");
+  ExpectWholeShard(
+      Read(Stub(server).get(), Request(prefix + "a.tar", "pub/a.tar")),
+      "pub/a.tar");
   EXPECT_EQ(nginx_->Count("GET", "/pub/a.tar"), 1);
 }
 
@@ -593,10 +644,12 @@ TEST(RemoteShardsTlsTest, HttpsIsVerifiedAgainstTheCaBundle) {
   mkdir(dir.File("www").c_str(), 0755);
   mkdir(dir.File("nginx").c_str(), 0755);
   testing::TarWriter tar;
-  for (int i = 0; i < 3; ++i) tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
+  for (int i = 0; i < 3; ++i)
+    tar.File(absl::StrCat("k", i, ".cls"), std::to_string(i));
   testing::WriteFile(dir.File("www/tls.tar"), tar.Finish());
-  auto nginx = Nginx::Start(dir.File("nginx"), dir.File("www"), 2 << 20,
-                            testing::NginxTls{pki->server_cert, pki->server_key});
+  auto nginx =
+      Nginx::Start(dir.File("nginx"), dir.File("www"), 2 << 20,
+                   testing::NginxTls{pki->server_cert, pki->server_key});
   ASSERT_TRUE(nginx.ok()) << nginx.status();
   const std::string url = (*nginx)->base_url() + "/tls.tar";
   ASSERT_TRUE(absl::StartsWith(url, "https://127.0.0.1:"));
@@ -607,12 +660,14 @@ TEST(RemoteShardsTlsTest, HttpsIsVerifiedAgainstTheCaBundle) {
   for (bool with_ca : {false, true}) {
     const std::string sub = with_ca ? "with-ca" : "without-ca";
     mkdir(dir.File(sub).c_str(), 0755);
-    std::vector<std::string> flags = {"--cache_dir=" + dir.File(sub + "/cache")};
+    std::vector<std::string> flags = {"--cache_dir=" +
+                                      dir.File(sub + "/cache")};
     if (with_ca) flags.push_back("--ca_bundle=" + pki->ca_cert);
-    auto server = ServerProcess::Start("sluice-dataserver", dir.File(sub), flags);
+    auto server =
+        ServerProcess::Start("sluice-dataserver", dir.File(sub), flags);
     ASSERT_TRUE(server.ok()) << server.status();
-    auto stub = v1::DataServer::NewStub(
-        grpc::CreateChannel(server->grpc_address, grpc::InsecureChannelCredentials()));
+    auto stub = v1::DataServer::NewStub(grpc::CreateChannel(
+        server->grpc_address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     auto reader = stub->ReadSamples(&ctx, request);
     v1::SampleBatch batch;
@@ -633,7 +688,8 @@ TEST(RemoteShardsTlsTest, HttpsIsVerifiedAgainstTheCaBundle) {
           "sluice_dataserver_cache_download_failures_total{reason=\"tls\"} 1"));
     }
   }
-  EXPECT_EQ((*nginx)->Count("GET", "/tls.tar"), 1);  // the refused one never got a request
+  EXPECT_EQ((*nginx)->Count("GET", "/tls.tar"),
+            1);  // the refused one never got a request
 }
 
 // The coordinator knows which units come next: after a grant it hints their
@@ -641,16 +697,18 @@ TEST(RemoteShardsTlsTest, HttpsIsVerifiedAgainstTheCaBundle) {
 // them before anyone asks; the later reads are cache hits and nothing is
 // fetched twice.
 TEST_F(RemoteShardsTest, PrefetchHintsDownloadUpcomingShardsBeforeTheirReads) {
-  for (int i = 0; i < 6; ++i) PublishSized(absl::StrCat("p", i, ".tar"), 4, 4 << 10);
+  for (int i = 0; i < 6; ++i)
+    PublishSized(absl::StrCat("p", i, ".tar"), 4, 4 << 10);
   mkdir(dir_.File("coord").c_str(), 0755);
-  auto coordinator = ServerProcess::Start(
-      "sluice-coordinator", dir_.File("coord"),
-      {"--journal_dir=" + dir_.File("coord/journal"), "--heartbeat_interval=200ms"});
+  auto coordinator =
+      ServerProcess::Start("sluice-coordinator", dir_.File("coord"),
+                           {"--journal_dir=" + dir_.File("coord/journal"),
+                            "--heartbeat_interval=200ms"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  ServerProcess server =
-      StartDataServer("ds", {"--coordinator=" + coordinator->grpc_address, "--prefetch=8"});
-  ASSERT_TRUE(
-      testing::WaitForMetric(coordinator->metrics_address, "sluice_coordinator_data_servers 1"));
+  ServerProcess server = StartDataServer(
+      "ds", {"--coordinator=" + coordinator->grpc_address, "--prefetch=8"});
+  ASSERT_TRUE(testing::WaitForMetric(coordinator->metrics_address,
+                                     "sluice_coordinator_data_servers 1"));
   v1::JobSpec spec;
   spec.set_name("prefetch");
   for (int i = 0; i < 6; ++i) {
@@ -665,19 +723,22 @@ TEST_F(RemoteShardsTest, PrefetchHintsDownloadUpcomingShardsBeforeTheirReads) {
   spec.set_num_epochs(1);
   spec.set_shuffle(false);
   ASSERT_TRUE(testing::CreateJob(coordinator->grpc_address, spec).ok());
-  auto granted = testing::FirstGrant(coordinator->grpc_address, "prefetch", "t0");
+  auto granted =
+      testing::FirstGrant(coordinator->grpc_address, "prefetch", "t0");
   ASSERT_TRUE(granted.ok()) << granted.status();
   const v1::Lease first = *granted;
   EXPECT_EQ(first.unit().shard_url(), nginx_->base_url() + "/p0.tar");
   // One grant, no reads at all: the other five shards arrive anyway.
   ASSERT_TRUE(PollUntil([&] {
     int fetched = 0;
-    for (int i = 1; i < 6; ++i) fetched += nginx_->Count("GET", absl::StrCat("/p", i, ".tar"));
+    for (int i = 1; i < 6; ++i)
+      fetched += nginx_->Count("GET", absl::StrCat("/p", i, ".tar"));
     return fetched == 5;
   }));
   EXPECT_EQ(nginx_->Count("GET", "/p0.tar"), 0);
-  ASSERT_TRUE(testing::WaitForMetric(server.metrics_address,
-                                     "sluice_dataserver_cache_download_seconds_count 5"));
+  ASSERT_TRUE(testing::WaitForMetric(
+      server.metrics_address,
+      "sluice_dataserver_cache_download_seconds_count 5"));
   // Reading the granted unit downloads p0; the others are hits.
   auto data = Stub(server);
   for (int i = 0; i < 6; ++i) {
@@ -687,7 +748,8 @@ TEST_F(RemoteShardsTest, PrefetchHintsDownloadUpcomingShardsBeforeTheirReads) {
     ExpectWholeShard(Read(data.get(), r), name);
     EXPECT_EQ(nginx_->Count("GET", "/" + name), 1) << name;
   }
-  EXPECT_THAT(Metrics(server), HasSubstr("sluice_dataserver_cache_hits_total 5"));
+  EXPECT_THAT(Metrics(server),
+              HasSubstr("sluice_dataserver_cache_hits_total 5"));
 }
 
 }  // namespace

@@ -1,10 +1,9 @@
 // Both real server binaries: ports read back from --port_file, health and
 // readiness, reflection, /metrics, SIGTERM, bad flags, TLS and mutual TLS.
-#include <signal.h>
-
 #include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
@@ -40,7 +39,8 @@ int CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
   return resp.status();
 }
 
-std::vector<std::string> ListServices(const std::shared_ptr<grpc::Channel>& channel) {
+std::vector<std::string> ListServices(
+    const std::shared_ptr<grpc::Channel>& channel) {
   using namespace ::grpc::reflection::v1alpha;
   auto stub = ServerReflection::NewStub(channel);
   grpc::ClientContext ctx;
@@ -53,7 +53,8 @@ std::vector<std::string> ListServices(const std::shared_ptr<grpc::Channel>& chan
   stream->WritesDone();
   ServerReflectionResponse resp;
   while (stream->Read(&resp)) {
-    for (const auto& s : resp.list_services_response().service()) names.push_back(s.name());
+    for (const auto& s : resp.list_services_response().service())
+      names.push_back(s.name());
   }
   stream->Finish().IgnoreError();
   return names;
@@ -75,27 +76,31 @@ TEST_P(ServerBootstrapTest, ServesHealthReflectionMetricsAndStopsOnSigterm) {
   EXPECT_THAT(server->grpc_address, HasSubstr("127.0.0.1:"));
   EXPECT_NE(server->grpc_address, "127.0.0.1:0");
 
-  auto channel = grpc::CreateChannel(server->grpc_address, grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(server->grpc_address,
+                                     grpc::InsecureChannelCredentials());
   EXPECT_EQ(CheckHealth(channel, ""), HealthCheckResponse::SERVING);
   EXPECT_EQ(CheckHealth(channel, "readiness"), HealthCheckResponse::SERVING);
-  EXPECT_EQ(CheckHealth(channel, "no.such.Service"), -grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(CheckHealth(channel, "no.such.Service"),
+            -grpc::StatusCode::NOT_FOUND);
 
   const std::vector<std::string> services = ListServices(channel);
   EXPECT_THAT(services, Contains(GetParam().service));
   EXPECT_THAT(services, Contains("grpc.health.v1.Health"));
   EXPECT_THAT(services, Contains("grpc.reflection.v1alpha.ServerReflection"));
 
-  auto metrics = testing::HttpGet("http://" + server->metrics_address + "/metrics");
+  auto metrics =
+      testing::HttpGet("http://" + server->metrics_address + "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_EQ(metrics->code, 200);
-  EXPECT_THAT(metrics->body,
-              HasSubstr("sluice_build_info{program=\"" + GetParam().binary + "\""));
+  EXPECT_THAT(metrics->body, HasSubstr("sluice_build_info{program=\"" +
+                                       GetParam().binary + "\""));
 
   server->process.Signal(SIGTERM);
   auto exit_code = server->process.WaitForExit(absl::Seconds(15));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
-  EXPECT_THAT(ReadWholeFile(server->log_path).value_or(""), HasSubstr("draining"));
+  EXPECT_THAT(ReadWholeFile(server->log_path).value_or(""),
+              HasSubstr("draining"));
 }
 
 TEST(CoordinatorAllocatorTest, RunsOnJemallocWhenBuiltWithIt) {
@@ -140,12 +145,14 @@ TEST_P(ServerBootstrapTest, UnknownFlagExitsNonZero) {
 TEST_P(ServerBootstrapTest, HelpDescribesEveryServerFlag) {
   TempDir dir;
   const std::string log = dir.File("help.log");
-  auto child = ChildProcess::Start({testing::BinDir() + "/" + GetParam().binary, "--help"}, log);
+  auto child = ChildProcess::Start(
+      {testing::BinDir() + "/" + GetParam().binary, "--help"}, log);
   ASSERT_TRUE(child.ok());
   ASSERT_TRUE(child->WaitForExit(absl::Seconds(10)).ok());
   const std::string help = ReadWholeFile(log).value_or("");
-  for (const char* flag : {"--listen", "--port_file", "--metrics_listen", "--tls_cert",
-                           "--tls_key", "--tls_client_ca", "--drain_timeout"}) {
+  for (const char* flag :
+       {"--listen", "--port_file", "--metrics_listen", "--tls_cert",
+        "--tls_key", "--tls_client_ca", "--drain_timeout"}) {
     EXPECT_THAT(help, HasSubstr(flag));
   }
 }
@@ -155,11 +162,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BinaryCase{"sluice-coordinator", "sluice.v1.Coordinator"},
                       BinaryCase{"sluice-dataserver", "sluice.v1.DataServer"}),
     [](const auto& info) {
-      return info.param.binary == "sluice-coordinator" ? "Coordinator" : "DataServer";
+      return info.param.binary == "sluice-coordinator" ? "Coordinator"
+                                                       : "DataServer";
     });
 
 std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address,
-                                          const testing::TestPki& pki, bool with_client_cert) {
+                                          const testing::TestPki& pki,
+                                          bool with_client_cert) {
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = *ReadWholeFile(pki.ca_cert);
   if (with_client_cert) {

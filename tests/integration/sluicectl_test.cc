@@ -1,9 +1,8 @@
 // sluicectl as users run it: the demo end to end, index -> job create ->
 // read, health, and the error paths (exit codes and messages).
-#include <sys/stat.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -26,7 +25,8 @@ struct CtlRun {
   absl::Duration took;
 };
 
-CtlRun Ctl(const TempDir& dir, std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) {
+CtlRun Ctl(const TempDir& dir, std::vector<std::string> args,
+           absl::Duration timeout = absl::Seconds(60)) {
   static int n = 0;
   std::string log = dir.File(absl::StrCat("ctl-", n++, ".log"));
   args.insert(args.begin(), testing::BinDir() + "/sluicectl");
@@ -57,28 +57,35 @@ TEST(SluicectlTest, IndexCreateReadHealth) {
   mkdir(dir.File("shards").c_str(), 0755);
   for (int s = 0; s < 3; ++s) {
     testing::TarWriter tar;
-    for (int i = 0; i < 4 + s; ++i) tar.File(absl::StrCat("k", s, i, ".cls"), "1");
-    testing::WriteFile(dir.File(absl::StrCat("shards/", s, ".tar")), tar.Finish());
+    for (int i = 0; i < 4 + s; ++i)
+      tar.File(absl::StrCat("k", s, i, ".cls"), "1");
+    testing::WriteFile(dir.File(absl::StrCat("shards/", s, ".tar")),
+                       tar.Finish());
   }
-  CtlRun index = Ctl(dir, {"index", dir.File("shards"), "-o", dir.File("m.json")});
+  CtlRun index =
+      Ctl(dir, {"index", dir.File("shards"), "-o", dir.File("m.json")});
   ASSERT_EQ(index.code, 0) << index.output;
   EXPECT_THAT(index.output, HasSubstr("indexed 3 shards, 15 samples"));
-  std::string manifest = testing::ReadWholeFile(dir.File("m.json")).value_or("");
+  std::string manifest =
+      testing::ReadWholeFile(dir.File("m.json")).value_or("");
   EXPECT_THAT(manifest, HasSubstr("\"num_samples\": \"6\""));
 
   auto coordinator = ServerProcess::Start("sluice-coordinator", dir.path());
   ASSERT_TRUE(coordinator.ok());
-  auto data = ServerProcess::Start("sluice-dataserver", dir.path(),
-                                   {"--roots=" + dir.File("shards"),
-                                    "--coordinator=" + coordinator->grpc_address});
+  auto data =
+      ServerProcess::Start("sluice-dataserver", dir.path(),
+                           {"--roots=" + dir.File("shards"),
+                            "--coordinator=" + coordinator->grpc_address});
   ASSERT_TRUE(data.ok());
   const std::string c = "--coordinator=" + coordinator->grpc_address;
-  CtlRun health = Ctl(dir, {"health", coordinator->grpc_address, "--service=readiness"});
+  CtlRun health =
+      Ctl(dir, {"health", coordinator->grpc_address, "--service=readiness"});
   EXPECT_EQ(health.code, 0) << health.output;
   EXPECT_THAT(health.output, HasSubstr("SERVING"));
 
-  CtlRun create = Ctl(dir, {"job", "create", "--name=small", "--manifest=" + dir.File("m.json"),
-                         "--world_size=1", "--epochs=1", c});
+  CtlRun create = Ctl(
+      dir, {"job", "create", "--name=small", "--manifest=" + dir.File("m.json"),
+            "--world_size=1", "--epochs=1", c});
   ASSERT_EQ(create.code, 0) << create.output;
   // If the data server has not registered yet, grants name none and are
   // re-routed until it has; the read finishes either way.
@@ -102,7 +109,8 @@ TEST(SluicectlTest, IndexCreateReadHealth) {
 
 TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
   TempDir dir;
-  CtlRun unreachable = Ctl(dir, {"job", "list", "--coordinator=127.0.0.1:1", "--timeout=3s"});
+  CtlRun unreachable =
+      Ctl(dir, {"job", "list", "--coordinator=127.0.0.1:1", "--timeout=3s"});
   EXPECT_EQ(unreachable.code, 3) << unreachable.output;
   EXPECT_THAT(unreachable.output, HasSubstr("127.0.0.1:1 unreachable"));
   EXPECT_LT(unreachable.took, absl::Seconds(10));
@@ -116,11 +124,13 @@ TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
   EXPECT_THAT(unknown.output, HasSubstr("NOT_FOUND"));
 
   testing::WriteFile(dir.File("bad.json"), "{\"shards\": [{\"url\": 3");
-  CtlRun bad = Ctl(dir, {"job", "create", "--name=x", "--manifest=" + dir.File("bad.json"), c});
+  CtlRun bad = Ctl(dir, {"job", "create", "--name=x",
+                         "--manifest=" + dir.File("bad.json"), c});
   EXPECT_EQ(bad.code, 1);
   EXPECT_THAT(bad.output, HasSubstr("--manifest"));
   testing::WriteFile(dir.File("empty.json"), "{\"shards\": []}");
-  CtlRun empty = Ctl(dir, {"job", "create", "--name=x", "--manifest=" + dir.File("empty.json"), c});
+  CtlRun empty = Ctl(dir, {"job", "create", "--name=x",
+                           "--manifest=" + dir.File("empty.json"), c});
   EXPECT_EQ(empty.code, 1);
   EXPECT_THAT(empty.output, HasSubstr("INVALID_ARGUMENT"));
 

@@ -24,7 +24,8 @@ absl::Status CreateJob(const std::string& address, const v1::JobSpec& spec) {
   return FromGrpcStatus(Stub(address)->CreateJob(&ctx, request, &job));
 }
 
-absl::StatusOr<v1::Lease> FirstGrant(const std::string& address, const std::string& job,
+absl::StatusOr<v1::Lease> FirstGrant(const std::string& address,
+                                     const std::string& job,
                                      const std::string& trainer_id) {
   auto stub = Stub(address);
   grpc::ClientContext ctx;
@@ -35,7 +36,8 @@ absl::StatusOr<v1::Lease> FirstGrant(const std::string& address, const std::stri
   v1::TrainerMessage want;
   want.mutable_want()->set_credits(1);
   if (!session->Write(hello) || !session->Write(want)) {
-    return absl::UnavailableError(absl::StrCat("session on job ", job, " broke"));
+    return absl::UnavailableError(
+        absl::StrCat("session on job ", job, " broke"));
   }
   v1::CoordinatorMessage m;
   while (session->Read(&m) && !m.has_grant()) {
@@ -43,8 +45,8 @@ absl::StatusOr<v1::Lease> FirstGrant(const std::string& address, const std::stri
   ctx.TryCancel();
   if (!m.has_grant()) {
     absl::Status status = FromGrpcStatus(session->Finish());
-    return absl::UnavailableError(
-        absl::StrCat("session on job ", job, " ended without a grant: ", status.ToString()));
+    return absl::UnavailableError(absl::StrCat(
+        "session on job ", job, " ended without a grant: ", status.ToString()));
   }
   session->Finish().ok();
   return m.grant().lease();

@@ -17,7 +17,8 @@ absl::Status CreateJob(const std::string& address, const v1::JobSpec& spec);
 // Opens a Session on `job` as `trainer_id` (rank 0), asks for one lease and
 // returns the first Grant's lease, then closes the session (the lease stays
 // until its TTL).
-absl::StatusOr<v1::Lease> FirstGrant(const std::string& address, const std::string& job,
+absl::StatusOr<v1::Lease> FirstGrant(const std::string& address,
+                                     const std::string& job,
                                      const std::string& trainer_id);
 
 }  // namespace sluice::testing

@@ -28,17 +28,20 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& url) {
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.code);
   curl_easy_cleanup(curl);
   if (rc != CURLE_OK) {
-    return absl::UnavailableError(absl::StrCat("GET ", url, ": ", curl_easy_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("GET ", url, ": ", curl_easy_strerror(rc)));
   }
   return response;
 }
 
-bool WaitForMetric(const std::string& metrics_address, const std::string& text) {
+bool WaitForMetric(const std::string& metrics_address,
+                   const std::string& text) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     auto page = HttpGet("http://" + metrics_address + "/metrics");
     if (page.ok() && page->body.find(text) != std::string::npos) return true;
-    absl::SleepFor(absl::Milliseconds(50));  // poll interval, not synchronisation
+    absl::SleepFor(
+        absl::Milliseconds(50));  // poll interval, not synchronisation
   }
   return false;
 }

@@ -18,7 +18,8 @@ std::string TestPixels(int width, int height, int channels, int seed) {
         state ^= state >> 17;
         state ^= state << 5;
         int v = (x * 255 / std::max(1, width - 1) + y * 3 + c * 40 + seed * 7 +
-                 static_cast<int>(state % 16)) & 0xff;
+                 static_cast<int>(state % 16)) &
+                0xff;
         out[(static_cast<size_t>(y) * width + x) * channels + c] =
             static_cast<char>(v);
       }
@@ -70,22 +71,26 @@ std::string EncodePng(const std::string& pixels, int width, int height,
 
 namespace {
 void AppendPng(png_structp png, png_bytep data, png_size_t n) {
-  static_cast<std::string*>(png_get_io_ptr(png))->append(reinterpret_cast<char*>(data), n);
+  static_cast<std::string*>(png_get_io_ptr(png))
+      ->append(reinterpret_cast<char*>(data), n);
 }
 void NoFlush(png_structp) {}
 }  // namespace
 
-std::string EncodePng16(const std::vector<uint16_t>& pixels, int width, int height,
-                        int channels, double gamma) {
-  static const int kColorTypes[] = {0, PNG_COLOR_TYPE_GRAY, PNG_COLOR_TYPE_GRAY_ALPHA,
-                                    PNG_COLOR_TYPE_RGB, PNG_COLOR_TYPE_RGB_ALPHA};
+std::string EncodePng16(const std::vector<uint16_t>& pixels, int width,
+                        int height, int channels, double gamma) {
+  static const int kColorTypes[] = {
+      0, PNG_COLOR_TYPE_GRAY, PNG_COLOR_TYPE_GRAY_ALPHA, PNG_COLOR_TYPE_RGB,
+      PNG_COLOR_TYPE_RGB_ALPHA};
   std::string out;
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_structp png =
+      png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png_create_info_struct(png);
   if (setjmp(png_jmpbuf(png))) throw std::runtime_error("png16 write failed");
   png_set_write_fn(png, &out, &AppendPng, &NoFlush);
-  png_set_IHDR(png, info, static_cast<png_uint_32>(width), static_cast<png_uint_32>(height), 16,
-               kColorTypes[channels], PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+  png_set_IHDR(png, info, static_cast<png_uint_32>(width),
+               static_cast<png_uint_32>(height), 16, kColorTypes[channels],
+               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                PNG_FILTER_TYPE_DEFAULT);
   if (gamma > 0) png_set_gAMA(png, info, gamma);
   png_write_info(png, info);
@@ -108,8 +113,10 @@ std::string MakeNpy(const std::string& descr, const std::vector<int64_t>& shape,
                     const std::string& data, bool fortran_order) {
   std::string dims;
   for (int64_t d : shape) dims += std::to_string(d) + ", ";
-  if (shape.size() > 1) dims.resize(dims.size() - 2);  // "(2, 3)"; "(4,)"
-  else if (shape.size() == 1) dims.resize(dims.size() - 1);
+  if (shape.size() > 1)
+    dims.resize(dims.size() - 2);  // "(2, 3)"; "(4,)"
+  else if (shape.size() == 1)
+    dims.resize(dims.size() - 1);
   std::string header = "{'descr': '" + descr + "', 'fortran_order': " +
                        (fortran_order ? "True" : "False") + ", 'shape': (" +
                        dims + "), }";

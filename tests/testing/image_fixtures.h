@@ -19,8 +19,8 @@ std::string EncodePng(const std::string& pixels, int width, int height,
 // A PNG with 16 bits per sample written with libpng's low-level writer:
 // `pixels` are HWC values; `gamma` > 0 adds a gAMA chunk (a reader that
 // applied it would change the values).
-std::string EncodePng16(const std::vector<uint16_t>& pixels, int width, int height,
-                        int channels, double gamma = 0);
+std::string EncodePng16(const std::vector<uint16_t>& pixels, int width,
+                        int height, int channels, double gamma = 0);
 // A .npy file (format 1.0) with the given descr ("<f4"), shape and raw data.
 std::string MakeNpy(const std::string& descr, const std::vector<int64_t>& shape,
                     const std::string& data, bool fortran_order = false);

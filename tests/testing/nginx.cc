@@ -51,13 +51,13 @@ bool Accepting(int port) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(const std::string& dir,
-                                                    const std::string& docroot,
-                                                    int64_t slow_bytes_per_second,
-                                                    const NginxTls& tls) {
+absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(
+    const std::string& dir, const std::string& docroot,
+    int64_t slow_bytes_per_second, const NginxTls& tls) {
   const std::string nginx = "/usr/sbin/nginx";
   if (access(nginx.c_str(), X_OK) != 0) {
-    return absl::FailedPreconditionError("nginx not installed (make deps installs nginx-light)");
+    return absl::FailedPreconditionError(
+        "nginx not installed (make deps installs nginx-light)");
   }
   absl::Status last = absl::UnavailableError("nginx did not start");
   for (int attempt = 0; attempt < 5; ++attempt) {
@@ -68,44 +68,45 @@ absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(const std::string& dir,
     server->tls_ = !tls.cert.empty();
     const std::string conf = absl::StrCat(
         "worker_processes 1;\n", geteuid() == 0 ? "user root root;\n" : "",
-        "pid ", dir, "/nginx.pid;\n",
-        "error_log ", dir, "/error.log info;\n",
-        "events { worker_connections 512; }\n",
-        "http {\n",
-        "  log_format sluice '$request_method\\t$uri\\t$status\\t$body_bytes_sent\\t$http_host\\t"
+        "pid ", dir, "/nginx.pid;\n", "error_log ", dir, "/error.log info;\n",
+        "events { worker_connections 512; }\n", "http {\n",
+        "  log_format sluice "
+        "'$request_method\\t$uri\\t$status\\t$body_bytes_sent\\t$http_host\\t"
         "$http_authorization\\t$http_x_amz_date\\t$http_x_amz_content_sha256\\t"
         "$http_x_amz_security_token\t$connection';\n",
         "  access_log ", dir, "/access.log sluice;\n",
-        "  client_body_temp_path ", dir, "/body; proxy_temp_path ", dir, "/proxy;\n",
-        "  fastcgi_temp_path ", dir, "/fcgi; uwsgi_temp_path ", dir, "/uwsgi; scgi_temp_path ",
-        dir, "/scgi;\n",
+        "  client_body_temp_path ", dir, "/body; proxy_temp_path ", dir,
+        "/proxy;\n", "  fastcgi_temp_path ", dir, "/fcgi; uwsgi_temp_path ",
+        dir, "/uwsgi; scgi_temp_path ", dir, "/scgi;\n",
         "  sendfile on; keepalive_timeout 60; keepalive_requests 10000;\n",
-        "  server {\n",
-        "    listen 127.0.0.1:", server->port_, server->tls_ ? " ssl" : "", ";\n",
+        "  server {\n", "    listen 127.0.0.1:", server->port_,
+        server->tls_ ? " ssl" : "", ";\n",
         "    listen 127.0.0.1:", server->sync_port_, ";\n",
         "    location /__sync/ { return 204; }\n",
-        server->tls_ ? absl::StrCat("    ssl_certificate ", tls.cert, ";\n    ssl_certificate_key ",
-                                    tls.key, ";\n")
-                     : "",
-        "    root ", docroot, ";\n",
-        "    location /slow/ { alias ", docroot, "/; limit_rate ", slow_bytes_per_second, "; }\n",
-        "    location /flaky/ { if (!-f ", dir, "/flaky-ok) { return 500; } alias ", docroot,
-        "/; }\n",
-        "  }\n",
-        "}\n");
+        server->tls_
+            ? absl::StrCat("    ssl_certificate ", tls.cert,
+                           ";\n    ssl_certificate_key ", tls.key, ";\n")
+            : "",
+        "    root ", docroot, ";\n", "    location /slow/ { alias ", docroot,
+        "/; limit_rate ", slow_bytes_per_second, "; }\n",
+        "    location /flaky/ { if (!-f ", dir,
+        "/flaky-ok) { return 500; } alias ", docroot, "/; }\n", "  }\n", "}\n");
     WriteFile(dir + "/nginx.conf", conf);
-    auto child = ChildProcess::Start({nginx, "-p", dir, "-c", dir + "/nginx.conf", "-e",
-                                      dir + "/error.log", "-g", "daemon off;"},
-                                     dir + "/nginx.out");
+    auto child =
+        ChildProcess::Start({nginx, "-p", dir, "-c", dir + "/nginx.conf", "-e",
+                             dir + "/error.log", "-g", "daemon off;"},
+                            dir + "/nginx.out");
     if (!child.ok()) return child.status();
     server->process_ = std::move(*child);
-    for (absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    for (absl::Time deadline = absl::Now() + absl::Seconds(10);
+         absl::Now() < deadline;) {
       if (Accepting(server->port_)) return server;
       if (!server->process_.running()) break;
       absl::SleepFor(absl::Milliseconds(10));
     }
-    last = absl::UnavailableError(absl::StrCat(
-        "nginx did not start on port ", server->port_, "; see ", dir, "/error.log"));
+    last = absl::UnavailableError(absl::StrCat("nginx did not start on port ",
+                                               server->port_, "; see ", dir,
+                                               "/error.log"));
   }
   return last;
 }
@@ -169,7 +170,8 @@ std::vector<NginxLogLine> Nginx::ReadAccessLog() const {
 
 int Nginx::Count(const std::string& method, const std::string& uri) const {
   int n = 0;
-  for (const NginxLogLine& l : AccessLog()) n += l.method == method && l.uri == uri;
+  for (const NginxLogLine& l : AccessLog())
+    n += l.method == method && l.uri == uri;
   return n;
 }
 

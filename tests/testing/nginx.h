@@ -37,10 +37,9 @@ class Nginx {
  public:
   // `dir` holds the config, logs and pid file; /slow/ sends at most
   // `slow_bytes_per_second`.
-  static absl::StatusOr<std::unique_ptr<Nginx>> Start(const std::string& dir,
-                                                      const std::string& docroot,
-                                                      int64_t slow_bytes_per_second = 2 << 20,
-                                                      const NginxTls& tls = {});
+  static absl::StatusOr<std::unique_ptr<Nginx>> Start(
+      const std::string& dir, const std::string& docroot,
+      int64_t slow_bytes_per_second = 2 << 20, const NginxTls& tls = {});
   ~Nginx();
 
   // "http://127.0.0.1:PORT" ("https://..." with TLS)

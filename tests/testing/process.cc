@@ -20,7 +20,8 @@ std::string BinDir() { return SLUICE_BIN_DIR; }
 std::map<std::string, std::string> ParseKeyValueFile(const std::string& text) {
   std::map<std::string, std::string> result;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(line, absl::MaxSplits('=', 1));
     result[kv.first] = kv.second;
   }
   return result;
@@ -34,14 +35,16 @@ std::optional<std::string> ReadWholeFile(const std::string& path) {
   return buffer.str();
 }
 
-absl::StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>& argv,
-                                                 const std::string& log_path) {
+absl::StatusOr<ChildProcess> ChildProcess::Start(
+    const std::vector<std::string>& argv, const std::string& log_path) {
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   int log_fd = -1;
   if (!log_path.empty()) {
-    log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    log_fd =
+        open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) return absl::InternalError("cannot open log " + log_path);
   }
   const pid_t pid = fork();
@@ -87,7 +90,8 @@ bool ChildProcess::running() {
   int status = 0;
   const pid_t r = waitpid(pid_, &status, WNOHANG);
   if (r == pid_) {
-    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    exit_code_ =
+        WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     return false;
   }
   return true;
@@ -101,12 +105,14 @@ absl::StatusOr<int> ChildProcess::WaitForExit(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (running()) {
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "pid ", pid_, " still running after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("pid ", pid_, " still running after ",
+                       absl::FormatDuration(timeout)));
     }
     absl::SleepFor(absl::Milliseconds(5));  // polling waitpid, not a sync sleep
   }
-  if (!exit_code_.has_value()) return absl::FailedPreconditionError("not started");
+  if (!exit_code_.has_value())
+    return absl::FailedPreconditionError("not started");
   return *exit_code_;
 }
 
@@ -134,16 +140,17 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(
   // A coordinator keeps its journal inside the test's directory unless the
   // test names one (e.g. to restart on the same journal).
   if (binary == "sluice-coordinator" &&
-      std::none_of(extra_args.begin(), extra_args.end(), [](const std::string& a) {
-        return a.rfind("--journal_dir=", 0) == 0;
-      })) {
+      std::none_of(extra_args.begin(), extra_args.end(),
+                   [](const std::string& a) {
+                     return a.rfind("--journal_dir=", 0) == 0;
+                   })) {
     argv.push_back(absl::StrCat("--journal_dir=", dir, "/", tag, ".journal"));
   }
   // A data server needs --roots; default to the test's directory.
   if (binary == "sluice-dataserver" &&
-      std::none_of(extra_args.begin(), extra_args.end(), [](const std::string& a) {
-        return a.rfind("--roots=", 0) == 0;
-      })) {
+      std::none_of(
+          extra_args.begin(), extra_args.end(),
+          [](const std::string& a) { return a.rfind("--roots=", 0) == 0; })) {
     argv.push_back(absl::StrCat("--roots=", dir));
   }
   auto child = ChildProcess::Start(argv, server.log_path);
@@ -158,12 +165,13 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(
       return server;
     }
     if (!server.process.running()) {
-      return absl::UnavailableError(absl::StrCat(
-          binary, " exited before listening; log:\n",
-          ReadWholeFile(server.log_path).value_or("")));
+      return absl::UnavailableError(
+          absl::StrCat(binary, " exited before listening; log:\n",
+                       ReadWholeFile(server.log_path).value_or("")));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(binary + " wrote no port file in time");
+      return absl::DeadlineExceededError(binary +
+                                         " wrote no port file in time");
     }
     absl::SleepFor(absl::Milliseconds(5));  // polling the port file
   }

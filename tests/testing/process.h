@@ -29,8 +29,8 @@ class ChildProcess {
  public:
   // Starts `argv[0]` (a path) with `argv`; stdout and stderr go to
   // `log_path` (appended) when set.
-  static absl::StatusOr<ChildProcess> Start(const std::vector<std::string>& argv,
-                                            const std::string& log_path = "");
+  static absl::StatusOr<ChildProcess> Start(
+      const std::vector<std::string>& argv, const std::string& log_path = "");
   // An empty handle (no process).
   ChildProcess() = default;
   ChildProcess(ChildProcess&& other) noexcept;

@@ -24,7 +24,8 @@ std::string Hmac(const std::string& key, const std::string& data) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &len);
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out,
+       &len);
   return std::string(reinterpret_cast<char*>(out), len);
 }
 
@@ -41,17 +42,20 @@ std::string SigV4CanonicalRequest(const SigV4Request& r) {
   std::string headers;
   std::vector<std::string> names;
   for (const auto& [name, value] : r.headers) {  // std::map: sorted by name
-    absl::StrAppend(&headers, name, ":", absl::StripAsciiWhitespace(value), "\n");
+    absl::StrAppend(&headers, name, ":", absl::StripAsciiWhitespace(value),
+                    "\n");
     names.push_back(name);
   }
-  return absl::StrCat(r.method, "\n", r.canonical_uri, "\n", r.canonical_query, "\n", headers,
-                      "\n", absl::StrJoin(names, ";"), "\n", r.payload_sha256);
+  return absl::StrCat(r.method, "\n", r.canonical_uri, "\n", r.canonical_query,
+                      "\n", headers, "\n", absl::StrJoin(names, ";"), "\n",
+                      r.payload_sha256);
 }
 
 std::string SigV4StringToSign(const SigV4Request& r) {
   const std::string date = r.amz_date.substr(0, 8);
-  return absl::StrCat("AWS4-HMAC-SHA256\n", r.amz_date, "\n", date, "/", r.region, "/",
-                      r.service, "/aws4_request\n", Sha256Hex(SigV4CanonicalRequest(r)));
+  return absl::StrCat("AWS4-HMAC-SHA256\n", r.amz_date, "\n", date, "/",
+                      r.region, "/", r.service, "/aws4_request\n",
+                      Sha256Hex(SigV4CanonicalRequest(r)));
 }
 
 std::string SigV4Signature(const SigV4Request& r) {

@@ -31,8 +31,8 @@ MATCHER_P2(StatusIs, code, message_matcher, "") {
   const absl::Status& s = GetStatus(arg);
   *result_listener << "status: " << s;
   return s.code() == code &&
-         ::testing::ExplainMatchResult(message_matcher, std::string(s.message()),
-                                       result_listener);
+         ::testing::ExplainMatchResult(
+             message_matcher, std::string(s.message()), result_listener);
 }
 
 #define ASSERT_OK(expr) ASSERT_THAT((expr), ::sluice::testing::IsOk())

@@ -73,7 +73,8 @@ TarWriter& TarWriter::File(const std::string& name, const std::string& data) {
   return *this;
 }
 
-TarWriter& TarWriter::PaxFile(const std::string& name, const std::string& data) {
+TarWriter& TarWriter::PaxFile(const std::string& name,
+                              const std::string& data) {
   LongName(name, true);
   Header(name, '0', data.size(), "", false);
   Data(data);
@@ -86,7 +87,8 @@ TarWriter& TarWriter::Directory(const std::string& name) {
   return *this;
 }
 
-TarWriter& TarWriter::Symlink(const std::string& name, const std::string& target) {
+TarWriter& TarWriter::Symlink(const std::string& name,
+                              const std::string& target) {
   LongName(name, false);
   Header(name, '2', 0, target, long_names_ == LongNames::kGnu);
   return *this;

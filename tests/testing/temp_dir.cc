@@ -10,7 +10,8 @@ namespace sluice::testing {
 
 TempDir::TempDir() {
   const char* base = std::getenv("TEST_TMPDIR");
-  std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/sluice-test-XXXXXX";
+  std::string pattern =
+      std::string(base != nullptr ? base : "/tmp") + "/sluice-test-XXXXXX";
   if (mkdtemp(pattern.data()) == nullptr) {
     throw std::runtime_error("mkdtemp failed for " + pattern);
   }

@@ -10,7 +10,8 @@
 namespace sluice::testing {
 
 struct TestPki {
-  std::string ca_cert, server_cert, server_key, client_cert, client_key;  // paths
+  std::string ca_cert, server_cert, server_key, client_cert,
+      client_key;  // paths
 };
 
 // Writes the PKI into `dir`.

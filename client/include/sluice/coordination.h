@@ -9,17 +9,18 @@
 //
 //   sluice::BarrierOptions b{.coordinator = "head:7070", .name = "ckpt-dir",
 //                            .participant = "rank-3", .participants = 8};
-//   auto arrived = sluice::WaitBarrier(b);  // DEADLINE_EXCEEDED names who is missing
+//   auto arrived = sluice::WaitBarrier(b);  // DEADLINE_EXCEEDED names who is
+//   missing
 //
 // Both are blocking calls, safe from any thread.
 #ifndef SLUICE_CLIENT_INCLUDE_SLUICE_COORDINATION_H_
 #define SLUICE_CLIENT_INCLUDE_SLUICE_COORDINATION_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -31,7 +32,7 @@ struct OnceOptions {
   std::string coordinator;
   std::string scope = "default";  // e.g. the job name
   std::string name;
-  std::string participant;        // default host-pid
+  std::string participant;  // default host-pid
   // The runner's execution lease: without a heartbeat for this long, a
   // waiter takes over.
   absl::Duration ttl = absl::Seconds(10);
@@ -42,7 +43,7 @@ struct OnceOptions {
 };
 
 struct OnceOutcome {
-  bool ran = false;     // this caller ran the step
+  bool ran = false;  // this caller ran the step
   int64_t run = 0;
   std::string result;   // the runner's result string
   bool failed = false;  // the run failed; `error` says how
@@ -52,8 +53,9 @@ struct OnceOutcome {
 // Joins (scope, name). If chosen, runs `step` while heartbeating, and
 // reports its result or error. Returns what happened; an error status only
 // for transport or protocol problems (e.g. the coordinator unreachable).
-absl::StatusOr<OnceOutcome> RunOnce(const OnceOptions& options,
-                                    const std::function<absl::StatusOr<std::string>()>& step);
+absl::StatusOr<OnceOutcome> RunOnce(
+    const OnceOptions& options,
+    const std::function<absl::StatusOr<std::string>()>& step);
 
 struct BarrierOptions {
   std::string coordinator;

@@ -70,7 +70,8 @@ double FaultsPerRound(bool tune) {
   close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  if (n != sizeof(per_round) || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  if (n != sizeof(per_round) || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return -1;
   return per_round;
 }
 
@@ -94,7 +95,8 @@ TEST(MallocTuningTest, CanBeAppliedAgain) {
   GTEST_SKIP() << "glibc's allocator is not the one in use";
 #else
   pid_t pid = fork();
-  if (pid == 0) _exit(TuneMallocForStreaming() && TuneMallocForStreaming() ? 0 : 1);
+  if (pid == 0)
+    _exit(TuneMallocForStreaming() && TuneMallocForStreaming() ? 0 : 1);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -128,20 +130,22 @@ TEST(MallocTuningTest, IsNotAppliedToAnotherMalloc) {
     // Re-exec this test binary with the preload, running only the probe below.
     setenv("LD_PRELOAD", jemalloc, 1);
     setenv("SLUICE_MALLOC_PROBE", "1", 1);
-    execl("/proc/self/exe", "unit_tests", "--gtest_filter=MallocTuningTest.Probe",
-          static_cast<char*>(nullptr));
+    execl("/proc/self/exe", "unit_tests",
+          "--gtest_filter=MallocTuningTest.Probe", static_cast<char*>(nullptr));
     _exit(127);
   }
   close(fds[1]);
   std::string out;
   char buf[4096];
   ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0)
+    out.append(buf, static_cast<size_t>(n));
   close(fds[0]);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  EXPECT_NE(out.find("provider=libjemalloc.so.2 tuned=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("provider=libjemalloc.so.2 tuned=0"), std::string::npos)
+      << out;
 #endif
 }
 
@@ -150,7 +154,8 @@ TEST(MallocTuningTest, Probe) {
   if (std::getenv("SLUICE_MALLOC_PROBE") == nullptr) {
     GTEST_SKIP() << "a helper: run by IsNotAppliedToAnotherMalloc in a child";
   }
-  std::printf("provider=%s tuned=%d\n", MallocProvider().c_str(), TuneMallocForStreaming());
+  std::printf("provider=%s tuned=%d\n", MallocProvider().c_str(),
+              TuneMallocForStreaming());
 }
 
 }  // namespace

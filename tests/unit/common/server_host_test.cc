@@ -1,9 +1,8 @@
 #include "server/common/server_host.h"
 
 #include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
@@ -64,10 +63,12 @@ TEST(ServerHostTest, ReadinessFollowsSetReady) {
   config.program = "test";
   config.listen = {"127.0.0.1", 0};
   config.drain_timeout = absl::Seconds(1);
-  auto host = ServerHost::Start(config, {}, std::make_shared<prometheus::Registry>());
+  auto host =
+      ServerHost::Start(config, {}, std::make_shared<prometheus::Registry>());
   ASSERT_TRUE(host.ok()) << host.status();
   ASSERT_GT((*host)->grpc_port(), 0);
-  const std::string address = "127.0.0.1:" + std::to_string((*host)->grpc_port());
+  const std::string address =
+      "127.0.0.1:" + std::to_string((*host)->grpc_port());
   using Resp = grpc::health::v1::HealthCheckResponse;
   EXPECT_EQ(Readiness(address, "readiness"), Resp::NOT_SERVING);
   EXPECT_EQ(Readiness(address, ""), Resp::SERVING);
@@ -82,10 +83,12 @@ TEST(ServerHostTest, PortInUseIsUnavailableNamingTheFlag) {
   ServerConfig config;
   config.program = "test";
   config.listen = {"127.0.0.1", 0};
-  auto first = ServerHost::Start(config, {}, std::make_shared<prometheus::Registry>());
+  auto first =
+      ServerHost::Start(config, {}, std::make_shared<prometheus::Registry>());
   ASSERT_TRUE(first.ok());
   config.listen.port = (*first)->grpc_port();
-  auto second = ServerHost::Start(config, {}, std::make_shared<prometheus::Registry>());
+  auto second =
+      ServerHost::Start(config, {}, std::make_shared<prometheus::Registry>());
   EXPECT_THAT(second, testing::StatusIs(absl::StatusCode::kUnavailable,
                                         HasSubstr("--listen=127.0.0.1:")));
 }

@@ -48,7 +48,8 @@ JournalRecord Deleted(const std::string& job) {
 // Data servers refuse a fence older than one they saw for the same unit
 // (job, epoch, unit), so a job created again under a deleted job's name must
 // not start its fences over: they continue above every fence granted.
-TEST(CoordinatorStateTest, AJobCreatedAgainUnderItsNameContinuesAboveTheOldFences) {
+TEST(CoordinatorStateTest,
+     AJobCreatedAgainUnderItsNameContinuesAboveTheOldFences) {
   CoordinatorState state;
   ASSERT_OK(state.Apply(Created("j")));
   ASSERT_OK(state.Apply(Created("other")));

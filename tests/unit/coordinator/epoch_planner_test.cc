@@ -1,11 +1,11 @@
 #include "server/coordinator/epoch_planner.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <map>
 #include <numeric>
 #include <tuple>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 namespace sluice {
 namespace {
@@ -18,7 +18,8 @@ TEST(ShardOrderTest, WithoutShuffleIsManifestOrder) {
 
 TEST(ShardOrderTest, SplitMix64MatchesTheReferenceOutput) {
   // Reference values of SplitMix64 (Vigna) seeded with 0: the first outputs
-  // are Mix(0x9E3779B97F4A7C15 * k). This pins Mix() to the published generator.
+  // are Mix(0x9E3779B97F4A7C15 * k). This pins Mix() to the published
+  // generator.
   EXPECT_EQ(SplitMix64::Mix(0x9E3779B97F4A7C15ULL), 0xE220A8397B1DCDAFULL);
   EXPECT_EQ(SplitMix64::Mix(0x9E3779B97F4A7C15ULL * 2), 0x6E789E6AA1B965F4ULL);
 }
@@ -28,7 +29,8 @@ TEST(ShardOrderTest, GoldenOrderIsStable) {
   // difference) fails loudly: plans must be reproducible across versions.
   // Computed by an independent implementation of the spec in
   // epoch_planner.h (a few lines of Python), not by this code.
-  EXPECT_THAT(ShardOrder(10, 42, 0, true), ElementsAre(6, 9, 0, 7, 1, 3, 8, 4, 5, 2));
+  EXPECT_THAT(ShardOrder(10, 42, 0, true),
+              ElementsAre(6, 9, 0, 7, 1, 3, 8, 4, 5, 2));
 }
 
 TEST(ShardOrderTest, IsAPermutationThatDependsOnSeedAndEpoch) {
@@ -51,25 +53,29 @@ TEST(PlanEpochTest, DropGivesEqualQuotasAndDropsTheTail) {
   EXPECT_EQ(plan.samples_per_rank, 3);
   EXPECT_EQ(plan.dropped, 1);
   ASSERT_EQ(plan.rank_begin, (std::vector<int64_t>{0, 1, 3, 5}));
-  EXPECT_THAT(plan.units,
-              ElementsAre(PlannedUnit{0, 0, 3, 0, 0, 0}, PlannedUnit{0, 3, 4, 1, 1, 1},
-                          PlannedUnit{1, 0, 2, 2, 1, 1}, PlannedUnit{1, 2, 3, 3, 2, 2},
-                          PlannedUnit{2, 0, 2, 4, 2, 2}));
+  EXPECT_THAT(
+      plan.units,
+      ElementsAre(PlannedUnit{0, 0, 3, 0, 0, 0}, PlannedUnit{0, 3, 4, 1, 1, 1},
+                  PlannedUnit{1, 0, 2, 2, 1, 1}, PlannedUnit{1, 2, 3, 3, 2, 2},
+                  PlannedUnit{2, 0, 2, 4, 2, 2}));
 }
 
 TEST(PlanEpochTest, WorkersSplitEachRankIntoSlotsOfEqualSizesOnEveryRank) {
   PlanOptions options;
   options.world_size = 2;
   options.workers_per_rank = 3;
-  const EpochPlan plan = PlanEpoch({7, 4}, options, 0);  // T = 11, q = 5, 1 dropped
+  const EpochPlan plan =
+      PlanEpoch({7, 4}, options, 0);  // T = 11, q = 5, 1 dropped
   EXPECT_EQ(plan.samples_per_rank, 5);
   EXPECT_EQ(plan.dropped, 1);
   ASSERT_EQ(plan.num_slots(), 6);
   // Slots of 2, 2, 1 samples on both ranks; a unit never spans two slots.
-  EXPECT_THAT(plan.units,
-              ElementsAre(PlannedUnit{0, 0, 2, 0, 0, 0}, PlannedUnit{0, 2, 4, 1, 0, 1},
-                          PlannedUnit{0, 4, 5, 2, 0, 2}, PlannedUnit{0, 5, 7, 3, 1, 3},
-                          PlannedUnit{1, 0, 2, 4, 1, 4}, PlannedUnit{1, 2, 3, 5, 1, 5}));
+  EXPECT_THAT(
+      plan.units,
+      ElementsAre(PlannedUnit{0, 0, 2, 0, 0, 0}, PlannedUnit{0, 2, 4, 1, 0, 1},
+                  PlannedUnit{0, 4, 5, 2, 0, 2}, PlannedUnit{0, 5, 7, 3, 1, 3},
+                  PlannedUnit{1, 0, 2, 4, 1, 4},
+                  PlannedUnit{1, 2, 3, 5, 1, 5}));
   for (int32_t slot = 0; slot < plan.num_slots(); ++slot) {
     EXPECT_EQ(plan.slot_quota(slot), slot % 3 == 2 ? 1 : 2) << slot;
     EXPECT_EQ(plan.RankOfSlot(slot), slot / 3);
@@ -89,19 +95,20 @@ TEST(PlanEpochTest, PadRepeatsTheFirstSamples) {
   const EpochPlan plan = PlanEpoch({5}, options, 0);  // T = 5, q = 2, 3 padded
   EXPECT_EQ(plan.samples_per_rank, 2);
   EXPECT_EQ(plan.padded, 3);
-  EXPECT_THAT(plan.units,
-              ElementsAre(PlannedUnit{0, 0, 2, 0, 0, 0}, PlannedUnit{0, 2, 4, 1, 1, 1},
-                          PlannedUnit{0, 4, 5, 2, 2, 2}, PlannedUnit{0, 0, 1, 3, 2, 2},
-                          PlannedUnit{0, 1, 3, 4, 3, 3}));
+  EXPECT_THAT(
+      plan.units,
+      ElementsAre(PlannedUnit{0, 0, 2, 0, 0, 0}, PlannedUnit{0, 2, 4, 1, 1, 1},
+                  PlannedUnit{0, 4, 5, 2, 2, 2}, PlannedUnit{0, 0, 1, 3, 2, 2},
+                  PlannedUnit{0, 1, 3, 4, 3, 3}));
 }
 
 TEST(PlanEpochTest, MaxSamplesPerLeaseCutsUnits) {
   PlanOptions options;
   options.max_samples_per_lease = 4;
   const EpochPlan plan = PlanEpoch({10}, options, 0);
-  EXPECT_THAT(plan.units,
-              ElementsAre(PlannedUnit{0, 0, 4, 0, 0}, PlannedUnit{0, 4, 8, 1, 0},
-                          PlannedUnit{0, 8, 10, 2, 0}));
+  EXPECT_THAT(plan.units, ElementsAre(PlannedUnit{0, 0, 4, 0, 0},
+                                      PlannedUnit{0, 4, 8, 1, 0},
+                                      PlannedUnit{0, 8, 10, 2, 0}));
 }
 
 TEST(PlanEpochTest, EmptyDatasetHasNoUnits) {
@@ -129,14 +136,17 @@ TEST(PlanEpochTest, BalanceIsExactForThousandsOfShapes) {
     PlanOptions options;
     options.seed = rng.Next();
     options.shuffle = rng.Next() % 2 == 0;
-    options.world_size = static_cast<int32_t>(rng.Next() % 70);  // often > shards
-    options.remainder = rng.Next() % 2 == 0 ? RemainderPolicy::kDrop : RemainderPolicy::kPad;
+    options.world_size =
+        static_cast<int32_t>(rng.Next() % 70);  // often > shards
+    options.remainder =
+        rng.Next() % 2 == 0 ? RemainderPolicy::kDrop : RemainderPolicy::kPad;
     options.max_samples_per_lease = static_cast<int64_t>(rng.Next() % 8);
     const int64_t epoch = static_cast<int64_t>(rng.Next() % 5);
     const EpochPlan plan = PlanEpoch(sizes, options, epoch);
-    const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-    SCOPED_TRACE(::testing::Message() << "iter " << iter << " W=" << options.world_size
-                                      << " T=" << total);
+    const int64_t total =
+        std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+    SCOPED_TRACE(::testing::Message() << "iter " << iter << " W="
+                                      << options.world_size << " T=" << total);
     ASSERT_EQ(plan.total_samples, total);
     const int64_t w = std::max(options.world_size, 1);
     std::map<std::pair<int32_t, int64_t>, int> seen;
@@ -184,8 +194,10 @@ TEST(PlanEpochTest, SameInputsGiveTheSamePlan) {
   options.max_samples_per_lease = 3;
   std::vector<int64_t> sizes;
   for (int i = 0; i < 200; ++i) sizes.push_back(i % 13);
-  EXPECT_EQ(PlanEpoch(sizes, options, 4).units, PlanEpoch(sizes, options, 4).units);
-  EXPECT_NE(PlanEpoch(sizes, options, 4).units, PlanEpoch(sizes, options, 5).units);
+  EXPECT_EQ(PlanEpoch(sizes, options, 4).units,
+            PlanEpoch(sizes, options, 4).units);
+  EXPECT_NE(PlanEpoch(sizes, options, 4).units,
+            PlanEpoch(sizes, options, 5).units);
 }
 
 }  // namespace
@@ -201,13 +213,15 @@ TEST(PlanSequenceTest, CutsExplicitRangesInOrder) {
   options.world_size = 2;
   options.remainder = RemainderPolicy::kPad;
   options.max_samples_per_lease = 2;
-  const std::vector<SampleRange> ranges = {{3, 4, 7}, {0, 0, 0}, {1, 10, 12}};  // 5 samples
+  const std::vector<SampleRange> ranges = {
+      {3, 4, 7}, {0, 0, 0}, {1, 10, 12}};  // 5 samples
   const EpochPlan plan = PlanSequence(ranges, options, 7);
   EXPECT_EQ(plan.epoch, 7);
   EXPECT_EQ(plan.samples_per_rank, 3);
   EXPECT_EQ(plan.padded, 1);
   std::vector<std::tuple<int32_t, int64_t, int64_t, int32_t>> units;
-  for (const PlannedUnit& u : plan.units) units.emplace_back(u.shard_index, u.begin, u.end, u.rank);
+  for (const PlannedUnit& u : plan.units)
+    units.emplace_back(u.shard_index, u.begin, u.end, u.rank);
   const std::vector<std::tuple<int32_t, int64_t, int64_t, int32_t>> want = {
       {3, 4, 6, 0}, {3, 6, 7, 0}, {1, 10, 12, 1}, {3, 4, 5, 1}};
   EXPECT_EQ(units, want);

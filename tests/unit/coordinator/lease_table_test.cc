@@ -15,7 +15,8 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 
-LeaseEntry MakeLease(const std::string& id, const std::string& holder, uint64_t fence = 1) {
+LeaseEntry MakeLease(const std::string& id, const std::string& holder,
+                     uint64_t fence = 1) {
   LeaseEntry lease;
   lease.lease_id = id;
   lease.fence = fence;
@@ -73,7 +74,8 @@ TEST_F(LeaseTableTest, StaleFenceIsAbortedUnknownIsNotFound) {
   ASSERT_OK(table_.Add(MakeLease("a", "t1", 3), absl::Seconds(10)));
   EXPECT_OK(table_.Check("a", 3));
   EXPECT_THAT(table_.Check("a", 2), StatusIs(absl::StatusCode::kAborted));
-  EXPECT_THAT(table_.SetProgress("a", 2, 1), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(table_.SetProgress("a", 2, 1),
+              StatusIs(absl::StatusCode::kAborted));
   EXPECT_THAT(table_.Check("zz", 1), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(table_.Add(MakeLease("a", "t9"), absl::Seconds(1)),
               StatusIs(absl::StatusCode::kAlreadyExists));
@@ -83,8 +85,10 @@ TEST_F(LeaseTableTest, RemainderComesFromTheLastProgress) {
   ASSERT_OK(table_.Add(MakeLease("a", "t1"), absl::Seconds(10)));
   ASSERT_OK(table_.SetProgress("a", 1, 4));
   ASSERT_OK(table_.SetProgress("a", 1, 6));
-  EXPECT_THAT(table_.SetProgress("a", 1, 5), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(table_.SetProgress("a", 1, 11), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(table_.SetProgress("a", 1, 5),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(table_.SetProgress("a", 1, 11),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   clock_.Advance(absl::Seconds(10));
   ASSERT_THAT(table_.FindExpired(10), ElementsAre("a"));
   absl::StatusOr<LeaseEntry> reclaimed = table_.Remove("a");

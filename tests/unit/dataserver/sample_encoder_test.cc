@@ -19,7 +19,8 @@ OutSample MakeSample(int64_t index, size_t payload) {
   OutSample s;
   s.key = "k/" + std::to_string(index);
   s.index = index;
-  s.fields.push_back(Raw("bin", std::make_shared<std::string>(payload, 'a' + index % 26)));
+  s.fields.push_back(
+      Raw("bin", std::make_shared<std::string>(payload, 'a' + index % 26)));
   OutField cls;
   cls.name = "cls";
   cls.value.kind = DecodedField::Kind::kInt;
@@ -51,9 +52,15 @@ v1::Sample ToProto(const OutSample& s) {
     v1::Field* out = p.add_fields();
     out->set_name(f.name);
     switch (f.value.kind) {
-      case DecodedField::Kind::kRaw: out->set_raw(std::string(f.value.bytes.bytes)); break;
-      case DecodedField::Kind::kText: out->set_text(std::string(f.value.bytes.bytes)); break;
-      case DecodedField::Kind::kInt: out->set_int_value(f.value.int_value); break;
+      case DecodedField::Kind::kRaw:
+        out->set_raw(std::string(f.value.bytes.bytes));
+        break;
+      case DecodedField::Kind::kText:
+        out->set_text(std::string(f.value.bytes.bytes));
+        break;
+      case DecodedField::Kind::kInt:
+        out->set_int_value(f.value.int_value);
+        break;
       case DecodedField::Kind::kTensor: {
         v1::Tensor* t = out->mutable_tensor();
         t->set_dtype(f.value.dtype);
@@ -70,7 +77,8 @@ v1::Sample ToProto(const OutSample& s) {
 // skipped samples and index 0.
 TEST(BatchEncoderTest, SameBytesAsProtobuf) {
   std::vector<OutSample> samples;
-  for (int64_t i = 0; i < 6; ++i) samples.push_back(MakeSample(i, i == 3 ? 100000 : 10 * i));
+  for (int64_t i = 0; i < 6; ++i)
+    samples.push_back(MakeSample(i, i == 3 ? 100000 : 10 * i));
   OutSample skipped;
   skipped.key = "bad";
   skipped.index = 9;
@@ -90,7 +98,8 @@ TEST(BatchEncoderTest, SameBytesAsProtobuf) {
   EXPECT_EQ(messages[0].Flatten(), expected.SerializeAsString());
   // The 100 KB payload is referenced, not copied.
   bool referenced = false;
-  for (const auto& c : messages[0].chunks()) referenced |= c.bytes.size() == 100000;
+  for (const auto& c : messages[0].chunks())
+    referenced |= c.bytes.size() == 100000;
   EXPECT_TRUE(referenced);
 }
 
@@ -109,7 +118,8 @@ TEST(BatchEncoderTest, SplitsAtMaxBytesButSendsABigSampleAlone) {
     if (batch.samples_size() > 1) {
       EXPECT_LE(m.size(), 1000u);
     }
-    for (const v1::Sample& s : batch.samples()) EXPECT_EQ(s.index(), expected_index++);
+    for (const v1::Sample& s : batch.samples())
+      EXPECT_EQ(s.index(), expected_index++);
     total += m.num_samples();
   }
   EXPECT_EQ(total, 12);

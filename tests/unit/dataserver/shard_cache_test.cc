@@ -4,12 +4,11 @@
 #include "server/dataserver/shard_cache.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <set>
@@ -50,38 +49,44 @@ pid_t DeadPid() {
   return pid;
 }
 
-std::shared_ptr<ShardCache> NewCache(const std::string& dir, int64_t max_bytes = 0) {
+std::shared_ptr<ShardCache> NewCache(const std::string& dir,
+                                     int64_t max_bytes = 0) {
   ShardCacheOptions options;
   options.dir = dir;
   options.max_bytes = max_bytes;
-  auto cache = ShardCache::Create(options, std::make_unique<RemoteFetcher>(RemoteFetcherOptions{}));
+  auto cache = ShardCache::Create(
+      options, std::make_unique<RemoteFetcher>(RemoteFetcherOptions{}));
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? *cache : nullptr;
 }
 
-void WriteEntry(const std::string& dir, const std::string& url, const std::string& body,
-                int64_t recorded_size) {
+void WriteEntry(const std::string& dir, const std::string& url,
+                const std::string& body, int64_t recorded_size) {
   const std::string hash = testing::Sha256Hex(url);
   testing::WriteFile(absl::StrCat(dir, "/", hash, ".shard"), body);
   testing::WriteFile(absl::StrCat(dir, "/", hash, ".meta"),
-                     absl::StrCat("sluice-cache-v1\n", url, "\n", recorded_size, "\n",
-                                  testing::Sha256Hex(body), "\n"));
+                     absl::StrCat("sluice-cache-v1\n", url, "\n", recorded_size,
+                                  "\n", testing::Sha256Hex(body), "\n"));
 }
 
-TEST(ShardCacheTest, StartUpRemovesLeftoversOfDeadProcessesAndKeepsCompleteEntries) {
+TEST(ShardCacheTest,
+     StartUpRemovesLeftoversOfDeadProcessesAndKeepsCompleteEntries) {
   testing::TempDir dir;
   const std::string host = Host();
-  const std::string dead_temp =
-      absl::StrCat(".tmp-", DeadPid(), "-1-shard-", std::string(64, 'a'), "@", host);
-  const std::string live_temp =  // this test's parent is alive: not ours to remove
-      absl::StrCat(".tmp-", getppid(), "-1-shard-", std::string(64, 'b'), "@", host);
+  const std::string dead_temp = absl::StrCat(".tmp-", DeadPid(), "-1-shard-",
+                                             std::string(64, 'a'), "@", host);
+  const std::string
+      live_temp =  // this test's parent is alive: not ours to remove
+      absl::StrCat(".tmp-", getppid(), "-1-shard-", std::string(64, 'b'), "@",
+                   host);
   const std::string foreign_temp =
       absl::StrCat(".tmp-1-1-shard-", std::string(64, 'c'), "@some-other-host");
   for (const std::string& name : {dead_temp, live_temp, foreign_temp}) {
     testing::WriteFile(dir.File(name), "partial");
   }
   WriteEntry(dir.path(), "http://h/good.tar", "complete shard", 14);
-  WriteEntry(dir.path(), "http://h/short.tar", "truncat", 14);  // size disagrees
+  WriteEntry(dir.path(), "http://h/short.tar", "truncat",
+             14);                                              // size disagrees
   const std::string orphan = std::string(64, 'd') + ".shard";  // no .meta, old
   testing::WriteFile(dir.File(orphan), "orphan");
   struct timespec old[2] = {{1, 0}, {1, 0}};
@@ -92,8 +97,8 @@ TEST(ShardCacheTest, StartUpRemovesLeftoversOfDeadProcessesAndKeepsCompleteEntri
   ASSERT_NE(cache, nullptr);
   const std::string good = testing::Sha256Hex("http://h/good.tar");
   EXPECT_THAT(Names(dir.path()),
-              UnorderedElementsAre(live_temp, foreign_temp, good + ".shard", good + ".meta",
-                                   "notes.txt"));
+              UnorderedElementsAre(live_temp, foreign_temp, good + ".shard",
+                                   good + ".meta", "notes.txt"));
   EXPECT_EQ(cache->bytes_in_use(), 14);
   EXPECT_THAT(cache->CachedUrls(), UnorderedElementsAre("http://h/good.tar"));
   // A hit: no network needed.
@@ -108,8 +113,9 @@ TEST(ShardCacheTest, StartUpEvictsDownToTheLimitOldestFirst) {
   WriteEntry(dir.path(), "http://h/old.tar", std::string(100, 'o'), 100);
   WriteEntry(dir.path(), "http://h/new.tar", std::string(100, 'n'), 100);
   struct timespec old[2] = {{1000, 0}, {1000, 0}};
-  utimensat(AT_FDCWD, dir.File(testing::Sha256Hex("http://h/old.tar") + ".shard").c_str(), old,
-            0);
+  utimensat(AT_FDCWD,
+            dir.File(testing::Sha256Hex("http://h/old.tar") + ".shard").c_str(),
+            old, 0);
   auto cache = NewCache(dir.path(), 150);
   ASSERT_NE(cache, nullptr);
   EXPECT_THAT(cache->CachedUrls(), UnorderedElementsAre("http://h/new.tar"));
@@ -127,10 +133,12 @@ TEST(ShardCacheTest, EvictsToKeepTheFilesystemFromFillingUp) {
   for (const char* name : {"old", "mid", "new"}) {
     struct timespec when[2] = {{t, 0}, {t, 0}};
     t += 10;
-    utimensat(AT_FDCWD,
-              dir.File(testing::Sha256Hex(absl::StrCat("http://h/", name, ".tar")) + ".shard")
-                  .c_str(),
-              when, 0);
+    utimensat(
+        AT_FDCWD,
+        dir.File(testing::Sha256Hex(absl::StrCat("http://h/", name, ".tar")) +
+                 ".shard")
+            .c_str(),
+        when, 0);
   }
   // A 400-byte "disk": free = 400 - bytes of the .shard files present -
   // what "someone else" wrote.
@@ -138,7 +146,8 @@ TEST(ShardCacheTest, EvictsToKeepTheFilesystemFromFillingUp) {
   auto free_bytes = [extra](const std::string& d) {
     int64_t used = *extra;
     for (const auto& e : std::filesystem::directory_iterator(d)) {
-      if (e.path().extension() == ".shard") used += static_cast<int64_t>(e.file_size());
+      if (e.path().extension() == ".shard")
+        used += static_cast<int64_t>(e.file_size());
     }
     return 400 - used;
   };
@@ -149,7 +158,8 @@ TEST(ShardCacheTest, EvictsToKeepTheFilesystemFromFillingUp) {
   options.free_bytes = free_bytes;
   RemoteFetcherOptions no_retries;
   no_retries.max_attempts = 1;
-  auto cache = ShardCache::Create(options, std::make_unique<RemoteFetcher>(no_retries));
+  auto cache =
+      ShardCache::Create(options, std::make_unique<RemoteFetcher>(no_retries));
   ASSERT_TRUE(cache.ok()) << cache.status();
   // 100 free at start: the two oldest go (free 300 >= 250).
   EXPECT_THAT((*cache)->CachedUrls(), UnorderedElementsAre("http://h/new.tar"));
@@ -159,7 +169,8 @@ TEST(ShardCacheTest, EvictsToKeepTheFilesystemFromFillingUp) {
   auto pinned = (*cache)->Open(ShardRef{"http://h/new.tar", 100, ""});
   ASSERT_TRUE(pinned.ok()) << pinned.status();
   *extra = 200;
-  EXPECT_FALSE((*cache)->Open(ShardRef{"http://127.0.0.1:1/refused.tar", 0, ""}).ok());
+  EXPECT_FALSE(
+      (*cache)->Open(ShardRef{"http://127.0.0.1:1/refused.tar", 0, ""}).ok());
   EXPECT_THAT((*cache)->CachedUrls(), UnorderedElementsAre("http://h/new.tar"));
   // Released, it goes.
   pinned = absl::CancelledError("released");
@@ -172,20 +183,25 @@ TEST(ShardCacheTest, BadUrlsAndChecksumsAreRejectedBeforeAnyDownload) {
   auto cache = NewCache(dir.path());
   ASSERT_NE(cache, nullptr);
   EXPECT_THAT(cache->Open(ShardRef{"s3://bucket-only", 0, ""}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("s3://BUCKET/KEY")));
-  EXPECT_THAT(cache->Open(ShardRef{"http://h/a b.tar", 0, ""}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("whitespace")));
-  EXPECT_THAT(cache->Open(ShardRef{"http://h/a.tar", 0, "md5:abc"}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("md5:abc")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("s3://BUCKET/KEY")));
+  EXPECT_THAT(
+      cache->Open(ShardRef{"http://h/a b.tar", 0, ""}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("whitespace")));
+  EXPECT_THAT(
+      cache->Open(ShardRef{"http://h/a.tar", 0, "md5:abc"}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("md5:abc")));
   EXPECT_TRUE(Names(dir.path()).empty());
 }
 
 TEST(ShardCacheTest, CompositeStoreNamesTheMissingFlag) {
   CompositeShardStore store(nullptr, nullptr);
   EXPECT_THAT(store.Open("https://h/x.tar").status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--cache_dir")));
-  EXPECT_THAT(store.Open("/data/x.tar").status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--roots")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("--cache_dir")));
+  EXPECT_THAT(
+      store.Open("/data/x.tar").status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--roots")));
   EXPECT_TRUE(store.IsRemote("s3://b/k"));
   EXPECT_FALSE(store.IsRemote("file:///b/k"));
 }
@@ -206,12 +222,14 @@ TEST(SigV4ReferenceTest, ReproducesAwsPublishedExample) {
   testing::SigV4Request r;
   r.method = "GET";
   r.canonical_uri = "/test.txt";
-  r.headers = {{"host", "examplebucket.s3.amazonaws.com"},
-               {"range", "bytes=0-9"},
-               {"x-amz-content-sha256",
-                "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
-               {"x-amz-date", "20130524T000000Z"}};
-  r.payload_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+  r.headers = {
+      {"host", "examplebucket.s3.amazonaws.com"},
+      {"range", "bytes=0-9"},
+      {"x-amz-content-sha256",
+       "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+      {"x-amz-date", "20130524T000000Z"}};
+  r.payload_sha256 =
+      "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
   r.amz_date = "20130524T000000Z";
   r.region = "us-east-1";
   r.secret_key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";

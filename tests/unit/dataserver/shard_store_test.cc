@@ -28,8 +28,12 @@ class LocalShardStoreTest : public ::testing::Test {
     mkdir((root_ + "/sub").c_str(), 0755);
     testing::WriteFile(root_ + "/sub/a.tar", "inside");
     testing::WriteFile(dir_.File("secret.tar"), "outside");
-    ASSERT_EQ(symlink(dir_.File("secret.tar").c_str(), (root_ + "/out.tar").c_str()), 0);
-    ASSERT_EQ(symlink((root_ + "/sub/a.tar").c_str(), (root_ + "/in.tar").c_str()), 0);
+    ASSERT_EQ(
+        symlink(dir_.File("secret.tar").c_str(), (root_ + "/out.tar").c_str()),
+        0);
+    ASSERT_EQ(
+        symlink((root_ + "/sub/a.tar").c_str(), (root_ + "/in.tar").c_str()),
+        0);
     auto store = LocalShardStore::Create({root_});
     ASSERT_OK(store.status());
     store_ = *std::move(store);
@@ -56,8 +60,9 @@ TEST_F(LocalShardStoreTest, TraversalIsPermissionDenied) {
        {root_ + "/../secret.tar", root_ + "/sub/../../secret.tar",
         "file://" + root_ + "/../secret.tar", root_ + "/out.tar",
         std::string("/etc/passwd"), root_ + "/../root-not/x.tar"}) {
-    EXPECT_THAT(store_->Open(url).status(),
-                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("--roots")))
+    EXPECT_THAT(
+        store_->Open(url).status(),
+        StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("--roots")))
         << url;
   }
 }
@@ -65,12 +70,15 @@ TEST_F(LocalShardStoreTest, TraversalIsPermissionDenied) {
 TEST_F(LocalShardStoreTest, MissingIsNotFoundAndBadUrlsAreInvalid) {
   EXPECT_THAT(store_->Open(root_ + "/nope.tar").status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope.tar")));
-  EXPECT_THAT(store_->Open("relative/x.tar").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("absolute")));
-  EXPECT_THAT(store_->Open("ftp://host/x.tar").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scheme")));
-  EXPECT_THAT(store_->Open(root_ + "/sub").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("regular file")));
+  EXPECT_THAT(
+      store_->Open("relative/x.tar").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("absolute")));
+  EXPECT_THAT(
+      store_->Open("ftp://host/x.tar").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scheme")));
+  EXPECT_THAT(
+      store_->Open(root_ + "/sub").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("regular file")));
 }
 
 // A shard rewritten in place while mapped (against the contract: shards are
@@ -107,10 +115,11 @@ TEST_F(ChangedShardTest, ReadingPagesATruncationRemovedGivesZerosAndDataLoss) {
   const volatile char* p = bytes.data();
   EXPECT_EQ(p[3 * kPage + 5], '\0');
   EXPECT_EQ(p[6 * kPage - 1], '\0');  // each lost page faults on its own
-  EXPECT_EQ(p[10], 'a');               // the page the file kept is untouched
+  EXPECT_EQ(p[10], 'a');              // the page the file kept is untouched
   EXPECT_THAT((*shard)->CheckIntact(),
               StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr(path_), HasSubstr("truncated while being served"),
+                       AllOf(HasSubstr(path_),
+                             HasSubstr("truncated while being served"),
                              HasSubstr("rename"))));
   // Other shards mapped at the same time are not affected.
   auto other = store_->Open(root_ + "/sub/a.tar");
@@ -123,10 +132,11 @@ TEST_F(ChangedShardTest, ATruncationNotYetReadIsFoundByItsSize) {
   auto shard = store_->Open(path_);
   ASSERT_OK(shard.status());
   ASSERT_EQ(truncate(path_.c_str(), 2 * kPage + 100), 0);
-  EXPECT_THAT((*shard)->CheckIntact(),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr(path_), HasSubstr("changed while being served"),
-                             HasSubstr("24576 bytes when opened, 8292 now"))));
+  EXPECT_THAT(
+      (*shard)->CheckIntact(),
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr(path_), HasSubstr("changed while being served"),
+                     HasSubstr("24576 bytes when opened, 8292 now"))));
 }
 
 TEST_F(ChangedShardTest, ARewriteOfTheSameSizeIsFoundByItsModificationTime) {
@@ -135,7 +145,8 @@ TEST_F(ChangedShardTest, ARewriteOfTheSameSizeIsFoundByItsModificationTime) {
   testing::WriteFile(path_, std::string(6 * kPage, 'b'));
   EXPECT_THAT((*shard)->CheckIntact(),
               StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr(path_), HasSubstr("modified since it was opened"))));
+                       AllOf(HasSubstr(path_),
+                             HasSubstr("modified since it was opened"))));
 }
 
 TEST_F(ChangedShardTest, ReplacingOrUnlinkingTheFileIsNotAChange) {
@@ -161,17 +172,20 @@ TEST_F(ChangedShardTest, AFaultOutsideAnyShardStillCrashes) {
         const int fd = open(path_.c_str(), O_RDONLY);
         void* addr = mmap(nullptr, 6 * kPage, PROT_READ, MAP_SHARED, fd, 0);
         if (addr == MAP_FAILED || truncate(path_.c_str(), 0) != 0) _exit(0);
-        std::fprintf(stderr, "%d\n", static_cast<const volatile char*>(addr)[3 * kPage]);
+        std::fprintf(stderr, "%d\n",
+                     static_cast<const volatile char*>(addr)[3 * kPage]);
         _exit(0);
       },
       "");
 }
 
 TEST(LocalShardStoreCreateTest, RootsMustExist) {
-  EXPECT_THAT(LocalShardStore::Create({}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--roots")));
-  EXPECT_THAT(LocalShardStore::Create({"/no/such/dir"}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/no/such/dir")));
+  EXPECT_THAT(
+      LocalShardStore::Create({}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--roots")));
+  EXPECT_THAT(
+      LocalShardStore::Create({"/no/such/dir"}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/no/such/dir")));
 }
 
 TEST(NormalizeAbsolutePathTest, Collapses) {
