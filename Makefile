@@ -15,6 +15,8 @@ DEB_PACKAGES := \
   zlib1g-dev libjemalloc-dev libturbojpeg0-dev libjpeg62-turbo-dev libswscale-dev libyuv-dev librandom123-dev libimath-dev libpng-dev libgtest-dev libgmock-dev libbenchmark-dev \
   clang clang-format libclang-rt-14-dev python3 nodejs systemd nginx-light \
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch python3-torchvision \
+  etcd-server etcd-client golang-etcd-server-dev golang-github-gogo-protobuf-dev \
+  golang-github-grpc-ecosystem-grpc-gateway-dev \
   prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)

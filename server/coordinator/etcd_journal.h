@@ -1,0 +1,161 @@
+// EtcdJournal: the coordinator's journal kept in etcd v3 (over etcd's own
+// gRPC API, generated from Debian's golang-etcd-server-dev protos), so the
+// state outlives the coordinator's machine and its disk.
+//
+// Keys under PREFIX (what a reimplementation needs):
+//   PREFIX/format              "sluice-journal 1"; anything else is refused
+//   PREFIX/leader              the leading coordinator's identity, bound to
+//                              its etcd lease (TTL = election_ttl)
+//   PREFIX/log/<seq:%020d>     one chunk of the log: [u8 flags][bytes], flags
+//                              bit 0 = first chunk of a group commit, bit 1 =
+//                              last. The bytes of a commit's chunks, in
+//                              order, are frames [u32 LE length][serialized
+//                              JournalRecord]. A chunk holds at most 1 MiB, a
+//                              transaction one chunk (etcd refuses requests
+//                              over 1.5 MiB): a group commit is one
+//                              transaction unless it is larger.
+//   PREFIX/snap                "<gen>": the snapshot in force
+//   PREFIX/snapdata/<gen:%020d>/<i:%06d>  its chunks, frames as above
+//
+// Fencing: Open campaigns for PREFIX/leader (a transaction creating it only
+// if absent) and blocks while another coordinator holds it. Every write
+// after that is a transaction conditioned on the leader key's creation
+// revision being ours, so a deposed leader (paused, partitioned, its lease
+// expired) can never write again: its writes fail with FAILED_PRECONDITION
+// and `on_leadership_lost` is called, as it is when the lease cannot be
+// kept alive for a whole TTL.
+//
+// Replay: the snapshot's records, then every complete group commit of the
+// log. A torn last commit (a crash between its transactions: never
+// acknowledged) is deleted; an incomplete commit before the last, or a frame
+// that does not parse, is DATA_LOSS naming the key.
+//
+// Thread-safe, like every Journal.
+#ifndef SLUICE_SERVER_COORDINATOR_ETCD_JOURNAL_H_
+#define SLUICE_SERVER_COORDINATOR_ETCD_JOURNAL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "server/coordinator/journal.h"
+
+namespace sluice {
+
+struct EtcdJournalOptions {
+  std::vector<std::string> endpoints;  // host:port of etcd's client port
+  std::string prefix;                  // "/sluice/prod": no trailing '/'
+  // The leader key's lease: a dead leader is replaced this long after its
+  // last keep-alive.
+  absl::Duration election_ttl = absl::Seconds(2);
+  // Written as the leader key's value (the coordinator's address).
+  std::string identity;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = plaintext
+  // How long Open waits for etcd to answer at all.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Called once, from a journal thread, when this coordinator stops being
+  // the leader (lease lost or a fenced write refused).
+  std::function<void(const absl::Status&)> on_leadership_lost;
+  // Each commit transaction's duration in seconds (a metrics histogram).
+  FsyncObserver on_commit;
+  // Called while Open waits for another coordinator's leadership to end,
+  // with the leader key's value (once per change).
+  std::function<void(const std::string& leader)> on_standby;
+};
+
+// "etcd://HOST:PORT[,HOST:PORT...]/PREFIX" -> endpoints and prefix
+// (INVALID_ARGUMENT naming `flag` otherwise). The prefix is "/" + PREFIX.
+absl::StatusOr<EtcdJournalOptions> ParseEtcdJournalUrl(absl::string_view url,
+                                                       absl::string_view flag);
+
+class EtcdJournal final : public Journal {
+ public:
+  static absl::StatusOr<std::unique_ptr<EtcdJournal>> Open(
+      EtcdJournalOptions options,
+      const std::function<absl::Status(const JournalRecord&)>& apply);
+  // Stops keeping the lease alive and revokes it: a standby takes over at
+  // once.
+  ~EtcdJournal() override;
+
+  uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
+  uint64_t Enqueue(const JournalRecord& record) override;
+  absl::Status WaitDurable(uint64_t ticket) override;
+  uint64_t LastTicket() const override;
+  bool IsDurable(uint64_t ticket) const override;
+  int64_t bytes_written() const override;
+  absl::Status Compact(const JournalRecord& snapshot) override;
+
+  int64_t replayed_records() const { return replayed_; }
+  // The leader key's creation revision: every write is conditioned on it.
+  int64_t leader_revision() const { return leader_revision_; }
+  int64_t lease_id() const { return lease_id_; }
+  // OK while this coordinator leads.
+  absl::Status leadership() const;
+
+ private:
+  explicit EtcdJournal(EtcdJournalOptions options);
+  std::string Key(absl::string_view rest) const {
+    return absl::StrCat(prefix_, rest);
+  }
+  absl::Status Campaign();
+  // Refuses a prefix holding another format or foreign keys; `found`: the
+  // format key is there.
+  absl::Status CheckFormat(bool* found);
+  absl::Status Replay(
+      const std::function<absl::Status(const JournalRecord&)>& apply);
+  // Every key in [begin, end), in key order, `fn` called on each.
+  absl::Status RangeAll(
+      const std::string& begin, const std::string& end,
+      const std::function<absl::Status(const mvccpb::KeyValue&)>& fn);
+  // One transaction of `ops`, conditioned on our leadership.
+  absl::Status FencedTxn(const std::vector<etcdserverpb::RequestOp>& ops);
+  // Writes `framed` as the chunks of one commit under log/ (or `dir`).
+  absl::Status WriteChunks(const std::string& framed, const std::string& dir,
+                           uint64_t* next_seq, bool numbered_by_six);
+  void KeepAlive();
+  void LoseLeadership(const absl::Status& why);
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;
+  absl::Status Unavailable(absl::string_view what,
+                           const grpc::Status& status) const;
+
+  const EtcdJournalOptions options_;
+  const std::string prefix_;  // options_.prefix + "/"
+  std::string endpoints_text_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  int64_t lease_id_ = 0;
+  int64_t leader_revision_ = 0;
+  int64_t replayed_ = 0;
+  std::thread keepalive_;
+  std::atomic<bool> stopping_{false};
+  absl::Mutex keepalive_mu_;
+  grpc::ClientContext* keepalive_ctx_ ABSL_GUARDED_BY(keepalive_mu_) = nullptr;
+
+  mutable absl::Mutex mu_;
+  std::string pending_ ABSL_GUARDED_BY(mu_);  // framed, not yet written
+  uint64_t queued_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t synced_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status write_status_ ABSL_GUARDED_BY(mu_);
+  absl::Status leadership_ ABSL_GUARDED_BY(mu_);
+  bool lost_reported_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_log_seq_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVER_COORDINATOR_ETCD_JOURNAL_H_

@@ -1,0 +1,34 @@
+// A real single-member etcd (Debian's etcd-server) on 127.0.0.1 with ports
+// chosen by the kernel, its data in a directory of the test's. The client
+// port is read back from etcd's own log line.
+#ifndef SLUICE_TESTS_TESTING_ETCD_H_
+#define SLUICE_TESTS_TESTING_ETCD_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tests/testing/process.h"
+
+namespace sluice::testing {
+
+class Etcd {
+ public:
+  // Starts etcd with its data in `dir`/etcd-data and its log in
+  // `dir`/etcd.log; returns once it serves clients.
+  static absl::StatusOr<std::unique_ptr<Etcd>> Start(
+      const std::string& dir, absl::Duration timeout = absl::Seconds(30));
+  ~Etcd();  // SIGKILL
+
+  const std::string& endpoint() const { return endpoint_; }  // 127.0.0.1:P
+  ChildProcess& process() { return process_; }
+
+ private:
+  ChildProcess process_;
+  std::string endpoint_;
+};
+
+}  // namespace sluice::testing
+
+#endif  // SLUICE_TESTS_TESTING_ETCD_H_
