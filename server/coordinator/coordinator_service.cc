@@ -86,7 +86,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     service->manifest_roots_.emplace(std::move(roots));
   }
   absl::MutexLock lock(&service->mu_);
-  if (options.journal_dir.empty()) {
+  if (options.etcd_journal.has_value()) {
+    EtcdJournalOptions etcd = *options.etcd_journal;
+    if (options.metrics != nullptr && !etcd.on_commit) {
+      etcd.on_commit = [m = options.metrics](double s) {
+        m->fsync_latency.Observe(s);
+      };
+    }
+    CoordinatorState* state = &service->state_;
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<EtcdJournal> journal,
+        EtcdJournal::Open(std::move(etcd), [state](const JournalRecord& r)
+                                               ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                                 return state->Apply(r);
+                                               }));
+    service->recovered_records_ = journal->replayed_records();
+    service->last_snapshot_bytes_ = journal->bytes_written();
+    service->journal_ = std::move(journal);
+  } else if (options.journal_dir.empty()) {
     service->journal_ = std::make_unique<MemoryJournal>();
   } else {
     FsyncObserver observer;

@@ -36,6 +36,7 @@
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/data_server_registry.h"
+#include "server/coordinator/etcd_journal.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/journal.h"
 #include "server/coordinator/lease_table.h"
@@ -62,6 +63,9 @@ struct CoordinatorOptions {
   int prefetch_hint_units = 8;
   // Journal directory; empty = in memory (tests only).
   std::string journal_dir;
+  // When set, the journal lives in etcd instead (see etcd_journal.h), and
+  // Create blocks until this coordinator leads.
+  std::optional<EtcdJournalOptions> etcd_journal;
   // Compact the journal into one snapshot once it is larger than this and
   // than twice the last snapshot. 0 = never.
   int64_t journal_compact_bytes = 64 << 20;

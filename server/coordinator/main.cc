@@ -1,7 +1,10 @@
 // sluice-coordinator: hands out epoch-consistent shard leases to trainers.
 #include <prometheus/registry.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,12 +15,33 @@
 #include "server/common/logging.h"
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
+#include "server/common/tls_files.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/etcd_journal.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 
 ABSL_FLAG(std::string, journal_dir, "sluice-journal",
           "Directory of the coordinator's journal (created if missing). Jobs, "
           "acknowledged progress and leases survive restarts through it.");
+ABSL_FLAG(std::string, journal, "",
+          "Where the journal lives instead of --journal_dir: "
+          "etcd://HOST:PORT[,HOST:PORT...]/PREFIX keeps it in etcd v3 under "
+          "PREFIX, so any number of coordinators may run against it: one "
+          "leads, the others wait as standbys and take over when it dies. A "
+          "coordinator that loses the lead exits with status 75 (its "
+          "supervisor restarts it as a standby).");
+ABSL_FLAG(std::string, etcd_ca_cert, "",
+          "CA certificate (PEM) to verify etcd's client port with; empty = "
+          "plaintext to etcd.");
+ABSL_FLAG(std::string, etcd_cert, "",
+          "Client certificate (PEM) for etcd's client port (mutual TLS).");
+ABSL_FLAG(std::string, etcd_key, "", "Private key (PEM) for --etcd_cert.");
+ABSL_FLAG(absl::Duration, election_ttl, absl::Seconds(2),
+          "With an etcd journal: the leader's etcd lease TTL. A standby takes "
+          "over this long after the leader's last keep-alive.");
+ABSL_FLAG(std::string, advertise, "",
+          "With an etcd journal: the address written as the leader's "
+          "identity (default: this host's name and the --listen port).");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "How often trainers heartbeat (sent to them in Welcome).");
 ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
@@ -71,6 +95,7 @@ ABSL_FLAG(
     "a lease "
     "secret is configured. Without TLS and a lease secret this is always so.");
 ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, listen);
 ABSL_DECLARE_FLAG(std::string, tls_client_ca);
 ABSL_FLAG(int32_t, max_world_size, 65536,
           "Largest JobSpec.world_size accepted.");
@@ -140,6 +165,47 @@ absl::StatusOr<sluice::AccessPolicy> AccessPolicyFromFlags(
   return admin;
 }
 
+// --journal=etcd://... and the etcd TLS flags; nullopt for a local journal.
+absl::StatusOr<std::optional<sluice::EtcdJournalOptions>>
+EtcdJournalFromFlags() {
+  const std::string url = absl::GetFlag(FLAGS_journal);
+  if (url.empty()) return std::nullopt;
+  ASSIGN_OR_RETURN(sluice::EtcdJournalOptions etcd,
+                   sluice::ParseEtcdJournalUrl(url, "--journal"));
+  etcd.election_ttl = absl::GetFlag(FLAGS_election_ttl);
+  if (etcd.election_ttl < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        "--election_ttl must be at least 1s (etcd leases count seconds)");
+  }
+  sluice::ClientTlsFiles tls;
+  tls.ca = absl::GetFlag(FLAGS_etcd_ca_cert);
+  tls.cert = absl::GetFlag(FLAGS_etcd_cert);
+  tls.key = absl::GetFlag(FLAGS_etcd_key);
+  tls.ca_flag = "--etcd_ca_cert";
+  tls.cert_flag = "--etcd_cert";
+  tls.key_flag = "--etcd_key";
+  ASSIGN_OR_RETURN(etcd.credentials, sluice::ClientCredentialsFromFiles(tls));
+  etcd.identity = absl::GetFlag(FLAGS_advertise);
+  if (etcd.identity.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const std::string listen = absl::GetFlag(FLAGS_listen);
+    const size_t colon = listen.rfind(':');
+    etcd.identity = absl::StrCat(
+        host, colon == std::string::npos ? "" : listen.substr(colon));
+  }
+  etcd.on_leadership_lost = [](const absl::Status& why) {
+    // Crash-only: the journal refuses this coordinator's writes from now
+    // on; trainers and data servers reconnect to the new leader as after a
+    // crash, and the supervisor restarts this one as a standby.
+    sluice::LogError("no longer leading (%s); exiting with status 75",
+                     why.message());
+    std::fflush(nullptr);
+    _exit(75);
+  };
+  return etcd;
+}
+
 class CoordinatorServices : public sluice::ServiceSet {
  public:
   static absl::StatusOr<std::unique_ptr<CoordinatorServices>> Create(
@@ -150,6 +216,7 @@ class CoordinatorServices : public sluice::ServiceSet {
         std::make_unique<sluice::CoordinatorMetrics>(*registry);
     sluice::CoordinatorOptions options;
     options.journal_dir = absl::GetFlag(FLAGS_journal_dir);
+    ASSIGN_OR_RETURN(options.etcd_journal, EtcdJournalFromFlags());
     options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
     options.journal_compact_bytes = absl::GetFlag(FLAGS_journal_compact_bytes);
     options.wait_for_data_servers = absl::GetFlag(FLAGS_wait_for_data_servers);

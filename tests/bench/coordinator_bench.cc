@@ -21,6 +21,13 @@
 // itself excluded). Baseline: parsing the same manifest's serialized bytes
 // (the least any coordinator must do with it).
 //
+// --mode=etcd: the same lease load on two real sluice-coordinator
+// binaries, one with its journal in etcd (a real single-member etcd started
+// here) and, as the baseline, one with the local file journal: saturated
+// rate and grant latency paced at --etcd_paced_ops_per_s. Then failover: a
+// standby coordinator on the same etcd prefix, the leader SIGKILLed, and the
+// time until a trainer's Session on the standby receives its first Grant.
+//
 // Each mode ends with one JSON line.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -31,9 +38,11 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +55,7 @@
 #include "server/coordinator/coordinator_service.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "tests/testing/coordinator_client.h"
+#include "tests/testing/etcd.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -56,6 +66,10 @@ ABSL_FLAG(int, rounds, 3,
           "Alternating rounds of Sluice and the baseline (leases mode).");
 ABSL_FLAG(double, paced_ops_per_s, 50000,
           "Grants+completions per second of the paced phase (leases mode).");
+ABSL_FLAG(double, etcd_paced_ops_per_s, 10000,
+          "Paced load for grant latency (etcd mode).");
+ABSL_FLAG(absl::Duration, election_ttl, absl::Seconds(2),
+          "The coordinators' --election_ttl (etcd mode).");
 ABSL_FLAG(int, shards, 1000000, "Manifest size (plan mode).");
 ABSL_FLAG(bool, progress, true,
           "Leases mode: a Progress before every Complete (Grant -> Progress -> "
@@ -545,6 +559,153 @@ int RunPlan() {
   return 0;
 }
 
+// ------------------------------------------------------------ etcd mode
+
+// The benchmark's endless job of 1-sample units on the coordinator at
+// `address`.
+absl::Status CreateBenchJob(const std::string& address) {
+  sluice::v1::JobSpec spec;
+  spec.set_name("bench");
+  for (int s = 0; s < 1000; ++s) {
+    auto* shard = spec.mutable_manifest()->add_shards();
+    shard->set_url(absl::StrCat("/data/bench/shard-", s, ".tar"));
+    shard->set_num_samples(1000);
+  }
+  spec.set_max_samples_per_lease(1);
+  spec.set_world_size(0);
+  spec.set_num_epochs(0);
+  return sluice::testing::CreateJob(address, spec);
+}
+
+// Whether a coordinator log in `dir` other than `except` holds `text`.
+bool AnotherLogHolds(const std::string& dir, const std::string& except,
+                     const std::string& text) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string path = entry.path().string();
+    if (path == except || entry.path().extension() != ".log" ||
+        path.find("sluice-coordinator") == std::string::npos) {
+      continue;
+    }
+    std::optional<std::string> log = sluice::testing::ReadWholeFile(path);
+    if (log && log->find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+int RunEtcd() {
+  const int sessions = absl::GetFlag(FLAGS_sessions);
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  const double paced = absl::GetFlag(FLAGS_etcd_paced_ops_per_s);
+  const absl::Duration ttl = absl::GetFlag(FLAGS_election_ttl);
+  sluice::testing::TempDir dir;
+  auto etcd = sluice::testing::Etcd::Start(dir.path());
+  if (!etcd.ok()) {
+    std::fprintf(stderr, "etcd: %s\n", etcd.status().ToString().c_str());
+    return 1;
+  }
+  auto local = sluice::testing::ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {"--wait_for_data_servers=false",
+       "--journal_dir=" + dir.File("journal")});
+  const std::vector<std::string> etcd_args = {
+      "--wait_for_data_servers=false",
+      absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/bench"),
+      absl::StrCat("--election_ttl=", absl::FormatDuration(ttl))};
+  auto leader = sluice::testing::ServerProcess::Start("sluice-coordinator",
+                                                      dir.path(), etcd_args);
+  if (!local.ok() || !leader.ok()) {
+    std::fprintf(stderr, "coordinators: %s %s\n",
+                 local.status().ToString().c_str(),
+                 leader.status().ToString().c_str());
+    return 1;
+  }
+  for (const auto* c : {&*local, &*leader}) {
+    absl::Status created = CreateBenchJob(c->grpc_address);
+    if (!created.ok()) {
+      std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
+      return 1;
+    }
+  }
+  std::vector<LeaseRate> etcd_rates, local_rates, etcd_paced, local_paced;
+  for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+    local_rates.push_back(
+        Drive(local->grpc_address, "bench", sessions, seconds, 0));
+    etcd_rates.push_back(
+        Drive(leader->grpc_address, "bench", sessions, seconds, 0));
+    local_paced.push_back(
+        Drive(local->grpc_address, "bench", sessions, seconds, paced));
+    etcd_paced.push_back(
+        Drive(leader->grpc_address, "bench", sessions, seconds, paced));
+    std::fprintf(stderr,
+                 "round %d: saturated etcd journal %.0f ops/s, local journal "
+                 "%.0f; paced %.0f ops/s: grant p99 etcd %.2f ms, local %.2f "
+                 "ms\n",
+                 r, etcd_rates.back().ops_per_s, local_rates.back().ops_per_s,
+                 paced, etcd_paced.back().p99_us / 1000,
+                 local_paced.back().p99_us / 1000);
+  }
+  auto median = [](std::vector<LeaseRate> v, bool by_p99) {
+    std::sort(v.begin(), v.end(), [&](const LeaseRate& a, const LeaseRate& b) {
+      return by_p99 ? a.p99_us < b.p99_us : a.ops_per_s < b.ops_per_s;
+    });
+    return v[v.size() / 2];
+  };
+  const LeaseRate e = median(etcd_rates, false), l = median(local_rates, false);
+  const LeaseRate ep = median(etcd_paced, true), lp = median(local_paced, true);
+
+  // Failover: a standby on the same prefix, the leader SIGKILLed.
+  absl::StatusOr<sluice::testing::ServerProcess> standby =
+      absl::UnknownError("not started");
+  std::thread starter([&] {
+    standby = sluice::testing::ServerProcess::Start(
+        "sluice-coordinator", dir.path(), etcd_args, absl::Seconds(60));
+  });
+  const absl::Time wait_until = absl::Now() + absl::Seconds(30);
+  while (!AnotherLogHolds(dir.path(), leader->log_path, "standby;") &&
+         absl::Now() < wait_until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Time killed = absl::Now();
+  leader->process.Kill();
+  starter.join();
+  if (!standby.ok()) {
+    std::fprintf(stderr, "standby: %s\n", standby.status().ToString().c_str());
+    return 1;
+  }
+  auto grant = sluice::testing::FirstGrant(standby->grpc_address, "bench",
+                                           "failover-trainer");
+  const double failover_s = absl::ToDoubleSeconds(absl::Now() - killed);
+  if (!grant.ok()) {
+    std::fprintf(stderr, "grant after failover: %s\n",
+                 grant.status().ToString().c_str());
+    return 1;
+  }
+  const double ratio = e.ops_per_s / l.ops_per_s;
+  std::printf(
+      "coordinator journal in etcd (%d sessions): saturated %.0f "
+      "grants+completions/s (local journal %.0f, ratio %.2f); paced at %.0f "
+      "ops/s: grant latency p50 %.2f ms p99 %.2f ms (local p50 %.2f ms p99 "
+      "%.2f ms); failover (leader SIGKILL -> first Grant from the standby, "
+      "election TTL %s) %.2f s\n",
+      sessions, e.ops_per_s, l.ops_per_s, ratio, paced, ep.p50_us / 1000,
+      ep.p99_us / 1000, lp.p50_us / 1000, lp.p99_us / 1000,
+      absl::FormatDuration(ttl).c_str(), failover_s);
+  std::printf(
+      "{\"bench\":\"coordinator_etcd\",\"sessions\":%d,\"ops_per_s\":%.0f,"
+      "\"baseline_ops_per_s\":%.0f,\"ratio\":%.2f,\"paced_ops_per_s\":%.0f,"
+      "\"grant_p50_ms\":%.3f,\"grant_p99_ms\":%.3f,"
+      "\"baseline_grant_p50_ms\":%.3f,\"baseline_grant_p99_ms\":%.3f,"
+      "\"election_ttl_s\":%.1f,\"failover_s\":%.2f}\n",
+      sessions, e.ops_per_s, l.ops_per_s, ratio, paced, ep.p50_us / 1000,
+      ep.p99_us / 1000, lp.p50_us / 1000, lp.p99_us / 1000,
+      absl::ToDoubleSeconds(ttl), failover_s);
+  for (auto* c : {&*local, &*standby}) {
+    c->process.Signal(SIGTERM);
+    (void)c->process.WaitForExit(absl::Seconds(20));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -552,6 +713,8 @@ int main(int argc, char** argv) {
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "leases") return RunLeases();
   if (mode == "plan") return RunPlan();
-  std::fprintf(stderr, "--mode must be leases or plan, not %s\n", mode.c_str());
+  if (mode == "etcd") return RunEtcd();
+  std::fprintf(stderr, "--mode must be leases, plan or etcd, not %s\n",
+               mode.c_str());
   return 2;
 }
