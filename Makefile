@@ -103,6 +103,7 @@ bench: build
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases --progress=false)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=plan)
+	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=etcd)
 	@$(call BENCH,/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin)
 	@$(call BENCH,/usr/bin/python3 tests/bench/pipeline_bench.py $(BUILD_DIR)/bin)
 	@echo "make bench: figures collected in $(BENCH_RESULTS)"

@@ -96,10 +96,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     CoordinatorState* state = &service->state_;
     ASSIGN_OR_RETURN(
         std::unique_ptr<EtcdJournal> journal,
-        EtcdJournal::Open(std::move(etcd), [state](const JournalRecord& r)
-                                               ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                                 return state->Apply(r);
-                                               }));
+        EtcdJournal::Open(
+            std::move(etcd),
+            [state](const JournalRecord& r)
+                ABSL_NO_THREAD_SAFETY_ANALYSIS { return state->Apply(r); },
+            // The leader compacted while this one waited as a standby.
+            [state]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              *state = CoordinatorState();
+            }));
     service->recovered_records_ = journal->replayed_records();
     service->last_snapshot_bytes_ = journal->bytes_written();
     service->journal_ = std::move(journal);

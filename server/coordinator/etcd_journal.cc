@@ -194,7 +194,8 @@ absl::Status EtcdJournal::Unavailable(absl::string_view what,
 
 absl::StatusOr<std::unique_ptr<EtcdJournal>> EtcdJournal::Open(
     EtcdJournalOptions options,
-    const std::function<absl::Status(const JournalRecord&)>& apply) {
+    const std::function<absl::Status(const JournalRecord&)>& apply,
+    const std::function<void()>& reset) {
   if (options.endpoints.empty() || options.prefix.empty()) {
     return absl::InvalidArgumentError("etcd journal: no endpoints or prefix");
   }
@@ -208,17 +209,24 @@ absl::StatusOr<std::unique_ptr<EtcdJournal>> EtcdJournal::Open(
   }
   bool formatted = false;
   RETURN_IF_ERROR(journal->CheckFormat(&formatted));
-  RETURN_IF_ERROR(journal->Campaign());
+  // A standby keeps applying what the leader writes, so taking over needs
+  // only the last few commits.
+  auto catch_up = [&](bool leading) {
+    return journal->CatchUp(apply, reset, leading);
+  };
+  RETURN_IF_ERROR(catch_up(false));
+  RETURN_IF_ERROR(journal->Campaign([&] { return catch_up(false); }));
   journal->keepalive_ = std::thread([j = journal.get()] { j->KeepAlive(); });
   if (!formatted) {
     RETURN_IF_ERROR(journal->FencedTxn(
         {PutOp(journal->Key("format"), std::string(kFormat))}));
   }
-  RETURN_IF_ERROR(journal->Replay(apply));
+  RETURN_IF_ERROR(catch_up(true));
   return journal;
 }
 
-absl::Status EtcdJournal::Campaign() {
+absl::Status EtcdJournal::Campaign(
+    const std::function<absl::Status()>& while_waiting) {
   const int64_t ttl_s = std::max<int64_t>(
       1, absl::ToInt64Seconds(options_.election_ttl + absl::Milliseconds(999)));
   etcdserverpb::LeaseGrantRequest grant;
@@ -285,6 +293,7 @@ absl::Status EtcdJournal::Campaign() {
       stream->Finish().ok();
     }
     if (stopping_.load()) return absl::CancelledError("stopping");
+    RETURN_IF_ERROR(while_waiting());
     absl::SleepFor(
         std::min(options_.election_ttl / 4, absl::Milliseconds(250)));
   }
@@ -401,7 +410,7 @@ absl::Status EtcdJournal::FencedTxn(const std::vector<RequestOp>& ops) {
 }
 
 absl::Status EtcdJournal::RangeAll(
-    const std::string& begin, const std::string& end,
+    const std::string& begin, const std::string& end, int64_t revision,
     const std::function<absl::Status(const mvccpb::KeyValue&)>& fn) {
   std::string from = begin;
   while (true) {
@@ -409,6 +418,7 @@ absl::Status EtcdJournal::RangeAll(
     req.set_key(from);
     req.set_range_end(end);
     req.set_limit(kPageKeys);
+    req.set_revision(revision);
     req.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
     req.set_sort_target(etcdserverpb::RangeRequest::KEY);
     etcdserverpb::RangeResponse resp;
@@ -462,49 +472,72 @@ absl::Status EtcdJournal::CheckFormat(bool* found) {
   return absl::OkStatus();
 }
 
-absl::Status EtcdJournal::Replay(
-    const std::function<absl::Status(const JournalRecord&)>& apply) {
-  int64_t bytes = 0;
-  // The snapshot.
+absl::Status EtcdJournal::CatchUp(
+    const std::function<absl::Status(const JournalRecord&)>& apply,
+    const std::function<void()>& reset, bool leading) {
+  // Everything is read at one etcd revision: a compaction by the leader
+  // between two reads cannot make records vanish unseen.
+  int64_t revision = 0;
   uint64_t gen = 0;
-  RETURN_IF_ERROR(RangeAll(Key("snap"), Key("snap") + std::string(1, '\0'),
-                           [&](const mvccpb::KeyValue& kv) {
-                             if (!absl::SimpleAtoi(kv.value(), &gen)) {
-                               return absl::DataLossError(
-                                   absl::StrCat("etcd key ", kv.key(),
-                                                " is not a generation"));
-                             }
-                             return absl::OkStatus();
-                           }));
-  if (gen > 0) {
-    std::string snapshot;
-    const std::string dir = Key(absl::StrCat("snapdata/", Seq20(gen), "/"));
-    std::string last_key;
-    RETURN_IF_ERROR(
-        RangeAll(dir, PrefixEnd(dir), [&](const mvccpb::KeyValue& kv) {
-          if (kv.value().empty()) {
-            return absl::DataLossError(
-                absl::StrCat("etcd key ", kv.key(), " is empty"));
-          }
-          snapshot.append(kv.value(), 1);
-          last_key = kv.key();
-          return absl::OkStatus();
-        }));
-    if (last_key.empty()) {
+  {
+    etcdserverpb::RangeRequest req;
+    req.set_key(Key("snap"));
+    etcdserverpb::RangeResponse resp;
+    auto ctx = Context(kRpcTimeout);
+    grpc::Status s = kv_->Range(ctx.get(), req, &resp);
+    if (!s.ok()) return Unavailable(absl::StrCat("Range ", Key("snap")), s);
+    revision = resp.header().revision();
+    if (resp.kvs_size() > 0 && !absl::SimpleAtoi(resp.kvs(0).value(), &gen)) {
       return absl::DataLossError(
-          absl::StrCat("etcd key ", Key("snap"), " names snapshot ", gen,
-                       " but no key under ", dir, " holds it"));
+          absl::StrCat("etcd key ", Key("snap"), " is not a generation"));
     }
-    bytes += static_cast<int64_t>(snapshot.size());
-    RETURN_IF_ERROR(ApplyFrames(snapshot, last_key, apply, &replayed_));
   }
-  // The log, commit by commit.
+  if (gen != replayed_gen_) {
+    // A new snapshot (ours at the first catch-up, or the leader compacted
+    // since the last one): start over from it.
+    if (replayed_ > 0 || replayed_seq_ > 0) {
+      if (!reset) {
+        return absl::InternalError(
+            "etcd journal: the leader compacted and this journal cannot "
+            "reset its reader's state");
+      }
+      reset();
+    }
+    replayed_ = 0;
+    replayed_seq_ = 0;
+    replayed_bytes_ = 0;
+    replayed_gen_ = gen;
+    if (gen > 0) {
+      std::string snapshot;
+      const std::string dir = Key(absl::StrCat("snapdata/", Seq20(gen), "/"));
+      std::string last_key;
+      RETURN_IF_ERROR(RangeAll(
+          dir, PrefixEnd(dir), revision, [&](const mvccpb::KeyValue& kv) {
+            if (kv.value().empty()) {
+              return absl::DataLossError(
+                  absl::StrCat("etcd key ", kv.key(), " is empty"));
+            }
+            snapshot.append(kv.value(), 1);
+            last_key = kv.key();
+            return absl::OkStatus();
+          }));
+      if (last_key.empty()) {
+        return absl::DataLossError(
+            absl::StrCat("etcd key ", Key("snap"), " names snapshot ", gen,
+                         " but no key under ", dir, " holds it"));
+      }
+      replayed_bytes_ += static_cast<int64_t>(snapshot.size());
+      RETURN_IF_ERROR(ApplyFrames(snapshot, last_key, apply, &replayed_));
+    }
+  }
+  // The log after what was applied, commit by commit.
   const std::string log = Key("log/");
   std::string commit, commit_first_key, last_key;
   bool open = false;
-  uint64_t last_seq = 0;
+  uint64_t last_seq = replayed_seq_;
   RETURN_IF_ERROR(RangeAll(
-      log, PrefixEnd(log), [&](const mvccpb::KeyValue& kv) -> absl::Status {
+      Key(absl::StrCat("log/", Seq20(replayed_seq_ + 1))), PrefixEnd(log),
+      revision, [&](const mvccpb::KeyValue& kv) -> absl::Status {
         uint64_t seq = 0;
         if (!absl::SimpleAtoi(absl::string_view(kv.key()).substr(log.size()),
                               &seq) ||
@@ -527,15 +560,17 @@ absl::Status EtcdJournal::Replay(
               "etcd key ", kv.key(), " continues a commit that never began"));
         }
         commit.append(kv.value(), 1);
-        bytes += static_cast<int64_t>(kv.value().size() - 1);
         last_key = kv.key();
         last_seq = seq;
         if (flags & kLast) {
           open = false;
-          return ApplyFrames(commit, kv.key(), apply, &replayed_);
+          RETURN_IF_ERROR(ApplyFrames(commit, kv.key(), apply, &replayed_));
+          replayed_seq_ = seq;
+          replayed_bytes_ += static_cast<int64_t>(commit.size());
         }
         return absl::OkStatus();
       }));
+  if (!leading) return absl::OkStatus();  // the leader may be mid-commit
   if (open) {
     // A torn last commit: it was never acknowledged.
     LogWarning(
@@ -543,11 +578,10 @@ absl::Status EtcdJournal::Replay(
         "(interrupted before it was acknowledged)",
         commit_first_key, last_key);
     RETURN_IF_ERROR(FencedTxn({DeleteOp(commit_first_key, PrefixEnd(log))}));
-    bytes -= static_cast<int64_t>(commit.size());
   }
   absl::MutexLock lock(&mu_);
-  next_log_seq_ = std::max(gen, last_seq + 1);
-  bytes_written_ = bytes;
+  next_log_seq_ = std::max({gen, last_seq + 1, replayed_seq_ + 1});
+  bytes_written_ = replayed_bytes_;
   return absl::OkStatus();
 }
 

@@ -26,9 +26,10 @@
 // kept alive for a whole TTL.
 //
 // Replay: the snapshot's records, then every complete group commit of the
-// log. A torn last commit (a crash between its transactions: never
-// acknowledged) is deleted; an incomplete commit before the last, or a frame
-// that does not parse, is DATA_LOSS naming the key.
+// log; a standby keeps doing so while it waits. A torn last commit (a crash
+// between its transactions: never acknowledged) is deleted; an incomplete
+// commit before the last, or a frame that does not parse, is DATA_LOSS naming
+// the key.
 //
 // Thread-safe, like every Journal.
 #ifndef SLUICE_SERVER_COORDINATOR_ETCD_JOURNAL_H_
@@ -82,9 +83,15 @@ absl::StatusOr<EtcdJournalOptions> ParseEtcdJournalUrl(absl::string_view url,
 
 class EtcdJournal final : public Journal {
  public:
+  // Replays into `apply` while waiting as a standby (a warm standby: the
+  // leader's commits are applied as they land, every few hundred ms), then
+  // campaigns, and returns once leading with everything applied. When the
+  // leader compacts meanwhile, `reset` is called to clear what was applied
+  // and the new snapshot is applied from the start.
   static absl::StatusOr<std::unique_ptr<EtcdJournal>> Open(
       EtcdJournalOptions options,
-      const std::function<absl::Status(const JournalRecord&)>& apply);
+      const std::function<absl::Status(const JournalRecord&)>& apply,
+      const std::function<void()>& reset = nullptr);
   // Stops keeping the lease alive and revokes it: a standby takes over at
   // once.
   ~EtcdJournal() override;
@@ -109,15 +116,20 @@ class EtcdJournal final : public Journal {
   std::string Key(absl::string_view rest) const {
     return absl::StrCat(prefix_, rest);
   }
-  absl::Status Campaign();
+  // Blocks until leading, calling `while_waiting` between attempts.
+  absl::Status Campaign(const std::function<absl::Status()>& while_waiting);
   // Refuses a prefix holding another format or foreign keys; `found`: the
   // format key is there.
   absl::Status CheckFormat(bool* found);
-  absl::Status Replay(
-      const std::function<absl::Status(const JournalRecord&)>& apply);
+  // Applies the snapshot (when new) and the complete commits after the
+  // last applied one, all read at one etcd revision. `leading`: also delete
+  // a torn last commit and set up appending after the log's end.
+  absl::Status CatchUp(
+      const std::function<absl::Status(const JournalRecord&)>& apply,
+      const std::function<void()>& reset, bool leading);
   // Every key in [begin, end), in key order, `fn` called on each.
   absl::Status RangeAll(
-      const std::string& begin, const std::string& end,
+      const std::string& begin, const std::string& end, int64_t revision,
       const std::function<absl::Status(const mvccpb::KeyValue&)>& fn);
   // One transaction of `ops`, conditioned on our leadership.
   absl::Status FencedTxn(const std::vector<etcdserverpb::RequestOp>& ops);
@@ -138,7 +150,12 @@ class EtcdJournal final : public Journal {
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
   int64_t lease_id_ = 0;
   int64_t leader_revision_ = 0;
+  // What CatchUp applied: records, the snapshot generation, the last log
+  // sequence, their bytes (only Open's thread touches these).
   int64_t replayed_ = 0;
+  uint64_t replayed_gen_ = 0;
+  uint64_t replayed_seq_ = 0;
+  int64_t replayed_bytes_ = 0;
   std::thread keepalive_;
   std::atomic<bool> stopping_{false};
   absl::Mutex keepalive_mu_;

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "tests/testing/etcd.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -68,11 +70,13 @@ class EtcdJournalTest : public ::testing::Test {
   // Opens the journal and collects the replayed job names.
   absl::StatusOr<std::unique_ptr<EtcdJournal>> Open(
       std::vector<std::string>* seen, EtcdJournalOptions options) {
-    return EtcdJournal::Open(std::move(options),
-                             [seen](const JournalRecord& r) {
-                               seen->push_back(r.job_deleted().job());
-                               return absl::OkStatus();
-                             });
+    return EtcdJournal::Open(
+        std::move(options),
+        [seen](const JournalRecord& r) {
+          seen->push_back(r.job_deleted().job());
+          return absl::OkStatus();
+        },
+        [seen] { seen->clear(); });
   }
   absl::StatusOr<std::unique_ptr<EtcdJournal>> Open(
       std::vector<std::string>* seen) {
@@ -269,6 +273,57 @@ TEST_F(EtcdJournalTest, AStandbyWaitsAndTakesOverWhenTheLeaderCloses) {
   EXPECT_THAT(seen_b, ElementsAre("from-a"));
   EXPECT_GT((*b)->leader_revision(), 0);
   ASSERT_OK((*b)->Append({Deleted("from-b")}));
+}
+
+TEST_F(EtcdJournalTest, AStandbyAppliesTheLeadersCommitsWhileItWaits) {
+  std::vector<std::string> seen_a;
+  auto a = Open(&seen_a, Options("coord-a:7070"));
+  ASSERT_OK(a);
+  ASSERT_OK((*a)->Append({Deleted("x")}));
+  absl::Mutex mu;
+  std::vector<std::string> seen_b;
+  auto b_seen = [&] {
+    absl::MutexLock lock(&mu);
+    return seen_b;
+  };
+  // Polls b's applied records until they are `want` (b is still waiting).
+  auto b_reaches = [&](const std::vector<std::string>& want) {
+    for (const absl::Time end = absl::Now() + absl::Seconds(30);
+         absl::Now() < end; absl::SleepFor(absl::Milliseconds(20))) {
+      if (b_seen() == want) return true;
+    }
+    return false;
+  };
+  absl::StatusOr<std::unique_ptr<EtcdJournal>> b;
+  std::thread opener([&] {
+    b = EtcdJournal::Open(
+        Options("coord-b:7070"),
+        [&](const JournalRecord& r) {
+          absl::MutexLock lock(&mu);
+          seen_b.push_back(r.job_deleted().job());
+          return absl::OkStatus();
+        },
+        [&] {
+          absl::MutexLock lock(&mu);
+          seen_b.clear();
+        });
+  });
+  EXPECT_TRUE(b_reaches({"x"}));
+  ASSERT_OK((*a)->Append({Deleted("y")}));
+  EXPECT_TRUE(b_reaches({"x", "y"}));
+  // The leader compacts: the standby starts over from the snapshot.
+  ASSERT_OK((*a)->Compact(Deleted("snapshot")));
+  ASSERT_OK((*a)->Append({Deleted("z")}));
+  EXPECT_TRUE(b_reaches({"snapshot", "z"}));
+  a->reset();
+  opener.join();
+  ASSERT_OK(b);
+  EXPECT_THAT(b_seen(), ElementsAre("snapshot", "z"));
+  ASSERT_OK((*b)->Append({Deleted("from-b")}));
+  b->reset();
+  std::vector<std::string> seen;
+  ASSERT_OK(Open(&seen));
+  EXPECT_THAT(seen, ElementsAre("snapshot", "z", "from-b"));
 }
 
 TEST_F(EtcdJournalTest, ADeposedLeaderCannotWriteAgain) {
