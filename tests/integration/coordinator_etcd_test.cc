@@ -33,6 +33,7 @@ v1::JobSpec Spec(const std::string& name) {
   spec.set_world_size(1);
   spec.set_num_epochs(1);
   spec.set_lease_ttl_ms(60000);
+  spec.set_max_samples_per_lease(10);
   v1::Shard* shard = spec.mutable_manifest()->add_shards();
   shard->set_url("/data/shard-0.tar");
   shard->set_num_samples(100);
@@ -110,6 +111,43 @@ TEST(CoordinatorEtcdTest, AStandbyTakesOverTheJobsAndLeasesOfAKilledLeader) {
   auto code = b->process.WaitForExit(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0);
+}
+
+TEST(CoordinatorEtcdTest, APausedLeaderIsDeposedAndExitsWithoutWriting) {
+  TempDir dir;
+  auto etcd = Etcd::Start(dir.path());
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::vector<std::string> args = {
+      absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/sluice/split"),
+      "--election_ttl=1s", "--wait_for_data_servers=false"};
+  auto a = ServerProcess::Start("sluice-coordinator", dir.path(), args);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(testing::CreateJob(a->grpc_address, Spec("split")).ok());
+  absl::StatusOr<ServerProcess> b = absl::UnknownError("not started");
+  std::thread starter([&] {
+    b = ServerProcess::Start("sluice-coordinator", dir.path(), args,
+                             absl::Seconds(60));
+  });
+  ASSERT_TRUE(
+      AnotherLogShows(dir.path(), a->log_path, "standby;", absl::Seconds(30)));
+  // The leader pauses longer than its lease: the standby takes over.
+  a->process.Signal(SIGSTOP);
+  starter.join();
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto first = testing::FirstGrant(b->grpc_address, "split", "trainer-b");
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Resumed, the old leader finds its lease gone and exits before granting
+  // or writing anything.
+  a->process.Signal(SIGCONT);
+  auto code = a->process.WaitForExit(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 75);
+  EXPECT_TRUE(LogShows(a->log_path, "no longer leading", absl::Seconds(1)));
+  // The new leader carries on: the next unit goes to the next trainer.
+  auto second = testing::FirstGrant(b->grpc_address, "split", "trainer-c");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->lease_id(), first->lease_id());
+  EXPECT_GE(second->unit().begin(), first->unit().end());
 }
 
 TEST(CoordinatorEtcdTest, UnreachableEtcdExitsOneNamingTheEndpoints) {
