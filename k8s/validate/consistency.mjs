@@ -105,7 +105,9 @@ for (const file of files) {
           bad(w, `${c.name}: env ${e.name}: ${kind} ${ref.name} has no key ${ref.key}`);
         }
       }
-      const volumes = new Set((pod.volumes ?? []).map((v) => v.name));
+      // A StatefulSet's volumeClaimTemplates are volumes of its pods too.
+      const volumes = new Set([...(pod.volumes ?? []), ...(w.spec.volumeClaimTemplates ?? [])]
+        .map((v) => v.name ?? v.metadata?.name));
       for (const m of c.volumeMounts ?? []) {
         if (!volumes.has(m.name)) bad(w, `${c.name}: volumeMount ${m.name} has no volume`);
       }

@@ -1,5 +1,7 @@
 #include "server/coordinator/etcd_journal.h"
 
+#include <arpa/inet.h>
+
 #include <cstdio>
 #include <utility>
 
@@ -148,6 +150,18 @@ absl::StatusOr<EtcdJournalOptions> ParseEtcdJournalUrl(absl::string_view url,
       return bad(absl::StrCat("endpoint \"", e, "\" is not HOST:PORT"));
     }
     options.endpoints.emplace_back(e);
+  }
+  if (options.endpoints.size() > 1) {
+    // Several endpoints become one gRPC "ipv4:" target (pick_first).
+    for (const std::string& e : options.endpoints) {
+      in_addr addr;
+      if (inet_pton(AF_INET, e.substr(0, e.rfind(':')).c_str(), &addr) != 1) {
+        return bad(absl::StrCat(
+            "several endpoints must be IPv4 addresses (\"", e,
+            "\" is not); for host names give one name that resolves to "
+            "every member, such as a Kubernetes Service"));
+      }
+    }
   }
   absl::string_view prefix = rest.substr(slash);
   while (absl::ConsumeSuffix(&prefix, "/")) {

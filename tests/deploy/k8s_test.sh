@@ -26,7 +26,7 @@ for dir in "$src"/k8s/overlays/*/; do
   [ "$objects" -ge 10 ] || { echo "overlay $name rendered only $objects objects"; exit 1; }
   overlays+=("$out/$name.yaml")
 done
-[ "${#overlays[@]}" -eq 3 ] || { echo "expected overlays dev, prod, node-local"; exit 1; }
+[ "${#overlays[@]}" -eq 4 ] || { echo "expected overlays dev, ha, prod, node-local"; exit 1; }
 node validate.mjs "${overlays[@]}"
 node consistency.mjs "$bin" "${overlays[@]}"
 

@@ -393,14 +393,18 @@ TEST_F(EtcdJournalTest, UnreachableEtcdIsUnavailableNamingTheEndpoints) {
 }
 
 TEST(EtcdJournalUrlTest, ParsesEndpointsAndPrefixAndNamesTheFlagOnError) {
-  auto o = ParseEtcdJournalUrl("etcd://10.0.0.1:2379,etcd-1:2379/sluice/prod/",
-                               "--journal");
+  auto o = ParseEtcdJournalUrl(
+      "etcd://10.0.0.1:2379,10.0.0.2:2379/sluice/prod/", "--journal");
   ASSERT_OK(o);
-  EXPECT_THAT(o->endpoints, ElementsAre("10.0.0.1:2379", "etcd-1:2379"));
+  EXPECT_THAT(o->endpoints, ElementsAre("10.0.0.1:2379", "10.0.0.2:2379"));
   EXPECT_EQ(o->prefix, "/sluice/prod");
+  auto one = ParseEtcdJournalUrl("etcd://sluice-etcd:2379/sluice", "--journal");
+  ASSERT_OK(one);
+  EXPECT_THAT(one->endpoints, ElementsAre("sluice-etcd:2379"));
   for (const char* bad :
        {"http://a:1/p", "etcd://a:1", "etcd://a:1/", "etcd://a/p",
-        "etcd://a:0/p", "etcd://,a:1/p", "etcd://a:99999/p"}) {
+        "etcd://a:0/p", "etcd://,a:1/p", "etcd://a:99999/p",
+        "etcd://10.0.0.1:2379,etcd-1:2379/p"}) {
     EXPECT_THAT(
         ParseEtcdJournalUrl(bad, "--journal"),
         StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--journal=")))
