@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "server/common/backoff.h"
 #include "server/common/grpc_status.h"
+#include "server/common/grpc_target.h"
 #include "server/common/logging.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
@@ -95,7 +96,8 @@ class ReaderImpl final : public Reader {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel_ = grpc::CreateCustomChannel(options_.coordinator, Creds(), args);
+    channel_ = grpc::CreateCustomChannel(GrpcTarget(options_.coordinator),
+                                         Creds(), args);
     coordinator_ = v1::Coordinator::NewStub(channel_);
   }
 

@@ -5,6 +5,7 @@
 
 #include "absl/time/clock.h"
 #include "server/common/backoff.h"
+#include "server/common/grpc_target.h"
 #include "server/common/logging.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
@@ -60,7 +61,7 @@ void CoordinatorRegistration::Run() {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(kMaxRetry)));
   auto channel = grpc::CreateCustomChannel(
-      options_.coordinator,
+      GrpcTarget(options_.coordinator),
       options_.credentials ? options_.credentials
                            : grpc::InsecureChannelCredentials(),
       args);

@@ -8,6 +8,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/server_host.h"
@@ -97,7 +98,9 @@ ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
           "messages this big).");
 ABSL_FLAG(std::string, coordinator, "",
           "Coordinator HOST:PORT to register with (and heartbeat to); empty = "
-          "standalone. Re-registers when the coordinator restarts.");
+          "standalone. Re-registers when the coordinator restarts. Several "
+          "IPv4 HOST:PORTs, comma-separated: the one that accepts (with an "
+          "etcd journal, the leading coordinator).");
 ABSL_FLAG(std::string, coordinator_ca, "",
           "PEM CA certificate(s) to verify the coordinator with: set = "
           "register over TLS "
@@ -228,7 +231,11 @@ class DataServerServices : public sluice::ServiceSet {
   absl::Status Started(const sluice::HostPort& bound) override {
     const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
     if (coordinator.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(sluice::ParseHostPort(coordinator, "coordinator").status());
+    // One HOST:PORT, or several (the coordinators of an etcd journal).
+    for (absl::string_view one : absl::StrSplit(coordinator, ',')) {
+      RETURN_IF_ERROR(
+          sluice::ParseHostPort(std::string(one), "coordinator").status());
+    }
     CoordinatorRegistration::Options options;
     options.coordinator = coordinator;
     options.advertise = absl::GetFlag(FLAGS_advertise);

@@ -1,20 +1,29 @@
 // sluice-coordinator binaries with --journal=etcd://... against a real etcd.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "sluice/reader.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "tests/testing/coordinator_client.h"
 #include "tests/testing/etcd.h"
+#include "tests/testing/http.h"
 #include "tests/testing/process.h"
+#include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sluice {
@@ -73,6 +82,33 @@ bool LogShows(const std::string& path, const std::string& text,
   return false;
 }
 
+// Starts a standby coordinator on a thread (ServerProcess::Start returns
+// once it leads and listens). A test that ends early kills the leader, so
+// the start ends, and joins the thread.
+class StandbyStart {
+ public:
+  StandbyStart(ServerProcess& leader, const std::string& dir,
+               const std::vector<std::string>& args)
+      : leader_(leader), thread_([this, dir, args] {
+          result_ = ServerProcess::Start("sluice-coordinator", dir, args,
+                                         absl::Seconds(90));
+        }) {}
+  ~StandbyStart() {
+    if (!thread_.joinable()) return;
+    leader_.process.Kill();
+    thread_.join();
+  }
+  absl::StatusOr<ServerProcess>& Join() {
+    thread_.join();
+    return result_;
+  }
+
+ private:
+  ServerProcess& leader_;
+  absl::StatusOr<ServerProcess> result_ = absl::UnknownError("not started");
+  std::thread thread_;
+};
+
 TEST(CoordinatorEtcdTest, AStandbyTakesOverTheJobsAndLeasesOfAKilledLeader) {
   TempDir dir;
   auto etcd = Etcd::Start(dir.path());
@@ -88,15 +124,11 @@ TEST(CoordinatorEtcdTest, AStandbyTakesOverTheJobsAndLeasesOfAKilledLeader) {
 
   // A second coordinator on the same prefix waits as a standby (it does not
   // listen until it leads).
-  absl::StatusOr<ServerProcess> b = absl::UnknownError("not started");
-  std::thread starter([&] {
-    b = ServerProcess::Start("sluice-coordinator", dir.path(), args,
-                             absl::Seconds(60));
-  });
+  StandbyStart standby(*a, dir.path(), args);
   ASSERT_TRUE(
       AnotherLogShows(dir.path(), a->log_path, "standby;", absl::Seconds(30)));
   a->process.Kill();
-  starter.join();
+  absl::StatusOr<ServerProcess>& b = standby.Join();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(LogShows(b->log_path, "recovered", absl::Seconds(1)));
 
@@ -123,16 +155,12 @@ TEST(CoordinatorEtcdTest, APausedLeaderIsDeposedAndExitsWithoutWriting) {
   auto a = ServerProcess::Start("sluice-coordinator", dir.path(), args);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(testing::CreateJob(a->grpc_address, Spec("split")).ok());
-  absl::StatusOr<ServerProcess> b = absl::UnknownError("not started");
-  std::thread starter([&] {
-    b = ServerProcess::Start("sluice-coordinator", dir.path(), args,
-                             absl::Seconds(60));
-  });
+  StandbyStart standby(*a, dir.path(), args);
   ASSERT_TRUE(
       AnotherLogShows(dir.path(), a->log_path, "standby;", absl::Seconds(30)));
   // The leader pauses longer than its lease: the standby takes over.
   a->process.Signal(SIGSTOP);
-  starter.join();
+  absl::StatusOr<ServerProcess>& b = standby.Join();
   ASSERT_TRUE(b.ok()) << b.status();
   auto first = testing::FirstGrant(b->grpc_address, "split", "trainer-b");
   ASSERT_TRUE(first.ok()) << first.status();
@@ -148,6 +176,100 @@ TEST(CoordinatorEtcdTest, APausedLeaderIsDeposedAndExitsWithoutWriting) {
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_NE(second->lease_id(), first->lease_id());
   EXPECT_GE(second->unit().begin(), first->unit().end());
+}
+
+// A loopback port nothing listens on now, for a standby coordinator whose
+// address the clients must know before it listens (it binds only once it
+// leads, so it cannot report a kernel-chosen port in advance).
+int UnusedLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+TEST(CoordinatorEtcdTest, ReadersAndDataServersFollowTheLeaderThroughFailover) {
+  TempDir dir;
+  auto etcd = Etcd::Start(dir.path());
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  mkdir(dir.File("shards").c_str(), 0755);
+  v1::JobSpec spec;
+  spec.set_name("failover");
+  for (int s = 0; s < 8; ++s) {
+    testing::TarWriter tar;
+    for (int i = 0; i < 50; ++i) {
+      tar.File(absl::StrCat("s", s, "_", i, ".cls"), std::to_string(i));
+    }
+    const std::string path = dir.File(absl::StrCat("shards/", s, ".tar"));
+    testing::WriteFile(path, tar.Finish());
+    v1::Shard* shard = spec.mutable_manifest()->add_shards();
+    shard->set_url(path);
+    shard->set_num_samples(50);
+  }
+  spec.set_world_size(1);
+  spec.set_num_epochs(1);
+  spec.set_shuffle(true);
+  spec.set_seed(5);
+  spec.set_max_samples_per_lease(10);
+  spec.set_lease_ttl_ms(3000);
+  const std::vector<std::string> args = {
+      absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/sluice/fo"),
+      "--election_ttl=1s", "--heartbeat_interval=200ms"};
+  auto a = ServerProcess::Start("sluice-coordinator", dir.path(), args);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const int standby_port = UnusedLoopbackPort();
+  ASSERT_GT(standby_port, 0);
+  std::vector<std::string> b_args = args;
+  b_args.push_back(absl::StrCat("--listen=127.0.0.1:", standby_port));
+  StandbyStart standby(*a, dir.path(), b_args);
+  ASSERT_TRUE(
+      AnotherLogShows(dir.path(), a->log_path, "standby;", absl::Seconds(30)));
+  // Every client is given both coordinators.
+  const std::string both =
+      absl::StrCat(a->grpc_address, ",127.0.0.1:", standby_port);
+  auto data = ServerProcess::Start(
+      "sluice-dataserver", dir.path(),
+      {"--roots=" + dir.File("shards"), "--coordinator=" + both});
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_TRUE(testing::WaitForMetric(a->metrics_address,
+                                     "sluice_coordinator_data_servers 1"));
+  ASSERT_TRUE(testing::CreateJob(a->grpc_address, spec).ok());
+
+  ReaderOptions o;
+  o.coordinator = both;
+  o.job = "failover";
+  o.rank = 0;
+  o.buffer_samples = 32;
+  o.progress_interval = absl::Milliseconds(100);
+  o.reconnect_timeout = absl::Seconds(60);
+  auto reader = Reader::Create(o);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::map<std::pair<int, int64_t>, int> seen;
+  int64_t n = 0;
+  bool done = false;
+  while (!done) {
+    auto e = (*reader)->Next();
+    ASSERT_TRUE(e.ok()) << e.status();
+    if (e->kind == ReaderEvent::Kind::kDone) done = true;
+    if (e->kind != ReaderEvent::Kind::kSample) continue;
+    ++seen[{e->sample.shard_index, e->sample.index}];
+    if (++n == 120) a->process.Kill();  // the leader dies mid-epoch
+  }
+  absl::StatusOr<ServerProcess>& b = standby.Join();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(seen.size(), 400u);
+  for (const auto& [key, count] : seen) {
+    EXPECT_EQ(count, 1) << key.first << "/" << key.second;
+  }
+  EXPECT_GE((*reader)->stats().reconnects, 1);
 }
 
 TEST(CoordinatorEtcdTest, UnreachableEtcdExitsOneNamingTheEndpoints) {

@@ -2,6 +2,7 @@
 import collections
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,25 @@ def test_reader_reads_every_sample_once_per_epoch(cluster):
                 events.append((e.kind, e.epoch))
     assert events == [("epoch_begin", 0), ("epoch_end", 0), ("epoch_begin", 1), ("epoch_end", 1)]
     assert len(seen) == 2 * cluster.total
+    assert set(seen.values()) == {1}
+
+
+def test_several_coordinator_addresses_reach_the_one_that_listens(cluster):
+    # With an etcd journal only the leading coordinator listens; clients
+    # are given every coordinator and use the one that accepts.
+    cluster.create_job("several", world_size=1, epochs=1)
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    seen = collections.Counter()
+    with sluice.Reader(f"{closed},{cluster.address}", "several") as reader:
+        while True:
+            e = reader.next_event(timeout=60)
+            if e.kind == "done":
+                break
+            if e.kind == "sample":
+                seen[(e.sample.shard_index, e.sample.index)] += 1
+    assert len(seen) == cluster.total
     assert set(seen.values()) == {1}
 
 

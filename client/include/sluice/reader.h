@@ -66,7 +66,9 @@
 namespace sluice {
 
 struct ReaderOptions {
-  std::string coordinator;  // "host:port"
+  // "host:port", or several IPv4 "host:port"s comma-separated: the first
+  // that accepts (with an etcd journal, the leading coordinator).
+  std::string coordinator;
   std::string job;
   int32_t rank = 0;
   // Readers sharing the rank (e.g. DataLoader workers; 0 = 1) and this

@@ -43,6 +43,12 @@ def channel_credentials(ca_cert=None, client_cert=None, client_key=None):
 
 
 def channel(address, credentials=None, options=None):
+    """A channel to one "HOST:PORT", or to the first of several
+    comma-separated IPv4 ones that accepts (gRPC's "ipv4:" target with
+    pick_first: with the coordinator's journal in etcd only the leading
+    coordinator listens)."""
+    if "," in address:
+        address = "ipv4:" + address
     if credentials is not None:
         return grpc.secure_channel(address, credentials, options=options)
     return grpc.insecure_channel(address, options=options)
