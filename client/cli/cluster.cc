@@ -3,8 +3,11 @@
 // server SIGKILLed mid-epoch, verification of G1-G3).
 #include <archive.h>
 #include <archive_entry.h>
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <turbojpeg.h>
 #include <unistd.h>
@@ -34,6 +37,10 @@ ABSL_FLAG(
     std::string, shards, "",
     "up: directory of shards the data servers serve (default DIR/shards).");
 ABSL_FLAG(int, data_servers, 2, "up: data servers to start.");
+ABSL_FLAG(bool, ha, false,
+          "up: two coordinators with their journal in a local etcd (Debian's "
+          "etcd-server, `etcd` on the PATH): one leads, the other waits as a "
+          "standby and takes over when the leader dies.");
 ABSL_FLAG(int, demo_samples, 3002, "demo: samples in the synthetic dataset.");
 ABSL_FLAG(int, demo_shards, 30, "demo: shards in the synthetic dataset.");
 
@@ -74,33 +81,115 @@ double Metric(const std::string& page, const std::string& series) {
   return 0;
 }
 
+// A loopback port nothing listens on now (for a standby coordinator, which
+// binds its port only once it leads).
+int UnusedLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// A single-member etcd in DIR/etcd, ports chosen by the kernel and read back
+// from its log.
+absl::StatusOr<std::string> StartEtcd(const std::string& dir,
+                                      Subprocess* etcd) {
+  const std::string log = dir + "/logs/etcd.log";
+  unlink(log.c_str());
+  const std::string any = "http://127.0.0.1:0";
+  absl::StatusOr<Subprocess> spawned = Subprocess::Spawn(
+      {"/usr/bin/env", "etcd", "--name", "sluicectl-up", "--data-dir",
+       dir + "/etcd", "--listen-client-urls", any, "--advertise-client-urls",
+       any, "--listen-peer-urls", any, "--initial-advertise-peer-urls", any,
+       "--initial-cluster", "sluicectl-up=" + any},
+      "", log);
+  if (!spawned.ok()) return spawned.status();
+  *etcd = std::move(*spawned);
+  const std::string marker = "serving insecure client requests on ";
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    std::ifstream in(log);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t at = line.find(marker);
+      if (at == std::string::npos) continue;
+      std::string endpoint = line.substr(at + marker.size());
+      endpoint = endpoint.substr(0, endpoint.find_first_of(", "));
+      return endpoint;
+    }
+    if (etcd->Poll().has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd exited before serving (is Debian's etcd-server installed? "
+          "see ",
+          log, ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));  // poll its log
+  }
+  return absl::DeadlineExceededError("etcd did not start serving in 30 s");
+}
+
 struct LocalCluster {
   std::string dir;
   Subprocess coordinator;
   std::string coordinator_grpc, coordinator_metrics;
+  // With --ha: the local etcd, the standby coordinator and its address;
+  // coordinator_grpc then names both coordinators.
+  Subprocess etcd, standby;
+  std::string leader_grpc, standby_grpc;
   std::vector<Subprocess> data;
   std::vector<std::string> data_grpc;
 
   absl::Status Start(const std::string& work, const std::string& shards,
                      int servers, const std::string& listen,
-                     const std::vector<std::string>& extra) {
+                     const std::vector<std::string>& extra, bool ha = false) {
     dir = work;
     const std::string bin = SelfDir();
     mkdir(dir.c_str(), 0755);
     mkdir((dir + "/logs").c_str(), 0755);
     std::string ports = dir + "/coordinator.ports";
     unlink(ports.c_str());
+    std::vector<std::string> journal = {"--journal_dir=" + dir + "/journal"};
+    if (ha) {
+      ASSIGN_OR_RETURN(const std::string endpoint, StartEtcd(dir, &etcd));
+      journal = {absl::StrCat("--journal=etcd://", endpoint, "/sluice")};
+    }
     std::vector<std::string> argv = {
         bin + "/sluice-coordinator", "--listen=" + listen,
-        "--metrics_listen=127.0.0.1:0", "--port_file=" + ports,
-        "--journal_dir=" + dir + "/journal"};
+        "--metrics_listen=127.0.0.1:0", "--port_file=" + ports};
+    argv.insert(argv.end(), journal.begin(), journal.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
     ASSIGN_OR_RETURN(coordinator, Subprocess::Spawn(
                                       argv, "", dir + "/logs/coordinator.log"));
     ASSIGN_OR_RETURN(auto kv,
                      WaitForPortFile(ports, coordinator, absl::Seconds(20)));
-    coordinator_grpc = kv["grpc"];
+    coordinator_grpc = leader_grpc = kv["grpc"];
     coordinator_metrics = kv["metrics"];
+    if (ha) {
+      // The standby binds its port only once it leads: its port is chosen
+      // here, and it writes its port file then.
+      const int port = UnusedLoopbackPort();
+      if (port == 0) return absl::InternalError("no free loopback port");
+      standby_grpc = absl::StrCat("127.0.0.1:", port);
+      const std::string standby_ports = dir + "/coordinator-standby.ports";
+      unlink(standby_ports.c_str());
+      std::vector<std::string> second = {
+          bin + "/sluice-coordinator", "--listen=" + standby_grpc,
+          "--metrics_listen=127.0.0.1:0", "--port_file=" + standby_ports};
+      second.insert(second.end(), journal.begin(), journal.end());
+      second.insert(second.end(), extra.begin(), extra.end());
+      ASSIGN_OR_RETURN(
+          standby,
+          Subprocess::Spawn(second, "", dir + "/logs/coordinator-standby.log"));
+      coordinator_grpc = leader_grpc + "," + standby_grpc;
+    }
     for (int i = 0; i < servers; ++i) {
       std::string p = absl::StrCat(dir, "/dataserver-", i, ".ports");
       unlink(p.c_str());
@@ -134,7 +223,9 @@ struct LocalCluster {
 
   void Stop() {
     for (Subprocess& s : data) s.Stop(absl::Seconds(15));
+    if (standby.pid() > 0) standby.Stop(absl::Seconds(15));
     coordinator.Stop(absl::Seconds(15));
+    if (etcd.pid() > 0) etcd.Stop(absl::Seconds(15));
   }
 };
 
@@ -233,22 +324,49 @@ int UpCommand(const std::vector<std::string>& args) {
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   LocalCluster cluster;
+  const bool ha = absl::GetFlag(FLAGS_ha);
   absl::Status s = cluster.Start(dir, real, absl::GetFlag(FLAGS_data_servers),
-                                 absl::GetFlag(FLAGS_coordinator), {});
+                                 absl::GetFlag(FLAGS_coordinator), {}, ha);
   if (!s.ok()) {
     cluster.Stop();
     return Fail(s);
   }
-  std::printf("coordinator %s (metrics %s)\n", cluster.coordinator_grpc.c_str(),
-              cluster.coordinator_metrics.c_str());
+  if (ha) {
+    std::printf(
+        "coordinator %s (pid %d, leading; metrics %s)\n"
+        "coordinator %s (pid %d, standby: listens once it leads)\n"
+        "clients: --coordinator=%s\n",
+        cluster.leader_grpc.c_str(),
+        static_cast<int>(cluster.coordinator.pid()),
+        cluster.coordinator_metrics.c_str(), cluster.standby_grpc.c_str(),
+        static_cast<int>(cluster.standby.pid()),
+        cluster.coordinator_grpc.c_str());
+  } else {
+    std::printf("coordinator %s (metrics %s)\n",
+                cluster.coordinator_grpc.c_str(),
+                cluster.coordinator_metrics.c_str());
+  }
   for (const std::string& d : cluster.data_grpc)
     std::printf("data server %s\n", d.c_str());
   std::printf("shards from %s; logs in %s/logs; Ctrl-C stops everything\n",
               real, dir.c_str());
   std::fflush(stdout);
+  bool leader_gone = false;
   while (!g_stop) {
-    if (cluster.coordinator.Poll()) {
-      std::fprintf(stderr, "sluicectl up: the coordinator exited; stopping\n");
+    if (!leader_gone && cluster.coordinator.Poll()) {
+      if (!ha) {
+        std::fprintf(stderr,
+                     "sluicectl up: the coordinator exited; stopping\n");
+        break;
+      }
+      leader_gone = true;
+      std::fprintf(stderr,
+                   "sluicectl up: coordinator %s exited; %s takes over\n",
+                   cluster.leader_grpc.c_str(), cluster.standby_grpc.c_str());
+    }
+    if (ha && cluster.standby.Poll()) {
+      std::fprintf(stderr, "sluicectl up: coordinator %s exited; stopping\n",
+                   cluster.standby_grpc.c_str());
       break;
     }
     absl::SleepFor(absl::Milliseconds(100));  // wait for Ctrl-C

@@ -31,6 +31,7 @@
 #include "client/cli/cli.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/common/grpc_status.h"
+#include "server/common/grpc_target.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
 #include "server/dataserver/shard_store.h"
@@ -183,7 +184,8 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials() {
 
 std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
     const std::string& address) {
-  return v1::Coordinator::NewStub(grpc::CreateChannel(address, Credentials()));
+  return v1::Coordinator::NewStub(
+      grpc::CreateChannel(GrpcTarget(address), Credentials()));
 }
 
 std::unique_ptr<grpc::ClientContext> Deadline() {
@@ -661,7 +663,8 @@ Commands:
   demo                      the end-to-end demo (generates data, starts a cluster,
                             kills a trainer and a data server, verifies)
   up                        a local cluster in the foreground (--dir, --shards,
-                            --data_servers); Ctrl-C stops every child
+                            --data_servers); Ctrl-C stops every child; --ha:
+                            two coordinators on a local etcd (one leads)
   index DIR|GLOB [-o FILE]  scan shards locally into a manifest (JSON)
         [--url_prefix=URL --checksum]   ... for shards published at URL
   index --data_server=HOST:PORT URL... [-o FILE]

@@ -2,10 +2,13 @@
 // read, health, and the error paths (exit codes and messages).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
@@ -105,6 +108,68 @@ TEST(SluicectlTest, IndexCreateReadHealth) {
   EXPECT_THAT(status.output, HasSubstr("data servers: " + data->grpc_address));
   CtlRun list = Ctl(dir, {"job", "list", "--json", c});
   EXPECT_THAT(list.output, HasSubstr("\"name\": \"small\""));
+}
+
+TEST(SluicectlTest, UpHaKeepsServingWhenTheLeadingCoordinatorDies) {
+  TempDir dir;
+  mkdir(dir.File("shards").c_str(), 0755);
+  for (int s = 0; s < 3; ++s) {
+    testing::TarWriter tar;
+    for (int i = 0; i < 5; ++i) tar.File(absl::StrCat("k", s, i, ".cls"), "1");
+    testing::WriteFile(dir.File(absl::StrCat("shards/", s, ".tar")),
+                       tar.Finish());
+  }
+  ASSERT_EQ(
+      Ctl(dir, {"index", dir.File("shards"), "-o", dir.File("m.json")}).code,
+      0);
+  const std::string log = dir.File("up.log");
+  auto up = ChildProcess::Start(
+      {testing::BinDir() + "/sluicectl", "up", "--ha",
+       "--dir=" + dir.File("up"), "--shards=" + dir.File("shards"),
+       "--data_servers=1", "--coordinator=127.0.0.1:0"},
+      log);
+  ASSERT_TRUE(up.ok());
+  // "coordinator ADDR (pid N, leading; ...)" and "clients: --coordinator=..."
+  int leader_pid = 0;
+  std::string clients;
+  for (const absl::Time end = absl::Now() + absl::Seconds(60);
+       absl::Now() < end && clients.empty();
+       absl::SleepFor(absl::Milliseconds(50))) {  // polls up's output
+    const std::string text = testing::ReadWholeFile(log).value_or("");
+    for (absl::string_view l : absl::StrSplit(text, '\n')) {
+      const size_t pid_at = l.find("(pid ");
+      if (pid_at != absl::string_view::npos &&
+          absl::StrContains(l, "leading")) {
+        leader_pid = std::atoi(std::string(l.substr(pid_at + 5)).c_str());
+      }
+      if (absl::ConsumePrefix(&l, "clients: --coordinator=")) {
+        clients = std::string(l);
+      }
+    }
+    ASSERT_TRUE(up->running()) << text;
+  }
+  ASSERT_FALSE(clients.empty()) << testing::ReadWholeFile(log).value_or("");
+  ASSERT_GT(leader_pid, 0);
+  const std::string c = "--coordinator=" + clients;
+  CtlRun create = Ctl(
+      dir, {"job", "create", "--name=ha", "--manifest=" + dir.File("m.json"),
+            "--world_size=1", "--epochs=1", c});
+  ASSERT_EQ(create.code, 0) << create.output;
+  kill(leader_pid, SIGKILL);
+  // The standby takes over with the job; the data server re-registers.
+  CtlRun read = Ctl(dir, {"read", "--job=ha", "--rank=0", c});
+  ASSERT_EQ(read.code, 0) << read.output;
+  int lines = 0;
+  for (absl::string_view l : absl::StrSplit(read.output, '\n')) {
+    lines += absl::StartsWith(l, "{\"epoch\":0,\"rank\":0,\"shard\":");
+  }
+  EXPECT_EQ(lines, 15);
+  up->Signal(SIGTERM);
+  auto code = up->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0) << testing::ReadWholeFile(log).value_or("");
+  EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
+              HasSubstr("takes over"));
 }
 
 TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
