@@ -20,6 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
@@ -39,7 +40,9 @@
 #include "sluice/reader.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "Coordinator HOST:PORT.");
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
+          "Coordinator HOST:PORT, or several IPv4 HOST:PORTs comma-separated "
+          "(the one that accepts: with an etcd journal, the leader).");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each RPC.");
 ABSL_FLAG(bool, json, false, "Print data as JSON.");
 // job create
@@ -696,19 +699,214 @@ already served all its epochs; `once` exits with the command's status.
 }  // namespace
 }  // namespace sluice::cli
 
+namespace sluice::cli {
+namespace {
+
+// Flags every command takes (and absl's own).
+constexpr const char* kCommonFlags[] = {
+    "coordinator", "timeout",  "json",    "ca_cert",    "client_cert",
+    "client_key",  "flagfile", "fromenv", "tryfromenv", "undefok"};
+
+struct CommandHelp {
+  const char* name;
+  const char* usage;  // what `sluicectl NAME --help` prints first
+  std::vector<const char*> flags;
+};
+
+const std::vector<CommandHelp>& Commands() {
+  static const auto* commands = new std::vector<CommandHelp>{
+      {"demo",
+       "sluicectl demo [--dir DIR]\n  The end-to-end demo: generates a "
+       "dataset, "
+       "starts a local cluster, trains four ranks with two DataLoader-like\n  "
+       "workers each, SIGKILLs a trainer and a data server, and verifies every "
+       "epoch was read exactly once.",
+       {"dir", "demo_samples", "demo_shards"}},
+      {"up",
+       "sluicectl up [--dir DIR] [--shards DIR] [--data_servers N] [--ha] "
+       "[--coordinator LISTEN]\n  A local cluster in the foreground: a "
+       "coordinator (--coordinator is its listen address) and data servers\n  "
+       "serving --shards; --ha: two coordinators on a local etcd, one leading. "
+       "Ctrl-C stops every child.",
+       {"dir", "shards", "data_servers", "ha"}},
+      {"index",
+       "sluicectl index DIR|GLOB [-o FILE] [--url_prefix URL] [--checksum]\n"
+       "sluicectl index --data_server HOST:PORT URL... [-o FILE]\n  Scans "
+       "shards into a manifest (JSON): local files, or remote shards through a "
+       "data server.",
+       {"o", "url_prefix", "checksum", "data_server"}},
+      {"job",
+       "sluicectl job create --name N --manifest FILE [--world_size --epochs "
+       "--mode --remainder --seed --[no]shuffle --lease_ttl --on_corrupt "
+       "--max_samples_per_lease]\n"
+       "sluicectl job get NAME | job list | job delete NAME\n  Creates, shows "
+       "and deletes jobs (create and delete need --admin_token_file on a "
+       "secured coordinator).",
+       {"name", "manifest", "world_size", "epochs", "mode", "remainder", "seed",
+        "shuffle", "lease_ttl", "on_corrupt", "max_samples_per_lease",
+        "admin_token_file"}},
+      {"status",
+       "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "
+       "leases, sessions, live data servers.",
+       {}},
+      {"read",
+       "sluicectl read --job J [--rank R] [--read_epochs N] [--decode] "
+       "[--decode_spec TEXT] [--rate N]\n  Reads a job as one trainer rank "
+       "would, one JSON line per sample on stdout.",
+       {"job", "rank", "worker", "workers", "read_epochs", "decode",
+        "decode_spec", "rate", "trainer_id", "progress_interval"}},
+      {"health",
+       "sluicectl health HOST:PORT [--service readiness]\n  The gRPC health "
+       "status of a server (or of one of its services).",
+       {"service"}},
+      {"once",
+       "sluicectl once NAME [--scope S --id ID --ttl 10s --fail_all] -- "
+       "COMMAND "
+       "[ARGS...]\n  Runs COMMAND on exactly one of all callers; the others "
+       "wait; everyone exits with its status.",
+       {"scope", "id", "ttl", "fail_all"}},
+      {"barrier",
+       "sluicectl barrier NAME --participants N --id ID [--timeout 60s --scope "
+       "S]\n  Returns when N distinct ids arrived; on timeout says which are "
+       "missing (exit 5).",
+       {"participants", "id", "scope"}},
+  };
+  return *commands;
+}
+
+const CommandHelp* FindCommand(const std::string& name) {
+  for (const CommandHelp& c : Commands()) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+void PrintFlag(const char* name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) return;
+  std::printf(
+      "  --%s  %s (default: %s)\n", name, flag->Help().c_str(),
+      flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue().c_str());
+}
+
+int CommandUsage(const CommandHelp& c) {
+  std::printf("%s\n\nFlags:\n", c.usage);
+  for (const char* f : c.flags) PrintFlag(f);
+  std::printf("\nCommon flags:\n");
+  for (const char* f : kCommonFlags) {
+    if (std::string(f).find("env") == std::string::npos &&
+        std::string(f) != "flagfile" && std::string(f) != "undefok") {
+      PrintFlag(f);
+    }
+  }
+  std::printf(
+      "\nExit codes: 0 ok; 1 refused or a local error; 2 bad command line; 3 "
+      "unreachable; see sluicectl --help.\n");
+  return kOk;
+}
+
+// The flags named on the command line before a `--`, and the command (the
+// first argument that is neither a flag nor a flag's value). INVALID_ARGUMENT
+// for a flag sluicectl does not have.
+absl::Status ScanCommandLine(int argc, char** argv, std::string* command,
+                             std::string* subcommand,
+                             std::vector<std::string>* flags) {
+  bool value_next = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (value_next) {
+      value_next = false;
+      continue;
+    }
+    if (a.size() < 2 || a[0] != '-') {
+      if (command->empty()) {
+        *command = a;
+      } else if (subcommand->empty()) {
+        *subcommand = a;
+      }
+      continue;
+    }
+    std::string name = a.substr(a[1] == '-' ? 2 : 1);
+    const size_t eq = name.find('=');
+    const bool has_value = eq != std::string::npos;
+    if (has_value) name.resize(eq);
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && name.rfind("no", 0) == 0) {
+      const absl::CommandLineFlag* negated =
+          absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        flag = negated;
+        name = name.substr(2);
+      }
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag --", name,
+          command->empty() ? std::string()
+                           : absl::StrCat(" (sluicectl ", *command,
+                                          " --help lists its flags)")));
+    }
+    if (!has_value && !flag->IsOfType<bool>()) value_next = true;
+    flags->push_back(name);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace sluice::cli
+
 int main(int argc, char** argv) {
   using namespace sluice::cli;
   signal(SIGPIPE, SIG_IGN);
-  // `sluicectl`, `sluicectl --help`, `sluicectl CMD --help`: our usage.
+  // `sluicectl`, `sluicectl --help`: the overview; `sluicectl CMD --help`:
+  // that command's usage and flags.
   bool help = argc < 2;
+  std::string help_command;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--") break;  // the rest belongs to `once`'s command
-    if (a == "--help" || a == "-h" || a == "help") help = true;
+    if (a == "--help" || a == "-h" || a == "help") {
+      help = true;
+    } else if (help_command.empty() && !a.empty() && a[0] != '-') {
+      help_command = a;
+    }
   }
   if (help) {
+    if (const CommandHelp* c = FindCommand(help_command)) {
+      return CommandUsage(*c);
+    }
     std::fputs(kHelpText, stdout);
     return argc < 2 ? kUsage : kOk;
+  }
+  // Every flag must exist and belong to the command it is given to.
+  {
+    std::string command, subcommand;
+    std::vector<std::string> flags;
+    if (absl::Status scanned =
+            ScanCommandLine(argc, argv, &command, &subcommand, &flags);
+        !scanned.ok()) {
+      return Usage(std::string(scanned.message()));
+    }
+    if (const CommandHelp* c = FindCommand(command)) {
+      for (const std::string& f : flags) {
+        const bool common =
+            std::any_of(std::begin(kCommonFlags), std::end(kCommonFlags),
+                        [&](const char* k) { return f == k; });
+        // Of `job`, only `create` takes the job spec's flags.
+        const bool own = std::any_of(c->flags.begin(), c->flags.end(),
+                                     [&](const char* k) { return f == k; }) &&
+                         (command != "job" || subcommand == "create" ||
+                          f == "admin_token_file");
+        if (!common && !own) {
+          const std::string what =
+              command == "job" ? absl::StrCat("job ", subcommand) : command;
+          return Usage(absl::StrCat("--", f, " does not apply to `", what,
+                                    "` (sluicectl ", command,
+                                    " --help lists its flags)"));
+        }
+      }
+    }
   }
   absl::FlagsUsageConfig config;
   config.contains_helpshort_flags = [](absl::string_view) { return false; };

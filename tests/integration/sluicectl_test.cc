@@ -21,6 +21,7 @@ using ::sluice::testing::ChildProcess;
 using ::sluice::testing::ServerProcess;
 using ::sluice::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct CtlRun {
   int code = -1;
@@ -207,6 +208,28 @@ TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
   CtlRun help = Ctl(dir, {"job", "--help"});
   EXPECT_EQ(help.code, 0);
   EXPECT_THAT(help.output, HasSubstr("Exit codes"));
+  EXPECT_THAT(help.output, HasSubstr("sluicectl job create --name N"));
+  EXPECT_THAT(help.output, HasSubstr("--world_size"));
+  CtlRun up_help = Ctl(dir, {"up", "--help"});
+  EXPECT_EQ(up_help.code, 0);
+  EXPECT_THAT(up_help.output, HasSubstr("--data_servers"));
+  EXPECT_THAT(up_help.output, Not(HasSubstr("Commands:")));
+  // A flag of another command, or none at all, is a usage error (exit 2)
+  // naming the flag; nothing runs.
+  CtlRun foreign = Ctl(dir, {"status", "--world_size=4", c});
+  EXPECT_EQ(foreign.code, 2);
+  EXPECT_THAT(foreign.output,
+              HasSubstr("--world_size does not apply to `status`"));
+  CtlRun list_epochs = Ctl(dir, {"job", "list", "--epochs=9", c});
+  EXPECT_EQ(list_epochs.code, 2);
+  EXPECT_THAT(list_epochs.output,
+              HasSubstr("--epochs does not apply to `job list`"));
+  CtlRun read_epochs = Ctl(dir, {"read", "--job=x", "--epochs=1", c});
+  EXPECT_EQ(read_epochs.code, 2);
+  EXPECT_THAT(read_epochs.output, HasSubstr("read --help"));
+  CtlRun bogus = Ctl(dir, {"status", "--bogus", c});
+  EXPECT_EQ(bogus.code, 2);
+  EXPECT_THAT(bogus.output, HasSubstr("unknown flag --bogus"));
 }
 
 }  // namespace
