@@ -136,6 +136,20 @@ absl::StatusOr<std::string> StartEtcd(const std::string& dir,
   return absl::DeadlineExceededError("etcd did not start serving in 30 s");
 }
 
+// `status` with the last line `log` holds (what a server that exited at
+// start-up said: a port in use, a bad flag).
+absl::Status WithLastLogLine(const absl::Status& status,
+                             const std::string& log) {
+  std::ifstream in(log);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  if (last.empty()) return status;
+  return absl::Status(status.code(), absl::StrCat(status.message(), ": ", last,
+                                                  " (", log, ")"));
+}
+
 struct LocalCluster {
   std::string dir;
   Subprocess coordinator;
@@ -168,8 +182,12 @@ struct LocalCluster {
     argv.insert(argv.end(), extra.begin(), extra.end());
     ASSIGN_OR_RETURN(coordinator, Subprocess::Spawn(
                                       argv, "", dir + "/logs/coordinator.log"));
-    ASSIGN_OR_RETURN(auto kv,
-                     WaitForPortFile(ports, coordinator, absl::Seconds(20)));
+    absl::StatusOr<std::map<std::string, std::string>> started =
+        WaitForPortFile(ports, coordinator, absl::Seconds(20));
+    if (!started.ok()) {
+      return WithLastLogLine(started.status(), dir + "/logs/coordinator.log");
+    }
+    auto& kv = *started;
     coordinator_grpc = leader_grpc = kv["grpc"];
     coordinator_metrics = kv["metrics"];
     if (ha) {
@@ -203,8 +221,14 @@ struct LocalCluster {
                             "",
                             absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
       data.push_back(std::move(s));
-      ASSIGN_OR_RETURN(auto dkv,
-                       WaitForPortFile(p, data.back(), absl::Seconds(20)));
+      absl::StatusOr<std::map<std::string, std::string>> data_started =
+          WaitForPortFile(p, data.back(), absl::Seconds(20));
+      if (!data_started.ok()) {
+        return WithLastLogLine(
+            data_started.status(),
+            absl::StrCat(dir, "/logs/dataserver-", i, ".log"));
+      }
+      auto& dkv = *data_started;
       data_grpc.push_back(dkv["grpc"]);
     }
     // Until every data server has registered, grants would name none.

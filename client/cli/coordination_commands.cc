@@ -115,10 +115,12 @@ int BarrierCommand(const std::vector<std::string>& args) {
   if (o.participants <= 0) return Usage("barrier: --participants must be > 0");
   auto response = WaitBarrier(o);
   if (!response.ok()) {
-    std::fprintf(stderr, "sluicectl: %s\n",
-                 response.status().ToString().c_str());
-    if (absl::IsDeadlineExceeded(response.status())) return kBarrierTimeout;
-    return Fail(response.status());
+    if (!absl::IsDeadlineExceeded(response.status())) {
+      return Fail(response.status());
+    }
+    std::fprintf(stderr, "sluicectl: DEADLINE_EXCEEDED: %s\n",
+                 std::string(response.status().message()).c_str());
+    return kBarrierTimeout;
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("{\"generation\":%lld,\"arrived\":[\"%s\"]}\n",

@@ -33,6 +33,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
+#include "server/common/lease_token.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
 #include "server/dataserver/shard_store.h"
@@ -121,7 +122,10 @@ ABSL_FLAG(bool, checksum, false,
 namespace sluice::cli {
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "sluicectl: %s\n", status.ToString().c_str());
+  // Code and message (not ToString(): its payloads are raw bytes).
+  std::fprintf(stderr, "sluicectl: %s: %s\n",
+               absl::StatusCodeToString(status.code()).c_str(),
+               std::string(status.message()).c_str());
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))
     return kUnreachable;
   return kError;
@@ -170,6 +174,12 @@ std::shared_ptr<grpc::ChannelCredentials>& CredentialsSlot() {
 
 }  // namespace
 
+// The operator token of --admin_token_file (empty: none).
+std::string& AdminToken() {
+  static std::string* token = new std::string();
+  return *token;
+}
+
 absl::Status LoadCredentials() {
   ASSIGN_OR_RETURN(
       CredentialsSlot(),
@@ -177,6 +187,9 @@ absl::Status LoadCredentials() {
           absl::GetFlag(FLAGS_ca_cert), absl::GetFlag(FLAGS_client_cert),
           absl::GetFlag(FLAGS_client_key), "--ca_cert", "--client_cert",
           "--client_key"}));
+  ASSIGN_OR_RETURN(AdminToken(),
+                   ReadSecretFile(absl::GetFlag(FLAGS_admin_token_file),
+                                  "admin_token_file"));
   return absl::OkStatus();
 }
 
@@ -195,17 +208,10 @@ std::unique_ptr<grpc::ClientContext> Deadline() {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(
       absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
-  // The operator token, for a coordinator started with --admin_token_file
-  // (read once; an unreadable file leaves the calls to be refused by name).
-  static const std::string token = [] {
-    const std::string path = absl::GetFlag(FLAGS_admin_token_file);
-    if (path.empty()) return std::string();
-    std::ifstream in(path, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
-    return std::string(absl::StripAsciiWhitespace(text));
-  }();
-  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+  // The operator token, for a coordinator started with --admin_token_file.
+  if (!AdminToken().empty()) {
+    ctx->AddMetadata("authorization", "Bearer " + AdminToken());
+  }
   return ctx;
 }
 
@@ -409,6 +415,18 @@ int ReadCommand(const std::vector<std::string>& args) {
   }
   if (absl::GetFlag(FLAGS_decode)) options.decode.set_decode(true);
   options.progress_interval = absl::GetFlag(FLAGS_progress_interval);
+  // Unreachable at the start: fail within --timeout. Once reading, ride out
+  // a coordinator restart of up to 30 s (or --timeout, if longer).
+  {
+    auto channel =
+        grpc::CreateChannel(GrpcTarget(options.coordinator), Credentials());
+    if (!channel->WaitForConnected(
+            absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)))) {
+      return Fail(absl::UnavailableError(absl::StrCat(
+          "read: coordinator ", options.coordinator, " unreachable for ",
+          absl::FormatDuration(absl::GetFlag(FLAGS_timeout)), " (--timeout)")));
+    }
+  }
   options.reconnect_timeout =
       std::max(absl::GetFlag(FLAGS_timeout), absl::Seconds(30));
   // This process only reads: keep freed megabyte buffers (malloc_tuning.h).
@@ -912,6 +930,14 @@ int main(int argc, char** argv) {
   config.contains_helpshort_flags = [](absl::string_view) { return false; };
   config.contains_help_flags = [](absl::string_view f) {
     return absl::StrContains(f, "client/cli");
+  };
+  // Repository-relative file names in --helpfull, not this build's paths.
+  config.normalize_filename = [](absl::string_view file) {
+    for (absl::string_view root : {"client/", "server/", "absl/"}) {
+      const size_t at = file.find(root);
+      if (at != absl::string_view::npos) return std::string(file.substr(at));
+    }
+    return std::string(file);
   };
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(kHelpText);

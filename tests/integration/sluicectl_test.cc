@@ -180,6 +180,12 @@ TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
   EXPECT_EQ(unreachable.code, 3) << unreachable.output;
   EXPECT_THAT(unreachable.output, HasSubstr("127.0.0.1:1 unreachable"));
   EXPECT_LT(unreachable.took, absl::Seconds(10));
+  CtlRun read_unreachable = Ctl(
+      dir, {"read", "--job=x", "--coordinator=127.0.0.1:1", "--timeout=2s"});
+  EXPECT_EQ(read_unreachable.code, 3) << read_unreachable.output;
+  EXPECT_THAT(read_unreachable.output,
+              HasSubstr("127.0.0.1:1 unreachable for 2s (--timeout)"));
+  EXPECT_LT(read_unreachable.took, absl::Seconds(10));
 
   auto coordinator = ServerProcess::Start("sluice-coordinator", dir.path());
   ASSERT_TRUE(coordinator.ok());
@@ -203,6 +209,11 @@ TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
   CtlRun usage = Ctl(dir, {"job", "create", "--manifest=m.json", c});
   EXPECT_EQ(usage.code, 2);
   EXPECT_THAT(usage.output, HasSubstr("--name is required"));
+  // `up` on a port in use says why the coordinator could not start.
+  CtlRun busy = Ctl(dir, {"up", "--dir=" + dir.File("up"), "--data_servers=0",
+                          "--coordinator=" + coordinator->grpc_address});
+  EXPECT_EQ(busy.code, 1);
+  EXPECT_THAT(busy.output, HasSubstr("cannot listen on --listen="));
   CtlRun unknown_command = Ctl(dir, {"frobnicate"});
   EXPECT_EQ(unknown_command.code, 2);
   CtlRun help = Ctl(dir, {"job", "--help"});
@@ -210,6 +221,9 @@ TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
   EXPECT_THAT(help.output, HasSubstr("Exit codes"));
   EXPECT_THAT(help.output, HasSubstr("sluicectl job create --name N"));
   EXPECT_THAT(help.output, HasSubstr("--world_size"));
+  CtlRun full = Ctl(dir, {"--helpfull"});
+  EXPECT_THAT(full.output, HasSubstr("Flags from client/cli/sluicectl.cc"));
+  EXPECT_THAT(full.output, Not(HasSubstr("Flags from /")));  // no build paths
   CtlRun up_help = Ctl(dir, {"up", "--help"});
   EXPECT_EQ(up_help.code, 0);
   EXPECT_THAT(up_help.output, HasSubstr("--data_servers"));
