@@ -849,6 +849,14 @@ absl::Status ScanCommandLine(int argc, char** argv, std::string* command,
     const size_t eq = name.find('=');
     const bool has_value = eq != std::string::npos;
     if (has_value) name.resize(eq);
+    // Abseil's own usage flags (--helpfull, --version ...): absl handles them.
+    static const char* const kUsageFlags[] = {
+        "helpfull",  "helpshort", "helppackage",    "helpon",
+        "helpmatch", "version",   "only_check_args"};
+    if (std::find(std::begin(kUsageFlags), std::end(kUsageFlags), name) !=
+        std::end(kUsageFlags)) {
+      continue;
+    }
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && name.rfind("no", 0) == 0) {
       const absl::CommandLineFlag* negated =
@@ -931,6 +939,7 @@ int main(int argc, char** argv) {
   config.contains_help_flags = [](absl::string_view f) {
     return absl::StrContains(f, "client/cli");
   };
+  config.version_string = [] { return std::string("sluicectl 0.1.0\n"); };
   // Repository-relative file names in --helpfull, not this build's paths.
   config.normalize_filename = [](absl::string_view file) {
     for (absl::string_view root : {"client/", "server/", "absl/"}) {

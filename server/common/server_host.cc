@@ -151,10 +151,13 @@ std::vector<char*> ParseServerFlags(int argc, char** argv,
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   usage_config.version_string = [] { return std::string("sluice 0.1.0\n"); };
+  // Repository-relative file names in --helpfull, not this build's paths.
   usage_config.normalize_filename = [](absl::string_view file) {
-    const size_t pos = file.find("server/");
-    return std::string(pos == absl::string_view::npos ? file
-                                                      : file.substr(pos));
+    for (absl::string_view root : {"server/", "client/", "absl/"}) {
+      const size_t at = file.find(root);
+      if (at != absl::string_view::npos) return std::string(file.substr(at));
+    }
+    return std::string(file);
   };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(usage);
