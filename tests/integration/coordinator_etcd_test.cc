@@ -25,6 +25,7 @@
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tls_fixture.h"
 
 namespace sluice {
 namespace {
@@ -270,6 +271,36 @@ TEST(CoordinatorEtcdTest, ReadersAndDataServersFollowTheLeaderThroughFailover) {
     EXPECT_EQ(count, 1) << key.first << "/" << key.second;
   }
   EXPECT_GE((*reader)->stats().reconnects, 1);
+}
+
+TEST(CoordinatorEtcdTest, TalksToEtcdOverMutualTls) {
+  TempDir dir;
+  auto pki = testing::MakeTestPki(dir.path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  auto etcd = Etcd::Start(dir.path(), absl::Seconds(30), &*pki);
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::string journal =
+      absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/sluice/tls");
+  auto c = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {journal, "--etcd_ca_cert=" + pki->ca_cert,
+       "--etcd_cert=" + pki->client_cert, "--etcd_key=" + pki->client_key,
+       "--wait_for_data_servers=false"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(testing::CreateJob(c->grpc_address, Spec("tls")).ok());
+  EXPECT_TRUE(LogShows(c->log_path, "leading", absl::Seconds(1)));
+  // Without a client certificate etcd refuses the connection.
+  const std::string log = dir.File("no-cert.log");
+  auto refused = ChildProcess::Start(
+      {testing::BinDir() + "/sluice-coordinator", "--listen=127.0.0.1:0",
+       "--metrics_listen=127.0.0.1:0", journal,
+       "--etcd_ca_cert=" + pki->ca_cert},
+      log);
+  ASSERT_TRUE(refused.ok());
+  auto code = refused->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("unreachable"));
 }
 
 TEST(CoordinatorEtcdTest, UnreachableEtcdExitsOneNamingTheEndpoints) {

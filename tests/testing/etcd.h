@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "tests/testing/process.h"
+#include "tests/testing/tls_fixture.h"
 
 namespace sluice::testing {
 
@@ -17,8 +18,11 @@ class Etcd {
  public:
   // Starts etcd with its data in `dir`/etcd-data and its log in
   // `dir`/etcd.log; returns once it serves clients.
+  // With `pki`, the client port is TLS with the PKI's server certificate
+  // and demands a client certificate signed by its CA.
   static absl::StatusOr<std::unique_ptr<Etcd>> Start(
-      const std::string& dir, absl::Duration timeout = absl::Seconds(30));
+      const std::string& dir, absl::Duration timeout = absl::Seconds(30),
+      const TestPki* pki = nullptr);
   ~Etcd();  // SIGKILL
 
   const std::string& endpoint() const { return endpoint_; }  // 127.0.0.1:P
