@@ -407,11 +407,38 @@ absl::Status EtcdJournal::FencedTxn(const std::vector<RequestOp>& ops) {
   for (const RequestOp& op : ops) *txn.add_success() = op;
   etcdserverpb::TxnResponse resp;
   const absl::Time start = absl::Now();
-  auto ctx = Context(kRpcTimeout);
-  grpc::Status s = kv_->Txn(ctx.get(), txn, &resp);
+  // A transaction cut off with its connection (an etcd member dying, a
+  // raft election, a network blip) may or may not have been applied. Every
+  // write here puts a value fixed by its key or deletes a range, so it is
+  // sent again, on whichever member the channel reaches now, while this
+  // coordinator still leads (its lease kept alive; every attempt is fenced
+  // anyway), for at most kRetryWrites.
+  constexpr absl::Duration kRetryWrites = absl::Seconds(30);
+  grpc::Status s;
+  absl::Duration pause = absl::Milliseconds(20);
+  while (true) {
+    resp.Clear();
+    auto ctx = Context(kRpcTimeout);
+    s = kv_->Txn(ctx.get(), txn, &resp);
+    const bool transient =
+        s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!transient || stopping_.load() || !leadership().ok() ||
+        absl::Now() - start > kRetryWrites) {
+      break;
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(200));
+  }
   if (options_.on_commit)
     options_.on_commit(absl::ToDoubleSeconds(absl::Now() - start));
-  if (!s.ok()) return Unavailable("journal transaction", s);
+  if (!s.ok()) {
+    // Whether it was applied is unknown, so nothing more may be written:
+    // step down (crash-only) rather than serve on a journal that refuses.
+    absl::Status failed = Unavailable("journal transaction", s);
+    LoseLeadership(failed);
+    return failed;
+  }
   if (!resp.succeeded()) {
     absl::Status fenced = absl::FailedPreconditionError(absl::StrCat(
         "etcd journal write refused: ", Key("leader"),

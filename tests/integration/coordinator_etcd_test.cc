@@ -10,6 +10,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -36,6 +37,7 @@ using ::sluice::testing::ReadWholeFile;
 using ::sluice::testing::ServerProcess;
 using ::sluice::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 v1::JobSpec Spec(const std::string& name) {
   v1::JobSpec spec;
@@ -197,13 +199,12 @@ int UnusedLoopbackPort() {
   return port;
 }
 
-TEST(CoordinatorEtcdTest, ReadersAndDataServersFollowTheLeaderThroughFailover) {
-  TempDir dir;
-  auto etcd = Etcd::Start(dir.path());
-  ASSERT_TRUE(etcd.ok()) << etcd.status();
+// 8 shards of 50 samples in `dir`/shards, and a 1-rank, 1-epoch job over
+// them in units of 10.
+v1::JobSpec WriteShards(const TempDir& dir, const std::string& job) {
   mkdir(dir.File("shards").c_str(), 0755);
   v1::JobSpec spec;
-  spec.set_name("failover");
+  spec.set_name(job);
   for (int s = 0; s < 8; ++s) {
     testing::TarWriter tar;
     for (int i = 0; i < 50; ++i) {
@@ -221,6 +222,48 @@ TEST(CoordinatorEtcdTest, ReadersAndDataServersFollowTheLeaderThroughFailover) {
   spec.set_seed(5);
   spec.set_max_samples_per_lease(10);
   spec.set_lease_ttl_ms(3000);
+  return spec;
+}
+
+// Reads `job` as rank 0 until done: how often each (shard, index) came;
+// `after(n)` runs after the n-th sample. ADD_FAILUREs on a reader error.
+std::map<std::pair<int, int64_t>, int> ReadEpoch(
+    const std::string& coordinator, const std::string& job, int64_t* reconnects,
+    const std::function<void(int64_t)>& after) {
+  std::map<std::pair<int, int64_t>, int> seen;
+  ReaderOptions o;
+  o.coordinator = coordinator;
+  o.job = job;
+  o.rank = 0;
+  o.buffer_samples = 32;
+  o.progress_interval = absl::Milliseconds(100);
+  o.reconnect_timeout = absl::Seconds(60);
+  auto reader = Reader::Create(o);
+  if (!reader.ok()) {
+    ADD_FAILURE() << reader.status();
+    return seen;
+  }
+  int64_t n = 0;
+  while (true) {
+    auto e = (*reader)->Next();
+    if (!e.ok()) {
+      ADD_FAILURE() << e.status();
+      break;
+    }
+    if (e->kind == ReaderEvent::Kind::kDone) break;
+    if (e->kind != ReaderEvent::Kind::kSample) continue;
+    ++seen[{e->sample.shard_index, e->sample.index}];
+    after(++n);
+  }
+  *reconnects = (*reader)->stats().reconnects;
+  return seen;
+}
+
+TEST(CoordinatorEtcdTest, ReadersAndDataServersFollowTheLeaderThroughFailover) {
+  TempDir dir;
+  auto etcd = Etcd::Start(dir.path());
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const v1::JobSpec spec = WriteShards(dir, "failover");
   const std::vector<std::string> args = {
       absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/sluice/fo"),
       "--election_ttl=1s", "--heartbeat_interval=200ms"};
@@ -244,33 +287,53 @@ TEST(CoordinatorEtcdTest, ReadersAndDataServersFollowTheLeaderThroughFailover) {
                                      "sluice_coordinator_data_servers 1"));
   ASSERT_TRUE(testing::CreateJob(a->grpc_address, spec).ok());
 
-  ReaderOptions o;
-  o.coordinator = both;
-  o.job = "failover";
-  o.rank = 0;
-  o.buffer_samples = 32;
-  o.progress_interval = absl::Milliseconds(100);
-  o.reconnect_timeout = absl::Seconds(60);
-  auto reader = Reader::Create(o);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  std::map<std::pair<int, int64_t>, int> seen;
-  int64_t n = 0;
-  bool done = false;
-  while (!done) {
-    auto e = (*reader)->Next();
-    ASSERT_TRUE(e.ok()) << e.status();
-    if (e->kind == ReaderEvent::Kind::kDone) done = true;
-    if (e->kind != ReaderEvent::Kind::kSample) continue;
-    ++seen[{e->sample.shard_index, e->sample.index}];
-    if (++n == 120) a->process.Kill();  // the leader dies mid-epoch
-  }
+  int64_t reconnects = 0;
+  const auto seen = ReadEpoch(both, "failover", &reconnects, [&](int64_t n) {
+    if (n == 120) a->process.Kill();  // the leader dies mid-epoch
+  });
   absl::StatusOr<ServerProcess>& b = standby.Join();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(seen.size(), 400u);
   for (const auto& [key, count] : seen) {
     EXPECT_EQ(count, 1) << key.first << "/" << key.second;
   }
-  EXPECT_GE((*reader)->stats().reconnects, 1);
+  EXPECT_GE(reconnects, 1);
+}
+
+TEST(CoordinatorEtcdTest, AnEtcdMemberDyingMidEpochIsOnlyLatency) {
+  TempDir dir;
+  auto members = Etcd::StartCluster(dir.path(), 3);
+  ASSERT_TRUE(members.ok()) << members.status();
+  const v1::JobSpec spec = WriteShards(dir, "three");
+  // The coordinator talks to the first member that accepts: member 0.
+  auto c = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {absl::StrCat("--journal=etcd://", (*members)[0]->endpoint(), ",",
+                    (*members)[1]->endpoint(), ",", (*members)[2]->endpoint(),
+                    "/sluice/three"),
+       "--heartbeat_interval=200ms"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto data = ServerProcess::Start(
+      "sluice-dataserver", dir.path(),
+      {"--roots=" + dir.File("shards"), "--coordinator=" + c->grpc_address});
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_TRUE(testing::WaitForMetric(c->metrics_address,
+                                     "sluice_coordinator_data_servers 1"));
+  ASSERT_TRUE(testing::CreateJob(c->grpc_address, spec).ok());
+  int64_t reconnects = 0;
+  const auto seen =
+      ReadEpoch(c->grpc_address, "three", &reconnects, [&](int64_t n) {
+        if (n == 120) (*members)[0]->process().Kill();
+      });
+  EXPECT_EQ(seen.size(), 400u);
+  for (const auto& [key, count] : seen) {
+    EXPECT_EQ(count, 1) << key.first << "/" << key.second;
+  }
+  // The coordinator carried on, on the other two members.
+  EXPECT_TRUE(c->process.running());
+  EXPECT_EQ(reconnects, 0);
+  EXPECT_THAT(ReadWholeFile(c->log_path).value_or(""),
+              Not(HasSubstr("no longer leading")));
 }
 
 TEST(CoordinatorEtcdTest, TalksToEtcdOverMutualTls) {

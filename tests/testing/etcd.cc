@@ -1,5 +1,10 @@
 #include "tests/testing/etcd.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <regex>
 
 #include "absl/strings/str_cat.h"
@@ -62,6 +67,95 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Start(const std::string& dir,
   return absl::DeadlineExceededError(absl::StrCat("etcd did not serve within ",
                                                   absl::FormatDuration(timeout),
                                                   "; see ", log));
+}
+
+namespace {
+
+int ReserveLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> Etcd::StartCluster(
+    const std::string& dir, int members, absl::Duration timeout) {
+  std::vector<int> client(members), peer(members);
+  std::string initial;
+  for (int i = 0; i < members; ++i) {
+    client[i] = ReserveLoopbackPort();
+    peer[i] = ReserveLoopbackPort();
+    if (client[i] == 0 || peer[i] == 0) {
+      return absl::InternalError("no free loopback port");
+    }
+    absl::StrAppend(&initial, i == 0 ? "" : ",", "m", i,
+                    "=http://127.0.0.1:", peer[i]);
+  }
+  std::vector<std::unique_ptr<Etcd>> cluster;
+  for (int i = 0; i < members; ++i) {
+    const std::string c = absl::StrCat("http://127.0.0.1:", client[i]);
+    const std::string p = absl::StrCat("http://127.0.0.1:", peer[i]);
+    absl::StatusOr<ChildProcess> proc =
+        ChildProcess::Start({"/usr/bin/etcd",
+                             "--name",
+                             absl::StrCat("m", i),
+                             "--data-dir",
+                             absl::StrCat(dir, "/etcd-", i),
+                             "--listen-client-urls",
+                             c,
+                             "--advertise-client-urls",
+                             c,
+                             "--listen-peer-urls",
+                             p,
+                             "--initial-advertise-peer-urls",
+                             p,
+                             "--initial-cluster",
+                             initial,
+                             "--initial-cluster-state",
+                             "new",
+                             "--initial-cluster-token",
+                             "sluice-test",
+                             "--log-outputs",
+                             "stderr"},
+                            absl::StrCat(dir, "/etcd-", i, ".log"));
+    if (!proc.ok()) return proc.status();
+    auto etcd = std::unique_ptr<Etcd>(new Etcd());
+    etcd->process_ = std::move(*proc);
+    etcd->endpoint_ = absl::StrCat("127.0.0.1:", client[i]);
+    cluster.push_back(std::move(etcd));
+  }
+  // Every member serves once the cluster has formed (polling their logs).
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int i = 0; i < members; ++i) {
+    const std::string log = absl::StrCat(dir, "/etcd-", i, ".log");
+    while (true) {
+      std::optional<std::string> text = ReadWholeFile(log);
+      if (text &&
+          text->find("ready to serve client requests") != std::string::npos) {
+        break;
+      }
+      if (!cluster[i]->process_.running()) {
+        return absl::InternalError(
+            absl::StrCat("etcd member ", i, " exited; see ", log));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("etcd member ", i, " did not serve; see ", log));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  return cluster;
 }
 
 Etcd::~Etcd() { process_.Kill(); }

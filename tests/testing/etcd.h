@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -23,6 +24,12 @@ class Etcd {
   static absl::StatusOr<std::unique_ptr<Etcd>> Start(
       const std::string& dir, absl::Duration timeout = absl::Seconds(30),
       const TestPki* pki = nullptr);
+  // A cluster of `members` members in `dir`/etcd-<i>; its ports are
+  // reserved first (bound, read back, released: a member's peer URL must be
+  // known to the others before it starts). Returns once every member serves.
+  static absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> StartCluster(
+      const std::string& dir, int members,
+      absl::Duration timeout = absl::Seconds(60));
   ~Etcd();  // SIGKILL
 
   const std::string& endpoint() const { return endpoint_; }  // 127.0.0.1:P
