@@ -28,6 +28,7 @@
 #include "client/cli/cli.h"
 #include "client/cli/subprocess.h"
 #include "server/common/grpc_status.h"
+#include "server/common/loopback_port.h"
 #include "server/common/status_macros.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
@@ -79,23 +80,6 @@ double Metric(const std::string& page, const std::string& series) {
     }
   }
   return 0;
-}
-
-// A loopback port nothing listens on now (for a standby coordinator, which
-// binds its port only once it leads).
-int UnusedLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 // A single-member etcd in DIR/etcd, ports chosen by the kernel and read back
@@ -193,7 +177,7 @@ struct LocalCluster {
     if (ha) {
       // The standby binds its port only once it leads: its port is chosen
       // here, and it writes its port file then.
-      const int port = UnusedLoopbackPort();
+      const int port = ReserveLoopbackPort();
       if (port == 0) return absl::InternalError("no free loopback port");
       standby_grpc = absl::StrCat("127.0.0.1:", port);
       const std::string standby_ports = dir + "/coordinator-standby.ports";

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/common/loopback_port.h"
 #include "sluice/reader.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "tests/testing/coordinator_client.h"
@@ -181,24 +182,6 @@ TEST(CoordinatorEtcdTest, APausedLeaderIsDeposedAndExitsWithoutWriting) {
   EXPECT_GE(second->unit().begin(), first->unit().end());
 }
 
-// A loopback port nothing listens on now, for a standby coordinator whose
-// address the clients must know before it listens (it binds only once it
-// leads, so it cannot report a kernel-chosen port in advance).
-int UnusedLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // 8 shards of 50 samples in `dir`/shards, and a 1-rank, 1-epoch job over
 // them in units of 10.
 v1::JobSpec WriteShards(const TempDir& dir, const std::string& job) {
@@ -269,7 +252,7 @@ TEST(CoordinatorEtcdTest, ReadersAndDataServersFollowTheLeaderThroughFailover) {
       "--election_ttl=1s", "--heartbeat_interval=200ms"};
   auto a = ServerProcess::Start("sluice-coordinator", dir.path(), args);
   ASSERT_TRUE(a.ok()) << a.status();
-  const int standby_port = UnusedLoopbackPort();
+  const int standby_port = ReserveLoopbackPort();
   ASSERT_GT(standby_port, 0);
   std::vector<std::string> b_args = args;
   b_args.push_back(absl::StrCat("--listen=127.0.0.1:", standby_port));

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/common/loopback_port.h"
 
 namespace sluice::testing {
 
@@ -68,25 +69,6 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Start(const std::string& dir,
                                                   absl::FormatDuration(timeout),
                                                   "; see ", log));
 }
-
-namespace {
-
-int ReserveLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> Etcd::StartCluster(
     const std::string& dir, int members, absl::Duration timeout) {
