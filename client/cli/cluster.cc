@@ -28,7 +28,6 @@
 #include "client/cli/cli.h"
 #include "client/cli/subprocess.h"
 #include "server/common/grpc_status.h"
-#include "server/common/loopback_port.h"
 #include "server/common/status_macros.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
@@ -174,22 +173,33 @@ struct LocalCluster {
     auto& kv = *started;
     coordinator_grpc = leader_grpc = kv["grpc"];
     coordinator_metrics = kv["metrics"];
+    // With --ha it listens at once, as a standby, and is ready once it
+    // leads.
+    absl::Status ready =
+        WaitForReadiness(leader_grpc, coordinator, absl::Seconds(30));
+    if (!ready.ok()) {
+      return WithLastLogLine(ready, dir + "/logs/coordinator.log");
+    }
     if (ha) {
-      // The standby binds its port only once it leads: its port is chosen
-      // here, and it writes its port file then.
-      const int port = ReserveLoopbackPort();
-      if (port == 0) return absl::InternalError("no free loopback port");
-      standby_grpc = absl::StrCat("127.0.0.1:", port);
+      // The standby listens too (readiness NOT_SERVING, UNAVAILABLE naming
+      // the leader); clients are given both addresses.
       const std::string standby_ports = dir + "/coordinator-standby.ports";
       unlink(standby_ports.c_str());
       std::vector<std::string> second = {
-          bin + "/sluice-coordinator", "--listen=" + standby_grpc,
+          bin + "/sluice-coordinator", "--listen=127.0.0.1:0",
           "--metrics_listen=127.0.0.1:0", "--port_file=" + standby_ports};
       second.insert(second.end(), journal.begin(), journal.end());
       second.insert(second.end(), extra.begin(), extra.end());
       ASSIGN_OR_RETURN(
           standby,
           Subprocess::Spawn(second, "", dir + "/logs/coordinator-standby.log"));
+      absl::StatusOr<std::map<std::string, std::string>> standby_started =
+          WaitForPortFile(standby_ports, standby, absl::Seconds(20));
+      if (!standby_started.ok()) {
+        return WithLastLogLine(standby_started.status(),
+                               dir + "/logs/coordinator-standby.log");
+      }
+      standby_grpc = (*standby_started)["grpc"];
       coordinator_grpc = leader_grpc + "," + standby_grpc;
     }
     for (int i = 0; i < servers; ++i) {
@@ -342,7 +352,7 @@ int UpCommand(const std::vector<std::string>& args) {
   if (ha) {
     std::printf(
         "coordinator %s (pid %d, leading; metrics %s)\n"
-        "coordinator %s (pid %d, standby: listens once it leads)\n"
+        "coordinator %s (pid %d, standby: takes over if the leader dies)\n"
         "clients: --coordinator=%s\n",
         cluster.leader_grpc.c_str(),
         static_cast<int>(cluster.coordinator.pid()),

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/cli/cli.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -43,7 +44,7 @@
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "Coordinator HOST:PORT, or several IPv4 HOST:PORTs comma-separated "
-          "(the one that accepts: with an etcd journal, the leader).");
+          "(calls go to the ready one: with an etcd journal, the leader).");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each RPC.");
 ABSL_FLAG(bool, json, false, "Print data as JSON.");
 // job create
@@ -200,8 +201,7 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials() {
 
 std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
     const std::string& address) {
-  return v1::Coordinator::NewStub(
-      grpc::CreateChannel(GrpcTarget(address), Credentials()));
+  return v1::Coordinator::NewStub(CoordinatorChannel(address, Credentials()));
 }
 
 std::unique_ptr<grpc::ClientContext> Deadline() {
@@ -351,8 +351,49 @@ int JobCommand(const std::vector<std::string>& args) {
   return Usage("job: unknown verb \"" + verb + "\"");
 }
 
+// One coordinator's role: "leader", "standby (leader: ADDR)", "not ready"
+// or "unreachable: ...".
+std::string CoordinatorRole(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, Credentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("readiness");
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status s = health->Check(Deadline().get(), request, &response);
+  if (!s.ok()) return absl::StrCat("unreachable: ", s.error_message());
+  if (response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+    return "leader";
+  }
+  // A standby answers every RPC with UNAVAILABLE and NotLeader details.
+  v1::ListJobsResponse jobs;
+  s = v1::Coordinator::NewStub(channel)->ListJobs(Deadline().get(),
+                                                  v1::ListJobsRequest(), &jobs);
+  v1::RpcStatus rpc;
+  if (!s.ok() && rpc.ParseFromString(s.error_details())) {
+    for (const v1::AnyDetail& any : rpc.details()) {
+      v1::NotLeader hint;
+      if (any.type_url() == "type.googleapis.com/sluice.v1.NotLeader" &&
+          hint.ParseFromString(any.value())) {
+        return hint.leader().empty()
+                   ? "standby (no coordinator leads)"
+                   : absl::StrCat("standby (leader: ", hint.leader(), ")");
+      }
+    }
+  }
+  return "not ready (starting or draining)";
+}
+
 int StatusCommand(const std::vector<std::string>& args) {
-  auto stub = CoordinatorStub(absl::GetFlag(FLAGS_coordinator));
+  const std::string coordinators = absl::GetFlag(FLAGS_coordinator);
+  if (coordinators.find(',') != std::string::npos &&
+      !absl::GetFlag(FLAGS_json)) {
+    std::printf("coordinators:\n");
+    for (absl::string_view address : absl::StrSplit(coordinators, ',')) {
+      std::printf("  %-21s %s\n", std::string(address).c_str(),
+                  CoordinatorRole(std::string(address)).c_str());
+    }
+  }
+  auto stub = CoordinatorStub(coordinators);
   std::vector<v1::Job> jobs;
   if (args.empty()) {
     v1::ListJobsResponse response;
@@ -418,8 +459,7 @@ int ReadCommand(const std::vector<std::string>& args) {
   // Unreachable at the start: fail within --timeout. Once reading, ride out
   // a coordinator restart of up to 30 s (or --timeout, if longer).
   {
-    auto channel =
-        grpc::CreateChannel(GrpcTarget(options.coordinator), Credentials());
+    auto channel = CoordinatorChannel(options.coordinator, Credentials());
     if (!channel->WaitForConnected(
             absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)))) {
       return Fail(absl::UnavailableError(absl::StrCat(
@@ -765,7 +805,9 @@ const std::vector<CommandHelp>& Commands() {
         "admin_token_file"}},
       {"status",
        "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "
-       "leases, sessions, live data servers.",
+       "leases, sessions, live data servers. Given several coordinators "
+       "(--coordinator=a,b), first each one's role: leader, standby (naming "
+       "the leader) or unreachable.",
        {}},
       {"read",
        "sluicectl read --job J [--rank R] [--read_epochs N] [--decode] "

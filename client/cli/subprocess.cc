@@ -1,6 +1,7 @@
 #include "client/cli/subprocess.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <limits.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace sluice::cli {
 
@@ -141,6 +143,32 @@ absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(
     absl::SleepFor(absl::Milliseconds(20));  // poll for the file
   }
   return absl::DeadlineExceededError("no port file at " + path);
+}
+
+absl::Status WaitForReadiness(const std::string& address, Subprocess& process,
+                              absl::Duration timeout) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service("readiness");
+    grpc::health::v1::HealthCheckResponse response;
+    if (stub->Check(&ctx, request, &response).ok() &&
+        response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+      return absl::OkStatus();
+    }
+    if (auto code = process.Poll()) {
+      return absl::InternalError(absl::StrCat("pid ", process.pid(),
+                                              " exited with ", *code,
+                                              " before it was ready"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));  // poll
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      address, " not ready within ", absl::FormatDuration(timeout)));
 }
 
 }  // namespace sluice::cli

@@ -49,6 +49,11 @@ std::string SelfPath();
 absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(
     const std::string& path, Subprocess& process, absl::Duration timeout);
 
+// Waits until the server at `address` (plaintext) reports its "readiness"
+// health service SERVING; fails when `process` exits first.
+absl::Status WaitForReadiness(const std::string& address, Subprocess& process,
+                              absl::Duration timeout);
+
 }  // namespace sluice::cli
 
 #endif  // SLUICE_CLIENT_CLI_SUBPROCESS_H_

@@ -35,8 +35,8 @@ absl::StatusOr<OnceOutcome> RunOnce(
     return absl::InvalidArgumentError(
         "OnceOptions.coordinator and .name are required");
   }
-  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-      GrpcTarget(options.coordinator), Creds(options.credentials)));
+  auto stub = v1::Coordinator::NewStub(
+      CoordinatorChannel(options.coordinator, Creds(options.credentials)));
   grpc::ClientContext ctx;
   auto stream = stub->Once(&ctx);
   absl::Mutex write_mu;
@@ -127,8 +127,8 @@ absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
         "BarrierOptions.coordinator, .name, .participant and .participants are "
         "required");
   }
-  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-      GrpcTarget(options.coordinator), Creds(options.credentials)));
+  auto stub = v1::Coordinator::NewStub(
+      CoordinatorChannel(options.coordinator, Creds(options.credentials)));
   grpc::ClientContext ctx;
   // The server answers at the timeout; the RPC deadline is a backstop.
   ctx.set_deadline(

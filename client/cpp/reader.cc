@@ -96,8 +96,7 @@ class ReaderImpl final : public Reader {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel_ = grpc::CreateCustomChannel(GrpcTarget(options_.coordinator),
-                                         Creds(), args);
+    channel_ = CoordinatorChannel(options_.coordinator, Creds(), args);
     coordinator_ = v1::Coordinator::NewStub(channel_);
   }
 

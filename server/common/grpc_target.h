@@ -1,18 +1,57 @@
-// The gRPC target for an address flag or option: one "HOST:PORT" as it is,
-// or several comma-separated IPv4 "HOST:PORT"s as one "ipv4:" target, which
-// gRPC's default pick_first policy connects in order, moving on when one
-// refuses. With the coordinator's journal in etcd only the leader listens,
-// so the list of every coordinator reaches whichever leads.
+// Channels to the coordinator from an address flag or option: one
+// "HOST:PORT", or several comma-separated IPv4 "HOST:PORT"s (gRPC's "ipv4:"
+// target).
+//
+// With several addresses, or a host name (which may resolve to several, as a
+// headless Kubernetes Service does), the channel balances over the addresses
+// whose gRPC health service reports "readiness" SERVING. With the
+// coordinator's journal in etcd only the leader is ready (standbys answer
+// UNAVAILABLE naming it), so the list of every coordinator reaches whichever
+// leads, and the channel moves to a new leader as soon as it is ready.
 #ifndef SLUICE_SERVER_COMMON_GRPC_TARGET_H_
 #define SLUICE_SERVER_COMMON_GRPC_TARGET_H_
 
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
 #include <string>
 
 namespace sluice {
 
+// The service config of a channel that follows the ready coordinator.
+inline constexpr char kFollowReadyServiceConfig[] =
+    R"({"loadBalancingConfig":[{"round_robin":{}}],)"
+    R"("healthCheckConfig":{"serviceName":"readiness"}})";
+
+// The gRPC target for `address` (several comma-separated ones: "ipv4:...").
 inline std::string GrpcTarget(const std::string& address) {
   if (address.find(',') == std::string::npos) return address;
   return "ipv4:" + address;
+}
+
+// True when `address` may name several coordinators: a comma-separated list
+// or a host name (not an IP literal, not a target with a scheme).
+inline bool MayNameSeveralCoordinators(const std::string& address) {
+  if (address.find(',') != std::string::npos) return true;
+  if (address.find(":/") != std::string::npos || address.empty() ||
+      address[0] == '[') {
+    return false;
+  }
+  const std::string host = address.substr(0, address.rfind(':'));
+  if (host.empty()) return false;
+  return host.find_first_not_of("0123456789.") != std::string::npos;
+}
+
+// A channel to the coordinator(s) at `address`, with `args` and, when the
+// address may name several, the service config that follows the ready one.
+inline std::shared_ptr<grpc::Channel> CoordinatorChannel(
+    const std::string& address,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    grpc::ChannelArguments args = grpc::ChannelArguments()) {
+  if (MayNameSeveralCoordinators(address)) {
+    args.SetServiceConfigJSON(kFollowReadyServiceConfig);
+  }
+  return grpc::CreateCustomChannel(GrpcTarget(address), credentials, args);
 }
 
 }  // namespace sluice

@@ -349,6 +349,9 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
     LogError("%s", host.status().message());
     return 1;
   }
+  ServerHost* started_host = host->get();
+  (*services)->SetReadinessHook(
+      [started_host](bool ready) { started_host->SetReady(ready); });
   absl::Status started =
       (*services)->Started(HostPort{config->listen.host, (*host)->grpc_port()});
   if (!started.ok()) {
@@ -356,7 +359,7 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
     (*host)->Shutdown();
     return started.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  (*host)->SetReady(true);
+  if ((*services)->ReadyWhenStarted()) (*host)->SetReady(true);
   (*host)->RunUntilSignal([&] { (*services)->Drain(); });
   return 0;
 }

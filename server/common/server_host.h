@@ -136,6 +136,23 @@ class ServiceSet {
     (void)bound;
     return absl::OkStatus();
   }
+  // False: the server is not marked ready after Started; the set marks it
+  // itself, through set_ready(), when it is (a standby coordinator, once it
+  // leads).
+  virtual bool ReadyWhenStarted() const { return true; }
+
+  // Given by RunServerMain before Started: marks readiness (thread-safe).
+  void SetReadinessHook(std::function<void(bool)> hook) {
+    set_ready_ = std::move(hook);
+  }
+
+ protected:
+  void set_ready(bool ready) const {
+    if (set_ready_) set_ready_(ready);
+  }
+
+ private:
+  std::function<void(bool)> set_ready_;
 };
 
 struct ServerMainOptions {

@@ -54,6 +54,26 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                    prometheus::Histogram::BucketBoundaries{
                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                        0.025, 0.05, 0.1, 0.25, 1})),
+      is_leader(GaugeFamily(r, "sluice_coordinator_is_leader",
+                            "1 while this coordinator leads and serves; 0 "
+                            "while it waits as a standby (etcd journal).")
+                    .Add({})),
+      leader_changes(
+          CounterFamily(r, "sluice_coordinator_leader_changes_total",
+                        "Times this coordinator became the leader; summed "
+                        "over the coordinators of one etcd prefix, the "
+                        "number of leader changes.")
+              .Add({})),
+      etcd_request_latency(
+          prometheus::BuildHistogram()
+              .Name("sluice_coordinator_etcd_request_seconds")
+              .Help("Duration of each etcd transaction committing the "
+                    "journal (etcd journal only).")
+              .Register(r)
+              .Add({},
+                   prometheus::Histogram::BucketBoundaries{
+                       0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                       0.25, 0.5, 1, 2.5})),
       granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total",
                              "Leases granted.")),
       completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",

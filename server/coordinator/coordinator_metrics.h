@@ -47,6 +47,13 @@ class CoordinatorMetrics {
   // From the trainer message that made a grant possible (Want, Complete,
   // Release ...) to the durable Grant handed to the stream.
   prometheus::Histogram& grant_latency;
+  // 1 while this coordinator leads (always, with a local journal).
+  prometheus::Gauge& is_leader;
+  // Times this coordinator became the leader; summed over the coordinators
+  // of one etcd prefix, the number of leader changes.
+  prometheus::Counter& leader_changes;
+  // Duration of each etcd commit transaction (journal in etcd only).
+  prometheus::Histogram& etcd_request_latency;
 
  private:
   prometheus::Family<prometheus::Counter>& granted_;

@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     if (options.metrics != nullptr && !etcd.on_commit) {
       etcd.on_commit = [m = options.metrics](double s) {
         m->fsync_latency.Observe(s);
+        m->etcd_request_latency.Observe(s);
       };
     }
     CoordinatorState* state = &service->state_;

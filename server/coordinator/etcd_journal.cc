@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "server/common/backoff.h"
 #include "server/common/logging.h"
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
@@ -222,14 +223,32 @@ absl::StatusOr<std::unique_ptr<EtcdJournal>> EtcdJournal::Open(
                      " (--journal): is etcd running there?"));
   }
   bool formatted = false;
-  RETURN_IF_ERROR(journal->CheckFormat(&formatted));
   // A standby keeps applying what the leader writes, so taking over needs
   // only the last few commits.
   auto catch_up = [&](bool leading) {
     return journal->CatchUp(apply, reset, leading);
   };
-  RETURN_IF_ERROR(catch_up(false));
-  RETURN_IF_ERROR(journal->Campaign([&] { return catch_up(false); }));
+  // Once etcd has answered, a standby rides out etcd's own trouble (a lost
+  // quorum, a raft election: UNAVAILABLE) and keeps trying; anything else
+  // (a foreign prefix, a damaged log) ends Open.
+  Backoff backoff(absl::Milliseconds(100), absl::Seconds(2));
+  while (true) {
+    absl::Status waited = [&]() -> absl::Status {
+      RETURN_IF_ERROR(journal->CheckFormat(&formatted));
+      RETURN_IF_ERROR(catch_up(false));
+      return journal->Campaign([&] { return catch_up(false); });
+    }();
+    if (waited.ok()) break;
+    const bool cancelled =
+        journal->options_.cancel != nullptr && journal->options_.cancel->load();
+    if (waited.code() != absl::StatusCode::kUnavailable || cancelled) {
+      return waited;
+    }
+    LogWarning("etcd journal %s%s: %s; trying again as a standby",
+               journal->endpoints_text_, journal->options_.prefix,
+               waited.message());
+    absl::SleepFor(backoff.NextWait());
+  }
   journal->keepalive_ = std::thread([j = journal.get()] { j->KeepAlive(); });
   if (!formatted) {
     RETURN_IF_ERROR(journal->FencedTxn(
@@ -287,9 +306,9 @@ absl::Status EtcdJournal::Campaign(
       leader = resp.responses(0).response_range().kvs(0).value();
     }
     if (leader != last_seen) {
+      if (options_.on_standby) options_.on_standby(leader);
       LogInfo("etcd journal %s%s: standby; %s leads", endpoints_text_,
               options_.prefix, leader);
-      if (options_.on_standby) options_.on_standby(leader);
       last_seen = leader;
     }
     // Our own lease must outlive the wait.
@@ -306,7 +325,10 @@ absl::Status EtcdJournal::Campaign(
       ctx->TryCancel();
       stream->Finish().ok();
     }
-    if (stopping_.load()) return absl::CancelledError("stopping");
+    if (stopping_.load() ||
+        (options_.cancel != nullptr && options_.cancel->load())) {
+      return absl::CancelledError("stopped while standing by");
+    }
     RETURN_IF_ERROR(while_waiting());
     absl::SleepFor(
         std::min(options_.election_ttl / 4, absl::Milliseconds(250)));

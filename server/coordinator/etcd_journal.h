@@ -74,6 +74,9 @@ struct EtcdJournalOptions {
   // Called while Open waits for another coordinator's leadership to end,
   // with the leader key's value (once per change).
   std::function<void(const std::string& leader)> on_standby;
+  // Set (by another thread) = Open stops waiting as a standby and returns
+  // CANCELLED.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // "etcd://HOST:PORT[,HOST:PORT...]/PREFIX" -> endpoints and prefix

@@ -2,20 +2,24 @@
 #include <prometheus/registry.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
+#include "server/coordinator/coordinator_front_door.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/etcd_journal.h"
 #include "server/coordinator/grpc_coordinator_service.h"
@@ -28,8 +32,10 @@ ABSL_FLAG(std::string, journal, "",
           "etcd://HOST:PORT[,HOST:PORT...]/PREFIX keeps it in etcd v3 under "
           "PREFIX, so any number of coordinators may run against it: one "
           "leads, the others wait as standbys and take over when it dies. A "
-          "coordinator that loses the lead exits with status 75 (its "
-          "supervisor restarts it as a standby).");
+          "standby listens, reports readiness NOT_SERVING and answers every "
+          "RPC with UNAVAILABLE naming the leader. A coordinator that loses "
+          "the lead exits with status 75 (its supervisor restarts it as a "
+          "standby).");
 ABSL_FLAG(std::string, etcd_ca_cert, "",
           "CA certificate (PEM) to verify etcd's client port with; empty = "
           "plaintext to etcd.");
@@ -41,7 +47,9 @@ ABSL_FLAG(absl::Duration, election_ttl, absl::Seconds(2),
           "over this long after the leader's last keep-alive.");
 ABSL_FLAG(std::string, advertise, "",
           "With an etcd journal: the address written as the leader's "
-          "identity (default: this host's name and the --listen port).");
+          "address, given to clients in the UNAVAILABLE a standby answers "
+          "with (default: the --listen host, or this host's name when it is "
+          "a wildcard, and the bound port).");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "How often trainers heartbeat (sent to them in Welcome).");
 ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
@@ -95,7 +103,6 @@ ABSL_FLAG(
     "a lease "
     "secret is configured. Without TLS and a lease secret this is always so.");
 ABSL_DECLARE_FLAG(std::string, tls_cert);
-ABSL_DECLARE_FLAG(std::string, listen);
 ABSL_DECLARE_FLAG(std::string, tls_client_ca);
 ABSL_FLAG(int32_t, max_world_size, 65536,
           "Largest JobSpec.world_size accepted.");
@@ -185,15 +192,8 @@ EtcdJournalFromFlags() {
   tls.cert_flag = "--etcd_cert";
   tls.key_flag = "--etcd_key";
   ASSIGN_OR_RETURN(etcd.credentials, sluice::ClientCredentialsFromFiles(tls));
+  // Empty: this host's name and the bound port (set once listening).
   etcd.identity = absl::GetFlag(FLAGS_advertise);
-  if (etcd.identity.empty()) {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    const std::string listen = absl::GetFlag(FLAGS_listen);
-    const size_t colon = listen.rfind(':');
-    etcd.identity = absl::StrCat(
-        host, colon == std::string::npos ? "" : listen.substr(colon));
-  }
   etcd.on_leadership_lost = [](const absl::Status& why) {
     // Crash-only: the journal refuses this coordinator's writes from now
     // on; trainers and data servers reconnect to the new leader as after a
@@ -206,6 +206,10 @@ EtcdJournalFromFlags() {
   return etcd;
 }
 
+// The coordinator's services. With a local journal the coordinator serves
+// as soon as it listens. With the journal in etcd it listens at once as a
+// standby (readiness NOT_SERVING, every RPC UNAVAILABLE naming the leader)
+// while a thread campaigns, and serves, ready, once it leads.
 class CoordinatorServices : public sluice::ServiceSet {
  public:
   static absl::StatusOr<std::unique_ptr<CoordinatorServices>> Create(
@@ -214,7 +218,7 @@ class CoordinatorServices : public sluice::ServiceSet {
         std::unique_ptr<CoordinatorServices>(new CoordinatorServices());
     services->metrics_ =
         std::make_unique<sluice::CoordinatorMetrics>(*registry);
-    sluice::CoordinatorOptions options;
+    sluice::CoordinatorOptions& options = services->options_;
     options.journal_dir = absl::GetFlag(FLAGS_journal_dir);
     ASSIGN_OR_RETURN(options.etcd_journal, EtcdJournalFromFlags());
     options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
@@ -244,22 +248,99 @@ class CoordinatorServices : public sluice::ServiceSet {
           "cannot "
           "tell a granted lease from a forged one");
     }
-    ASSIGN_OR_RETURN(services->logic_,
-                     sluice::CoordinatorService::Create(options));
-    ASSIGN_OR_RETURN(sluice::AccessPolicy admin,
+    ASSIGN_OR_RETURN(services->admin_,
                      AccessPolicyFromFlags(!options.lease_secret.empty()));
-    services->grpc_ = std::make_unique<sluice::GrpcCoordinatorService>(
-        services->logic_.get(), std::move(admin));
+    if (options.etcd_journal.has_value()) {
+      sluice::CoordinatorFrontDoor* door = &services->front_door_;
+      options.etcd_journal->on_standby = [door](const std::string& leader) {
+        door->SetLeader(leader == "?" ? "" : leader);
+      };
+      options.etcd_journal->cancel = &services->cancel_;
+      return services;
+    }
+    RETURN_IF_ERROR(services->StartLeading());
     return services;
   }
-  std::vector<grpc::Service*> services() override { return {grpc_.get()}; }
-  void Drain() override { grpc_->Drain(); }
+
+  ~CoordinatorServices() override { StopCampaign(); }
+
+  // Called before Started, on one thread.
+  std::vector<grpc::Service*> services() override
+      ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (standby_first()) return {&front_door_};
+    return {grpc_.get()};
+  }
+  bool ReadyWhenStarted() const override { return !standby_first(); }
+
+  absl::Status Started(const sluice::HostPort& bound) override {
+    if (!standby_first()) return absl::OkStatus();
+    if (absl::GetFlag(FLAGS_advertise).empty()) {
+      // The bound port (--listen may have asked for port 0), and the listen
+      // host unless it is a wildcard.
+      std::string host = bound.host;
+      if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") {
+        char name[256] = {};
+        gethostname(name, sizeof(name) - 1);
+        host = name;
+      }
+      options_.etcd_journal->identity =
+          sluice::HostPort{host, bound.port}.ToString();
+    }
+    metrics_->is_leader.Set(0);
+    campaign_ = std::thread([this] {
+      absl::Status led = StartLeading();
+      if (led.ok() || cancel_.load()) return;
+      // Nothing to serve without the journal (etcd unreachable, a foreign
+      // prefix ...): the same exit as failing before listening.
+      sluice::LogError("%s", led.message());
+      std::fflush(nullptr);
+      _exit(led.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+    });
+    return absl::OkStatus();
+  }
+
+  void Drain() override {
+    StopCampaign();
+    absl::MutexLock lock(&mu_);
+    if (grpc_ != nullptr) grpc_->Drain();
+  }
 
  private:
   CoordinatorServices() = default;
+
+  bool standby_first() const { return options_.etcd_journal.has_value(); }
+
+  // Opens the journal (with etcd: blocks until this coordinator leads),
+  // then serves.
+  absl::Status StartLeading() {
+    ASSIGN_OR_RETURN(std::unique_ptr<sluice::CoordinatorService> logic,
+                     sluice::CoordinatorService::Create(options_));
+    absl::MutexLock lock(&mu_);
+    if (cancel_.load()) return absl::CancelledError("draining");
+    logic_ = std::move(logic);
+    grpc_ =
+        std::make_unique<sluice::GrpcCoordinatorService>(logic_.get(), admin_);
+    front_door_.Lead(grpc_.get());
+    metrics_->is_leader.Set(1);
+    metrics_->leader_changes.Increment();
+    set_ready(true);
+    return absl::OkStatus();
+  }
+
+  void StopCampaign() {
+    cancel_.store(true);
+    if (campaign_.joinable()) campaign_.join();
+  }
+
+  sluice::CoordinatorOptions options_;
+  sluice::AccessPolicy admin_;
   std::unique_ptr<sluice::CoordinatorMetrics> metrics_;
-  std::unique_ptr<sluice::CoordinatorService> logic_;
-  std::unique_ptr<sluice::GrpcCoordinatorService> grpc_;
+  std::atomic<bool> cancel_{false};
+  std::thread campaign_;
+  absl::Mutex mu_;
+  std::unique_ptr<sluice::CoordinatorService> logic_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<sluice::GrpcCoordinatorService> grpc_ ABSL_GUARDED_BY(mu_);
+  sluice::CoordinatorFrontDoor front_door_;
 };
 
 }  // namespace

@@ -60,11 +60,11 @@ void CoordinatorRegistration::Run() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(kMaxRetry)));
-  auto channel = grpc::CreateCustomChannel(
-      GrpcTarget(options_.coordinator),
-      options_.credentials ? options_.credentials
-                           : grpc::InsecureChannelCredentials(),
-      args);
+  auto channel = CoordinatorChannel(options_.coordinator,
+                                    options_.credentials
+                                        ? options_.credentials
+                                        : grpc::InsecureChannelCredentials(),
+                                    args);
   auto stub = v1::Coordinator::NewStub(channel);
   Backoff backoff(absl::Milliseconds(100), kMaxRetry);
   bool reported_failure = false;

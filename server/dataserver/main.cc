@@ -99,8 +99,8 @@ ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
 ABSL_FLAG(std::string, coordinator, "",
           "Coordinator HOST:PORT to register with (and heartbeat to); empty = "
           "standalone. Re-registers when the coordinator restarts. Several "
-          "IPv4 HOST:PORTs, comma-separated: the one that accepts (with an "
-          "etcd journal, the leading coordinator).");
+          "IPv4 HOST:PORTs, comma-separated: the one whose readiness is "
+          "SERVING (with an etcd journal, the leading coordinator).");
 ABSL_FLAG(std::string, coordinator_ca, "",
           "PEM CA certificate(s) to verify the coordinator with: set = "
           "register over TLS "

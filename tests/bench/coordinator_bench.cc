@@ -619,6 +619,12 @@ int RunEtcd() {
                  leader.status().ToString().c_str());
     return 1;
   }
+  if (absl::Status ready = sluice::testing::WaitForReadiness(
+          leader->grpc_address, true, absl::Seconds(30));
+      !ready.ok()) {
+    std::fprintf(stderr, "leader: %s\n", ready.ToString().c_str());
+    return 1;
+  }
   for (const auto* c : {&*local, &*leader}) {
     absl::Status created = CreateBenchJob(c->grpc_address);
     if (!created.ok()) {
@@ -653,27 +659,28 @@ int RunEtcd() {
   const LeaseRate e = median(etcd_rates, false), l = median(local_rates, false);
   const LeaseRate ep = median(etcd_paced, true), lp = median(local_paced, true);
 
-  // Failover: a standby on the same prefix, the leader SIGKILLed.
+  // Failover: a standby on the same prefix, the leader SIGKILLed; a
+  // trainer asks the standby for a lease until it grants one.
   absl::StatusOr<sluice::testing::ServerProcess> standby =
-      absl::UnknownError("not started");
-  std::thread starter([&] {
-    standby = sluice::testing::ServerProcess::Start(
-        "sluice-coordinator", dir.path(), etcd_args, absl::Seconds(60));
-  });
-  const absl::Time wait_until = absl::Now() + absl::Seconds(30);
-  while (!AnotherLogHolds(dir.path(), leader->log_path, "standby;") &&
-         absl::Now() < wait_until) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  const absl::Time killed = absl::Now();
-  leader->process.Kill();
-  starter.join();
+      sluice::testing::ServerProcess::Start("sluice-coordinator", dir.path(),
+                                            etcd_args);
   if (!standby.ok()) {
     std::fprintf(stderr, "standby: %s\n", standby.status().ToString().c_str());
     return 1;
   }
-  auto grant = sluice::testing::FirstGrant(standby->grpc_address, "bench",
-                                           "failover-trainer");
+  const absl::Time wait_until = absl::Now() + absl::Seconds(30);
+  while (!AnotherLogHolds(dir.path(), leader->log_path, "standby;") &&
+         absl::Now() < wait_until) {
+    absl::SleepFor(absl::Milliseconds(10));  // polls the standby's log
+  }
+  const absl::Time killed = absl::Now();
+  leader->process.Kill();
+  absl::StatusOr<sluice::v1::Lease> grant;
+  do {
+    grant = sluice::testing::FirstGrant(standby->grpc_address, "bench",
+                                        "failover-trainer");
+    if (!grant.ok()) absl::SleepFor(absl::Milliseconds(10));  // a retry
+  } while (!grant.ok() && absl::Now() - killed < absl::Seconds(60));
   const double failover_s = absl::ToDoubleSeconds(absl::Now() - killed);
   if (!grant.ok()) {
     std::fprintf(stderr, "grant after failover: %s\n",

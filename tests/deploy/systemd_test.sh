@@ -14,12 +14,12 @@ for unit in "$src"/k8s/systemd/*.service; do
   sed "s|/usr/local/bin/|$bin/|g" "$unit" > "$out/$(basename "$unit")"
   units+=("$out/$(basename "$unit")")
 done
-[ "${#units[@]}" -eq 2 ] || { echo "expected the coordinator and data server units"; exit 1; }
+[ "${#units[@]}" -eq 3 ] || { echo "expected the coordinator, data server and etcd units"; exit 1; }
 if ! systemd-analyze verify --man=no "${units[@]}" > "$out/log" 2>&1 || [ -s "$out/log" ]; then
   cat "$out/log"
   exit 1
 fi
-# Hardening is on in both.
+# Hardening is on in each.
 for u in "${units[@]}"; do
   for key in NoNewPrivileges=yes ProtectSystem=strict DynamicUser=yes CapabilityBoundingSet= \
              RestrictAddressFamilies= SystemCallFilter=@system-service PrivateTmp=yes; do

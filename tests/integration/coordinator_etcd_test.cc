@@ -13,10 +13,12 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/common/loopback_port.h"
 #include "sluice/reader.h"
@@ -53,27 +55,6 @@ v1::JobSpec Spec(const std::string& name) {
   return spec;
 }
 
-// Polls the coordinator logs in `dir` other than `except` until one holds
-// `text`.
-bool AnotherLogShows(const std::string& dir, const std::string& except,
-                     const std::string& text, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-      const std::string path = entry.path().string();
-      if (path == except ||
-          path.find("sluice-coordinator") == std::string::npos ||
-          entry.path().extension() != ".log") {
-        continue;
-      }
-      std::optional<std::string> log = ReadWholeFile(path);
-      if (log && log->find(text) != std::string::npos) return true;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
-}
-
 // Polls `path` (a server's log) until it holds `text`.
 bool LogShows(const std::string& path, const std::string& text,
               absl::Duration timeout) {
@@ -86,55 +67,63 @@ bool LogShows(const std::string& path, const std::string& text,
   return false;
 }
 
-// Starts a standby coordinator on a thread (ServerProcess::Start returns
-// once it leads and listens). A test that ends early kills the leader, so
-// the start ends, and joins the thread.
-class StandbyStart {
- public:
-  StandbyStart(ServerProcess& leader, const std::string& dir,
-               const std::vector<std::string>& args)
-      : leader_(leader), thread_([this, dir, args] {
-          result_ = ServerProcess::Start("sluice-coordinator", dir, args,
-                                         absl::Seconds(90));
-        }) {}
-  ~StandbyStart() {
-    if (!thread_.joinable()) return;
-    leader_.process.Kill();
-    thread_.join();
-  }
-  absl::StatusOr<ServerProcess>& Join() {
-    thread_.join();
-    return result_;
-  }
+// Starts a coordinator with `args` on 127.0.0.1:`port` (0 = any).
+absl::StatusOr<ServerProcess> StartCoordinator(const std::string& dir,
+                                               std::vector<std::string> args,
+                                               int port = 0) {
+  args.push_back(absl::StrCat("--listen=127.0.0.1:", port));
+  return ServerProcess::Start("sluice-coordinator", dir, args);
+}
 
- private:
-  ServerProcess& leader_;
-  absl::StatusOr<ServerProcess> result_ = absl::UnknownError("not started");
-  std::thread thread_;
-};
+std::string PortOf(const std::string& address) {
+  return address.substr(address.rfind(':') + 1);
+}
 
-TEST(CoordinatorEtcdTest, AStandbyTakesOverTheJobsAndLeasesOfAKilledLeader) {
+TEST(CoordinatorEtcdTest, AStandbyRefusesNamingTheLeaderThenTakesOverItsJobs) {
   TempDir dir;
   auto etcd = Etcd::Start(dir.path());
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   const std::vector<std::string> args = {
       absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/sluice/test"),
       "--election_ttl=1s", "--wait_for_data_servers=false"};
-  auto a = ServerProcess::Start("sluice-coordinator", dir.path(), args);
+  auto a = StartCoordinator(dir.path(), args);
   ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(
+      testing::WaitForReadiness(a->grpc_address, true, absl::Seconds(30)).ok());
+  EXPECT_TRUE(testing::WaitForMetric(a->metrics_address,
+                                     "sluice_coordinator_is_leader 1"));
   ASSERT_TRUE(testing::CreateJob(a->grpc_address, Spec("ha")).ok());
   auto lease = testing::FirstGrant(a->grpc_address, "ha", "trainer-1");
   ASSERT_TRUE(lease.ok()) << lease.status();
 
-  // A second coordinator on the same prefix waits as a standby (it does not
-  // listen until it leads).
-  StandbyStart standby(*a, dir.path(), args);
-  ASSERT_TRUE(
-      AnotherLogShows(dir.path(), a->log_path, "standby;", absl::Seconds(30)));
-  a->process.Kill();
-  absl::StatusOr<ServerProcess>& b = standby.Join();
+  // A second coordinator on the same prefix listens as a standby: not
+  // ready, and every RPC (unary or stream) is UNAVAILABLE naming the leader.
+  auto b = StartCoordinator(dir.path(), args);
   ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(LogShows(b->log_path, "standby;", absl::Seconds(30)));
+  EXPECT_TRUE(testing::WaitForMetric(b->metrics_address,
+                                     "sluice_coordinator_is_leader 0"));
+  EXPECT_TRUE(
+      testing::WaitForReadiness(b->grpc_address, false, absl::Seconds(5)).ok());
+  const absl::Status refused = testing::CreateJob(b->grpc_address, Spec("x"));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("standby coordinator"));
+  auto hint = testing::NotLeaderHint(refused);
+  ASSERT_TRUE(hint.ok()) << hint.status();
+  EXPECT_THAT(*hint, ::testing::EndsWith(":" + PortOf(a->grpc_address)));
+  auto no_session = testing::FirstGrant(b->grpc_address, "ha", "trainer-2");
+  ASSERT_FALSE(no_session.ok());
+  EXPECT_EQ(no_session.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(testing::NotLeaderHint(no_session.status()).value_or(""), *hint);
+
+  a->process.Kill();
+  ASSERT_TRUE(
+      testing::WaitForReadiness(b->grpc_address, true, absl::Seconds(30)).ok());
   EXPECT_TRUE(LogShows(b->log_path, "recovered", absl::Seconds(1)));
+  EXPECT_TRUE(testing::WaitForMetric(b->metrics_address,
+                                     "sluice_coordinator_is_leader 1"));
+  EXPECT_TRUE(testing::WaitForMetric(
+      b->metrics_address, "sluice_coordinator_leader_changes_total 1"));
 
   // The job, and trainer-1's lease, survived: its session gets the same
   // lease back.
@@ -143,10 +132,17 @@ TEST(CoordinatorEtcdTest, AStandbyTakesOverTheJobsAndLeasesOfAKilledLeader) {
   EXPECT_EQ(again->lease_id(), lease->lease_id());
   EXPECT_EQ(again->unit().begin(), lease->unit().begin());
   EXPECT_EQ(again->unit().end(), lease->unit().end());
-  b->process.Signal(SIGTERM);
-  auto code = b->process.WaitForExit(absl::Seconds(30));
-  ASSERT_TRUE(code.ok());
-  EXPECT_EQ(*code, 0);
+
+  // A standby stops on SIGTERM like the leader.
+  auto c = StartCoordinator(dir.path(), args);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(LogShows(c->log_path, "standby;", absl::Seconds(30)));
+  for (ServerProcess* p : {&*c, &*b}) {
+    p->process.Signal(SIGTERM);
+    auto code = p->process.WaitForExit(absl::Seconds(30));
+    ASSERT_TRUE(code.ok());
+    EXPECT_EQ(*code, 0);
+  }
 }
 
 TEST(CoordinatorEtcdTest, APausedLeaderIsDeposedAndExitsWithoutWriting) {
@@ -156,16 +152,18 @@ TEST(CoordinatorEtcdTest, APausedLeaderIsDeposedAndExitsWithoutWriting) {
   const std::vector<std::string> args = {
       absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/sluice/split"),
       "--election_ttl=1s", "--wait_for_data_servers=false"};
-  auto a = ServerProcess::Start("sluice-coordinator", dir.path(), args);
+  auto a = StartCoordinator(dir.path(), args);
   ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(testing::CreateJob(a->grpc_address, Spec("split")).ok());
-  StandbyStart standby(*a, dir.path(), args);
   ASSERT_TRUE(
-      AnotherLogShows(dir.path(), a->log_path, "standby;", absl::Seconds(30)));
+      testing::WaitForReadiness(a->grpc_address, true, absl::Seconds(30)).ok());
+  ASSERT_TRUE(testing::CreateJob(a->grpc_address, Spec("split")).ok());
+  auto b = StartCoordinator(dir.path(), args);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(LogShows(b->log_path, "standby;", absl::Seconds(30)));
   // The leader pauses longer than its lease: the standby takes over.
   a->process.Signal(SIGSTOP);
-  absl::StatusOr<ServerProcess>& b = standby.Join();
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(
+      testing::WaitForReadiness(b->grpc_address, true, absl::Seconds(30)).ok());
   auto first = testing::FirstGrant(b->grpc_address, "split", "trainer-b");
   ASSERT_TRUE(first.ok()) << first.status();
   // Resumed, the old leader finds its lease gone and exits before granting
@@ -208,79 +206,216 @@ v1::JobSpec WriteShards(const TempDir& dir, const std::string& job) {
   return spec;
 }
 
-// Reads `job` as rank 0 until done: how often each (shard, index) came;
-// `after(n)` runs after the n-th sample. ADD_FAILUREs on a reader error.
-std::map<std::pair<int, int64_t>, int> ReadEpoch(
-    const std::string& coordinator, const std::string& job, int64_t* reconnects,
-    const std::function<void(int64_t)>& after) {
-  std::map<std::pair<int, int64_t>, int> seen;
+// What readers saw: per epoch, how often each (shard, index) came, and per
+// rank, how many samples.
+struct Seen {
+  absl::Mutex mu;
+  std::map<int64_t, std::map<std::pair<int, int64_t>, int>> samples
+      ABSL_GUARDED_BY(mu);
+  std::map<std::pair<int, int64_t>, int64_t> per_rank_epoch ABSL_GUARDED_BY(mu);
+  int64_t delivered ABSL_GUARDED_BY(mu) = 0;
+  int64_t reconnects ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Reads `job` as `rank` until done into `seen`. ADD_FAILUREs on a reader
+// error.
+void ReadJob(const std::string& coordinator, const std::string& job, int rank,
+             Seen* seen) {
   ReaderOptions o;
   o.coordinator = coordinator;
   o.job = job;
-  o.rank = 0;
+  o.rank = rank;
   o.buffer_samples = 32;
   o.progress_interval = absl::Milliseconds(100);
   o.reconnect_timeout = absl::Seconds(60);
   auto reader = Reader::Create(o);
   if (!reader.ok()) {
     ADD_FAILURE() << reader.status();
-    return seen;
+    return;
   }
-  int64_t n = 0;
   while (true) {
     auto e = (*reader)->Next();
     if (!e.ok()) {
-      ADD_FAILURE() << e.status();
+      ADD_FAILURE() << "rank " << rank << ": " << e.status();
       break;
     }
     if (e->kind == ReaderEvent::Kind::kDone) break;
     if (e->kind != ReaderEvent::Kind::kSample) continue;
-    ++seen[{e->sample.shard_index, e->sample.index}];
-    after(++n);
+    absl::MutexLock lock(&seen->mu);
+    ++seen->samples[e->sample.epoch][{e->sample.shard_index, e->sample.index}];
+    ++seen->per_rank_epoch[{rank, e->sample.epoch}];
+    ++seen->delivered;
   }
-  *reconnects = (*reader)->stats().reconnects;
-  return seen;
+  absl::MutexLock lock(&seen->mu);
+  seen->reconnects += (*reader)->stats().reconnects;
 }
 
-TEST(CoordinatorEtcdTest, ReadersAndDataServersFollowTheLeaderThroughFailover) {
+// Blocks until `seen` has `n` samples delivered.
+void AwaitDelivered(Seen* seen, int64_t n) {
+  std::pair<Seen*, int64_t> arg(seen, n);
+  seen->mu.LockWhen(absl::Condition(
+      +[](std::pair<Seen*, int64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return a->first->delivered >= a->second;
+      },
+      &arg));
+  seen->mu.Unlock();
+}
+
+// Every epoch in [0, epochs) holds each of `samples` samples exactly once,
+// and each of `ranks` ranks got samples / ranks of it.
+void ExpectExactlyOnce(Seen* seen, int epochs, int ranks, size_t samples) {
+  absl::MutexLock lock(&seen->mu);
+  for (int e = 0; e < epochs; ++e) {
+    EXPECT_EQ(seen->samples[e].size(), samples) << "epoch " << e;
+    for (const auto& [key, count] : seen->samples[e]) {
+      EXPECT_EQ(count, 1) << "epoch " << e << ": " << key.first << "/"
+                          << key.second;
+    }
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_EQ((seen->per_rank_epoch[{r, e}]),
+                static_cast<int64_t>(samples) / ranks)
+          << "epoch " << e << " rank " << r;
+    }
+  }
+}
+
+std::string ClusterJournal(const std::vector<std::unique_ptr<Etcd>>& members,
+                           const std::string& prefix) {
+  std::string url = "--journal=etcd://";
+  for (size_t i = 0; i < members.size(); ++i) {
+    absl::StrAppend(&url, i ? "," : "", members[i]->endpoint());
+  }
+  return url + prefix;
+}
+
+TEST(CoordinatorEtcdTest, FourRanksReadThreeEpochsExactlyOnceThroughTwoKills) {
   TempDir dir;
-  auto etcd = Etcd::Start(dir.path());
-  ASSERT_TRUE(etcd.ok()) << etcd.status();
-  const v1::JobSpec spec = WriteShards(dir, "failover");
-  const std::vector<std::string> args = {
-      absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/sluice/fo"),
-      "--election_ttl=1s", "--heartbeat_interval=200ms"};
-  auto a = ServerProcess::Start("sluice-coordinator", dir.path(), args);
-  ASSERT_TRUE(a.ok()) << a.status();
-  const int standby_port = ReserveLoopbackPort();
-  ASSERT_GT(standby_port, 0);
-  std::vector<std::string> b_args = args;
-  b_args.push_back(absl::StrCat("--listen=127.0.0.1:", standby_port));
-  StandbyStart standby(*a, dir.path(), b_args);
-  ASSERT_TRUE(
-      AnotherLogShows(dir.path(), a->log_path, "standby;", absl::Seconds(30)));
+  auto members = Etcd::StartCluster(dir.path(), 3);
+  ASSERT_TRUE(members.ok()) << members.status();
+  v1::JobSpec spec = WriteShards(dir, "kills");
+  spec.set_world_size(4);
+  spec.set_num_epochs(3);
+  const std::vector<std::string> args = {ClusterJournal(*members, "/sluice/k"),
+                                         "--election_ttl=1s",
+                                         "--heartbeat_interval=200ms"};
+  // Two coordinators on fixed ports: the supervisor (this test) restarts a
+  // killed one on its port, as a standby.
+  const int ports[2] = {ReserveLoopbackPort(), ReserveLoopbackPort()};
+  ASSERT_GT(ports[0], 0);
+  ASSERT_GT(ports[1], 0);
+  std::optional<ServerProcess> coordinators[2];
+  for (int i = 0; i < 2; ++i) {
+    auto c = StartCoordinator(dir.path(), args, ports[i]);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinators[i].emplace(std::move(*c));
+    if (i == 0) {
+      ASSERT_TRUE(testing::WaitForReadiness(coordinators[0]->grpc_address, true,
+                                            absl::Seconds(30))
+                      .ok());
+    }
+  }
   // Every client is given both coordinators.
   const std::string both =
-      absl::StrCat(a->grpc_address, ",127.0.0.1:", standby_port);
+      absl::StrCat("127.0.0.1:", ports[0], ",127.0.0.1:", ports[1]);
+  std::vector<ServerProcess> data;
+  for (int i = 0; i < 2; ++i) {
+    auto d = ServerProcess::Start(
+        "sluice-dataserver", dir.path(),
+        {"--roots=" + dir.File("shards"), "--coordinator=" + both});
+    ASSERT_TRUE(d.ok()) << d.status();
+    data.push_back(std::move(*d));
+  }
+  ASSERT_TRUE(testing::WaitForMetric(coordinators[0]->metrics_address,
+                                     "sluice_coordinator_data_servers 2"));
+  ASSERT_TRUE(testing::CreateJob(coordinators[0]->grpc_address, spec).ok());
+
+  // Two kills of whichever coordinator leads, at random moments of the
+  // 1200 deliveries.
+  const unsigned seed = std::random_device()();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937 random(seed);
+  const int64_t kill_at[2] = {
+      std::uniform_int_distribution<int64_t>(60, 500)(random),
+      std::uniform_int_distribution<int64_t>(650, 1100)(random)};
+  Seen seen;
+  std::thread supervisor([&] {
+    for (int64_t at : kill_at) {
+      AwaitDelivered(&seen, at);
+      int leader = -1;
+      for (int i = 0; i < 2 && leader < 0; ++i) {
+        if (testing::WaitForReadiness(coordinators[i]->grpc_address, true,
+                                      absl::Seconds(10))
+                .ok()) {
+          leader = i;
+        }
+      }
+      if (leader < 0) {
+        ADD_FAILURE() << "no coordinator leads";
+        return;
+      }
+      coordinators[leader]->process.Kill();
+      auto restarted = StartCoordinator(dir.path(), args, ports[leader]);
+      if (!restarted.ok()) {
+        ADD_FAILURE() << restarted.status();
+        return;
+      }
+      coordinators[leader].emplace(std::move(*restarted));
+    }
+  });
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back([&, r] { ReadJob(both, "kills", r, &seen); });
+  }
+  for (std::thread& t : ranks) t.join();
+  supervisor.join();
+  ExpectExactlyOnce(&seen, 3, 4, 400);
+  absl::MutexLock lock(&seen.mu);
+  EXPECT_GE(seen.reconnects, 2);
+}
+
+TEST(CoordinatorEtcdTest, WithoutAQuorumTheLeaderStepsDownAndResumesAfter) {
+  TempDir dir;
+  auto members = Etcd::StartCluster(dir.path(), 3);
+  ASSERT_TRUE(members.ok()) << members.status();
+  const v1::JobSpec spec = WriteShards(dir, "quorum");
+  const std::vector<std::string> args = {ClusterJournal(*members, "/sluice/q"),
+                                         "--election_ttl=1s",
+                                         "--heartbeat_interval=200ms"};
+  const int port = ReserveLoopbackPort();
+  ASSERT_GT(port, 0);
+  auto c = StartCoordinator(dir.path(), args, port);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(
+      testing::WaitForReadiness(c->grpc_address, true, absl::Seconds(30)).ok());
   auto data = ServerProcess::Start(
       "sluice-dataserver", dir.path(),
-      {"--roots=" + dir.File("shards"), "--coordinator=" + both});
+      {"--roots=" + dir.File("shards"), "--coordinator=" + c->grpc_address});
   ASSERT_TRUE(data.ok()) << data.status();
-  ASSERT_TRUE(testing::WaitForMetric(a->metrics_address,
+  ASSERT_TRUE(testing::WaitForMetric(c->metrics_address,
                                      "sluice_coordinator_data_servers 1"));
-  ASSERT_TRUE(testing::CreateJob(a->grpc_address, spec).ok());
-
-  int64_t reconnects = 0;
-  const auto seen = ReadEpoch(both, "failover", &reconnects, [&](int64_t n) {
-    if (n == 120) a->process.Kill();  // the leader dies mid-epoch
-  });
-  absl::StatusOr<ServerProcess>& b = standby.Join();
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(seen.size(), 400u);
-  for (const auto& [key, count] : seen) {
-    EXPECT_EQ(count, 1) << key.first << "/" << key.second;
-  }
-  EXPECT_GE(reconnects, 1);
+  ASSERT_TRUE(testing::CreateJob(c->grpc_address, spec).ok());
+  Seen seen;
+  std::thread reader(
+      [&] { ReadJob(c->grpc_address, "quorum", /*rank=*/0, &seen); });
+  AwaitDelivered(&seen, 120);
+  // Two of three members stop: etcd has no quorum, so the leader cannot
+  // keep its lease or commit anything, and steps down.
+  (*members)[1]->process().Signal(SIGSTOP);
+  (*members)[2]->process().Signal(SIGSTOP);
+  auto code = c->process.WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 75);
+  EXPECT_TRUE(LogShows(c->log_path, "no longer leading", absl::Seconds(1)));
+  // The quorum returns; the coordinator, restarted by its supervisor, leads
+  // again and the epoch completes exactly once.
+  (*members)[1]->process().Signal(SIGCONT);
+  (*members)[2]->process().Signal(SIGCONT);
+  auto again = StartCoordinator(dir.path(), args, port);
+  ASSERT_TRUE(again.ok()) << again.status();
+  reader.join();
+  ExpectExactlyOnce(&seen, 1, 1, 400);
+  EXPECT_TRUE(again->process.running())
+      << ReadWholeFile(again->log_path).value_or("");
 }
 
 TEST(CoordinatorEtcdTest, AnEtcdMemberDyingMidEpochIsOnlyLatency) {
@@ -289,13 +424,12 @@ TEST(CoordinatorEtcdTest, AnEtcdMemberDyingMidEpochIsOnlyLatency) {
   ASSERT_TRUE(members.ok()) << members.status();
   const v1::JobSpec spec = WriteShards(dir, "three");
   // The coordinator talks to the first member that accepts: member 0.
-  auto c = ServerProcess::Start(
-      "sluice-coordinator", dir.path(),
-      {absl::StrCat("--journal=etcd://", (*members)[0]->endpoint(), ",",
-                    (*members)[1]->endpoint(), ",", (*members)[2]->endpoint(),
-                    "/sluice/three"),
-       "--heartbeat_interval=200ms"});
+  auto c =
+      StartCoordinator(dir.path(), {ClusterJournal(*members, "/sluice/three"),
+                                    "--heartbeat_interval=200ms"});
   ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(
+      testing::WaitForReadiness(c->grpc_address, true, absl::Seconds(30)).ok());
   auto data = ServerProcess::Start(
       "sluice-dataserver", dir.path(),
       {"--roots=" + dir.File("shards"), "--coordinator=" + c->grpc_address});
@@ -303,18 +437,17 @@ TEST(CoordinatorEtcdTest, AnEtcdMemberDyingMidEpochIsOnlyLatency) {
   ASSERT_TRUE(testing::WaitForMetric(c->metrics_address,
                                      "sluice_coordinator_data_servers 1"));
   ASSERT_TRUE(testing::CreateJob(c->grpc_address, spec).ok());
-  int64_t reconnects = 0;
-  const auto seen =
-      ReadEpoch(c->grpc_address, "three", &reconnects, [&](int64_t n) {
-        if (n == 120) (*members)[0]->process().Kill();
-      });
-  EXPECT_EQ(seen.size(), 400u);
-  for (const auto& [key, count] : seen) {
-    EXPECT_EQ(count, 1) << key.first << "/" << key.second;
-  }
+  Seen seen;
+  std::thread reader(
+      [&] { ReadJob(c->grpc_address, "three", /*rank=*/0, &seen); });
+  AwaitDelivered(&seen, 120);
+  (*members)[0]->process().Kill();
+  reader.join();
+  ExpectExactlyOnce(&seen, 1, 1, 400);
   // The coordinator carried on, on the other two members.
   EXPECT_TRUE(c->process.running());
-  EXPECT_EQ(reconnects, 0);
+  absl::MutexLock lock(&seen.mu);
+  EXPECT_EQ(seen.reconnects, 0);
   EXPECT_THAT(ReadWholeFile(c->log_path).value_or(""),
               Not(HasSubstr("no longer leading")));
 }
@@ -333,6 +466,8 @@ TEST(CoordinatorEtcdTest, TalksToEtcdOverMutualTls) {
        "--etcd_cert=" + pki->client_cert, "--etcd_key=" + pki->client_key,
        "--wait_for_data_servers=false"});
   ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(
+      testing::WaitForReadiness(c->grpc_address, true, absl::Seconds(30)).ok());
   ASSERT_TRUE(testing::CreateJob(c->grpc_address, Spec("tls")).ok());
   EXPECT_TRUE(LogShows(c->log_path, "leading", absl::Seconds(1)));
   // Without a client certificate etcd refuses the connection.

@@ -156,6 +156,15 @@ TEST(SluicectlTest, UpHaKeepsServingWhenTheLeadingCoordinatorDies) {
       dir, {"job", "create", "--name=ha", "--manifest=" + dir.File("m.json"),
             "--world_size=1", "--epochs=1", c});
   ASSERT_EQ(create.code, 0) << create.output;
+  const std::vector<std::string> addresses = absl::StrSplit(clients, ',');
+  ASSERT_EQ(addresses.size(), 2u);
+  CtlRun before = Ctl(dir, {"status", c});
+  ASSERT_EQ(before.code, 0) << before.output;
+  EXPECT_THAT(before.output,
+              ::testing::ContainsRegex(addresses[0] + " +leader"));
+  EXPECT_THAT(before.output,
+              ::testing::ContainsRegex(absl::StrCat(
+                  addresses[1], " +standby \\(leader: ", addresses[0], "\\)")));
   kill(leader_pid, SIGKILL);
   // The standby takes over with the job; the data server re-registers.
   CtlRun read = Ctl(dir, {"read", "--job=ha", "--rank=0", c});
@@ -165,6 +174,12 @@ TEST(SluicectlTest, UpHaKeepsServingWhenTheLeadingCoordinatorDies) {
     lines += absl::StartsWith(l, "{\"epoch\":0,\"rank\":0,\"shard\":");
   }
   EXPECT_EQ(lines, 15);
+  CtlRun after = Ctl(dir, {"status", c});
+  ASSERT_EQ(after.code, 0) << after.output;
+  EXPECT_THAT(after.output,
+              ::testing::ContainsRegex(addresses[0] + " +unreachable"));
+  EXPECT_THAT(after.output,
+              ::testing::ContainsRegex(addresses[1] + " +leader"));
   up->Signal(SIGTERM);
   auto code = up->WaitForExit(absl::Seconds(60));
   ASSERT_TRUE(code.ok());

@@ -1,5 +1,6 @@
 """sluice.Reader against the real servers: coverage, epochs, resume."""
 import collections
+import json
 import os
 import signal
 import socket
@@ -35,23 +36,89 @@ def test_reader_reads_every_sample_once_per_epoch(cluster):
     assert set(seen.values()) == {1}
 
 
-def test_several_coordinator_addresses_reach_the_one_that_listens(cluster):
-    # With an etcd journal only the leading coordinator listens; clients
-    # are given every coordinator and use the one that accepts.
-    cluster.create_job("several", world_size=1, epochs=1)
-    with socket.socket() as s:  # a loopback port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"
-    seen = collections.Counter()
-    with sluice.Reader(f"{closed},{cluster.address}", "several") as reader:
-        while True:
-            e = reader.next_event(timeout=60)
-            if e.kind == "done":
-                break
-            if e.kind == "sample":
-                seen[(e.sample.shard_index, e.sample.index)] += 1
-    assert len(seen) == cluster.total
-    assert set(seen.values()) == {1}
+def _start_etcd(directory):
+    """A one-member etcd on a loopback port of its choosing; (process,
+    endpoint)."""
+    import re
+    os.makedirs(directory, exist_ok=True)
+    log_path = os.path.join(directory, "etcd.log")
+    log = open(log_path, "wb")
+    any_url = "http://127.0.0.1:0"
+    proc = subprocess.Popen(
+        ["/usr/bin/etcd", "--name", "test", "--data-dir", os.path.join(directory, "data"),
+         "--listen-client-urls", any_url, "--advertise-client-urls", any_url,
+         "--listen-peer-urls", any_url, "--initial-advertise-peer-urls", any_url,
+         "--initial-cluster", "test=" + any_url, "--log-outputs", "stderr"],
+        stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    serving = re.compile(rb"serving (?:insecure )?client requests on (127\.0\.0\.1:[0-9]+)")
+
+    def endpoint():
+        assert proc.poll() is None, open(log_path, "rb").read()[-2000:]
+        m = serving.search(open(log_path, "rb").read())
+        return m and m.group(1).decode()
+    from conftest import _wait_for
+    return proc, _wait_for(endpoint, 30, "etcd to serve")
+
+
+def _ready(address):
+    from conftest import BIN
+    return subprocess.run([os.path.join(BIN, "sluicectl"), "health",
+                           address, "--service=readiness", "--timeout=2s"],
+                          capture_output=True).returncode == 0
+
+
+def test_a_reader_given_both_coordinators_follows_the_leader_through_a_kill(tmp_path):
+    # Two coordinators share a journal in etcd: the leader serves, the
+    # standby listens but is not ready. The Reader is given the standby
+    # first; it reads from the leader, and from the standby once the leader
+    # is killed and the standby takes over: every sample exactly once.
+    from conftest import BIN, Server, _wait_for, write_shards
+    etcd, endpoint = _start_etcd(str(tmp_path / "etcd"))
+    servers = []
+    try:
+        urls = write_shards(str(tmp_path / "shards"), 6, 17)
+        journal = [f"--journal=etcd://{endpoint}/sluice/py", "--election_ttl=1s",
+                   "--heartbeat_interval=200ms"]
+        leader = Server("sluice-coordinator", str(tmp_path), journal)
+        servers.append(leader)
+        _wait_for(lambda: _ready(leader.address), 30, "the first coordinator to lead")
+        standby = Server("sluice-coordinator", str(tmp_path), journal)
+        servers.append(standby)
+        assert not _ready(standby.address)
+        both = f"{standby.address},{leader.address}"
+        servers.append(Server("sluice-dataserver", str(tmp_path),
+                              [f"--roots={tmp_path / 'shards'}", f"--coordinator={both}"]))
+        _wait_for(lambda: "sluice_coordinator_data_servers 1" in leader.metric_text(), 30,
+                  "the data server to register")
+        manifest = tmp_path / "m.json"
+        manifest.write_text(json.dumps(
+            {"shards": [{"url": u, "num_samples": n} for u, n in urls]}))
+        out = subprocess.run(
+            [os.path.join(BIN, "sluicectl"), "job", "create",
+             f"--coordinator={both}", "--name=ha", f"--manifest={manifest}",
+             "--world_size=1", "--epochs=1", "--max_samples_per_lease=10"],
+            capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+        seen = collections.Counter()
+        with sluice.Reader(both, "ha", progress_interval=0.1) as reader:
+            while True:
+                e = reader.next_event(timeout=60)
+                if e.kind == "done":
+                    break
+                if e.kind == "sample":
+                    seen[(e.sample.shard_index, e.sample.index)] += 1
+                    if sum(seen.values()) == 40:
+                        leader.proc.kill()  # the leader dies mid-epoch
+                        leader.proc.wait()
+        assert len(seen) == 6 * 17
+        assert set(seen.values()) == {1}
+        assert _ready(standby.address)
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        etcd.terminate()
+        etcd.wait()
 
 
 def test_decoded_fields_are_typed(cluster):

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "sluice/v1/coordinator.pb.h"
 
 namespace sluice::testing {
@@ -20,6 +21,16 @@ absl::Status CreateJob(const std::string& address, const v1::JobSpec& spec);
 absl::StatusOr<v1::Lease> FirstGrant(const std::string& address,
                                      const std::string& job,
                                      const std::string& trainer_id);
+
+// Waits, over the gRPC health Watch stream, until the server at `address`
+// reports its "readiness" service SERVING (`serving`) or not; DEADLINE_EXCEEDED
+// after `timeout`.
+absl::Status WaitForReadiness(const std::string& address, bool serving,
+                              absl::Duration timeout);
+
+// The leader named by a standby coordinator's UNAVAILABLE (its NotLeader
+// details); NOT_FOUND when `status` carries none.
+absl::StatusOr<std::string> NotLeaderHint(const absl::Status& status);
 
 }  // namespace sluice::testing
 

@@ -66,8 +66,9 @@
 namespace sluice {
 
 struct ReaderOptions {
-  // "host:port", or several IPv4 "host:port"s comma-separated: the first
-  // that accepts (with an etcd journal, the leading coordinator).
+  // "host:port", or several IPv4 "host:port"s comma-separated (or a host
+  // name resolving to several): calls go to the one whose readiness is
+  // SERVING (with an etcd journal, the leading coordinator).
   std::string coordinator;
   std::string job;
   int32_t rank = 0;

@@ -80,7 +80,7 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
         self.step = None
 
     def __enter__(self):
-        self._channel = tls.channel(self._address, self._credentials)
+        self._channel = tls.coordinator_channel(self._address, self._credentials)
         stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._out = queue.Queue()
         join = coordinator_pb2.OnceRequest(join=coordinator_pb2.OnceJoin(
@@ -161,7 +161,7 @@ def barrier(name, *, participants, id=None, coordinator=None, scope="default", t
     ids. BarrierTimeout names who is missing. TLS as for once()."""
     address = _address(coordinator)
     credentials = tls.channel_credentials(ca_cert, client_cert, client_key)
-    with tls.channel(address, credentials) as channel:
+    with tls.coordinator_channel(address, credentials) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = coordinator_pb2.BarrierRequest(
             scope=scope, name=name, participant=_participant(id), participants=participants,

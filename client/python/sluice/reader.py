@@ -779,7 +779,7 @@ class Reader:
     # ------------------------------------------------------------- internals
 
     def _make_channel(self, address):
-        return tls.channel(address, self._credentials, _CHANNEL_OPTIONS)
+        return tls.coordinator_channel(address, self._credentials, _CHANNEL_OPTIONS)
 
     def _wait(self, deadline):
         if deadline is None:

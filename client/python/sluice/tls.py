@@ -42,13 +42,45 @@ def channel_credentials(ca_cert=None, client_cert=None, client_key=None):
         certificate_chain=_read(client_cert, "client_cert") if client_cert else None)
 
 
-def channel(address, credentials=None, options=None):
-    """A channel to one "HOST:PORT", or to the first of several
-    comma-separated IPv4 ones that accepts (gRPC's "ipv4:" target with
-    pick_first: with the coordinator's journal in etcd only the leading
-    coordinator listens)."""
+# A channel following the ready coordinator: round_robin over the addresses
+# whose gRPC health service reports "readiness" SERVING (see
+# coordinator_channel).
+_FOLLOW_READY_SERVICE_CONFIG = (
+    '{"loadBalancingConfig":[{"round_robin":{}}],'
+    '"healthCheckConfig":{"serviceName":"readiness"}}')
+
+
+def _target(address):
+    return "ipv4:" + address if "," in address else address
+
+
+def may_name_several(address):
+    """True when `address` is a comma-separated list, or a host name (not an
+    IP literal, not a target with a scheme) that may resolve to several."""
     if "," in address:
-        address = "ipv4:" + address
+        return True
+    if not address or ":/" in address or address.startswith("["):
+        return False
+    host = address.rpartition(":")[0] if ":" in address else address
+    return bool(host) and any(c not in "0123456789." for c in host)
+
+
+def channel(address, credentials=None, options=None):
+    """A channel to one "HOST:PORT" (or the first of several comma-separated
+    IPv4 ones that accepts)."""
+    address = _target(address)
     if credentials is not None:
         return grpc.secure_channel(address, credentials, options=options)
     return grpc.insecure_channel(address, options=options)
+
+
+def coordinator_channel(address, credentials=None, options=None):
+    """A channel to the coordinator(s) at `address`: one "HOST:PORT", or
+    several comma-separated IPv4 ones. With several, or a host name, the
+    channel sends each call to whichever address reports readiness SERVING:
+    with the journal in etcd only the leading coordinator does (standbys
+    answer UNAVAILABLE naming it), so the channel follows the leader."""
+    options = list(options or [])
+    if may_name_several(address):
+        options.append(("grpc.service_config", _FOLLOW_READY_SERVICE_CONFIG))
+    return channel(address, credentials, options)

@@ -156,7 +156,7 @@ class ShardLeaseDataset(IterableDataset):
             o = self._reader_options  # the Reader's TLS settings
             credentials = o.get("credentials") or tls.channel_credentials(
                 o.get("ca_cert"), o.get("client_cert"), o.get("client_key"))
-            with tls.channel(self.coordinator, credentials) as channel:
+            with tls.coordinator_channel(self.coordinator, credentials) as channel:
                 job = coordinator_pb2_grpc.CoordinatorStub(channel).GetJob(
                     coordinator_pb2.GetJobRequest(name=self.job), timeout=30)
             self._samples_per_rank = job.status.samples_per_rank
