@@ -591,6 +591,72 @@ absl::Status ReadPng16(const Payload& data, std::shared_ptr<uint8_t>* pixels,
 
 namespace {
 
+// Decodes rows [0, bottom) of an 8-bit PNG, keeping rows [top, bottom), into
+// `*pixels` (HWC uint8, the file's channels after expansion: palette to
+// RGB(A), 1/2/4-bit gray to 8 bits, a transparent colour to alpha), as
+// libpng's simplified API would for the whole image. The rows past `bottom`
+// are never inflated. Only for non-interlaced sRGB files (no gAMA chunk
+// unless an sRGB chunk overrides it, no iCCP; a cHRM matters only to
+// colour-to-gray conversions, which are not made), where the simplified API
+// converts nothing else: `*eligible` is false (and nothing decoded)
+// otherwise.
+absl::Status ReadPng8Rows(const Payload& data, int top, int bottom,
+                          std::shared_ptr<uint8_t>* pixels, int* channels,
+                          bool* eligible) {
+  PngMemory memory{reinterpret_cast<const unsigned char*>(data.bytes.data()),
+                   data.bytes.size(),
+                   0,
+                   {0}};
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &memory,
+                                           &PngError, &PngWarning);
+  if (png == nullptr)
+    return absl::ResourceExhaustedError("png_create_read_struct");
+  png_infop info = png_create_info_struct(png);
+  // Set after setjmp and freed on the error path: volatile.
+  unsigned char* volatile buffer = nullptr;
+  unsigned char* volatile scratch = nullptr;
+  if (info == nullptr || setjmp(png_jmpbuf(png))) {
+    std::free(scratch);
+    std::free(buffer);
+    png_destroy_read_struct(&png, &info, nullptr);
+    return absl::InvalidArgumentError(
+        absl::StrCat("undecodable PNG: ", memory.error));
+  }
+  png_set_read_fn(png, &memory, &PngRead);
+  png_read_info(png, info);
+  *eligible = png_get_interlace_type(png, info) == PNG_INTERLACE_NONE &&
+              png_get_bit_depth(png, info) <= 8 &&
+              png_get_valid(png, info, PNG_INFO_iCCP) == 0 &&
+              (png_get_valid(png, info, PNG_INFO_gAMA) == 0 ||
+               png_get_valid(png, info, PNG_INFO_sRGB) != 0) &&
+              bottom <= static_cast<int>(png_get_image_height(png, info));
+  if (!*eligible) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return absl::OkStatus();
+  }
+  png_set_expand(png);
+  png_read_update_info(png, info);
+  const size_t row_bytes = png_get_rowbytes(png, info);
+  *channels = png_get_channels(png, info);
+  if (png_get_bit_depth(png, info) != 8 ||
+      row_bytes !=
+          static_cast<size_t>(png_get_image_width(png, info)) * *channels) {
+    png_error(png, "unexpected 8-bit layout");
+  }
+  buffer = static_cast<unsigned char*>(
+      std::malloc(std::max<size_t>(row_bytes * (bottom - top), 1)));
+  scratch = static_cast<unsigned char*>(std::malloc(row_bytes));
+  if (buffer == nullptr || scratch == nullptr) png_error(png, "out of memory");
+  for (int y = 0; y < bottom; ++y) {
+    png_read_row(png, y < top ? scratch : buffer + (y - top) * row_bytes,
+                 nullptr);
+  }
+  std::free(scratch);
+  png_destroy_read_struct(&png, &info, nullptr);
+  *pixels = std::shared_ptr<uint8_t>(buffer, [](uint8_t* p) { std::free(p); });
+  return absl::OkStatus();
+}
+
 // Reads the PNG's header into `*image` (libpng's simplified API); on an
 // error `*image` is freed.
 absl::Status BeginPng(const Payload& data, png_image* image) {
@@ -640,6 +706,41 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
       static_cast<int>(PNG_IMAGE_SAMPLE_CHANNELS(image.format));
   const int width = static_cast<int>(image.width);
   const int height = static_cast<int>(image.height);
+  ResolvedTransforms r;
+  if (absl::Status resolved = Resolve(options, width, height, &r);
+      !resolved.ok()) {
+    png_image_free(&image);
+    return resolved;
+  }
+  const std::vector<GeometryStep>& steps = r.geometry->steps;
+  // A first crop inside the image that ends above its last rows: inflate
+  // only the rows down to the crop's bottom (a PNG decodes top to bottom).
+  if (!steps.empty() && steps[0].kind == GeometryStep::Kind::kCrop &&
+      steps[0].left >= 0 && steps[0].top >= 0 &&
+      steps[0].left + steps[0].width <= width &&
+      steps[0].top + steps[0].height < height) {
+    const GeometryStep& crop = steps[0];
+    std::shared_ptr<uint8_t> rows;
+    int row_channels = 0;
+    bool eligible = false;
+    absl::Status read = ReadPng8Rows(data, crop.top, crop.top + crop.height,
+                                     &rows, &row_channels, &eligible);
+    if (!read.ok() || (eligible && row_channels == channels)) {
+      png_image_free(&image);
+    }
+    RETURN_IF_ERROR(read);
+    if (eligible && row_channels == channels) {
+      ImageBuffer band;
+      band.owner = std::move(rows);
+      band.data = band.owner.get();
+      band.width = width;
+      band.height = crop.height;
+      band.channels = channels;
+      band.stride = static_cast<size_t>(width) * channels;
+      return Transform(CropImage(band, crop.left, 0, crop.width, crop.height),
+                       r, 1, options);
+    }
+  }
   auto pixels = AllocateBytes(PNG_IMAGE_SIZE(image));
   if (!png_image_finish_read(&image, nullptr, pixels.get(), 0, nullptr)) {
     std::string message = image.message;
@@ -654,8 +755,6 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
   buffer.height = height;
   buffer.channels = channels;
   buffer.stride = static_cast<size_t>(width) * channels;
-  ResolvedTransforms r;
-  RETURN_IF_ERROR(Resolve(options, width, height, &r));
   return Transform(buffer, r, 0, options);
 }
 

@@ -463,6 +463,96 @@ struct SwsCache {
   ~SwsCache() { sws_freeContext(context); }
 };
 
+// PIL's bilinear weights for one output index along an axis of `in` source
+// samples resized to `out` (Resample.c's precompute_coeffs: the triangle
+// filter widened by the reduction, its taps inside the image renormalised
+// to sum to 1).
+struct PilTaps {
+  int first = 0;
+  std::vector<double> weights;
+  bool truncated_near_edge = false;  // within 2 samples of an edge
+};
+
+PilTaps PilBilinearTaps(int in, int out, int index) {
+  const double scale = static_cast<double>(in) / out;
+  const double filterscale = std::max(scale, 1.0);
+  const double support = filterscale;  // the triangle's support is 1
+  const double center = (index + 0.5) * scale;
+  PilTaps taps;
+  taps.truncated_near_edge =
+      center - support - 2 < 0 || center + support + 2 > in;
+  const int xmin = std::max(0, static_cast<int>(center - support + 0.5));
+  const int xmax = std::min(in, static_cast<int>(center + support + 0.5));
+  taps.first = xmin;
+  double total = 0;
+  for (int x = xmin; x < xmax; ++x) {
+    const double d = std::abs((x - center + 0.5) / filterscale);
+    const double w = d < 1 ? 1 - d : 0;
+    taps.weights.push_back(w);
+    total += w;
+  }
+  if (total != 0) {
+    for (double& w : taps.weights) w /= total;
+  }
+  return taps;
+}
+
+// Rewrites the output pixels whose filter reaches past an edge of `in` the
+// way PIL (and torchvision's antialiased bilinear) computes them: the
+// truncated filter renormalised over the pixels inside, a horizontal pass
+// rounded to the sample type, then a vertical one. libswscale instead
+// repeats the edge pixel, up to 16 levels away on the outermost rows and
+// columns; the interior is libswscale's (within a level or two of PIL's).
+void MatchPilAtEdges(const ImageBuffer& in, ImageBuffer* out) {
+  const int c = in.channels, sb = in.sample_bytes;
+  const double max_value = sb == 2 ? 65535 : 255;
+  std::vector<PilTaps> xs(out->width), ys(out->height);
+  for (int x = 0; x < out->width; ++x) {
+    xs[x] = PilBilinearTaps(in.width, out->width, x);
+  }
+  for (int y = 0; y < out->height; ++y) {
+    ys[y] = PilBilinearTaps(in.height, out->height, y);
+  }
+  auto sample = [&](int x, int y, int ch) -> double {
+    const uint8_t* p = in.data + y * in.stride + (x * c + ch) * sb;
+    if (sb == 1) return *p;
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  };
+  auto round_clip = [&](double v) {
+    return std::min(max_value, std::max(0.0, std::floor(v + 0.5)));
+  };
+  uint8_t* dst = out->owner.get();
+  std::vector<double> row;
+  for (int y = 0; y < out->height; ++y) {
+    const PilTaps& ty = ys[y];
+    for (int x = 0; x < out->width; ++x) {
+      const PilTaps& tx = xs[x];
+      if (!ty.truncated_near_edge && !tx.truncated_near_edge) continue;
+      for (int ch = 0; ch < c; ++ch) {
+        double v = 0;
+        for (size_t j = 0; j < ty.weights.size(); ++j) {
+          double h = 0;
+          for (size_t i = 0; i < tx.weights.size(); ++i) {
+            h += tx.weights[i] * sample(tx.first + static_cast<int>(i),
+                                        ty.first + static_cast<int>(j), ch);
+          }
+          v += ty.weights[j] * round_clip(h);
+        }
+        const double result = round_clip(v);
+        uint8_t* d = dst + y * out->stride + (x * c + ch) * sb;
+        if (sb == 1) {
+          *d = static_cast<uint8_t>(result);
+        } else {
+          const uint16_t r = static_cast<uint16_t>(result);
+          std::memcpy(d, &r, 2);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
@@ -496,6 +586,7 @@ absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
     uint8_t* dst[1] = {out.owner.get()};
     const int dst_stride[1] = {static_cast<int>(out.stride)};
     sws_scale(cache.context, src, src_stride, 0, image.height, dst, dst_stride);
+    MatchPilAtEdges(image, &out);
     return out;
   }
   // Planes: split and merged with libyuv (SIMD) for 8-bit RGB and RGBA.
@@ -547,6 +638,7 @@ absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
       }
     }
   }
+  MatchPilAtEdges(image, &out);
   return out;
 }
 

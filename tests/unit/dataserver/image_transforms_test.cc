@@ -271,6 +271,34 @@ TEST(ImageTransformsTest, FlipsLayoutAndFloats) {
   EXPECT_FLOAT_EQ(v[3 * 3 + 2], (32 / 255.0f - 0.0f) / 2.0f);
 }
 
+TEST(ImageTransformsTest, BilinearEdgesRenormaliseTheFilterAsPilDoes) {
+  // Every output pixel of these small images has a filter truncated by an
+  // edge. The expected values are PIL's Image.resize(BILINEAR) of the same
+  // input (Pillow 9.4): the taps inside the image renormalised to sum to 1,
+  // a horizontal pass rounded to 8 bits, then a vertical one.
+  const int w = 4, h = 3;
+  const std::vector<int> in = {0,  100, 200, 250, 50, 60,
+                               70, 80,  90,  10,  30, 255};
+  std::string px;
+  for (int v : in) px.push_back(static_cast<char>(v));
+  struct Case {
+    int ow, oh;
+    std::vector<int> want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {3, 2, {39, 118, 176, 61, 37, 146}},
+           {7, 5, {0,   36,  93,  150, 204, 232, 250, 20, 43, 79,  116, 151,
+                   170, 182, 50,  54,  59,  65,  71,  76, 80, 74,  58,  33,
+                   38,  56,  135, 185, 90,  61,  16,  20, 46, 175, 255}}}) {
+    auto out =
+        ResizeImage(Pixels(w, h, 1, px), c.ow, c.oh, Interpolation::kBilinear);
+    ASSERT_OK(out.status());
+    std::vector<int> got;
+    for (int i = 0; i < c.ow * c.oh; ++i) got.push_back(out->data[i]);
+    EXPECT_EQ(got, c.want) << c.ow << "x" << c.oh;
+  }
+}
+
 TEST(ImageTransformsTest, NearestKeepsTheInputValues) {
   // A label map with values {0, 7, 200}: nearest resizing (up and down)
   // never invents a value between them; bilinear does.
@@ -346,6 +374,61 @@ TEST(ImageTransformsTest, JpegWindowDecodeMatchesFullDecodeThenCrop) {
     EXPECT_EQ(max_diff, 0) << "window at " << left << "," << top
                            << ": mean difference " << total / (cw * ch * 3);
   }
+}
+
+// A crop that ends above the last row inflates only the rows down to its
+// bottom: the same pixels as a full decode, then the crop, for every channel
+// layout.
+TEST(ImageTransformsTest, PngCropDecodesRowsToItsBottomWithTheSamePixels) {
+  const int w = 120, h = 90;
+  for (int c = 1; c <= 4; ++c) {
+    const std::string pixels = testing::TestPixels(w, h, c);
+    const std::string png = testing::EncodePng(pixels, w, h, c);
+    for (auto [left, top, cw, ch] :
+         {std::array<int, 4>{10, 0, 50, 20}, std::array<int, 4>{0, 33, 120, 40},
+          std::array<int, 4>{71, 5, 49, 84}}) {
+      v1::DecodeSpec spec = Spec({CenterCrop(ch, cw)});
+      auto t = ImageTransforms::FromSpec(spec);
+      ASSERT_OK(t.status());
+      Geometry g;
+      g.steps.push_back({GeometryStep::Kind::kCrop, left, top, cw, ch});
+      ImageOptions options;
+      options.transforms = &*t;
+      options.geometry = &g;
+      auto window = DecodePng(Payload{png, nullptr}, options);
+      ASSERT_OK(window.status());
+      ASSERT_THAT(window->shape, ElementsAre(ch, cw, c));
+      std::string want;
+      for (int y = top; y < top + ch; ++y) {
+        want += pixels.substr((static_cast<size_t>(y) * w + left) * c,
+                              static_cast<size_t>(cw) * c);
+      }
+      EXPECT_TRUE(window->bytes.bytes == want)
+          << c << " channels, window at " << left << "," << top;
+    }
+  }
+  // A file cut off after the window's rows: the window decodes (nothing
+  // past its bottom is read), a window reaching into the cut is an error,
+  // and so is a full decode.
+  const std::string pixels = testing::TestPixels(w, h, 3);
+  std::string png = testing::EncodePng(pixels, w, h, 3);
+  png.resize(png.size() * 6 / 10);
+  auto decode = [&](int top, int rows) {
+    v1::DecodeSpec spec = Spec({CenterCrop(rows, w)});
+    auto t = ImageTransforms::FromSpec(spec);
+    Geometry g;
+    g.steps.push_back({GeometryStep::Kind::kCrop, 0, top, w, rows});
+    ImageOptions options;
+    options.transforms = &*t;
+    options.geometry = &g;
+    return DecodePng(Payload{png, nullptr}, options);
+  };
+  auto top_rows = decode(5, 20);
+  ASSERT_OK(top_rows.status());
+  EXPECT_TRUE(top_rows->bytes.bytes == pixels.substr(5 * w * 3, 20 * w * 3));
+  EXPECT_EQ(decode(5, 80).status().code(), absl::StatusCode::kInvalidArgument);
+  auto broken = DecodePng(Payload{png, nullptr}, {});
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
