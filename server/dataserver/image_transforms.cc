@@ -463,101 +463,166 @@ struct SwsCache {
   ~SwsCache() { sws_freeContext(context); }
 };
 
-// PIL's bilinear weights for one output index along an axis of `in` source
-// samples resized to `out` (Resample.c's precompute_coeffs: the triangle
-// filter widened by the reduction, its taps inside the image renormalised
-// to sum to 1).
-struct PilTaps {
-  int first = 0;
-  std::vector<double> weights;
-  bool truncated_near_edge = false;  // within 2 samples of an edge
+// PIL's bilinear weights along one axis of `in` source samples resized to
+// `out` (Resample.c's precompute_coeffs: the triangle filter widened by the
+// reduction, its taps inside the image renormalised to sum to 1), for the
+// output indices in [begin, end).
+struct AxisTaps {
+  int max_taps = 0;
+  std::vector<int> first;      // per index: the first source sample
+  std::vector<int> count;      // per index: taps used
+  std::vector<float> weights;  // per index: max_taps weights
 };
 
-PilTaps PilBilinearTaps(int in, int out, int index) {
+// Fills `taps` (its vectors' capacity reused: no allocation per image once
+// warm).
+void PilBilinearTaps(int in, int out, int begin, int end, AxisTaps* out_taps) {
   const double scale = static_cast<double>(in) / out;
   const double filterscale = std::max(scale, 1.0);
   const double support = filterscale;  // the triangle's support is 1
-  const double center = (index + 0.5) * scale;
-  PilTaps taps;
-  taps.truncated_near_edge =
-      center - support - 2 < 0 || center + support + 2 > in;
-  const int xmin = std::max(0, static_cast<int>(center - support + 0.5));
-  const int xmax = std::min(in, static_cast<int>(center + support + 0.5));
-  taps.first = xmin;
-  double total = 0;
-  for (int x = xmin; x < xmax; ++x) {
-    const double d = std::abs((x - center + 0.5) / filterscale);
-    const double w = d < 1 ? 1 - d : 0;
-    taps.weights.push_back(w);
-    total += w;
+  AxisTaps& taps = *out_taps;
+  taps.max_taps = static_cast<int>(std::ceil(support)) * 2 + 1;
+  const int n = end - begin;
+  taps.first.resize(n);
+  taps.count.resize(n);
+  taps.weights.assign(static_cast<size_t>(n) * taps.max_taps, 0.0f);
+  for (int k = 0; k < n; ++k) {
+    const double center = (begin + k + 0.5) * scale;
+    const int xmin = std::max(0, static_cast<int>(center - support + 0.5));
+    const int xmax = std::min(in, static_cast<int>(center + support + 0.5));
+    double w[64];
+    double total = 0;
+    const int count = std::min(xmax - xmin, std::min(taps.max_taps, 64));
+    for (int i = 0; i < count; ++i) {
+      const double d = std::abs((xmin + i - center + 0.5) / filterscale);
+      w[i] = d < 1 ? 1 - d : 0;
+      total += w[i];
+    }
+    taps.first[k] = xmin;
+    taps.count[k] = count;
+    for (int i = 0; i < count; ++i) {
+      taps.weights[static_cast<size_t>(k) * taps.max_taps + i] =
+          static_cast<float>(total != 0 ? w[i] / total : 0);
+    }
   }
-  if (total != 0) {
-    for (double& w : taps.weights) w /= total;
-  }
-  return taps;
 }
 
-// Rewrites the output pixels whose filter reaches past an edge of `in` the
-// way PIL (and torchvision's antialiased bilinear) computes them: the
-// truncated filter renormalised over the pixels inside, a horizontal pass
-// rounded to the sample type, then a vertical one. libswscale instead
-// repeats the edge pixel, up to 16 levels away on the outermost rows and
-// columns; the interior is libswscale's (within a level or two of PIL's).
-void MatchPilAtEdges(const ImageBuffer& in, ImageBuffer* out) {
-  const int c = in.channels, sb = in.sample_bytes;
-  const double max_value = sb == 2 ? 65535 : 255;
-  std::vector<PilTaps> xs(out->width), ys(out->height);
-  for (int x = 0; x < out->width; ++x) {
-    xs[x] = PilBilinearTaps(in.width, out->width, x);
+// How many output indices at the start (`*low`) and at the end (`*high`)
+// of an axis have a PIL filter cut off by the image's edge.
+void TruncatedEnds(int in, int out, int* low, int* high) {
+  const double scale = static_cast<double>(in) / out;
+  const double support = std::max(scale, 1.0);
+  *low = 0;
+  while (*low < out && (*low + 0.5) * scale - support + 0.5 < 0) ++*low;
+  *high = 0;
+  while (*high < out - *low &&
+         (out - 1 - *high + 0.5) * scale + support + 0.5 > in) {
+    ++*high;
   }
-  for (int y = 0; y < out->height; ++y) {
-    ys[y] = PilBilinearTaps(in.height, out->height, y);
-  }
-  auto sample = [&](int x, int y, int ch) -> double {
-    const uint8_t* p = in.data + y * in.stride + (x * c + ch) * sb;
-    if (sb == 1) return *p;
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
+}
+
+template <typename T>
+T RoundClip(float v, float max_value) {
+  return static_cast<T>(std::min(max_value, std::max(0.0f, v + 0.5f)));
+}
+
+// Rewrites the output pixels whose filter an edge of `in` cuts off the way
+// PIL (and torchvision's antialiased bilinear) computes them: the truncated
+// filter renormalised over the pixels inside, a horizontal pass rounded to
+// the sample type, then a vertical one. libswscale instead repeats the edge
+// pixel, up to 16 levels away on the outermost rows and columns; the
+// interior is libswscale's (within a level or two of PIL's).
+template <typename T>
+void MatchPilAtEdgesOf(const ImageBuffer& in, ImageBuffer* out) {
+  const int c = in.channels, w = out->width, h = out->height;
+  const float max_value = sizeof(T) == 2 ? 65535.0f : 255.0f;
+  int x_low, x_high, y_low, y_high;
+  TruncatedEnds(in.width, w, &x_low, &x_high);
+  TruncatedEnds(in.height, h, &y_low, &y_high);
+  if (x_low + x_high + y_low + y_high == 0) return;
+  // Per-thread scratch: the data path allocates nothing here once warm.
+  thread_local AxisTaps xs, ys;
+  thread_local std::vector<float> band, column;
+  PilBilinearTaps(in.width, w, 0, w, &xs);
+  PilBilinearTaps(in.height, h, 0, h, &ys);
+  auto in_row = [&](int y) {
+    return reinterpret_cast<const T*>(in.data + y * in.stride);
   };
-  auto round_clip = [&](double v) {
-    return std::min(max_value, std::max(0.0, std::floor(v + 0.5)));
+  auto out_row = [&](int y) {
+    return reinterpret_cast<T*>(out->owner.get() + y * out->stride);
   };
-  uint8_t* dst = out->owner.get();
-  std::vector<double> row;
-  for (int y = 0; y < out->height; ++y) {
-    const PilTaps& ty = ys[y];
-    for (int x = 0; x < out->width; ++x) {
-      const PilTaps& tx = xs[x];
-      if (!ty.truncated_near_edge && !tx.truncated_near_edge) continue;
-      for (int ch = 0; ch < c; ++ch) {
-        double v = 0;
-        for (size_t j = 0; j < ty.weights.size(); ++j) {
-          double h = 0;
-          for (size_t i = 0; i < tx.weights.size(); ++i) {
-            h += tx.weights[i] * sample(tx.first + static_cast<int>(i),
-                                        ty.first + static_cast<int>(j), ch);
-          }
-          v += ty.weights[j] * round_clip(h);
-        }
-        const double result = round_clip(v);
-        uint8_t* d = dst + y * out->stride + (x * c + ch) * sb;
-        if (sb == 1) {
-          *d = static_cast<uint8_t>(result);
-        } else {
-          const uint16_t r = static_cast<uint16_t>(result);
-          std::memcpy(d, &r, 2);
+  // The horizontal pass of source row `sy` at output column x, rounded.
+  auto horizontal = [&](int sy, int x, int ch) {
+    const T* row = in_row(sy);
+    const float* wx = &xs.weights[static_cast<size_t>(x) * xs.max_taps];
+    const int first = xs.first[x];
+    float v = 0;
+    for (int i = 0; i < xs.count[x]; ++i)
+      v += wx[i] * row[(first + i) * c + ch];
+    return static_cast<float>(RoundClip<T>(v, max_value));
+  };
+  // Edge rows: every column.
+  for (int y = 0; y < h; ++y) {
+    if (y >= y_low && y < h - y_high) continue;
+    const int n = ys.count[y], first = ys.first[y];
+    const float* wy = &ys.weights[static_cast<size_t>(y) * ys.max_taps];
+    band.assign(static_cast<size_t>(n) * w * c, 0.0f);
+    for (int j = 0; j < n; ++j) {
+      for (int x = 0; x < w; ++x) {
+        for (int ch = 0; ch < c; ++ch) {
+          band[(static_cast<size_t>(j) * w + x) * c + ch] =
+              horizontal(first + j, x, ch);
         }
       }
     }
+    T* o = out_row(y);
+    for (int x = 0; x < w; ++x) {
+      for (int ch = 0; ch < c; ++ch) {
+        float v = 0;
+        for (int j = 0; j < n; ++j) {
+          v += wy[j] * band[(static_cast<size_t>(j) * w + x) * c + ch];
+        }
+        o[x * c + ch] = RoundClip<T>(v, max_value);
+      }
+    }
+  }
+  // Edge columns of the other rows: each column's horizontal pass over
+  // every source row once, then the vertical passes.
+  column.resize(static_cast<size_t>(in.height) * c);
+  for (int x = 0; x < w; ++x) {
+    if (x >= x_low && x < w - x_high) continue;
+    for (int sy = 0; sy < in.height; ++sy) {
+      for (int ch = 0; ch < c; ++ch) {
+        column[static_cast<size_t>(sy) * c + ch] = horizontal(sy, x, ch);
+      }
+    }
+    for (int y = y_low; y < h - y_high; ++y) {
+      const int n = ys.count[y], first = ys.first[y];
+      const float* wy = &ys.weights[static_cast<size_t>(y) * ys.max_taps];
+      for (int ch = 0; ch < c; ++ch) {
+        float v = 0;
+        for (int j = 0; j < n; ++j) {
+          v += wy[j] * column[static_cast<size_t>(first + j) * c + ch];
+        }
+        out_row(y)[x * c + ch] = RoundClip<T>(v, max_value);
+      }
+    }
+  }
+}
+
+void MatchPilAtEdges(const ImageBuffer& in, ImageBuffer* out) {
+  if (in.sample_bytes == 2) {
+    MatchPilAtEdgesOf<uint16_t>(in, out);
+  } else {
+    MatchPilAtEdgesOf<uint8_t>(in, out);
   }
 }
 
 }  // namespace
 
 absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
-                                        int height,
-                                        Interpolation interpolation) {
+                                        int height, Interpolation interpolation,
+                                        bool exact_edges) {
   if (width == image.width && height == image.height) return image;
   if (interpolation == Interpolation::kNearest || image.width < 2 ||
       image.height < 2) {
@@ -586,7 +651,7 @@ absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
     uint8_t* dst[1] = {out.owner.get()};
     const int dst_stride[1] = {static_cast<int>(out.stride)};
     sws_scale(cache.context, src, src_stride, 0, image.height, dst, dst_stride);
-    MatchPilAtEdges(image, &out);
+    if (exact_edges) MatchPilAtEdges(image, &out);
     return out;
   }
   // Planes: split and merged with libyuv (SIMD) for 8-bit RGB and RGBA.
@@ -638,7 +703,7 @@ absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
       }
     }
   }
-  MatchPilAtEdges(image, &out);
+  if (exact_edges) MatchPilAtEdges(image, &out);
   return out;
 }
 
@@ -691,7 +756,21 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
       image = CropImage(image, s.left, s.top, s.width, s.height);
       if (times != nullptr) times->crop += since(started);
     } else {
-      auto resized = ResizeImage(image, s.width, s.height, interpolation);
+      // A crop right after that drops every edge pixel: the edges' exact
+      // values are not needed (Resize + CenterCrop).
+      bool exact_edges = true;
+      if (i + 1 < geometry.steps.size() &&
+          geometry.steps[i + 1].kind == GeometryStep::Kind::kCrop) {
+        const GeometryStep& crop = geometry.steps[i + 1];
+        int x_low, x_high, y_low, y_high;
+        TruncatedEnds(image.width, s.width, &x_low, &x_high);
+        TruncatedEnds(image.height, s.height, &y_low, &y_high);
+        exact_edges = !(crop.left >= x_low && crop.top >= y_low &&
+                        crop.left + crop.width <= s.width - x_high &&
+                        crop.top + crop.height <= s.height - y_high);
+      }
+      auto resized =
+          ResizeImage(image, s.width, s.height, interpolation, exact_edges);
       if (!resized.ok()) return resized.status();
       image = *std::move(resized);
       if (times != nullptr) times->resize += since(started);

@@ -84,9 +84,11 @@ class ImageTransforms {
 };
 
 // Resizes `image` (antialiased bilinear, or nearest) to width x height.
+// Bilinear: the pixels whose filter an edge cuts off are PIL's exactly
+// unless `exact_edges` is false (the caller crops them away).
 absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
-                                        int height,
-                                        Interpolation interpolation);
+                                        int height, Interpolation interpolation,
+                                        bool exact_edges = true);
 // The window (left, top, width, height) of `image`, zero-padded past its
 // edges; a view when the window lies inside.
 ImageBuffer CropImage(const ImageBuffer& image, int left, int top, int width,

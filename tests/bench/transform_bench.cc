@@ -19,6 +19,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "server/common/malloc_tuning.h"
 #include "server/dataserver/augment_random.h"
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/image_transforms.h"
@@ -99,6 +100,10 @@ double Rate(const std::vector<std::string>& jpegs, bool train, bool window,
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // The data server's malloc settings (--tune_malloc): without them glibc's
+  // dynamic mmap threshold makes the decoded frames' cost depend on what
+  // the process allocated before.
+  sluice::TuneMallocForStreaming();
   const double seconds = absl::GetFlag(FLAGS_seconds);
   const std::vector<std::string> jpegs = sluice::bench::MakeJpegs();
   std::string json = "{\"bench\": \"transform\"";
