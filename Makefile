@@ -17,7 +17,8 @@ DEB_PACKAGES := \
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch python3-torchvision \
   etcd-server etcd-client golang-etcd-server-dev golang-github-gogo-protobuf-dev \
   golang-github-grpc-ecosystem-grpc-gateway-dev \
-  prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel
+  prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel \
+  slurm-wlm munge openmpi-bin python3-mpi4py
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 

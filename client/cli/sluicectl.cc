@@ -44,7 +44,8 @@
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "Coordinator HOST:PORT, or several IPv4 HOST:PORTs comma-separated "
-          "(calls go to the ready one: with an etcd journal, the leader).");
+          "(calls go to the ready one: with an etcd journal, the leader). "
+          "Default: $SLUICE_COORDINATOR when set.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each RPC.");
 ABSL_FLAG(bool, json, false, "Print data as JSON.");
 // job create
@@ -998,6 +999,17 @@ int main(int argc, char** argv) {
     return Usage(std::string(creds.message()));
   const std::string command = positional[1];
   std::vector<std::string> args(positional.begin() + 2, positional.end());
+  // Commands that call a coordinator default to $SLUICE_COORDINATOR, as the
+  // Python client does (up and demo start their own and listen there).
+  if (command != "up" && command != "demo") {
+    const char* env = std::getenv("SLUICE_COORDINATOR");
+    const absl::CommandLineFlag* flag =
+        absl::FindCommandLineFlag("coordinator");
+    if (env != nullptr && *env != '\0' && flag != nullptr &&
+        flag->CurrentValue() == flag->DefaultValue()) {
+      absl::SetFlag(&FLAGS_coordinator, env);
+    }
+  }
   if (command == "job") return JobCommand(args);
   if (command == "status") return StatusCommand(args);
   if (command == "read") return ReadCommand(args);

@@ -1,0 +1,109 @@
+"""The SLURM example and the seeds' failures under a real slurmctld/slurmd:
+each failure as users write it today, then the Sluice version passing."""
+import collections
+import os
+import re
+
+import pytest
+
+from conftest import BIN, EXAMPLES, LocalSluice
+
+PYTHON = "/usr/bin/python3"  # Debian's, with torch and grpcio
+
+
+def keys_by_epoch(data, world):
+    """{rank: {epoch: [key, ...]}} and {rank: {epoch: steps}} from the
+    examples' --record files."""
+    keys, steps = {}, {}
+    for rank in range(world):
+        keys[rank], steps[rank] = collections.defaultdict(list), {}
+        with open(os.path.join(data, f"keys-{rank}.txt")) as f:
+            for line in f:
+                epoch, word, *rest = line.split()
+                if word == "steps":
+                    steps[rank][int(epoch)] = int(rest[0])
+                else:
+                    keys[rank][int(epoch)].append(word)
+    return keys, steps
+
+
+def test_the_sbatch_example_prepares_once_and_every_rank_trains_equal_steps(slurm, tmp_path):
+    data = str(tmp_path / "data")
+    env = {"DATA_DIR": data, "SLUICE_BIN": BIN, "EXAMPLES_DIR": os.path.join(EXAMPLES, "common"),
+           "EPOCHS": "2", "PYTHON": PYTHON, "TRAIN_ARGS": f"--record={data}/keys-{{rank}}.txt"}
+    env_all = dict(slurm.env, **env)
+    env_all.pop("SLUICE_COORDINATOR", None)  # the script starts its own
+    out = slurm.run(["sbatch", "--wait", "--ntasks=4", f"--output={tmp_path}/job-%j.out",
+                     os.path.join(EXAMPLES, "slurm", "prepare_and_train.sbatch")],
+                    env=env_all, cwd=os.path.join(EXAMPLES, "slurm"), timeout=600)
+    job_out = "".join(open(os.path.join(tmp_path, f)).read()
+                      for f in os.listdir(tmp_path) if f.startswith("job-"))
+    assert out.returncode == 0, out.stdout + out.stderr + job_out
+    # The dataset was prepared by one task; the job was created once.
+    with open(os.path.join(data, "prepare.log")) as f:
+        assert len(f.readlines()) == 1
+    # 8 shards x 50 samples, 4 ranks, batches of 10: 10 equal steps per rank
+    # per epoch, every sample once per epoch.
+    keys, steps = keys_by_epoch(data, 4)
+    for epoch in (0, 1):
+        seen = collections.Counter(k for r in range(4) for k in keys[r][epoch])
+        assert len(seen) == 400 and set(seen.values()) == {1}, epoch
+        assert [steps[r][epoch] for r in range(4)] == [10, 10, 10, 10]
+    job_id = re.search(r"job-(\d+)\.out", " ".join(os.listdir(tmp_path))).group(1)
+    ckpt = os.path.join(data, "checkpoints", job_id)
+    assert sorted(os.listdir(ckpt)) == [f"rank-{r}.pt" for r in range(4)]
+
+
+@pytest.fixture(scope="module")
+def sluice_cluster(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("sluice"))
+    c = LocalSluice(d, os.path.join(d, "shards"))
+    yield c
+    c.stop()
+
+
+def test_makedirs_on_every_rank_raises_where_once_makes_it_once(slurm, sluice_cluster, tmp_path):
+    target = str(tmp_path / "out")
+    before = slurm.run(["srun", "--ntasks=4", PYTHON, "-c",
+                        "import os, sys; os.makedirs(sys.argv[1])", target])
+    assert before.returncode != 0
+    assert before.stderr.count("FileExistsError") == 3, before.stderr
+    target2 = str(tmp_path / "out2")
+    after = slurm.run(["srun", "--ntasks=4", "bash", "-c",
+                       f'exec {BIN}/sluicectl once mkdir-out2 --scope=slurm-$SLURM_JOB_ID '
+                       f'--id=rank-$SLURM_PROCID -- mkdir {target2}'],
+                      env={"SLUICE_COORDINATOR": sluice_cluster.address})
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert os.path.isdir(target2)
+    assert after.stderr.count(": running mkdir") == 1, after.stderr
+
+
+def test_wait_for_exists_times_out_on_a_slow_rank0_where_a_barrier_waits(slurm, sluice_cluster,
+                                                                        tmp_path):
+    # Rank 0 creates the checkpoint directory 2 s late; the others give up
+    # after 1 s, as OLMo's 10 s wait_for(exists) does on a slow filesystem.
+    naive = os.path.join(os.path.dirname(__file__), "naive_wait_for_exists.py")
+    target = str(tmp_path / "ckpt")
+    before = slurm.run(["srun", "--ntasks=4", PYTHON, naive, target, "2", "1"])
+    assert before.returncode != 0
+    assert before.stderr.count("TimeoutError: timed out waiting") == 3, before.stderr
+    assert "tasks 1-3: Exited with exit code 1" in before.stderr
+    # The same with Sluice: whoever comes first makes the directory (once),
+    # and everyone waits at a barrier, however late rank 0 is.
+    target2 = str(tmp_path / "ckpt2")
+    script = (f'[ "$SLURM_PROCID" = 0 ] && sleep 2; '
+              f'{BIN}/sluicectl once mkdir-ckpt2 --scope=slurm-$SLURM_JOB_ID --id=rank-$SLURM_PROCID'
+              f' -- mkdir -p {target2} && '
+              f'{BIN}/sluicectl barrier ckpt2-ready --participants=4 --scope=slurm-$SLURM_JOB_ID '
+              f'--id=rank-$SLURM_PROCID --timeout=60s && test -d {target2}')
+    after = slurm.run(["srun", "--ntasks=4", "bash", "-c", script],
+                      env={"SLUICE_COORDINATOR": sluice_cluster.address})
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert after.stdout.count("4 arrived") == 4, after.stdout
+    # A barrier that times out names who is missing, on every rank that came.
+    late = slurm.run(["srun", "--ntasks=3", "bash", "-c",
+                      f'exec {BIN}/sluicectl barrier short --participants=4 '
+                      f'--scope=slurm-$SLURM_JOB_ID --id=rank-$SLURM_PROCID --timeout=1s'],
+                     env={"SLUICE_COORDINATOR": sluice_cluster.address})
+    assert late.returncode != 0
+    assert late.stderr.count("1 missing: rank-3") == 3, late.stderr
