@@ -15,11 +15,12 @@ $SLUICE_SCOPE (default: slurm-$SLURM_JOB_ID, so two jobs never share a step).
 Every rank gets the same number of batches per epoch (the coordinator splits
 the epoch), so DDP's collective calls always match. The checkpoint directory
 is created once (sluice.once), and every rank waits for the others at a
-barrier before the checkpoint is written, then saves its data position
-(ds.state_dict()) with the model. Restarted with the same checkpoint
-directory, the job resumes after the last checkpoint. --record appends the
-key of every sample this rank trained on (for checking a run; "{rank}" in
-the path is replaced by the rank).
+barrier before rank 0 writes the run's checkpoint: the model, the optimizer
+and every rank's data position (ds.state_dict()). Restarted with the same
+checkpoint directory (torchrun --max_restarts, a requeued SLURM job), every
+rank resumes exactly after the last checkpoint. --record writes, at the end,
+the key of every sample the final model was trained on and the steps per
+epoch (for checking a run; "{rank}" in the path is replaced by the rank).
 """
 import argparse
 import os
@@ -50,33 +51,59 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--checkpoint_every", type=int, default=0,
+                   help="also checkpoint every N steps within an epoch (0: at epoch ends)")
     p.add_argument("--record", default="")
     a = p.parse_args()
     rank, world, scope = launcher_env()
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)  # MASTER_ADDR/PORT
+    torch.manual_seed(0)
     model = torch.nn.Linear(64, 1)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # A restart of the run (torchrun --max_restarts, a requeued SLURM job)
+    # restores the same cursor again: each attempt names itself.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or \
+        os.environ.get("SLURM_RESTART_COUNT") or ""
     ds = sluice.torch.ShardLeaseDataset(os.environ["SLUICE_COORDINATOR"], a.job, rank=rank,
-                                        decode=False)
+                                        decode=False, resume_attempt=attempt)
     # One rank creates the checkpoint directory; the others wait for it.
     with sluice.once("mkdir-checkpoints", scope=scope, participant=f"rank-{rank}") as step:
         if step.should_run:
             os.makedirs(a.checkpoint_dir, exist_ok=True)
-    path = os.path.join(a.checkpoint_dir, f"rank-{rank}.pt")
-    first_epoch = 0
+    # One checkpoint for the run, written by rank 0: the model (the same on
+    # every rank under DDP), the optimizer, every rank's data cursor
+    # (ds.state_dict() all-gathers them) and, for --record, what each rank
+    # trained on. Every rank restores from it.
+    path = os.path.join(a.checkpoint_dir, "checkpoint.pt")
+    state = {"epoch": 0, "steps": {}, "trained": {r: [] for r in range(world)}}
     if os.path.exists(path):
         state = torch.load(path)
         model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
         ds.load_state_dict(state["data"])
-        first_epoch = state["epoch"]
+    trained = list(state["trained"][rank])
     loader = sluice.torch.DataLoader(ds, batch_size=a.batch, num_workers=a.workers)
-    record = open(a.record.format(rank=rank), "a") if a.record else None
-    for epoch in range(first_epoch, a.epochs):
+
+    def checkpoint(epoch, name):
+        # Everyone reaches the same step before the checkpoint is taken.
+        sluice.barrier(f"checkpoint-{name}", participants=world, id=f"rank-{rank}",
+                       scope=scope, timeout=300)
+        data = ds.state_dict()  # every rank's cursor (all-gathered under DDP)
+        every = [trained]
+        if world > 1:
+            every = [None] * world
+            dist.all_gather_object(every, trained)
+        if rank == 0:
+            state.update(model=model.state_dict(), optimizer=opt.state_dict(), data=data,
+                         epoch=epoch, trained=dict(enumerate(every)))
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)  # a crash never leaves half a checkpoint
+
+    for epoch in range(state["epoch"], a.epochs):
         ds.set_epoch(epoch)
-        steps = 0
         for batch in loader:
             x = torch.stack([torch.frombuffer(bytearray(b), dtype=torch.uint8)[:64].float()
                              for b in batch["bin"]]) / 255
@@ -84,20 +111,20 @@ def main():
             opt.zero_grad()
             loss.backward()  # DDP: an all-reduce every rank must join
             opt.step()
-            steps += 1
-            if record:
-                for key in batch["__key__"]:
-                    record.write(f"{epoch} {key}\n")
-        if record:
-            record.write(f"{epoch} steps {steps}\n")
-            record.flush()
-        # Everyone has finished the epoch before anyone writes a checkpoint.
-        sluice.barrier(f"checkpoint-{epoch}", participants=world, id=f"rank-{rank}",
-                       scope=scope, timeout=300)
-        data = ds.state_dict()  # every rank's cursor (all-gathered under DDP)
-        torch.save({"model": model.state_dict(), "data": data, "epoch": epoch + 1}, path + ".tmp")
-        os.replace(path + ".tmp", path)
-        print(f"rank {rank}/{world}: epoch {epoch}: {steps} steps", flush=True)
+            steps = state["steps"][epoch] = state["steps"].get(epoch, 0) + 1
+            if a.record:
+                trained.extend((epoch, key) for key in batch["__key__"])
+            if a.checkpoint_every and steps % a.checkpoint_every == 0:
+                checkpoint(epoch, f"{epoch}-{steps}")
+        checkpoint(epoch + 1, f"{epoch}-end")
+        print(f"rank {rank}/{world}: epoch {epoch}: {state['steps'].get(epoch, 0)} steps",
+              flush=True)
+    if a.record:
+        with open(a.record.format(rank=rank), "w") as f:
+            for epoch, key in trained:
+                f.write(f"{epoch} {key}\n")
+            for epoch, steps in sorted(state["steps"].items()):
+                f.write(f"{epoch} steps {steps}\n")
     if world > 1:
         dist.destroy_process_group()
     return 0

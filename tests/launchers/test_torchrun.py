@@ -1,0 +1,165 @@
+"""The examples under torchrun (torch.distributed.run, Debian's torch 1.13
+on Python 3.11, through the sluice.torchrun shim): an uneven shard split
+hanging DDP, then Sluice's equal steps; a rank SIGKILLed mid-epoch and the
+run restarted by --max_restarts resuming exactly."""
+import collections
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import BIN, EXAMPLES, LocalSluice, wait_for
+
+PYTHON = "/usr/bin/python3"
+TRAIN = os.path.join(EXAMPLES, "common", "train.py")
+PREPARE = os.path.join(EXAMPLES, "common", "prepare.py")
+
+
+def launch(args, env, timeout):
+    """Runs `args` in its own process group; on timeout stops the group
+    (torchrun and its workers). Returns (returncode or None, output)."""
+    proc = subprocess.Popen(args, env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        return None, out
+
+
+def torchrun(nproc, script_args, extra=()):
+    return [PYTHON, "-m", "sluice.torchrun", "--standalone", f"--nproc_per_node={nproc}",
+            *extra, *script_args]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("torchrun"))
+    c = LocalSluice(d, os.path.join(d, "data"))  # the data servers' root
+    c.root = os.path.join(d, "data")
+    yield c
+    c.stop()
+
+
+def create_job(cluster, name, data_dir, world, epochs):
+    manifest = os.path.join(data_dir, f"{name}.json")
+    ctl = os.path.join(BIN, "sluicectl")
+    subprocess.run([ctl, "index", os.path.join(data_dir, "shards"), "-o", manifest], check=True,
+                   capture_output=True)
+    out = subprocess.run([ctl, "job", "create", f"--coordinator={cluster.address}",
+                          f"--name={name}", f"--manifest={manifest}", f"--world_size={world}",
+                          f"--epochs={epochs}"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def records(path_pattern, world):
+    keys, steps = collections.defaultdict(collections.Counter), collections.defaultdict(dict)
+    for rank in range(world):
+        with open(path_pattern.format(rank=rank)) as f:
+            for line in f:
+                epoch, word, *rest = line.split()
+                if word == "steps":
+                    steps[int(epoch)][rank] = int(rest[0])
+                else:
+                    keys[int(epoch)][word] += 1
+    return keys, steps
+
+
+def test_debian_torchrun_fails_before_any_worker_and_the_shim_starts_them(tmp_path):
+    from torch.distributed.elastic.multiprocessing import api
+    script = tmp_path / "hello.py"
+    script.write_text("import os; print('hello from rank', os.environ['RANK'], flush=True)\n")
+    if api.Std.from_str("0") is None:  # torch 1.13 on Python 3.11
+        code, out = launch([PYTHON, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc_per_node=2", str(script)], {}, 120)
+        assert code != 0
+        assert "AttributeError: 'NoneType' object has no attribute 'get'" in out
+        assert "hello from rank" not in out
+    code, out = launch(torchrun(2, [str(script)]), {}, 120)
+    assert code == 0, out
+    assert out.count("hello from rank") == 2
+
+
+def test_an_uneven_shard_split_hangs_ddp_where_sluice_gives_equal_steps(cluster, tmp_path):
+    data = os.path.join(cluster.root, "uneven")
+    subprocess.run([PYTHON, PREPARE, data, "--shards", "5", "--per_shard", "50"], check=True)
+    naive = os.path.join(os.path.dirname(__file__), "naive_uneven_split.py")
+    # 5 shards over 3 ranks: 2, 2 and 1 shards. Rank 2 runs out after 5
+    # steps; ranks 0 and 1 wait in their 6th all-reduce until the deadline.
+    code, out = launch(torchrun(3, [naive, os.path.join(data, "shards")]), {}, 30)
+    assert code is None, out  # still hung at the deadline
+    assert "rank 2: 5 steps, done" in out
+    assert "rank 0:" not in out and "rank 1:" not in out
+    # The same shards through Sluice: 250 samples, 83 per rank (the
+    # remainder dropped), 9 batches on every rank.
+    create_job(cluster, "uneven", data, 3, 1)
+    record = str(tmp_path / "uneven-{rank}.txt")
+    code, out = launch(torchrun(3, [TRAIN, "--job=uneven", f"--checkpoint_dir={data}/ckpt",
+                                    "--epochs=1", f"--record={record}"]),
+                       {"SLUICE_COORDINATOR": cluster.address, "SLUICE_SCOPE": "uneven"}, 300)
+    assert code == 0, out
+    keys, steps = records(record, 3)
+    assert steps[0] == {0: 9, 1: 9, 2: 9}
+    assert len(keys[0]) == 249 and set(keys[0].values()) == {1}
+
+
+def worker_pid(rank, attempt):
+    """The PID of torchrun's worker `rank` in restart `attempt`, or None."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"train.py" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if env.get(b"RANK") == str(rank).encode() and \
+                env.get(b"TORCHELASTIC_RESTART_COUNT") == str(attempt).encode():
+            return int(pid)
+    return None
+
+
+def test_a_rank_killed_mid_epoch_restarts_and_the_run_resumes_exactly(cluster, tmp_path):
+    data = os.path.join(cluster.root, "big")
+    subprocess.run([PYTHON, PREPARE, data, "--shards", "8", "--per_shard", "250"], check=True)
+    create_job(cluster, "restart", data, 2, 2)
+    ckpt = os.path.join(data, "ckpt")
+    record = str(tmp_path / "restart-{rank}.txt")
+    args = torchrun(2, [TRAIN, "--job=restart", f"--checkpoint_dir={ckpt}", "--epochs=2",
+                        "--checkpoint_every=5", f"--record={record}"], ["--max_restarts=1"])
+    proc = subprocess.Popen(args, env=dict(os.environ, SLUICE_COORDINATOR=cluster.address,
+                                           SLUICE_SCOPE="restart"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        # After the first checkpoint, SIGKILL rank 1 of the first attempt.
+        wait_for(lambda: os.path.exists(os.path.join(ckpt, "checkpoint.pt")), 120,
+                 "the first checkpoint")
+        pid = wait_for(lambda: worker_pid(1, 0), 30, "rank 1's PID")
+        os.kill(pid, signal.SIGKILL)
+        # torchrun stops the group and starts it again (restart 1), which
+        # resumes from the checkpoint.
+        wait_for(lambda: worker_pid(0, 1), 120, "the restarted workers")
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    # The final model was trained on every sample of each epoch exactly once,
+    # 100 equal steps per rank, though rank 1 died part-way.
+    keys, steps = records(record, 2)
+    for epoch in (0, 1):
+        assert len(keys[epoch]) == 2000 and set(keys[epoch].values()) == {1}, epoch
+        assert steps[epoch] == {0: 100, 1: 100}
