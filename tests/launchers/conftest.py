@@ -153,3 +153,43 @@ class LocalSluice:
 
     def stop(self):
         stop(self.proc)
+
+
+class Nginx:
+    """Debian's nginx serving `www` on a free loopback port; `gets(path)`
+    counts the GETs of `path` that it answered 200."""
+
+    def __init__(self, d, www):
+        self.dir, self.port = d, free_port()
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"""worker_processes 1;
+{"user root root;" if os.geteuid() == 0 else ""}
+pid {d}/nginx.pid;
+error_log {d}/nginx-error.log;
+events {{ worker_connections 256; }}
+http {{
+  access_log {d}/access.log;
+  client_body_temp_path {d}/nb; proxy_temp_path {d}/np;
+  fastcgi_temp_path {d}/nf; uwsgi_temp_path {d}/nu; scgi_temp_path {d}/ns;
+  server {{ listen 127.0.0.1:{self.port}; root {www}; }}
+}}
+""")
+        with open(os.path.join(d, "nginx.out"), "wb") as log:
+            self.proc = subprocess.Popen(["/usr/sbin/nginx", "-p", d, "-c", conf, "-e",
+                                          f"{d}/nginx-error.log", "-g", "daemon off;"],
+                                         stdout=log, stderr=subprocess.STDOUT)
+
+        def up():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+        wait_for(up, 20, "nginx to listen")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def gets(self, path):
+        with open(os.path.join(self.dir, "access.log")) as f:
+            return sum(1 for line in f if f'"GET {path} ' in line and '" 200 ' in line)
+
+    def stop(self):
+        stop(self.proc)
+

@@ -107,3 +107,64 @@ def test_wait_for_exists_times_out_on_a_slow_rank0_where_a_barrier_waits(slurm, 
                      env={"SLUICE_COORDINATOR": sluice_cluster.address})
     assert late.returncode != 0
     assert late.stderr.count("1 missing: rank-3") == 3, late.stderr
+
+
+def test_a_lock_file_cache_breaks_when_its_lock_vanishes_where_data_servers_fetch_once(
+        slurm, tmp_path):
+    import json
+    import subprocess
+    from conftest import Nginx, wait_for
+    www = str(tmp_path / "www")
+    subprocess.run([PYTHON, os.path.join(EXAMPLES, "common", "prepare.py"), www, "--shards", "4",
+                    "--per_shard", "50"], check=True)
+    nginx = Nginx(str(tmp_path), www)
+    try:
+        # Before: 4 tasks share a lock-file cache; the lock vanishes while the
+        # first task downloads (the test removes it, as a tmp cleaner or NFS
+        # would). The holder's release fails with the error WebDataset users
+        # report; tasks that find no lock download the shard again.
+        cache = str(tmp_path / "cache")
+        os.makedirs(cache)
+        naive = os.path.join(os.path.dirname(__file__), "naive_lock_cache.py")
+        lock = os.path.join(cache, "shard-0000.tar.lock")
+        proc = subprocess.Popen(["srun", "--ntasks=4", PYTHON, naive,
+                                 f"{nginx.url}/shards/shard-0000.tar", cache, "3"],
+                                env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        wait_for(lambda: os.path.exists(lock), 60, "the first task's lock")
+        os.remove(lock)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0
+        assert "FileNotFoundError: [Errno 2] No such file or directory" in err, err
+        assert "shard-0000.tar.lock'" in err, err
+        # After: the same shards behind the same nginx, read by 4 tasks through
+        # Sluice: the data server downloads each shard once into its own
+        # cache; no task touches a shared file.
+        earlier = [nginx.gets(f"/shards/shard-{s:04d}.tar") for s in range(4)]
+        sluice_dir = str(tmp_path / "sluice")
+        cluster = LocalSluice(sluice_dir, os.path.join(sluice_dir, "roots"))
+        try:
+            manifest = str(tmp_path / "remote.json")
+            with open(manifest, "w") as f:
+                json.dump({"shards": [{"url": f"{nginx.url}/shards/shard-{s:04d}.tar",
+                                       "num_samples": 50} for s in range(4)]}, f)
+            ctl = os.path.join(BIN, "sluicectl")
+            env = {"SLUICE_COORDINATOR": cluster.address}
+            created = slurm.run([ctl, "job", "create", "--name=remote", f"--manifest={manifest}",
+                                 "--world_size=4", "--epochs=1"], env=env)
+            assert created.returncode == 0, created.stdout + created.stderr
+            read = slurm.run(["srun", "--ntasks=4", "bash", "-c",
+                              f"exec {ctl} read --job=remote --rank=$SLURM_PROCID"], env=env)
+            assert read.returncode == 0, read.stdout + read.stderr
+            samples = [json.loads(line) for line in read.stdout.splitlines()
+                       if line.startswith('{"epoch"')]
+            keys = collections.Counter((s["shard"], s["index"]) for s in samples)
+            assert len(keys) == 200 and set(keys.values()) == {1}
+            assert collections.Counter(s["rank"] for s in samples) == {0: 50, 1: 50, 2: 50,
+                                                                       3: 50}
+            for s in range(4):
+                assert nginx.gets(f"/shards/shard-{s:04d}.tar") - earlier[s] == 1, s
+        finally:
+            cluster.stop()
+    finally:
+        nginx.stop()
