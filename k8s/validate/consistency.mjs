@@ -10,8 +10,10 @@
 //   selects something, workload selectors match their pod templates, Service
 //   targetPorts exist on the selected pods, a StatefulSet's serviceName is a
 //   headless Service;
-// - every ConfigMap, Secret (and key) and PersistentVolumeClaim referenced
-//   exists in the same render.
+// - every ConfigMap and PersistentVolumeClaim referenced exists in the same
+//   render; no Secret is rendered (secret values never ship), and every
+//   Secret referenced (and key) is one the operator creates as
+//   k8s/README.md says (OPERATOR_SECRETS).
 // Prints every problem with the file and object, exit status 1 if any.
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
@@ -23,6 +25,14 @@ if (!binDir || files.length === 0) {
   console.error("usage: node consistency.mjs BIN_DIR RENDERED.yaml...");
   process.exit(2);
 }
+
+// The Secrets the operator creates before applying an overlay, and their
+// keys (k8s/README.md, "Secrets").
+const OPERATOR_SECRETS = {
+  "sluice-lease-secret": ["secret"],
+  "sluice-admin-token": ["token"],
+  "sluice-tls": ["tls.crt", "tls.key"],
+};
 
 const flagCache = new Map();
 function flagsOf(binary) {
@@ -56,6 +66,9 @@ for (const file of files) {
   const workloads = objects.filter((o) =>
     ["Deployment", "StatefulSet", "DaemonSet", "Job"].includes(o.kind));
   const podLabels = (w) => w.spec.template.metadata?.labels ?? {};
+  for (const secret of byKind("Secret")) {
+    bad(secret, "a rendered Secret ships its value with the manifests; the operator creates it");
+  }
 
   for (const w of workloads) {
     if (w.kind !== "Job" && !matches(w.spec.selector?.matchLabels, podLabels(w))) {
@@ -99,6 +112,12 @@ for (const file of files) {
         const ref = e.valueFrom?.configMapKeyRef ?? e.valueFrom?.secretKeyRef;
         if (!ref) continue;
         const kind = e.valueFrom.configMapKeyRef ? "ConfigMap" : "Secret";
+        if (kind === "Secret") {
+          if (!(OPERATOR_SECRETS[ref.name] ?? []).includes(ref.key)) {
+            bad(w, `${c.name}: env ${e.name} references Secret ${ref.name} key ${ref.key}, not one the operator creates`);
+          }
+          continue;
+        }
         const target = named(kind, ref.name);
         if (!target) bad(w, `${c.name}: env ${e.name} references missing ${kind} ${ref.name}`);
         else if (!({ ...target.data, ...target.stringData })[ref.key] && !ref.optional) {
@@ -113,8 +132,13 @@ for (const file of files) {
       }
     }
     for (const v of pod.volumes ?? []) {
-      if (v.secret && !named("Secret", v.secret.secretName)) {
-        bad(w, `volume ${v.name} references missing Secret ${v.secret.secretName}`);
+      if (v.secret && !OPERATOR_SECRETS[v.secret.secretName]) {
+        bad(w, `volume ${v.name} references Secret ${v.secret.secretName}, not one the operator creates`);
+      }
+      for (const item of v.secret?.items ?? []) {
+        if (!(OPERATOR_SECRETS[v.secret.secretName] ?? []).includes(item.key)) {
+          bad(w, `volume ${v.name}: Secret ${v.secret.secretName} has no key ${item.key}`);
+        }
       }
       if (v.configMap && !named("ConfigMap", v.configMap.name)) {
         bad(w, `volume ${v.name} references missing ConfigMap ${v.configMap.name}`);

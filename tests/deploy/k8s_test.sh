@@ -40,4 +40,11 @@ if node validate.mjs "$out/type.yaml" > "$out/log" 2>&1; then echo "validate.mjs
 grep -q "periodSeconds must be integer" "$out/log" || { cat "$out/log"; exit 1; }
 if node consistency.mjs "$bin" "$out/flag.yaml" > "$out/log" 2>&1; then echo "consistency.mjs accepted --journal_dirr"; exit 1; fi
 grep -q "sluice-coordinator has no flag --journal_dirr" "$out/log" || { cat "$out/log"; exit 1; }
+# No overlay ships a secret value, and the checker refuses one that does.
+for rendered in "${overlays[@]}"; do
+  if grep -q '^kind: Secret$' "$rendered"; then echo "$(basename "$rendered") renders a Secret"; exit 1; fi
+done
+{ cat "$out/prod.yaml"; printf -- '---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: sluice-lease-secret\nstringData:\n  secret: leaked\n'; } > "$out/secret.yaml"
+if node consistency.mjs "$bin" "$out/secret.yaml" > "$out/log" 2>&1; then echo "consistency.mjs accepted a rendered Secret"; exit 1; fi
+grep -q "Secret/sluice-lease-secret: a rendered Secret ships its value" "$out/log" || { cat "$out/log"; exit 1; }
 echo "k8s: every overlay renders, validates strictly and is consistent"

@@ -10,6 +10,7 @@ CPUs (SlurmdParameters=config_overrides) so 4-task jobs fit on 2 cores.
 munged runs with --force: it refuses to run as root otherwise.
 """
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -118,6 +119,25 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
         env = dict(self.env, **kw.pop("env", {}))
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
                               **kw)
+
+    def sbatch(self, argv, timeout=600, **kw):
+        """Submits a batch job and waits until it ends (polling its state:
+        sbatch --wait polls at growing intervals). Returns (exit code,
+        scontrol's record of the job)."""
+        out = self.run(["sbatch", "--parsable", *argv], **kw)
+        assert out.returncode == 0, out.stdout + out.stderr
+        job = out.stdout.strip().split(";")[0]
+
+        def ended():
+            info = self.run(["scontrol", "show", "job", job]).stdout
+            state = re.search(r"JobState=(\S+)", info)
+            if state and state.group(1) not in ("PENDING", "CONFIGURING", "RUNNING",
+                                                "COMPLETING"):
+                return info
+            return None
+        info = wait_for(ended, timeout, f"batch job {job}")
+        code = int(re.search(r"\bExitCode=(\d+):", info).group(1))
+        return job, code, info
 
     def stop(self):
         for proc in reversed(self.procs):

@@ -2,7 +2,6 @@
 each failure as users write it today, then the Sluice version passing."""
 import collections
 import os
-import re
 
 import pytest
 
@@ -33,12 +32,13 @@ def test_the_sbatch_example_prepares_once_and_every_rank_trains_equal_steps(slur
            "EPOCHS": "2", "PYTHON": PYTHON, "TRAIN_ARGS": f"--record={data}/keys-{{rank}}.txt"}
     env_all = dict(slurm.env, **env)
     env_all.pop("SLUICE_COORDINATOR", None)  # the script starts its own
-    out = slurm.run(["sbatch", "--wait", "--ntasks=4", f"--output={tmp_path}/job-%j.out",
-                     os.path.join(EXAMPLES, "slurm", "prepare_and_train.sbatch")],
-                    env=env_all, cwd=os.path.join(EXAMPLES, "slurm"), timeout=600)
-    job_out = "".join(open(os.path.join(tmp_path, f)).read()
-                      for f in os.listdir(tmp_path) if f.startswith("job-"))
-    assert out.returncode == 0, out.stdout + out.stderr + job_out
+    job, code, info = slurm.sbatch(
+        ["--ntasks=4", f"--output={tmp_path}/job-%j.out",
+         os.path.join(EXAMPLES, "slurm", "prepare_and_train.sbatch")],
+        env=env_all, cwd=os.path.join(EXAMPLES, "slurm"))
+    with open(os.path.join(tmp_path, f"job-{job}.out")) as f:
+        job_out = f.read()
+    assert code == 0, info + job_out
     # The dataset was prepared by one task; the job was created once.
     with open(os.path.join(data, "prepare.log")) as f:
         assert len(f.readlines()) == 1
@@ -49,8 +49,7 @@ def test_the_sbatch_example_prepares_once_and_every_rank_trains_equal_steps(slur
         seen = collections.Counter(k for r in range(4) for k in keys[r][epoch])
         assert len(seen) == 400 and set(seen.values()) == {1}, epoch
         assert [steps[r][epoch] for r in range(4)] == [10, 10, 10, 10]
-    job_id = re.search(r"job-(\d+)\.out", " ".join(os.listdir(tmp_path))).group(1)
-    ckpt = os.path.join(data, "checkpoints", job_id)
+    ckpt = os.path.join(data, "checkpoints", job)
     assert os.listdir(ckpt) == ["checkpoint.pt"]
 
 

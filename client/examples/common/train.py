@@ -126,6 +126,11 @@ def main():
             for epoch, steps in sorted(state["steps"].items()):
                 f.write(f"{epoch} steps {steps}\n")
     if world > 1:
+        # Every rank is done before any tears down, and DDP's reducer goes
+        # before its process group: gloo's destructor otherwise waits forever
+        # for peers that already left (torch 1.13).
+        dist.barrier()
+        del model, opt
         dist.destroy_process_group()
     return 0
 
