@@ -91,6 +91,9 @@ ABSL_FLAG(absl::Duration, progress_interval, absl::Milliseconds(500),
 ABSL_FLAG(
     std::string, service, "",
     "health: service name (\"readiness\" for readiness; empty = overall).");
+ABSL_FLAG(bool, wait, false,
+          "health: keep asking until the status is SERVING (or --timeout "
+          "passes), for scripts that start a server and wait for it.");
 // index
 ABSL_FLAG(std::string, o, "",
           "index: write the manifest here (default stdout).");
@@ -425,11 +428,19 @@ int StatusCommand(const std::vector<std::string>& args) {
         job.status().live_data_servers().empty()
             ? "none live"
             : absl::StrJoin(job.status().live_data_servers(), ", ").c_str());
+    // A rank's lag: samples behind the most advanced rank this epoch.
+    int64_t most = 0;
+    for (const v1::RankStatus& r : job.status().ranks()) {
+      most = std::max<int64_t>(most, r.consumed());
+    }
     for (const v1::RankStatus& r : job.status().ranks()) {
       std::printf(
-          "  rank %-4d %8lld / %-8lld consumed  %d live leases  %d sessions\n",
+          "  rank %-4d %8lld / %-8lld consumed  lag %-6lld %d live leases  %d "
+          "sessions\n",
           r.rank(), static_cast<long long>(r.consumed()),
-          static_cast<long long>(r.quota()), r.live_leases(), r.sessions());
+          static_cast<long long>(r.quota()),
+          static_cast<long long>(most - r.consumed()), r.live_leases(),
+          r.sessions());
     }
   }
   return kOk;
@@ -553,8 +564,21 @@ int HealthCommand(const std::vector<std::string>& args) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse response;
-  absl::Status s =
-      FromGrpcStatus(stub->Check(Deadline().get(), request, &response));
+  const absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_timeout);
+  absl::Status s;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    s = FromGrpcStatus(stub->Check(&ctx, request, &response));
+    const bool serving =
+        s.ok() &&
+        response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    if (serving || !absl::GetFlag(FLAGS_wait) ||
+        absl::Now() + absl::Milliseconds(100) >= deadline) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // --wait: ask again
+  }
   if (!s.ok()) {
     return Fail(absl::Status(
         s.code(), absl::StrCat("health ", args[0], ": ", s.message())));
@@ -806,7 +830,8 @@ const std::vector<CommandHelp>& Commands() {
         "admin_token_file"}},
       {"status",
        "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "
-       "leases, sessions, live data servers. Given several coordinators "
+       "lag behind the most advanced rank, leases, sessions, live data "
+       "servers. Given several coordinators "
        "(--coordinator=a,b), first each one's role: leader, standby (naming "
        "the leader) or unreachable.",
        {}},
@@ -817,9 +842,10 @@ const std::vector<CommandHelp>& Commands() {
        {"job", "rank", "worker", "workers", "read_epochs", "decode",
         "decode_spec", "rate", "trainer_id", "progress_interval"}},
       {"health",
-       "sluicectl health HOST:PORT [--service readiness]\n  The gRPC health "
-       "status of a server (or of one of its services).",
-       {"service"}},
+       "sluicectl health HOST:PORT [--service readiness] [--wait]\n  The "
+       "gRPC health status of a server (or of one of its services); with "
+       "--wait, once it is SERVING or --timeout has passed.",
+       {"service", "wait"}},
       {"once",
        "sluicectl once NAME [--scope S --id ID --ttl 10s --fail_all] -- "
        "COMMAND "

@@ -93,9 +93,14 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       resumes_(
           CounterFamily(r, "sluice_coordinator_resumes_total",
                         "Job positions moved to a trainer's resume cursor.")),
-      sessions_(GaugeFamily(
-          r, "sluice_coordinator_sessions",
-          "Open trainer sessions of the job (past their Hello).")) {}
+      sessions_(
+          GaugeFamily(r, "sluice_coordinator_sessions",
+                      "Open trainer sessions of the job (past their Hello).")),
+      rank_skew_(GaugeFamily(
+          r, "sluice_coordinator_rank_skew_samples",
+          "Samples of the current epoch the most advanced rank has consumed "
+          "beyond the least advanced one (jobs with a world size). A value "
+          "that keeps growing is a straggling rank.")) {}
 
 const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(
     const std::string& job) {
@@ -107,7 +112,7 @@ const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(
              &expired_.Add(labels),    &released_.Add(labels),
              &resumes_.Add(labels),    &epoch_total_.Add(labels),
              &epoch_done_.Add(labels), &epoch_.Add(labels),
-             &sessions_.Add(labels)};
+             &sessions_.Add(labels),   &rank_skew_.Add(labels)};
   return jobs_.emplace(job, series).first->second;
 }
 
@@ -124,6 +129,7 @@ void CoordinatorMetrics::RemoveJob(const std::string& job) {
   epoch_done_.Remove(s.epoch_completed);
   epoch_.Remove(s.epoch);
   sessions_.Remove(s.sessions);
+  rank_skew_.Remove(s.rank_skew);
   jobs_.erase(it);
 }
 

@@ -31,6 +31,7 @@ class CoordinatorMetrics {
     prometheus::Gauge* epoch_completed;
     prometheus::Gauge* epoch;
     prometheus::Gauge* sessions;
+    prometheus::Gauge* rank_skew;
   };
   // Not thread-safe: the coordinator calls it under its mutex.
   const Job& ForJob(const std::string& job);
@@ -65,6 +66,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Counter>& resumes_;
   prometheus::Family<prometheus::Gauge>& sessions_;
+  prometheus::Family<prometheus::Gauge>& rank_skew_;
   std::map<std::string, Job> jobs_;
 };
 

@@ -458,14 +458,19 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   st->set_epoch(job.epoch);
   st->set_samples_per_epoch(job.served_per_epoch());
   st->set_samples_per_rank(job.plan.samples_per_rank);
-  st->set_consumed_in_epoch(job.consumed_total);
+  // A finished job's last epoch was consumed whole; its counters were reset
+  // when the epoch ended.
+  st->set_consumed_in_epoch(job.done ? job.served_per_epoch()
+                                     : job.consumed_total);
   st->set_dropped_per_epoch(job.plan.dropped);
   st->set_total_samples(job.plan.total_samples);
   st->set_num_shards(static_cast<int32_t>(job.shard_samples.size()));
   for (int32_t r = 0; r < job.plan.num_ranks; ++r) {
     v1::RankStatus* rs = st->add_ranks();
     rs->set_rank(r);
-    rs->set_consumed(job.consumed_by_rank(r));
+    rs->set_consumed(job.done && job.plan.samples_per_rank > 0
+                         ? job.plan.samples_per_rank
+                         : job.consumed_by_rank(r));
     rs->set_quota(job.plan.samples_per_rank);
     int32_t live = 0;
     for (const auto& [id, l] : job.leases) live += l.rank == r;
@@ -1274,10 +1279,26 @@ int CoordinatorService::ExpireLeases() {
     }
     for (const std::string& job : jobs) PumpLocked(job, fx);
     UpdateGaugesLocked();
+    UpdateRankSkewLocked();
     SubmitLocked(fx);
   }
   DeliverReady();
   return expired;
+}
+
+void CoordinatorService::UpdateRankSkewLocked() {
+  CoordinatorMetrics* m = options_.metrics;
+  if (m == nullptr) return;
+  // O(ranks) per job: on the expiry tick, not on every lease message.
+  for (const auto& [name, job] : state_.jobs()) {
+    int64_t most = 0, least = 0;
+    for (int32_t r = 0; r < job.plan.num_ranks; ++r) {
+      const int64_t consumed = job.consumed_by_rank(r);
+      most = r == 0 ? consumed : std::max(most, consumed);
+      least = r == 0 ? consumed : std::min(least, consumed);
+    }
+    m->ForJob(name).rank_skew->Set(static_cast<double>(most - least));
+  }
 }
 
 absl::Time CoordinatorService::NextExpiry() {

@@ -260,6 +260,7 @@ class CoordinatorService {
   absl::Duration TtlLocked(const JobData& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateRankSkewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   std::optional<PathRoots>

@@ -425,15 +425,21 @@ void OnceBarrier::Tick() {
       PromoteLocked(key, fx);
     }
     for (auto& [key, entry] : barriers_) {
-      for (auto it = entry.pending.begin(); it != entry.pending.end();) {
-        if (now >= it->deadline) {
-          fx.barriers.emplace_back(std::move(it->done),
-                                   BarrierTimeoutStatus(key, entry, *it));
-          it = entry.pending.erase(it);
-        } else {
-          ++it;
-        }
+      const bool expired =
+          std::any_of(entry.pending.begin(), entry.pending.end(),
+                      [&](const Pending& p) { return now >= p.deadline; });
+      if (!expired) continue;
+      // The generation fails as a whole: everyone waiting hears it, and
+      // whoever comes later starts the next one.
+      std::vector<Pending> failed = std::move(entry.pending);
+      for (Pending& p : failed) {
+        fx.barriers.emplace_back(std::move(p.done),
+                                 BarrierTimeoutStatus(key, entry, p));
       }
+      ++entry.generation;
+      entry.arrived.clear();
+      entry.pending.clear();
+      entry.participants = 0;
     }
   }
   fx.Run();

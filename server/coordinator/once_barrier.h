@@ -14,9 +14,11 @@
 //
 // Barrier(scope, name, participants, timeout): returns when `participants`
 // distinct ids have arrived; the name is then reused by the next generation.
-// A caller whose timeout passes gets DEADLINE_EXCEEDED listing who arrived
-// and who is missing (when ids look like "rank-3", by name); its arrival
-// stays counted for the generation.
+// When the first caller's timeout passes, the generation fails as a whole:
+// every caller waiting in it gets DEADLINE_EXCEEDED listing who arrived and
+// who is missing (when ids look like "rank-3", by name), and the name moves
+// to the next generation, so a late arrival waits for a full set again
+// instead of passing alone.
 //
 // Thread-safe. Callbacks and sink calls happen outside the lock.
 #ifndef SLUICE_SERVER_COORDINATOR_ONCE_BARRIER_H_

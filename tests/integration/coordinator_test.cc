@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "tests/testing/coordinator_client.h"
@@ -650,6 +651,54 @@ TEST(CoordinatorIntegrationTest, PerJobSeriesFollowSessionsAndDeletion) {
   EXPECT_THAT(
       page->body,
       ::testing::HasSubstr("sluice_coordinator_epoch{sluice_job=\"kept\"} 0"));
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Rank skew: one of two ranks completes a lease, the other nothing; the
+// gauge shows the difference, for the dashboard's straggler panel.
+TEST(CoordinatorIntegrationTest, RankSkewIsTheLeadOfTheMostAdvancedRank) {
+  TempDir dir;
+  auto server =
+      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+  ASSERT_TRUE(server.ok()) << server.status();
+  v1::JobSpec spec = ManifestSpec("skew", 8, 2, 1);
+  spec.set_lease_ttl_ms(60000);
+  ASSERT_TRUE(testing::CreateJob(server->grpc_address, spec).ok());
+  ASSERT_TRUE(testing::WaitForMetric(
+      server->metrics_address,
+      "sluice_coordinator_rank_skew_samples{sluice_job=\"skew\"} 0"));
+  auto stub = Connect(server->grpc_address);
+  grpc::ClientContext ctx;
+  auto session = stub->Session(&ctx);
+  v1::TrainerMessage hello;
+  hello.mutable_hello()->set_job("skew");
+  hello.mutable_hello()->set_rank(0);
+  hello.mutable_hello()->set_trainer_id("rank-0");
+  v1::TrainerMessage want;
+  want.mutable_want()->set_credits(1);
+  ASSERT_TRUE(session->Write(hello) && session->Write(want));
+  v1::CoordinatorMessage m;
+  while (session->Read(&m) && !m.has_grant()) {
+  }
+  ASSERT_TRUE(m.has_grant());
+  const int64_t size =
+      m.grant().lease().unit().end() - m.grant().lease().unit().begin();
+  ASSERT_GT(size, 0);
+  v1::TrainerMessage complete;
+  complete.mutable_complete()->set_lease_id(m.grant().lease().lease_id());
+  complete.mutable_complete()->set_fence(m.grant().lease().fence());
+  ASSERT_TRUE(session->Write(complete));
+  EXPECT_TRUE(testing::WaitForMetric(
+      server->metrics_address,
+      absl::StrCat("sluice_coordinator_rank_skew_samples{sluice_job=\"skew\"} ",
+                   size)));
+  ctx.TryCancel();
+  session->Finish().ok();
 }
 
 }  // namespace

@@ -155,7 +155,7 @@ TEST_F(OnceBarrierTest, BarrierTimeoutNamesTheMissingRank) {
   for (int r = 0; r < 8; ++r) {
     if (r == 5) continue;
     ranks.push_back(Ctl({"barrier", "ckpt-dir", "--participants=8",
-                         absl::StrCat("--id=rank-", r), "--timeout=1s"},
+                         absl::StrCat("--id=rank-", r), "--timeout=3s"},
                         absl::StrCat("b", r, ".log")));
   }
   for (int r = 0, i = 0; r < 8; ++r) {

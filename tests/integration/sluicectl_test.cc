@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "server/common/loopback_port.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
@@ -106,6 +107,9 @@ TEST(SluicectlTest, IndexCreateReadHealth) {
   CtlRun status = Ctl(dir, {"status", "small", c});
   EXPECT_EQ(status.code, 0);
   EXPECT_THAT(status.output, HasSubstr("DONE"));
+  // A finished job shows what its last epoch consumed, not a reset counter.
+  EXPECT_THAT(status.output,
+              ::testing::ContainsRegex("rank 0 +15 / 15 +consumed"));
   EXPECT_THAT(status.output, HasSubstr("data servers: " + data->grpc_address));
   CtlRun list = Ctl(dir, {"job", "list", "--json", c});
   EXPECT_THAT(list.output, HasSubstr("\"name\": \"small\""));
@@ -186,6 +190,33 @@ TEST(SluicectlTest, UpHaKeepsServingWhenTheLeadingCoordinatorDies) {
   EXPECT_EQ(*code, 0) << testing::ReadWholeFile(log).value_or("");
   EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
               HasSubstr("takes over"));
+}
+
+TEST(SluicectlTest, HealthWaitReturnsOnceTheServerIsReady) {
+  TempDir dir;
+  const int port = ReserveLoopbackPort();
+  ASSERT_GT(port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  // Without --wait, a server that is not there yet is an error at once.
+  CtlRun now = Ctl(dir, {"health", address, "--timeout=2s"});
+  EXPECT_EQ(now.code, 3) << now.output;
+  // With --wait, sluicectl keeps asking until the coordinator started later
+  // on that port is ready.
+  const std::string log = dir.File("wait.log");
+  auto waiting =
+      ChildProcess::Start({testing::BinDir() + "/sluicectl", "health", address,
+                           "--service=readiness", "--wait", "--timeout=60s"},
+                          log);
+  ASSERT_TRUE(waiting.ok());
+  auto coordinator = ServerProcess::Start(
+      "sluice-coordinator", dir.path(),
+      {absl::StrCat("--listen=", address), "--journal_dir=" + dir.File("j")});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto code = waiting->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+  EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
+              HasSubstr(address + " SERVING"));
 }
 
 TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {

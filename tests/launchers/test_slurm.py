@@ -102,7 +102,7 @@ def test_wait_for_exists_times_out_on_a_slow_rank0_where_a_barrier_waits(slurm, 
     # A barrier that times out names who is missing, on every rank that came.
     late = slurm.run(["srun", "--ntasks=3", "bash", "-c",
                       f'exec {BIN}/sluicectl barrier short --participants=4 '
-                      f'--scope=slurm-$SLURM_JOB_ID --id=rank-$SLURM_PROCID --timeout=1s'],
+                      f'--scope=slurm-$SLURM_JOB_ID --id=rank-$SLURM_PROCID --timeout=3s'],
                      env={"SLUICE_COORDINATOR": sluice_cluster.address})
     assert late.returncode != 0
     assert late.stderr.count("1 missing: rank-3") == 3, late.stderr

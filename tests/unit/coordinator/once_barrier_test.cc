@@ -111,7 +111,7 @@ TEST_F(OnceBarrierTest, HeartbeatsKeepTheRun) {
   EXPECT_EQ(b->inbox.size(), 1u);  // still waiting
 }
 
-TEST_F(OnceBarrierTest, BarrierTimeoutKeepsArrivalsAndNamesTheMissing) {
+TEST_F(OnceBarrierTest, ATimedOutGenerationFailsEveryWaiterAndLateArrivals) {
   std::vector<absl::StatusOr<v1::BarrierResponse>> results;
   auto arrive = [&](const std::string& who, int64_t timeout_ms) {
     v1::BarrierRequest r;
@@ -125,19 +125,37 @@ TEST_F(OnceBarrierTest, BarrierTimeoutKeepsArrivalsAndNamesTheMissing) {
     });
   };
   arrive("rank-0", 100);
+  arrive("rank-1", 1000);
   clock_.Advance(absl::Milliseconds(100));
   logic_.Tick();
-  ASSERT_EQ(results.size(), 1u);
-  EXPECT_THAT(results[0].status(),
+  // rank-0's timeout fails generation 0 for both waiting ranks.
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) {
+    EXPECT_THAT(r.status(),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("generation 0: 2 of 3 arrived")));
+    EXPECT_THAT(r.status().message(), HasSubstr("1 missing: rank-2"));
+  }
+  // rank-2 comes late: it does not pass alone; it waits in generation 1,
+  // where it is the only one, and times out naming the others.
+  arrive("rank-2", 500);
+  ASSERT_EQ(results.size(), 2u);
+  clock_.Advance(absl::Milliseconds(500));
+  logic_.Tick();
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_THAT(results[2].status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("2 missing: rank-1, rank-2")));
-  // rank-0 timed out but stays arrived: two more complete generation 0.
+                       HasSubstr("generation 1: 1 of 3 arrived")));
+  EXPECT_THAT(results[2].status().message(),
+              HasSubstr("2 missing: rank-0, rank-1"));
+  // All three again: generation 2 passes.
+  arrive("rank-0", 1000);
   arrive("rank-1", 1000);
   arrive("rank-2", 1000);
-  ASSERT_EQ(results.size(), 3u);
-  ASSERT_OK(results[2].status());
-  EXPECT_EQ(results[2]->generation(), 0);
-  EXPECT_EQ(results[2]->arrived_size(), 3);
+  ASSERT_EQ(results.size(), 6u);
+  ASSERT_OK(results[5].status());
+  EXPECT_EQ(results[5]->generation(), 2);
+  EXPECT_EQ(results[5]->arrived_size(), 3);
   // Disagreeing counts are an error naming the participant.
   v1::BarrierRequest bad;
   bad.set_scope("job");
