@@ -64,6 +64,9 @@ ABSL_FLAG(absl::Duration, lease_ttl, absl::ZeroDuration(),
           "job create: lease TTL (0 = coordinator default).");
 ABSL_FLAG(int64_t, max_samples_per_lease, 0,
           "job create: largest unit (0 = whole shards).");
+ABSL_FLAG(int32_t, shuffle_window, 0,
+          "job create: shards mixed into each shuffle window (0 = the "
+          "coordinator's default of 32; 1 = shard order only).");
 // read
 ABSL_FLAG(std::string, job, "", "read: job name.");
 ABSL_FLAG(int32_t, rank, 0, "read: rank.");
@@ -311,6 +314,7 @@ int JobCommand(const std::vector<std::string>& args) {
     spec->set_lease_ttl_ms(
         absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_lease_ttl)));
     spec->set_max_samples_per_lease(absl::GetFlag(FLAGS_max_samples_per_lease));
+    spec->set_shuffle_window(absl::GetFlag(FLAGS_shuffle_window));
     v1::Job job;
     absl::Status s =
         Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
@@ -756,7 +760,7 @@ Commands:
   index --data_server=HOST:PORT URL... [-o FILE]
                             index (remote) shards through a data server
   job create --name N --manifest FILE [--world_size --epochs --mode --remainder
-             --seed --[no]shuffle --lease_ttl --on_corrupt]
+             --seed --[no]shuffle --shuffle_window --lease_ttl --on_corrupt]
   job get NAME | job list | job delete NAME
   status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
                             live data servers
@@ -821,13 +825,13 @@ const std::vector<CommandHelp>& Commands() {
       {"job",
        "sluicectl job create --name N --manifest FILE [--world_size --epochs "
        "--mode --remainder --seed --[no]shuffle --lease_ttl --on_corrupt "
-       "--max_samples_per_lease]\n"
+       "--max_samples_per_lease --shuffle_window]\n"
        "sluicectl job get NAME | job list | job delete NAME\n  Creates, shows "
        "and deletes jobs (create and delete need --admin_token_file on a "
        "secured coordinator).",
        {"name", "manifest", "world_size", "epochs", "mode", "remainder", "seed",
         "shuffle", "lease_ttl", "on_corrupt", "max_samples_per_lease",
-        "admin_token_file"}},
+        "shuffle_window", "admin_token_file"}},
       {"status",
        "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "
        "lag behind the most advanced rank, leases, sessions, live data "

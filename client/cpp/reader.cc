@@ -26,6 +26,12 @@ namespace {
 using v1::CoordinatorMessage;
 using v1::TrainerMessage;
 
+// What a unit reads, for counting failed streams: its shard, or its shuffle
+// window's first shard.
+const std::string& UnitKey(const v1::WorkUnit& unit) {
+  return unit.pieces_size() > 0 ? unit.pieces(0).url() : unit.shard_url();
+}
+
 // Statuses after which reconnecting cannot help.
 bool Terminal(const absl::Status& s) {
   switch (s.code()) {
@@ -373,7 +379,8 @@ class ReaderImpl final : public Reader {
   absl::Mutex flush_mu_;
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);
 
-  // Streams that failed in a row, per (data server, shard): re-route back-off.
+  // Streams that failed in a row, per (data server, UnitKey): re-route
+  // back-off.
   std::map<std::pair<std::string, std::string>, int> stream_failures_
       ABSL_GUARDED_BY(mu_);
   static constexpr absl::Duration kRerouteBackoff = absl::Milliseconds(50);
@@ -868,8 +875,17 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
     Sample out;
     out.epoch = u.lease.epoch();
     out.rank = u.lease.rank();
-    out.shard_index = u.lease.unit().shard_index();
-    out.shard_url = u.lease.unit().shard_url();
+    const v1::WorkUnit& unit = u.lease.unit();
+    if (unit.pieces_size() > 0) {
+      // A shuffle window: each sample names its shard (a piece index the
+      // unit does not have is clamped; the data server sets it).
+      const int piece = std::clamp(s.piece(), 0, unit.pieces_size() - 1);
+      out.shard_index = unit.pieces(piece).shard_index();
+      out.shard_url = unit.pieces(piece).url();
+    } else {
+      out.shard_index = unit.shard_index();
+      out.shard_url = unit.shard_url();
+    }
     out.data_server = u.lease.data_server();
     out.index = s.index();
     out.key = std::move(*s.mutable_key());
@@ -887,8 +903,11 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
     BeginFinishLocked(u);
     return;
   }
+  // A plain unit's samples come with their positions (their index in the
+  // shard); a window's with their index in their own shard, so only count.
+  const bool window = u.lease.unit().pieces_size() > 0;
   for (Sample& out : converted) {
-    if (out.index != u.next_fetch) {
+    if (!window && out.index != u.next_fetch) {
       u.protocol_error =
           absl::StrCat("data server ", u.lease.data_server(), " sent sample ",
                        out.index, ", expected ", u.next_fetch);
@@ -903,7 +922,7 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
   }
   u.last_batch_samples = static_cast<int64_t>(converted.size());
   if (!stream_failures_.empty()) {
-    stream_failures_.erase({u.lease.data_server(), u.lease.unit().shard_url()});
+    stream_failures_.erase({u.lease.data_server(), UnitKey(u.lease.unit())});
   }
   data_cv_.Signal();
   if (u.cancelled) {
@@ -955,8 +974,7 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
     // longer before the re-route (the first goes at once): a shard a server
     // cannot serve (missing, unreadable) must not become a grant/re-route
     // loop as fast as the machine allows.
-    const int failures =
-        ++stream_failures_[{address, u.lease.unit().shard_url()}];
+    const int failures = ++stream_failures_[{address, UnitKey(u.lease.unit())}];
     if (failures == 1 || failures % 10 == 0) {
       LogWarning(
           "sluice::Reader job %s rank %d: stream %d in a row from %s failed, "

@@ -44,6 +44,18 @@ std::string CanonicalLeaseBytes(const v1::Lease& lease) {
   PutString(&out, lease.data_server());
   PutInt(&out, lease.on_corrupt());
   PutInt(&out, lease.expires_at_unix_ms());
+  // Window units only, so that other units' bytes stay as they were.
+  if (lease.unit().pieces_size() > 0) {
+    PutInt(&out, static_cast<int64_t>(lease.unit().window_order()));
+    PutInt(&out, lease.unit().pieces_size());
+    for (const v1::WindowPiece& p : lease.unit().pieces()) {
+      PutInt(&out, p.shard_index());
+      PutString(&out, p.url());
+      PutInt(&out, p.num_samples());
+      PutInt(&out, p.size_bytes());
+      PutString(&out, p.checksum());
+    }
+  }
   return out;
 }
 

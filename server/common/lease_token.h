@@ -8,7 +8,10 @@
 //   8-byte two's complement:
 //   lease_id, fence, job, epoch, rank, unit.shard_index, unit.shard_url,
 //   unit.begin, unit.end, unit.sequence, unit.shard_size_bytes,
-//   unit.shard_checksum, data_server, on_corrupt, expires_at_unix_ms.
+//   unit.shard_checksum, data_server, on_corrupt, expires_at_unix_ms;
+//   then, for a window unit (unit.pieces not empty) only: unit.window_order,
+//   the number of pieces, and per piece shard_index, url, num_samples,
+//   size_bytes, checksum.
 // The expiry is signed, so a token cannot be replayed after its lease
 // expired: the coordinator sends a held lease again with a fresh expiry and
 // token before half its TTL is left (the holder's heartbeats keep it alive),

@@ -495,10 +495,24 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
   out.set_rank(job.spec.world_size() > 0 ? lease.rank : -1);
   v1::WorkUnit* unit = out.mutable_unit();
   unit->set_shard_index(lease.shard_index);
-  const v1::Shard& shard = job.spec.manifest().shards(lease.shard_index);
-  unit->set_shard_url(shard.url());
-  unit->set_shard_size_bytes(shard.size_bytes());
-  unit->set_shard_checksum(shard.checksum());
+  if (UsesWindows(job.options)) {
+    const ShuffleWindow& window = WindowsLocked(job).at(lease.shard_index);
+    unit->set_window_order(window.order_seed);
+    for (int32_t index : window.shards) {
+      const v1::Shard& shard = job.spec.manifest().shards(index);
+      v1::WindowPiece* piece = unit->add_pieces();
+      piece->set_shard_index(index);
+      piece->set_url(shard.url());
+      piece->set_num_samples(shard.num_samples());
+      piece->set_size_bytes(shard.size_bytes());
+      piece->set_checksum(shard.checksum());
+    }
+  } else {
+    const v1::Shard& shard = job.spec.manifest().shards(lease.shard_index);
+    unit->set_shard_url(shard.url());
+    unit->set_shard_size_bytes(shard.size_bytes());
+    unit->set_shard_checksum(shard.checksum());
+  }
   unit->set_begin(lease.begin);
   unit->set_end(lease.end);
   unit->set_sequence(lease.sequence);
@@ -1151,8 +1165,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   if (!CommitLocked(std::move(record), fx).ok()) return false;
   LeaseEntry entry =
       LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
-  entry.data_server =
-      data_servers_.Pick(job.spec.manifest().shards(piece.shard_index).url());
+  entry.data_server = RouteLocked(job, piece.shard_index);
   leases_.Add(std::move(entry), TtlLocked(job)).IgnoreError();
   CoordinatorMessage grant;
   *grant.mutable_grant()->mutable_lease() =
@@ -1171,6 +1184,25 @@ bool IsRemoteShardUrl(const std::string& url) {
 }
 }  // namespace
 
+const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
+    const JobData& job) {
+  JobRuntime& rt = runtime_[job.spec.name()];
+  if (rt.windows_epoch != job.epoch) {
+    rt.windows = PlanWindows(job.shard_samples, job.options, job.epoch);
+    rt.windows_epoch = job.epoch;
+  }
+  return rt.windows;
+}
+
+std::string CoordinatorService::RouteLocked(const JobData& job,
+                                            int32_t shard_index) {
+  if (!UsesWindows(job.options))
+    return data_servers_.Pick(job.spec.manifest().shards(shard_index).url());
+  const ShuffleWindow& window = WindowsLocked(job).at(shard_index);
+  if (window.shards.empty()) return data_servers_.Pick("");
+  return data_servers_.Pick(job.spec.manifest().shards(window.shards[0]).url());
+}
+
 void CoordinatorService::HintUpcomingLocked(const JobData& job,
                                             const std::deque<Piece>& queue,
                                             Effects& fx) {
@@ -1180,13 +1212,20 @@ void CoordinatorService::HintUpcomingLocked(const JobData& job,
   int looked = 0;
   for (const Piece& piece : queue) {
     if (++looked > options_.prefetch_hint_units) break;
-    const v1::Shard& shard = job.spec.manifest().shards(piece.shard_index);
-    if (!IsRemoteShardUrl(shard.url())) continue;
-    std::optional<DataServerRegistry::HintTarget> target =
-        data_servers_.NoteHint(data_servers_.Pick(shard.url()), shard.url());
-    if (!target.has_value()) continue;
-    *hints[target->id].mutable_prefetch()->add_shards() = shard;
-    targets.emplace(target->id, std::move(*target));
+    // A window's shards all go to the server its units are routed to.
+    std::vector<int32_t> shards{piece.shard_index};
+    if (UsesWindows(job.options))
+      shards = WindowsLocked(job).at(piece.shard_index).shards;
+    const std::string server = RouteLocked(job, piece.shard_index);
+    for (int32_t index : shards) {
+      const v1::Shard& shard = job.spec.manifest().shards(index);
+      if (!IsRemoteShardUrl(shard.url())) continue;
+      std::optional<DataServerRegistry::HintTarget> target =
+          data_servers_.NoteHint(server, shard.url());
+      if (!target.has_value()) continue;
+      *hints[target->id].mutable_prefetch()->add_shards() = shard;
+      targets.emplace(target->id, std::move(*target));
+    }
   }
   for (auto& [id, msg] : hints)
     fx.hints.emplace_back(targets.at(id).sink, std::move(msg));

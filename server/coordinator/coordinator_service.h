@@ -182,7 +182,17 @@ class CoordinatorService {
   // Runtime (derived) per-job data: queues of unassigned pieces.
   struct JobRuntime {
     std::vector<std::deque<Piece>> queues;  // static: per slot; else [0]
+    // The shuffle windows of epoch `windows_epoch` (PlanWindows).
+    int64_t windows_epoch = -1;
+    std::vector<ShuffleWindow> windows;
   };
+  // The shuffle windows of the job's current epoch (empty without them).
+  const std::vector<ShuffleWindow>& WindowsLocked(const JobData& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where a unit's shard (or window) is read: rendezvous over the data
+  // servers by the shard's URL, or a window's first shard's URL.
+  std::string RouteLocked(const JobData& job, int32_t shard_index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Effects {
     std::vector<std::pair<std::shared_ptr<SessionSink>, v1::CoordinatorMessage>>
         sends;

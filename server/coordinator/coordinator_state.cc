@@ -57,6 +57,7 @@ PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec) {
                           ? RemainderPolicy::kPad
                           : RemainderPolicy::kDrop;
   options.max_samples_per_lease = spec.max_samples_per_lease();
+  options.shuffle_window = spec.shuffle_window();
   return options;
 }
 
@@ -251,7 +252,9 @@ absl::Status CoordinatorState::CheckResume(
                               ? "manifest"
                           : a.seed() != b.seed()       ? "seed"
                           : a.shuffle() != b.shuffle() ? "shuffle"
-                                                       : nullptr;
+                          : a.shuffle_window() != b.shuffle_window()
+                              ? "shuffle_window"
+                              : nullptr;
     if (differs != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "hello.cursor.job: job ", c.job(), " has a different ", differs,

@@ -5,24 +5,6 @@
 
 namespace sluice {
 
-uint64_t SplitMix64::Mix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ULL;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBULL;
-  z ^= z >> 31;
-  return z;
-}
-
-SplitMix64::SplitMix64(uint64_t seed, int64_t epoch)
-    : state_(Mix(seed) ^
-             Mix(static_cast<uint64_t>(epoch) ^ 0xD1B54A32D192ED03ULL)) {}
-
-uint64_t SplitMix64::Next() {
-  state_ += 0x9E3779B97F4A7C15ULL;
-  return Mix(state_);
-}
-
 std::vector<int32_t> ShardOrder(int32_t num_shards, uint64_t seed,
                                 int64_t epoch, bool shuffle) {
   std::vector<int32_t> order(static_cast<size_t>(std::max(num_shards, 0)));
@@ -53,8 +35,40 @@ Quota ComputeQuota(int64_t total_samples, const PlanOptions& options) {
   return quota;
 }
 
+std::vector<ShuffleWindow> PlanWindows(
+    const std::vector<int64_t>& shard_samples, const PlanOptions& options,
+    int64_t epoch) {
+  std::vector<ShuffleWindow> windows;
+  if (!UsesWindows(options)) return windows;
+  const int32_t n = static_cast<int32_t>(shard_samples.size());
+  const std::vector<int32_t> order = ShardOrder(n, options.seed, epoch, true);
+  const std::vector<int32_t> bounds = WindowBounds(n, options.shuffle_window);
+  for (size_t w = 0; w + 1 < bounds.size(); ++w) {
+    ShuffleWindow window;
+    for (int32_t i = bounds[w]; i < bounds[w + 1]; ++i) {
+      window.shards.push_back(order[i]);
+      window.samples += std::max<int64_t>(shard_samples[order[i]], 0);
+    }
+    window.order_seed =
+        WindowOrderSeed(options.seed, epoch, static_cast<int64_t>(w));
+    windows.push_back(std::move(window));
+  }
+  return windows;
+}
+
 EpochPlan PlanEpoch(const std::vector<int64_t>& shard_samples,
                     const PlanOptions& options, int64_t epoch) {
+  if (UsesWindows(options)) {
+    const std::vector<ShuffleWindow> windows =
+        PlanWindows(shard_samples, options, epoch);
+    std::vector<SampleRange> sequence;
+    sequence.reserve(windows.size());
+    for (size_t w = 0; w < windows.size(); ++w) {
+      sequence.push_back(
+          SampleRange{static_cast<int32_t>(w), 0, windows[w].samples});
+    }
+    return PlanSequence(sequence, options, epoch);
+  }
   const std::vector<int32_t> order =
       ShardOrder(static_cast<int32_t>(shard_samples.size()), options.seed,
                  epoch, options.shuffle);

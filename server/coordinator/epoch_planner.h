@@ -7,14 +7,15 @@
 //   1. Shard order. Without shuffle: manifest order. With shuffle: start
 //      from manifest order [0, 1, ..., n-1] and run Fisher-Yates from the
 //      back: for i = n-1 down to 1, j = Next() mod (i+1), swap(order[i],
-//      order[j]). Next() is SplitMix64 over a 64-bit state initialised to
-//      Mix(seed) XOR Mix(e XOR 0xD1B54A32D192ED03); each call adds
-//      0x9E3779B97F4A7C15 to the state and returns Mix(state), where
-//      Mix(z) = z ^= z >> 30, z *= 0xBF58476D1CE4E5B9, z ^= z >> 27,
-//               z *= 0x94D049BB133111EB, z ^= z >> 31   (all mod 2^64)
-//      (the state add happens before Mix, as in SplitMix64).
+//      order[j]), Next() being SplitMix64(seed, e)
+//      (server/common/shuffle_window.h).
 //   2. Epoch sequence: every shard's samples 0..num_samples-1, shards in that
-//      order. Its length T is the dataset's total sample count.
+//      order. Its length T is the dataset's total sample count. With shuffle
+//      and shuffle_window S > 1, the shards in that order are grouped into
+//      windows instead (server/common/shuffle_window.h), and the sequence
+//      is every window's positions 0..N_w-1, windows in order: in steps 3-5
+//      a window stands where a shard stood, and a unit's shard_index is its
+//      window's number.
 //   3. Quotas (W = max(world_size, 1)): DROP gives every rank q = floor(T/W)
 //      and serves the first q*W samples of the sequence; PAD gives q =
 //      ceil(T/W) and serves the sequence followed by its own first q*W - T
@@ -36,6 +37,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "server/common/shuffle_window.h"
+
 namespace sluice {
 
 enum class RemainderPolicy { kDrop, kPad };
@@ -48,6 +51,8 @@ struct PlanOptions {
   RemainderPolicy remainder = RemainderPolicy::kDrop;
   // 0 = no limit below a shard (units end at shard and rank boundaries).
   int64_t max_samples_per_lease = 0;
+  // Shards per shuffle window (step 2); <= 1 or no shuffle = none.
+  int32_t shuffle_window = 0;
   // Readers sharing each rank's quota, each with a slot of its own (step
   // 4). Not part of the job spec: set by the sessions (Hello.num_workers).
   int32_t workers_per_rank = 1;
@@ -97,20 +102,26 @@ struct EpochPlan {
   }
 };
 
-// SplitMix64, as specified above; exposed for tests and other planners.
-class SplitMix64 {
- public:
-  SplitMix64(uint64_t seed, int64_t epoch);
-  uint64_t Next();
-  static uint64_t Mix(uint64_t z);
-
- private:
-  uint64_t state_;
-};
-
 // Step 1: the epoch's shard order.
 std::vector<int32_t> ShardOrder(int32_t num_shards, uint64_t seed,
                                 int64_t epoch, bool shuffle);
+
+// One shuffle window of an epoch (step 2).
+struct ShuffleWindow {
+  std::vector<int32_t> shards;  // manifest indexes, in served order
+  int64_t samples = 0;          // N_w
+  uint64_t order_seed = 0;      // WindowOrderSeed(seed, epoch, w)
+};
+
+// True when `options` plan windows rather than shards.
+inline bool UsesWindows(const PlanOptions& options) {
+  return options.shuffle && options.shuffle_window > 1;
+}
+
+// Step 2's windows of epoch `epoch` (empty unless UsesWindows(options)).
+std::vector<ShuffleWindow> PlanWindows(
+    const std::vector<int64_t>& shard_samples, const PlanOptions& options,
+    int64_t epoch);
 
 // Steps 1-5. `shard_samples[i]` is shard i's sample count (>= 0).
 EpochPlan PlanEpoch(const std::vector<int64_t>& shard_samples,

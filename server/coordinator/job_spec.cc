@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/common/quote.h"
+#include "server/common/shuffle_window.h"
 #include "server/common/status_macros.h"
 #include "server/coordinator/lease_table.h"
 
@@ -208,6 +209,13 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
                        " units (--max_units_per_epoch); use larger units"));
     }
   }
+  if (spec.shuffle_window() < 0 ||
+      spec.shuffle_window() > kMaxShuffleWindowShards) {
+    return Invalid("spec.shuffle_window",
+                   absl::StrCat(spec.shuffle_window(), " is outside [0, ",
+                                kMaxShuffleWindowShards,
+                                "] (0 = default, 1 = shard order only)"));
+  }
   if (!v1::Mode_IsValid(spec.mode()))
     return Invalid("spec.mode", "unknown value");
   if (!v1::Remainder_IsValid(spec.remainder()))
@@ -220,6 +228,8 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
   if (spec.on_corrupt() == v1::CORRUPT_POLICY_UNSPECIFIED)
     spec.set_on_corrupt(v1::CORRUPT_POLICY_SKIP);
   if (spec.lease_ttl_ms() == 0) spec.set_lease_ttl_ms(kDefaultLeaseTtlMs);
+  if (spec.shuffle() && spec.shuffle_window() == 0)
+    spec.set_shuffle_window(kDefaultShuffleWindow);
   return spec;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
+#include "server/common/shuffle_window.h"
 #include "server/common/status_macros.h"
 
 namespace sluice::dataserver {
@@ -149,15 +150,42 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     RETURN_IF_ERROR(CheckFence(lease));
   }
   const v1::WorkUnit& unit = lease.unit();
-  if (unit.shard_url().empty()) {
+  const bool window = unit.pieces_size() > 0;
+  if (!window && unit.shard_url().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lease \"", lease.lease_id(), "\": lease.unit.shard_url is empty"));
+  }
+  int64_t window_samples = 0;
+  if (window) {
+    if (unit.pieces_size() > 2 * kMaxShuffleWindowShards) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lease \"", lease.lease_id(), "\": lease.unit.pieces has ",
+          unit.pieces_size(), " shards, above the limit of ",
+          2 * kMaxShuffleWindowShards));
+    }
+    for (int i = 0; i < unit.pieces_size(); ++i) {
+      const v1::WindowPiece& p = unit.pieces(i);
+      if (p.url().empty() || p.num_samples() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lease \"", lease.lease_id(), "\": lease.unit.pieces[",
+                         i, "] has an empty url or a negative num_samples"));
+      }
+      window_samples += p.num_samples();
+    }
   }
   if (unit.begin() < 0 || unit.end() <= unit.begin()) {
     return absl::OutOfRangeError(
         absl::StrCat("lease \"", lease.lease_id(), "\": lease.unit range [",
                      unit.begin(), ", ", unit.end(), ") of shard \"",
-                     unit.shard_url(), "\" is empty or negative"));
+                     window ? unit.pieces(0).url() : unit.shard_url(),
+                     "\" is empty or negative"));
+  }
+  if (window && unit.end() > window_samples) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "lease \"", lease.lease_id(), "\": lease.unit range [", unit.begin(),
+        ", ", unit.end(), ") is beyond the ", window_samples,
+        " samples of its shuffle window (", unit.pieces_size(),
+        " shards from \"", unit.pieces(0).url(), "\")"));
   }
   int64_t start = request.start() == 0 ? unit.begin() : request.start();
   if (start < unit.begin() || start > unit.end()) {
@@ -171,12 +199,32 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   const v1::DecodeSpec& d = request.decode();
   ASSIGN_OR_RETURN(ImageTransforms transforms, ImageTransforms::FromSpec(d));
   SampleStream::Params params;
-  params.ref.url = unit.shard_url();
-  params.ref.size_bytes = unit.shard_size_bytes();
-  params.ref.checksum = unit.shard_checksum();
-  if (!options_.store->IsRemote(unit.shard_url())) {
-    // Local: open now, so a bad path fails the call before a stream exists.
-    ASSIGN_OR_RETURN(params.shard, options_.store->Open(params.ref));
+  auto add_piece = [&](const std::string& url, int64_t size_bytes,
+                       const std::string& checksum, int32_t shard_index,
+                       int64_t num_samples) -> absl::Status {
+    SampleStream::Piece piece;
+    piece.ref.url = url;
+    piece.ref.size_bytes = size_bytes;
+    piece.ref.checksum = checksum;
+    piece.shard_index = shard_index;
+    piece.num_samples = num_samples;
+    if (!options_.store->IsRemote(url)) {
+      // Local: open now, so a bad path fails the call before a stream
+      // exists.
+      ASSIGN_OR_RETURN(piece.shard, options_.store->Open(piece.ref));
+    }
+    params.pieces.push_back(std::move(piece));
+    return absl::OkStatus();
+  };
+  if (window) {
+    for (const v1::WindowPiece& p : unit.pieces()) {
+      RETURN_IF_ERROR(add_piece(p.url(), p.size_bytes(), p.checksum(),
+                                p.shard_index(), p.num_samples()));
+    }
+    params.labels = LabelsFor(unit);
+  } else {
+    RETURN_IF_ERROR(add_piece(unit.shard_url(), unit.shard_size_bytes(),
+                              unit.shard_checksum(), unit.shard_index(), -1));
   }
   params.lease = lease;
   params.start = start;
@@ -194,6 +242,31 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
                       ? v1::CORRUPT_POLICY_FAIL
                       : v1::CORRUPT_POLICY_SKIP;
   return std::make_shared<SampleStream>(this, std::move(params));
+}
+
+std::shared_ptr<const std::vector<uint16_t>> DataServerService::LabelsFor(
+    const v1::WorkUnit& unit) {
+  constexpr size_t kMaxWindows = 16;
+  std::vector<int64_t> sizes;
+  std::string key = absl::StrCat(unit.window_order());
+  for (const v1::WindowPiece& p : unit.pieces()) {
+    sizes.push_back(p.num_samples());
+    absl::StrAppend(&key, ",", p.num_samples());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = labels_.begin(); it != labels_.end(); ++it) {
+      if (it->first != key) continue;
+      labels_.splice(labels_.begin(), labels_, it);
+      return labels_.front().second;
+    }
+  }
+  auto labels = std::make_shared<const std::vector<uint16_t>>(
+      WindowLabels(sizes, unit.window_order()));
+  absl::MutexLock lock(&mu_);
+  labels_.emplace_front(std::move(key), labels);
+  if (labels_.size() > kMaxWindows) labels_.pop_back();
+  return labels;
 }
 
 absl::StatusOr<v1::ShardIndex> DataServerService::IndexShard(

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,6 +107,10 @@ class DataServerService {
   absl::StatusOr<v1::ShardIndex> IndexOf(
       const v1::IndexShardRequest& request,
       const std::shared_ptr<const ShardData>& shard);
+  // A window unit's labels (WindowLabels), from a small cache: the units of
+  // one window share them.
+  std::shared_ptr<const std::vector<uint16_t>> LabelsFor(
+      const v1::WorkUnit& unit);
 
   DataServerOptions options_;
   SampleIndexCache index_cache_;
@@ -114,6 +119,11 @@ class DataServerService {
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // Most recently used first; keyed by the window's order seed and piece
+  // sizes.
+  std::list<
+      std::pair<std::string, std::shared_ptr<const std::vector<uint16_t>>>>
+      labels_ ABSL_GUARDED_BY(mu_);
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
   // Fences seen, per job. The coordinator's fences only grow (across jobs
   // too), and a job's epoch e+1 is granted only after every unit of epoch e

@@ -47,6 +47,7 @@ size_t SampleBodySize(const OutSample& s) {
   for (const OutField& f : s.fields) n += LenFieldSize(FieldBodySize(f));
   if (s.skipped) n += 2;
   if (!s.skip_reason.empty()) n += LenFieldSize(s.skip_reason.size());
+  if (s.piece != 0) n += 1 + VarintSize(static_cast<uint64_t>(s.piece));
   return n;
 }
 
@@ -191,6 +192,10 @@ void BatchEncoder::Encode(const OutSample& s) {
     PutVarint(1);
   }
   if (!s.skip_reason.empty()) PutBytesField(5, s.skip_reason, nullptr);
+  if (s.piece != 0) {
+    PutTag(6, kVarint);
+    PutVarint(static_cast<uint64_t>(s.piece));
+  }
 }
 
 }  // namespace sluice::dataserver

@@ -37,6 +37,7 @@ struct OutSample {
   std::vector<OutField> fields;
   bool skipped = false;
   std::string skip_reason;
+  int32_t piece = 0;  // Sample.piece (window units)
 };
 
 // One serialized SampleBatch as a list of chunks. Small pieces live in one

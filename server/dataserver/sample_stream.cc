@@ -32,6 +32,8 @@ CorruptReason Classify(const std::string& reason) {
 // task that produces it, before `done` is set under the stream's mu_.
 struct SampleStream::Slot {
   RawSample raw;
+  int32_t piece = 0;        // of the unit's pieces
+  int32_t shard_index = 0;  // the sample's shard in the manifest
   absl::StatusOr<OutSample> out = absl::UnknownError("not decoded");
   bool done = false;
   // Decode memory granted for this sample; given back when the slot goes
@@ -72,7 +74,11 @@ SampleStream::SampleStream(DataServerService* service, Params params)
       params_(std::move(params)),
       encoder_(static_cast<size_t>(params_.batch_bytes)) {
   next_ = params_.start;
-  shard_ = params_.shard;
+  pieces_.resize(params_.pieces.size());
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    pieces_[k].shard = params_.pieces[k].shard;
+    if (pieces_[k].shard == nullptr) ++pieces_missing_;
+  }
   {
     absl::MutexLock lock(&service_->mu_);
     ++service_->active_streams_;
@@ -161,8 +167,13 @@ void SampleStream::CheckShardLocked() {
   // end or error): a file truncated or rewritten in place since it was
   // opened fails the stream, replacing whatever error reading the changed
   // bytes produced, and nothing framed is sent.
-  if (shard_ == nullptr || shard_changed_) return;
-  absl::Status intact = shard_->CheckIntact();
+  if (shard_changed_) return;
+  absl::Status intact = absl::OkStatus();
+  for (const PieceState& piece : pieces_) {
+    if (piece.shard == nullptr) continue;
+    intact = piece.shard->CheckIntact();
+    if (!intact.ok()) break;
+  }
   if (intact.ok()) return;
   shard_changed_ = true;
   error_ = absl::Status(intact.code(),
@@ -223,26 +234,45 @@ void SampleStream::MaybeProduceLocked() {
 }
 
 absl::Status SampleStream::OpenLocked() {
-  index_ = service_->GetIndex(shard_);
-  const int64_t count = index_->num_samples();
-  if (params_.end > count && index_->damage.empty()) {
-    return absl::OutOfRangeError(
-        absl::StrCat("lease \"", params_.lease.lease_id(), "\": samples [",
-                     params_.lease.unit().begin(), ", ", params_.end,
-                     ") of shard \"", params_.lease.unit().shard_url(),
-                     "\" are beyond its ", count, " samples"));
+  // Where each piece starts: a plain unit's one piece at `start`; a window
+  // piece after the samples it serves at positions before `start`.
+  if (params_.labels != nullptr) {
+    for (int64_t p = 0; p < params_.start; ++p)
+      ++pieces_[(*params_.labels)[static_cast<size_t>(p)]].next;
+  } else {
+    pieces_[0].next = params_.start;
   }
-  if (next_ < count) {
-    ASSIGN_OR_RETURN(
-        reader_, TarSampleReader::Open(shard_, index_, next_,
-                                       service_->options().max_sample_bytes));
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    PieceState& piece = pieces_[k];
+    const Piece& spec = params_.pieces[k];
+    piece.index = service_->GetIndex(piece.shard);
+    const int64_t count = piece.index->num_samples();
+    if (piece.index->damage.empty()) {
+      if (spec.num_samples < 0 && params_.end > count) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "lease \"", params_.lease.lease_id(), "\": samples [",
+            params_.lease.unit().begin(), ", ", params_.end, ") of shard \"",
+            spec.ref.url, "\" are beyond its ", count, " samples"));
+      }
+      if (spec.num_samples > count) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "lease \"", params_.lease.lease_id(), "\": shard \"", spec.ref.url,
+            "\" (shard_index ", spec.shard_index, ") has ", count,
+            " samples, but the job's manifest says ", spec.num_samples));
+      }
+    }
+    if (piece.next < count) {
+      ASSIGN_OR_RETURN(piece.reader, TarSampleReader::Open(
+                                         piece.shard, piece.index, piece.next,
+                                         service_->options().max_sample_bytes));
+    }
   }
   opened_ = true;
   return absl::OkStatus();
 }
 
 void SampleStream::OnShard(
-    absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
+    size_t piece, absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
   if (!shard.ok()) {
     Fail(shard.status());
     return;
@@ -253,7 +283,9 @@ void SampleStream::OnShard(
       producing_ = false;
       return;
     }
-    shard_ = *std::move(shard);
+    pieces_[piece].shard = *std::move(shard);
+    // Production resumes once every piece is open.
+    if (--pieces_missing_ > 0) return;
   }
   service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
 }
@@ -287,15 +319,26 @@ void SampleStream::Produce() {
     }
     room = RoomLocked();
   }
-  if (!opened_ && shard_ == nullptr) {
-    // Production pauses (producing_ stays set) until the store has the
-    // shard; OnShard resumes it.
-    service_->options().store->OpenAsync(
-        params_.ref,
-        [self = shared_from_this()](
-            absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
-          self->OnShard(std::move(shard));
-        });
+  size_t missing;
+  {
+    absl::MutexLock lock(&mu_);
+    missing = opened_ ? 0 : pieces_missing_;
+  }
+  if (missing > 0) {
+    // Production pauses (producing_ stays set) until the store has every
+    // piece's shard; the last OnShard resumes it.
+    std::vector<size_t> to_open;
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      if (params_.pieces[k].shard == nullptr) to_open.push_back(k);
+    }
+    for (size_t k : to_open) {
+      service_->options().store->OpenAsync(
+          params_.pieces[k].ref,
+          [self = shared_from_this(),
+           k](absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
+            self->OnShard(k, std::move(shard));
+          });
+    }
     return;
   }
   if (!opened_) {
@@ -305,7 +348,6 @@ void SampleStream::Produce() {
       return;
     }
   }
-  const int64_t count = index_->num_samples();
   int64_t budget = params_.batch_bytes;
   std::vector<std::shared_ptr<Slot>> slots;
   std::vector<std::shared_ptr<Slot>> to_decode;
@@ -317,19 +359,28 @@ void SampleStream::Produce() {
   while (next_ < params_.end && slots.size() < kMaxSamplesPerStep &&
          heavy_count < max_heavy) {
     auto slot = std::make_shared<Slot>();
-    if (next_ >= count) {
+    slot->piece = params_.labels == nullptr
+                      ? 0
+                      : (*params_.labels)[static_cast<size_t>(next_)];
+    PieceState& piece = pieces_[static_cast<size_t>(slot->piece)];
+    slot->shard_index =
+        params_.pieces[static_cast<size_t>(slot->piece)].shard_index;
+    if (piece.next >= piece.index->num_samples()) {
       // Past the damage that ended the shard's index: these samples are lost.
-      slot->out = Corrupt(next_, "", absl::StrCat("lost: ", index_->damage),
-                          CorruptReason::kLost);
+      slot->out =
+          Corrupt(piece.next, "", absl::StrCat("lost: ", piece.index->damage),
+                  CorruptReason::kLost);
+      if (slot->out.ok()) slot->out->piece = slot->piece;
       slot->done = true;
       slots.push_back(std::move(slot));
+      ++piece.next;
       ++next_;
       continue;
     }
-    int64_t size = index_->samples[next_].bytes;
+    int64_t size = piece.index->samples[piece.next].bytes;
     if (!slots.empty() && size > budget) break;
     budget -= size;
-    auto sample = reader_->Next();
+    auto sample = piece.reader->Next();
     if (!sample.ok()) {
       // Reading ends here, after the samples before it.
       slot->out = sample.status();
@@ -338,12 +389,14 @@ void SampleStream::Produce() {
       failed = true;
       break;
     }
-    if (!sample->has_value()) break;  // cannot happen while next_ < count
+    if (!sample->has_value()) break;  // cannot happen while next < count
+    ++piece.next;
     ++next_;
     RawSample& raw = **sample;
     if (!raw.corrupt.empty()) {
       slot->out =
           Corrupt(raw.index, raw.key, raw.corrupt, Classify(raw.corrupt));
+      if (slot->out.ok()) slot->out->piece = slot->piece;
       slot->done = true;
       slots.push_back(std::move(slot));
       continue;
@@ -474,6 +527,7 @@ void SampleStream::DecodeSample(Slot& slot) {
   OutSample out;
   out.key = raw.key;
   out.index = raw.index;
+  out.piece = slot.piece;
   out.fields.reserve(raw.fields.size());
   DataServerMetrics* metrics = service_->metrics();
   if (params_.decode && service_->options().before_decode) {
@@ -485,7 +539,7 @@ void SampleStream::DecodeSample(Slot& slot) {
   std::optional<Geometry> geometry;
   ImageSize planned_for;
   const SampleRandom random(params_.lease.augment_seed(), params_.lease.epoch(),
-                            params_.lease.unit().shard_index(), raw.index);
+                            slot.shard_index, raw.index);
   for (RawField& f : raw.fields) {
     OutField field;
     field.name = std::move(f.name);
@@ -541,18 +595,19 @@ void SampleStream::DecodeSample(Slot& slot) {
       // values for a 1-channel PNG): the request's error, not the data's.
       slot.out = absl::InvalidArgumentError(
           absl::StrCat(decoded.status().message(), " (shard \"",
-                       params_.lease.unit().shard_url(), "\", member \"",
-                       raw.key, ".", field.name, "\")"));
+                       params_.pieces[static_cast<size_t>(slot.piece)].ref.url,
+                       "\", member \"", raw.key, ".", field.name, "\")"));
       slot.raw = RawSample();
       return;
     }
     if (!decoded.ok()) {
-      slot.out =
-          Corrupt(raw.index, raw.key,
-                  absl::StrCat("shard \"", params_.lease.unit().shard_url(),
-                               "\", member \"", raw.key, ".", field.name,
-                               "\": ", decoded.status().message()),
-                  CorruptReason::kUndecodable);
+      slot.out = Corrupt(
+          raw.index, raw.key,
+          absl::StrCat("shard \"",
+                       params_.pieces[static_cast<size_t>(slot.piece)].ref.url,
+                       "\", member \"", raw.key, ".", field.name,
+                       "\": ", decoded.status().message()),
+          CorruptReason::kUndecodable);
       slot.raw = RawSample();
       return;
     }

@@ -60,13 +60,27 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   // Stops production; an outstanding Next gets CANCELLED.
   void Cancel();
 
-  // Construction goes through DataServerService::ReadSamples.
-  struct Params {
-    // The shard, opened; null = open `ref` through the store (asynchronously:
-    // a remote shard may have to be downloaded first).
+  // One shard the unit reads: the unit's shard, or one piece of its
+  // shuffle window.
+  struct Piece {
+    // Opened; null = open `ref` through the store (asynchronously: a
+    // remote shard may have to be downloaded first).
     std::shared_ptr<const ShardData> shard;
     ShardRef ref;
+    int32_t shard_index = 0;  // in the job's manifest
+    // Window pieces: the manifest's sample count. -1 for a plain unit.
+    int64_t num_samples = -1;
+  };
+  // Construction goes through DataServerService::ReadSamples.
+  struct Params {
+    // One piece for a plain unit (positions are its sample indexes); a
+    // window unit's pieces, in WorkUnit.pieces order.
+    std::vector<Piece> pieces;
+    // Window units: which piece serves each window position
+    // (WindowLabels). Null for a plain unit.
+    std::shared_ptr<const std::vector<uint16_t>> labels;
     v1::Lease lease;
+    // Positions [start, end) to serve.
     int64_t start = 0;
     int64_t end = 0;
     bool decode = false;
@@ -90,7 +104,8 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   // Decoding: samples the window holds at most (read, not yet framed).
   size_t WindowSamples() const;
   void Produce();
-  void OnShard(absl::StatusOr<std::shared_ptr<const ShardData>> shard);
+  void OnShard(size_t piece,
+               absl::StatusOr<std::shared_ptr<const ShardData>> shard);
   absl::Status OpenLocked();
   void DecodeSample(Slot& slot);
   // Appends `slots` (read in order) to the window; marks reading done.
@@ -126,13 +141,19 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   DataServerService* const service_;
   const Params params_;
 
-  // Set once (in the constructor, or by OnShard under mu_) before the
-  // producing task reads it; CheckShardLocked reads it under mu_.
-  std::shared_ptr<const ShardData> shard_;
-  // Touched only by the producing task (one at a time).
-  std::shared_ptr<const ShardIndex> index_;
-  std::unique_ptr<TarSampleReader> reader_;
-  int64_t next_ = 0;
+  // One per piece. `shard` is set once (in the constructor, or by OnShard
+  // under mu_) before the producing task reads it; CheckShardLocked reads
+  // it under mu_. The rest is touched only by the producing task (one at a
+  // time).
+  struct PieceState {
+    std::shared_ptr<const ShardData> shard;
+    std::shared_ptr<const ShardIndex> index;
+    std::unique_ptr<TarSampleReader> reader;
+    int64_t next = 0;  // the piece's next sample
+  };
+  std::vector<PieceState> pieces_;
+  size_t pieces_missing_ = 0;  // not opened yet (under mu_ while opening)
+  int64_t next_ = 0;           // the next position
   bool opened_ = false;
 
   absl::Mutex mu_;

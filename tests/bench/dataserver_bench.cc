@@ -5,6 +5,10 @@
 //                   SampleBatch messages (sync server, same client code).
 //   --mode=decoded  ReadSamples with decode=true vs TurboJPEG decoding the
 //                   same files in a tight loop on every core.
+//   --mode=shuffle  The same samples as units of one shuffle window over all
+//                   shards vs units of one shard each, raw and decoded
+//                   (--resize, default 224 here), alternating; and the
+//                   window's shuffle quality.
 // The data server is the real binary (started here on 127.0.0.1:0). Prints
 // the figures, the ratio, and ends with one line of JSON.
 #include <grpcpp/grpcpp.h>
@@ -15,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <thread>
 
@@ -23,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/common/malloc_tuning.h"
+#include "server/common/shuffle_window.h"
 #include "server/dataserver/decoders.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 #include "tests/bench/bench_util.h"
@@ -31,7 +37,7 @@
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
 
-ABSL_FLAG(std::string, mode, "raw", "raw | decoded");
+ABSL_FLAG(std::string, mode, "raw", "raw | decoded | shuffle");
 ABSL_FLAG(int, shards, 8,
           "Shards to write (each --samples_per_shard samples).");
 ABSL_FLAG(int, samples_per_shard, 250, "Samples per shard.");
@@ -86,26 +92,15 @@ struct Rate {
   double samples_per_s = 0;
 };
 
-// Reads `units` (url, count) repeatedly for `seconds`; counts payload bytes.
-Rate ReadFor(sluice::v1::DataServer::Stub& stub,
-             const std::vector<std::pair<std::string, int64_t>>& units,
-             bool decode, double seconds, int resize = 0) {
+// Sends `requests` in turn, repeatedly, for `seconds`; counts payload bytes.
+Rate ReadRequestsFor(sluice::v1::DataServer::Stub& stub,
+                     const std::vector<sluice::v1::ReadRequest>& requests,
+                     double seconds) {
   int64_t bytes = 0, samples = 0;
   auto start = Clock::now();
   while (Seconds(start) < seconds) {
-    for (const auto& [url, count] : units) {
+    for (const sluice::v1::ReadRequest& request : requests) {
       grpc::ClientContext ctx;
-      sluice::v1::ReadRequest request;
-      request.mutable_lease()->mutable_unit()->set_shard_url(url);
-      request.mutable_lease()->mutable_unit()->set_begin(0);
-      request.mutable_lease()->mutable_unit()->set_end(count);
-      request.mutable_decode()->set_decode(decode);
-      if (resize > 0) {
-        request.mutable_decode()->set_resize_shorter_side(resize);
-        request.mutable_decode()->set_crop_height(resize);
-        request.mutable_decode()->set_crop_width(resize);
-      }
-      if (decode) request.add_fields("jpg");
       auto reader = stub.ReadSamples(&ctx, request);
       SampleBatch batch;
       while (reader->Read(&batch)) {
@@ -128,6 +123,95 @@ Rate ReadFor(sluice::v1::DataServer::Stub& stub,
   }
   double elapsed = Seconds(start);
   return Rate{bytes / elapsed, samples / elapsed};
+}
+
+void SetDecode(sluice::v1::ReadRequest& request, bool decode, int resize) {
+  request.mutable_decode()->set_decode(decode);
+  if (resize > 0) {
+    request.mutable_decode()->set_resize_shorter_side(resize);
+    request.mutable_decode()->set_crop_height(resize);
+    request.mutable_decode()->set_crop_width(resize);
+  }
+  if (decode) request.add_fields("jpg");
+}
+
+// Reads `units` (url, count), each whole, repeatedly for `seconds`.
+Rate ReadFor(sluice::v1::DataServer::Stub& stub,
+             const std::vector<std::pair<std::string, int64_t>>& units,
+             bool decode, double seconds, int resize = 0) {
+  std::vector<sluice::v1::ReadRequest> requests;
+  for (const auto& [url, count] : units) {
+    sluice::v1::ReadRequest request;
+    request.mutable_lease()->mutable_unit()->set_shard_url(url);
+    request.mutable_lease()->mutable_unit()->set_begin(0);
+    request.mutable_lease()->mutable_unit()->set_end(count);
+    SetDecode(request, decode, resize);
+    requests.push_back(std::move(request));
+  }
+  return ReadRequestsFor(stub, requests, seconds);
+}
+
+// The same samples as units of one shuffle window over every shard: unit k
+// covers window positions [k * n, (k + 1) * n), n = samples per shard.
+std::vector<sluice::v1::ReadRequest> WindowRequests(
+    const std::vector<std::pair<std::string, int64_t>>& units, bool decode,
+    int resize, uint64_t order) {
+  std::vector<sluice::v1::ReadRequest> requests;
+  int64_t position = 0;
+  for (const auto& [url, count] : units) {
+    sluice::v1::ReadRequest request;
+    sluice::v1::WorkUnit* unit = request.mutable_lease()->mutable_unit();
+    unit->set_window_order(order);
+    for (size_t k = 0; k < units.size(); ++k) {
+      sluice::v1::WindowPiece* piece = unit->add_pieces();
+      piece->set_shard_index(static_cast<int32_t>(k));
+      piece->set_url(units[k].first);
+      piece->set_num_samples(units[k].second);
+    }
+    unit->set_begin(position);
+    unit->set_end(position + count);
+    position += count;
+    SetDecode(request, decode, resize);
+    requests.push_back(std::move(request));
+  }
+  return requests;
+}
+
+// Shuffle quality of one window over `sizes`: the mean number of distinct
+// shards per batch of 64 consecutive positions, and the correlation of a
+// sample's position with its place in file order (shards concatenated).
+struct Quality {
+  double shards_per_batch = 0;
+  double file_order_correlation = 0;
+};
+Quality WindowQuality(const std::vector<int64_t>& sizes, uint64_t order) {
+  const std::vector<uint16_t> labels = sluice::WindowLabels(sizes, order);
+  std::vector<int64_t> first(sizes.size(), 0), next(sizes.size(), 0);
+  for (size_t k = 1; k < sizes.size(); ++k)
+    first[k] = first[k - 1] + sizes[k - 1];
+  Quality q;
+  // Distinct shards per whole batch.
+  const size_t batches = labels.size() / 64;
+  for (size_t b = 0; b < batches; ++b) {
+    std::vector<bool> seen(sizes.size(), false);
+    for (size_t p = b * 64; p < (b + 1) * 64; ++p) {
+      if (!seen[labels[p]]) q.shards_per_batch += 1;
+      seen[labels[p]] = true;
+    }
+  }
+  if (batches > 0) q.shards_per_batch /= static_cast<double>(batches);
+  // Pearson correlation of (position, place in file order).
+  const double n = static_cast<double>(labels.size());
+  double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+  for (size_t p = 0; p < labels.size(); ++p) {
+    const double x = static_cast<double>(p);
+    const double y = static_cast<double>(first[labels[p]] + next[labels[p]]++);
+    sx += x, sy += y, sxx += x * x, syy += y * y, sxy += x * y;
+  }
+  q.file_order_correlation =
+      (n * sxy - sx * sy) /
+      std::sqrt((n * sxx - sx * sx) * (n * syy - sy * sy));
+  return q;
 }
 
 double DecodeLoopRate(const std::vector<std::string>& jpegs, double seconds,
@@ -229,6 +313,48 @@ int main(int argc, char** argv) {
       server->grpc_address, grpc::InsecureChannelCredentials(), args));
   ReadFor(*stub, units, mode == "decoded",
           0.5);  // warm the page cache and index
+
+  if (mode == "shuffle") {
+    const int resize =
+        absl::GetFlag(FLAGS_resize) > 0 ? absl::GetFlag(FLAGS_resize) : 224;
+    const uint64_t order = 0x5EED;
+    std::vector<int64_t> sizes;
+    for (const auto& u : units) sizes.push_back(u.second);
+    double rates[2][2] = {};  // [decoded][window]
+    for (int decoded = 0; decoded < 2; ++decoded) {
+      const auto window = WindowRequests(units, decoded, resize, order);
+      ReadRequestsFor(*stub, window, 0.5);  // warm
+      // Alternate, so that drift on a shared machine hits both alike.
+      for (int round = 0; round < 4; ++round) {
+        rates[decoded][0] +=
+            ReadFor(*stub, units, decoded, seconds / 4, resize).samples_per_s;
+        rates[decoded][1] +=
+            ReadRequestsFor(*stub, window, seconds / 4).samples_per_s;
+      }
+    }
+    server->process.Signal(SIGTERM);
+    (void)server->process.WaitForExit(absl::Seconds(20));
+    const Quality q = WindowQuality(sizes, order);
+    const double raw_ratio = rates[0][1] / rates[0][0];
+    const double decoded_ratio = rates[1][1] / rates[1][0];
+    std::printf(
+        "shuffle window of %zu shards: %.1f shards per batch of 64 (1 without),"
+        " position/file-order correlation %.3f\n"
+        "raw:     window %.0f samples/s   shard units %.0f samples/s   ratio "
+        "%.2f\n"
+        "decoded (resize %d + crop): window %.0f samples/s   shard units %.0f "
+        "samples/s   ratio %.2f\n",
+        units.size(), q.shards_per_batch, q.file_order_correlation,
+        rates[0][1] / 4, rates[0][0] / 4, raw_ratio, resize, rates[1][1] / 4,
+        rates[1][0] / 4, decoded_ratio);
+    std::printf(
+        "{\"bench\":\"dataserver_shuffle\",\"window_shards\":%zu,"
+        "\"shards_per_batch_64\":%.1f,\"file_order_correlation\":%.3f,"
+        "\"raw_ratio\":%.2f,\"decoded_ratio\":%.2f}\n",
+        units.size(), q.shards_per_batch, q.file_order_correlation, raw_ratio,
+        decoded_ratio);
+    return 0;
+  }
 
   if (mode == "raw") {
     Rate sluice_rate = ReadFor(*stub, units, false, seconds);

@@ -66,6 +66,8 @@ v1::JobSpec ManifestSpec(const std::string& name, int shards,
   spec.set_world_size(world_size);
   spec.set_num_epochs(epochs);
   spec.set_shuffle(true);
+  // Units of whole shards (the tests count and kill by unit).
+  spec.set_shuffle_window(1);
   spec.set_seed(17);
   return spec;
 }

@@ -79,7 +79,10 @@ class ReaderTest : public ::testing::Test {
     coordinator_ = std::move(*c);
   }
 
-  void CreateJob(const std::string& name, int world, int epochs) {
+  // `shuffle_window` 1 (units of one shard, whose failures the tests
+  // stage); 0 = the coordinator's default.
+  void CreateJob(const std::string& name, int world, int epochs,
+                 int32_t shuffle_window = 1) {
     v1::JobSpec spec;
     spec.set_name(name);
     for (const std::string& url : urls_) {
@@ -91,6 +94,7 @@ class ReaderTest : public ::testing::Test {
     spec.set_num_epochs(epochs);
     spec.set_seed(3);
     spec.set_shuffle(true);
+    spec.set_shuffle_window(shuffle_window);
     spec.set_lease_ttl_ms(2000);
     absl::Status created = testing::CreateJob(coordinator_.grpc_address, spec);
     ASSERT_TRUE(created.ok()) << created;
@@ -432,6 +436,127 @@ TEST_F(ReaderTest, ResumeFromACursorWithWorldSizeFourThenThree) {
       WaitForMetric(coordinator_.metrics_address,
                     "sluice_coordinator_lease_grant_latency_seconds_count"));
   for (auto& [k, c] : epoch0) EXPECT_EQ(c, 1) << k.first << "/" << k.second;
+}
+
+// The samples a reader delivers, in order, per epoch: (shard, index).
+using Order = std::map<int64_t, std::vector<std::pair<int, int64_t>>>;
+Order ReadOrder(
+    Reader& reader, int64_t stop_after = -1,
+    const std::function<void(int64_t, const Sample&)>& on_sample = nullptr) {
+  Order order;
+  int64_t n = 0;
+  while (stop_after < 0 || n < stop_after) {
+    auto e = reader.Next();
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok() || e->kind == ReaderEvent::Kind::kDone) break;
+    if (e->kind != ReaderEvent::Kind::kSample) continue;
+    order[e->epoch].emplace_back(e->sample.shard_index, e->sample.index);
+    EXPECT_EQ(e->sample.key,
+              absl::StrCat("s", e->sample.shard_index, "_", e->sample.index));
+    ++n;
+    if (on_sample) on_sample(n, e->sample);
+  }
+  return order;
+}
+
+// Mean number of distinct shards per batch of 64 consecutive samples.
+double ShardsPerBatch(const std::vector<std::pair<int, int64_t>>& samples) {
+  double total = 0;
+  const size_t batches = samples.size() / 64;
+  for (size_t b = 0; b < batches; ++b) {
+    std::set<int> shards;
+    for (size_t i = b * 64; i < (b + 1) * 64; ++i)
+      shards.insert(samples[i].first);
+    total += static_cast<double>(shards.size());
+  }
+  return batches == 0 ? 0 : total / static_cast<double>(batches);
+}
+
+// Shards written in class order (shard s holds class s only): with the
+// default shuffle window every batch mixes most of them, every sample comes
+// once per epoch, and the order is a function of the seed and the epoch.
+TEST_F(ReaderTest, ShuffleMixesTheShardsIntoEveryBatchInAFixedOrder) {
+  StartCluster(20, 64, 2, /*sample_bytes=*/32);  // 1280 samples
+  CreateJob("mix", 2, 2, /*shuffle_window=*/0);
+  CreateJob("mix-again", 2, 2, /*shuffle_window=*/0);
+  Order order[2][2];  // [job][rank]
+  std::vector<std::thread> readers;
+  for (int j = 0; j < 2; ++j) {
+    for (int r = 0; r < 2; ++r) {
+      readers.emplace_back([&, j, r] {
+        order[j][r] = ReadOrder(*MakeReader(j == 0 ? "mix" : "mix-again", r));
+      });
+    }
+  }
+  for (auto& t : readers) t.join();
+  for (int e = 0; e < 2; ++e) {
+    std::map<std::pair<int, int64_t>, int> all;
+    for (int r = 0; r < 2; ++r) {
+      const auto& samples = order[0][r][e];
+      ASSERT_EQ(samples.size(), 640u) << "rank " << r << " epoch " << e;
+      for (const auto& k : samples) ++all[k];
+      EXPECT_GE(ShardsPerBatch(samples), 16.0) << "rank " << r;
+      // The same seed gives the same per-rank order (G6).
+      EXPECT_EQ(samples, order[1][r][e]) << "rank " << r << " epoch " << e;
+      // Within a shard, samples keep their file order.
+      std::map<int, int64_t> last;
+      for (const auto& [shard, index] : samples) {
+        auto [it, first] = last.try_emplace(shard, index);
+        if (!first) EXPECT_GT(index, it->second) << "shard " << shard;
+        it->second = index;
+      }
+    }
+    EXPECT_EQ(all.size(), 1280u);
+    for (auto& [k, c] : all) EXPECT_EQ(c, 1) << k.first << "/" << k.second;
+  }
+  EXPECT_NE(order[0][0][0], order[0][0][1]);  // a new order every epoch
+}
+
+// Resuming in the middle of a window's unit, and re-routing it when its
+// data server dies, both continue the shuffled order exactly.
+TEST_F(ReaderTest, ResumeAndRerouteMidWindowKeepTheOrderExact) {
+  // 80 MB per epoch: far more than a stream has in flight when the data
+  // server dies.
+  StartCluster(20, 64, 2, /*sample_bytes=*/64 << 10);
+  CreateJob("whole", 1, 1, /*shuffle_window=*/0);
+  const Order whole = ReadOrder(*MakeReader("whole", 0));
+  ASSERT_EQ(whole.at(0).size(), 1280u);
+
+  CreateJob("first", 1, 1, /*shuffle_window=*/0);
+  v1::Cursor cursor;
+  Order first;
+  {
+    auto reader = MakeReader("first", 0);
+    first = ReadOrder(*reader, 300);
+    auto c = reader->Cursor();
+    ASSERT_TRUE(c.ok()) << c.status();
+    cursor = *c;
+    reader->Close();
+  }
+  ASSERT_EQ(cursor.consumed_per_rank(0), 300);
+  CreateJob("rest", 1, 1, /*shuffle_window=*/0);
+  const Order rest = ReadOrder(*MakeReader("rest", 0, 256, &cursor));
+  std::vector<std::pair<int, int64_t>> joined = first[0];
+  joined.insert(joined.end(), rest.at(0).begin(), rest.at(0).end());
+  EXPECT_EQ(joined, whole.at(0));
+
+  // Both data servers serve; the one reading the window is killed mid-unit.
+  CreateJob("rerouted", 1, 1, /*shuffle_window=*/0);
+  auto reader = MakeReader("rerouted", 0, /*buffer=*/4);
+  int killed = 0;
+  const Order rerouted =
+      ReadOrder(*reader, -1, [&](int64_t n, const Sample& sample) {
+        if (n != 500) return;
+        for (ServerProcess& ds : data_) {
+          if (ds.grpc_address == sample.data_server) {
+            ds.process.Kill();
+            ++killed;
+          }
+        }
+      });
+  EXPECT_EQ(killed, 1);
+  EXPECT_EQ(rerouted.at(0), whole.at(0));
+  EXPECT_GE(reader->stats().reroutes, 1);
 }
 
 // Closing a reader mid-epoch gives every lease back at once: a Release

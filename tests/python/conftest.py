@@ -159,7 +159,7 @@ class Cluster:
         return self.coordinator.address
 
     def create_job(self, name, world_size=1, epochs=1, mode="static", seed=7, shuffle=True,
-                   lease_ttl="2s", max_samples_per_lease=0, extra_shards=()):
+                   lease_ttl="2s", max_samples_per_lease=0, extra_shards=(), shuffle_window=0):
         manifest = os.path.join(self.tmp, f"{name}.json")
         with open(manifest, "w") as f:
             json.dump({"shards": [{"url": u, "num_samples": n}
@@ -171,6 +171,8 @@ class Cluster:
                 *self.client_tls, *self.admin_token]
         if max_samples_per_lease:
             args.append(f"--max_samples_per_lease={max_samples_per_lease}")
+        if shuffle_window:
+            args.append(f"--shuffle_window={shuffle_window}")
         out = subprocess.run(args, capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
 

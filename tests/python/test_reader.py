@@ -276,7 +276,7 @@ def test_closing_a_reader_mid_stream_is_quiet(tmp_path, caplog):
     # the units released before it have ended.
     c = Cluster(tmp_path, shards=4, per_shard=100, bin_repeat=50_000)
     try:
-        c.create_job("stop-early")
+        c.create_job("stop-early", shuffle_window=1)  # a unit per shard
         with sluice.Reader(c.address, "stop-early", units_in_flight=2) as reader:
             send, released = reader._send, []
 

@@ -24,7 +24,7 @@ def reference(batch):
                 fields[f.name] = f.text
             else:
                 fields[f.name] = f.raw
-        out.append((s.key, s.index, s.skipped, s.skip_reason, fields))
+        out.append((s.key, s.index, s.skipped, s.skip_reason, fields, s.piece))
     return out
 
 
@@ -32,6 +32,7 @@ def assert_same(got, want):
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g[:4] == w[:4]
+        assert g[5] == w[5]
         assert sorted(g[4]) == sorted(w[4])
         for name, value in w[4].items():
             if isinstance(value, np.ndarray):
@@ -64,6 +65,7 @@ def every_kind():
     t = s.fields.add(name="scalar.npy").tensor  # 0 elements
     t.dtype = pb.DTYPE_FLOAT64
     b.samples.add(key="k2", index=2**40, skipped=True, skip_reason="corrupt jpg: bad header")
+    b.samples.add(key="k3", index=5, piece=1023)  # a shuffle window's piece
     b.samples.add()  # all defaults
     return b
 

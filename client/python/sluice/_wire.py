@@ -127,7 +127,7 @@ def _field(buf, pos, end, dtypes):
 
 
 def _sample(buf, pos, end, dtypes):
-    key, index, skipped, reason, fields = "", 0, False, "", {}
+    key, index, skipped, reason, fields, piece = "", 0, False, "", {}, 0
     while pos < end:
         tag, pos = _varint(buf, pos)
         number, wire_type = tag >> 3, tag & 7
@@ -145,9 +145,11 @@ def _sample(buf, pos, end, dtypes):
             skipped = v != 0
         elif number == 5 and wire_type == _LEN:
             reason, pos = _string(buf, pos, end)
+        elif number == 6 and wire_type == _VARINT:
+            piece, pos = _varint(buf, pos)
         else:
             pos = _skip(buf, pos, end, wire_type)
-    return key, index, skipped, reason, fields
+    return key, index, skipped, reason, fields, piece
 
 
 def sample_batch(buf, dtypes):

@@ -271,6 +271,12 @@ class JobDoneError(ReaderError):
         super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
 
 
+def _unit_key(unit):
+    """What a unit reads, for counting failed streams: its shard, or its shuffle
+    window's first shard."""
+    return unit.pieces[0].url if unit.pieces else unit.shard_url
+
+
 class Sample:
     """One sample: WebDataset-style fields by name plus where it came from.
 
@@ -1069,7 +1075,7 @@ class Reader:
         (the first re-routes at once), so a shard a server cannot serve
         (missing, unreadable) does not become a grant/re-route storm; logged
         at the first failure and every tenth."""
-        key = (address, u.lease.unit.shard_url)
+        key = (address, _unit_key(u.lease.unit))
         with self._cv:
             n = self._failures.get(key, 0) + 1
             self._failures[key] = n
@@ -1193,6 +1199,7 @@ class Reader:
         the consumer without a thread hand-off)."""
         lease = u.lease
         address, shard_url = lease.data_server, lease.unit.shard_url
+        failure_key = (address, _unit_key(lease.unit))
         batch = failure = None
         try:
             batch = stream.next()
@@ -1215,10 +1222,22 @@ class Reader:
             return
         protocol_error = None
         try:
-            converted = [Sample(lease.epoch, lease.rank, lease.unit.shard_index, shard_url, index,
-                                key, address, skipped, reason, fields)
-                         for key, index, skipped, reason, fields
-                         in _wire.sample_batch(batch, _DTYPES)]
+            pieces = lease.unit.pieces
+            if pieces:  # a shuffle window: each sample names its shard
+                converted = [Sample(lease.epoch, lease.rank, pieces[piece].shard_index,
+                                    pieces[piece].url, index, key, address, skipped, reason,
+                                    fields)
+                             for key, index, skipped, reason, fields, piece
+                             in _wire.sample_batch(batch, _DTYPES)]
+            else:
+                converted = [Sample(lease.epoch, lease.rank, lease.unit.shard_index, shard_url,
+                                    index, key, address, skipped, reason, fields)
+                             for key, index, skipped, reason, fields, _
+                             in _wire.sample_batch(batch, _DTYPES)]
+        except IndexError:
+            converted = []
+            protocol_error = (f"data server {address} sent a sample of a piece the lease "
+                              f"{lease.lease_id} does not have")
         except _wire.WireError as e:
             converted = []
             protocol_error = f"data server {address} sent a malformed SampleBatch: {e}"
@@ -1228,8 +1247,10 @@ class Reader:
             abandoned = u.dropped or self._closing
             if not abandoned:
                 self.stats["batches"] += 1
+                # A plain unit's samples carry their position (their index in
+                # the shard); a window's their index in their own shard.
                 for s in converted:
-                    if s.index != u.next_fetch:
+                    if not pieces and s.index != u.next_fetch:
                         protocol_error = (f"data server {address} sent sample {s.index}, "
                                           f"expected {u.next_fetch}")
                         break
@@ -1237,7 +1258,7 @@ class Reader:
                     u.next_fetch += 1
                 u.last_batch = len(converted)
                 if not protocol_error:
-                    self._failures.pop((address, shard_url), None)
+                    self._failures.pop(failure_key, None)
                 complete = u.next_fetch == lease.unit.end
                 self._cv.notify_all()
         if abandoned:

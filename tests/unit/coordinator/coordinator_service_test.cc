@@ -63,6 +63,7 @@ v1::JobSpec Spec(const std::string& name, std::vector<int64_t> sizes,
   spec.set_world_size(world_size);
   spec.set_num_epochs(epochs);
   spec.set_shuffle(true);
+  spec.set_shuffle_window(1);  // units of one shard; windows tested apart
   spec.set_seed(5);
   spec.set_lease_ttl_ms(2000);
   return spec;
@@ -568,6 +569,75 @@ TEST_F(CoordinatorServiceTest, GrantsNameDataServersByRendezvousHashing) {
   for (const auto& [url, server] : Routes(*service_, "r4", 20))
     EXPECT_EQ(server, "a:1");
   (void)c;
+}
+
+// With shuffle windows, a grant names the window's shards (in the plan's
+// order) and its interleave seed; the unit counts window positions, and
+// all units of a window go to the data server of its first shard.
+TEST_F(CoordinatorServiceTest, WindowGrantsCarryTheWindowsShards) {
+  service_->RegisterDataServer("a:1", 1);
+  service_->RegisterDataServer("b:1", 1);
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 10; ++i) sizes.push_back(10 + i);
+  v1::JobSpec spec = Spec("win", sizes, 0, 1);
+  spec.set_shuffle_window(4);
+  spec.set_max_samples_per_lease(7);
+  ASSERT_OK(service_->CreateJob(spec));
+  PlanOptions options;
+  options.seed = 5;
+  options.shuffle = true;
+  options.shuffle_window = 4;
+  const std::vector<ShuffleWindow> windows = PlanWindows(sizes, options, 0);
+  ASSERT_EQ(windows.size(), 2u);  // 10 shards, at least 4 per window
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = service_->OpenSession(sink);
+  service_->OnMessage(id, Hello("win", 0, "t"));
+  service_->OnMessage(id, Want(100));
+  std::vector<v1::Lease> grants = sink->TakeGrants();
+  std::map<int32_t, int64_t> covered;
+  std::map<int32_t, std::set<std::string>> servers;
+  for (const v1::Lease& l : grants) {
+    const v1::WorkUnit& u = l.unit();
+    ASSERT_LT(u.shard_index(), 2);
+    const ShuffleWindow& w = windows[static_cast<size_t>(u.shard_index())];
+    EXPECT_EQ(u.shard_url(), "");
+    EXPECT_EQ(u.window_order(), w.order_seed);
+    ASSERT_EQ(u.pieces_size(), static_cast<int>(w.shards.size()));
+    for (int k = 0; k < u.pieces_size(); ++k) {
+      EXPECT_EQ(u.pieces(k).shard_index(), w.shards[k]);
+      EXPECT_EQ(u.pieces(k).url(),
+                "/data/shard-" + std::to_string(w.shards[k]) + ".tar");
+      EXPECT_EQ(u.pieces(k).num_samples(), sizes[w.shards[k]]);
+    }
+    EXPECT_LE(u.end() - u.begin(), 7);
+    EXPECT_LE(u.end(), w.samples);
+    covered[u.shard_index()] += u.end() - u.begin();
+    servers[u.shard_index()].insert(l.data_server());
+  }
+  EXPECT_EQ(covered[0], windows[0].samples);
+  EXPECT_EQ(covered[1], windows[1].samples);
+  EXPECT_EQ(servers[0].size(), 1u);
+  EXPECT_EQ(servers[1].size(), 1u);
+  service_->CloseSession(id);
+}
+
+// A shuffled job without a window gets the default; a window out of range
+// is refused naming the field.
+TEST_F(CoordinatorServiceTest, ShuffleWindowDefaultsAndLimits) {
+  v1::JobSpec spec = Spec("dflt", {3, 3}, 0, 1);
+  spec.set_shuffle_window(0);
+  auto job = service_->CreateJob(spec);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->spec().shuffle_window(), 32);
+  spec.set_name("neg");
+  spec.set_shuffle_window(-1);
+  EXPECT_THAT(service_->CreateJob(spec).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.shuffle_window")));
+  spec.set_shuffle_window(1025);
+  EXPECT_THAT(service_->CreateJob(spec).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.shuffle_window")));
 }
 
 // A service with lease secret "k" on the fixture's clock, one data server,

@@ -227,5 +227,80 @@ TEST(PlanSequenceTest, CutsExplicitRangesInOrder) {
   EXPECT_EQ(units, want);
 }
 
+TEST(PlanWindowsTest, GroupsTheShuffledShardsIntoWindows) {
+  PlanOptions options;
+  options.shuffle = true;
+  options.seed = 42;
+  options.shuffle_window = 3;
+  const std::vector<int64_t> sizes = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+  const std::vector<ShuffleWindow> windows = PlanWindows(sizes, options, 0);
+  // 10 shards, at least 3 per window: 3 windows of 3, 3 and 4 shards, in
+  // the epoch's shard order.
+  ASSERT_EQ(windows.size(), 3u);
+  std::vector<int32_t> shards;
+  for (size_t w = 0; w < windows.size(); ++w) {
+    int64_t samples = 0;
+    for (int32_t s : windows[w].shards) samples += sizes[s];
+    EXPECT_EQ(windows[w].samples, samples);
+    EXPECT_EQ(windows[w].order_seed, WindowOrderSeed(42, 0, w));
+    shards.insert(shards.end(), windows[w].shards.begin(),
+                  windows[w].shards.end());
+  }
+  EXPECT_EQ(windows[0].shards.size(), 3u);
+  EXPECT_EQ(windows[2].shards.size(), 4u);
+  EXPECT_EQ(shards, ShardOrder(10, 42, 0, true));
+}
+
+TEST(PlanWindowsTest, NoWindowsWithoutShuffleOrWithWindowOne) {
+  PlanOptions options;
+  options.shuffle_window = 8;
+  EXPECT_TRUE(PlanWindows({1, 2, 3}, options, 0).empty());
+  options.shuffle = true;
+  options.shuffle_window = 1;
+  EXPECT_TRUE(PlanWindows({1, 2, 3}, options, 0).empty());
+  // And then the plan is the shard-level one.
+  PlanOptions shards = options;
+  shards.shuffle_window = 0;
+  EXPECT_EQ(PlanEpoch({1, 2, 3}, options, 4).units,
+            PlanEpoch({1, 2, 3}, shards, 4).units);
+}
+
+TEST(PlanWindowsTest, EpochPlanCoversEveryWindowPositionOnce) {
+  PlanOptions options;
+  options.shuffle = true;
+  options.seed = 7;
+  options.shuffle_window = 4;
+  options.world_size = 3;
+  options.workers_per_rank = 2;
+  options.max_samples_per_lease = 10;
+  options.remainder = RemainderPolicy::kPad;
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 13; ++i) sizes.push_back(20 + i);
+  const std::vector<ShuffleWindow> windows = PlanWindows(sizes, options, 2);
+  const EpochPlan plan = PlanEpoch(sizes, options, 2);
+  ASSERT_EQ(windows.size(), 3u);
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  EXPECT_EQ(plan.total_samples, total);
+  // Units name windows; their positions, in plan order, walk every window
+  // from 0 to its end (then PAD wraps around to the start).
+  std::vector<std::vector<int64_t>> seen(windows.size());
+  for (const PlannedUnit& u : plan.units) {
+    ASSERT_GE(u.shard_index, 0);
+    ASSERT_LT(u.shard_index, static_cast<int32_t>(windows.size()));
+    ASSERT_LE(u.end, windows[u.shard_index].samples);
+    ASSERT_LE(u.size(), 10);
+    for (int64_t p = u.begin; p < u.end; ++p) seen[u.shard_index].push_back(p);
+  }
+  int64_t served = 0;
+  for (size_t w = 0; w < windows.size(); ++w) {
+    for (int64_t p = 0; p < windows[w].samples; ++p)
+      ASSERT_EQ(seen[w][p], p) << "window " << w;
+    served += static_cast<int64_t>(seen[w].size());
+  }
+  EXPECT_EQ(served, plan.samples_per_rank * 3);
+  EXPECT_EQ(plan.padded, served - total);
+}
+
 }  // namespace
 }  // namespace sluice

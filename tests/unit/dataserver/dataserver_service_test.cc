@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/common/lease_token.h"
+#include "server/common/shuffle_window.h"
 #include "tests/testing/image_fixtures.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
@@ -293,6 +295,118 @@ TEST_F(DataServerServiceTest, BadRequests) {
   start.set_start(9);
   EXPECT_THAT(Read(start).status(),
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("start")));
+}
+
+// A window unit over three shards of 4, 6 and 5 samples (keys "sN/i").
+class WindowUnitTest : public DataServerServiceTest {
+ protected:
+  void SetUp() override {
+    DataServerServiceTest::SetUp();
+    for (int s = 0; s < 3; ++s) {
+      testing::TarWriter tar;
+      for (int i = 0; i < sizes_[s]; ++i) {
+        tar.File(absl::StrCat("s", s, "/", i, ".cls"), std::to_string(i));
+      }
+      urls_.push_back(dir_.File(absl::StrCat("w", s, ".tar")));
+      testing::WriteFile(urls_.back(), tar.Finish());
+    }
+  }
+
+  v1::ReadRequest WindowRequest(int64_t begin, int64_t end) {
+    v1::ReadRequest r = Request(begin, end);
+    v1::WorkUnit* unit = r.mutable_lease()->mutable_unit();
+    unit->clear_shard_url();
+    unit->set_shard_index(1);  // the window's number
+    unit->set_window_order(kOrder);
+    for (int s = 0; s < 3; ++s) {
+      v1::WindowPiece* piece = unit->add_pieces();
+      piece->set_shard_index(10 + s);
+      piece->set_url(urls_[s]);
+      piece->set_num_samples(sizes_[s]);
+    }
+    return r;
+  }
+
+  // What position p serves, from the labels: (piece, sample).
+  std::vector<std::pair<int, int>> Expected() const {
+    std::vector<std::pair<int, int>> out;
+    std::vector<int> next(3, 0);
+    for (uint16_t l : WindowLabels({4, 6, 5}, kOrder))
+      out.emplace_back(l, next[l]++);
+    return out;
+  }
+
+  static constexpr uint64_t kOrder = 0x5EED;
+  const int sizes_[3] = {4, 6, 5};
+  std::vector<std::string> urls_;
+};
+
+TEST_F(WindowUnitTest, ServesThePositionsInTheWindowsOrder) {
+  auto samples = Read(WindowRequest(0, 15));
+  ASSERT_OK(samples.status());
+  const auto want = Expected();
+  ASSERT_EQ(samples->size(), want.size());
+  int switches = 0;
+  for (size_t p = 0; p < want.size(); ++p) {
+    const v1::Sample& s = (*samples)[p];
+    EXPECT_EQ(s.piece(), want[p].first) << p;
+    EXPECT_EQ(s.index(), want[p].second) << p;
+    EXPECT_EQ(s.key(), absl::StrCat("s", want[p].first, "/", want[p].second));
+    ASSERT_EQ(s.fields_size(), 1);
+    EXPECT_EQ(s.fields(0).raw(), std::to_string(want[p].second));
+    if (p > 0 && want[p].first != want[p - 1].first) ++switches;
+  }
+  EXPECT_GT(switches, 3);  // the shards are interleaved, not concatenated
+}
+
+TEST_F(WindowUnitTest, UnitsAndStartsServeTheirPartOfTheSameOrder) {
+  const auto want = Expected();
+  std::vector<std::pair<int, int>> got;
+  // Units [0, 4), [4, 11), [11, 15); the second resumed at 7.
+  for (auto [begin, end, start] : std::vector<std::tuple<int, int, int>>{
+           {0, 4, 0}, {4, 11, 7}, {11, 15, 0}}) {
+    v1::ReadRequest r = WindowRequest(begin, end);
+    r.set_start(start);
+    auto samples = Read(r);
+    ASSERT_OK(samples.status());
+    for (const v1::Sample& s : *samples)
+      got.emplace_back(s.piece(), static_cast<int>(s.index()));
+  }
+  std::vector<std::pair<int, int>> expected(want.begin(), want.begin() + 4);
+  expected.insert(expected.end(), want.begin() + 7, want.end());
+  EXPECT_EQ(got, expected);
+}
+
+TEST_F(WindowUnitTest, BadWindowsAreRefusedNamingTheShard) {
+  EXPECT_THAT(Read(WindowRequest(10, 16)).status(),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       HasSubstr("15 samples of its shuffle window")));
+  auto more = WindowRequest(0, 15);
+  more.mutable_lease()->mutable_unit()->mutable_pieces(2)->set_num_samples(9);
+  EXPECT_THAT(Read(more).status(),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       AllOf(HasSubstr(urls_[2]), HasSubstr("has 5 samples"),
+                             HasSubstr("manifest says 9"))));
+  auto empty_url = WindowRequest(0, 3);
+  empty_url.mutable_lease()->mutable_unit()->mutable_pieces(1)->clear_url();
+  EXPECT_THAT(Read(empty_url).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("lease.unit.pieces[1]")));
+}
+
+TEST_F(WindowUnitTest, TheTokenSignsThePieces) {
+  Make("s3cret");
+  auto r = WindowRequest(0, 15);
+  r.mutable_lease()->set_token(SignLease(r.lease(), "s3cret"));
+  ASSERT_OK(Read(r).status());
+  auto other = r;
+  other.mutable_lease()->mutable_unit()->mutable_pieces(0)->set_url(urls_[1]);
+  EXPECT_THAT(Read(other).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  auto order = r;
+  order.mutable_lease()->mutable_unit()->set_window_order(kOrder + 1);
+  EXPECT_THAT(Read(order).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied));
 }
 
 TEST_F(DataServerServiceTest, TokensAreCheckedBeforeAnyIo) {
