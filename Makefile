@@ -97,7 +97,7 @@ bench: build
 	@$(call BENCH,./$(BUILD_DIR)/bin/dataserver_bench --mode=raw)
 	@$(call BENCH,./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded)
 	@$(call BENCH,./$(BUILD_DIR)/bin/dataserver_bench --mode=decoded --resize=224)
-	@$(call BENCH,./$(BUILD_DIR)/bin/dataserver_bench --mode=shuffle)
+	@$(call BENCH,./$(BUILD_DIR)/bin/dataserver_bench --mode=shuffle --shards=32)
 	@$(call BENCH,./$(BUILD_DIR)/bin/transform_bench)
 	@$(call BENCH,./$(BUILD_DIR)/bin/remote_bench)
 	@$(call BENCH,./$(BUILD_DIR)/bin/reader_bench)

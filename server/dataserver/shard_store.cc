@@ -152,6 +152,11 @@ bool SameTime(const struct timespec& a, const struct timespec& b) {
   return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
+std::string VersionOf(const struct stat& st) {
+  return absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":",
+                      st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const ShardData>> ShardData::Map(
@@ -169,8 +174,7 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardData::Map(
   }
   std::shared_ptr<ShardData> data(new ShardData());
   data->path_ = std::move(path);
-  data->version_ = absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":",
-                                st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+  data->version_ = VersionOf(st);
   data->size_ = static_cast<size_t>(st.st_size);
   if (data->size_ > 0) {
     void* addr = mmap(nullptr, data->size_, PROT_READ, MAP_SHARED, fd, 0);
@@ -278,12 +282,45 @@ absl::StatusOr<std::string> LocalShardStore::Resolve(
 absl::StatusOr<std::shared_ptr<const ShardData>> LocalShardStore::Open(
     const ShardRef& shard) {
   const std::string& url = shard.url;
+  // A shard opened before is reused while the URL names the same file: the
+  // file it resolved to (inside the roots) then, whatever the path's
+  // symlinks do now.
+  absl::string_view named = url;
+  if (absl::ConsumePrefix(&named, "file://"))
+    absl::ConsumePrefix(&named, "localhost");
+  struct stat st;
+  const bool known =
+      !named.empty() && stat(std::string(named).c_str(), &st) == 0;
+  if (known) {
+    const std::string version = VersionOf(st);
+    absl::MutexLock lock(&mu_);
+    for (auto it = recent_.begin(); it != recent_.end(); ++it) {
+      if (it->first != url) continue;
+      if (it->second->version() != version) {
+        recent_.erase(it);
+        break;
+      }
+      recent_.splice(recent_.begin(), recent_, it);
+      return recent_.front().second;
+    }
+  }
   ASSIGN_OR_RETURN(std::string path, Resolve(url));
   // O_NOFOLLOW: the resolved path has no symlinks left; one appearing now
   // is a race with someone swapping files, and is refused.
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoStatus(errno, "open", url);
-  return ShardData::Map(fd, url);
+  ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> data,
+                   ShardData::Map(fd, url));
+  absl::MutexLock lock(&mu_);
+  for (auto it = recent_.begin(); it != recent_.end(); ++it) {
+    if (it->first == url) {
+      recent_.erase(it);
+      break;
+    }
+  }
+  recent_.emplace_front(url, data);
+  if (recent_.size() > kRecentShards) recent_.pop_back();
+  return data;
 }
 
 }  // namespace sluice::dataserver

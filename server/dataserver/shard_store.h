@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "server/common/path_roots.h"
 
 namespace sluice::dataserver {
@@ -124,9 +126,17 @@ class LocalShardStore : public ShardStore {
 
   const std::vector<std::string>& roots() const { return roots_.roots(); }
 
+  // Recently opened shards are kept (at most this many) and reused while
+  // their URL still names the same file (device, inode, size and mtime, one
+  // stat): a shuffle window's units open the same shards again and again.
+  static constexpr size_t kRecentShards = 128;
+
  private:
   explicit LocalShardStore(PathRoots roots) : roots_(std::move(roots)) {}
   PathRoots roots_;
+  absl::Mutex mu_;
+  std::list<std::pair<std::string, std::shared_ptr<const ShardData>>> recent_
+      ABSL_GUARDED_BY(mu_);  // most recent first
 };
 
 }  // namespace sluice::dataserver

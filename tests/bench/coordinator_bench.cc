@@ -71,6 +71,10 @@ ABSL_FLAG(double, etcd_paced_ops_per_s, 10000,
 ABSL_FLAG(absl::Duration, election_ttl, absl::Seconds(2),
           "The coordinators' --election_ttl (etcd mode).");
 ABSL_FLAG(int, shards, 1000000, "Manifest size (plan mode).");
+ABSL_FLAG(int, shuffle_window, 0,
+          "leases mode: also drive a shuffled job with this shuffle_window "
+          "(every grant then names the window's shards) in the same rounds, "
+          "and report its rate next to the unshuffled job's (0 = off).");
 ABSL_FLAG(bool, progress, true,
           "Leases mode: a Progress before every Complete (Grant -> Progress -> "
           "Complete).");
@@ -395,6 +399,12 @@ int RunLeases() {
     spec.set_num_epochs(0);
     absl::Status created =
         sluice::testing::CreateJob(coordinator->grpc_address, spec);
+    if (created.ok() && absl::GetFlag(FLAGS_shuffle_window) > 0) {
+      spec.set_name("bench-window");
+      spec.set_shuffle(true);
+      spec.set_shuffle_window(absl::GetFlag(FLAGS_shuffle_window));
+      created = sluice::testing::CreateJob(coordinator->grpc_address, spec);
+    }
     if (!created.ok()) {
       std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
       return 1;
@@ -421,11 +431,22 @@ int RunLeases() {
   const std::string echo_address = absl::StrCat("127.0.0.1:", echo_port);
 
   const double paced = absl::GetFlag(FLAGS_paced_ops_per_s);
-  std::vector<LeaseRate> sluice_rates, bare_rates, sluice_paced, bare_paced;
+  std::vector<LeaseRate> sluice_rates, bare_rates, sluice_paced, bare_paced,
+      window_rates;
+  const bool windows = absl::GetFlag(FLAGS_shuffle_window) > 0;
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
     bare_rates.push_back(Drive(echo_address, "bench", sessions, seconds, 0));
     sluice_rates.push_back(
         Drive(coordinator->grpc_address, "bench", sessions, seconds, 0));
+    if (windows) {
+      window_rates.push_back(Drive(coordinator->grpc_address, "bench-window",
+                                   sessions, seconds, 0));
+      std::fprintf(stderr,
+                   "round %d: saturated, shuffle window of %d shards: %.0f "
+                   "ops/s\n",
+                   r, absl::GetFlag(FLAGS_shuffle_window),
+                   window_rates.back().ops_per_s);
+    }
     bare_paced.push_back(
         Drive(echo_address, "bench", sessions, seconds, paced));
     sluice_paced.push_back(
@@ -474,6 +495,19 @@ int RunLeases() {
       progress ? "true" : "false", sessions, s.ops_per_s, b.ops_per_s, ratio,
       sp.ops_per_s, bp.ops_per_s, sp.p50_us / 1000, sp.p99_us / 1000,
       bp.p50_us / 1000, bp.p99_us / 1000);
+  if (windows) {
+    const LeaseRate w = median(window_rates);
+    std::printf(
+        "coordinator leases with a shuffle window of %d shards: saturated "
+        "%.0f grants+completions/s, %.2f of the unshuffled job's %.0f\n",
+        absl::GetFlag(FLAGS_shuffle_window), w.ops_per_s,
+        w.ops_per_s / s.ops_per_s, s.ops_per_s);
+    std::printf(
+        "{\"bench\":\"coordinator_leases_shuffle_window\",\"shuffle_window\":"
+        "%d,\"ops_per_s\":%.0f,\"baseline_ops_per_s\":%.0f,\"ratio\":%.2f}\n",
+        absl::GetFlag(FLAGS_shuffle_window), w.ops_per_s, s.ops_per_s,
+        w.ops_per_s / s.ops_per_s);
+  }
   echo_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   coordinator->process.Signal(SIGTERM);
   (void)coordinator->process.WaitForExit(absl::Seconds(20));

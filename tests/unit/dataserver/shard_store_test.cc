@@ -55,6 +55,32 @@ TEST_F(LocalShardStoreTest, OpensPathsAndFileUrlsInsideRoots) {
   EXPECT_EQ((*link)->bytes(), "inside");
 }
 
+// A shard opened again is the same mapping while its URL names the same
+// file; a file replaced, rewritten or swapped for a symlink leaving the
+// roots is opened (and checked) afresh.
+TEST_F(LocalShardStoreTest,
+       AShardOpenedAgainIsReusedWhileItsUrlNamesTheSameFile) {
+  const std::string a = root_ + "/sub/a.tar";
+  auto first = store_->Open(a);
+  ASSERT_OK(first.status());
+  auto again = store_->Open(a);
+  ASSERT_OK(again.status());
+  EXPECT_EQ(first->get(), again->get());
+  testing::WriteFile(a + ".new", "replaced");
+  ASSERT_EQ(rename((a + ".new").c_str(), a.c_str()), 0);
+  auto replaced = store_->Open(a);
+  ASSERT_OK(replaced.status());
+  EXPECT_EQ((*replaced)->bytes(), "replaced");
+  EXPECT_EQ((*first)->bytes(), "inside");  // the old mapping keeps its bytes
+
+  const std::string link = root_ + "/in.tar";
+  ASSERT_OK(store_->Open(link).status());
+  ASSERT_EQ(unlink(link.c_str()), 0);
+  ASSERT_EQ(symlink(dir_.File("secret.tar").c_str(), link.c_str()), 0);
+  EXPECT_THAT(store_->Open(link).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+}
+
 TEST_F(LocalShardStoreTest, TraversalIsPermissionDenied) {
   for (const std::string& url :
        {root_ + "/../secret.tar", root_ + "/sub/../../secret.tar",
