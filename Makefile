@@ -104,6 +104,7 @@ bench: build
 	@$(call BENCH,./$(BUILD_DIR)/bin/reader_bench --decode)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases --progress=false)
+	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases --shuffle_window=32)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=plan)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=etcd)
 	@$(call BENCH,/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin)

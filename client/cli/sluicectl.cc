@@ -246,7 +246,8 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
-void PrintJob(const v1::Job& job) {
+// `order`: also how the job orders its samples.
+void PrintJob(const v1::Job& job, bool order = true) {
   const v1::JobStatus& s = job.status();
   std::printf(
       "%-20s %-8s epoch %lld/%lld  %lld/%lld samples  world %d  %d shards\n",
@@ -257,6 +258,17 @@ void PrintJob(const v1::Job& job) {
       static_cast<long long>(s.consumed_in_epoch()),
       static_cast<long long>(s.samples_per_epoch()), job.spec().world_size(),
       s.num_shards());
+  if (!order) return;
+  if (!job.spec().shuffle()) {
+    std::printf("%-20s order: manifest order every epoch\n", "");
+  } else if (job.spec().shuffle_window() > 1) {
+    std::printf(
+        "%-20s order: shards shuffled, samples mixed in windows of %d "
+        "shards\n",
+        "", job.spec().shuffle_window());
+  } else {
+    std::printf("%-20s order: shards shuffled, each unit from one shard\n", "");
+  }
 }
 
 void PrintJobOrJson(const v1::Job& job) {
@@ -352,7 +364,7 @@ int JobCommand(const std::vector<std::string>& args) {
     if (absl::GetFlag(FLAGS_json)) {
       std::printf("%s", ToJson(response).c_str());
     } else {
-      for (const v1::Job& job : response.jobs()) PrintJob(job);
+      for (const v1::Job& job : response.jobs()) PrintJob(job, false);
     }
     return kOk;
   }
@@ -426,7 +438,7 @@ int StatusCommand(const std::vector<std::string>& args) {
       std::printf("%s", ToJson(job).c_str());
       continue;
     }
-    PrintJob(job);
+    PrintJob(job, false);
     std::printf(
         "  data servers: %s\n",
         job.status().live_data_servers().empty()

@@ -92,6 +92,22 @@ TEST(SluicectlTest, IndexCreateReadHealth) {
       dir, {"job", "create", "--name=small", "--manifest=" + dir.File("m.json"),
             "--world_size=1", "--epochs=1", c});
   ASSERT_EQ(create.code, 0) << create.output;
+  EXPECT_THAT(create.output,
+              HasSubstr("order: shards shuffled, samples mixed in windows of "
+                        "32 shards"));
+  CtlRun ordered =
+      Ctl(dir, {"job", "create", "--name=ordered",
+                "--manifest=" + dir.File("m.json"), "--noshuffle", c});
+  EXPECT_THAT(ordered.output, HasSubstr("order: manifest order every epoch"));
+  CtlRun one =
+      Ctl(dir, {"job", "create", "--name=one-shard-units",
+                "--manifest=" + dir.File("m.json"), "--shuffle_window=1", c});
+  EXPECT_THAT(one.output, HasSubstr("each unit from one shard"));
+  CtlRun wide = Ctl(
+      dir, {"job", "create", "--name=wide", "--manifest=" + dir.File("m.json"),
+            "--shuffle_window=5000", c});
+  EXPECT_EQ(wide.code, 1);
+  EXPECT_THAT(wide.output, HasSubstr("spec.shuffle_window: 5000 is outside"));
   // If the data server has not registered yet, grants name none and are
   // re-routed until it has; the read finishes either way.
   CtlRun read = Ctl(dir, {"read", "--job=small", "--rank=0", c});
