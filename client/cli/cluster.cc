@@ -37,6 +37,11 @@ ABSL_FLAG(
     std::string, shards, "",
     "up: directory of shards the data servers serve (default DIR/shards).");
 ABSL_FLAG(int, data_servers, 2, "up: data servers to start.");
+ABSL_FLAG(std::string, listen_host, "",
+          "up: the host every server binds to (default: --coordinator's "
+          "host). 0.0.0.0 serves other nodes: the coordinator listens on it "
+          "with --coordinator's port, and data servers advertise this "
+          "machine's host name.");
 ABSL_FLAG(bool, ha, false,
           "up: two coordinators with their journal in a local etcd (Debian's "
           "etcd-server, `etcd` on the PATH): one leads, the other waits as a "
@@ -46,6 +51,16 @@ ABSL_FLAG(int, demo_shards, 30, "demo: shards in the synthetic dataset.");
 
 namespace sluice::cli {
 namespace {
+
+// "host:port", brackets around an IPv6 host.
+std::string JoinHostPort(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos && host[0] != '[';
+  return absl::StrCat(v6 ? "[" : "", host, v6 ? "]" : "", ":", port);
+}
+
+bool IsWildcard(const std::string& host) {
+  return host == "0.0.0.0" || host == "::" || host == "[::]";
+}
 
 volatile sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
@@ -144,9 +159,12 @@ struct LocalCluster {
   std::vector<Subprocess> data;
   std::vector<std::string> data_grpc;
 
+  // Servers bind to `host` (data servers and the standby on port 0; the
+  // coordinator on `listen`).
   absl::Status Start(const std::string& work, const std::string& shards,
                      int servers, const std::string& listen,
-                     const std::vector<std::string>& extra, bool ha = false) {
+                     const std::vector<std::string>& extra, bool ha = false,
+                     const std::string& host = "127.0.0.1") {
     dir = work;
     const std::string bin = SelfDir();
     mkdir(dir.c_str(), 0755);
@@ -186,7 +204,7 @@ struct LocalCluster {
       const std::string standby_ports = dir + "/coordinator-standby.ports";
       unlink(standby_ports.c_str());
       std::vector<std::string> second = {
-          bin + "/sluice-coordinator", "--listen=127.0.0.1:0",
+          bin + "/sluice-coordinator", "--listen=" + JoinHostPort(host, 0),
           "--metrics_listen=127.0.0.1:0", "--port_file=" + standby_ports};
       second.insert(second.end(), journal.begin(), journal.end());
       second.insert(second.end(), extra.begin(), extra.end());
@@ -207,13 +225,13 @@ struct LocalCluster {
       unlink(p.c_str());
       ASSIGN_OR_RETURN(
           Subprocess s,
-          Subprocess::Spawn({bin + "/sluice-dataserver", "--listen=127.0.0.1:0",
-                             "--metrics_listen=127.0.0.1:0", "--port_file=" + p,
-                             "--roots=" + shards,
-                             absl::StrCat("--cache_dir=", dir, "/cache-", i),
-                             "--coordinator=" + coordinator_grpc},
-                            "",
-                            absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
+          Subprocess::Spawn(
+              {bin + "/sluice-dataserver", "--listen=" + JoinHostPort(host, 0),
+               "--metrics_listen=127.0.0.1:0", "--port_file=" + p,
+               "--roots=" + shards,
+               absl::StrCat("--cache_dir=", dir, "/cache-", i),
+               "--coordinator=" + coordinator_grpc},
+              "", absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
       data.push_back(std::move(s));
       absl::StatusOr<std::map<std::string, std::string>> data_started =
           WaitForPortFile(p, data.back(), absl::Seconds(20));
@@ -343,8 +361,21 @@ int UpCommand(const std::vector<std::string>& args) {
   signal(SIGTERM, OnSignal);
   LocalCluster cluster;
   const bool ha = absl::GetFlag(FLAGS_ha);
+  // The coordinator keeps --coordinator's port on --listen_host.
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  const size_t colon = coordinator.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(coordinator.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return Usage("--coordinator must be HOST:PORT (the port up listens on)");
+  }
+  std::string host = absl::GetFlag(FLAGS_listen_host);
+  if (host.empty()) host = coordinator.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   absl::Status s = cluster.Start(dir, real, absl::GetFlag(FLAGS_data_servers),
-                                 absl::GetFlag(FLAGS_coordinator), {}, ha);
+                                 JoinHostPort(host, port), {}, ha, host);
   if (!s.ok()) {
     cluster.Stop();
     return Fail(s);
@@ -366,6 +397,15 @@ int UpCommand(const std::vector<std::string>& args) {
   }
   for (const std::string& d : cluster.data_grpc)
     std::printf("data server %s\n", d.c_str());
+  if (IsWildcard(host)) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    const std::string bound = cluster.leader_grpc;
+    std::printf("other nodes: --coordinator=%s\n",
+                JoinHostPort(
+                    name, std::atoi(bound.substr(bound.rfind(':') + 1).c_str()))
+                    .c_str());
+  }
   std::printf("shards from %s; logs in %s/logs; Ctrl-C stops everything\n",
               real, dir.c_str());
   std::fflush(stdout);

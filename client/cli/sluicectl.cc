@@ -823,11 +823,13 @@ const std::vector<CommandHelp>& Commands() {
        {"dir", "demo_samples", "demo_shards"}},
       {"up",
        "sluicectl up [--dir DIR] [--shards DIR] [--data_servers N] [--ha] "
-       "[--coordinator LISTEN]\n  A local cluster in the foreground: a "
-       "coordinator (--coordinator is its listen address) and data servers\n  "
-       "serving --shards; --ha: two coordinators on a local etcd, one leading. "
+       "[--coordinator LISTEN] [--listen_host HOST]\n  A local cluster in the "
+       "foreground: a coordinator (--coordinator is its listen address) and "
+       "data servers\n  serving --shards; --ha: two coordinators on a local "
+       "etcd, one leading. --listen_host=0.0.0.0\n  serves other nodes (every "
+       "server binds to it; the coordinator with --coordinator's port). "
        "Ctrl-C stops every child.",
-       {"dir", "shards", "data_servers", "ha"}},
+       {"dir", "shards", "data_servers", "ha", "listen_host"}},
       {"index",
        "sluicectl index DIR|GLOB [-o FILE] [--url_prefix URL] [--checksum]\n"
        "sluicectl index --data_server HOST:PORT URL... [-o FILE]\n  Scans "

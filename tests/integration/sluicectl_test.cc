@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -206,6 +207,60 @@ TEST(SluicectlTest, UpHaKeepsServingWhenTheLeadingCoordinatorDies) {
   EXPECT_EQ(*code, 0) << testing::ReadWholeFile(log).value_or("");
   EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
               HasSubstr("takes over"));
+}
+
+// `up --listen_host=0.0.0.0` binds every server to all interfaces: the
+// data servers register under this machine's host name, and a client given
+// the printed "other nodes" address reads through it.
+TEST(SluicectlTest, UpOnAllInterfacesServesOtherNodes) {
+  TempDir dir;
+  mkdir(dir.File("shards").c_str(), 0755);
+  testing::TarWriter tar;
+  for (int i = 0; i < 7; ++i) tar.File(absl::StrCat("k", i, ".cls"), "1");
+  testing::WriteFile(dir.File("shards/0.tar"), tar.Finish());
+  ASSERT_EQ(
+      Ctl(dir, {"index", dir.File("shards"), "-o", dir.File("m.json")}).code,
+      0);
+  const std::string log = dir.File("up.log");
+  auto up = ChildProcess::Start(
+      {testing::BinDir() + "/sluicectl", "up", "--dir=" + dir.File("up"),
+       "--shards=" + dir.File("shards"), "--data_servers=1",
+       "--coordinator=127.0.0.1:0", "--listen_host=0.0.0.0"},
+      log);
+  ASSERT_TRUE(up.ok());
+  std::string other;
+  for (const absl::Time end = absl::Now() + absl::Seconds(60);
+       absl::Now() < end && other.empty();
+       absl::SleepFor(absl::Milliseconds(50))) {  // polls up's output
+    const std::string text = testing::ReadWholeFile(log).value_or("");
+    for (absl::string_view l : absl::StrSplit(text, '\n')) {
+      if (absl::ConsumePrefix(&l, "other nodes: --coordinator="))
+        other = std::string(l);
+    }
+    ASSERT_TRUE(up->running()) << text;
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  ASSERT_TRUE(absl::StartsWith(other, absl::StrCat(host, ":")))
+      << testing::ReadWholeFile(log).value_or("");
+  EXPECT_THAT(
+      testing::ReadWholeFile(dir.File("up/logs/dataserver-0.log")).value_or(""),
+      ::testing::AllOf(HasSubstr("listening on 0.0.0.0:"),
+                       HasSubstr(absl::StrCat(" as ", host, ":"))));
+  const std::string c = "--coordinator=" + other;
+  CtlRun create = Ctl(dir, {"job", "create", "--name=wide",
+                            "--manifest=" + dir.File("m.json"), c});
+  ASSERT_EQ(create.code, 0) << create.output;
+  CtlRun read = Ctl(dir, {"read", "--job=wide", "--rank=0", c});
+  ASSERT_EQ(read.code, 0) << read.output;
+  int lines = 0;
+  for (absl::string_view l : absl::StrSplit(read.output, '\n'))
+    lines += absl::StartsWith(l, "{\"epoch\":0,");
+  EXPECT_EQ(lines, 7);
+  up->Signal(SIGTERM);
+  auto code = up->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
 }
 
 TEST(SluicectlTest, HealthWaitReturnsOnceTheServerIsReady) {
