@@ -879,6 +879,48 @@ const std::vector<CommandHelp>& Commands() {
   return *commands;
 }
 
+// The candidate nearest to `word` by edit distance (adjacent letters
+// swapped count as one edit), if close enough to be a typo: 1 edit for
+// words of up to 3 letters, 2 beyond; "" if none.
+std::string Nearest(const std::string& word,
+                    const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = (word.size() <= 3 ? 1 : 2) + 1;
+  for (const std::string& c : candidates) {
+    // Optimal string alignment distance over the whole table.
+    std::vector<std::vector<size_t>> d(word.size() + 1,
+                                       std::vector<size_t>(c.size() + 1));
+    for (size_t i = 0; i <= word.size(); ++i) d[i][0] = i;
+    for (size_t j = 0; j <= c.size(); ++j) d[0][j] = j;
+    for (size_t i = 1; i <= word.size(); ++i) {
+      for (size_t j = 1; j <= c.size(); ++j) {
+        d[i][j] =
+            std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
+                      d[i - 1][j - 1] + (word[i - 1] == c[j - 1] ? 0 : 1)});
+        if (i > 1 && j > 1 && word[i - 1] == c[j - 2] &&
+            word[i - 2] == c[j - 1]) {
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+      }
+    }
+    if (d[word.size()][c.size()] < best_distance) {
+      best_distance = d[word.size()][c.size()];
+      best = c;
+    }
+  }
+  return best;
+}
+
+// " (did you mean X?)" or "".
+std::string DidYouMean(const std::string& word,
+                       const std::vector<std::string>& candidates,
+                       const std::string& prefix = "") {
+  const std::string nearest = Nearest(word, candidates);
+  return nearest.empty()
+             ? std::string()
+             : absl::StrCat(" (did you mean ", prefix, nearest, "?)");
+}
+
 const CommandHelp* FindCommand(const std::string& name) {
   for (const CommandHelp& c : Commands()) {
     if (name == c.name) return &c;
@@ -954,11 +996,21 @@ absl::Status ScanCommandLine(int argc, char** argv, std::string* command,
       }
     }
     if (flag == nullptr) {
+      // Suggest among the command's flags and the common ones (every
+      // command's when no command is known yet).
+      std::vector<std::string> known(std::begin(kCommonFlags),
+                                     std::end(kCommonFlags));
+      for (const CommandHelp& c : Commands()) {
+        if (!command->empty() && *command != c.name) continue;
+        known.insert(known.end(), c.flags.begin(), c.flags.end());
+      }
+      const std::string hint = DidYouMean(name, known, "--");
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown flag --", name,
-          command->empty() ? std::string()
-                           : absl::StrCat(" (sluicectl ", *command,
-                                          " --help lists its flags)")));
+          !hint.empty()      ? hint
+          : command->empty() ? std::string()
+                             : absl::StrCat(" (sluicectl ", *command,
+                                            " --help lists its flags)")));
     }
     if (!has_value && !flag->IsOfType<bool>()) value_next = true;
     flags->push_back(name);
@@ -1063,5 +1115,8 @@ int main(int argc, char** argv) {
   if (command == "demo") return DemoCommand(args);
   if (command == "once") return OnceCommand(args);
   if (command == "barrier") return BarrierCommand(args);
-  return Usage("unknown command \"" + command + "\"");
+  std::vector<std::string> names;
+  for (const CommandHelp& c : Commands()) names.push_back(c.name);
+  return Usage("unknown command \"" + command + "\"" +
+               DidYouMean(command, names));
 }

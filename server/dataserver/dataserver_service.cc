@@ -264,6 +264,10 @@ std::shared_ptr<const std::vector<uint16_t>> DataServerService::LabelsFor(
   auto labels = std::make_shared<const std::vector<uint16_t>>(
       WindowLabels(sizes, unit.window_order()));
   absl::MutexLock lock(&mu_);
+  // Another stream may have computed the same window meanwhile.
+  for (const auto& [k, v] : labels_) {
+    if (k == key) return v;
+  }
   labels_.emplace_front(std::move(key), labels);
   if (labels_.size() > kMaxWindows) labels_.pop_back();
   return labels;

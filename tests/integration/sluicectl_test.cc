@@ -333,6 +333,14 @@ TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
   EXPECT_THAT(busy.output, HasSubstr("cannot listen on --listen="));
   CtlRun unknown_command = Ctl(dir, {"frobnicate"});
   EXPECT_EQ(unknown_command.code, 2);
+  EXPECT_THAT(unknown_command.output, Not(HasSubstr("did you mean")));
+  // A typo gets the nearest command or flag as a suggestion.
+  CtlRun typo = Ctl(dir, {"stauts", c});
+  EXPECT_EQ(typo.code, 2);
+  EXPECT_THAT(typo.output, HasSubstr("(did you mean status?)"));
+  CtlRun flag_typo = Ctl(dir, {"job", "create", "--nmae=x", c});
+  EXPECT_EQ(flag_typo.code, 2);
+  EXPECT_THAT(flag_typo.output, HasSubstr("(did you mean --name?)"));
   CtlRun help = Ctl(dir, {"job", "--help"});
   EXPECT_EQ(help.code, 0);
   EXPECT_THAT(help.output, HasSubstr("Exit codes"));
