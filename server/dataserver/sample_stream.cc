@@ -273,19 +273,26 @@ absl::Status SampleStream::OpenLocked() {
 
 void SampleStream::OnShard(
     size_t piece, absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
-  if (!shard.ok()) {
-    Fail(shard.status());
-    return;
-  }
   {
     absl::MutexLock lock(&mu_);
-    if (cancelled_) {
+    // Cancelled, or ended by another piece that could not be opened: the
+    // pieces still arriving are dropped.
+    if (cancelled_ || read_all_) {
       producing_ = false;
       return;
     }
-    pieces_[piece].shard = *std::move(shard);
-    // Production resumes once every piece is open.
-    if (--pieces_missing_ > 0) return;
+    if (!shard.ok()) {
+      // The first piece that fails ends the stream (Fail sets read_all_).
+      read_all_ = true;
+    } else {
+      pieces_[piece].shard = *std::move(shard);
+      // Production resumes once every piece is open.
+      if (--pieces_missing_ > 0) return;
+    }
+  }
+  if (!shard.ok()) {
+    Fail(shard.status());
+    return;
   }
   service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
 }

@@ -394,6 +394,82 @@ TEST_F(WindowUnitTest, BadWindowsAreRefusedNamingTheShard) {
                        HasSubstr("lease.unit.pieces[1]")));
 }
 
+// A store whose every shard is remote: opens wait until the test releases
+// them, in any order; a URL in `fail` is NOT_FOUND.
+class HeldRemoteStore : public ShardStore {
+ public:
+  explicit HeldRemoteStore(std::unique_ptr<ShardStore> inner)
+      : inner_(std::move(inner)) {}
+  using ShardStore::Open;
+  absl::StatusOr<std::shared_ptr<const ShardData>> Open(
+      const ShardRef& shard) override {
+    return inner_->Open(shard);
+  }
+  bool IsRemote(absl::string_view) const override { return true; }
+  void OpenAsync(const ShardRef& shard, OpenCallback done) override {
+    absl::MutexLock lock(&mu_);
+    held_.emplace_back(shard, std::move(done));
+  }
+  // Waits for `n` opens, then answers them last first.
+  void ReleaseInReverse(size_t n, const std::string& fail = "") {
+    std::vector<std::pair<ShardRef, OpenCallback>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      wanted_ = n;
+      mu_.Await(absl::Condition(this, &HeldRemoteStore::Enough));
+      held.swap(held_);
+    }
+    for (auto it = held.rbegin(); it != held.rend(); ++it) {
+      if (it->first.url == fail) {
+        it->second(absl::NotFoundError("no " + fail));
+      } else {
+        it->second(inner_->Open(it->first));
+      }
+    }
+  }
+
+ private:
+  bool Enough() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return held_.size() >= wanted_;
+  }
+  std::unique_ptr<ShardStore> inner_;
+  absl::Mutex mu_;
+  std::vector<std::pair<ShardRef, OpenCallback>> held_ ABSL_GUARDED_BY(mu_);
+  size_t wanted_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Remote pieces are opened in parallel; the stream starts once the last
+// arrives, whatever their order, and the first one that fails ends it.
+TEST_F(WindowUnitTest, RemotePiecesOpenInAnyOrderAndAFailureEndsTheStream) {
+  for (const std::string& fail : {std::string(), urls_[1]}) {
+    auto local = LocalShardStore::Create({dir_.path()});
+    ASSERT_OK(local.status());
+    auto held = std::make_unique<HeldRemoteStore>(*std::move(local));
+    HeldRemoteStore* store = held.get();
+    DataServerOptions options;
+    options.store = std::move(held);
+    options.decode_threads = 2;
+    auto service = DataServerService::Create(std::move(options));
+    ASSERT_OK(service.status());
+    auto stream = (*service)->ReadSamples(WindowRequest(0, 15));
+    ASSERT_OK(stream.status());
+    absl::StatusOr<std::vector<v1::SampleBatch>> batches;
+    std::thread reader([&] { batches = ReadAll(**stream); });
+    store->ReleaseInReverse(3, fail);
+    reader.join();
+    if (!fail.empty()) {
+      EXPECT_THAT(batches.status(),
+                  StatusIs(absl::StatusCode::kNotFound, HasSubstr(fail)));
+      continue;
+    }
+    ASSERT_OK(batches.status());
+    std::vector<std::pair<int, int>> got;
+    for (const v1::Sample& s : Samples(*batches))
+      got.emplace_back(s.piece(), static_cast<int>(s.index()));
+    EXPECT_EQ(got, Expected());
+  }
+}
+
 TEST_F(WindowUnitTest, TheTokenSignsThePieces) {
   Make("s3cret");
   auto r = WindowRequest(0, 15);
