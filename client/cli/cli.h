@@ -40,6 +40,8 @@ std::unique_ptr<grpc::ClientContext> Deadline();
 
 // Subcommands; `args` are the positional words after the subcommand name.
 int JobCommand(const std::vector<std::string>& args);
+// The values of every --source flag (job create), in order.
+std::vector<std::string>& SourceArgs();
 int StatusCommand(const std::vector<std::string>& args);
 int ReadCommand(const std::vector<std::string>& args);
 int HealthCommand(const std::vector<std::string>& args);

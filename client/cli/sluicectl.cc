@@ -25,6 +25,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -67,6 +68,12 @@ ABSL_FLAG(int64_t, max_samples_per_lease, 0,
 ABSL_FLAG(int32_t, shuffle_window, 0,
           "job create: shards mixed into each shuffle window (0 = the "
           "coordinator's default of 32; 1 = shard order only).");
+ABSL_FLAG(int64_t, samples_per_epoch, 0,
+          "job create: samples per epoch of a job with --source flags "
+          "(required with weights; 0 = the sum of their samples=).");
+// `--source name=N,manifest=FILE,weight=W|samples=N[,on_exhausted=stop]`
+// may repeat; main() takes every one out of argv before the flags are
+// parsed.
 // read
 ABSL_FLAG(std::string, job, "", "read: job name.");
 ABSL_FLAG(int32_t, rank, 0, "read: rank.");
@@ -259,6 +266,18 @@ void PrintJob(const v1::Job& job, bool order = true) {
       static_cast<long long>(s.samples_per_epoch()), job.spec().world_size(),
       s.num_shards());
   if (!order) return;
+  if (job.spec().sources_size() > 0) {
+    std::vector<std::string> parts;
+    for (const v1::Source& src : job.spec().sources()) {
+      parts.push_back(
+          src.samples_per_epoch() > 0
+              ? absl::StrCat(src.name(), " ", src.samples_per_epoch())
+              : absl::StrCat(src.name(), " x", src.weight()));
+    }
+    std::printf("%-20s sources: %s per epoch of %lld, interleaved\n", "",
+                absl::StrJoin(parts, ", ").c_str(),
+                static_cast<long long>(job.spec().samples_per_epoch()));
+  }
   if (!job.spec().shuffle()) {
     std::printf("%-20s order: manifest order every epoch\n", "");
   } else if (job.spec().shuffle_window() > 1) {
@@ -281,6 +300,85 @@ void PrintJobOrJson(const v1::Job& job) {
 
 }  // namespace
 
+std::vector<std::string>& SourceArgs() {
+  static auto* sources = new std::vector<std::string>();
+  return *sources;
+}
+
+namespace {
+
+absl::Status ReadManifestInto(const std::string& path, const std::string& flag,
+                              v1::Manifest* manifest) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr)
+    return absl::NotFoundError(absl::StrCat(flag, ": cannot read ", path));
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+  std::fclose(f);
+  auto parsed = google::protobuf::util::JsonStringToMessage(text, manifest);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": ", parsed.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// One --source value: comma-separated key=value pairs.
+absl::Status ParseSource(const std::string& text, v1::Source* source) {
+  const std::string flag = absl::StrCat("--source ", text);
+  bool has_manifest = false;
+  for (absl::string_view pair : absl::StrSplit(text, ',')) {
+    const size_t eq = pair.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": \"", pair, "\" is not key=value"));
+    }
+    const std::string key(pair.substr(0, eq));
+    const std::string value(pair.substr(eq + 1));
+    if (key == "name") {
+      source->set_name(value);
+    } else if (key == "manifest") {
+      RETURN_IF_ERROR(
+          ReadManifestInto(value, flag, source->mutable_manifest()));
+      has_manifest = true;
+    } else if (key == "weight") {
+      double w = 0;
+      if (!absl::SimpleAtod(value, &w)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, ": weight \"", value, "\" is not a number"));
+      }
+      source->set_weight(w);
+    } else if (key == "samples") {
+      int64_t n = 0;
+      if (!absl::SimpleAtoi(value, &n)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, ": samples \"", value, "\" is not an integer"));
+      }
+      source->set_samples_per_epoch(n);
+    } else if (key == "on_exhausted") {
+      if (value != "repeat" && value != "stop") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, ": on_exhausted must be repeat or stop"));
+      }
+      source->set_on_exhausted(value == "stop" ? v1::ON_EXHAUSTED_STOP
+                                               : v1::ON_EXHAUSTED_REPEAT);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": unknown key \"", key,
+                       "\" (name, manifest, weight, samples, on_exhausted)"));
+    }
+  }
+  if (source->name().empty() || !has_manifest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": give at least name= and manifest="));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 int JobCommand(const std::vector<std::string>& args) {
   if (args.empty()) return Usage("job: create | get NAME | list | delete NAME");
   auto stub = CoordinatorStub(absl::GetFlag(FLAGS_coordinator));
@@ -291,21 +389,24 @@ int JobCommand(const std::vector<std::string>& args) {
     spec->set_name(absl::GetFlag(FLAGS_name));
     if (spec->name().empty()) return Usage("job create: --name is required");
     const std::string manifest = absl::GetFlag(FLAGS_manifest);
-    if (manifest.empty()) return Usage("job create: --manifest is required");
-    FILE* f = std::fopen(manifest.c_str(), "rb");
-    if (f == nullptr)
-      return Fail(absl::NotFoundError("--manifest: cannot read " + manifest));
-    std::string text;
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
-    std::fclose(f);
-    auto parsed = google::protobuf::util::JsonStringToMessage(
-        text, spec->mutable_manifest());
-    if (!parsed.ok()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--manifest ", manifest, ": ", parsed.ToString())));
+    if (manifest.empty() == SourceArgs().empty()) {
+      return Usage(
+          "job create: give --manifest, or one --source per dataset to mix");
     }
+    if (!manifest.empty()) {
+      absl::Status read =
+          ReadManifestInto(manifest, "--manifest", spec->mutable_manifest());
+      if (!read.ok()) return Fail(read);
+    }
+    for (const std::string& text : SourceArgs()) {
+      absl::Status parsed = ParseSource(text, spec->add_sources());
+      if (!parsed.ok()) {
+        return parsed.code() == absl::StatusCode::kInvalidArgument
+                   ? Usage(std::string(parsed.message()))
+                   : Fail(parsed);
+      }
+    }
+    spec->set_samples_per_epoch(absl::GetFlag(FLAGS_samples_per_epoch));
     spec->set_world_size(absl::GetFlag(FLAGS_world_size));
     spec->set_num_epochs(absl::GetFlag(FLAGS_epochs));
     spec->set_seed(absl::GetFlag(FLAGS_seed));
@@ -458,6 +559,16 @@ int StatusCommand(const std::vector<std::string>& args) {
           static_cast<long long>(most - r.consumed()), r.live_leases(),
           r.sessions());
     }
+    for (const v1::SourceStatus& src : job.status().sources()) {
+      std::printf(
+          "  source %-14s %8lld / %-8lld consumed  pass %lld at %lld/%lld%s\n",
+          src.name().c_str(), static_cast<long long>(src.consumed_in_epoch()),
+          static_cast<long long>(src.samples_in_epoch()),
+          static_cast<long long>(src.pass()),
+          static_cast<long long>(src.pass_position()),
+          static_cast<long long>(src.num_samples()),
+          src.stopped() ? "  (stopped: used up)" : "");
+    }
   }
   return kOk;
 }
@@ -544,6 +655,9 @@ int ReadCommand(const std::vector<std::string>& args) {
     }
     std::string line = absl::StrCat(
         "{\"epoch\":", s.epoch, ",\"rank\":", s.rank,
+        s.source.empty()
+            ? ""
+            : absl::StrCat(",\"source\":\"", JsonEscape(s.source), "\""),
         ",\"shard\":", s.shard_index, ",\"index\":", s.index, ",\"key\":\"",
         JsonEscape(s.key), "\",\"fields\":{", fields, "}",
         s.skipped ? absl::StrCat(",\"skipped\":true,\"skip_reason\":\"",
@@ -773,6 +887,8 @@ Commands:
                             index (remote) shards through a data server
   job create --name N --manifest FILE [--world_size --epochs --mode --remainder
              --seed --[no]shuffle --shuffle_window --lease_ttl --on_corrupt]
+  job create --name N --source name=A,manifest=FILE,weight=0.7 --source ...
+             --samples_per_epoch N      a job mixing several datasets
   job get NAME | job list | job delete NAME
   status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
                             live data servers
@@ -840,12 +956,16 @@ const std::vector<CommandHelp>& Commands() {
        "sluicectl job create --name N --manifest FILE [--world_size --epochs "
        "--mode --remainder --seed --[no]shuffle --lease_ttl --on_corrupt "
        "--max_samples_per_lease --shuffle_window]\n"
+       "sluicectl job create --name N --source name=A,manifest=FILE,weight=W "
+       "--source name=B,manifest=FILE,weight=W[,on_exhausted=stop] "
+       "--samples_per_epoch N [...]\n"
+       "  (a source takes weight= or samples=; on_exhausted=repeat|stop)\n"
        "sluicectl job get NAME | job list | job delete NAME\n  Creates, shows "
        "and deletes jobs (create and delete need --admin_token_file on a "
        "secured coordinator).",
        {"name", "manifest", "world_size", "epochs", "mode", "remainder", "seed",
         "shuffle", "lease_ttl", "on_corrupt", "max_samples_per_lease",
-        "shuffle_window", "admin_token_file"}},
+        "shuffle_window", "samples_per_epoch", "admin_token_file"}},
       {"status",
        "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "
        "lag behind the most advanced rank, leases, sessions, live data "
@@ -1043,6 +1163,35 @@ int main(int argc, char** argv) {
     }
     std::fputs(kHelpText, stdout);
     return argc < 2 ? kUsage : kOk;
+  }
+  // --source may repeat, and its value holds commas: take every one out
+  // before the flags are parsed (only `job create` takes it).
+  std::vector<char*> argv_kept(argv, argv + argc);
+  for (size_t i = 1; i < argv_kept.size();) {
+    const std::string a = argv_kept[i];
+    if (a == "--") break;
+    if (a == "--source" || a == "-source") {
+      if (i + 1 >= argv_kept.size()) return Usage("--source needs a value");
+      SourceArgs().push_back(argv_kept[i + 1]);
+      argv_kept.erase(argv_kept.begin() + static_cast<std::ptrdiff_t>(i),
+                      argv_kept.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+    } else if (absl::StartsWith(a, "--source=") ||
+               absl::StartsWith(a, "-source=")) {
+      SourceArgs().push_back(a.substr(a.find('=') + 1));
+      argv_kept.erase(argv_kept.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  argc = static_cast<int>(argv_kept.size());
+  argv_kept.push_back(nullptr);
+  argv = argv_kept.data();
+  if (!SourceArgs().empty()) {
+    std::vector<std::string> words;
+    for (int i = 1; i < argc && words.size() < 2; ++i)
+      if (argv[i][0] != '-') words.push_back(argv[i]);
+    if (words.size() < 2 || words[0] != "job" || words[1] != "create")
+      return Usage("--source applies to `job create` only");
   }
   // Every flag must exist and belong to the command it is given to.
   {

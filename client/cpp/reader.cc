@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -360,6 +361,8 @@ class ReaderImpl final : public Reader {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;
+  // A job with sources: their names (from its leases), for cursors.
+  std::vector<std::string> source_names_ ABSL_GUARDED_BY(mu_);
   bool resume_done_ ABSL_GUARDED_BY(mu_) =
       false;  // the cursor reached a Welcome
   bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
@@ -743,6 +746,10 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         break;
       case CoordinatorMessage::kGrant: {
         const v1::Lease& lease = m.grant().lease();
+        if (lease.unit().mix_size() > 0 && source_names_.empty()) {
+          for (const v1::MixSource& src : lease.unit().mix())
+            source_names_.push_back(src.name());
+        }
         auto final = finals_.find(lease.lease_id());
         if (final != finals_.end()) {
           resend = final->second.message;  // re-announced after a reconnect
@@ -882,6 +889,9 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
       const int piece = std::clamp(s.piece(), 0, unit.pieces_size() - 1);
       out.shard_index = unit.pieces(piece).shard_index();
       out.shard_url = unit.pieces(piece).url();
+      const int source = unit.pieces(piece).source();
+      if (source >= 0 && source < unit.mix_size())
+        out.source = unit.mix(source).name();
     } else {
       out.shard_index = unit.shard_index();
       out.shard_url = unit.shard_url();
@@ -1153,6 +1163,7 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
   {
     absl::MutexLock lock(&mu_);
     world_size = world_size_;
+    for (const std::string& name : source_names_) cursor.add_sources(name);
   }
   cursor.set_world_size(world_size);
   const int32_t workers = std::max(options_.num_workers, 1);
@@ -1215,6 +1226,17 @@ absl::StatusOr<v1::Cursor> MergeCursors(
           c.workers_per_rank(), ", cursor 0 is job ", merged.job(), " epoch ",
           merged.epoch(), " world_size ", merged.world_size(),
           " workers_per_rank ", merged.workers_per_rank()));
+    }
+    if (c.sources_size() > 0) {
+      if (merged.sources_size() > 0 &&
+          !std::equal(c.sources().begin(), c.sources().end(),
+                      merged.sources().begin(), merged.sources().end())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("MergeCursors: cursor ", i, " names other sources (",
+                         absl::StrJoin(c.sources(), ", "), ") than cursor 0 (",
+                         absl::StrJoin(merged.sources(), ", "), ")"));
+      }
+      *merged.mutable_sources() = c.sources();
     }
     for (int r = 0; r < c.consumed_per_worker_size(); ++r) {
       const int64_t mine = merged.consumed_per_worker(r),

@@ -56,6 +56,26 @@ std::string CanonicalLeaseBytes(const v1::Lease& lease) {
       PutString(&out, p.checksum());
     }
   }
+  // Mixed units only, likewise.
+  if (lease.unit().mix_size() > 0 || lease.unit().segments_size() > 0) {
+    PutString(&out, "mix");
+    PutInt(&out, lease.unit().mix_size());
+    for (const v1::MixSource& m : lease.unit().mix()) {
+      PutString(&out, m.name());
+      PutInt(&out, m.epoch_samples());
+    }
+    PutInt(&out, lease.unit().segments_size());
+    for (const v1::MixSegment& g : lease.unit().segments()) {
+      PutInt(&out, g.source());
+      PutInt(&out, g.first_piece());
+      PutInt(&out, g.num_pieces());
+      PutInt(&out, static_cast<int64_t>(g.window_order()));
+      PutInt(&out, g.begin());
+      PutInt(&out, g.end());
+    }
+    for (const v1::WindowPiece& p : lease.unit().pieces())
+      PutInt(&out, p.source());
+  }
   return out;
 }
 

@@ -100,7 +100,41 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
           r, "sluice_coordinator_rank_skew_samples",
           "Samples of the current epoch the most advanced rank has consumed "
           "beyond the least advanced one (jobs with a world size). A value "
-          "that keeps growing is a straggling rank.")) {}
+          "that keeps growing is a straggling rank.")),
+      source_epoch_total_(GaugeFamily(
+          r, "sluice_coordinator_source_epoch_samples",
+          "Samples a mixed job's source contributes to the current epoch.")),
+      source_epoch_done_(GaugeFamily(
+          r, "sluice_coordinator_source_epoch_samples_completed",
+          "Samples of a mixed job's source acknowledged in the current "
+          "epoch.")),
+      source_consumed_(CounterFamily(
+          r, "sluice_coordinator_source_samples_consumed_total",
+          "Samples of a mixed job's source acknowledged, over all epochs "
+          "(since this coordinator started leading).")) {}
+
+void CoordinatorMetrics::SetSource(const std::string& job,
+                                   const std::string& source,
+                                   int64_t epoch_samples,
+                                   int64_t epoch_consumed,
+                                   int64_t consumed_total) {
+  auto key = std::make_pair(job, source);
+  auto it = sources_.find(key);
+  if (it == sources_.end()) {
+    const prometheus::Labels labels = {{"sluice_job", job}, {"source", source}};
+    Source series{&source_epoch_total_.Add(labels),
+                  &source_epoch_done_.Add(labels),
+                  &source_consumed_.Add(labels), 0};
+    it = sources_.emplace(std::move(key), series).first;
+  }
+  Source& s = it->second;
+  s.epoch_samples->Set(static_cast<double>(epoch_samples));
+  s.epoch_completed->Set(static_cast<double>(epoch_consumed));
+  if (consumed_total > s.exported) {
+    s.consumed->Increment(static_cast<double>(consumed_total - s.exported));
+    s.exported = consumed_total;
+  }
+}
 
 const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(
     const std::string& job) {
@@ -131,6 +165,16 @@ void CoordinatorMetrics::RemoveJob(const std::string& job) {
   sessions_.Remove(s.sessions);
   rank_skew_.Remove(s.rank_skew);
   jobs_.erase(it);
+  for (auto src = sources_.begin(); src != sources_.end();) {
+    if (src->first.first != job) {
+      ++src;
+      continue;
+    }
+    source_epoch_total_.Remove(src->second.epoch_samples);
+    source_epoch_done_.Remove(src->second.epoch_completed);
+    source_consumed_.Remove(src->second.consumed);
+    src = sources_.erase(src);
+  }
 }
 
 }  // namespace sluice

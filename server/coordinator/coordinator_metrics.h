@@ -1,7 +1,8 @@
 // Prometheus metrics of the coordinator (prometheus-cpp). Names follow
 // Prometheus conventions: base units, `_total` counters, `_seconds`
-// histograms; the only label is `sluice_job`, the job name (bounded by the
-// number of jobs; not `job`, which Prometheus sets to the scrape job).
+// histograms; the labels are `sluice_job`, the job name (bounded by the
+// number of jobs; not `job`, which Prometheus sets to the scrape job), and
+// `source` for a mixed job's sources.
 #ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 #define SLUICE_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 
@@ -35,6 +36,12 @@ class CoordinatorMetrics {
   };
   // Not thread-safe: the coordinator calls it under its mutex.
   const Job& ForJob(const std::string& job);
+  // A mixed job's source: its share and progress in the current epoch, and
+  // the samples it has had consumed (a running total, exported as a
+  // counter). Same locking as ForJob.
+  void SetSource(const std::string& job, const std::string& source,
+                 int64_t epoch_samples, int64_t epoch_consumed,
+                 int64_t consumed_total);
   // Drops a deleted job's series (so its gauges do not linger at their last
   // values). Same locking as ForJob.
   void RemoveJob(const std::string& job);
@@ -67,7 +74,17 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& resumes_;
   prometheus::Family<prometheus::Gauge>& sessions_;
   prometheus::Family<prometheus::Gauge>& rank_skew_;
+  prometheus::Family<prometheus::Gauge>& source_epoch_total_;
+  prometheus::Family<prometheus::Gauge>& source_epoch_done_;
+  prometheus::Family<prometheus::Counter>& source_consumed_;
   std::map<std::string, Job> jobs_;
+  struct Source {
+    prometheus::Gauge* epoch_samples;
+    prometheus::Gauge* epoch_completed;
+    prometheus::Counter* consumed;
+    int64_t exported = 0;  // consumed_total already added to `consumed`
+  };
+  std::map<std::pair<std::string, std::string>, Source> sources_;
 };
 
 }  // namespace sluice

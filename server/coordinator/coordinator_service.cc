@@ -465,6 +465,28 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   st->set_dropped_per_epoch(job.plan.dropped);
   st->set_total_samples(job.plan.total_samples);
   st->set_num_shards(static_cast<int32_t>(job.shard_samples.size()));
+  if (job.mix != nullptr) {
+    const std::vector<int64_t> counts = job.mix->EpochCounts(job.epoch);
+    int32_t shards = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const MixSourceShape& src = job.mix->sources()[i];
+      const auto s = static_cast<int32_t>(i);
+      shards += static_cast<int32_t>(src.shard_samples.size());
+      v1::SourceStatus* ss = st->add_sources();
+      ss->set_name(src.name);
+      ss->set_samples_in_epoch(counts[i]);
+      ss->set_consumed_in_epoch(job.done ? counts[i]
+                                : job.consumed_per_source.size() > i
+                                    ? job.consumed_per_source[i]
+                                    : 0);
+      const auto [pass, position] = job.mix->StreamPosition(s, job.epoch, 0);
+      ss->set_pass(pass);
+      ss->set_pass_position(position);
+      ss->set_num_samples(src.num_samples());
+      ss->set_stopped(src.stop && counts[i] < src.per_epoch);
+    }
+    st->set_num_shards(shards);
+  }
   for (int32_t r = 0; r < job.plan.num_ranks; ++r) {
     v1::RankStatus* rs = st->add_ranks();
     rs->set_rank(r);
@@ -495,7 +517,10 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
   out.set_rank(job.spec.world_size() > 0 ? lease.rank : -1);
   v1::WorkUnit* unit = out.mutable_unit();
   unit->set_shard_index(lease.shard_index);
-  if (UsesWindows(job.options)) {
+  if (job.mix != nullptr) {
+    MixUnitToProto(*job.mix, job.spec, lease.epoch, lease.begin, lease.end,
+                   unit);
+  } else if (UsesWindows(job.options)) {
     const ShuffleWindow& window = WindowsLocked(job).at(lease.shard_index);
     unit->set_window_order(window.order_seed);
     for (int32_t index : window.shards) {
@@ -1196,6 +1221,18 @@ const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
 
 std::string CoordinatorService::RouteLocked(const JobData& job,
                                             int32_t shard_index) {
+  if (job.mix != nullptr) {
+    // By the shard the block's first position reads.
+    const int64_t at = shard_index * job.mix->block_samples();
+    const std::vector<MixPlan::Segment> first =
+        job.mix->Segments(job.epoch, at, at + 1);
+    if (first.empty() || first[0].window->shards.empty())
+      return data_servers_.Pick("");
+    return data_servers_.Pick(job.spec.sources(first[0].source)
+                                  .manifest()
+                                  .shards(first[0].window->shards[0])
+                                  .url());
+  }
   if (!UsesWindows(job.options))
     return data_servers_.Pick(job.spec.manifest().shards(shard_index).url());
   const ShuffleWindow& window = WindowsLocked(job).at(shard_index);
@@ -1212,6 +1249,8 @@ void CoordinatorService::HintUpcomingLocked(const JobData& job,
   int looked = 0;
   for (const Piece& piece : queue) {
     if (++looked > options_.prefetch_hint_units) break;
+    // Remote shards of mixed jobs are fetched when a unit is read.
+    if (job.mix != nullptr) break;
     // A window's shards all go to the server its units are routed to.
     std::vector<int32_t> shards{piece.shard_index};
     if (UsesWindows(job.options))
@@ -1369,6 +1408,17 @@ void CoordinatorService::UpdateGaugesLocked() {
     series.epoch_samples->Set(static_cast<double>(job.served_per_epoch()));
     series.epoch_completed->Set(static_cast<double>(job.consumed_total));
     series.epoch->Set(static_cast<double>(job.epoch));
+    if (job.mix != nullptr) {
+      const std::vector<int64_t> counts = job.mix->EpochCounts(job.epoch);
+      for (size_t s = 0; s < counts.size(); ++s) {
+        m->SetSource(
+            name, job.mix->sources()[s].name, counts[s],
+            s < job.consumed_per_source.size() ? job.consumed_per_source[s] : 0,
+            s < job.consumed_per_source_total.size()
+                ? job.consumed_per_source_total[s]
+                : 0);
+      }
+    }
   }
 }
 

@@ -63,6 +63,31 @@ PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec) {
 
 namespace {
 
+// Counts positions [begin, end) of the job's epoch towards their sources.
+// `newly`: acknowledged now, not rebuilt from a log.
+void CountSources(JobData& job, int64_t begin, int64_t end,
+                  bool newly = false) {
+  if (job.mix == nullptr || end <= begin) return;
+  const std::vector<int64_t> n = job.mix->SourceCounts(job.epoch, begin, end);
+  job.consumed_per_source.resize(n.size(), 0);
+  job.consumed_per_source_total.resize(n.size(), 0);
+  for (size_t s = 0; s < n.size(); ++s) {
+    job.consumed_per_source[s] += n[s];
+    if (newly) job.consumed_per_source_total[s] += n[s];
+  }
+}
+
+// The dataset's shape and plan options from the job's spec.
+void InitShape(JobData& job) {
+  job.shard_samples.clear();
+  for (const v1::Shard& s : job.spec.manifest().shards())
+    job.shard_samples.push_back(s.num_samples());
+  job.options = PlanOptionsFromSpec(job.spec);
+  job.mix = MixPlanFromSpec(job.spec, job.options);
+  job.consumed_per_source.assign(
+      job.mix != nullptr ? job.mix->sources().size() : 0, 0);
+}
+
 DurableLease LeaseFromRecord(const v1::internal::LeaseGranted& g) {
   DurableLease lease;
   lease.lease_id = g.lease_id();
@@ -128,11 +153,13 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   job.replan_sequence.clear();
   job.epoch = epoch;
   job.done = job.spec.num_epochs() > 0 && epoch >= job.spec.num_epochs();
-  job.plan = PlanEpoch(job.shard_samples, job.options, epoch);
+  job.plan = job.PlanOf(job.options, epoch);
   job.ack_log.assign(job.plan.num_slots(), {});
   job.acked.clear();
   job.consumed_per_slot.assign(job.plan.num_slots(), 0);
   job.consumed_total = 0;
+  job.consumed_per_source.assign(
+      job.mix != nullptr ? job.mix->sources().size() : 0, 0);
   job.leases.clear();
 }
 
@@ -195,6 +222,7 @@ absl::Status CoordinatorState::Apply(
           known_slot ? job.plan.SlotOf(a.rank(), a.worker()) : -1;
       if (known_slot) job.consumed_per_slot[slot] += a.consumed();
       job.consumed_total += a.consumed();
+      CountSources(job, a.begin(), a.begin() + a.consumed(), /*newly=*/true);
       if (a.consumed() > 0 && known_slot) {
         std::vector<AckedRange>& log = job.ack_log[slot];
         if (!log.empty() && log.back().sequence == a.sequence() &&
@@ -247,9 +275,21 @@ absl::Status CoordinatorState::CheckResume(
   if (source != target) {
     const v1::JobSpec& a = source->spec;
     const v1::JobSpec& b = target->spec;
+    auto same_sources = [&] {
+      if (a.sources_size() != b.sources_size() ||
+          a.samples_per_epoch() != b.samples_per_epoch())
+        return false;
+      for (int i = 0; i < a.sources_size(); ++i) {
+        if (!google::protobuf::util::MessageDifferencer::Equals(a.sources(i),
+                                                                b.sources(i)))
+          return false;
+      }
+      return true;
+    };
     const char* differs = !google::protobuf::util::MessageDifferencer::Equals(
                               a.manifest(), b.manifest())
                               ? "manifest"
+                          : !same_sources()            ? "sources"
                           : a.seed() != b.seed()       ? "seed"
                           : a.shuffle() != b.shuffle() ? "shuffle"
                           : a.shuffle_window() != b.shuffle_window()
@@ -261,6 +301,23 @@ absl::Status CoordinatorState::CheckResume(
           " than job ", resume.job(),
           "; a cursor moves only between jobs over the same data order"));
     }
+  }
+  for (int i = 0; i < c.sources_size(); ++i) {
+    const auto& sources = target->spec.sources();
+    if (i >= sources.size() || sources[i].name() != c.sources(i)) {
+      std::string names;
+      for (const v1::Source& src : sources)
+        absl::StrAppend(&names, names.empty() ? "" : ", ", src.name());
+      return absl::InvalidArgumentError(
+          absl::StrCat("hello.cursor.sources[", i, "]: source \"", c.sources(i),
+                       "\" is not source ", i, " of job ", resume.job(),
+                       " (its sources: ", names.empty() ? "none" : names, ")"));
+    }
+  }
+  if (c.sources_size() > 0 && c.sources_size() != target->spec.sources_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.cursor.sources names ", c.sources_size(), " sources but job ",
+        resume.job(), " has ", target->spec.sources_size()));
   }
   if (c.world_size() != source->spec.world_size()) {
     return absl::InvalidArgumentError(
@@ -378,9 +435,12 @@ absl::Status CoordinatorState::ApplyResume(
   target.acked = std::move(consumed);
   target.consumed_per_slot.assign(target.plan.num_slots(), 0);
   target.consumed_total = 0;
+  target.consumed_per_source.assign(
+      target.mix != nullptr ? target.mix->sources().size() : 0, 0);
   for (size_t r = 0; r < kept.size(); ++r) {
     target.consumed_per_slot[r] = LogSize(kept[r]);
     target.consumed_total += target.consumed_per_slot[r];
+    for (const AckedRange& a : kept[r]) CountSources(target, a.begin, a.end);
   }
   target.ack_log = std::move(kept);
   target.last_resume = resume;
@@ -408,10 +468,11 @@ absl::Status CoordinatorState::ApplyWorkersSet(
     job.replanned = true;
     job.acked.clear();
     job.consumed_total = 0;
+    job.consumed_per_source.assign(job.consumed_per_source.size(), 0);
   }
   job.plan = job.replanned
                  ? PlanSequence(job.replan_sequence, job.options, job.epoch)
-                 : PlanEpoch(job.shard_samples, job.options, job.epoch);
+                 : job.PlanOf(job.options, job.epoch);
   job.ack_log.assign(job.plan.num_slots(), {});
   job.consumed_per_slot.assign(job.plan.num_slots(), 0);
   return absl::OkStatus();
@@ -457,7 +518,7 @@ void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job,
   PlanOptions options = job.options;
   options.workers_per_rank = std::max(in.workers_per_rank(), 1);
   *plan = in.replanned() ? PlanSequence(*sequence, options, in.epoch())
-                         : PlanEpoch(job.shard_samples, options, in.epoch());
+                         : job.PlanOf(options, in.epoch());
   log->assign(plan->num_slots(), {});
   for (int r = 0; r < in.ack_log_size() && r < plan->num_slots(); ++r) {
     for (const auto& a : in.ack_log(r).ranges()) {
@@ -519,9 +580,7 @@ absl::Status CoordinatorState::ApplySnapshot(
     next_fence_floor_ = std::max(next_fence_floor_, j.next_fence());
     JobData job;
     job.spec = j.spec();
-    for (const v1::Shard& s : job.spec.manifest().shards())
-      job.shard_samples.push_back(s.num_samples());
-    job.options = PlanOptionsFromSpec(job.spec);
+    InitShape(job);
     job.create_time_unix_ms = j.create_time_unix_ms();
     job.epoch = j.current().epoch();
     job.done = j.done();
@@ -542,6 +601,7 @@ absl::Status CoordinatorState::ApplySnapshot(
         job.acked[a.sequence].Add(a.begin, a.end);
         job.consumed_per_slot[r] += a.end - a.begin;
         job.consumed_total += a.end - a.begin;
+        CountSources(job, a.begin, a.end);
       }
     }
     for (const v1::internal::LeaseSnapshot& ls : j.leases()) {
@@ -559,9 +619,7 @@ absl::Status CoordinatorState::ApplySnapshot(
 }
 
 void CoordinatorState::AddJob(JobData job, int64_t create_time_unix_ms) {
-  for (const v1::Shard& s : job.spec.manifest().shards())
-    job.shard_samples.push_back(s.num_samples());
-  job.options = PlanOptionsFromSpec(job.spec);
+  InitShape(job);
   job.create_time_unix_ms = create_time_unix_ms;
   job.next_fence = next_fence_floor_;
   StartEpoch(job, 0);

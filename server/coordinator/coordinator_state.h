@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "server/coordinator/epoch_planner.h"
+#include "server/coordinator/mix_plan.h"
 #include "sluice/v1/coordinator.pb.h"
 #include "sluice/v1/journal.pb.h"
 
@@ -33,6 +34,7 @@ class IntervalSet {
   std::vector<std::pair<int64_t, int64_t>> Missing(int64_t begin,
                                                    int64_t end) const;
   int64_t Covered() const;
+  const std::map<int64_t, int64_t>& ranges() const { return ranges_; }
 
  private:
   std::map<int64_t, int64_t> ranges_;  // begin -> end
@@ -87,6 +89,8 @@ struct JobData {
   v1::JobSpec spec;  // defaults filled, manifest inline
   std::vector<int64_t> shard_samples;
   PlanOptions options;
+  // Jobs with sources: their epochs (shard_samples is then empty).
+  std::shared_ptr<const MixPlan> mix;
   int64_t create_time_unix_ms = 0;
   int64_t epoch = 0;
   bool done = false;
@@ -94,6 +98,11 @@ struct JobData {
   std::map<int64_t, IntervalSet> acked;    // sequence -> acknowledged ranges
   std::vector<int64_t> consumed_per_slot;  // [rank * workers_per_rank + worker]
   int64_t consumed_total = 0;
+  // Jobs with sources: consumed samples of `epoch` per source.
+  std::vector<int64_t> consumed_per_source;
+  // The same over all epochs acknowledged while this state ran (for the
+  // metrics; not journaled).
+  std::vector<int64_t> consumed_per_source_total;
   uint64_t next_fence = 1;
   std::map<std::string, DurableLease> leases;
   AckLog ack_log;                     // of `epoch`
@@ -105,6 +114,12 @@ struct JobData {
   // The last cursor applied (a Hello repeating it is a no-op).
   std::optional<v1::internal::JobResumed> last_resume;
 
+  // Epoch `epoch` planned with `options`: PlanEpoch over the manifest, or
+  // PlanSequence over the mixed sequence's blocks.
+  EpochPlan PlanOf(const PlanOptions& opts, int64_t epoch) const {
+    return mix != nullptr ? PlanSequence(mix->EpochSequence(epoch), opts, epoch)
+                          : PlanEpoch(shard_samples, opts, epoch);
+  }
   int64_t served_per_epoch() const {
     return plan.samples_per_rank * plan.num_ranks;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -14,6 +15,7 @@
 #include "server/common/logging.h"
 #include "server/common/shuffle_window.h"
 #include "server/common/status_macros.h"
+#include "server/dataserver/mixed_unit.h"
 
 namespace sluice::dataserver {
 namespace {
@@ -150,8 +152,22 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     RETURN_IF_ERROR(CheckFence(lease));
   }
   const v1::WorkUnit& unit = lease.unit();
-  const bool window = unit.pieces_size() > 0;
-  if (!window && unit.shard_url().empty()) {
+  const bool mixed = unit.mix_size() > 0;
+  const bool window = !mixed && unit.pieces_size() > 0;
+  std::optional<MixedOrder> mixed_order;
+  if (mixed) {
+    ASSIGN_OR_RETURN(
+        mixed_order,
+        OrderMixedUnit(lease, [this](const std::vector<int64_t>& sizes,
+                                     uint64_t order_seed) {
+          return LabelsFor(sizes, order_seed);
+        }));
+  } else if (unit.segments_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease \"", lease.lease_id(),
+                     "\": lease.unit.segments without lease.unit.mix"));
+  }
+  if (!window && !mixed && unit.shard_url().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lease \"", lease.lease_id(), "\": lease.unit.shard_url is empty"));
   }
@@ -171,9 +187,16 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
                          i, "] has an empty url or a negative num_samples"));
       }
       window_samples += p.num_samples();
+      if (window_samples > kMaxUnitLabels) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lease \"", lease.lease_id(), "\": lease.unit.pieces hold more ",
+            "than ", kMaxUnitLabels,
+            " samples, above the limit of one "
+            "shuffle window"));
+      }
     }
   }
-  if (unit.begin() < 0 || unit.end() <= unit.begin()) {
+  if (!mixed && (unit.begin() < 0 || unit.end() <= unit.begin())) {
     return absl::OutOfRangeError(
         absl::StrCat("lease \"", lease.lease_id(), "\": lease.unit range [",
                      unit.begin(), ", ", unit.end(), ") of shard \"",
@@ -201,8 +224,9 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   SampleStream::Params params;
   auto add_piece = [&](const std::string& url, int64_t size_bytes,
                        const std::string& checksum, int32_t shard_index,
-                       int64_t num_samples) -> absl::Status {
+                       int64_t num_samples, int64_t first) -> absl::Status {
     SampleStream::Piece piece;
+    piece.first = first;
     piece.ref.url = url;
     piece.ref.size_bytes = size_bytes;
     piece.ref.checksum = checksum;
@@ -216,15 +240,28 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     params.pieces.push_back(std::move(piece));
     return absl::OkStatus();
   };
-  if (window) {
+  if (mixed) {
+    for (int i = 0; i < unit.pieces_size(); ++i) {
+      const v1::WindowPiece& p = unit.pieces(i);
+      RETURN_IF_ERROR(add_piece(p.url(), p.size_bytes(), p.checksum(),
+                                p.shard_index(), p.num_samples(),
+                                mixed_order->first[static_cast<size_t>(i)]));
+    }
+    params.labels = std::make_shared<const std::vector<uint16_t>>(
+        std::move(mixed_order->labels));
+    params.label_base = unit.begin();
+  } else if (window) {
+    std::vector<int64_t> sizes;
     for (const v1::WindowPiece& p : unit.pieces()) {
       RETURN_IF_ERROR(add_piece(p.url(), p.size_bytes(), p.checksum(),
-                                p.shard_index(), p.num_samples()));
+                                p.shard_index(), p.num_samples(), 0));
+      sizes.push_back(p.num_samples());
     }
-    params.labels = LabelsFor(unit);
+    params.labels = LabelsFor(sizes, unit.window_order());
   } else {
     RETURN_IF_ERROR(add_piece(unit.shard_url(), unit.shard_size_bytes(),
-                              unit.shard_checksum(), unit.shard_index(), -1));
+                              unit.shard_checksum(), unit.shard_index(), -1,
+                              0));
   }
   params.lease = lease;
   params.start = start;
@@ -245,14 +282,10 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
 }
 
 std::shared_ptr<const std::vector<uint16_t>> DataServerService::LabelsFor(
-    const v1::WorkUnit& unit) {
+    const std::vector<int64_t>& sizes, uint64_t order_seed) {
   constexpr size_t kMaxWindows = 16;
-  std::vector<int64_t> sizes;
-  std::string key = absl::StrCat(unit.window_order());
-  for (const v1::WindowPiece& p : unit.pieces()) {
-    sizes.push_back(p.num_samples());
-    absl::StrAppend(&key, ",", p.num_samples());
-  }
+  std::string key = absl::StrCat(order_seed);
+  for (int64_t n : sizes) absl::StrAppend(&key, ",", n);
   {
     absl::MutexLock lock(&mu_);
     for (auto it = labels_.begin(); it != labels_.end(); ++it) {
@@ -262,7 +295,7 @@ std::shared_ptr<const std::vector<uint16_t>> DataServerService::LabelsFor(
     }
   }
   auto labels = std::make_shared<const std::vector<uint16_t>>(
-      WindowLabels(sizes, unit.window_order()));
+      WindowLabels(sizes, order_seed));
   absl::MutexLock lock(&mu_);
   // Another stream may have computed the same window meanwhile.
   for (const auto& [k, v] : labels_) {

@@ -107,10 +107,10 @@ class DataServerService {
   absl::StatusOr<v1::ShardIndex> IndexOf(
       const v1::IndexShardRequest& request,
       const std::shared_ptr<const ShardData>& shard);
-  // A window unit's labels (WindowLabels), from a small cache: the units of
-  // one window share them.
+  // A shuffle window's labels (WindowLabels), from a small cache: the units
+  // of one window share them.
   std::shared_ptr<const std::vector<uint16_t>> LabelsFor(
-      const v1::WorkUnit& unit);
+      const std::vector<int64_t>& sizes, uint64_t order_seed);
 
   DataServerOptions options_;
   SampleIndexCache index_cache_;

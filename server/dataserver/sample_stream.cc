@@ -237,8 +237,12 @@ absl::Status SampleStream::OpenLocked() {
   // Where each piece starts: a plain unit's one piece at `start`; a window
   // piece after the samples it serves at positions before `start`.
   if (params_.labels != nullptr) {
-    for (int64_t p = 0; p < params_.start; ++p)
-      ++pieces_[(*params_.labels)[static_cast<size_t>(p)]].next;
+    for (size_t k = 0; k < pieces_.size(); ++k)
+      pieces_[k].next = params_.pieces[k].first;
+    for (int64_t p = params_.label_base; p < params_.start; ++p) {
+      ++pieces_[(*params_.labels)[static_cast<size_t>(p - params_.label_base)]]
+            .next;
+    }
   } else {
     pieces_[0].next = params_.start;
   }
@@ -366,9 +370,11 @@ void SampleStream::Produce() {
   while (next_ < params_.end && slots.size() < kMaxSamplesPerStep &&
          heavy_count < max_heavy) {
     auto slot = std::make_shared<Slot>();
-    slot->piece = params_.labels == nullptr
-                      ? 0
-                      : (*params_.labels)[static_cast<size_t>(next_)];
+    slot->piece =
+        params_.labels == nullptr
+            ? 0
+            : (*params_
+                    .labels)[static_cast<size_t>(next_ - params_.label_base)];
     PieceState& piece = pieces_[static_cast<size_t>(slot->piece)];
     slot->shard_index =
         params_.pieces[static_cast<size_t>(slot->piece)].shard_index;

@@ -70,15 +70,19 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
     int32_t shard_index = 0;  // in the job's manifest
     // Window pieces: the manifest's sample count. -1 for a plain unit.
     int64_t num_samples = -1;
+    // Mixed units: the sample the piece's first label stands for.
+    int64_t first = 0;
   };
   // Construction goes through DataServerService::ReadSamples.
   struct Params {
     // One piece for a plain unit (positions are its sample indexes); a
     // window unit's pieces, in WorkUnit.pieces order.
     std::vector<Piece> pieces;
-    // Window units: which piece serves each window position
-    // (WindowLabels). Null for a plain unit.
+    // Window and mixed units: which piece serves each position p, at
+    // labels[p - label_base] (WindowLabels; a mixed unit's MixedOrder with
+    // label_base = unit.begin). Null for a plain unit.
     std::shared_ptr<const std::vector<uint16_t>> labels;
+    int64_t label_base = 0;
     v1::Lease lease;
     // Positions [start, end) to serve.
     int64_t start = 0;

@@ -28,6 +28,11 @@
 // standby coordinator on the same etcd prefix, the leader SIGKILLed, and the
 // time until a trainer's Session on the standby receives its first Grant.
 //
+// --sources=N adds, in leases mode, the same load on a job mixing N sources
+// (the manifest split evenly, equal weights) next to the one-manifest job,
+// and in plan mode CreateJob of the 1,000,000 shards as N sources next to
+// one manifest.
+//
 // Each mode ends with one JSON line.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -71,6 +76,10 @@ ABSL_FLAG(double, etcd_paced_ops_per_s, 10000,
 ABSL_FLAG(absl::Duration, election_ttl, absl::Seconds(2),
           "The coordinators' --election_ttl (etcd mode).");
 ABSL_FLAG(int, shards, 1000000, "Manifest size (plan mode).");
+ABSL_FLAG(int, sources, 0,
+          "Also measure a job mixing this many sources, of the same shards "
+          "split evenly and equal weights, next to the one-manifest job "
+          "(leases and plan modes).");
 ABSL_FLAG(int, shuffle_window, 0,
           "leases mode: also drive a shuffled job with this shuffle_window "
           "(every grant then names the window's shards) in the same rounds, "
@@ -372,6 +381,28 @@ class EchoService : public sluice::v1::Coordinator::CallbackService {
   const CoordinatorMessage grant_;
 };
 
+// `spec`'s shards as `sources` sources of about equal size, equal weights,
+// and the same samples per epoch.
+sluice::v1::JobSpec MixedSpec(const sluice::v1::JobSpec& spec,
+                              const std::string& name, int sources) {
+  sluice::v1::JobSpec mixed = spec;
+  mixed.set_name(name);
+  mixed.clear_manifest();
+  int64_t total = 0;
+  const int shards = spec.manifest().shards_size();
+  for (int k = 0; k < sources; ++k) {
+    sluice::v1::Source* src = mixed.add_sources();
+    src->set_name(absl::StrCat("source-", k));
+    src->set_weight(1);
+    for (int s = k * shards / sources; s < (k + 1) * shards / sources; ++s) {
+      *src->mutable_manifest()->add_shards() = spec.manifest().shards(s);
+      total += spec.manifest().shards(s).num_samples();
+    }
+  }
+  mixed.set_samples_per_epoch(total);
+  return mixed;
+}
+
 int RunLeases() {
   const int sessions = absl::GetFlag(FLAGS_sessions);
   const double seconds = absl::GetFlag(FLAGS_seconds);
@@ -399,6 +430,11 @@ int RunLeases() {
     spec.set_num_epochs(0);
     absl::Status created =
         sluice::testing::CreateJob(coordinator->grpc_address, spec);
+    if (created.ok() && absl::GetFlag(FLAGS_sources) > 0) {
+      created = sluice::testing::CreateJob(
+          coordinator->grpc_address,
+          MixedSpec(spec, "bench-mix", absl::GetFlag(FLAGS_sources)));
+    }
     if (created.ok() && absl::GetFlag(FLAGS_shuffle_window) > 0) {
       spec.set_name("bench-window");
       spec.set_shuffle(true);
@@ -432,8 +468,9 @@ int RunLeases() {
 
   const double paced = absl::GetFlag(FLAGS_paced_ops_per_s);
   std::vector<LeaseRate> sluice_rates, bare_rates, sluice_paced, bare_paced,
-      window_rates;
+      window_rates, mix_rates;
   const bool windows = absl::GetFlag(FLAGS_shuffle_window) > 0;
+  const int mix_sources = absl::GetFlag(FLAGS_sources);
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
     bare_rates.push_back(Drive(echo_address, "bench", sessions, seconds, 0));
     sluice_rates.push_back(
@@ -446,6 +483,13 @@ int RunLeases() {
                    "ops/s\n",
                    r, absl::GetFlag(FLAGS_shuffle_window),
                    window_rates.back().ops_per_s);
+    }
+    if (mix_sources > 0) {
+      mix_rates.push_back(
+          Drive(coordinator->grpc_address, "bench-mix", sessions, seconds, 0));
+      std::fprintf(stderr,
+                   "round %d: saturated, %d sources mixed: %.0f ops/s\n", r,
+                   mix_sources, mix_rates.back().ops_per_s);
     }
     bare_paced.push_back(
         Drive(echo_address, "bench", sessions, seconds, paced));
@@ -507,6 +551,17 @@ int RunLeases() {
         "%d,\"ops_per_s\":%.0f,\"baseline_ops_per_s\":%.0f,\"ratio\":%.2f}\n",
         absl::GetFlag(FLAGS_shuffle_window), w.ops_per_s, s.ops_per_s,
         w.ops_per_s / s.ops_per_s);
+  }
+  if (mix_sources > 0) {
+    const LeaseRate m = median(mix_rates);
+    std::printf(
+        "coordinator leases with %d sources mixed: saturated %.0f "
+        "grants+completions/s, %.2f of the one-manifest job's %.0f\n",
+        mix_sources, m.ops_per_s, m.ops_per_s / s.ops_per_s, s.ops_per_s);
+    std::printf(
+        "{\"bench\":\"coordinator_leases_mixed\",\"sources\":%d,"
+        "\"ops_per_s\":%.0f,\"baseline_ops_per_s\":%.0f,\"ratio\":%.2f}\n",
+        mix_sources, m.ops_per_s, s.ops_per_s, m.ops_per_s / s.ops_per_s);
   }
   echo_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   coordinator->process.Signal(SIGTERM);
@@ -590,6 +645,42 @@ int RunPlan() {
       "\"peak_bytes_per_shard\":%.0f,\"retained_bytes_per_shard\":%.0f,"
       "\"baseline_parse_s\":%.3f,\"ratio\":%.2f}\n",
       shards, create_s, peak_per_shard, kept_per_shard, parse_s, ratio);
+  const int mix_sources = absl::GetFlag(FLAGS_sources);
+  if (mix_sources > 0) {
+    // The same shards as a mixed job, on a second service (its own journal).
+    const sluice::v1::JobSpec mixed = MixedSpec(spec, "big-mix", mix_sources);
+    sluice::CoordinatorOptions mix_options;
+    mix_options.journal_dir = dir.File("journal-mix");
+    auto mix_service = sluice::CoordinatorService::Create(mix_options);
+    if (!mix_service.ok()) return 1;
+    const int64_t mix_rss_before_kb = ProcStatusKb("VmRSS:");
+    ResetPeakRss();
+    const absl::Time mix_start = absl::Now();
+    auto mix_job = (*mix_service)->CreateJob(mixed);
+    const double mix_s = absl::ToDoubleSeconds(absl::Now() - mix_start);
+    if (!mix_job.ok()) {
+      std::fprintf(stderr, "CreateJob (mixed): %s\n",
+                   mix_job.status().ToString().c_str());
+      return 1;
+    }
+    const double mix_peak =
+        (ProcStatusKb("VmHWM:") - mix_rss_before_kb) * 1024.0 / shards;
+    const double mix_kept =
+        (ProcStatusKb("VmRSS:") - mix_rss_before_kb) * 1024.0 / shards;
+    std::printf(
+        "coordinator plan, %d sources mixed: %d shards created in %.3f s; "
+        "memory per shard: peak %.0f B, retained %.0f B   one manifest: "
+        "%.3f s, %.0f B   ratio %.2f\n",
+        mix_sources, shards, mix_s, mix_peak, mix_kept, create_s,
+        kept_per_shard, mix_s / create_s);
+    std::printf(
+        "{\"bench\":\"coordinator_plan_mixed\",\"sources\":%d,\"shards\":"
+        "%d,\"create_s\":%.3f,\"peak_bytes_per_shard\":%.0f,"
+        "\"retained_bytes_per_shard\":%.0f,\"baseline_create_s\":%.3f,"
+        "\"ratio\":%.2f}\n",
+        mix_sources, shards, mix_s, mix_peak, mix_kept, create_s,
+        mix_s / create_s);
+  }
   return 0;
 }
 

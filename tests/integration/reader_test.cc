@@ -502,7 +502,9 @@ TEST_F(ReaderTest, ShuffleMixesTheShardsIntoEveryBatchInAFixedOrder) {
       std::map<int, int64_t> last;
       for (const auto& [shard, index] : samples) {
         auto [it, first] = last.try_emplace(shard, index);
-        if (!first) EXPECT_GT(index, it->second) << "shard " << shard;
+        if (!first) {
+          EXPECT_GT(index, it->second) << "shard " << shard;
+        }
         it->second = index;
       }
     }

@@ -1,7 +1,8 @@
 """The dashboards and alerts against a real Prometheus scraping a live cluster.
 
 A coordinator and two data servers (local shards plus remote ones behind
-Debian's nginx, so the shard cache works too) run a 3-rank job; Debian's
+Debian's nginx, so the shard cache works too) run a 3-rank job and a job
+mixing two sources; Debian's
 Prometheus scrapes them every second and evaluates dashboards/alerts.yml.
 Then:
   * every PromQL expression of every dashboard panel (and template
@@ -187,6 +188,21 @@ class Live:
         ctl(self.coordinator.address, "job", "create", "--name=train",
             f"--manifest={tmp}/manifest.json", "--world_size=3", "--epochs=0", "--lease_ttl=2s",
             "--max_samples_per_lease=10")
+        # A second job mixing two datasets (the local shards split in two),
+        # read by one slow trainer: the per-source series.
+        local = [m for m in manifest if m["url"].startswith("/") and m["url"] != damaged]
+        for name, part in (("web", local[0::2]), ("books", local[1::2])):
+            with open(os.path.join(tmp, f"{name}.json"), "w") as f:
+                json.dump({"shards": part}, f)
+        ctl(self.coordinator.address, "job", "create", "--name=mixed", "--world_size=1",
+            "--epochs=0", "--lease_ttl=2s", "--samples_per_epoch=100",
+            "--source", f"name=web,manifest={tmp}/web.json,weight=0.7",
+            "--source", f"name=books,manifest={tmp}/books.json,weight=0.3")
+        self.mix_reader = Proc(
+            [os.path.join(BIN, "sluicectl"), "read", "--job=mixed", "--rank=0", "--rate=20",
+             f"--coordinator={self.coordinator.address}"],
+            os.path.join(self.tmp, "mix-reader.log"))
+        self.procs.append(self.mix_reader)
         self.trainers = []
         self.start_trainers()
 
@@ -460,8 +476,13 @@ def test_every_dashboard_and_alert_expression_returns_data(live):
 
 
 def test_lease_expiry_alert_fires_after_trainers_are_killed(live):
-    # The trainers hold leases now; kill them all at once.
-    wait_for(lambda: live.query('sum(sluice_coordinator_live_leases) > 3'), 60,
+    # The mixed job's reader goes first (it gives its leases back), so that
+    # the live leases counted below, scraped after it stopped, are the
+    # trainers'. They hold leases now; kill them all at once.
+    live.mix_reader.stop()
+    stopped = time.time() + 1
+    wait_for(lambda: live.query(f'sluice_coordinator_live_leases > 3 and '
+                                f'timestamp(sluice_coordinator_live_leases) > {stopped}'), 60,
              "trainers to hold leases")
     live.kill_trainers()
 

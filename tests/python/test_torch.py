@@ -277,3 +277,39 @@ def test_unsigned_tensors_this_torch_lacks_are_widened_losslessly(cluster):
         for _ in ds:
             pass
     ds.close()
+
+
+def test_a_job_over_two_sources_tags_every_item_with_its_source(cluster, tmp_path):
+    # The cluster's six shards as two datasets, mixed 2:1 over 60 samples
+    # per epoch, read by a DataLoader with two workers.
+    manifests = {}
+    for name, urls in (("web", cluster.urls[:3]), ("books", cluster.urls[3:])):
+        manifests[name] = str(tmp_path / f"{name}.json")
+        with open(manifests[name], "w") as f:
+            json.dump({"shards": [{"url": u, "num_samples": n} for u, n in urls]}, f)
+    out = subprocess.run(
+        [os.path.join(os.environ["SLUICE_BIN_DIR"], "sluicectl"), "job", "create",
+         f"--coordinator={cluster.address}", "--name=two-sources", "--world_size=1",
+         "--epochs=2", "--samples_per_epoch=60",
+         "--source", f"name=web,manifest={manifests['web']},weight=2",
+         "--source", f"name=books,manifest={manifests['books']},weight=1",
+         *cluster.client_tls, *cluster.admin_token],
+        capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    shards_of = {name: {u for u, _ in urls}
+                 for name, urls in (("web", cluster.urls[:3]), ("books", cluster.urls[3:]))}
+    ds = ShardLeaseDataset(coordinator=cluster.address, job="two-sources", decode=True)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
+                        persistent_workers=True)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        per_source = collections.Counter()
+        seen = collections.Counter()
+        for item in loader:
+            assert item["__shard__"] in shards_of[item["__source__"]]
+            per_source[item["__source__"]] += 1
+            seen[(item["__shard__"], item["__index__"])] += 1
+        assert per_source == {"web": 40, "books": 20}, f"epoch {epoch}"
+        if epoch == 0:  # within each source's first pass: no sample twice
+            assert set(seen.values()) == {1}
+    ds.close()

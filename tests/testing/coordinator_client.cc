@@ -29,6 +29,17 @@ absl::Status CreateJob(const std::string& address, const v1::JobSpec& spec) {
   return FromGrpcStatus(Stub(address)->CreateJob(&ctx, request, &job));
 }
 
+absl::StatusOr<v1::Job> GetJob(const std::string& address,
+                               const std::string& name) {
+  grpc::ClientContext ctx;
+  v1::GetJobRequest request;
+  request.set_name(name);
+  v1::Job job;
+  absl::Status s = FromGrpcStatus(Stub(address)->GetJob(&ctx, request, &job));
+  if (!s.ok()) return s;
+  return job;
+}
+
 absl::StatusOr<v1::Lease> FirstGrant(const std::string& address,
                                      const std::string& job,
                                      const std::string& trainer_id) {

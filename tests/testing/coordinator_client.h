@@ -15,6 +15,10 @@ namespace sluice::testing {
 // CreateJob(spec); the status is the coordinator's.
 absl::Status CreateJob(const std::string& address, const v1::JobSpec& spec);
 
+// GetJob(name), without the manifest.
+absl::StatusOr<v1::Job> GetJob(const std::string& address,
+                               const std::string& name);
+
 // Opens a Session on `job` as `trainer_id` (rank 0), asks for one lease and
 // returns the first Grant's lease, then closes the session (the lease stays
 // until its TTL).

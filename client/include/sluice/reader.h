@@ -109,8 +109,11 @@ struct ReaderOptions {
 struct Sample {
   int64_t epoch = 0;
   int32_t rank = 0;
+  // The shard, in the job's manifest or (a job with sources) in `source`'s.
   int32_t shard_index = 0;
   std::string shard_url;
+  // The source's name (JobSpec.sources); empty for a job of one manifest.
+  std::string source;
   int64_t index = 0;  // within the shard
   std::string key;
   std::string data_server;  // where it was read from

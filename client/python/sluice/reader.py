@@ -283,17 +283,20 @@ class Sample:
     `sample["jpg"]` is a numpy array (decoded image, HWC uint8; read-only, a
     view of the received bytes), `sample["cls"]` an int, text fields str, raw
     fields bytes. `as_dict()` gives the WebDataset dict with `__key__`,
-    `__shard__`, `__index__`.
+    `__shard__`, `__index__`, and for a job with sources `__source__`.
+    `source` is the source's name ("" for a job of one manifest); `shard_index`
+    counts in that source's manifest.
     """
     __slots__ = ("epoch", "rank", "shard_index", "shard_url", "index", "key", "data_server",
-                 "skipped", "skip_reason", "fields")
+                 "skipped", "skip_reason", "fields", "source")
 
     def __init__(self, epoch, rank, shard_index, shard_url, index, key, data_server, skipped,
-                 skip_reason, fields):
+                 skip_reason, fields, source=""):
         self.epoch, self.rank = epoch, rank
         self.shard_index, self.shard_url, self.index, self.key = shard_index, shard_url, index, key
         self.data_server, self.skipped, self.skip_reason = data_server, skipped, skip_reason
         self.fields = fields
+        self.source = source
 
     def __getitem__(self, name):
         return self.fields[name]
@@ -306,6 +309,8 @@ class Sample:
         d["__key__"] = self.key
         d["__shard__"] = self.shard_url
         d["__index__"] = self.index
+        if self.source:
+            d["__source__"] = self.source
         return d
 
     def __repr__(self):
@@ -450,6 +455,12 @@ def merge_cursors(cursors):
                              f"{c.world_size} workers_per_rank {c.workers_per_rank}, cursor 0 is "
                              f"job {merged.job} epoch {merged.epoch} world_size "
                              f"{merged.world_size} workers_per_rank {merged.workers_per_rank}")
+        if c.sources:
+            if merged.sources and list(merged.sources) != list(c.sources):
+                raise ValueError(f"merge_cursors: cursor {i} names other sources "
+                                 f"({', '.join(c.sources)}) than cursor 0 "
+                                 f"({', '.join(merged.sources)})")
+            merged.sources[:] = c.sources
         for what, mine, theirs in (("rank", merged.consumed_per_rank, c.consumed_per_rank),
                                    ("worker slot", merged.consumed_per_worker,
                                     c.consumed_per_worker)):
@@ -537,6 +548,7 @@ class Reader:
         self._heartbeat_interval = 1.0
         self._lease_ttl = 10.0
         self._world_size = 0
+        self._source_names = []  # a job with sources: their names, for cursors
         self._next_order = 0
         self._resume_done = False
         self._synced = 0
@@ -677,7 +689,9 @@ class Reader:
                               "epoch begins")
         with self._cv:
             world = self._world_size
-        c = common_pb2.Cursor(job=self._job, epoch=self._position_epoch, world_size=world)
+            sources = list(self._source_names)
+        c = common_pb2.Cursor(job=self._job, epoch=self._position_epoch, world_size=world,
+                              sources=sources)
         workers = max(self._num_workers, 1)
         mine = self._rank * workers + self._worker
         c.consumed_per_rank.extend(
@@ -1001,6 +1015,8 @@ class Reader:
                 self._entries.append(("done", (m.job_done.num_epochs, 0, 0, None, 0, 0, message)))
             elif kind == "grant":
                 lease = m.grant.lease
+                if lease.unit.mix and not self._source_names:
+                    self._source_names = [src.name for src in lease.unit.mix]
                 final = self._finals.get(lease.lease_id)
                 held = self._units.get(lease.lease_id)
                 if final is not None:
@@ -1223,7 +1239,15 @@ class Reader:
         protocol_error = None
         try:
             pieces = lease.unit.pieces
-            if pieces:  # a shuffle window: each sample names its shard
+            mix = lease.unit.mix
+            if mix:  # several sources: each sample names its shard and source
+                names = [m.name for m in mix]
+                converted = [Sample(lease.epoch, lease.rank, pieces[piece].shard_index,
+                                    pieces[piece].url, index, key, address, skipped, reason,
+                                    fields, names[pieces[piece].source])
+                             for key, index, skipped, reason, fields, piece
+                             in _wire.sample_batch(batch, _DTYPES)]
+            elif pieces:  # a shuffle window: each sample names its shard
                 converted = [Sample(lease.epoch, lease.rank, pieces[piece].shard_index,
                                     pieces[piece].url, index, key, address, skipped, reason,
                                     fields)

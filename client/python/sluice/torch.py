@@ -43,7 +43,8 @@ the training loop consumed.
 
 Items are WebDataset-style dicts: decoded fields by extension (images as
 uint8 HWC tensors sharing memory with the received message: do not modify
-them in place), "__key__", "__shard__", "__index__", "__epoch__".
+them in place), "__key__", "__shard__", "__index__", "__epoch__", and for a
+job with sources "__source__" (the source's name).
 """
 import collections
 import multiprocessing
@@ -188,6 +189,8 @@ class ShardLeaseDataset(IterableDataset):
                 item["__shard__"] = s.shard_url
                 item["__index__"] = s.index
                 item["__epoch__"] = s.epoch
+                if s.source:
+                    item["__source__"] = s.source
                 left -= 1
                 yield item
                 if left == 0:
