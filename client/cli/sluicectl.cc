@@ -71,9 +71,13 @@ ABSL_FLAG(int32_t, shuffle_window, 0,
 ABSL_FLAG(int64_t, samples_per_epoch, 0,
           "job create: samples per epoch of a job with --source flags "
           "(required with weights; 0 = the sum of their samples=).");
-// `--source name=N,manifest=FILE,weight=W|samples=N[,on_exhausted=stop]`
-// may repeat; main() takes every one out of argv before the flags are
-// parsed.
+// Documents --source for --help; its values never reach the flag: it may
+// repeat and holds commas, so main() takes every one out of argv before the
+// flags are parsed (SourceArgs()).
+ABSL_FLAG(std::string, source, "",
+          "job create: one dataset of a job that mixes several: "
+          "name=N,manifest=FILE,weight=W|samples=N[,on_exhausted=repeat|stop]; "
+          "give the flag once per source.");
 // read
 ABSL_FLAG(std::string, job, "", "read: job name.");
 ABSL_FLAG(int32_t, rank, 0, "read: rank.");
@@ -965,7 +969,7 @@ const std::vector<CommandHelp>& Commands() {
        "secured coordinator).",
        {"name", "manifest", "world_size", "epochs", "mode", "remainder", "seed",
         "shuffle", "lease_ttl", "on_corrupt", "max_samples_per_lease",
-        "shuffle_window", "samples_per_epoch", "admin_token_file"}},
+        "shuffle_window", "samples_per_epoch", "source", "admin_token_file"}},
       {"status",
        "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "
        "lag behind the most advanced rank, leases, sessions, live data "

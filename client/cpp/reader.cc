@@ -361,7 +361,8 @@ class ReaderImpl final : public Reader {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;
-  // A job with sources: their names (from its leases), for cursors.
+  // A job with sources: their names as its leases named them ("" = not
+  // seen yet), for cursors.
   std::vector<std::string> source_names_ ABSL_GUARDED_BY(mu_);
   bool resume_done_ ABSL_GUARDED_BY(mu_) =
       false;  // the cursor reached a Welcome
@@ -746,9 +747,15 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         break;
       case CoordinatorMessage::kGrant: {
         const v1::Lease& lease = m.grant().lease();
-        if (lease.unit().mix_size() > 0 && source_names_.empty()) {
-          for (const v1::MixSource& src : lease.unit().mix())
-            source_names_.push_back(src.name());
+        // A unit names the sources it reads: learn the names as they come.
+        const v1::WorkUnit& unit = lease.unit();
+        if (unit.mix_samples_size() > 0) {
+          source_names_.resize(
+              std::max<size_t>(source_names_.size(), unit.mix_samples_size()));
+          for (const v1::MixSegment& seg : unit.segments()) {
+            if (seg.source() >= 0 && seg.source() < unit.mix_samples_size())
+              source_names_[seg.source()] = seg.source_name();
+          }
         }
         auto final = finals_.find(lease.lease_id());
         if (final != finals_.end()) {
@@ -889,9 +896,13 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
       const int piece = std::clamp(s.piece(), 0, unit.pieces_size() - 1);
       out.shard_index = unit.pieces(piece).shard_index();
       out.shard_url = unit.pieces(piece).url();
-      const int source = unit.pieces(piece).source();
-      if (source >= 0 && source < unit.mix_size())
-        out.source = unit.mix(source).name();
+      // A mixed unit: the piece's source, named by its segments.
+      for (const v1::MixSegment& seg : unit.segments()) {
+        if (seg.source() == unit.pieces(piece).source()) {
+          out.source = seg.source_name();
+          break;
+        }
+      }
     } else {
       out.shard_index = unit.shard_index();
       out.shard_url = unit.shard_url();
@@ -1227,16 +1238,17 @@ absl::StatusOr<v1::Cursor> MergeCursors(
           merged.epoch(), " world_size ", merged.world_size(),
           " workers_per_rank ", merged.workers_per_rank()));
     }
-    if (c.sources_size() > 0) {
-      if (merged.sources_size() > 0 &&
-          !std::equal(c.sources().begin(), c.sources().end(),
-                      merged.sources().begin(), merged.sources().end())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("MergeCursors: cursor ", i, " names other sources (",
-                         absl::StrJoin(c.sources(), ", "), ") than cursor 0 (",
-                         absl::StrJoin(merged.sources(), ", "), ")"));
+    // Source names: each cursor knows those its reader's leases named.
+    for (int k = 0; k < c.sources_size(); ++k) {
+      if (k >= merged.sources_size()) merged.add_sources();
+      const std::string& theirs = c.sources(k);
+      if (theirs.empty()) continue;
+      if (!merged.sources(k).empty() && merged.sources(k) != theirs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MergeCursors: cursor ", i, " names source ", k, " \"", theirs,
+            "\", another cursor \"", merged.sources(k), "\""));
       }
-      *merged.mutable_sources() = c.sources();
+      merged.set_sources(k, theirs);
     }
     for (int r = 0; r < c.consumed_per_worker_size(); ++r) {
       const int64_t mine = merged.consumed_per_worker(r),

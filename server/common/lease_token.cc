@@ -57,13 +57,10 @@ std::string CanonicalLeaseBytes(const v1::Lease& lease) {
     }
   }
   // Mixed units only, likewise.
-  if (lease.unit().mix_size() > 0 || lease.unit().segments_size() > 0) {
+  if (lease.unit().mix_samples_size() > 0 || lease.unit().segments_size() > 0) {
     PutString(&out, "mix");
-    PutInt(&out, lease.unit().mix_size());
-    for (const v1::MixSource& m : lease.unit().mix()) {
-      PutString(&out, m.name());
-      PutInt(&out, m.epoch_samples());
-    }
+    PutInt(&out, lease.unit().mix_samples_size());
+    for (int64_t n : lease.unit().mix_samples()) PutInt(&out, n);
     PutInt(&out, lease.unit().segments_size());
     for (const v1::MixSegment& g : lease.unit().segments()) {
       PutInt(&out, g.source());
@@ -72,6 +69,8 @@ std::string CanonicalLeaseBytes(const v1::Lease& lease) {
       PutInt(&out, static_cast<int64_t>(g.window_order()));
       PutInt(&out, g.begin());
       PutInt(&out, g.end());
+      PutInt(&out, static_cast<int64_t>(g.augment_seed()));
+      PutString(&out, g.source_name());
     }
     for (const v1::WindowPiece& p : lease.unit().pieces())
       PutInt(&out, p.source());

@@ -2,37 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 
 namespace sluice {
 namespace {
 
 using i128 = __int128;
-
-// Source s's j-th sample has the time (2kj + 2s + 1) / (2k c_s), k sources.
-// Samples of source t placed before source s's j-th sample (c_s > 0).
-int64_t BeforeFrom(const std::vector<int64_t>& counts, int32_t s, int64_t j,
-                   size_t t) {
-  const int64_t c_t = counts[t];
-  if (c_t <= 0) return 0;
-  if (static_cast<int32_t>(t) == s) return j;
-  const i128 k2 = 2 * static_cast<i128>(counts.size());
-  const i128 a = (k2 * j + 2 * s + 1) * c_t;
-  const i128 c_s = counts[static_cast<size_t>(s)];
-  // t's sample j' is earlier when (k2 j' + 2t + 1) * c_s < a, or == a with
-  // t < s: k2 j' + 2t + 1 <= m.
-  const i128 m = static_cast<int32_t>(t) < s ? a / c_s : (a - 1) / c_s;
-  const i128 first = 2 * static_cast<i128>(t) + 1;
-  if (m < first) return 0;
-  const i128 n = (m - first) / k2 + 1;
-  return static_cast<int64_t>(std::min<i128>(n, c_t));
-}
-
-int64_t PositionOf(const std::vector<int64_t>& counts, int32_t s, int64_t j) {
-  int64_t p = 0;
-  for (size_t t = 0; t < counts.size(); ++t) p += BeforeFrom(counts, s, j, t);
-  return p;
-}
 
 }  // namespace
 
@@ -72,54 +48,101 @@ std::vector<int64_t> Apportion(int64_t total,
   return out;
 }
 
+namespace {
+
+// The source whose next sample (next[s] of counts[s]) comes first; -1 when
+// all are used up.
+int32_t Earliest(const std::vector<int64_t>& counts,
+                 const std::vector<int64_t>& next) {
+  const i128 k2 = 2 * static_cast<i128>(counts.size());
+  int32_t best = -1;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    if (next[s] >= counts[s]) continue;
+    if (best < 0) {
+      best = static_cast<int32_t>(s);
+      continue;
+    }
+    const size_t b = static_cast<size_t>(best);
+    // Earlier time (ties keep the lower index).
+    if ((k2 * next[s] + 2 * static_cast<i128>(s) + 1) * counts[b] <
+        (k2 * next[b] + 2 * static_cast<i128>(b) + 1) * counts[s]) {
+      best = static_cast<int32_t>(s);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<int64_t> MixCountsBefore(const std::vector<int64_t>& counts,
+                                     int64_t position) {
+  const auto k = static_cast<int64_t>(counts.size());
+  int64_t total = 0;
+  for (int64_t c : counts) total += std::max<int64_t>(c, 0);
+  std::vector<int64_t> n(counts.size(), 0);
+  if (position <= 0 || total == 0) return n;
+  if (position >= total) {
+    for (size_t s = 0; s < counts.size(); ++s)
+      n[s] = std::max<int64_t>(counts[s], 0);
+    return n;
+  }
+  // Every sample whose time is below T = (position - h) / total, h =
+  // ceil(k/2): source s has between T c_s - (s + 1/2)/k and that + 1 of
+  // them, so at most position - h + k/2 <= position in all and at least
+  // position - h - k/2 >= position - k - 1. Source s's j-th sample is
+  // below T when (2kj + 2s + 1) * total < 2k * c_s * (position - h).
+  const i128 k2 = 2 * static_cast<i128>(k);
+  const i128 front = static_cast<i128>(position) - (k + 1) / 2;
+  int64_t placed = 0;
+  if (front > 0) {
+    for (size_t s = 0; s < counts.size(); ++s) {
+      const int64_t c = counts[s];
+      if (c <= 0) continue;
+      const i128 a = k2 * c * front;
+      // 2kj + 2s + 1 <= m (64-bit division when it fits: far cheaper).
+      const i128 m =
+          a <= INT64_MAX
+              ? static_cast<i128>(static_cast<int64_t>(a - 1) / total)
+              : (a - 1) / total;
+      const i128 first = 2 * static_cast<i128>(s) + 1;
+      if (m < first) continue;
+      n[s] = static_cast<int64_t>(std::min<i128>((m - first) / k2 + 1, c));
+      placed += n[s];
+    }
+  }
+  // The rest, in order.
+  for (; placed < position; ++placed) {
+    const int32_t s = Earliest(counts, n);
+    if (s < 0) break;
+    ++n[static_cast<size_t>(s)];
+  }
+  return n;
+}
+
 int64_t MixCountBefore(const std::vector<int64_t>& counts, int32_t source,
                        int64_t position) {
   if (source < 0 || static_cast<size_t>(source) >= counts.size()) return 0;
-  const int64_t c = counts[static_cast<size_t>(source)];
-  if (c <= 0 || position <= 0) return 0;
-  // The first j whose position is >= `position`.
-  int64_t lo = 0;
-  int64_t hi = c;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (PositionOf(counts, source, mid) < position) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
+  return MixCountsBefore(counts, position)[static_cast<size_t>(source)];
+}
+
+std::vector<int32_t> MixSourcesFrom(const std::vector<int64_t>& counts,
+                                    std::vector<int64_t> next, int64_t n) {
+  std::vector<int32_t> out;
+  if (n <= 0) return out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t p = 0; p < n; ++p) {
+    const int32_t s = Earliest(counts, next);
+    if (s < 0) break;  // past the epoch's end
+    out.push_back(s);
+    ++next[static_cast<size_t>(s)];
   }
-  return lo;
+  return out;
 }
 
 std::vector<int32_t> MixSources(const std::vector<int64_t>& counts,
                                 int64_t begin, int64_t end) {
-  std::vector<int32_t> out;
-  if (end <= begin) return out;
-  out.reserve(static_cast<size_t>(end - begin));
-  const i128 k2 = 2 * static_cast<i128>(counts.size());
-  std::vector<int64_t> next(counts.size());
-  for (size_t s = 0; s < counts.size(); ++s)
-    next[s] = MixCountBefore(counts, static_cast<int32_t>(s), begin);
-  for (int64_t p = begin; p < end; ++p) {
-    int32_t best = -1;
-    for (size_t s = 0; s < counts.size(); ++s) {
-      if (next[s] >= counts[s]) continue;
-      if (best < 0) {
-        best = static_cast<int32_t>(s);
-        continue;
-      }
-      const size_t b = static_cast<size_t>(best);
-      // Earlier time (ties keep the lower index).
-      if ((k2 * next[s] + 2 * static_cast<i128>(s) + 1) * counts[b] <
-          (k2 * next[b] + 2 * static_cast<i128>(b) + 1) * counts[s]) {
-        best = static_cast<int32_t>(s);
-      }
-    }
-    if (best < 0) break;  // past the epoch's end
-    out.push_back(best);
-    ++next[static_cast<size_t>(best)];
-  }
-  return out;
+  if (end <= begin) return {};
+  return MixSourcesFrom(counts, MixCountsBefore(counts, begin), end - begin);
 }
 
 }  // namespace sluice

@@ -22,9 +22,8 @@
 // largest share is at most half. (Each source's count of the positions up
 // to any time lies in an interval of width 1 around its share, so the
 // deviation of a prefix spans less than (1 - w) + (k - 1) w, w = c_s / L.)
-// The position of any sample, and how many of each source precede any
-// position, take O(k log c) arithmetic
-// (MixCountBefore), so a unit anywhere in the epoch is served without
+// How many of each source precede any position takes O(k^2) arithmetic
+// (MixCountsBefore), so a unit anywhere in the epoch is served without
 // replaying the sequence before it.
 #ifndef SLUICE_SERVER_COMMON_MIX_ORDER_H_
 #define SLUICE_SERVER_COMMON_MIX_ORDER_H_
@@ -42,14 +41,23 @@ inline constexpr int32_t kMaxMixSources = 256;
 std::vector<int64_t> Apportion(int64_t total,
                                const std::vector<double>& weights);
 
-// How many of positions [0, position) belong to `source`, for an epoch of
-// `counts` (each >= 0). position is clamped to [0, sum(counts)].
+// How many of positions [0, position) belong to each source, for an epoch
+// of `counts` (each >= 0). position is clamped to [0, sum(counts)]. O(k^2)
+// for k sources: the samples before a time a little earlier than
+// `position`, counted in closed form, then the last few merged in order.
+std::vector<int64_t> MixCountsBefore(const std::vector<int64_t>& counts,
+                                     int64_t position);
+// The same for one source.
 int64_t MixCountBefore(const std::vector<int64_t>& counts, int32_t source,
                        int64_t position);
 
 // The source of each position in [begin, end).
 std::vector<int32_t> MixSources(const std::vector<int64_t>& counts,
                                 int64_t begin, int64_t end);
+// The same for `n` positions from the one where each source has served
+// next[s] samples (next = MixCountsBefore(counts, begin)).
+std::vector<int32_t> MixSourcesFrom(const std::vector<int64_t>& counts,
+                                    std::vector<int64_t> next, int64_t n);
 
 }  // namespace sluice
 

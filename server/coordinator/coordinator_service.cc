@@ -437,14 +437,24 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   if (include_manifest) {
     *out.mutable_spec() = job.spec;
   } else {
-    // Copy everything but the (possibly million-shard) manifest: move it
-    // aside for the copy (O(1) swaps; state_ is ours under mu_).
+    // Copy everything but the (possibly million-shard) manifests: move
+    // them aside for the copy (O(1) swaps; state_ is ours under mu_).
     v1::JobSpec& spec = const_cast<v1::JobSpec&>(job.spec);
     v1::Manifest manifest;
-    spec.mutable_manifest()->Swap(&manifest);
+    std::vector<v1::Manifest> sources(static_cast<size_t>(spec.sources_size()));
+    const bool inline_manifest = spec.has_manifest();
+    if (inline_manifest) spec.mutable_manifest()->Swap(&manifest);
+    for (int i = 0; i < spec.sources_size(); ++i)
+      spec.mutable_sources(i)->mutable_manifest()->Swap(&sources[i]);
     *out.mutable_spec() = spec;
-    out.mutable_spec()->clear_manifest();
-    spec.mutable_manifest()->Swap(&manifest);
+    if (inline_manifest) {
+      out.mutable_spec()->clear_manifest();
+      spec.mutable_manifest()->Swap(&manifest);
+    }
+    for (int i = 0; i < spec.sources_size(); ++i) {
+      out.mutable_spec()->mutable_sources(i)->clear_manifest();
+      spec.mutable_sources(i)->mutable_manifest()->Swap(&sources[i]);
+    }
   }
   out.set_create_time_unix_ms(job.create_time_unix_ms);
   v1::JobStatus* st = out.mutable_status();
@@ -1222,16 +1232,25 @@ const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
 std::string CoordinatorService::RouteLocked(const JobData& job,
                                             int32_t shard_index) {
   if (job.mix != nullptr) {
-    // By the shard the block's first position reads.
-    const int64_t at = shard_index * job.mix->block_samples();
-    const std::vector<MixPlan::Segment> first =
-        job.mix->Segments(job.epoch, at, at + 1);
-    if (first.empty() || first[0].window->shards.empty())
-      return data_servers_.Pick("");
-    return data_servers_.Pick(job.spec.sources(first[0].source)
-                                  .manifest()
-                                  .shards(first[0].window->shards[0])
-                                  .url());
+    // By the shard the block's first position reads (remembered per block).
+    JobRuntime& rt = runtime_[job.spec.name()];
+    if (rt.routes_epoch != job.epoch) {
+      rt.block_routes.clear();
+      rt.routes_epoch = job.epoch;
+    }
+    auto [it, added] = rt.block_routes.try_emplace(shard_index);
+    if (added) {
+      const int64_t at = shard_index * job.mix->block_samples();
+      const std::vector<MixPlan::Segment> first =
+          job.mix->Segments(job.epoch, at, at + 1);
+      if (!first.empty() && !first[0].window->shards.empty()) {
+        it->second = job.spec.sources(first[0].source)
+                         .manifest()
+                         .shards(first[0].window->shards[0])
+                         .url();
+      }
+    }
+    return data_servers_.Pick(it->second);
   }
   if (!UsesWindows(job.options))
     return data_servers_.Pick(job.spec.manifest().shards(shard_index).url());

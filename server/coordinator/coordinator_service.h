@@ -185,6 +185,9 @@ class CoordinatorService {
     // The shuffle windows of epoch `windows_epoch` (PlanWindows).
     int64_t windows_epoch = -1;
     std::vector<ShuffleWindow> windows;
+    // Mixed jobs: the URL each block of epoch `routes_epoch` is routed by.
+    int64_t routes_epoch = -1;
+    std::map<int32_t, std::string> block_routes;
   };
   // The shuffle windows of the job's current epoch (empty without them).
   const std::vector<ShuffleWindow>& WindowsLocked(const JobData& job)

@@ -304,7 +304,9 @@ absl::Status CoordinatorState::CheckResume(
   }
   for (int i = 0; i < c.sources_size(); ++i) {
     const auto& sources = target->spec.sources();
-    if (i >= sources.size() || sources[i].name() != c.sources(i)) {
+    // "" = a name the reader had not seen.
+    if (i >= sources.size() ||
+        (!c.sources(i).empty() && sources[i].name() != c.sources(i))) {
       std::string names;
       for (const v1::Source& src : sources)
         absl::StrAppend(&names, names.empty() ? "" : ", ", src.name());

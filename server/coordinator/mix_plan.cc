@@ -10,12 +10,6 @@ namespace sluice {
 
 using i128 = __int128;
 
-int64_t MixSourceShape::num_samples() const {
-  int64_t n = 0;
-  for (int64_t s : shard_samples) n += std::max<int64_t>(s, 0);
-  return n;
-}
-
 uint64_t SourceSeed(uint64_t seed, int32_t source) {
   return SplitMix64::Mix(
       SplitMix64::Mix(seed) ^
@@ -26,7 +20,59 @@ MixPlan::MixPlan(std::vector<MixSourceShape> sources,
                  const PlanOptions& options, int64_t block_samples)
     : sources_(std::move(sources)),
       options_(options),
-      block_(std::max<int64_t>(block_samples, 1)) {}
+      block_(std::max<int64_t>(block_samples, 1)) {
+  for (MixSourceShape& src : sources_) {
+    src.total = 0;
+    for (int64_t n : src.shard_samples) src.total += std::max<int64_t>(n, 0);
+  }
+}
+
+namespace {
+
+// MixCountsBefore(counts, end), given `before` = the counts at `begin`: a
+// short stretch is stepped through, a long one computed afresh.
+std::vector<int64_t> CountsThrough(const std::vector<int64_t>& counts,
+                                   const std::vector<int64_t>& before,
+                                   int64_t begin, int64_t end) {
+  if (end - begin > 2 * static_cast<int64_t>(counts.size()) + 2)
+    return MixCountsBefore(counts, end);
+  std::vector<int64_t> out = before;
+  for (int32_t s : MixSourcesFrom(counts, before, end - begin))
+    ++out[static_cast<size_t>(s)];
+  return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> MixPlan::CountsAt(int64_t epoch,
+                                       const std::vector<int64_t>& counts,
+                                       int64_t position) const {
+  constexpr size_t kRecent = 8;
+  const int64_t reach = 2 * static_cast<int64_t>(counts.size()) + 2;
+  std::vector<int64_t> out;
+  int64_t from = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Counted& c : recent_) {
+      if (c.epoch == epoch && c.position <= position &&
+          position - c.position <= reach && c.position > from) {
+        from = c.position;
+        out = c.counts;
+      }
+    }
+  }
+  if (from < 0) {
+    out = MixCountsBefore(counts, position);
+  } else if (from < position) {
+    for (int32_t s : MixSourcesFrom(counts, out, position - from))
+      ++out[static_cast<size_t>(s)];
+  }
+  absl::MutexLock lock(&mu_);
+  if (recent_.size() < kRecent) recent_.resize(kRecent);
+  recent_[recent_next_] = Counted{epoch, position, out};
+  recent_next_ = (recent_next_ + 1) % kRecent;
+  return out;
+}
 
 std::vector<int64_t> MixPlan::EpochCounts(int64_t epoch) const {
   std::vector<int64_t> counts(sources_.size());
@@ -52,6 +98,12 @@ std::pair<int64_t, int64_t> MixPlan::StreamPosition(int32_t source,
   if (n <= 0) return {0, 0};
   if (src.stop && g >= n) return {0, n};
   return {static_cast<int64_t>(g / n), static_cast<int64_t>(g % n)};
+}
+
+uint64_t MixPlan::AugmentSeed(int32_t source, int64_t pass) const {
+  return SplitMix64::Mix(
+      SourceSeed(options_.seed, source) ^
+      SplitMix64::Mix(static_cast<uint64_t>(pass) + 0x2545F4914F6CDD1DULL));
 }
 
 std::vector<SampleRange> MixPlan::EpochSequence(int64_t epoch) const {
@@ -115,24 +167,23 @@ std::shared_ptr<const MixPlan::Pass> MixPlan::PassOf(int32_t source,
 std::vector<int64_t> MixPlan::SourceCounts(int64_t epoch, int64_t begin,
                                            int64_t end) const {
   const std::vector<int64_t> counts = EpochCounts(epoch);
-  std::vector<int64_t> out(counts.size());
-  for (size_t s = 0; s < counts.size(); ++s) {
-    const auto source = static_cast<int32_t>(s);
-    out[s] = MixCountBefore(counts, source, end) -
-             MixCountBefore(counts, source, begin);
-  }
+  const std::vector<int64_t> before = CountsAt(epoch, counts, begin);
+  std::vector<int64_t> out = CountsThrough(counts, before, begin, end);
+  for (size_t s = 0; s < counts.size(); ++s) out[s] -= before[s];
   return out;
 }
 
 std::vector<MixPlan::Segment> MixPlan::Segments(int64_t epoch, int64_t begin,
                                                 int64_t end) const {
   const std::vector<int64_t> counts = EpochCounts(epoch);
+  const std::vector<int64_t> first = CountsAt(epoch, counts, begin);
+  const std::vector<int64_t> last = CountsThrough(counts, first, begin, end);
   std::vector<Segment> out;
   for (size_t s = 0; s < sources_.size(); ++s) {
     const auto source = static_cast<int32_t>(s);
     const int64_t n = sources_[s].num_samples();
-    int64_t k = MixCountBefore(counts, source, begin);
-    const int64_t k_end = MixCountBefore(counts, source, end);
+    int64_t k = first[s];
+    const int64_t k_end = last[s];
     while (k < k_end && n > 0) {
       const auto [pass, offset] = StreamPosition(source, epoch, k);
       const std::shared_ptr<const Pass> layout = PassOf(source, pass);
@@ -217,12 +268,10 @@ std::shared_ptr<const MixPlan> MixPlanFromSpec(const v1::JobSpec& spec,
 void MixUnitToProto(const MixPlan& plan, const v1::JobSpec& spec, int64_t epoch,
                     int64_t begin, int64_t end, v1::WorkUnit* unit) {
   const std::vector<int64_t> counts = plan.EpochCounts(epoch);
-  for (size_t s = 0; s < counts.size(); ++s) {
-    v1::MixSource* m = unit->add_mix();
-    m->set_name(plan.sources()[s].name);
-    m->set_epoch_samples(counts[s]);
-  }
-  for (const MixPlan::Segment& seg : plan.Segments(epoch, begin, end)) {
+  const std::vector<MixPlan::Segment> segments =
+      plan.Segments(epoch, begin, end);
+  unit->mutable_mix_samples()->Add(counts.begin(), counts.end());
+  for (const MixPlan::Segment& seg : segments) {
     const auto& shards = spec.sources(seg.source).manifest().shards();
     v1::MixSegment* out = unit->add_segments();
     out->set_source(seg.source);
@@ -231,6 +280,8 @@ void MixUnitToProto(const MixPlan& plan, const v1::JobSpec& spec, int64_t epoch,
     out->set_window_order(seg.window->order_seed);
     out->set_begin(seg.begin);
     out->set_end(seg.end);
+    out->set_augment_seed(plan.AugmentSeed(seg.source, seg.pass));
+    out->set_source_name(plan.sources()[seg.source].name);
     for (int32_t index : seg.window->shards) {
       const v1::Shard& shard = shards[index];
       v1::WindowPiece* piece = unit->add_pieces();

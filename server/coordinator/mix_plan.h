@@ -42,7 +42,9 @@ struct MixSourceShape {
   std::vector<int64_t> shard_samples;  // per shard of the source's manifest
   int64_t per_epoch = 0;               // c_s
   bool stop = false;                   // ON_EXHAUSTED_STOP
-  int64_t num_samples() const;         // one pass
+  // One pass: the sum of shard_samples (set by MixPlan).
+  int64_t num_samples() const { return total; }
+  int64_t total = 0;
 };
 
 // Source s's seed: Mix(Mix(seed) ^ Mix(s + 0x632BE59BD9B4E019)).
@@ -88,6 +90,9 @@ class MixPlan {
   // order, its segments in stream order.
   std::vector<Segment> Segments(int64_t epoch, int64_t begin,
                                 int64_t end) const;
+  // The augmentation key of source s's pass `pass` (MixSegment.augment_seed):
+  // Mix(SourceSeed(seed, s) ^ Mix(pass + 0x2545F4914F6CDD1D)).
+  uint64_t AugmentSeed(int32_t source, int64_t pass) const;
   // Samples of each source among positions [begin, end) of `epoch`.
   std::vector<int64_t> SourceCounts(int64_t epoch, int64_t begin,
                                     int64_t end) const;
@@ -98,8 +103,14 @@ class MixPlan {
     std::vector<int64_t> starts;  // first position of each window, + total
   };
   std::shared_ptr<const Pass> PassOf(int32_t source, int64_t pass) const;
+  // MixCountsBefore(counts, position) for `epoch`, stepped from a recent
+  // answer a few positions before when there is one (grants and
+  // acknowledgements come in position order).
+  std::vector<int64_t> CountsAt(int64_t epoch,
+                                const std::vector<int64_t>& counts,
+                                int64_t position) const;
 
-  const std::vector<MixSourceShape> sources_;
+  std::vector<MixSourceShape> sources_;  // set in the constructor only
   const PlanOptions options_;
   const int64_t block_;
 
@@ -108,6 +119,13 @@ class MixPlan {
   mutable std::list<
       std::pair<std::pair<int32_t, int64_t>, std::shared_ptr<const Pass>>>
       passes_ ABSL_GUARDED_BY(mu_);
+  struct Counted {
+    int64_t epoch = -1;
+    int64_t position = 0;
+    std::vector<int64_t> counts;
+  };
+  mutable std::vector<Counted> recent_ ABSL_GUARDED_BY(mu_);
+  mutable size_t recent_next_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Each source's samples per epoch for a validated spec with sources: the
@@ -122,8 +140,8 @@ std::vector<int64_t> SourceShares(const v1::JobSpec& spec);
 int64_t MixBlockSamples(const v1::JobSpec& spec,
                         const std::vector<int64_t>& shares);
 
-// Fills `unit`'s mix, segments and pieces for positions [begin, end) of
-// `epoch` (common.proto's WorkUnit.mix); `spec` holds the sources'
+// Fills `unit`'s mix_samples, segments and pieces for positions [begin, end) of
+// `epoch` (common.proto's WorkUnit.mix_samples); `spec` holds the sources'
 // manifests.
 void MixUnitToProto(const MixPlan& plan, const v1::JobSpec& spec, int64_t epoch,
                     int64_t begin, int64_t end, v1::WorkUnit* unit);

@@ -152,7 +152,7 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     RETURN_IF_ERROR(CheckFence(lease));
   }
   const v1::WorkUnit& unit = lease.unit();
-  const bool mixed = unit.mix_size() > 0;
+  const bool mixed = unit.mix_samples_size() > 0;
   const bool window = !mixed && unit.pieces_size() > 0;
   std::optional<MixedOrder> mixed_order;
   if (mixed) {
@@ -165,7 +165,7 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   } else if (unit.segments_size() > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lease \"", lease.lease_id(),
-                     "\": lease.unit.segments without lease.unit.mix"));
+                     "\": lease.unit.segments without lease.unit.mix_samples"));
   }
   if (!window && !mixed && unit.shard_url().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -246,6 +246,12 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
       RETURN_IF_ERROR(add_piece(p.url(), p.size_bytes(), p.checksum(),
                                 p.shard_index(), p.num_samples(),
                                 mixed_order->first[static_cast<size_t>(i)]));
+    }
+    for (const v1::MixSegment& seg : unit.segments()) {
+      for (int k = 0; k < seg.num_pieces(); ++k) {
+        params.pieces[static_cast<size_t>(seg.first_piece() + k)].augment_seed =
+            seg.augment_seed();
+      }
     }
     params.labels = std::make_shared<const std::vector<uint16_t>>(
         std::move(mixed_order->labels));

@@ -18,10 +18,11 @@ absl::Status Bad(const v1::Lease& lease, absl::string_view what) {
 absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
                                           const WindowLabelsFn& window_labels) {
   const v1::WorkUnit& unit = lease.unit();
-  if (unit.mix_size() > kMaxMixSources) {
-    return Bad(lease,
-               absl::StrCat("lease.unit.mix has ", unit.mix_size(),
-                            " sources, above the limit of ", kMaxMixSources));
+  if (unit.mix_samples_size() > kMaxMixSources) {
+    return Bad(
+        lease,
+        absl::StrCat("lease.unit.mix_samples has ", unit.mix_samples_size(),
+                     " sources, above the limit of ", kMaxMixSources));
   }
   if (unit.pieces_size() > 65535) {
     return Bad(lease, absl::StrCat("lease.unit.pieces has ", unit.pieces_size(),
@@ -29,11 +30,11 @@ absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
   }
   std::vector<int64_t> counts;
   int64_t total = 0;
-  for (int s = 0; s < unit.mix_size(); ++s) {
-    const int64_t c = unit.mix(s).epoch_samples();
+  for (int s = 0; s < unit.mix_samples_size(); ++s) {
+    const int64_t c = unit.mix_samples(s);
     if (c < 0 || c > (int64_t{1} << 50)) {
-      return Bad(lease, absl::StrCat("lease.unit.mix[", s, "].epoch_samples=",
-                                     c, " is out of range"));
+      return Bad(lease, absl::StrCat("lease.unit.mix_samples[", s, "]=", c,
+                                     " is out of range"));
     }
     counts.push_back(c);
     total += c;
@@ -49,9 +50,9 @@ absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
                absl::StrCat("lease.unit has ", unit.end() - unit.begin(),
                             " positions, above the limit of ", kMaxUnitLabels));
   }
-  if ((unit.end() - unit.begin()) * std::max(unit.mix_size(), 1) >
+  if ((unit.end() - unit.begin()) * std::max(unit.mix_samples_size(), 1) >
       kMaxUnitLabels * 4) {
-    return Bad(lease, absl::StrCat("lease.unit mixes ", unit.mix_size(),
+    return Bad(lease, absl::StrCat("lease.unit mixes ", unit.mix_samples_size(),
                                    " sources over ", unit.end() - unit.begin(),
                                    " positions, above the limit of ",
                                    kMaxUnitLabels * 4, " for their product"));
@@ -64,9 +65,10 @@ absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
   for (int g = 0; g < unit.segments_size(); ++g) {
     const v1::MixSegment& seg = unit.segments(g);
     const std::string field = absl::StrCat("lease.unit.segments[", g, "]");
-    if (seg.source() < 0 || seg.source() >= unit.mix_size()) {
-      return Bad(lease, absl::StrCat(field, ".source=", seg.source(),
-                                     " names no source of lease.unit.mix"));
+    if (seg.source() < 0 || seg.source() >= unit.mix_samples_size()) {
+      return Bad(lease,
+                 absl::StrCat(field, ".source=", seg.source(),
+                              " names no source of lease.unit.mix_samples"));
     }
     if (seg.first_piece() < 0 || seg.num_pieces() < 1 ||
         seg.num_pieces() > unit.pieces_size() - seg.first_piece()) {
@@ -112,17 +114,17 @@ absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
       to.push_back(static_cast<uint16_t>(seg.first_piece() + (*labels)[p]));
     }
   }
+  const std::vector<int64_t> before = MixCountsBefore(counts, unit.begin());
+  const std::vector<int64_t> through = MixCountsBefore(counts, unit.end());
   for (size_t s = 0; s < counts.size(); ++s) {
     const auto source = static_cast<int32_t>(s);
-    const int64_t want = MixCountBefore(counts, source, unit.end()) -
-                         MixCountBefore(counts, source, unit.begin());
+    const int64_t want = through[s] - before[s];
     if (static_cast<int64_t>(stream[s].size()) != want) {
-      return Bad(
-          lease,
-          absl::StrCat("the segments of source \"", unit.mix(source).name(),
-                       "\" hold ", stream[s].size(),
-                       " samples, but positions [", unit.begin(), ", ",
-                       unit.end(), ") of the mix give it ", want));
+      return Bad(lease,
+                 absl::StrCat("the segments of source ", source, " hold ",
+                              stream[s].size(), " samples, but positions [",
+                              unit.begin(), ", ", unit.end(),
+                              ") of the mix give it ", want));
     }
   }
   const std::vector<int32_t> sources =

@@ -1,5 +1,5 @@
-// The serving order of a mixed unit (WorkUnit.mix, a job with sources): which
-// of the unit's pieces serves each position, and where each piece starts.
+// The serving order of a mixed unit (WorkUnit.mix_samples, a job with sources):
+// which of the unit's pieces serves each position, and where each piece starts.
 // Pure; the data server computes it once per ReadSamples.
 #ifndef SLUICE_SERVER_DATASERVER_MIXED_UNIT_H_
 #define SLUICE_SERVER_DATASERVER_MIXED_UNIT_H_

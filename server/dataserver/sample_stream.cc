@@ -551,8 +551,10 @@ void SampleStream::DecodeSample(Slot& slot) {
   const ImageTransforms& transforms = *params_.transforms;
   std::optional<Geometry> geometry;
   ImageSize planned_for;
-  const SampleRandom random(params_.lease.augment_seed(), params_.lease.epoch(),
-                            slot.shard_index, raw.index);
+  const std::optional<uint64_t>& key =
+      params_.pieces[static_cast<size_t>(slot.piece)].augment_seed;
+  const SampleRandom random(key.value_or(params_.lease.augment_seed()),
+                            params_.lease.epoch(), slot.shard_index, raw.index);
   for (RawField& f : raw.fields) {
     OutField field;
     field.name = std::move(f.name);

@@ -70,8 +70,10 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
     int32_t shard_index = 0;  // in the job's manifest
     // Window pieces: the manifest's sample count. -1 for a plain unit.
     int64_t num_samples = -1;
-    // Mixed units: the sample the piece's first label stands for.
+    // Mixed units: the sample the piece's first label stands for, and the
+    // augmentation key of its segment (else Lease.augment_seed).
     int64_t first = 0;
+    std::optional<uint64_t> augment_seed;
   };
   // Construction goes through DataServerService::ReadSamples.
   struct Params {

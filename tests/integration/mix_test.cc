@@ -285,24 +285,24 @@ TEST_F(MixTest, AStoppingSourceEndsAtItsEndAndTheEpochsShorten) {
   EXPECT_EQ(b_samples.size(), 200u);  // all of b, once
 }
 
-// Readers stopped at a point, their cursors merged, and a new job resumed
-// from it: with the same world size every rank continues its uninterrupted
-// sequence exactly; with another, the rest of the epoch is served once.
+// Four readers stopped at a point, their cursors merged, and a new job
+// resumed from it: with four ranks every rank continues its uninterrupted
+// sequence exactly; with three, the rest of the epoch is served once.
 TEST_F(MixTest, ResumeFromAMergedCursorContinuesExactly) {
-  Create(WeightedSpec("whole", 2, 2));
+  Create(WeightedSpec("whole", 4, 2));
   std::vector<std::unique_ptr<Reader>> readers;
-  for (int r = 0; r < 2; ++r) readers.push_back(MakeReader("whole", r));
+  for (int r = 0; r < 4; ++r) readers.push_back(MakeReader("whole", r));
   const auto whole = ReadRanks(readers);
   readers.clear();
-  // Stop points, per rank: mid-epoch; where source b's first pass ends
-  // (its 200th sample sits at position ~667 of the epoch: rank 0's 667th);
-  // right after epoch 0's 1,000 samples per rank.
+  // Stop points, per rank (500 samples each per epoch): mid-epoch; where
+  // source b's first pass ends (its 200th sample sits at position ~667 of
+  // the epoch: rank 1's 167th); right after epoch 0.
   int case_number = 0;
-  for (const int64_t stop : {int64_t{333}, int64_t{667}, int64_t{1001}}) {
-    for (const int world : {2, 3}) {
+  for (const int64_t stop : {int64_t{250}, int64_t{167}, int64_t{501}}) {
+    for (const int world : {4, 3}) {
       const std::string first = absl::StrCat("first", ++case_number);
-      Create(WeightedSpec(first, 2, 2));
-      for (int r = 0; r < 2; ++r) readers.push_back(MakeReader(first, r));
+      Create(WeightedSpec(first, 4, 2));
+      for (int r = 0; r < 4; ++r) readers.push_back(MakeReader(first, r));
       const auto head = ReadRanks(readers, stop);
       std::vector<v1::Cursor> cursors;
       for (auto& reader : readers) {
@@ -314,14 +314,15 @@ TEST_F(MixTest, ResumeFromAMergedCursorContinuesExactly) {
       readers.clear();
       auto merged = MergeCursors(cursors);
       ASSERT_TRUE(merged.ok()) << merged.status();
+      EXPECT_THAT(merged->sources(), ::testing::ElementsAre("a", "b", "c"));
       const std::string rest = absl::StrCat("rest", case_number);
       Create(WeightedSpec(rest, world, 2));
       for (int r = 0; r < world; ++r)
         readers.push_back(MakeReader(rest, r, &*merged));
       const auto tail = ReadRanks(readers);
       readers.clear();
-      if (world == 2) {
-        for (int r = 0; r < 2; ++r) {
+      if (world == 4) {
+        for (int r = 0; r < 4; ++r) {
           Sequence joined, expected;
           for (const auto& [e, seq] : head[r])
             joined.insert(joined.end(), seq.begin(), seq.end());
@@ -336,12 +337,12 @@ TEST_F(MixTest, ResumeFromAMergedCursorContinuesExactly) {
         // (REMAINDER_DROP leaves out the rest's last (rest mod 3) samples):
         // every position of the epoch is served once, all but those (a
         // multiset: source b repeats within the epoch).
-        const int64_t epoch = stop > 1000 ? 1 : 0;
+        const int64_t epoch = stop > 500 ? 1 : 0;
         std::multiset<Id> got;
         std::multiset<Id> want;
         size_t head_count = 0;
         size_t served = 0;
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < 4; ++r) {
           if (head[r].count(epoch)) {
             got.insert(head[r].at(epoch).begin(), head[r].at(epoch).end());
             head_count += head[r].at(epoch).size();

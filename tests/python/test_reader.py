@@ -559,3 +559,17 @@ def test_a_fork_waits_while_a_grpc_or_sluice_thread_is_running():
     start = time.monotonic()
     sluice_reader._settle_grpc_before_fork()
     assert time.monotonic() - start < 1.0  # quiet: did not run into its limit
+
+
+def test_merge_cursors_joins_the_source_names_each_rank_saw():
+    from sluice.v1 import common_pb2
+    a = common_pb2.Cursor(job="mix", epoch=1, world_size=2, consumed_per_rank=[40, -1],
+                          sources=["web", ""])
+    b = common_pb2.Cursor(job="mix", epoch=1, world_size=2, consumed_per_rank=[-1, 38],
+                          sources=["", "books"])
+    merged = sluice.merge_cursors([a, b])
+    assert list(merged.consumed_per_rank) == [40, 38]
+    assert list(merged.sources) == ["web", "books"]
+    b.sources[0] = "news"
+    with pytest.raises(ValueError, match="names source 0 'news', another cursor 'web'"):
+        sluice.merge_cursors([a, b])

@@ -279,23 +279,64 @@ def test_unsigned_tensors_this_torch_lacks_are_widened_losslessly(cluster):
     ds.close()
 
 
-def test_a_job_over_two_sources_tags_every_item_with_its_source(cluster, tmp_path):
-    # The cluster's six shards as two datasets, mixed 2:1 over 60 samples
-    # per epoch, read by a DataLoader with two workers.
+def _create_two_source_job(cluster, tmp_path, name, *flags):
+    """The cluster's six shards as two datasets, web and books, mixed 2:1
+    over 60 samples per epoch."""
     manifests = {}
-    for name, urls in (("web", cluster.urls[:3]), ("books", cluster.urls[3:])):
-        manifests[name] = str(tmp_path / f"{name}.json")
-        with open(manifests[name], "w") as f:
+    for source, urls in (("web", cluster.urls[:3]), ("books", cluster.urls[3:])):
+        manifests[source] = str(tmp_path / f"{name}-{source}.json")
+        with open(manifests[source], "w") as f:
             json.dump({"shards": [{"url": u, "num_samples": n} for u, n in urls]}, f)
     out = subprocess.run(
         [os.path.join(os.environ["SLUICE_BIN_DIR"], "sluicectl"), "job", "create",
-         f"--coordinator={cluster.address}", "--name=two-sources", "--world_size=1",
-         "--epochs=2", "--samples_per_epoch=60",
+         f"--coordinator={cluster.address}", f"--name={name}", "--samples_per_epoch=60",
          "--source", f"name=web,manifest={manifests['web']},weight=2",
          "--source", f"name=books,manifest={manifests['books']},weight=1",
-         *cluster.client_tls, *cluster.admin_token],
+         *flags, *cluster.client_tls, *cluster.admin_token],
         capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+MIX_READER_SCRIPT = READER_SCRIPT.replace("print(s.shard_index, s.index,",
+                                          "print(s.source, s.shard_index, s.index,")
+
+
+def test_a_killed_process_of_a_mixed_job_loses_nothing(cluster, tmp_path):
+    # Three readers share a mixed epoch (no quotas); one is SIGKILLed
+    # mid-way. Each source's share of 60 (40 + 20) lies within its first
+    # pass, so the epoch holds 60 distinct samples.
+    _create_two_source_job(cluster, tmp_path, "mixed-fleet", "--world_size=0", "--epochs=1",
+                           "--mode=dynamic", "--lease_ttl=1s", "--max_samples_per_lease=4")
+    procs = [subprocess.Popen([sys.executable, "-c", MIX_READER_SCRIPT, cluster.address,
+                               "mixed-fleet", "0.01"], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+
+    def parse(line):
+        source, shard, index = line.split()
+        return source, int(shard), int(index)
+    victim = procs[0]
+    seen_by_victim = []
+    for line in victim.stdout:
+        seen_by_victim.append(parse(line))
+        if len(seen_by_victim) == 10:
+            victim.send_signal(signal.SIGKILL)
+            break
+    victim.wait()
+    survivors = []
+    for p in procs[1:]:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        survivors += [parse(line) for line in out.splitlines()]
+    assert set(collections.Counter(survivors).values()) == {1}
+    union = set(survivors) | set(seen_by_victim)
+    assert collections.Counter(source for source, _, _ in union) == {"web": 40, "books": 20}
+    # Samples seen twice are only ones the victim took but may not have reported.
+    assert set(seen_by_victim) & set(survivors) <= set(seen_by_victim[-4 * 2 - 1:])
+
+
+def test_a_job_over_two_sources_tags_every_item_with_its_source(cluster, tmp_path):
+    # Read by a DataLoader with two workers.
+    _create_two_source_job(cluster, tmp_path, "two-sources", "--world_size=1", "--epochs=2")
     shards_of = {name: {u for u, _ in urls}
                  for name, urls in (("web", cluster.urls[:3]), ("books", cluster.urls[3:]))}
     ds = ShardLeaseDataset(coordinator=cluster.address, job="two-sources", decode=True)

@@ -455,12 +455,16 @@ def merge_cursors(cursors):
                              f"{c.world_size} workers_per_rank {c.workers_per_rank}, cursor 0 is "
                              f"job {merged.job} epoch {merged.epoch} world_size "
                              f"{merged.world_size} workers_per_rank {merged.workers_per_rank}")
-        if c.sources:
-            if merged.sources and list(merged.sources) != list(c.sources):
-                raise ValueError(f"merge_cursors: cursor {i} names other sources "
-                                 f"({', '.join(c.sources)}) than cursor 0 "
-                                 f"({', '.join(merged.sources)})")
-            merged.sources[:] = c.sources
+        # Source names: each cursor knows those its reader's leases named.
+        for k, name in enumerate(c.sources):
+            if k >= len(merged.sources):
+                merged.sources.append("")
+            if not name:
+                continue
+            if merged.sources[k] and merged.sources[k] != name:
+                raise ValueError(f"merge_cursors: cursor {i} names source {k} {name!r}, "
+                                 f"another cursor {merged.sources[k]!r}")
+            merged.sources[k] = name
         for what, mine, theirs in (("rank", merged.consumed_per_rank, c.consumed_per_rank),
                                    ("worker slot", merged.consumed_per_worker,
                                     c.consumed_per_worker)):
@@ -1015,8 +1019,12 @@ class Reader:
                 self._entries.append(("done", (m.job_done.num_epochs, 0, 0, None, 0, 0, message)))
             elif kind == "grant":
                 lease = m.grant.lease
-                if lease.unit.mix and not self._source_names:
-                    self._source_names = [src.name for src in lease.unit.mix]
+                if lease.unit.mix_samples:  # a unit names the sources it reads
+                    names = self._source_names
+                    names.extend([""] * (len(lease.unit.mix_samples) - len(names)))
+                    for seg in lease.unit.segments:
+                        if 0 <= seg.source < len(names):
+                            names[seg.source] = seg.source_name
                 final = self._finals.get(lease.lease_id)
                 held = self._units.get(lease.lease_id)
                 if final is not None:
@@ -1239,9 +1247,8 @@ class Reader:
         protocol_error = None
         try:
             pieces = lease.unit.pieces
-            mix = lease.unit.mix
-            if mix:  # several sources: each sample names its shard and source
-                names = [m.name for m in mix]
+            if lease.unit.mix_samples:  # several sources: samples name shard and source
+                names = {seg.source: seg.source_name for seg in lease.unit.segments}
                 converted = [Sample(lease.epoch, lease.rank, pieces[piece].shard_index,
                                     pieces[piece].url, index, key, address, skipped, reason,
                                     fields, names[pieces[piece].source])
@@ -1258,7 +1265,7 @@ class Reader:
                                     index, key, address, skipped, reason, fields)
                              for key, index, skipped, reason, fields, _
                              in _wire.sample_batch(batch, _DTYPES)]
-        except IndexError:
+        except (IndexError, KeyError):
             converted = []
             protocol_error = (f"data server {address} sent a sample of a piece the lease "
                               f"{lease.lease_id} does not have")

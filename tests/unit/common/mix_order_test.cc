@@ -60,6 +60,21 @@ TEST(MixOrderTest, CountBeforeMatchesTheSequenceEverywhere) {
   }
 }
 
+TEST(MixOrderTest, CountsStayConsistentFarIntoHugeEpochs) {
+  const std::vector<int64_t> counts = {int64_t{1} << 40, 3, int64_t{1} << 30,
+                                       7'000'000'019};
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), 0L);
+  for (const int64_t from : {int64_t{0}, total / 3, total - 300}) {
+    std::vector<int64_t> n = MixCountsBefore(counts, from);
+    ASSERT_EQ(std::accumulate(n.begin(), n.end(), 0L), from);
+    const std::vector<int32_t> next = MixSourcesFrom(counts, n, 300);
+    for (int64_t p = 0; p < static_cast<int64_t>(next.size()); ++p) {
+      ++n[next[static_cast<size_t>(p)]];
+      ASSERT_EQ(MixCountsBefore(counts, from + p + 1), n) << from + p + 1;
+    }
+  }
+}
+
 // The largest |count - W * share| of `source` over all stretches of at most
 // `span` positions.
 double WorstDeviation(const std::vector<int32_t>& seq, int32_t source,

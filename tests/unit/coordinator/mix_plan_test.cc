@@ -7,7 +7,9 @@
 #include <numeric>
 #include <set>
 #include <tuple>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/mix_order.h"
 #include "server/common/shuffle_window.h"
 #include "server/coordinator/job_spec.h"
@@ -149,6 +151,45 @@ TEST(MixPlanTest, SharesAndBlocksFromTheSpec) {
   EXPECT_THAT(SourceShares(*normalized), ElementsAre(414, 297, 189, 100));
   // No windows: one 50-sample shard of "a" per 50 * 1000 / 414 = 120 positions.
   EXPECT_EQ(MixBlockSamples(*normalized, SourceShares(*normalized)), 120);
+}
+
+// A unit whose source repeats within it: each pass's segment has its own
+// augmentation key, so a sample served again is cropped anew.
+TEST(MixPlanTest, EachPassOfASourceHasItsOwnAugmentationKey) {
+  v1::JobSpec spec;
+  spec.set_name("m");
+  spec.set_seed(4);
+  for (auto [name, n] :
+       {std::pair<const char*, int64_t>{"small", 12}, {"large", 12}}) {
+    v1::Source* src = spec.add_sources();
+    src->set_name(name);
+    src->set_samples_per_epoch(n);
+    const int shards = std::string(name) == "small" ? 1 : 3;
+    for (int s = 0; s < shards; ++s) {
+      v1::Shard* shard = src->mutable_manifest()->add_shards();
+      shard->set_url(absl::StrCat("/", name, s, ".tar"));
+      shard->set_num_samples(std::string(name) == "small" ? 4 : 10);
+    }
+  }
+  auto normalized = NormalizeJobSpec(spec);
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  auto plan = MixPlanFromSpec(*normalized, PlanOptions{});
+  v1::WorkUnit unit;
+  MixUnitToProto(*plan, *normalized, 0, 0, 24, &unit);
+  std::map<std::pair<int, uint64_t>, int> keys;  // (source, key) -> segments
+  for (const v1::MixSegment& seg : unit.segments())
+    ++keys[{seg.source(), seg.augment_seed()}];
+  // "small" (4 samples, 12 per epoch): three passes, three keys.
+  int small_keys = 0;
+  for (const auto& [k, n] : keys) {
+    if (k.first != 0) continue;
+    ++small_keys;
+    EXPECT_EQ(n, 1);
+  }
+  EXPECT_EQ(small_keys, 3);
+  EXPECT_NE(plan->AugmentSeed(0, 0), plan->AugmentSeed(1, 0));
+  EXPECT_THAT(unit.mix_samples(), ElementsAre(12, 12));
+  EXPECT_EQ(unit.segments(0).source_name(), "small");
 }
 
 }  // namespace

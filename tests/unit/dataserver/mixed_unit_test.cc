@@ -27,12 +27,8 @@ v1::Lease TwoSourceLease() {
   v1::WorkUnit* unit = lease.mutable_unit();
   unit->set_begin(2);
   unit->set_end(8);
-  for (auto [name, n] :
-       {std::pair<const char*, int64_t>{"web", 6}, {"books", 3}}) {
-    v1::MixSource* m = unit->add_mix();
-    m->set_name(name);
-    m->set_epoch_samples(n);
-  }
+  unit->add_mix_samples(6);  // web
+  unit->add_mix_samples(3);  // books
   const std::vector<int64_t> counts = {6, 3};
   auto piece = [&](const char* url, int64_t n, int source) {
     v1::WindowPiece* p = unit->add_pieces();
@@ -94,12 +90,11 @@ TEST(MixedUnitTest, InconsistentLeasesAreInvalidArgumentNamingTheField) {
        [](v1::WorkUnit& u) { u.mutable_segments(1)->set_num_pieces(9); }},
       {"another source than",
        [](v1::WorkUnit& u) { u.mutable_pieces(2)->set_source(0); }},
-      {"segments of source \"web\" hold",
+      {"segments of source 0 hold",
        [](v1::WorkUnit& u) {
          u.mutable_segments(0)->set_end(u.segments(0).end() - 1);
        }},
-      {"mix[0].epoch_samples=-1",
-       [](v1::WorkUnit& u) { u.mutable_mix(0)->set_epoch_samples(-1); }},
+      {"mix_samples[0]=-1", [](v1::WorkUnit& u) { u.set_mix_samples(0, -1); }},
       {"is not inside its",
        [](v1::WorkUnit& u) { u.mutable_segments(1)->set_end(99); }},
   };
@@ -121,7 +116,7 @@ TEST(MixedUnitTest, InconsistentLeasesAreInvalidArgumentNamingTheField) {
   EXPECT_EQ(OrderMixedUnit(outside, Labels).status().code(),
             absl::StatusCode::kOutOfRange);
   v1::Lease huge = TwoSourceLease();
-  huge.mutable_unit()->mutable_mix(0)->set_epoch_samples(int64_t{1} << 40);
+  huge.mutable_unit()->set_mix_samples(0, int64_t{1} << 40);
   huge.mutable_unit()->set_end(int64_t{1} << 39);
   EXPECT_THAT(std::string(OrderMixedUnit(huge, Labels).status().message()),
               HasSubstr("above the limit"));
