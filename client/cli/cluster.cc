@@ -5,6 +5,7 @@
 #include <archive_entry.h>
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -29,6 +30,7 @@
 #include "client/cli/subprocess.h"
 #include "server/common/grpc_status.h"
 #include "server/common/status_macros.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_FLAG(std::string, dir, ".sluice",
@@ -243,12 +245,17 @@ struct LocalCluster {
       auto& dkv = *data_started;
       data_grpc.push_back(dkv["grpc"]);
     }
-    // Until every data server has registered, grants would name none.
+    // Until every data server has registered, grants would name none: ask
+    // the (leading) coordinator which are live.
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(leader_grpc, grpc::InsecureChannelCredentials()));
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (absl::Now() < deadline) {
-      auto page = HttpGet("http://" + coordinator_metrics + "/metrics");
-      if (page.ok() &&
-          Metric(*page, "sluice_coordinator_data_servers") >= servers) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      v1::ListJobsResponse listed;
+      if (stub->ListJobs(&ctx, v1::ListJobsRequest(), &listed).ok() &&
+          listed.live_data_servers_size() >= servers) {
         return absl::OkStatus();
       }
       absl::SleepFor(absl::Milliseconds(50));  // poll

@@ -527,6 +527,13 @@ int StatusCommand(const std::vector<std::string>& args) {
             "status");
     if (!s.ok()) return Fail(s);
     jobs.assign(response.jobs().begin(), response.jobs().end());
+    if (jobs.empty() && !absl::GetFlag(FLAGS_json)) {
+      std::printf(
+          "no jobs; data servers: %s\n",
+          response.live_data_servers().empty()
+              ? "none live"
+              : absl::StrJoin(response.live_data_servers(), ", ").c_str());
+    }
   } else {
     for (const std::string& name : args) {
       v1::GetJobRequest request;

@@ -16,13 +16,28 @@ std::vector<int64_t> Apportion(int64_t total,
                                const std::vector<double>& weights) {
   std::vector<int64_t> out(weights.size(), 0);
   if (weights.empty() || total <= 0) return out;
+  // Relative to the largest weight, so that no sum or product overflows
+  // (weights are positive and finite; anything else counts as 0).
+  long double largest = 0;
+  for (double w : weights) {
+    if (std::isfinite(w) && w > largest) largest = w;
+  }
+  if (largest <= 0) largest = 1;
+  std::vector<long double> share(weights.size(), 0);
   long double sum = 0;
-  for (double w : weights) sum += w;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (std::isfinite(weights[i]) && weights[i] > 0)
+      share[i] = weights[i] / largest;
+    sum += share[i];
+  }
+  if (sum <= 0) {
+    share.assign(weights.size(), 1);
+    sum = static_cast<long double>(weights.size());
+  }
   std::vector<long double> rest(weights.size());
   int64_t given = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
-    const long double exact =
-        static_cast<long double>(total) * weights[i] / sum;
+    const long double exact = static_cast<long double>(total) * share[i] / sum;
     out[i] = static_cast<int64_t>(std::floor(exact));
     rest[i] = exact - static_cast<long double>(out[i]);
     given += out[i];

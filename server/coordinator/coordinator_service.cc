@@ -533,15 +533,8 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
   } else if (UsesWindows(job.options)) {
     const ShuffleWindow& window = WindowsLocked(job).at(lease.shard_index);
     unit->set_window_order(window.order_seed);
-    for (int32_t index : window.shards) {
-      const v1::Shard& shard = job.spec.manifest().shards(index);
-      v1::WindowPiece* piece = unit->add_pieces();
-      piece->set_shard_index(index);
-      piece->set_url(shard.url());
-      piece->set_num_samples(shard.num_samples());
-      piece->set_size_bytes(shard.size_bytes());
-      piece->set_checksum(shard.checksum());
-    }
+    for (int32_t index : window.shards)
+      AddPiece(job.spec.manifest().shards(index), index, unit);
   } else {
     const v1::Shard& shard = job.spec.manifest().shards(lease.shard_index);
     unit->set_shard_url(shard.url());

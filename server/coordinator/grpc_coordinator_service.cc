@@ -541,6 +541,8 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
     grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
     v1::ListJobsResponse* resp) {
   for (v1::Job& job : service_->ListJobs()) *resp->add_jobs() = std::move(job);
+  for (std::string& address : service_->LiveDataServers())
+    resp->add_live_data_servers(std::move(address));
   return Done(ctx, absl::OkStatus());
 }
 

@@ -265,6 +265,17 @@ std::shared_ptr<const MixPlan> MixPlanFromSpec(const v1::JobSpec& spec,
                                          MixBlockSamples(spec, shares));
 }
 
+v1::WindowPiece* AddPiece(const v1::Shard& shard, int32_t index,
+                          v1::WorkUnit* unit) {
+  v1::WindowPiece* piece = unit->add_pieces();
+  piece->set_shard_index(index);
+  piece->set_url(shard.url());
+  piece->set_num_samples(shard.num_samples());
+  piece->set_size_bytes(shard.size_bytes());
+  piece->set_checksum(shard.checksum());
+  return piece;
+}
+
 void MixUnitToProto(const MixPlan& plan, const v1::JobSpec& spec, int64_t epoch,
                     int64_t begin, int64_t end, v1::WorkUnit* unit) {
   const std::vector<int64_t> counts = plan.EpochCounts(epoch);
@@ -282,16 +293,8 @@ void MixUnitToProto(const MixPlan& plan, const v1::JobSpec& spec, int64_t epoch,
     out->set_end(seg.end);
     out->set_augment_seed(plan.AugmentSeed(seg.source, seg.pass));
     out->set_source_name(plan.sources()[seg.source].name);
-    for (int32_t index : seg.window->shards) {
-      const v1::Shard& shard = shards[index];
-      v1::WindowPiece* piece = unit->add_pieces();
-      piece->set_shard_index(index);
-      piece->set_url(shard.url());
-      piece->set_num_samples(shard.num_samples());
-      piece->set_size_bytes(shard.size_bytes());
-      piece->set_checksum(shard.checksum());
-      piece->set_source(seg.source);
-    }
+    for (int32_t index : seg.window->shards)
+      AddPiece(shards[index], index, unit)->set_source(seg.source);
   }
 }
 

@@ -140,6 +140,11 @@ std::vector<int64_t> SourceShares(const v1::JobSpec& spec);
 int64_t MixBlockSamples(const v1::JobSpec& spec,
                         const std::vector<int64_t>& shares);
 
+// Appends manifest shard `index` to `unit`'s pieces (window and mixed
+// units).
+v1::WindowPiece* AddPiece(const v1::Shard& shard, int32_t index,
+                          v1::WorkUnit* unit);
+
 // Fills `unit`'s mix_samples, segments and pieces for positions [begin, end) of
 // `epoch` (common.proto's WorkUnit.mix_samples); `spec` holds the sources'
 // manifests.

@@ -35,6 +35,19 @@ bool SmallEnough(const sluice::v1::JobSpec& spec) {
     if (s.num_samples() < 0 || s.num_samples() > 10000) return false;
     total += s.num_samples();
   }
+  // A job with sources: the same bounds over all of them and the epoch.
+  if (spec.sources_size() > 8 || spec.samples_per_epoch() < 0 ||
+      spec.samples_per_epoch() > 20000)
+    return false;
+  for (const auto& src : spec.sources()) {
+    if (src.manifest().shards_size() > 16 || src.samples_per_epoch() < 0 ||
+        src.samples_per_epoch() > 20000)
+      return false;
+    for (const auto& s : src.manifest().shards()) {
+      if (s.num_samples() < 0 || s.num_samples() > 10000) return false;
+      total += s.num_samples();
+    }
+  }
   return total <= 20000;
 }
 

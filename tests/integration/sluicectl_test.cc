@@ -158,6 +158,9 @@ TEST(SluicectlTest, JobCreateMixesSourcesByWeight) {
       {"--roots=" + dir.path(), "--coordinator=" + coordinator->grpc_address});
   ASSERT_TRUE(data.ok());
   const std::string c = "--coordinator=" + coordinator->grpc_address;
+  CtlRun empty = Ctl(dir, {"status", c});
+  EXPECT_EQ(empty.code, 0);
+  EXPECT_THAT(empty.output, HasSubstr("no jobs; data servers: "));
   CtlRun create =
       Ctl(dir, {"job", "create", "--name=mix", "--source",
                 "name=web,manifest=" + dir.File("web.json") + ",weight=3",

@@ -33,6 +33,9 @@ TEST(MixOrderTest, ApportionIsLargestRemainder) {
   EXPECT_THAT(Apportion(0, {1, 2}), ElementsAre(0, 0));
   const std::vector<int64_t> big = Apportion(int64_t{1} << 50, {1, 1, 1});
   EXPECT_EQ(big[0] + big[1] + big[2], int64_t{1} << 50);
+  // Extreme weights neither overflow nor stall.
+  EXPECT_THAT(Apportion(1000, {1e308, 1e308}), ElementsAre(500, 500));
+  EXPECT_THAT(Apportion(1000, {1e-300, 1}), ElementsAre(0, 1000));
 }
 
 TEST(MixOrderTest, CountBeforeMatchesTheSequenceEverywhere) {
