@@ -34,6 +34,9 @@ std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
 // Channel credentials from --ca_cert / --client_cert / --client_key
 // (insecure when --ca_cert is empty), loaded once by main().
 std::shared_ptr<grpc::ChannelCredentials> Credentials();
+// The TLS credentials of --ca_cert, or null for plaintext (as ReaderOptions,
+// OnceOptions and BarrierOptions take them).
+std::shared_ptr<grpc::ChannelCredentials> TlsCredentialsOrNull();
 absl::Status LoadCredentials();
 // A context with the --timeout deadline.
 std::unique_ptr<grpc::ClientContext> Deadline();

@@ -38,6 +38,7 @@
 #include "server/common/lease_token.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
+#include "server/common/tls_probe.h"
 #include "server/dataserver/shard_store.h"
 #include "server/dataserver/tar_shard_reader.h"
 #include "sluice/reader.h"
@@ -217,6 +218,11 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials() {
                                       : grpc::InsecureChannelCredentials();
 }
 
+std::shared_ptr<grpc::ChannelCredentials> TlsCredentialsOrNull() {
+  if (absl::GetFlag(FLAGS_ca_cert).empty()) return nullptr;
+  return Credentials();
+}
+
 std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
     const std::string& address) {
   return v1::Coordinator::NewStub(CoordinatorChannel(address, Credentials()));
@@ -239,6 +245,13 @@ absl::Status Rpc(const grpc::Status& s, const std::string& what) {
   absl::Status status = FromGrpcStatus(s);
   if (status.ok()) return status;
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+    absl::Status mismatch =
+        CheckTransport("coordinator", absl::GetFlag(FLAGS_coordinator),
+                       !absl::GetFlag(FLAGS_ca_cert).empty(), "--ca_cert");
+    if (!mismatch.ok()) {
+      return absl::Status(mismatch.code(),
+                          absl::StrCat(what, ": ", mismatch.message()));
+    }
     return absl::Status(
         status.code(),
         absl::StrCat(what, ": coordinator ", absl::GetFlag(FLAGS_coordinator),
@@ -588,7 +601,7 @@ int ReadCommand(const std::vector<std::string>& args) {
   if (!args.empty()) return Usage("read takes no positional arguments");
   ReaderOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  options.credentials = Credentials();
+  options.credentials = TlsCredentialsOrNull();
   options.job = absl::GetFlag(FLAGS_job);
   if (options.job.empty()) return Usage("read: --job is required");
   options.rank = absl::GetFlag(FLAGS_rank);
@@ -610,8 +623,22 @@ int ReadCommand(const std::vector<std::string>& args) {
   // a coordinator restart of up to 30 s (or --timeout, if longer).
   {
     auto channel = CoordinatorChannel(options.coordinator, Credentials());
-    if (!channel->WaitForConnected(
-            absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)))) {
+    const absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_timeout);
+    // A first, short wait: a coordinator that speaks TLS while this client
+    // does not (or the reverse) never connects, and is named at once.
+    bool connected = channel->WaitForConnected(absl::ToChronoTime(
+        std::min(deadline, absl::Now() + absl::Milliseconds(500))));
+    if (!connected) {
+      absl::Status mismatch =
+          CheckTransport("coordinator", options.coordinator,
+                         !absl::GetFlag(FLAGS_ca_cert).empty(), "--ca_cert");
+      if (!mismatch.ok()) {
+        return Fail(absl::Status(mismatch.code(),
+                                 absl::StrCat("read: ", mismatch.message())));
+      }
+      connected = channel->WaitForConnected(absl::ToChronoTime(deadline));
+    }
+    if (!connected) {
       return Fail(absl::UnavailableError(absl::StrCat(
           "read: coordinator ", options.coordinator, " unreachable for ",
           absl::FormatDuration(absl::GetFlag(FLAGS_timeout)), " (--timeout)")));

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
+#include "server/common/tls_probe.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
 namespace sluice {
@@ -24,6 +25,17 @@ std::string DefaultParticipant() {
 std::shared_ptr<grpc::ChannelCredentials> Creds(
     const std::shared_ptr<grpc::ChannelCredentials>& c) {
   return c ? c : grpc::InsecureChannelCredentials();
+}
+
+// UNAVAILABLE from a coordinator that speaks TLS while the client does not
+// (or the reverse) becomes the error that says so.
+absl::Status ExplainUnavailable(
+    absl::Status status, const std::string& coordinator,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  if (!absl::IsUnavailable(status)) return status;
+  absl::Status mismatch = CheckTransport("coordinator", coordinator,
+                                         credentials != nullptr, "credentials");
+  return mismatch.ok() ? status : mismatch;
 }
 
 }  // namespace
@@ -111,7 +123,9 @@ absl::StatusOr<OnceOutcome> RunOnce(
     }
   }
   stream->WritesDone();
-  absl::Status status = FromGrpcStatus(stream->Finish());
+  absl::Status status =
+      ExplainUnavailable(FromGrpcStatus(stream->Finish()), options.coordinator,
+                         options.credentials);
   if (final) return outcome;
   if (status.ok())
     status = absl::UnavailableError("the stream ended without an outcome");
@@ -140,7 +154,9 @@ absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
   request.set_participants(options.participants);
   request.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
   v1::BarrierResponse response;
-  absl::Status status = FromGrpcStatus(stub->Barrier(&ctx, request, &response));
+  absl::Status status = ExplainUnavailable(
+      FromGrpcStatus(stub->Barrier(&ctx, request, &response)),
+      options.coordinator, options.credentials);
   if (!status.ok()) return status;
   return response;
 }

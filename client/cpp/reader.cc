@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/logging.h"
+#include "server/common/tls_probe.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 
@@ -226,6 +228,9 @@ class ReaderImpl final : public Reader {
   void RunSession();
   void Handle(const CoordinatorMessage& m);
   void RunMaintenance();
+  // Fails the reader when a data server whose stream failed speaks TLS and
+  // this reader plaintext, or the reverse.
+  void CheckDataServerTransports();
   // The fetch state machine. Start: StartCall, then Read after Read while
   // the unit's buffer has room (the consumer re-issues the Read it skipped
   // once room appears), then Finish once a Read fails (end of stream or
@@ -387,6 +392,11 @@ class ReaderImpl final : public Reader {
   // back-off.
   std::map<std::pair<std::string, std::string>, int> stream_failures_
       ABSL_GUARDED_BY(mu_);
+  // Data servers whose streams failed UNAVAILABLE, to be asked whether they
+  // speak TLS (each once; by the maintenance thread, outside the lock).
+  std::set<std::string> transport_checked_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> transport_checks_ ABSL_GUARDED_BY(mu_);
+  static constexpr absl::Duration kTransportCheckPeriod = absl::Seconds(5);
   static constexpr absl::Duration kRerouteBackoff = absl::Milliseconds(50);
   static constexpr absl::Duration kRerouteBackoffMax = absl::Seconds(2);
 
@@ -543,6 +553,7 @@ void ReaderImpl::RunSession() {
   // ends.
   Backoff backoff(absl::Milliseconds(100), absl::Seconds(5));
   absl::Time unreachable_since = absl::Now();
+  absl::Time next_transport_check = absl::InfinitePast();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -552,7 +563,21 @@ void ReaderImpl::RunSession() {
     // the channel's backoff capped as above), then open the stream.
     if (!channel_->WaitForConnected(absl::ToChronoTime(
             absl::Now() + std::min(backoff.step() * 5, absl::Seconds(1))))) {
+      // A client and coordinator that disagree about TLS fail every connect
+      // the same way: say so instead of retrying until the timeout.
+      absl::Status mismatch;
+      if (absl::Now() >= next_transport_check) {
+        next_transport_check = absl::Now() + kTransportCheckPeriod;
+        mismatch = CheckTransport("coordinator", options_.coordinator,
+                                  options_.credentials != nullptr,
+                                  "ReaderOptions::credentials");
+      }
       absl::MutexLock lock(&mu_);
+      if (!mismatch.ok()) {
+        fatal_ = mismatch;
+        NotifyAllLocked();
+        return;
+      }
       if (closing_ || job_done_) return;
       if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
         fatal_ = absl::UnavailableError(absl::StrCat(
@@ -995,6 +1020,11 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
     // longer before the re-route (the first goes at once): a shard a server
     // cannot serve (missing, unreadable) must not become a grant/re-route
     // loop as fast as the machine allows.
+    if (status.code() == absl::StatusCode::kUnavailable &&
+        transport_checked_.insert(address).second) {
+      transport_checks_.push_back(address);  // the maintenance thread probes
+      maintenance_cv_.Signal();
+    }
     const int failures = ++stream_failures_[{address, UnitKey(u.lease.unit())}];
     if (failures == 1 || failures % 10 == 0) {
       LogWarning(
@@ -1053,6 +1083,7 @@ void ReaderImpl::RunMaintenance() {
       }
     }
     finished.clear();
+    CheckDataServerTransports();
     if (absl::Now() - last_heartbeat >= heartbeat) {
       bool unconfirmed;
       {
@@ -1069,6 +1100,24 @@ void ReaderImpl::RunMaintenance() {
       }
     }
     FlushReports(true);
+  }
+}
+
+void ReaderImpl::CheckDataServerTransports() {
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    addresses.swap(transport_checks_);
+  }
+  for (const std::string& address : addresses) {
+    absl::Status mismatch =
+        CheckTransport("data server", address, options_.credentials != nullptr,
+                       "ReaderOptions::credentials");
+    if (mismatch.ok()) continue;
+    absl::MutexLock lock(&mu_);
+    if (fatal_.ok()) fatal_ = std::move(mismatch);
+    NotifyAllLocked();
+    return;
   }
 }
 

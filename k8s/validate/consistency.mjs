@@ -4,8 +4,12 @@
 //
 // - container args name only flags the Sluice binaries accept (their
 //   --helpfull, run from BIN_DIR);
-// - --listen / --metrics_listen ports equal the grpc / metrics
-//   containerPorts, and probes use the grpc port;
+// - --listen / --metrics_listen / --health_listen ports equal the grpc /
+//   metrics / health containerPorts; probes use the health port when
+//   --health_listen is set, else the grpc port, and never a TLS listener
+//   (the kubelet's gRPC probes speak plaintext);
+// - data servers register over TLS (--coordinator_ca) with a coordinator
+//   that listens with TLS, and in plaintext with one that does not;
 // - every Service, PodDisruptionBudget, NetworkPolicy and ServiceMonitor
 //   selects something, workload selectors match their pod templates, Service
 //   targetPorts exist on the selected pods, a StatefulSet's serviceName is a
@@ -31,7 +35,8 @@ if (!binDir || files.length === 0) {
 const OPERATOR_SECRETS = {
   "sluice-lease-secret": ["secret"],
   "sluice-admin-token": ["token"],
-  "sluice-tls": ["tls.crt", "tls.key"],
+  "sluice-coordinator-tls": ["tls.crt", "tls.key", "ca.crt"],
+  "sluice-dataserver-tls": ["tls.crt", "tls.key", "ca.crt"],
 };
 
 const flagCache = new Map();
@@ -92,9 +97,18 @@ for (const file of files) {
         if (portOf(arg("metrics_listen")) !== ports.metrics) {
           bad(w, `${c.name}: --metrics_listen port != containerPort metrics ${ports.metrics}`);
         }
+        const health = arg("health_listen");
+        if (health !== undefined && portOf(health) !== ports.health) {
+          bad(w, `${c.name}: --health_listen port ${portOf(health)} != containerPort health ${ports.health}`);
+        }
+        const probePort = health !== undefined ? ports.health : ports.grpc;
         for (const probe of ["startupProbe", "livenessProbe", "readinessProbe"]) {
-          if (c[probe] && c[probe].grpc?.port !== ports.grpc) {
-            bad(w, `${c.name}: ${probe} does not use the grpc port ${ports.grpc}`);
+          if (!c[probe]) continue;
+          if (c[probe].grpc?.port !== probePort) {
+            bad(w, `${c.name}: ${probe} does not use the ${health !== undefined ? "health" : "grpc"} port ${probePort}`);
+          }
+          if (c[probe].grpc?.port === ports.grpc && arg("tls_cert") !== undefined) {
+            bad(w, `${c.name}: ${probe} asks the TLS listener; the kubelet's gRPC probes speak plaintext (use --health_listen)`);
           }
         }
         if (c.readinessProbe?.grpc?.service !== "readiness") {
@@ -152,6 +166,21 @@ for (const file of files) {
       if (!svc || svc.spec.clusterIP !== "None") {
         bad(w, `serviceName ${w.spec.serviceName} is not a headless Service in the render`);
       }
+    }
+  }
+
+  // Registration: TLS on both sides, or on neither.
+  const sluiceArgs = (binary) => workloads.flatMap((w) => w.spec.template.spec.containers
+    .filter((c) => (c.command ?? [])[0]?.split("/").pop() === binary)
+    .map((c) => ({ w, args: c.args ?? [] })));
+  const coordinatorTls = sluiceArgs("sluice-coordinator")
+    .some(({ args }) => args.some((a) => a.startsWith("--tls_cert=")));
+  for (const { w, args } of sluiceArgs("sluice-dataserver")) {
+    const registersTls = args.some((a) => a.startsWith("--coordinator_ca="));
+    if (coordinatorTls && !registersTls) {
+      bad(w, "the coordinator listens with TLS but the data servers register in plaintext (no --coordinator_ca)");
+    } else if (!coordinatorTls && registersTls) {
+      bad(w, "the data servers register with TLS (--coordinator_ca) but the coordinator listens in plaintext");
     }
   }
 

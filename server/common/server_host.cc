@@ -33,6 +33,11 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics listen address HOST:PORT (port 0 allowed); "
           "\"off\" disables it. Default: 0.0.0.0:9070 for the coordinator, "
           "0.0.0.0:9071 for the data server.");
+ABSL_FLAG(std::string, health_listen, "",
+          "If set, a second, plaintext listener HOST:PORT serving only gRPC "
+          "health (grpc.health.v1: \"\" and \"readiness\"), for probes that "
+          "cannot speak TLS, such as Kubernetes' gRPC probes. The port file "
+          "gets a \"health=HOST:PORT\" line.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain for TLS on the gRPC listener (needs "
           "--tls_key). Unset: plaintext.");
@@ -110,6 +115,12 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags(
     ASSIGN_OR_RETURN(HostPort metrics_hp,
                      ParseHostPort(metrics, "--metrics_listen"));
     config.metrics_listen = metrics_hp.ToString();
+  }
+  const std::string health = absl::GetFlag(FLAGS_health_listen);
+  if (!health.empty()) {
+    ASSIGN_OR_RETURN(HostPort health_hp,
+                     ParseHostPort(health, "--health_listen"));
+    config.health_listen = health_hp.ToString();
   }
   config.port_file = absl::GetFlag(FLAGS_port_file);
   config.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
@@ -215,6 +226,21 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         absl::StrCat("cannot listen on --listen=", config.listen.ToString(),
                      " (address in use, or not an address of this host?)"));
   }
+  if (!config.health_listen.empty()) {
+    // Its own server: the default health service is per server, and only
+    // health is registered here (SetReady updates both).
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(config.health_listen,
+                                    grpc::InsecureServerCredentials(),
+                                    &host->health_port_);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    host->health_server_ = health_builder.BuildAndStart();
+    if (host->health_server_ == nullptr || host->health_port_ == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen on --health_listen=", config.health_listen,
+          " (address in use?)"));
+    }
+  }
   host->SetReady(false);
 
   if (!config.metrics_listen.empty()) {
@@ -231,13 +257,17 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
     host->metrics_port_ = ports.empty() ? 0 : ports.front();
   }
   RETURN_IF_ERROR(host->WritePortFile());
-  LogInfo("listening on %s:%d (%s)%s", config.listen.host, host->grpc_port_,
-          config.tls.enabled()
-              ? (config.tls.client_ca_file.empty() ? "TLS" : "mutual TLS")
-              : "plaintext",
-          host->exposer_
-              ? absl::StrFormat(", metrics on port %d", host->metrics_port_)
-              : std::string());
+  LogInfo(
+      "listening on %s:%d (%s)%s%s", config.listen.host, host->grpc_port_,
+      config.tls.enabled()
+          ? (config.tls.client_ca_file.empty() ? "TLS" : "mutual TLS")
+          : "plaintext",
+      host->exposer_
+          ? absl::StrFormat(", metrics on port %d", host->metrics_port_)
+          : std::string(),
+      host->health_server_
+          ? absl::StrFormat(", plaintext health on port %d", host->health_port_)
+          : std::string());
   return host;
 }
 
@@ -249,6 +279,11 @@ absl::Status ServerHost::WritePortFile() const {
     HostPort metrics_addr = *ParseHostPort(config_.metrics_listen, "");
     metrics_addr.port = metrics_port_;
     absl::StrAppend(&text, "metrics=", metrics_addr.ToString(), "\n");
+  }
+  if (health_server_) {
+    HostPort health_addr = *ParseHostPort(config_.health_listen, "");
+    health_addr.port = health_port_;
+    absl::StrAppend(&text, "health=", health_addr.ToString(), "\n");
   }
   // Temp file + rename: a reader polling for the file never sees half of it.
   const std::string tmp = absl::StrCat(config_.port_file, ".tmp.", getpid());
@@ -272,8 +307,11 @@ ServerHost::~ServerHost() { Shutdown(); }
 
 void ServerHost::SetReady(bool ready) {
   if (server_ == nullptr) return;
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  if (health != nullptr) health->SetServingStatus(kReadinessService, ready);
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server == nullptr) continue;
+    grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+    if (health != nullptr) health->SetServingStatus(kReadinessService, ready);
+  }
 }
 
 void ServerHost::RunUntilSignal(const std::function<void()>& on_drain) {
@@ -300,6 +338,13 @@ void ServerHost::Shutdown() {
   if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + config_.drain_timeout));
   server_->Wait();
+  if (health_server_) {
+    if (auto* health = health_server_->GetHealthCheckService()) {
+      health->Shutdown();
+    }
+    health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    health_server_->Wait();
+  }
   exposer_.reset();
 }
 

@@ -9,6 +9,9 @@
 //   * server reflection; keepalive suited to long-lived streams;
 //   * TLS / mutual TLS when --tls_cert/--tls_key (and --tls_client_ca) are set;
 //   * Prometheus /metrics on --metrics_listen;
+//   * optionally, a plaintext listener serving only gRPC health
+//     (--health_listen), for probes that cannot speak TLS (Kubernetes' gRPC
+//     probes) when the main listener is TLS;
 //   * on SIGTERM/SIGINT: readiness NOT_SERVING, the services' drain hooks,
 //     gRPC shutdown with a deadline (--drain_timeout).
 //
@@ -61,13 +64,14 @@ struct ServerConfig {
   HostPort listen;
   std::string port_file;
   std::string metrics_listen;  // empty = no metrics endpoint
+  std::string health_listen;   // empty = no separate health listener
   TlsConfig tls;
   absl::Duration drain_timeout = absl::Seconds(10);
 };
 
 // Builds a ServerConfig from the shared flags (--listen, --port_file,
-// --metrics_listen, --tls_*, --drain_timeout), using the given defaults
-// when --listen / --metrics_listen are not set. Errors name the flag.
+// --metrics_listen, --health_listen, --tls_*, --drain_timeout), using the given
+// defaults when --listen / --metrics_listen are not set. Errors name the flag.
 absl::StatusOr<ServerConfig> ServerConfigFromFlags(
     absl::string_view program, absl::string_view default_listen,
     absl::string_view default_metrics_listen);
@@ -107,6 +111,7 @@ class ServerHost {
 
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
+  int health_port() const { return health_port_; }
   grpc::Server* server() { return server_.get(); }
 
  private:
@@ -115,9 +120,11 @@ class ServerHost {
 
   ServerConfig config_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;  // --health_listen
   std::unique_ptr<prometheus::Exposer> exposer_;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
+  int health_port_ = 0;
   bool shut_down_ = false;
 };
 

@@ -7,6 +7,7 @@
 #include "server/common/backoff.h"
 #include "server/common/grpc_target.h"
 #include "server/common/logging.h"
+#include "server/common/tls_probe.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
 namespace sluice::dataserver {
@@ -140,11 +141,19 @@ void CoordinatorRegistration::Run() {
       if (stopping_) return;
     }
     if (!reported_failure) {
+      std::string why = status.ok() ? "closed" : status.error_message();
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        // A coordinator that speaks TLS while this server registers in
+        // plaintext (or the reverse) fails the same way every time.
+        absl::Status mismatch =
+            CheckTransport("coordinator", options_.coordinator,
+                           options_.credentials != nullptr, "--coordinator_ca");
+        if (!mismatch.ok()) why = std::string(mismatch.message());
+      }
       LogWarning(
           "coordinator %s: registration stream ended (%s); retrying with "
           "backoff",
-          options_.coordinator,
-          status.ok() ? "closed" : status.error_message());
+          options_.coordinator, why);
       reported_failure = true;
     }
     if (!Sleep(backoff.NextWait())) return;

@@ -249,7 +249,10 @@ class DataServerServices : public sluice::ServiceSet {
       options.advertise = absl::StrCat(host, ":", bound.port);
     }
     options.capacity = absl::GetFlag(FLAGS_capacity);
-    options.credentials = coordinator_credentials_;
+    // Null = plaintext (what the registration's error messages go by).
+    if (!absl::GetFlag(FLAGS_coordinator_ca).empty()) {
+      options.credentials = coordinator_credentials_;
+    }
     if (!logic_->options().lease_secret.empty()) {
       options.credential = sluice::SignRegistration(
           options.advertise, logic_->options().lease_secret);

@@ -40,6 +40,14 @@ if node validate.mjs "$out/type.yaml" > "$out/log" 2>&1; then echo "validate.mjs
 grep -q "periodSeconds must be integer" "$out/log" || { cat "$out/log"; exit 1; }
 if node consistency.mjs "$bin" "$out/flag.yaml" > "$out/log" 2>&1; then echo "consistency.mjs accepted --journal_dirr"; exit 1; fi
 grep -q "sluice-coordinator has no flag --journal_dirr" "$out/log" || { cat "$out/log"; exit 1; }
+# TLS layouts that cannot work: the kubelet's plaintext probe at a TLS
+# listener, and data servers registering in plaintext with a TLS coordinator.
+sed 's/port: 7073$/port: 7071/; /--health_listen=0.0.0.0:7073/d' "$out/prod.yaml" > "$out/probe.yaml"
+if node consistency.mjs "$bin" "$out/probe.yaml" > "$out/log" 2>&1; then echo "consistency.mjs accepted a probe at a TLS listener"; exit 1; fi
+grep -q "readinessProbe asks the TLS listener" "$out/log" || { cat "$out/log"; exit 1; }
+sed '/--coordinator_ca=/d' "$out/prod.yaml" > "$out/register.yaml"
+if node consistency.mjs "$bin" "$out/register.yaml" > "$out/log" 2>&1; then echo "consistency.mjs accepted plaintext registration with a TLS coordinator"; exit 1; fi
+grep -q "the data servers register in plaintext" "$out/log" || { cat "$out/log"; exit 1; }
 # No overlay ships a secret value, and the checker refuses one that does.
 for rendered in "${overlays[@]}"; do
   if grep -q '^kind: Secret$' "$rendered"; then echo "$(basename "$rendered") renders a Secret"; exit 1; fi

@@ -345,9 +345,13 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
            "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert,
            "--client_key=" + pki->client_key}),
       0);
+  // Plaintext: a configuration error (exit 1) naming TLS, not "unreachable".
   EXPECT_EQ(ctl({"job", "list", "--coordinator=" + coordinator->grpc_address,
                  "--timeout=2s"}),
-            3);  // plaintext: unreachable
+            1);
+  EXPECT_THAT(testing::ReadWholeFile(dir.File("ctl.log")).value_or(""),
+              HasSubstr("coordinator " + coordinator->grpc_address +
+                        " speaks TLS, but this client connects in plaintext"));
   EXPECT_EQ(
       ctl({"job", "list", "--coordinator=" + coordinator->grpc_address,
            "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert}),

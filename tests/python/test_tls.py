@@ -115,3 +115,75 @@ def test_a_trainer_certificate_cannot_register_a_data_server(tls_cluster):
         assert "sluice_coordinator_data_servers 1\n" in tls_cluster.coordinator.metric_text()
     finally:
         rogue.stop()
+
+
+def test_a_data_server_registering_in_plaintext_is_told_the_coordinator_speaks_tls(tls_cluster):
+    plain = Server("sluice-dataserver", os.path.join(tls_cluster.tmp, "plain-register"), [
+        f"--roots={os.path.join(tls_cluster.tmp, 'shards')}",
+        f"--coordinator={tls_cluster.address}"])
+    try:
+        log = os.path.join(tls_cluster.tmp, "plain-register", "sluice-dataserver.log")
+        _wait_for(lambda: f"coordinator {tls_cluster.address} speaks TLS, but this client "
+                          "connects in plaintext" in open(log).read(), 30,
+                  "the registration to name TLS")
+        assert "(--coordinator_ca)" in open(log).read()
+    finally:
+        plain.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_data_plain_coordinator(tmp_path_factory):
+    """A plaintext coordinator and a data server that listens with TLS: a
+    client must speak TLS to one and plaintext to the other, which no client
+    setting does."""
+    tmp = tmp_path_factory.mktemp("tls-data")
+    pki = make_pki(str(tmp / "pki"))
+    c = Cluster(tmp, shards=2, per_shard=5)
+    tls_server = Server("sluice-dataserver", str(tmp / "tls-data"), [
+        f"--roots={os.path.join(c.tmp, 'shards')}", f"--coordinator={c.address}",
+        f"--tls_cert={pki['server.crt']}", f"--tls_key={pki['server.key']}"])
+    for plain in c.data:  # leave only the TLS data server
+        plain.stop()
+    c.data = [tls_server]
+    _wait_for(lambda: "sluice_coordinator_data_servers 1\n" in c.coordinator.metric_text(), 30,
+              "only the TLS data server to be live")
+    yield c
+    c.stop()
+
+
+def test_a_plaintext_reader_is_told_the_data_server_speaks_tls(tls_data_plain_coordinator):
+    c = tls_data_plain_coordinator
+    address = c.data[0].address
+    c.create_job("tls-data-python")
+    # Without the probe this re-routes until the job's units run out of
+    # data servers, for ever: the code and message say the cause was found.
+    with pytest.raises(sluice.ReaderError) as error:
+        with sluice.Reader(c.address, "tls-data-python") as reader:
+            next(iter(reader))
+    assert error.value.code.name == "FAILED_PRECONDITION"
+    assert f"data server {address} speaks TLS, but this client connects in plaintext" in \
+        error.value.message
+
+
+def test_sluicectl_read_is_told_the_data_server_speaks_tls(tls_data_plain_coordinator):
+    c = tls_data_plain_coordinator
+    c.create_job("tls-data-cpp")
+    out = subprocess.run([os.path.join(BIN, "sluicectl"), "read", "--job=tls-data-cpp",
+                          f"--coordinator={c.address}"], capture_output=True, text=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert (f"FAILED_PRECONDITION: data server {c.data[0].address} speaks TLS, but this client "
+            "connects in plaintext") in out.stderr
+
+
+def test_a_tls_reader_is_told_the_coordinator_speaks_plaintext(tls_data_plain_coordinator, tmp_path):
+    c = tls_data_plain_coordinator
+    pki = make_pki(str(tmp_path / "pki"))
+    with pytest.raises(sluice.ReaderError) as error:
+        with sluice.Reader(c.address, "any", ca_cert=pki["ca.crt"]) as reader:
+            next(iter(reader))
+    assert error.value.code.name == "FAILED_PRECONDITION"
+    assert f"coordinator {c.address} speaks plaintext, but this client connects with TLS" in \
+        error.value.message
+    with pytest.raises(ConnectionError, match="speaks plaintext"):
+        sluice.barrier("tls-mismatch", participants=1, id="only", coordinator=c.address,
+                       timeout=5, ca_cert=pki["ca.crt"])

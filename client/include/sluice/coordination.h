@@ -37,6 +37,8 @@ struct OnceOptions {
   // waiter takes over.
   absl::Duration ttl = absl::Seconds(10);
   bool fail_all = false;  // a failed run fails every later caller too
+  // TLS credentials, or null for plaintext (a coordinator that speaks the
+  // other is named in a FAILED_PRECONDITION).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Called when this caller starts waiting (for logs).
   std::function<void(const std::string& runner, int64_t run)> on_wait;
@@ -64,6 +66,7 @@ struct BarrierOptions {
   std::string participant;
   int32_t participants = 0;
   absl::Duration timeout = absl::Minutes(1);
+  // TLS credentials, or null for plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 

@@ -96,7 +96,10 @@ struct ReaderOptions {
   // Give up (Next() fails UNAVAILABLE) after the coordinator has been
   // unreachable this long.
   absl::Duration reconnect_timeout = absl::Minutes(2);
-  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
+  // TLS credentials, or null for plaintext. A coordinator or data server
+  // that speaks the other (TLS vs plaintext) fails the reader at once with
+  // FAILED_PRECONDITION saying so.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Resume from a checkpoint (G7): the first Hello carries this cursor
   // (every rank's entry known, see MergeCursors) and the job continues
   // right after the samples it counts. `resume_attempt` names this restart

@@ -117,7 +117,11 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
                 # wait / error (under RETRY): keep waiting on the stream
         except grpc.RpcError as e:
             self._finish()
-            raise OnceFailed(f"once {self._scope}/{self._name}: {e.code().name}: {e.details()}") from e
+            details = e.details()
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                details = tls.transport_mismatch("coordinator", self._address,
+                                                 self._credentials is not None) or details
+            raise OnceFailed(f"once {self._scope}/{self._name}: {e.code().name}: {details}") from e
         self._finish()
         raise OnceFailed(f"once {self._scope}/{self._name}: the coordinator closed the stream")
 
@@ -179,5 +183,9 @@ def barrier(name, *, participants, id=None, coordinator=None, scope="default", t
                                 t = coordinator_pb2.BarrierTimeout.FromString(d.value)
                                 arrived, missing = list(t.arrived), list(t.missing)
                 raise BarrierTimeout(e.details(), arrived, missing) from e
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                mismatch = tls.transport_mismatch("coordinator", address, credentials is not None)
+                if mismatch is not None:
+                    raise ConnectionError(f"barrier {scope}/{name}: {mismatch}") from e
             raise
         return list(response.arrived)

@@ -92,6 +92,9 @@ _READ_SAMPLES = "/%s/ReadSamples" % dataserver_pb2.DESCRIPTOR.services_by_name["
 # data server:
 # the second waits _REROUTE_BACKOFF seconds, doubling up to the maximum.
 _REROUTE_BACKOFF, _REROUTE_BACKOFF_MAX = 0.05, 2.0
+# While the coordinator cannot be reached, how often to ask it whether it
+# speaks TLS (tls.transport_mismatch).
+_TRANSPORT_CHECK_PERIOD = 5.0
 
 # Seconds a unit waits for its stream's turn while the earlier streams on
 # its data server make no progress.
@@ -542,6 +545,9 @@ class Reader:
         self._channel_states = {}  # address -> grpc.ChannelConnectivity
         self._failures = {}  # (data server, shard) -> streams that failed in a row
         self._fatal = None
+        # Data servers whose streams failed UNAVAILABLE and were asked
+        # whether they speak TLS (each once).
+        self._transport_checked = set()
         self._closing = False
         self._forking = False  # streams suspended around a fork (see _suspend_streams)
         self._opening = 0  # _fetch threads creating a stream
@@ -880,6 +886,7 @@ class Reader:
     def _run_session(self):
         backoff = 0.1
         unreachable_since = time.monotonic()
+        next_transport_check = 0.0
         while True:
             with self._cv:
                 if self._closing or self._job_done:
@@ -889,6 +896,19 @@ class Reader:
                 ready = True
             except grpc.FutureTimeoutError:
                 ready = False
+                # A client and coordinator that disagree about TLS fail every
+                # connect the same way: say so instead of retrying until the
+                # timeout.
+                if time.monotonic() >= next_transport_check:
+                    next_transport_check = time.monotonic() + _TRANSPORT_CHECK_PERIOD
+                    mismatch = tls.transport_mismatch("coordinator", self._coordinator,
+                                                      self._credentials is not None)
+                    if mismatch is not None:
+                        with self._cv:
+                            self._fatal = ReaderError(grpc.StatusCode.FAILED_PRECONDITION,
+                                                      mismatch)
+                            self._cv.notify_all()
+                        return
             status = None
             welcomed = False
             if ready:
@@ -1340,6 +1360,15 @@ class Reader:
                 self._fatal = ReaderError(code, f"lease {lease.lease_id}: {e.details()}")
                 self._cv.notify_all()
             return
+        if code == grpc.StatusCode.UNAVAILABLE and address not in self._transport_checked:
+            self._transport_checked.add(address)
+            mismatch = tls.transport_mismatch("data server", address,
+                                              self._credentials is not None)
+            if mismatch is not None:
+                with self._cv:
+                    self._fatal = ReaderError(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
+                    self._cv.notify_all()
+                return
         error = (f"{address}: no data for {self._stall_timeout}s" if stalled
                  else f"{address}: {code.name}: {e.details()}")
         self._finish_fetch(u, "failed", error, retry_in=self._back_off(u, address, error))

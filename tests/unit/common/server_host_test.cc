@@ -6,6 +6,8 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tls_fixture.h"
 
 namespace sluice {
 namespace {
@@ -91,6 +93,44 @@ TEST(ServerHostTest, PortInUseIsUnavailableNamingTheFlag) {
       ServerHost::Start(config, {}, std::make_shared<prometheus::Registry>());
   EXPECT_THAT(second, testing::StatusIs(absl::StatusCode::kUnavailable,
                                         HasSubstr("--listen=127.0.0.1:")));
+}
+
+}  // namespace
+}  // namespace sluice
+
+// --health_listen: a TLS server's readiness is readable in plaintext on its
+// own port, and follows SetReady there too.
+namespace sluice {
+namespace {
+
+TEST(ServerHostTest, HealthListenerServesReadinessInPlaintextBesideTls) {
+  testing::TempDir dir;
+  auto pki = testing::MakeTestPki(dir.path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  ServerConfig config;
+  config.program = "test";
+  config.listen = {"127.0.0.1", 0};
+  config.health_listen = "127.0.0.1:0";
+  config.tls.cert_file = pki->server_cert;
+  config.tls.key_file = pki->server_key;
+  config.drain_timeout = absl::Seconds(1);
+  auto host =
+      ServerHost::Start(config, {}, std::make_shared<prometheus::Registry>());
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_GT((*host)->health_port(), 0);
+  const std::string tls_address =
+      "127.0.0.1:" + std::to_string((*host)->grpc_port());
+  const std::string health_address =
+      "127.0.0.1:" + std::to_string((*host)->health_port());
+  using Resp = grpc::health::v1::HealthCheckResponse;
+  EXPECT_EQ(Readiness(tls_address, "readiness"), -1);  // plaintext refused
+  EXPECT_EQ(Readiness(health_address, "readiness"), Resp::NOT_SERVING);
+  EXPECT_EQ(Readiness(health_address, ""), Resp::SERVING);
+  (*host)->SetReady(true);
+  EXPECT_EQ(Readiness(health_address, "readiness"), Resp::SERVING);
+  (*host)->SetReady(false);
+  EXPECT_EQ(Readiness(health_address, "readiness"), Resp::NOT_SERVING);
+  (*host)->Shutdown();
 }
 
 }  // namespace
