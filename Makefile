@@ -1,7 +1,8 @@
 # Sluice — the two commands a newcomer needs:
 #   make run    a local cluster on embedded defaults (installs deps, builds)
 #   make test   every test (installs deps, builds, runs ctest)
-# Other targets: deps, build, bench, test-asan, fuzz, asan, clean.
+# Other targets: deps, build, bench, test-asan, fuzz, asan, image, test-image,
+# clean.
 
 SHELL := /bin/bash
 BUILD_DIR ?= build
@@ -22,7 +23,8 @@ DEB_PACKAGES := \
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: deps build test test-asan test-fuzz fuzz run bench asan clean screenshot
+.PHONY: deps build test test-asan test-fuzz fuzz run bench asan clean screenshot \
+  image-deps image test-image
 
 # Seconds of libFuzzer in `make test` (CI); `make fuzz FUZZ_SECONDS=600` for more.
 FUZZ_SECONDS ?= 60
@@ -118,6 +120,32 @@ screenshot: build
 	cd $(BUILD_DIR) && SLUICE_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
 	  SLUICE_SCREENSHOT=$(CURDIR)/dashboards/sluice-overview.png SLUICE_MONITORING_HISTORY_S=180 \
 	  /usr/bin/python3 -m pytest -q -p no:cacheprovider $(CURDIR)/tests/monitoring
+
+# The container image, built with podman from k8s/image/Dockerfile (the
+# file `docker build` uses); base images made with mmdebstrap when missing.
+IMAGE ?= sluice:dev
+IMAGE_PACKAGES := podman mmdebstrap runc
+image-deps:
+	@missing=$$(for p in $(IMAGE_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; \
+	  done); \
+	if [ -n "$$missing" ]; then \
+	  echo "make image-deps: installing:" $$missing; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+image: image-deps
+	$(SUDO) bash k8s/image/build.sh $(IMAGE)
+
+# The image run as the manifests run it (tests/deploy/test_image.py): not in
+# `make test` (the image build takes longer than the rest of the suite);
+# .ci/run runs it after `make test`.
+test-image: build image
+	cd $(BUILD_DIR) && $(SUDO) env SLUICE_IMAGE=$(IMAGE) SLUICE_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
+	  PYTHONPATH=$(CURDIR)/$(BUILD_DIR)/python \
+	  /usr/bin/python3 $(CURDIR)/tests/python/run_pytest.py -q -p no:cacheprovider \
+	  $(CURDIR)/tests/deploy/test_image.py
 
 asan: deps
 	cmake --preset asan -G Ninja && cmake --build build-asan -j $(JOBS) && \

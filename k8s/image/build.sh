@@ -1,0 +1,41 @@
+#!/bin/bash
+# Builds the Sluice image with podman from k8s/image/Dockerfile, the same
+# file `docker build` uses. Without a Docker engine, podman runs as root with
+# the settings in k8s/image/containers.conf (runc, cgroupfs, no default
+# ulimits, host network). The Dockerfile's base images (debian:bookworm,
+# debian:bookworm-slim) are made from Debian's packages with mmdebstrap and
+# imported when podman does not have them yet; later builds reuse them.
+#   usage: k8s/image/build.sh [TAG]      (default sluice:dev; run from anywhere)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+tag=${1:-sluice:dev}
+export CONTAINERS_CONF="$here/containers.conf"
+
+for tool in podman mmdebstrap; do
+  command -v "$tool" > /dev/null || { echo "build.sh: $tool not found (make image-deps installs it)"; exit 1; }
+done
+
+# A Debian base image from packages: "apt" variant for the build stage (as
+# debian:bookworm), "minbase" without documentation for the runtime.
+base_image() {
+  local name=$1 variant=$2
+  if podman image exists "$name"; then
+    echo "base image $name: present"
+    return
+  fi
+  echo "base image $name: creating with mmdebstrap ($variant)"
+  mmdebstrap --variant="$variant" --quiet \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
+    bookworm - http://deb.debian.org/debian | podman import - "$name" > /dev/null
+}
+base_image localhost/debian:bookworm apt
+base_image localhost/debian:bookworm-slim minbase
+
+echo "building $tag from k8s/image/Dockerfile"
+podman build --pull=never --network=host \
+  --ignorefile "$here/Dockerfile.dockerignore" -f "$here/Dockerfile" -t "$tag" "$root"
+size=$(podman image inspect --format '{{.Size}}' "$tag")
+echo "image $tag: $((size / 1000000)) MB"
