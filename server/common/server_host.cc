@@ -5,17 +5,20 @@
 #include <prometheus/gauge.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "server/common/logging.h"
 #include "server/common/malloc_tuning.h"
@@ -172,6 +175,37 @@ std::vector<char*> ParseServerFlags(int argc, char** argv,
   };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(usage);
+  // An unknown flag is a bad command line: exit 2 naming it (Abseil's parser
+  // would exit 1).
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      continue;
+    }
+    const absl::string_view name = arg.substr(0, arg.find('='));
+    if (name.empty() || absl::FindCommandLineFlag(name) != nullptr) continue;
+    // Abseil's own (--help, --helpfull, --version, --flagfile ...), which
+    // the flag registry does not list.
+    static constexpr absl::string_view kAbseilFlags[] = {
+        "help",     "helpfull",  "helpshort",  "helppackage",
+        "helpon",   "helpmatch", "version",    "only_check_args",
+        "flagfile", "fromenv",   "tryfromenv", "undefok"};
+    if (std::find(std::begin(kAbseilFlags), std::end(kAbseilFlags), name) !=
+        std::end(kAbseilFlags)) {
+      continue;
+    }
+    // --noFLAG for a boolean flag.
+    if (absl::StartsWith(name, "no")) {
+      const absl::CommandLineFlag* flag =
+          absl::FindCommandLineFlag(name.substr(2));
+      if (flag != nullptr && flag->IsOfType<bool>()) continue;
+    }
+    std::fprintf(stderr, "%s: unknown flag --%s (%s --help lists them)\n",
+                 std::string(program).c_str(), std::string(name).c_str(),
+                 std::string(program).c_str());
+    std::exit(2);
+  }
   return absl::ParseCommandLine(argc, argv);
 }
 
