@@ -40,6 +40,11 @@ std::shared_ptr<grpc::ChannelCredentials> TlsCredentialsOrNull();
 absl::Status LoadCredentials();
 // A context with the --timeout deadline.
 std::unique_ptr<grpc::ClientContext> Deadline();
+// A coordinator call's status as sluicectl reports it: `what` first; an
+// unreachable coordinator named (and a TLS mismatch explained).
+absl::Status Rpc(const grpc::Status& s, const std::string& what);
+// A message as indented JSON with the proto field names.
+std::string ToJson(const google::protobuf::Message& m);
 
 // Subcommands; `args` are the positional words after the subcommand name.
 int JobCommand(const std::vector<std::string>& args);

@@ -31,6 +31,12 @@ ABSL_FLAG(
     "once: a failed run fails every later caller too (default: retryable).");
 ABSL_FLAG(int32_t, participants, 0,
           "barrier: how many distinct ids must arrive.");
+ABSL_FLAG(bool, list, false,
+          "once: list the finished and running steps (of the SCOPE given, "
+          "else of every scope) instead of running one.");
+ABSL_FLAG(bool, reset, false,
+          "once: forget the finished step NAME (in --scope), so that its next "
+          "caller runs it again.");
 
 namespace sluice::cli {
 namespace {
@@ -56,7 +62,71 @@ int RunCommand(const std::vector<std::string>& argv) {
 
 }  // namespace
 
+namespace {
+
+int OnceListCommand(const std::vector<std::string>& args) {
+  if (args.size() > 1) return Usage("once --list [SCOPE]");
+  v1::ListOnceRequest request;
+  if (!args.empty()) request.set_scope(args[0]);
+  v1::ListOnceResponse response;
+  absl::Status s = Rpc(CoordinatorStub(absl::GetFlag(FLAGS_coordinator))
+                           ->ListOnce(Deadline().get(), request, &response),
+                       "once --list");
+  if (!s.ok()) return Fail(s);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s", ToJson(response).c_str());
+    return kOk;
+  }
+  if (response.steps().empty()) {
+    std::printf("no once steps%s\n",
+                args.empty() ? "" : (" in scope " + args[0]).c_str());
+    return kOk;
+  }
+  for (const v1::OnceStep& step : response.steps()) {
+    std::string state;
+    switch (step.state()) {
+      case v1::OnceStep::STATE_DONE:
+        state = step.result().empty() ? std::string("done")
+                                      : absl::StrCat("done: ", step.result());
+        break;
+      case v1::OnceStep::STATE_FAILED:
+        state = absl::StrCat("failed: ", step.error());
+        break;
+      default:
+        state = absl::StrCat(
+            "running (", step.runner().empty() ? "no runner" : step.runner(),
+            ", ", step.waiting(), " waiting)");
+    }
+    std::printf("%s/%s  run %lld  %s\n", step.scope().c_str(),
+                step.name().c_str(), static_cast<long long>(step.run()),
+                state.c_str());
+  }
+  return kOk;
+}
+
+int OnceResetCommand(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("once --reset NAME [--scope S]");
+  v1::ResetOnceRequest request;
+  request.set_scope(absl::GetFlag(FLAGS_scope));
+  request.set_name(args[0]);
+  v1::ResetOnceResponse response;
+  absl::Status s = Rpc(CoordinatorStub(absl::GetFlag(FLAGS_coordinator))
+                           ->ResetOnce(Deadline().get(), request, &response),
+                       "once --reset");
+  if (!s.ok()) return Fail(s);
+  std::printf("once %s/%s: reset; its next caller runs it\n",
+              request.scope().c_str(), request.name().c_str());
+  return kOk;
+}
+
+}  // namespace
+
 int OnceCommand(const std::vector<std::string>& args) {
+  if (absl::GetFlag(FLAGS_list) && absl::GetFlag(FLAGS_reset)) {
+    return Usage("once: --list and --reset exclude each other");
+  }
+  if (absl::GetFlag(FLAGS_list)) return OnceListCommand(args);
+  if (absl::GetFlag(FLAGS_reset)) return OnceResetCommand(args);
   if (args.size() < 2) return Usage("once NAME -- COMMAND [ARGS...]");
   OnceOptions o;
   o.coordinator = absl::GetFlag(FLAGS_coordinator);

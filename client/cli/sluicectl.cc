@@ -239,8 +239,6 @@ std::unique_ptr<grpc::ClientContext> Deadline() {
   return ctx;
 }
 
-namespace {
-
 absl::Status Rpc(const grpc::Status& s, const std::string& what) {
   absl::Status status = FromGrpcStatus(s);
   if (status.ok()) return status;
@@ -269,6 +267,8 @@ std::string ToJson(const google::protobuf::Message& m) {
   (void)google::protobuf::util::MessageToJsonString(m, &out, options);
   return out;
 }
+
+namespace {
 
 // `order`: also how the job orders its samples.
 void PrintJob(const v1::Job& job, bool order = true) {
@@ -577,11 +577,11 @@ int StatusCommand(const std::vector<std::string>& args) {
     for (const v1::RankStatus& r : job.status().ranks()) {
       std::printf(
           "  rank %-4d %8lld / %-8lld consumed  lag %-6lld %d live leases  %d "
-          "sessions\n",
+          "sessions  input wait %.1fs\n",
           r.rank(), static_cast<long long>(r.consumed()),
           static_cast<long long>(r.quota()),
           static_cast<long long>(most - r.consumed()), r.live_leases(),
-          r.sessions());
+          r.sessions(), r.input_wait_seconds());
     }
     for (const v1::SourceStatus& src : job.status().sources()) {
       std::printf(
@@ -1026,8 +1026,13 @@ const std::vector<CommandHelp>& Commands() {
        "sluicectl once NAME [--scope S --id ID --ttl 10s --fail_all] -- "
        "COMMAND "
        "[ARGS...]\n  Runs COMMAND on exactly one of all callers; the others "
-       "wait; everyone exits with its status.",
-       {"scope", "id", "ttl", "fail_all"}},
+       "wait; everyone exits with its status.\n"
+       "sluicectl once --list [SCOPE]\n  The steps the coordinator remembers "
+       "as done or failed, and those running now.\n"
+       "sluicectl once --reset NAME [--scope S]\n  Forgets a finished step, "
+       "so that its next caller runs it again (needs --admin_token_file on a "
+       "secured coordinator).",
+       {"scope", "id", "ttl", "fail_all", "list", "reset", "admin_token_file"}},
       {"barrier",
        "sluicectl barrier NAME --participants N --id ID [--timeout 60s --scope "
        "S]\n  Returns when N distinct ids arrived; on timeout says which are "

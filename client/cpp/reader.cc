@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <map>
 #include <optional>
@@ -228,6 +229,13 @@ class ReaderImpl final : public Reader {
   void RunSession();
   void Handle(const CoordinatorMessage& m);
   void RunMaintenance();
+  // One sample handed to the consumer after `seconds` of waiting.
+  void ObserveInputWaitLocked(double seconds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the waits observed since the last call into `out`; false (and
+  // `out` empty) when there were none.
+  bool TakeInputWaitLocked(v1::InputWait* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the reader when a data server whose stream failed speaks TLS and
   // this reader plaintext, or the reverse.
   void CheckDataServerTransports();
@@ -397,6 +405,14 @@ class ReaderImpl final : public Reader {
   std::set<std::string> transport_checked_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> transport_checks_ ABSL_GUARDED_BY(mu_);
   static constexpr absl::Duration kTransportCheckPeriod = absl::Seconds(5);
+  // The consumer's waits for samples, by the protocol's InputWait buckets
+  // (upper bounds in seconds; the last bucket is +Inf), since the last
+  // heartbeat.
+  static constexpr std::array<double, 9> kInputWaitBounds = {
+      0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10};
+  std::array<uint64_t, kInputWaitBounds.size() + 1> input_wait_counts_
+      ABSL_GUARDED_BY(mu_) = {};
+  double input_wait_sum_ ABSL_GUARDED_BY(mu_) = 0;
   static constexpr absl::Duration kRerouteBackoff = absl::Milliseconds(50);
   static constexpr absl::Duration kRerouteBackoffMax = absl::Seconds(2);
 
@@ -412,6 +428,9 @@ class ReaderImpl final : public Reader {
 };
 
 absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
+  // The input wait of the sample this call returns: 0 unless it blocks.
+  const absl::Time called = absl::Now();
+  bool waited = false;
   while (true) {
     ReaderEvent event;
     bool flush = false;
@@ -422,6 +441,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
         if (!fatal_.ok()) return fatal_;
         if (closed_) return absl::CancelledError("reader closed");
         if (entries_.empty()) {
+          waited = true;
           data_cv_.Wait(&mu_);
           continue;
         }
@@ -448,6 +468,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
         if (!u.buffer.empty() && MayHaveLostLeasesLocked()) {
           // Our leases may have expired at the coordinator (and been
           // granted to others): deliver nothing until it confirms them.
+          waited = true;
           data_cv_.WaitWithDeadline(&mu_, absl::Now() + absl::Milliseconds(50));
           continue;
         }
@@ -464,6 +485,8 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           }
           ++u.delivered;
           ++stats_.delivered;
+          ObserveInputWaitLocked(
+              waited ? absl::ToDoubleSeconds(absl::Now() - called) : 0);
           have_event = true;
           if (u.delivered == u.size) {
             TrainerMessage m;
@@ -491,6 +514,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           flush = true;
           break;
         }
+        waited = true;
         data_cv_.Wait(&mu_);
       }
     }
@@ -1090,17 +1114,48 @@ void ReaderImpl::RunMaintenance() {
         absl::MutexLock lock(&mu_);
         unconfirmed = !finals_.empty();
       }
+      // The consumer's input wait since the last heartbeat, if any.
+      TrainerMessage beat;
+      bool has_wait;
+      {
+        absl::MutexLock lock(&mu_);
+        has_wait =
+            TakeInputWaitLocked(beat.mutable_heartbeat()->mutable_input_wait());
+      }
       // A Sync renews like a heartbeat and lets confirmed finals go.
       if (unconfirmed) {
         if (SendSync() != 0) last_heartbeat = absl::Now();
+        if (has_wait) Send(beat);
       } else {
-        TrainerMessage beat;
-        beat.mutable_heartbeat();
         if (Send(beat)) last_heartbeat = absl::Now();
       }
     }
     FlushReports(true);
   }
+}
+
+void ReaderImpl::ObserveInputWaitLocked(double seconds) {
+  size_t bucket = 0;
+  while (bucket < kInputWaitBounds.size() &&
+         seconds > kInputWaitBounds[bucket]) {
+    ++bucket;
+  }
+  ++input_wait_counts_[bucket];
+  input_wait_sum_ += seconds;
+  stats_.input_wait_seconds += seconds;
+}
+
+bool ReaderImpl::TakeInputWaitLocked(v1::InputWait* out) {
+  bool any = false;
+  for (uint64_t& c : input_wait_counts_) {
+    any = any || c != 0;
+    out->add_bucket_counts(c);
+    c = 0;
+  }
+  out->set_sum_seconds(input_wait_sum_);
+  input_wait_sum_ = 0;
+  if (!any) out->Clear();
+  return any;
 }
 
 void ReaderImpl::CheckDataServerTransports() {
@@ -1126,6 +1181,17 @@ void ReaderImpl::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+  }
+  // The input wait not yet reported.
+  {
+    TrainerMessage beat;
+    bool has_wait;
+    {
+      absl::MutexLock lock(&mu_);
+      has_wait =
+          TakeInputWaitLocked(beat.mutable_heartbeat()->mutable_input_wait());
+    }
+    if (has_wait) Send(beat);
   }
   // No new grants (a Release frees a credit the coordinator would refill),
   // and a Synced means every grant already sent has arrived: all of them are

@@ -91,6 +91,20 @@ grpc::ServerUnaryReactor* CoordinatorFrontDoor::Barrier(
   return Refuse(ctx);
 }
 
+grpc::ServerUnaryReactor* CoordinatorFrontDoor::ListOnce(
+    grpc::CallbackServerContext* ctx, const v1::ListOnceRequest* req,
+    v1::ListOnceResponse* resp) {
+  if (auto* s = leading()) return s->ListOnce(ctx, req, resp);
+  return Refuse(ctx);
+}
+
+grpc::ServerUnaryReactor* CoordinatorFrontDoor::ResetOnce(
+    grpc::CallbackServerContext* ctx, const v1::ResetOnceRequest* req,
+    v1::ResetOnceResponse* resp) {
+  if (auto* s = leading()) return s->ResetOnce(ctx, req, resp);
+  return Refuse(ctx);
+}
+
 grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>*
 CoordinatorFrontDoor::Session(grpc::CallbackServerContext* ctx) {
   if (auto* s = leading()) return s->Session(ctx);

@@ -55,6 +55,12 @@ class CoordinatorFrontDoor final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
                                     const v1::BarrierRequest* req,
                                     v1::BarrierResponse* resp) override;
+  grpc::ServerUnaryReactor* ListOnce(grpc::CallbackServerContext* ctx,
+                                     const v1::ListOnceRequest* req,
+                                     v1::ListOnceResponse* resp) override;
+  grpc::ServerUnaryReactor* ResetOnce(grpc::CallbackServerContext* ctx,
+                                      const v1::ResetOnceRequest* req,
+                                      v1::ResetOnceResponse* resp) override;
 
  private:
   grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx) const;

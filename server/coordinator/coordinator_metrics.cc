@@ -16,6 +16,9 @@ prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r,
 
 }  // namespace
 
+const std::vector<double> CoordinatorMetrics::kInputWaitBounds = {
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10};
+
 CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
     : jobs(GaugeFamily(r, "sluice_coordinator_jobs",
                        "Jobs known to the coordinator.")
@@ -101,6 +104,13 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
           "Samples of the current epoch the most advanced rank has consumed "
           "beyond the least advanced one (jobs with a world size). A value "
           "that keeps growing is a straggling rank.")),
+      input_wait_(prometheus::BuildHistogram()
+                      .Name("sluice_trainer_input_wait_seconds")
+                      .Help("Time a reader's consumer (training loop or "
+                            "DataLoader worker) waited for each sample it "
+                            "took: 0 when one was buffered. Reported by the "
+                            "trainers in their session heartbeats.")
+                      .Register(r)),
       source_epoch_total_(GaugeFamily(
           r, "sluice_coordinator_source_epoch_samples",
           "Samples a mixed job's source contributes to the current epoch.")),
@@ -142,11 +152,17 @@ const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(
   if (it != jobs_.end()) return it->second;
   // Not "job": Prometheus attaches its own job label to every scraped series.
   const prometheus::Labels labels = {{"sluice_job", job}};
-  Job series{&granted_.Add(labels),    &completed_.Add(labels),
-             &expired_.Add(labels),    &released_.Add(labels),
-             &resumes_.Add(labels),    &epoch_total_.Add(labels),
-             &epoch_done_.Add(labels), &epoch_.Add(labels),
-             &sessions_.Add(labels),   &rank_skew_.Add(labels)};
+  Job series{&granted_.Add(labels),
+             &completed_.Add(labels),
+             &expired_.Add(labels),
+             &released_.Add(labels),
+             &resumes_.Add(labels),
+             &epoch_total_.Add(labels),
+             &epoch_done_.Add(labels),
+             &epoch_.Add(labels),
+             &sessions_.Add(labels),
+             &rank_skew_.Add(labels),
+             &input_wait_.Add(labels, kInputWaitBounds)};
   return jobs_.emplace(job, series).first->second;
 }
 
@@ -164,6 +180,7 @@ void CoordinatorMetrics::RemoveJob(const std::string& job) {
   epoch_.Remove(s.epoch);
   sessions_.Remove(s.sessions);
   rank_skew_.Remove(s.rank_skew);
+  input_wait_.Remove(s.input_wait);
   jobs_.erase(it);
   for (auto src = sources_.begin(); src != sources_.end();) {
     if (src->first.first != job) {

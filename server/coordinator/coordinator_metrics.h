@@ -13,6 +13,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace sluice {
 
@@ -33,7 +34,11 @@ class CoordinatorMetrics {
     prometheus::Gauge* epoch;
     prometheus::Gauge* sessions;
     prometheus::Gauge* rank_skew;
+    // Trainers' waits for their next sample (heartbeat InputWait).
+    prometheus::Histogram* input_wait;
   };
+  // The InputWait buckets' upper bounds (the protocol's; +Inf is implied).
+  static const std::vector<double> kInputWaitBounds;
   // Not thread-safe: the coordinator calls it under its mutex.
   const Job& ForJob(const std::string& job);
   // A mixed job's source: its share and progress in the current epoch, and
@@ -74,6 +79,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& resumes_;
   prometheus::Family<prometheus::Gauge>& sessions_;
   prometheus::Family<prometheus::Gauge>& rank_skew_;
+  prometheus::Family<prometheus::Histogram>& input_wait_;
   prometheus::Family<prometheus::Gauge>& source_epoch_total_;
   prometheus::Family<prometheus::Gauge>& source_epoch_done_;
   prometheus::Family<prometheus::Counter>& source_consumed_;

@@ -513,6 +513,12 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
           s.hello && !s.finished && s.job == job.spec.name() && s.rank == r;
     }
     rs->set_sessions(sessions);
+    if (auto rt = runtime_.find(job.spec.name()); rt != runtime_.end()) {
+      if (auto w = rt->second.input_wait_by_rank.find(r);
+          w != rt->second.input_wait_by_rank.end()) {
+        rs->set_input_wait_seconds(w->second);
+      }
+    }
   }
   return out;
 }
@@ -642,6 +648,29 @@ absl::Status CoordinatorService::PersistOnceFinished(
     absl::MutexLock lock(&mu_);
     JournalRecord record;
     *record.mutable_once_finished() = finished;
+    RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+  }
+  return journal_->WaitDurable(fx.ticket);  // nothing to send
+}
+
+std::vector<v1::internal::OnceFinished> CoordinatorService::ListOnceFinished(
+    const std::string& scope) {
+  absl::MutexLock lock(&mu_);
+  return state_.OnceFinishedIn(scope);
+}
+
+absl::Status CoordinatorService::ResetOnce(const std::string& scope,
+                                           const std::string& name) {
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_.FindOnceFinished(scope, name) == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "once ", scope, "/", name, " has not finished: nothing to reset"));
+    }
+    JournalRecord record;
+    record.mutable_once_reset()->set_scope(scope);
+    record.mutable_once_reset()->set_name(name);
     RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
   }
   return journal_->WaitDurable(fx.ticket);  // nothing to send
@@ -980,6 +1009,45 @@ absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello,
   return absl::OkStatus();
 }
 
+absl::Status CoordinatorService::RecordInputWaitLocked(const Session& s,
+                                                       const v1::InputWait& w) {
+  const size_t buckets = CoordinatorMetrics::kInputWaitBounds.size() + 1;
+  if (static_cast<size_t>(w.bucket_counts_size()) > buckets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat.input_wait.bucket_counts has ", w.bucket_counts_size(),
+        " entries; the protocol has ", buckets, " buckets"));
+  }
+  // A bound far above any real report: a trainer heartbeats every few
+  // seconds, observing at most one wait per sample.
+  constexpr uint64_t kMaxCount = uint64_t{1} << 40;
+  uint64_t count = 0;
+  for (uint64_t c : w.bucket_counts()) {
+    if (c > kMaxCount || count + c > kMaxCount) {
+      return absl::InvalidArgumentError(
+          "heartbeat.input_wait.bucket_counts: more than 2^40 observations");
+    }
+    count += c;
+  }
+  if (!std::isfinite(w.sum_seconds()) || w.sum_seconds() < 0 ||
+      w.sum_seconds() > 1e9) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat.input_wait.sum_seconds must be a finite number of seconds "
+        ">= 0 (got ",
+        w.sum_seconds(), ")"));
+  }
+  if (count == 0 && w.sum_seconds() == 0) return absl::OkStatus();
+  runtime_[s.job].input_wait_by_rank[s.rank] += w.sum_seconds();
+  if (options_.metrics != nullptr) {
+    std::vector<double> increments(buckets, 0);
+    for (int i = 0; i < w.bucket_counts_size(); ++i) {
+      increments[i] = static_cast<double>(w.bucket_counts(i));
+    }
+    options_.metrics->ForJob(s.job).input_wait->ObserveMultiple(
+        increments, w.sum_seconds());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CoordinatorService::HandleLeaseMessageLocked(
     Session& s, const v1::TrainerMessage& m, Effects& fx) {
   switch (m.msg_case()) {
@@ -991,7 +1059,9 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
       PumpLocked(s.job, fx, &s);
       return absl::OkStatus();
     case v1::TrainerMessage::kHeartbeat:
-      return absl::OkStatus();  // the renewal above is all it does
+      // The renewal above, and the consumer's input wait when reported.
+      if (!m.heartbeat().has_input_wait()) return absl::OkStatus();
+      return RecordInputWaitLocked(s, m.heartbeat().input_wait());
     case v1::TrainerMessage::kSync: {
       // Messages of one stream are handled in order, each made durable
       // before the next is read: everything before this Sync already is.

@@ -147,6 +147,12 @@ class CoordinatorService {
   absl::Status PersistOnceFinished(const v1::internal::OnceFinished& finished);
   std::optional<v1::internal::OnceFinished> FindOnceFinished(
       const std::string& scope, const std::string& name);
+  // The finished steps of `scope` ("" = all), by scope and name.
+  std::vector<v1::internal::OnceFinished> ListOnceFinished(
+      const std::string& scope);
+  // Forgets a finished step (journaled; returns once durable), so that its
+  // next caller runs it again. NOT_FOUND when it has not finished.
+  absl::Status ResetOnce(const std::string& scope, const std::string& name);
   absl::Duration data_server_timeout() const {
     return 3 * options_.heartbeat_interval;
   }
@@ -188,7 +194,14 @@ class CoordinatorService {
     // Mixed jobs: the URL each block of epoch `routes_epoch` is routed by.
     int64_t routes_epoch = -1;
     std::map<int32_t, std::string> block_routes;
+    // Seconds each rank's readers' consumers waited for samples (reported
+    // in heartbeats; not journaled).
+    std::map<int32_t, double> input_wait_by_rank;
   };
+  // Validates a heartbeat's InputWait and records it: the job's
+  // sluice_trainer_input_wait_seconds histogram and the rank's total.
+  absl::Status RecordInputWaitLocked(const Session& s, const v1::InputWait& w)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The shuffle windows of the job's current epoch (empty without them).
   const std::vector<ShuffleWindow>& WindowsLocked(const JobData& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -248,6 +248,10 @@ absl::Status CoordinatorState::Apply(
       once_finished_[absl::StrCat(f.scope(), "/", f.name())] = f;
       return absl::OkStatus();
     }
+    case R::kOnceReset:
+      once_finished_.erase(absl::StrCat(record.once_reset().scope(), "/",
+                                        record.once_reset().name()));
+      return absl::OkStatus();
     case R::kJobResumed:
       return ApplyResume(record.job_resumed());
     case R::kWorkersSet:
@@ -661,6 +665,15 @@ std::vector<Piece> CoordinatorState::PendingPieces(const JobData& job) const {
     }
   }
   return pieces;
+}
+
+std::vector<v1::internal::OnceFinished> CoordinatorState::OnceFinishedIn(
+    const std::string& scope) const {
+  std::vector<v1::internal::OnceFinished> out;
+  for (const auto& [key, finished] : once_finished_) {
+    if (scope.empty() || finished.scope() == scope) out.push_back(finished);
+  }
+  return out;
 }
 
 const v1::internal::OnceFinished* CoordinatorState::FindOnceFinished(

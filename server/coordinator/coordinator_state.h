@@ -154,6 +154,9 @@ class CoordinatorState {
   absl::Status CheckResume(const v1::internal::JobResumed& resume) const;
   // The whole state as one record; Apply(snapshot) on any state rebuilds it.
   v1::internal::JournalRecord Snapshot() const;
+  // The finished Once steps of `scope` ("" = all).
+  std::vector<v1::internal::OnceFinished> OnceFinishedIn(
+      const std::string& scope) const;
   // A finished Once step ("scope/name"), if journaled.
   const v1::internal::OnceFinished* FindOnceFinished(
       const std::string& scope, const std::string& name) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "server/common/grpc_status.h"
@@ -436,6 +437,63 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::Barrier(
                           reactor->Finish(ToGrpcStatus(r.status()));
                         });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcCoordinatorService::ListOnce(
+    grpc::CallbackServerContext* ctx, const v1::ListOnceRequest* req,
+    v1::ListOnceResponse* resp) {
+  if (req->scope().size() > kMaxKeyBytes) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                         "scope is longer than ", kMaxKeyBytes, " bytes")));
+  }
+  std::vector<v1::OnceStep> steps = once_barrier_.Running(req->scope());
+  for (const v1::internal::OnceFinished& f :
+       service_->ListOnceFinished(req->scope())) {
+    v1::OnceStep& step = steps.emplace_back();
+    step.set_scope(f.scope());
+    step.set_name(f.name());
+    step.set_run(f.run());
+    if (f.error().empty()) {
+      step.set_state(v1::OnceStep::STATE_DONE);
+      step.set_result(f.result());
+    } else {
+      step.set_state(v1::OnceStep::STATE_FAILED);
+      step.set_error(f.error());
+    }
+  }
+  std::sort(steps.begin(), steps.end(),
+            [](const v1::OnceStep& a, const v1::OnceStep& b) {
+              return std::tie(a.scope(), a.name()) <
+                     std::tie(b.scope(), b.name());
+            });
+  for (v1::OnceStep& step : steps) *resp->add_steps() = std::move(step);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* GrpcCoordinatorService::ResetOnce(
+    grpc::CallbackServerContext* ctx, const v1::ResetOnceRequest* req,
+    v1::ResetOnceResponse*) {
+  if (absl::Status allowed = AuthorizeAdmin(ctx, "ResetOnce"); !allowed.ok()) {
+    return Done(ctx, allowed);
+  }
+  if (req->name().empty()) {
+    return Done(ctx, absl::InvalidArgumentError("ResetOnce: name is required"));
+  }
+  if (req->scope().size() > kMaxKeyBytes || req->name().size() > kMaxKeyBytes) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("ResetOnce: scope and name are at most ",
+                                      kMaxKeyBytes, " bytes")));
+  }
+  for (const v1::OnceStep& step : once_barrier_.Running(req->scope())) {
+    if (step.name() != req->name()) continue;
+    return Done(
+        ctx, absl::FailedPreconditionError(absl::StrCat(
+                 "once ", req->scope(), "/", req->name(), " is running (run ",
+                 step.run(), " by ",
+                 step.runner().empty() ? "none yet" : step.runner(), ", ",
+                 step.waiting(), " waiting): reset it once no one is in it")));
+  }
+  return Done(ctx, service_->ResetOnce(req->scope(), req->name()));
 }
 
 grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*

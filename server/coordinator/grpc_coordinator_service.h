@@ -38,7 +38,8 @@ struct AccessPolicy {
 
 class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // With `access.enforce`, CreateJob and DeleteJob need an operator's
+  // With `access.enforce`, CreateJob, DeleteJob and ResetOnce need an
+  // operator's
   // credential (see AccessPolicy): UNAUTHENTICATED without any,
   // PERMISSION_DENIED with one that is not an operator's; with nothing
   // configured to accept, they are PERMISSION_DENIED for everyone.
@@ -70,6 +71,13 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
                                     const v1::BarrierRequest* req,
                                     v1::BarrierResponse* resp) override;
+  grpc::ServerUnaryReactor* ListOnce(grpc::CallbackServerContext* ctx,
+                                     const v1::ListOnceRequest* req,
+                                     v1::ListOnceResponse* resp) override;
+  // An operator's call, authorized as DeleteJob.
+  grpc::ServerUnaryReactor* ResetOnce(grpc::CallbackServerContext* ctx,
+                                      const v1::ResetOnceRequest* req,
+                                      v1::ResetOnceResponse* resp) override;
 
   // Ends every session and registration (UNAVAILABLE) and stops the expiry
   // thread.

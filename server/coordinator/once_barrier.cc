@@ -110,6 +110,35 @@ void OnceBarrier::PromoteLocked(const std::string& key, Effects& fx) {
   }
 }
 
+std::vector<v1::OnceStep> OnceBarrier::Running(const std::string& scope) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::OnceStep> out;
+  for (const auto& [key, entry] : once_) {
+    const Stream* runner = nullptr;
+    int32_t waiting = 0;
+    if (auto it = streams_.find(entry.runner);
+        entry.runner != 0 && it != streams_.end() && !it->second.finished) {
+      runner = &it->second;
+    }
+    const Stream* any = runner;
+    for (int64_t w : entry.waiters) {
+      auto it = streams_.find(w);
+      if (it == streams_.end() || it->second.finished) continue;
+      ++waiting;
+      if (any == nullptr) any = &it->second;
+    }
+    if (any == nullptr || (!scope.empty() && any->scope != scope)) continue;
+    v1::OnceStep& step = out.emplace_back();
+    step.set_scope(any->scope);
+    step.set_name(any->name);
+    step.set_state(v1::OnceStep::STATE_RUNNING);
+    step.set_run(entry.run);
+    if (runner != nullptr) step.set_runner(runner->participant);
+    step.set_waiting(waiting);
+  }
+  return out;
+}
+
 void OnceBarrier::EndStepLocked(const std::string& key,
                                 const v1::OnceResponse& to_all, Effects& fx) {
   OnceEntry& entry = once_[key];

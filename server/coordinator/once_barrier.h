@@ -82,6 +82,10 @@ class OnceBarrier {
   using BarrierDone = std::function<void(absl::StatusOr<v1::BarrierResponse>)>;
   void Barrier(const v1::BarrierRequest& request, BarrierDone done);
 
+  // Steps that have a runner or callers waiting now, of `scope` ("" =
+  // every scope), as STATE_RUNNING OnceSteps ordered by scope and name.
+  std::vector<v1::OnceStep> Running(const std::string& scope);
+
   // Expires runner leases and barrier deadlines; call periodically.
   void Tick();
   // Ends every Once stream and pending Barrier with UNAVAILABLE.

@@ -148,6 +148,91 @@ TEST_F(OnceBarrierTest, AFinishedStepIsNotRerunAfterACoordinatorRestart) {
   EXPECT_THAT(Read("y.log"), HasSubstr("done by another participant"));
 }
 
+// `once --list` shows what the coordinator remembers and what runs;
+// `once --reset` forgets a finished step (refusing one that runs or never
+// finished), durably: the step runs again after a coordinator restart.
+TEST_F(OnceBarrierTest, AResetStepRunsAgainEvenAfterARestart) {
+  const std::string step = absl::StrCat("echo ran >> ", dir_.File("ran.log"));
+  ChildProcess first =
+      Ctl({"once", "--id=x", "prep", "--", "sh", "-c", step}, "x.log");
+  ASSERT_EQ(Exit(first), 0);
+  ChildProcess list = Ctl({"once", "--list"}, "list1.log");
+  ASSERT_EQ(Exit(list), 0);
+  EXPECT_THAT(Read("list1.log"), HasSubstr("default/prep  run 1  done"));
+
+  const std::string go = dir_.File("go");
+  ChildProcess busy =
+      Ctl({"once", "--id=r0", "busy", "--", "sh", "-c",
+           absl::StrCat("while [ ! -f ", go, " ]; do sleep 0.02; done")},
+          "busy.log");
+  ASSERT_TRUE(WaitFor("busy.log", "running"));
+  ChildProcess listed = Ctl({"once", "--list", "default"}, "list2.log");
+  ASSERT_EQ(Exit(listed), 0);
+  EXPECT_THAT(Read("list2.log"),
+              HasSubstr("default/busy  run 1  running (r0, 0 waiting)"));
+  ChildProcess refused = Ctl({"once", "--reset", "busy"}, "refused.log");
+  EXPECT_EQ(Exit(refused), 1);
+  EXPECT_THAT(Read("refused.log"),
+              HasSubstr("FAILED_PRECONDITION: once --reset: once default/busy "
+                        "is running (run 1 by r0, 0 waiting)"));
+  testing::WriteFile(go, "");
+  EXPECT_EQ(Exit(busy), 0);
+  ChildProcess unknown = Ctl({"once", "--reset", "never"}, "unknown.log");
+  EXPECT_EQ(Exit(unknown), 1);
+  EXPECT_THAT(Read("unknown.log"),
+              HasSubstr("NOT_FOUND: once --reset: once default/never has not "
+                        "finished"));
+  ChildProcess other_scope = Ctl({"once", "--list", "elsewhere"}, "list3.log");
+  ASSERT_EQ(Exit(other_scope), 0);
+  EXPECT_EQ(Read("list3.log"), "no once steps in scope elsewhere\n");
+
+  ChildProcess reset = Ctl({"once", "--reset", "prep"}, "reset.log");
+  ASSERT_EQ(Exit(reset), 0) << Read("reset.log");
+  const std::string address = coordinator_.grpc_address;
+  coordinator_.process.Kill();
+  StartCoordinator(address);
+  ChildProcess again =
+      Ctl({"once", "--id=y", "prep", "--", "sh", "-c", step}, "y.log");
+  EXPECT_EQ(Exit(again), 0);
+  EXPECT_EQ(Read("ran.log"), "ran\nran\n");
+  ChildProcess after = Ctl({"once", "--list", "--json"}, "list4.log");
+  ASSERT_EQ(Exit(after), 0);
+  EXPECT_THAT(Read("list4.log"),
+              HasSubstr("\"name\": \"prep\",\n   \"state\": \"STATE_DONE\""));
+}
+
+// On a coordinator that checks operators, resetting a step is an operator's
+// call, as deleting a job is.
+TEST(OnceResetAccessTest, ResettingNeedsTheOperatorToken) {
+  TempDir dir;
+  testing::WriteFile(dir.File("secret"), "0123456789abcdef0123456789abcdef");
+  testing::WriteFile(dir.File("token"), "operator-token-0123456789");
+  chmod(dir.File("secret").c_str(), 0600);
+  chmod(dir.File("token").c_str(), 0600);
+  auto c = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                {"--journal_dir=" + dir.File("journal"),
+                                 "--lease_secret_file=" + dir.File("secret"),
+                                 "--admin_token_file=" + dir.File("token")});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto ctl = [&](std::vector<std::string> args, const std::string& log) {
+    args.insert(args.begin(), testing::BinDir() + "/sluicectl");
+    args.insert(args.begin() + 2, "--coordinator=" + c->grpc_address);
+    auto p = ChildProcess::Start(args, dir.File(log));
+    EXPECT_TRUE(p.ok());
+    auto code = p->WaitForExit(absl::Seconds(60));
+    return code.ok() ? *code : -1;
+  };
+  ASSERT_EQ(ctl({"once", "step", "--", "true"}, "run.log"), 0);
+  EXPECT_EQ(ctl({"once", "--reset", "step"}, "anonymous.log"), 1);
+  EXPECT_THAT(testing::ReadWholeFile(dir.File("anonymous.log")).value_or(""),
+              HasSubstr("UNAUTHENTICATED"));
+  EXPECT_EQ(ctl({"once", "--list"}, "list.log"), 0);  // anyone may look
+  EXPECT_EQ(ctl({"once", "--reset", "step",
+                 "--admin_token_file=" + dir.File("token")},
+                "operator.log"),
+            0);
+}
+
 TEST_F(OnceBarrierTest, BarrierTimeoutNamesTheMissingRank) {
   // Rank 5 never comes (it is still creating the checkpoint directory on a
   // slow filesystem): the other 7 learn exactly that.

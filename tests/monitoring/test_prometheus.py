@@ -486,7 +486,7 @@ def test_every_dashboard_and_alert_expression_returns_data(live):
     live.start_mix_reader()  # the per-source series
     exprs = expressions()
     assert len([e for e in exprs if e[0] == "panel"]) >= 30
-    assert len([e for e in exprs if e[0] == "alert"]) == 12
+    assert len([e for e in exprs if e[0] == "alert"]) == 13
     exported = exported_names(live)
     unknown = {f"{kind} {title}: {m}" for kind, title, e in exprs for m in unknown_metrics(e, exported)}
     assert not unknown, "queries name metrics the servers do not export:\n" + "\n".join(sorted(unknown))
@@ -502,6 +502,24 @@ def test_every_dashboard_and_alert_expression_returns_data(live):
     except AssertionError:
         raise AssertionError("expressions with an empty result:\n" +
                              "\n".join(f"{k} {t}: {e}" for k, t, e in sorted(pending)))
+
+
+def test_the_input_panel_sees_the_trainers_waits(live):
+    # The workload's trainers report every sample they take: the histogram's
+    # count grows in Prometheus, and the panel's share is a fraction.
+    board = dashboard()
+    expr = next(e for t, e in panel_queries(board) if t == "Is input the bottleneck?")
+
+    def counted():
+        result = live.query("sum(sluice_trainer_input_wait_seconds_count)")
+        return result and float(result[0]["value"][1]) > 0
+    wait_for(counted, QUERY_DEADLINE_S, "trainers' input waits in Prometheus", interval=1)
+
+    def share():
+        result = live.query(substitute(expr))
+        values = [float(r["value"][1]) for r in result]
+        return values and all(0 <= v <= 1 for v in values)
+    wait_for(share, QUERY_DEADLINE_S, "the input-wait share to be a fraction", interval=1)
 
 
 def test_kubernetes_forms_are_in_sync():

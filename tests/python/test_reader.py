@@ -11,7 +11,7 @@ import time
 import pytest
 
 import sluice
-from conftest import Cluster
+from conftest import BIN, Cluster, _wait_for
 
 
 def test_reader_reads_every_sample_once_per_epoch(cluster):
@@ -573,3 +573,53 @@ def test_merge_cursors_joins_the_source_names_each_rank_saw():
     b.sources[0] = "news"
     with pytest.raises(ValueError, match="names source 0 'news', another cursor 'web'"):
         sluice.merge_cursors([a, b])
+
+
+def _input_wait_count(cluster, job):
+    for line in cluster.coordinator.metric_text().splitlines():
+        if line.startswith(f'sluice_trainer_input_wait_seconds_count{{sluice_job="{job}"}}'):
+            return int(float(line.split()[1]))
+    return None
+
+
+def test_the_consumers_input_wait_reaches_the_coordinator(cluster):
+    # One observation per sample handed over, reported in heartbeats (and at
+    # close): the coordinator's histogram counts exactly the samples taken,
+    # and the rank's total in the status is the reader's own.
+    cluster.create_job("input-wait", epochs=2)
+    taken = 0
+    with sluice.Reader(cluster.address, "input-wait") as reader:
+        while True:
+            e = reader.next_event(timeout=60)
+            taken += e.kind == "sample"
+            if e.kind == "epoch_end":
+                break
+        assert taken == cluster.total
+        # The first sample of the epoch cannot have been buffered.
+        assert reader.stats["input_wait_seconds"] > 0
+        _wait_for(lambda: _input_wait_count(cluster, "input-wait") == taken, 30,
+                  "the heartbeats to report every sample")
+        for _ in range(5):  # reported when the reader closes
+            taken += reader.next_event(timeout=60).kind == "sample"
+    assert _input_wait_count(cluster, "input-wait") == taken
+    ctl = [os.path.join(BIN, "sluicectl"), "status", "input-wait",
+           f"--coordinator={cluster.address}"]
+    out = subprocess.run(ctl + ["--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rank0 = json.loads(out.stdout)["status"]["ranks"][0]
+    assert rank0["input_wait_seconds"] == pytest.approx(reader.stats["input_wait_seconds"],
+                                                        rel=1e-9)
+    out = subprocess.run(ctl, capture_output=True, text=True)
+    assert f"input wait {reader.stats['input_wait_seconds']:.1f}s" in out.stdout, out.stdout
+
+
+def test_sluicectl_reads_report_their_input_wait_too(cluster):
+    # The C++ Reader behind `sluicectl read`: one observation per sample
+    # taken, the last ones sent when it closes after its epoch.
+    cluster.create_job("input-wait-cpp", epochs=2)
+    out = subprocess.run([os.path.join(BIN, "sluicectl"), "read", "--job=input-wait-cpp",
+                          "--read_epochs=1", f"--coordinator={cluster.address}"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == cluster.total
+    assert _input_wait_count(cluster, "input-wait-cpp") == cluster.total

@@ -148,6 +148,9 @@ struct ReaderStats {
   int64_t reroutes = 0;
   int64_t dropped_units = 0;
   int64_t reconnects = 0;
+  // Seconds Next() blocked before returning a sample (the consumer's input
+  // wait; also reported to the coordinator in heartbeats).
+  double input_wait_seconds = 0;
 };
 
 class Reader {

@@ -42,6 +42,7 @@ reopens them after (see _suspend_streams); the child cannot use the parent's
 Reader: create Readers after fork (gRPC and fork do not mix).
 """
 import atexit
+import bisect
 import collections
 import ctypes
 import functools
@@ -92,6 +93,9 @@ _READ_SAMPLES = "/%s/ReadSamples" % dataserver_pb2.DESCRIPTOR.services_by_name["
 # data server:
 # the second waits _REROUTE_BACKOFF seconds, doubling up to the maximum.
 _REROUTE_BACKOFF, _REROUTE_BACKOFF_MAX = 0.05, 2.0
+# Upper bounds (seconds) of the protocol's InputWait buckets; the last bucket
+# is +Inf (protos/sluice/v1/coordinator.proto).
+_INPUT_WAIT_BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10)
 # While the coordinator cannot be reached, how often to ask it whether it
 # speaks TLS (tls.transport_mismatch).
 _TRANSPORT_CHECK_PERIOD = 5.0
@@ -572,6 +576,10 @@ class Reader:
         self._position_epoch = -1
         self._position_consumed = 0
         self.stats = collections.Counter()
+        # The consumer's waits for samples since the last heartbeat, by the
+        # protocol's InputWait buckets.
+        self._input_wait_counts = [0] * (len(_INPUT_WAIT_BOUNDS) + 1)
+        self._input_wait_sum = 0.0
 
         self._session_thread = threading.Thread(target=self._run_session, daemon=True,
                                                 name="sluice-session")
@@ -609,7 +617,9 @@ class Reader:
 
         "done" (the job served all its epochs) carries a message saying so;
         it repeats on every later call."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        called = time.monotonic()
+        deadline = None if timeout is None else called + timeout
+        waited = False  # the sample returned counts an input wait if so
         while True:
             flush = False
             event = None
@@ -621,6 +631,7 @@ class Reader:
                     if self._closed:
                         raise ReaderError(grpc.StatusCode.CANCELLED, "reader closed")
                     if not self._entries:
+                        waited = True
                         self._wait(deadline)
                         continue
                     kind, payload = self._entries[0]
@@ -635,6 +646,7 @@ class Reader:
                         self._entries.popleft()
                         continue
                     if u.buffer and self._may_have_lost_leases():
+                        waited = True
                         self._cv.wait(0.05)
                         continue
                     if u.buffer:
@@ -642,6 +654,7 @@ class Reader:
                         event.epoch = event.sample.epoch
                         u.delivered += 1
                         self.stats["delivered"] += 1
+                        self._observe_input_wait(time.monotonic() - called if waited else 0.0)
                         if u.delivered == u.size:
                             u.final = coordinator_pb2.TrainerMessage(
                                 complete=coordinator_pb2.Complete(lease_id=u.lease.lease_id,
@@ -671,7 +684,9 @@ class Reader:
                         # thread (no hand-off between threads per batch).
                         u.pulling_since = time.monotonic()
                         pull = (u, u.call)
+                        waited = True
                         break
+                    waited = True
                     self._wait(deadline)
             if pull is not None:
                 self._pull(*pull)
@@ -686,6 +701,24 @@ class Reader:
                 elif event.kind == "sample":
                     self._position_consumed += 1
                 return event
+
+    def _observe_input_wait(self, seconds):
+        """One sample handed to the consumer after `seconds` of waiting
+        (under the lock)."""
+        self._input_wait_counts[bisect.bisect_left(_INPUT_WAIT_BOUNDS, seconds)] += 1
+        self._input_wait_sum += seconds
+        self.stats["input_wait_seconds"] += seconds
+
+    def _take_input_wait(self):
+        """The waits observed since the last call as an InputWait, or None."""
+        with self._cv:
+            if not any(self._input_wait_counts):
+                return None
+            wait = coordinator_pb2.InputWait(bucket_counts=self._input_wait_counts,
+                                             sum_seconds=self._input_wait_sum)
+            self._input_wait_counts = [0] * (len(_INPUT_WAIT_BOUNDS) + 1)
+            self._input_wait_sum = 0.0
+            return wait
 
     def cursor(self):
         """The resume Cursor after the last sample returned: this rank's count
@@ -755,6 +788,11 @@ class Reader:
             # (grpc's channel close waits for them). The leases expire after
             # their TTL as if the process had died.
             return
+        # The input wait not yet reported.
+        wait = self._take_input_wait()
+        if wait is not None:
+            self._send(coordinator_pb2.TrainerMessage(
+                heartbeat=coordinator_pb2.Heartbeat(input_wait=wait)))
         # No new grants (a Release frees a credit the coordinator would
         # refill), and a Synced means every grant already sent has arrived:
         # all of them are released below instead of lingering until the TTL.
@@ -1397,11 +1435,15 @@ class Reader:
                 unconfirmed = bool(self._finals)
                 heartbeat = self._heartbeat_interval
             if time.monotonic() - last_heartbeat >= heartbeat:
+                # The consumer's input wait since the last heartbeat, if any.
+                beat = coordinator_pb2.TrainerMessage(
+                    heartbeat=coordinator_pb2.Heartbeat(input_wait=self._take_input_wait()))
                 # A Sync renews like a heartbeat and lets confirmed finals go.
                 if unconfirmed:
                     if self._send_sync():
                         last_heartbeat = time.monotonic()
-                elif self._send(coordinator_pb2.TrainerMessage(
-                        heartbeat=coordinator_pb2.Heartbeat())):
+                    if beat.heartbeat.HasField("input_wait"):
+                        self._send(beat)
+                elif self._send(beat):
                     last_heartbeat = time.monotonic()
             self._flush_reports(progress=True)

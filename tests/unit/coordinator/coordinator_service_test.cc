@@ -5,11 +5,13 @@
 #include <sys/stat.h>
 
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include "server/common/lease_token.h"
+#include "server/coordinator/coordinator_metrics.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -1248,6 +1250,113 @@ TEST_F(CoordinatorServiceTest,
   ASSERT_TRUE(bad->finished.has_value());
   EXPECT_THAT(*bad->finished, StatusIs(absl::StatusCode::kInvalidArgument,
                                        HasSubstr("hello.worker")));
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+v1::TrainerMessage Beat(std::vector<uint64_t> counts, double sum) {
+  v1::TrainerMessage m;
+  auto* w = m.mutable_heartbeat()->mutable_input_wait();
+  for (uint64_t c : counts) w->add_bucket_counts(c);
+  w->set_sum_seconds(sum);
+  return m;
+}
+
+// Heartbeats' input waits add up per rank in the job's status and in the
+// job's sluice_trainer_input_wait_seconds histogram.
+TEST(CoordinatorInputWaitTest, HeartbeatsFeedTheRankTotalAndTheHistogram) {
+  FakeClock clock;
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  options.metrics = &metrics;
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  ASSERT_OK((*service)->CreateJob(Spec("j", {10, 10}, 2, 1)));
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  std::vector<int64_t> ids;
+  for (int rank = 0; rank < 2; ++rank) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    ids.push_back((*service)->OpenSession(sinks.back()));
+    (*service)->OnMessage(ids.back(),
+                          Hello("j", rank, "t" + std::to_string(rank)));
+  }
+  // Rank 0: 3 samples buffered (bucket 0), one after 0.02 s (bucket 3);
+  // then 2 more after 0.5 s each (bucket 5). Rank 1: only the 1st bucket.
+  (*service)->OnMessage(ids[0], Beat({3, 0, 0, 1}, 0.02));
+  (*service)->OnMessage(ids[0], Beat({0, 0, 0, 0, 0, 2}, 1.0));
+  (*service)->OnMessage(ids[1], Beat({5}, 0));
+  for (const auto& sink : sinks) EXPECT_FALSE(sink->finished.has_value());
+
+  auto job = (*service)->GetJob("j", false);
+  ASSERT_OK(job);
+  ASSERT_EQ(job->status().ranks_size(), 2);
+  EXPECT_DOUBLE_EQ(job->status().ranks(0).input_wait_seconds(), 1.02);
+  EXPECT_DOUBLE_EQ(job->status().ranks(1).input_wait_seconds(), 0);
+
+  const prometheus::ClientMetric::Histogram* h = nullptr;
+  std::vector<prometheus::MetricFamily> families = registry.Collect();
+  for (const auto& f : families) {
+    if (f.name != "sluice_trainer_input_wait_seconds") continue;
+    ASSERT_EQ(f.metric.size(), 1u);
+    EXPECT_EQ(f.metric[0].label[0].value, "j");
+    h = &f.metric[0].histogram;
+  }
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->sample_count, 11u);
+  EXPECT_DOUBLE_EQ(h->sample_sum, 1.02);
+  // Cumulative counts at le = 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, ...
+  std::vector<uint64_t> cumulative;
+  for (const auto& b : h->bucket) cumulative.push_back(b.cumulative_count);
+  EXPECT_EQ(cumulative,
+            (std::vector<uint64_t>{8, 8, 8, 9, 9, 11, 11, 11, 11, 11}));
+}
+
+// A report that is not one: too many buckets, a negative or non-finite sum,
+// absurd counts. The session ends with INVALID_ARGUMENT naming the field;
+// nothing is recorded.
+TEST(CoordinatorInputWaitTest, HostileReportsEndTheSessionNamingTheField) {
+  FakeClock clock;
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  options.metrics = &metrics;
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  ASSERT_OK((*service)->CreateJob(Spec("j", {10}, 1, 1)));
+  const std::vector<std::pair<v1::TrainerMessage, std::string>> cases = {
+      {Beat(std::vector<uint64_t>(11, 1), 0),
+       "heartbeat.input_wait.bucket_counts has 11 entries"},
+      {Beat({1}, -1), "heartbeat.input_wait.sum_seconds"},
+      {Beat({1}, std::numeric_limits<double>::quiet_NaN()),
+       "heartbeat.input_wait.sum_seconds"},
+      {Beat({1}, std::numeric_limits<double>::infinity()),
+       "heartbeat.input_wait.sum_seconds"},
+      {Beat({uint64_t{1} << 41}, 1), "heartbeat.input_wait.bucket_counts"},
+      {Beat({uint64_t{1} << 39, uint64_t{1} << 39, uint64_t{1} << 39}, 1),
+       "heartbeat.input_wait.bucket_counts"},
+  };
+  for (const auto& [message, field] : cases) {
+    auto sink = std::make_shared<RecordingSink>();
+    const int64_t id = (*service)->OpenSession(sink);
+    (*service)->OnMessage(id, Hello("j", 0, "t"));
+    (*service)->OnMessage(id, message);
+    ASSERT_TRUE(sink->finished.has_value()) << field;
+    EXPECT_THAT(*sink->finished,
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(field)));
+    (*service)->CloseSession(id);
+  }
+  auto job = (*service)->GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().ranks(0).input_wait_seconds(), 0);
 }
 
 }  // namespace

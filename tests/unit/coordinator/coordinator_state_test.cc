@@ -86,3 +86,43 @@ TEST(CoordinatorStateTest, ASnapshotWithoutTheFloorIsBoundedByItsJobs) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+JournalRecord OnceDone(const std::string& scope, const std::string& name) {
+  JournalRecord r;
+  r.mutable_once_finished()->set_scope(scope);
+  r.mutable_once_finished()->set_name(name);
+  r.mutable_once_finished()->set_run(1);
+  r.mutable_once_finished()->set_result("ok");
+  return r;
+}
+
+// OnceReset forgets exactly the step it names; a snapshot taken after it
+// (what a compaction writes) no longer holds the step either.
+TEST(CoordinatorStateTest, OnceResetForgetsTheStepThroughSnapshots) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(OnceDone("job", "prep")));
+  ASSERT_OK(state.Apply(OnceDone("job", "index")));
+  ASSERT_OK(state.Apply(OnceDone("other", "prep")));
+  JournalRecord reset;
+  reset.mutable_once_reset()->set_scope("job");
+  reset.mutable_once_reset()->set_name("prep");
+  ASSERT_OK(state.Apply(std::move(reset)));
+  EXPECT_EQ(state.FindOnceFinished("job", "prep"), nullptr);
+  EXPECT_NE(state.FindOnceFinished("job", "index"), nullptr);
+  EXPECT_NE(state.FindOnceFinished("other", "prep"), nullptr);
+  std::vector<std::string> in_job;
+  for (const auto& f : state.OnceFinishedIn("job")) in_job.push_back(f.name());
+  EXPECT_EQ(in_job, (std::vector<std::string>{"index"}));
+  EXPECT_EQ(state.OnceFinishedIn("").size(), 2u);
+
+  CoordinatorState replayed;
+  ASSERT_OK(replayed.Apply(state.Snapshot()));
+  EXPECT_EQ(replayed.FindOnceFinished("job", "prep"), nullptr);
+  EXPECT_EQ(replayed.OnceFinishedIn("").size(), 2u);
+}
+
+}  // namespace
+}  // namespace sluice

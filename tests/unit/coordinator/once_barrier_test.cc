@@ -253,3 +253,39 @@ TEST(OnceBarrierLimitsTest, BarrierParticipantsComeFromTheOptions) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Running lists a step while it has a runner or waiters (with the runner's
+// id and the waiters' count), per scope, and not once it has finished.
+TEST_F(OnceBarrierTest, RunningListsStepsWithCallersInThem) {
+  EXPECT_TRUE(logic_.Running("").empty());
+  auto a = std::make_shared<RecordingOnceSink>();
+  auto b = std::make_shared<RecordingOnceSink>();
+  auto c = std::make_shared<RecordingOnceSink>();
+  const int64_t ia = logic_.OpenOnce(a);
+  const int64_t ib = logic_.OpenOnce(b);
+  const int64_t ic = logic_.OpenOnce(c);
+  logic_.OnOnceMessage(ia, Join("A"));
+  logic_.OnOnceMessage(ib, Join("B"));
+  logic_.OnOnceMessage(ic, Join("C"));
+  std::vector<v1::OnceStep> running = logic_.Running("");
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].scope(), "job");
+  EXPECT_EQ(running[0].name(), "prep");
+  EXPECT_EQ(running[0].state(), v1::OnceStep::STATE_RUNNING);
+  EXPECT_EQ(running[0].run(), 1);
+  EXPECT_EQ(running[0].runner(), "A");
+  EXPECT_EQ(running[0].waiting(), 2);
+  EXPECT_EQ(logic_.Running("job").size(), 1u);
+  EXPECT_TRUE(logic_.Running("other").empty());
+  // A waiter leaving is not counted.
+  logic_.CloseOnce(ic);
+  EXPECT_EQ(logic_.Running("")[0].waiting(), 1);
+  logic_.OnOnceMessage(ia, Succeeded(1, "/data/prep"));
+  EXPECT_TRUE(logic_.Running("").empty());
+}
+
+}  // namespace
+}  // namespace sluice
