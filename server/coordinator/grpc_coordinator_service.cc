@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/grpc_status.h"
+#include "server/common/grpc_stream_writer.h"
 #include "server/common/quote.h"
 
 namespace sluice {
@@ -21,86 +22,6 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
-
-// Messages (and their bytes) a stream may have waiting for its client to
-// read them: beyond either, a client that does not read is ended.
-constexpr size_t kMaxQueuedMessages = 65536;
-constexpr size_t kMaxQueuedBytes = 64 << 20;
-
-// Writes to one server-streaming side of a bidi reactor: a queue with one
-// write in flight, Finish only after the queue drains. A client that stops
-// reading while the server keeps answering (its own messages, say) would
-// grow the queue without bound: past kMaxQueuedMessages or kMaxQueuedBytes
-// the queue is dropped and the stream ends with RESOURCE_EXHAUSTED (the
-// service then treats it as any broken stream). Outlives the reactor: after
-// Detach (OnDone) everything is dropped. Thread-safe.
-template <typename Reactor, typename Message>
-class QueuedWriter {
- public:
-  explicit QueuedWriter(Reactor* reactor) : reactor_(reactor) {}
-  void Send(Message m) {
-    absl::MutexLock lock(&mu_);
-    if (reactor_ == nullptr || finish_requested_) return;
-    queued_bytes_ += m.ByteSizeLong();
-    queue_.push_back(std::move(m));
-    if (queue_.size() > kMaxQueuedMessages || queued_bytes_ > kMaxQueuedBytes) {
-      const std::string why = absl::StrCat(
-          "the client has not read ", queue_.size(), " messages (",
-          queued_bytes_,
-          " bytes) of this stream; ending it (limits: ", kMaxQueuedMessages,
-          " messages, ", kMaxQueuedBytes, " bytes)");
-      queue_.clear();
-      queued_bytes_ = 0;
-      finish_requested_ = true;
-      finish_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, why);
-    }
-    MaybeWriteLocked();
-  }
-  void Finish(const grpc::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (reactor_ == nullptr || finish_requested_) return;
-    finish_requested_ = true;
-    finish_status_ = status;
-    MaybeWriteLocked();
-  }
-  void OnWriteDone(bool ok) {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {  // the peer is gone; Finish still runs once
-      queue_.clear();
-      queued_bytes_ = 0;
-    }
-    MaybeWriteLocked();
-  }
-  void Detach() {
-    absl::MutexLock lock(&mu_);
-    reactor_ = nullptr;
-  }
-
- private:
-  void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (reactor_ == nullptr || writing_) return;
-    if (!queue_.empty()) {
-      current_ = std::move(queue_.front());
-      queue_.pop_front();
-      queued_bytes_ -= std::min(queued_bytes_, current_.ByteSizeLong());
-      writing_ = true;
-      reactor_->StartWrite(&current_);
-    } else if (finish_requested_ && !finished_) {
-      finished_ = true;
-      reactor_->Finish(finish_status_);
-    }
-  }
-  absl::Mutex mu_;
-  Reactor* reactor_ ABSL_GUARDED_BY(mu_);
-  std::deque<Message> queue_ ABSL_GUARDED_BY(mu_);
-  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  Message current_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
-};
 
 // One Session stream. The service talks to it through Sink, which outlives
 // the reactor: after OnDone, messages for the stream are dropped.
@@ -118,7 +39,7 @@ class SessionReactor
     void Detach() { writer_.Detach(); }
 
    private:
-    QueuedWriter<SessionReactor, CoordinatorMessage> writer_;
+    StreamWriter<SessionReactor, CoordinatorMessage> writer_;
   };
 
   explicit SessionReactor(CoordinatorService* service)
@@ -204,7 +125,7 @@ class RegistrationReactor
     void Detach() { writer_.Detach(); }
 
    private:
-    QueuedWriter<RegistrationReactor, v1::CoordinatorToDataServer> writer_;
+    StreamWriter<RegistrationReactor, v1::CoordinatorToDataServer> writer_;
   };
 
   RegistrationReactor(CoordinatorService* service,
@@ -279,55 +200,17 @@ class OnceReactor
  public:
   class Sink : public OnceSink {
    public:
-    explicit Sink(OnceReactor* r) : reactor_(r) {}
-    void Send(const v1::OnceResponse& m) override {
-      absl::MutexLock lock(&mu_);
-      if (reactor_ == nullptr || finishing_) return;
-      queue_.push_back(m);
-      PumpLocked();
-    }
+    explicit Sink(OnceReactor* r) : writer_(r) {}
+    void Send(const v1::OnceResponse& m) override { writer_.Send(m); }
     void Finish(const absl::Status& status) override {
-      absl::MutexLock lock(&mu_);
-      if (reactor_ == nullptr || finishing_) return;
-      finishing_ = true;
-      status_ = ToGrpcStatus(status);
-      PumpLocked();
+      writer_.Finish(ToGrpcStatus(status));
     }
-    void OnWriteDone() {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      PumpLocked();
-    }
-    void Detach() {
-      absl::MutexLock lock(&mu_);
-      reactor_ = nullptr;
-    }
-    bool finishing() {
-      absl::MutexLock lock(&mu_);
-      return finishing_;
-    }
+    void OnWriteDone(bool ok) { writer_.OnWriteDone(ok); }
+    void Detach() { writer_.Detach(); }
+    bool finishing() { return writer_.finishing(); }
 
    private:
-    void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (reactor_ == nullptr || writing_ || finished_) return;
-      if (!queue_.empty()) {
-        current_ = std::move(queue_.front());
-        queue_.pop_front();
-        writing_ = true;
-        reactor_->StartWrite(&current_);
-      } else if (finishing_) {
-        finished_ = true;
-        reactor_->Finish(status_);
-      }
-    }
-    absl::Mutex mu_;
-    OnceReactor* reactor_ ABSL_GUARDED_BY(mu_);
-    std::deque<v1::OnceResponse> queue_ ABSL_GUARDED_BY(mu_);
-    v1::OnceResponse current_ ABSL_GUARDED_BY(mu_);
-    bool writing_ ABSL_GUARDED_BY(mu_) = false;
-    bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-    bool finished_ ABSL_GUARDED_BY(mu_) = false;
-    grpc::Status status_ ABSL_GUARDED_BY(mu_);
+    StreamWriter<OnceReactor, v1::OnceResponse> writer_;
   };
 
   explicit OnceReactor(OnceBarrier* logic)
@@ -346,7 +229,7 @@ class OnceReactor
     if (!sink_->finishing())
       StartRead(&in_);  // no new operations once finishing
   }
-  void OnWriteDone(bool) override { sink_->OnWriteDone(); }
+  void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnDone() override {
     sink_->Detach();
     logic_->CloseOnce(id_);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/process.h"
 
 namespace sluice {
 namespace {
@@ -127,11 +128,10 @@ TEST(MallocTuningTest, IsNotAppliedToAnotherMalloc) {
   if (pid == 0) {
     close(fds[0]);
     dup2(fds[1], 1);
-    // Re-exec this test binary with the preload, running only the probe below.
+    // The probe binary (tests/testing/malloc_probe.cc) with the preload.
     setenv("LD_PRELOAD", jemalloc, 1);
-    setenv("SLUICE_MALLOC_PROBE", "1", 1);
-    execl("/proc/self/exe", "unit_tests",
-          "--gtest_filter=MallocTuningTest.Probe", static_cast<char*>(nullptr));
+    const std::string probe = testing::BinDir() + "/malloc_probe";
+    execl(probe.c_str(), "malloc_probe", static_cast<char*>(nullptr));
     _exit(127);
   }
   close(fds[1]);
@@ -147,15 +147,6 @@ TEST(MallocTuningTest, IsNotAppliedToAnotherMalloc) {
   EXPECT_NE(out.find("provider=libjemalloc.so.2 tuned=0"), std::string::npos)
       << out;
 #endif
-}
-
-// Run by IsNotAppliedToAnotherMalloc in a child; does nothing otherwise.
-TEST(MallocTuningTest, Probe) {
-  if (std::getenv("SLUICE_MALLOC_PROBE") == nullptr) {
-    GTEST_SKIP() << "a helper: run by IsNotAppliedToAnotherMalloc in a child";
-  }
-  std::printf("provider=%s tuned=%d\n", MallocProvider().c_str(),
-              TuneMallocForStreaming());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "server/dataserver/tar_shard_reader.h"
 
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -374,9 +375,13 @@ TEST(TarSampleReaderTest, TruncatedAtEveryBlockBoundary) {
   }
 }
 
-TEST(TarSampleReaderTest, RandomByteFlipsNeverCrash) {
+// Damage anywhere: the reader returns samples, the end, or DATA_LOSS, never
+// anything else (and never more samples than the index found); over the
+// rounds every outcome occurs.
+TEST(TarSampleReaderTest, RandomByteFlipsEndInSamplesOrDataLoss) {
   std::string full = SampleShard(20, true);
   std::mt19937 rng(11);
+  std::map<std::string, int> outcomes;
   for (int round = 0; round < 300; ++round) {
     std::string bytes = full;
     for (int flips = 0; flips < 4; ++flips) {
@@ -385,12 +390,33 @@ TEST(TarSampleReaderTest, RandomByteFlipsNeverCrash) {
     auto shard = Shard(bytes);
     auto index = std::make_shared<const ShardIndex>(BuildShardIndex(shard));
     auto reader = TarSampleReader::Open(shard, index, 0);
-    if (!reader.ok()) continue;
+    if (!reader.ok()) {
+      EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss)
+          << reader.status();
+      ++outcomes["open: data loss"];
+      continue;
+    }
+    int64_t read = 0;
     for (int i = 0; i < 40; ++i) {
       auto sample = (*reader)->Next();
-      if (!sample.ok() || !sample->has_value()) break;
+      if (!sample.ok()) {
+        EXPECT_EQ(sample.status().code(), absl::StatusCode::kDataLoss)
+            << sample.status();
+        ++outcomes["read: data loss"];
+        break;
+      }
+      if (!sample->has_value()) {
+        ++outcomes[index->damage.empty() ? "clean end" : "end after damage"];
+        break;
+      }
+      ++read;
     }
+    EXPECT_LE(read, index->num_samples());
   }
+  EXPECT_GT(outcomes["clean end"] + outcomes["end after damage"], 0);
+  EXPECT_GT(outcomes["open: data loss"] + outcomes["read: data loss"] +
+                outcomes["end after damage"],
+            0);
 }
 
 TEST(TarSampleReaderTest, NotATarIsDamage) {
