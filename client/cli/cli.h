@@ -28,7 +28,6 @@ enum ExitCode {
 // fits the status.
 int Fail(const absl::Status& status);
 int Usage(const std::string& message);
-std::string JsonEscape(const std::string& s);
 std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
     const std::string& address);
 // Channel credentials from --ca_cert / --client_cert / --client_key

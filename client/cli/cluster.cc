@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/cli.h"
 #include "client/cli/subprocess.h"
+#include "nlohmann/json.hpp"
 #include "server/common/grpc_status.h"
 #include "server/common/status_macros.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
@@ -333,21 +334,30 @@ struct Delivery {
   int rank, shard;
 };
 
-// Parses the fixed prefix of `sluicectl read` lines.
+// The deliveries `sluicectl read` wrote, one JSON object per line (a line
+// cut short by a kill is not one, and is skipped).
 std::vector<Delivery> ReadLedger(const std::string& path) {
   std::vector<Delivery> out;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    Delivery d;
-    long long epoch = 0, index = 0;
-    if (std::sscanf(line.c_str(),
-                    "{\"epoch\":%lld,\"rank\":%d,\"shard\":%d,\"index\":%lld",
-                    &epoch, &d.rank, &d.shard, &index) == 4) {
-      d.epoch = epoch;
-      d.index = index;
-      out.push_back(d);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr,
+                                                   /*allow_exceptions=*/false);
+    if (!j.is_object()) continue;
+    const auto epoch = j.find("epoch"), rank = j.find("rank"),
+               shard = j.find("shard"), index = j.find("index");
+    if (epoch == j.end() || rank == j.end() || shard == j.end() ||
+        index == j.end() || !epoch->is_number_integer() ||
+        !rank->is_number_integer() || !shard->is_number_integer() ||
+        !index->is_number_integer()) {
+      continue;
     }
+    Delivery d;
+    d.epoch = epoch->get<int64_t>();
+    d.rank = rank->get<int>();
+    d.shard = shard->get<int>();
+    d.index = index->get<int64_t>();
+    out.push_back(d);
   }
   return out;
 }
@@ -466,7 +476,8 @@ int DemoCommand(const std::vector<std::string>& args) {
   std::fprintf(stderr,
                "[1/5] writing %d samples in %d shards under %s/shards\n", total,
                num_shards, root.c_str());
-  std::string manifest = "{\"shards\": [";
+  nlohmann::ordered_json manifest;
+  manifest["shards"] = nlohmann::ordered_json::array();
   std::vector<int> sizes;
   for (int i = 0, first = 0; i < num_shards; ++i) {
     int count = total / num_shards + (i < total % num_shards ? 1 : 0);
@@ -475,15 +486,12 @@ int DemoCommand(const std::vector<std::string>& args) {
     if (!s.ok()) return Fail(s);
     struct stat st;
     stat(path.c_str(), &st);
-    absl::StrAppend(&manifest, i ? "," : "", "{\"url\":\"", path,
-                    "\",\"num_samples\":", count,
-                    ",\"size_bytes\":", static_cast<long long>(st.st_size),
-                    "}");
+    manifest["shards"].push_back(
+        {{"url", path}, {"num_samples", count}, {"size_bytes", st.st_size}});
     sizes.push_back(count);
     first += count;
   }
-  manifest += "]}";
-  std::ofstream(root + "/manifest.json") << manifest;
+  std::ofstream(root + "/manifest.json") << manifest.dump(1) << "\n";
 
   // 2. Coordinator + 2 data servers.
   std::fprintf(stderr, "[2/5] starting a coordinator and 2 data servers\n");

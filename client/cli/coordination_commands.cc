@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/cli.h"
+#include "nlohmann/json.hpp"
 #include "sluice/coordination.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
@@ -193,9 +194,13 @@ int BarrierCommand(const std::vector<std::string>& args) {
     return kBarrierTimeout;
   }
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf("{\"generation\":%lld,\"arrived\":[\"%s\"]}\n",
-                static_cast<long long>(response->generation()),
-                absl::StrJoin(response->arrived(), "\",\"").c_str());
+    nlohmann::ordered_json out;
+    out["generation"] = response->generation();
+    out["arrived"] = std::vector<std::string>(response->arrived().begin(),
+                                              response->arrived().end());
+    std::printf("%s\n", out.dump(-1, ' ', false,
+                                 nlohmann::json::error_handler_t::replace)
+                            .c_str());
   } else {
     std::printf("barrier %s/%s generation %lld: %d arrived\n", o.scope.c_str(),
                 o.name.c_str(), static_cast<long long>(response->generation()),

@@ -33,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/cli.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/lease_token.h"
@@ -157,34 +158,43 @@ int Usage(const std::string& message) {
   return kUsage;
 }
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20)
-          out += absl::StrFormat("\\u%04x", c);
-        else
-          out += static_cast<char>(c);
+namespace {
+
+// One `read` output line: the documented shape (client/README.md).
+std::string SampleJsonLine(const Sample& s) {
+  nlohmann::ordered_json line;
+  line["epoch"] = s.epoch;
+  line["rank"] = s.rank;
+  if (!s.source.empty()) line["source"] = s.source;
+  line["shard"] = s.shard_index;
+  line["index"] = s.index;
+  // Keys and names are bytes from the shard: invalid UTF-8 is replaced,
+  // never an exception.
+  line["key"] = s.key;
+  nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+  nlohmann::ordered_json shapes = nlohmann::ordered_json::object();
+  for (const v1::Field& f : s.fields) {
+    const size_t size = f.has_tensor()      ? f.tensor().data().size()
+                        : f.has_text()      ? f.text().size()
+                        : f.has_int_value() ? 8
+                                            : f.raw().size();
+    fields[f.name()] = size;
+    if (f.has_tensor()) {
+      shapes[f.name()] = std::vector<int64_t>(f.tensor().shape().begin(),
+                                              f.tensor().shape().end());
     }
   }
-  return out;
+  line["fields"] = std::move(fields);
+  if (!shapes.empty()) line["shapes"] = std::move(shapes);
+  if (s.skipped) {
+    line["skipped"] = true;
+    line["skip_reason"] = s.skip_reason;
+  }
+  return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
 }
+
+}  // namespace
 
 namespace {
 std::shared_ptr<grpc::ChannelCredentials>& CredentialsSlot() {
@@ -681,27 +691,7 @@ int ReadCommand(const std::vector<std::string>& args) {
       if (max_epochs > 0 && ++epochs_done >= max_epochs) break;
       continue;
     }
-    const Sample& s = event->sample;
-    std::string fields;
-    for (const v1::Field& f : s.fields) {
-      size_t size = f.has_tensor()      ? f.tensor().data().size()
-                    : f.has_text()      ? f.text().size()
-                    : f.has_int_value() ? 8
-                                        : f.raw().size();
-      absl::StrAppend(&fields, fields.empty() ? "" : ",", "\"",
-                      JsonEscape(f.name()), "\":", size);
-    }
-    std::string line = absl::StrCat(
-        "{\"epoch\":", s.epoch, ",\"rank\":", s.rank,
-        s.source.empty()
-            ? ""
-            : absl::StrCat(",\"source\":\"", JsonEscape(s.source), "\""),
-        ",\"shard\":", s.shard_index, ",\"index\":", s.index, ",\"key\":\"",
-        JsonEscape(s.key), "\",\"fields\":{", fields, "}",
-        s.skipped ? absl::StrCat(",\"skipped\":true,\"skip_reason\":\"",
-                                 JsonEscape(s.skip_reason), "\"")
-                  : "",
-        "}\n");
+    const std::string line = SampleJsonLine(event->sample);
     // One write per line: a reader killed mid-run leaves whole lines behind.
     if (write(STDOUT_FILENO, line.data(), line.size()) < 0)
       return Fail(absl::InternalError("stdout closed"));
@@ -755,8 +745,10 @@ int HealthCommand(const std::vector<std::string>& args) {
       grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
           response.status());
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf("{\"address\":\"%s\",\"status\":\"%s\"}\n",
-                JsonEscape(args[0]).c_str(), status.c_str());
+    nlohmann::ordered_json out;
+    out["address"] = args[0];
+    out["status"] = status;
+    std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("%s %s\n", args[0].c_str(), status.c_str());
   }

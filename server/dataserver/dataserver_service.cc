@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
+#include "server/common/quote.h"
 #include "server/common/shuffle_window.h"
 #include "server/common/status_macros.h"
 #include "server/dataserver/mixed_unit.h"
@@ -360,7 +361,7 @@ absl::StatusOr<v1::ShardIndex> DataServerService::IndexOf(
   out.set_size_bytes(index->size_bytes);
   if (request.include_samples()) {
     for (const IndexedSample& s : index->samples) {
-      out.add_keys(s.key);
+      out.add_keys(ValidUtf8(s.key));
       out.add_sample_bytes(s.bytes);
     }
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/logging.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/dataserver/dataserver_service.h"
 
@@ -313,10 +314,10 @@ absl::StatusOr<OutSample> SampleStream::Corrupt(int64_t index,
   }
   if (metrics != nullptr) metrics->Skipped(kind).Increment();
   OutSample sample;
-  sample.key = key;
+  sample.key = ValidUtf8(key);
   sample.index = index;
   sample.skipped = true;
-  sample.skip_reason = reason;
+  sample.skip_reason = ValidUtf8(reason);
   return sample;
 }
 
@@ -538,7 +539,7 @@ void SampleStream::DrainLocked() {
 void SampleStream::DecodeSample(Slot& slot) {
   RawSample& raw = slot.raw;
   OutSample out;
-  out.key = raw.key;
+  out.key = ValidUtf8(raw.key);
   out.index = raw.index;
   out.piece = slot.piece;
   out.fields.reserve(raw.fields.size());
@@ -558,6 +559,7 @@ void SampleStream::DecodeSample(Slot& slot) {
   for (RawField& f : raw.fields) {
     OutField field;
     field.name = std::move(f.name);
+    MakeValidUtf8(&field.name);
     if (!params_.decode) {
       field.value.kind = DecodedField::Kind::kRaw;
       field.value.bytes = std::move(f.data);

@@ -334,6 +334,38 @@ TEST(SluicectlTest, UpOnAllInterfacesServesOtherNodes) {
   EXPECT_EQ(*code, 0);
 }
 
+// `read` lines are JSON whatever bytes a shard's names hold: a key that is
+// not UTF-8 (a Latin-1 name) comes out with U+FFFD in its place, and a
+// quote or backslash escaped.
+TEST(SluicectlTest, ReadLinesAreJsonForAnyKey) {
+  TempDir dir;
+  mkdir(dir.File("shards").c_str(), 0755);
+  testing::TarWriter tar;
+  tar.File("caf\xe9.cls", "1");
+  tar.File("say \"hi\"\\.cls", "2");
+  testing::WriteFile(dir.File("shards/0.tar"), tar.Finish());
+  testing::WriteFile(
+      dir.File("m.json"),
+      absl::StrCat(R"({"shards": [{"url": ")", dir.File("shards/0.tar"),
+                   R"(", "num_samples": 2}]})"));
+  auto coordinator = ServerProcess::Start("sluice-coordinator", dir.path());
+  ASSERT_TRUE(coordinator.ok());
+  auto data =
+      ServerProcess::Start("sluice-dataserver", dir.path(),
+                           {"--roots=" + dir.File("shards"),
+                            "--coordinator=" + coordinator->grpc_address});
+  ASSERT_TRUE(data.ok());
+  const std::string c = "--coordinator=" + coordinator->grpc_address;
+  ASSERT_EQ(Ctl(dir, {"job", "create", "--name=keys",
+                      "--manifest=" + dir.File("m.json"), "--noshuffle", c})
+                .code,
+            0);
+  CtlRun read = Ctl(dir, {"read", "--job=keys", c});
+  ASSERT_EQ(read.code, 0) << read.output;
+  EXPECT_THAT(read.output, HasSubstr("\"key\":\"caf\xef\xbf\xbd\""));
+  EXPECT_THAT(read.output, HasSubstr("\"key\":\"say \\\"hi\\\"\\\\\""));
+}
+
 TEST(SluicectlTest, HealthWaitReturnsOnceTheServerIsReady) {
   TempDir dir;
   const int port = ReserveLoopbackPort();

@@ -309,6 +309,8 @@ def test_sluicectl_read_takes_a_decode_spec(images):
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(lines) == 12 and all(d["fields"]["jpg"] == 32 * 48 * 3 for d in lines)
+    # Decoded tensors also give their shape (CHW here).
+    assert all(d["shapes"] == {"jpg": [3, 32, 48]} for d in lines)
     bad = subprocess.run(ctl + ["--decode_spec=transforms { no_such_op {} }"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "--decode_spec" in bad.stderr
