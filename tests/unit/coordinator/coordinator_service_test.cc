@@ -1266,42 +1266,51 @@ v1::TrainerMessage Beat(std::vector<uint64_t> counts, double sum) {
   return m;
 }
 
+// A service exporting its metrics into `registry_`.
+class CoordinatorInputWaitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions options;
+    options.clock = &clock_;
+    options.wait_for_data_servers = false;
+    options.metrics = &metrics_;
+    auto service = CoordinatorService::Create(options);
+    ASSERT_OK(service);
+    service_ = std::move(*service);
+  }
+  FakeClock clock_;
+  prometheus::Registry registry_;
+  CoordinatorMetrics metrics_{registry_};
+  std::unique_ptr<CoordinatorService> service_;
+};
+
 // Heartbeats' input waits add up per rank in the job's status and in the
 // job's sluice_trainer_input_wait_seconds histogram.
-TEST(CoordinatorInputWaitTest, HeartbeatsFeedTheRankTotalAndTheHistogram) {
-  FakeClock clock;
-  prometheus::Registry registry;
-  CoordinatorMetrics metrics(registry);
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  options.metrics = &metrics;
-  auto service = CoordinatorService::Create(options);
-  ASSERT_OK(service);
-  ASSERT_OK((*service)->CreateJob(Spec("j", {10, 10}, 2, 1)));
+TEST_F(CoordinatorInputWaitTest, HeartbeatsFeedTheRankTotalAndTheHistogram) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {10, 10}, 2, 1)));
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   std::vector<int64_t> ids;
   for (int rank = 0; rank < 2; ++rank) {
     sinks.push_back(std::make_shared<RecordingSink>());
-    ids.push_back((*service)->OpenSession(sinks.back()));
-    (*service)->OnMessage(ids.back(),
-                          Hello("j", rank, "t" + std::to_string(rank)));
+    ids.push_back(service_->OpenSession(sinks.back()));
+    service_->OnMessage(ids.back(),
+                        Hello("j", rank, "t" + std::to_string(rank)));
   }
   // Rank 0: 3 samples buffered (bucket 0), one after 0.02 s (bucket 3);
   // then 2 more after 0.5 s each (bucket 5). Rank 1: only the 1st bucket.
-  (*service)->OnMessage(ids[0], Beat({3, 0, 0, 1}, 0.02));
-  (*service)->OnMessage(ids[0], Beat({0, 0, 0, 0, 0, 2}, 1.0));
-  (*service)->OnMessage(ids[1], Beat({5}, 0));
+  service_->OnMessage(ids[0], Beat({3, 0, 0, 1}, 0.02));
+  service_->OnMessage(ids[0], Beat({0, 0, 0, 0, 0, 2}, 1.0));
+  service_->OnMessage(ids[1], Beat({5}, 0));
   for (const auto& sink : sinks) EXPECT_FALSE(sink->finished.has_value());
 
-  auto job = (*service)->GetJob("j", false);
+  auto job = service_->GetJob("j", false);
   ASSERT_OK(job);
   ASSERT_EQ(job->status().ranks_size(), 2);
   EXPECT_DOUBLE_EQ(job->status().ranks(0).input_wait_seconds(), 1.02);
   EXPECT_DOUBLE_EQ(job->status().ranks(1).input_wait_seconds(), 0);
 
   const prometheus::ClientMetric::Histogram* h = nullptr;
-  std::vector<prometheus::MetricFamily> families = registry.Collect();
+  std::vector<prometheus::MetricFamily> families = registry_.Collect();
   for (const auto& f : families) {
     if (f.name != "sluice_trainer_input_wait_seconds") continue;
     ASSERT_EQ(f.metric.size(), 1u);
@@ -1321,17 +1330,8 @@ TEST(CoordinatorInputWaitTest, HeartbeatsFeedTheRankTotalAndTheHistogram) {
 // A report that is not one: too many buckets, a negative or non-finite sum,
 // absurd counts. The session ends with INVALID_ARGUMENT naming the field;
 // nothing is recorded.
-TEST(CoordinatorInputWaitTest, HostileReportsEndTheSessionNamingTheField) {
-  FakeClock clock;
-  prometheus::Registry registry;
-  CoordinatorMetrics metrics(registry);
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  options.metrics = &metrics;
-  auto service = CoordinatorService::Create(options);
-  ASSERT_OK(service);
-  ASSERT_OK((*service)->CreateJob(Spec("j", {10}, 1, 1)));
+TEST_F(CoordinatorInputWaitTest, HostileReportsEndTheSessionNamingTheField) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {10}, 1, 1)));
   const std::vector<std::pair<v1::TrainerMessage, std::string>> cases = {
       {Beat(std::vector<uint64_t>(11, 1), 0),
        "heartbeat.input_wait.bucket_counts has 11 entries"},
@@ -1346,15 +1346,15 @@ TEST(CoordinatorInputWaitTest, HostileReportsEndTheSessionNamingTheField) {
   };
   for (const auto& [message, field] : cases) {
     auto sink = std::make_shared<RecordingSink>();
-    const int64_t id = (*service)->OpenSession(sink);
-    (*service)->OnMessage(id, Hello("j", 0, "t"));
-    (*service)->OnMessage(id, message);
+    const int64_t id = service_->OpenSession(sink);
+    service_->OnMessage(id, Hello("j", 0, "t"));
+    service_->OnMessage(id, message);
     ASSERT_TRUE(sink->finished.has_value()) << field;
     EXPECT_THAT(*sink->finished,
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(field)));
-    (*service)->CloseSession(id);
+    service_->CloseSession(id);
   }
-  auto job = (*service)->GetJob("j", false);
+  auto job = service_->GetJob("j", false);
   ASSERT_OK(job);
   EXPECT_EQ(job->status().ranks(0).input_wait_seconds(), 0);
 }
