@@ -459,9 +459,9 @@ def expressions():
 
 
 def test_lease_expiry_alert_fires_after_trainers_are_killed(live):
-    # First of the tests that change the workload, while few leases have
-    # been granted (the alert compares expiries with grants). The trainers
-    # hold leases now; kill them all at once.
+    # First of the tests that change the workload. The trainers hold more
+    # leases than half their sessions (the alert's bar); kill them all at
+    # once.
     wait_for(lambda: live.query('sum(sluice_coordinator_live_leases) > 3'), 60,
              "trainers to hold leases")
     live.kill_trainers()
