@@ -428,9 +428,14 @@ class ReaderImpl final : public Reader {
 };
 
 absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
-  // The input wait of the sample this call returns: 0 unless it blocks.
-  const absl::Time called = absl::Now();
+  // The input wait of the sample this call returns: 0 unless it blocks,
+  // timed from its first wait (no clock read on the buffered path).
+  absl::Time waiting_since = absl::InfinitePast();
   bool waited = false;
+  auto start_waiting = [&] {
+    if (!waited) waiting_since = absl::Now();
+    waited = true;
+  };
   while (true) {
     ReaderEvent event;
     bool flush = false;
@@ -441,7 +446,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
         if (!fatal_.ok()) return fatal_;
         if (closed_) return absl::CancelledError("reader closed");
         if (entries_.empty()) {
-          waited = true;
+          start_waiting();
           data_cv_.Wait(&mu_);
           continue;
         }
@@ -468,7 +473,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
         if (!u.buffer.empty() && MayHaveLostLeasesLocked()) {
           // Our leases may have expired at the coordinator (and been
           // granted to others): deliver nothing until it confirms them.
-          waited = true;
+          start_waiting();
           data_cv_.WaitWithDeadline(&mu_, absl::Now() + absl::Milliseconds(50));
           continue;
         }
@@ -486,7 +491,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           ++u.delivered;
           ++stats_.delivered;
           ObserveInputWaitLocked(
-              waited ? absl::ToDoubleSeconds(absl::Now() - called) : 0);
+              waited ? absl::ToDoubleSeconds(absl::Now() - waiting_since) : 0);
           have_event = true;
           if (u.delivered == u.size) {
             TrainerMessage m;
@@ -514,7 +519,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           flush = true;
           break;
         }
-        waited = true;
+        start_waiting();
         data_cv_.Wait(&mu_);
       }
     }
@@ -1114,19 +1119,17 @@ void ReaderImpl::RunMaintenance() {
         absl::MutexLock lock(&mu_);
         unconfirmed = !finals_.empty();
       }
-      // The consumer's input wait since the last heartbeat, if any.
-      TrainerMessage beat;
-      bool has_wait;
-      {
-        absl::MutexLock lock(&mu_);
-        has_wait =
-            TakeInputWaitLocked(beat.mutable_heartbeat()->mutable_input_wait());
-      }
-      // A Sync renews like a heartbeat and lets confirmed finals go.
+      // A Sync renews like a heartbeat and lets confirmed finals go; a
+      // heartbeat carries the consumer's input wait since the last one (one
+      // message per interval either way).
       if (unconfirmed) {
         if (SendSync() != 0) last_heartbeat = absl::Now();
-        if (has_wait) Send(beat);
       } else {
+        TrainerMessage beat;
+        {
+          absl::MutexLock lock(&mu_);
+          TakeInputWaitLocked(beat.mutable_heartbeat()->mutable_input_wait());
+        }
         if (Send(beat)) last_heartbeat = absl::Now();
       }
     }

@@ -617,9 +617,10 @@ class Reader:
 
         "done" (the job served all its epochs) carries a message saying so;
         it repeats on every later call."""
-        called = time.monotonic()
-        deadline = None if timeout is None else called + timeout
-        waited = False  # the sample returned counts an input wait if so
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # The input wait of the sample returned: 0 unless this call blocks,
+        # timed from its first wait (no clock read on the buffered path).
+        waiting_since = None
         while True:
             flush = False
             event = None
@@ -631,7 +632,8 @@ class Reader:
                     if self._closed:
                         raise ReaderError(grpc.StatusCode.CANCELLED, "reader closed")
                     if not self._entries:
-                        waited = True
+                        if waiting_since is None:
+                            waiting_since = time.monotonic()
                         self._wait(deadline)
                         continue
                     kind, payload = self._entries[0]
@@ -646,7 +648,8 @@ class Reader:
                         self._entries.popleft()
                         continue
                     if u.buffer and self._may_have_lost_leases():
-                        waited = True
+                        if waiting_since is None:
+                            waiting_since = time.monotonic()
                         self._cv.wait(0.05)
                         continue
                     if u.buffer:
@@ -654,7 +657,8 @@ class Reader:
                         event.epoch = event.sample.epoch
                         u.delivered += 1
                         self.stats["delivered"] += 1
-                        self._observe_input_wait(time.monotonic() - called if waited else 0.0)
+                        self._observe_input_wait(
+                            0.0 if waiting_since is None else time.monotonic() - waiting_since)
                         if u.delivered == u.size:
                             u.final = coordinator_pb2.TrainerMessage(
                                 complete=coordinator_pb2.Complete(lease_id=u.lease.lease_id,
@@ -684,9 +688,11 @@ class Reader:
                         # thread (no hand-off between threads per batch).
                         u.pulling_since = time.monotonic()
                         pull = (u, u.call)
-                        waited = True
+                        if waiting_since is None:
+                            waiting_since = time.monotonic()
                         break
-                    waited = True
+                    if waiting_since is None:
+                        waiting_since = time.monotonic()
                     self._wait(deadline)
             if pull is not None:
                 self._pull(*pull)
@@ -1435,15 +1441,14 @@ class Reader:
                 unconfirmed = bool(self._finals)
                 heartbeat = self._heartbeat_interval
             if time.monotonic() - last_heartbeat >= heartbeat:
-                # The consumer's input wait since the last heartbeat, if any.
-                beat = coordinator_pb2.TrainerMessage(
-                    heartbeat=coordinator_pb2.Heartbeat(input_wait=self._take_input_wait()))
-                # A Sync renews like a heartbeat and lets confirmed finals go.
+                # A Sync renews like a heartbeat and lets confirmed finals go;
+                # a heartbeat carries the consumer's input wait since the last
+                # one (one message per interval either way).
                 if unconfirmed:
                     if self._send_sync():
                         last_heartbeat = time.monotonic()
-                    if beat.heartbeat.HasField("input_wait"):
-                        self._send(beat)
-                elif self._send(beat):
+                elif self._send(coordinator_pb2.TrainerMessage(
+                        heartbeat=coordinator_pb2.Heartbeat(
+                            input_wait=self._take_input_wait()))):
                     last_heartbeat = time.monotonic()
             self._flush_reports(progress=True)
