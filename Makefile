@@ -33,15 +33,21 @@ COORDINATOR_FUZZ_SECONDS ?= 30
 
 # Idempotent and fast when everything is present: apt runs only for what is
 # missing.
-deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do \
+# $(call APT_INSTALL_MISSING,TARGET,PACKAGES): installs those of PACKAGES
+# that dpkg does not have (apt runs only then).
+define APT_INSTALL_MISSING
+@missing=$$(for p in $(2); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; \
 	  done); \
 	if [ -n "$$missing" ]; then \
-	  echo "make deps: installing:" $$missing; \
+	  echo "make $(1): installing:" $$missing; \
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
-	else echo "make deps: all $(words $(DEB_PACKAGES)) packages present"; fi
+	else echo "make $(1): all $(words $(2)) packages present"; fi
+endef
+
+deps:
+	$(call APT_INSTALL_MISSING,deps,$(DEB_PACKAGES))
 	@# npm ships inside some nodejs builds and as Debian's own package in others.
 	@command -v npm > /dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q npm
 	@command -v kubectl > /dev/null || echo "make deps: kubectl not found; the k8s tests need it (not a bookworm package: see README, Tests)"
@@ -126,14 +132,7 @@ screenshot: build
 IMAGE ?= sluice:dev
 IMAGE_PACKAGES := podman mmdebstrap runc
 image-deps:
-	@missing=$$(for p in $(IMAGE_PACKAGES); do \
-	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; \
-	  done); \
-	if [ -n "$$missing" ]; then \
-	  echo "make image-deps: installing:" $$missing; \
-	  $(SUDO) apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
-	fi
+	$(call APT_INSTALL_MISSING,image-deps,$(IMAGE_PACKAGES))
 
 image: image-deps
 	$(SUDO) bash k8s/image/build.sh $(IMAGE)
