@@ -77,6 +77,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                    prometheus::Histogram::BucketBoundaries{
                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                        0.25, 0.5, 1, 2.5})),
+      barrier_waiting(GaugeFamily(r, "sluice_coordinator_barrier_waiting",
+                                  "Callers waiting in a Barrier now (every "
+                                  "scope); a caller that leaves stops "
+                                  "counting.")
+                          .Add({})),
       granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total",
                              "Leases granted.")),
       completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",

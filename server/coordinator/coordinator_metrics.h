@@ -67,6 +67,8 @@ class CoordinatorMetrics {
   prometheus::Counter& leader_changes;
   // Duration of each etcd commit transaction (journal in etcd only).
   prometheus::Histogram& etcd_request_latency;
+  // Callers waiting in a Barrier now, over every scope.
+  prometheus::Gauge& barrier_waiting;
 
  private:
   prometheus::Family<prometheus::Counter>& granted_;

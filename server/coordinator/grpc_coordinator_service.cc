@@ -252,6 +252,11 @@ GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service,
         o.heartbeat_interval = service->data_server_timeout() / 3;
         o.max_barrier_participants =
             service->options().max_barrier_participants;
+        if (CoordinatorMetrics* m = service->options().metrics) {
+          o.on_barrier_waiting = [m](size_t n) {
+            m->barrier_waiting.Set(static_cast<double>(n));
+          };
+        }
         o.persist = [service](const v1::internal::OnceFinished& f) {
           return service->PersistOnceFinished(f);
         };
@@ -310,16 +315,39 @@ GrpcCoordinatorService::Once(grpc::CallbackServerContext*) {
   return new OnceReactor(&once_barrier_);
 }
 
+namespace {
+
+// One Barrier call. A call that ends first (the caller died or gave up)
+// withdraws its arrival, so it no longer counts towards the generation.
+class BarrierReactor : public grpc::ServerUnaryReactor {
+ public:
+  BarrierReactor(OnceBarrier* logic, const v1::BarrierRequest& request,
+                 v1::BarrierResponse* response)
+      : logic_(logic) {
+    // gRPC calls OnCancel only after this reactor is returned, so waiter_ is
+    // set by then; a Finish from inside Barrier is held until then.
+    waiter_ = logic_->Barrier(
+        request, [this, response](absl::StatusOr<v1::BarrierResponse> r) {
+          if (r.ok()) *response = *std::move(r);
+          Finish(ToGrpcStatus(r.status()));
+        });
+  }
+  void OnCancel() override {
+    if (waiter_ != 0) logic_->CancelBarrier(waiter_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  OnceBarrier* const logic_;
+  int64_t waiter_ = 0;
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* GrpcCoordinatorService::Barrier(
-    grpc::CallbackServerContext* ctx, const v1::BarrierRequest* req,
+    grpc::CallbackServerContext*, const v1::BarrierRequest* req,
     v1::BarrierResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  once_barrier_.Barrier(*req,
-                        [reactor, resp](absl::StatusOr<v1::BarrierResponse> r) {
-                          if (r.ok()) *resp = *std::move(r);
-                          reactor->Finish(ToGrpcStatus(r.status()));
-                        });
-  return reactor;
+  return new BarrierReactor(&once_barrier_, *req, resp);
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::ListOnce(

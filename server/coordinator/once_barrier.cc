@@ -364,8 +364,14 @@ absl::Status OnceBarrier::BarrierTimeoutStatus(const std::string& key,
   return status;
 }
 
-void OnceBarrier::Barrier(const v1::BarrierRequest& request, BarrierDone done) {
+void OnceBarrier::ReportWaitingLocked() {
+  if (options_.on_barrier_waiting) options_.on_barrier_waiting(waiters_.size());
+}
+
+int64_t OnceBarrier::Barrier(const v1::BarrierRequest& request,
+                             BarrierDone done) {
   Effects fx;
+  int64_t waiter = 0;
   {
     absl::MutexLock lock(&mu_);
     const std::string key = Key(request.scope(), request.name());
@@ -411,25 +417,64 @@ void OnceBarrier::Barrier(const v1::BarrierRequest& request, BarrierDone done) {
         absl::Duration timeout = request.timeout_ms() > 0
                                      ? absl::Milliseconds(request.timeout_ms())
                                      : options_.default_barrier_timeout;
-        entry.pending.push_back(Pending{request.participant(),
+        waiter = next_waiter_++;
+        waiters_[waiter] = key;
+        entry.pending.push_back(Pending{waiter, request.participant(),
                                         options_.clock->Now() + timeout,
                                         timeout, std::move(done)});
         if (static_cast<int32_t>(entry.arrived.size()) >= entry.participants) {
+          waiter = 0;
           v1::BarrierResponse response;
           response.set_generation(entry.generation);
           // Sorted, as the API promises (arrival order is an accident).
           std::vector<std::string> sorted = entry.arrived;
           std::sort(sorted.begin(), sorted.end());
           for (const std::string& a : sorted) response.add_arrived(a);
-          for (Pending& p : entry.pending)
+          for (Pending& p : entry.pending) {
+            waiters_.erase(p.id);
             fx.barriers.emplace_back(std::move(p.done), response);
+          }
           ++entry.generation;
           entry.arrived.clear();
           entry.pending.clear();
           entry.participants = 0;
         }
+        ReportWaitingLocked();
       }
     }
+  }
+  fx.Run();
+  return waiter;
+}
+
+void OnceBarrier::CancelBarrier(int64_t waiter) {
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiters_.find(waiter);
+    if (it == waiters_.end()) return;
+    const std::string key = it->second;
+    waiters_.erase(it);
+    BarrierEntry& entry = barriers_[key];
+    auto p = std::find_if(entry.pending.begin(), entry.pending.end(),
+                          [&](const Pending& q) { return q.id == waiter; });
+    if (p == entry.pending.end()) return;
+    const std::string participant = p->participant;
+    fx.barriers.emplace_back(
+        std::move(p->done),
+        absl::CancelledError(absl::StrCat("barrier ", key, ": participant ",
+                                          participant, " left")));
+    entry.pending.erase(p);
+    const bool still_waiting = std::any_of(
+        entry.pending.begin(), entry.pending.end(),
+        [&](const Pending& q) { return q.participant == participant; });
+    if (!still_waiting) {
+      entry.arrived.erase(
+          std::remove(entry.arrived.begin(), entry.arrived.end(), participant),
+          entry.arrived.end());
+    }
+    if (entry.arrived.empty()) entry.participants = 0;
+    ReportWaitingLocked();
   }
   fx.Run();
 }
@@ -462,6 +507,7 @@ void OnceBarrier::Tick() {
       // whoever comes later starts the next one.
       std::vector<Pending> failed = std::move(entry.pending);
       for (Pending& p : failed) {
+        waiters_.erase(p.id);
         fx.barriers.emplace_back(std::move(p.done),
                                  BarrierTimeoutStatus(key, entry, p));
       }
@@ -470,6 +516,7 @@ void OnceBarrier::Tick() {
       entry.pending.clear();
       entry.participants = 0;
     }
+    ReportWaitingLocked();
   }
   fx.Run();
 }
@@ -486,12 +533,14 @@ void OnceBarrier::Drain() {
     }
     for (auto& [key, entry] : barriers_) {
       for (Pending& p : entry.pending) {
+        waiters_.erase(p.id);
         fx.barriers.emplace_back(
             std::move(p.done),
             absl::UnavailableError("coordinator is shutting down"));
       }
       entry.pending.clear();
     }
+    ReportWaitingLocked();
   }
   fx.Run();
 }

@@ -18,7 +18,11 @@
 // every caller waiting in it gets DEADLINE_EXCEEDED listing who arrived and
 // who is missing (when ids look like "rank-3", by name), and the name moves
 // to the next generation, so a late arrival waits for a full set again
-// instead of passing alone.
+// instead of passing alone. A caller whose call ends before the barrier
+// passes (its process died, it gave up) is withdrawn: its id stops counting
+// as arrived unless another call with the same id still waits, so a rank
+// killed inside a barrier cannot let a restarted run's ranks through one at a
+// time.
 //
 // Thread-safe. Callbacks and sink calls happen outside the lock.
 #ifndef SLUICE_SERVER_COORDINATOR_ONCE_BARRIER_H_
@@ -72,6 +76,9 @@ class OnceBarrier {
         const std::string& scope, const std::string& name)>
         find_finished;
     int32_t max_barrier_participants = kMaxBarrierParticipants;
+    // Told the number of waiting Barrier callers whenever it changes
+    // (under the lock; keep it cheap).
+    std::function<void(size_t)> on_barrier_waiting;
   };
   explicit OnceBarrier(Options options) : options_(std::move(options)) {}
 
@@ -80,7 +87,11 @@ class OnceBarrier {
   void CloseOnce(int64_t stream);
 
   using BarrierDone = std::function<void(absl::StatusOr<v1::BarrierResponse>)>;
-  void Barrier(const v1::BarrierRequest& request, BarrierDone done);
+  // Returns the waiter's id for CancelBarrier, or 0 when `done` already ran.
+  int64_t Barrier(const v1::BarrierRequest& request, BarrierDone done);
+  // The caller `waiter` is gone: it leaves its generation and hears
+  // CANCELLED. A no-op once its `done` ran.
+  void CancelBarrier(int64_t waiter);
 
   // Steps that have a runner or callers waiting now, of `scope` ("" =
   // every scope), as STATE_RUNNING OnceSteps ordered by scope and name.
@@ -107,6 +118,7 @@ class OnceBarrier {
     std::deque<int64_t> waiters;
   };
   struct Pending {
+    int64_t id = 0;
     std::string participant;
     absl::Time deadline;
     absl::Duration timeout;
@@ -135,6 +147,7 @@ class OnceBarrier {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndStepLocked(const std::string& key, const v1::OnceResponse& to_all,
                      Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReportWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BarrierTimeoutStatus(const std::string& key,
                                     const BarrierEntry& entry,
                                     const Pending& pending) const;
@@ -145,6 +158,9 @@ class OnceBarrier {
   std::map<int64_t, Stream> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, OnceEntry> once_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, BarrierEntry> barriers_ ABSL_GUARDED_BY(mu_);
+  int64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  // Waiting barrier callers: id -> barrier key.
+  std::map<int64_t, std::string> waiters_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };
 

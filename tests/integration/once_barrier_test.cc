@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "tests/testing/http.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
@@ -252,6 +253,36 @@ TEST_F(OnceBarrierTest, BarrierTimeoutNamesTheMissingRank) {
     EXPECT_THAT(log, HasSubstr("1 missing: rank-5"));
     EXPECT_THAT(log, Not(HasSubstr("type.googleapis.com")));  // no payload dump
   }
+}
+
+TEST_F(OnceBarrierTest,
+       ARankKilledInsideABarrierDoesNotLetTheRestartedRunPass) {
+  // Rank 1 of a run arrives at the step-10 checkpoint barrier and is
+  // SIGKILLed there; the launcher restarts the run from an earlier
+  // checkpoint, so both ranks come to the same barrier again.
+  ChildProcess dead = Ctl({"barrier", "ckpt-10", "--participants=2",
+                           "--id=rank-1", "--timeout=60s"},
+                          "dead.log");
+  ASSERT_TRUE(testing::WaitForMetric(coordinator_.metrics_address,
+                                     "sluice_coordinator_barrier_waiting 1"));
+  dead.Kill();
+  ASSERT_TRUE(testing::WaitForMetric(coordinator_.metrics_address,
+                                     "sluice_coordinator_barrier_waiting 0"));
+  // The restarted rank 0 waits for the restarted rank 1 instead of passing
+  // on the dead one's arrival (which would leave rank 1 alone in the next
+  // generation until its timeout).
+  ChildProcess rank0 = Ctl({"barrier", "ckpt-10", "--participants=2",
+                            "--id=rank-0", "--timeout=60s"},
+                           "r0.log");
+  ASSERT_TRUE(testing::WaitForMetric(coordinator_.metrics_address,
+                                     "sluice_coordinator_barrier_waiting 1"));
+  ChildProcess rank1 = Ctl({"barrier", "ckpt-10", "--participants=2",
+                            "--id=rank-1", "--timeout=60s"},
+                           "r1.log");
+  EXPECT_EQ(Exit(rank0), 0);
+  EXPECT_EQ(Exit(rank1), 0);
+  EXPECT_THAT(Read("r0.log"), HasSubstr("generation 0: 2 arrived"));
+  EXPECT_THAT(Read("r1.log"), HasSubstr("generation 0: 2 arrived"));
 }
 
 TEST_F(OnceBarrierTest, BarrierReleasesEveryoneAndIsReusableByGeneration) {

@@ -130,6 +130,26 @@ def worker_pid(rank, attempt):
     return None
 
 
+def hung_run_report(cluster, job, proc):
+    """What a run still going at its deadline was doing: the coordinator's
+    view of the job, then every worker's Python stacks (SIGABRT under
+    PYTHONFAULTHANDLER) in the run's own output."""
+    status = subprocess.run([os.path.join(BIN, "sluicectl"), "status",
+                             f"--coordinator={cluster.address}", job],
+                            capture_output=True, text=True, timeout=60)
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            pid = worker_pid(rank, attempt)
+            if pid:
+                os.kill(pid, signal.SIGABRT)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    return f"the run did not finish in time\n{status.stdout}{status.stderr}\n{out}"
+
+
 def test_a_rank_killed_mid_epoch_restarts_and_the_run_resumes_exactly(cluster, tmp_path):
     data = os.path.join(cluster.root, "big")
     subprocess.run([PYTHON, PREPARE, data, "--shards", "8", "--per_shard", "250"], check=True)
@@ -138,10 +158,12 @@ def test_a_rank_killed_mid_epoch_restarts_and_the_run_resumes_exactly(cluster, t
     record = str(tmp_path / "restart-{rank}.txt")
     args = torchrun(2, [TRAIN, "--job=restart", f"--checkpoint_dir={ckpt}", "--epochs=2",
                         "--checkpoint_every=5", f"--record={record}"], ["--max_restarts=1"])
+    # PYTHONFAULTHANDLER: a worker sent SIGABRT prints every thread's stack.
     proc = subprocess.Popen(args, env=dict(os.environ, SLUICE_COORDINATOR=cluster.address,
-                                           SLUICE_SCOPE="restart"),
+                                           SLUICE_SCOPE="restart", PYTHONFAULTHANDLER="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    out = ""
     try:
         # After the first checkpoint, SIGKILL rank 1 of the first attempt.
         wait_for(lambda: os.path.exists(os.path.join(ckpt, "checkpoint.pt")), 120,
@@ -151,7 +173,10 @@ def test_a_rank_killed_mid_epoch_restarts_and_the_run_resumes_exactly(cluster, t
         # torchrun stops the group and starts it again (restart 1), which
         # resumes from the checkpoint.
         wait_for(lambda: worker_pid(0, 1), 120, "the restarted workers")
-        out, _ = proc.communicate(timeout=300)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            out = hung_run_report(cluster, "restart", proc)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
@@ -173,6 +175,82 @@ TEST_F(OnceBarrierTest, ATimedOutGenerationFailsEveryWaiterAndLateArrivals) {
   EXPECT_THAT(
       results.back().status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank-1 says 5")));
+}
+
+TEST_F(OnceBarrierTest, ACallerThatLeavesNoLongerCountsAsArrived) {
+  std::map<std::string, std::vector<absl::StatusOr<v1::BarrierResponse>>>
+      results;
+  auto arrive = [&](const std::string& who, const std::string& call) {
+    v1::BarrierRequest r;
+    r.set_scope("job");
+    r.set_name("ckpt-10");
+    r.set_participant(who);
+    r.set_participants(2);
+    return logic_.Barrier(
+        r, [&results, call](absl::StatusOr<v1::BarrierResponse> v) {
+          results[call].push_back(v);
+        });
+  };
+  // A run's rank 1 arrives and is killed inside the barrier.
+  const int64_t dead = arrive("rank-1", "dead rank 1");
+  ASSERT_NE(dead, 0);
+  logic_.CancelBarrier(dead);
+  ASSERT_EQ(results["dead rank 1"].size(), 1u);
+  EXPECT_THAT(
+      results["dead rank 1"][0].status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr("barrier job/ckpt-10: participant rank-1 left")));
+  logic_.CancelBarrier(dead);  // twice: a no-op
+  EXPECT_EQ(results["dead rank 1"].size(), 1u);
+  // The restarted run's rank 0 does not pass on the dead rank's arrival.
+  const int64_t rank0 = arrive("rank-0", "rank 0");
+  EXPECT_NE(rank0, 0);
+  EXPECT_TRUE(results["rank 0"].empty());
+  // The restarted rank 1 completes generation 0.
+  EXPECT_EQ(arrive("rank-1", "rank 1"), 0);
+  ASSERT_EQ(results["rank 0"].size(), 1u);
+  ASSERT_OK(results["rank 0"][0].status());
+  EXPECT_EQ(results["rank 0"][0]->generation(), 0);
+  EXPECT_EQ(results["rank 0"][0]->arrived_size(), 2);
+  ASSERT_EQ(results["rank 1"].size(), 1u);
+  ASSERT_OK(results["rank 1"][0].status());
+  logic_.CancelBarrier(rank0);  // already released: a no-op
+  EXPECT_EQ(results["rank 0"].size(), 1u);
+
+  // Generation 1: rank-1 waits twice (a stale call and its retry) and one
+  // call leaves; the other keeps the arrival, so rank-0 completes the set.
+  const int64_t first = arrive("rank-1", "g1 first");
+  arrive("rank-1", "g1 second");
+  logic_.CancelBarrier(first);
+  EXPECT_THAT(results["g1 first"][0].status(),
+              StatusIs(absl::StatusCode::kCancelled));
+  arrive("rank-0", "g1 rank 0");
+  ASSERT_EQ(results["g1 second"].size(), 1u);
+  ASSERT_OK(results["g1 second"][0].status());
+  EXPECT_EQ(results["g1 second"][0]->generation(), 1);
+  ASSERT_OK(results["g1 rank 0"][0].status());
+}
+
+TEST_F(OnceBarrierTest, AnEmptiedGenerationTakesANewParticipantCount) {
+  std::vector<absl::StatusOr<v1::BarrierResponse>> results;
+  auto arrive = [&](const std::string& who, int32_t participants) {
+    v1::BarrierRequest r;
+    r.set_scope("job");
+    r.set_name("resize");
+    r.set_participant(who);
+    r.set_participants(participants);
+    return logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) {
+      results.push_back(v);
+    });
+  };
+  // The only caller of a 4-way barrier leaves; the job comes back with 2.
+  logic_.CancelBarrier(arrive("rank-0", 4));
+  ASSERT_EQ(results.size(), 1u);
+  arrive("rank-0", 2);
+  arrive("rank-1", 2);
+  ASSERT_EQ(results.size(), 3u);
+  ASSERT_OK(results[2].status());
+  EXPECT_EQ(results[2]->arrived_size(), 2);
 }
 
 // What one request can make the coordinator hold is bounded: participants
