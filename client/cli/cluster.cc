@@ -4,7 +4,6 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <arpa/inet.h>
-#include <curl/curl.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -67,37 +66,6 @@ bool IsWildcard(const std::string& host) {
 
 volatile sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
-
-size_t CurlWrite(char* p, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(p, size * n);
-  return size * n;
-}
-
-absl::StatusOr<std::string> HttpGet(const std::string& url) {
-  CURL* curl = curl_easy_init();
-  std::string body;
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &CurlWrite);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 5000L);
-  CURLcode rc = curl_easy_perform(curl);
-  curl_easy_cleanup(curl);
-  if (rc != CURLE_OK)
-    return absl::UnavailableError(
-        absl::StrCat(url, ": ", curl_easy_strerror(rc)));
-  return body;
-}
-
-// The value of one sample line of a Prometheus text page; 0 when absent.
-double Metric(const std::string& page, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (absl::StartsWith(line, series + " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-    }
-  }
-  return 0;
-}
 
 // A single-member etcd in DIR/etcd, ports chosen by the kernel and read back
 // from its log.
@@ -627,25 +595,24 @@ int DemoCommand(const std::vector<std::string>& args) {
 
   // 4. Verify.
   std::fprintf(stderr, "[4/5] verifying\n");
-  auto page = HttpGet("http://" + cluster.coordinator_metrics + "/metrics");
-  const double expired =
-      page.ok()
-          ? Metric(
-                *page,
-                "sluice_coordinator_leases_expired_total{sluice_job=\"demo\"}")
-          : 0;
-  const double rerouted =
-      page.ok()
-          ? Metric(
-                *page,
-                "sluice_coordinator_leases_revoked_total{sluice_job=\"demo\"}")
-          : 0;
-  const double granted =
-      page.ok()
-          ? Metric(
-                *page,
-                "sluice_coordinator_leases_granted_total{sluice_job=\"demo\"}")
-          : 0;
+  // The job's lease outcomes, as the coordinator counts them.
+  v1::LeaseCounts leases;
+  {
+    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+        cluster.leader_grpc, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::GetJobRequest request;
+    request.set_name("demo");
+    v1::Job job;
+    grpc::Status s = stub->GetJob(&ctx, request, &job);
+    if (s.ok()) {
+      leases = job.status().leases();
+    } else {
+      std::fprintf(stderr, "sluicectl demo: GetJob demo: %s\n",
+                   s.error_message().c_str());
+    }
+  }
   std::map<std::tuple<int64_t, int, int64_t>, std::vector<std::string>> seen;
   std::map<std::pair<int64_t, int>, std::set<std::pair<int, int64_t>>>
       unique_by_rank;
@@ -705,10 +672,12 @@ int DemoCommand(const std::vector<std::string>& args) {
                                   : " (NOT explained by the killed trainer)");
   }
   std::printf(
-      "  leases granted %.0f, expired %.0f (the killed trainer's), re-routed "
-      "or released %.0f\n",
-      granted, expired, rerouted);
-  ok &= expired >= 1;
+      "  leases granted %lld, expired %lld (the killed trainer's), re-routed "
+      "or released %lld\n",
+      static_cast<long long>(leases.granted()),
+      static_cast<long long>(leases.expired()),
+      static_cast<long long>(leases.returned()));
+  ok &= leases.expired() >= 1;
 
   std::printf(
       "  data server killed: %s; trainer killed: %s; trainers that failed: "

@@ -497,6 +497,9 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
     }
     st->set_num_shards(shards);
   }
+  if (auto rt = runtime_.find(job.spec.name()); rt != runtime_.end()) {
+    *st->mutable_leases() = rt->second.lease_counts;
+  }
   for (int32_t r = 0; r < job.plan.num_ranks; ++r) {
     v1::RankStatus* rs = st->add_ranks();
     rs->set_rank(r);
@@ -1140,6 +1143,8 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
       }
       if (complete) {
         leases_.Remove(lease_id).IgnoreError();
+        runtime_[lease.job].lease_counts.set_completed(
+            runtime_[lease.job].lease_counts.completed() + 1);
         if (options_.metrics)
           options_.metrics->ForJob(lease.job).completed->Increment();
       } else if (m.has_release() || m.has_reroute()) {
@@ -1182,6 +1187,12 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name,
         lease->sequence, lease->shard_index, lease->begin + lease->consumed,
         lease->end,      lease->rank,        slot};
     QueueForLocked(*job, runtime_[job_name], slot).push_front(piece);
+  }
+  v1::LeaseCounts& counts = runtime_[job_name].lease_counts;
+  if (reason == "expired") {
+    counts.set_expired(counts.expired() + 1);
+  } else {
+    counts.set_returned(counts.returned() + 1);
   }
   if (options_.metrics) {
     const CoordinatorMetrics::Job& m = options_.metrics->ForJob(job_name);
@@ -1269,6 +1280,8 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   *grant.mutable_grant()->mutable_lease() =
       LeaseToProtoLocked(*leases_.Find(lease_id), job);
   fx.sends.emplace_back(s.sink, std::move(grant));
+  v1::LeaseCounts& counts = runtime_[job.spec.name()].lease_counts;
+  counts.set_granted(counts.granted() + 1);
   if (options_.metrics)
     options_.metrics->ForJob(job.spec.name()).granted->Increment();
   HintUpcomingLocked(job, queue, fx);

@@ -197,6 +197,8 @@ class CoordinatorService {
     // Seconds each rank's readers' consumers waited for samples (reported
     // in heartbeats; not journaled).
     std::map<int32_t, double> input_wait_by_rank;
+    // Lease outcomes since this coordinator began serving (JobStatus.leases).
+    v1::LeaseCounts lease_counts;
   };
   // Validates a heartbeat's InputWait and records it: the job's
   // sluice_trainer_input_wait_seconds histogram and the rank's total.

@@ -26,9 +26,10 @@ def cached(url, cache_dir, download_seconds):
             os.close(fd)
             data = urllib.request.urlopen(url).read()
             time.sleep(download_seconds)  # a large shard over a slow link
-            with open(path + ".tmp", "wb") as f:
+            tmp = f"{path}.{os.getpid()}.tmp"  # per task: only the lock is shared
+            with open(tmp, "wb") as f:
                 f.write(data)
-            os.replace(path + ".tmp", path)
+            os.replace(tmp, path)
             os.remove(lock)  # release
     with open(path, "rb") as f:
         return f.read()

@@ -121,7 +121,9 @@ def test_a_lock_file_cache_breaks_when_its_lock_vanishes_where_data_servers_fetc
         # Before: 4 tasks share a lock-file cache; the lock vanishes while the
         # first task downloads (the test removes it, as a tmp cleaner or NFS
         # would). The holder's release fails with the error WebDataset users
-        # report; tasks that find no lock download the shard again.
+        # report; tasks that find no lock download the shard again. Every
+        # task that created the lock removes it, and the test removed it
+        # once: at least one of those releases finds no lock.
         cache = str(tmp_path / "cache")
         os.makedirs(cache)
         naive = os.path.join(os.path.dirname(__file__), "naive_lock_cache.py")

@@ -26,7 +26,7 @@ def test_reader_reads_every_sample_once_per_epoch(cluster):
             if e.kind == "sample":
                 s = e.sample
                 assert s.key == f"s{s.shard_index}_{s.index}"
-                assert s["cls"] == str(s.index).encode()   # raw bytes without decode
+                assert s["cls"] == s.index   # decoded by default: .cls as int
                 assert s["bin"] == bytes([s.shard_index, s.index % 256]) * 50
                 seen[(e.epoch, s.shard_index, s.index)] += 1
             else:
@@ -34,6 +34,13 @@ def test_reader_reads_every_sample_once_per_epoch(cluster):
     assert events == [("epoch_begin", 0), ("epoch_end", 0), ("epoch_begin", 1), ("epoch_end", 1)]
     assert len(seen) == 2 * cluster.total
     assert set(seen.values()) == {1}
+
+
+def test_reader_without_decode_gives_the_members_bytes(cluster):
+    cluster.create_job("raw", world_size=1, epochs=1)
+    with sluice.Reader(cluster.address, "raw", decode=False) as reader:
+        samples = [s for _, s in zip(range(3), reader)]
+    assert [s["cls"] for s in samples] == [str(s.index).encode() for s in samples]
 
 
 def _start_etcd(directory):
@@ -205,7 +212,7 @@ def test_barrier_waits_for_everyone_and_names_the_missing(cluster):
     results = {}
 
     def arrive(i):
-        results[i] = sluice.barrier("py-ready", participants=3, id=f"rank-{i}",
+        results[i] = sluice.barrier("py-ready", participants=3, participant=f"rank-{i}",
                                     coordinator=cluster.address, timeout=30)
     threads = [threading.Thread(target=arrive, args=(i,)) for i in range(3)]
     for t in threads:
@@ -214,10 +221,20 @@ def test_barrier_waits_for_everyone_and_names_the_missing(cluster):
         t.join(timeout=60)
     assert results == {i: ["rank-0", "rank-1", "rank-2"] for i in range(3)}
     with pytest.raises(sluice.BarrierTimeout) as err:
-        sluice.barrier("py-alone", participants=2, id="rank-0", coordinator=cluster.address,
-                       timeout=0.5)
+        sluice.barrier("py-alone", participants=2, participant="rank-0",
+                       coordinator=cluster.address, timeout=0.5)
     assert err.value.arrived == ["rank-0"]
     assert err.value.missing == ["rank-1"]
+
+
+def test_barrier_still_takes_id_with_a_deprecation_warning(cluster):
+    with pytest.warns(DeprecationWarning, match=r"pass participant=\.\.\., as to sluice.once"):
+        arrived = sluice.barrier("py-old-id", participants=1, id="rank-0",
+                                 coordinator=cluster.address, timeout=30)
+    assert arrived == ["rank-0"]
+    with pytest.raises(TypeError, match="not both participant= and id="):
+        sluice.barrier("py-old-id", participants=1, id="rank-0", participant="rank-0",
+                       coordinator=cluster.address)
 
 
 def test_a_shard_no_server_can_serve_is_retried_with_back_off(cluster, caplog):

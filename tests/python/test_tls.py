@@ -67,7 +67,7 @@ def test_spawned_dataloader_workers_get_tls_from_the_environment(tls_cluster, mo
 def test_once_and_barrier_over_tls(tls_cluster):
     with sluice.once("tls-step", coordinator=tls_cluster.address, **tls_args(tls_cluster)) as step:
         assert step.should_run
-    arrived = sluice.barrier("tls-barrier", participants=1, id="only",
+    arrived = sluice.barrier("tls-barrier", participants=1, participant="only",
                              coordinator=tls_cluster.address, timeout=10, **tls_args(tls_cluster))
     assert list(arrived) == ["only"]
 
@@ -185,5 +185,5 @@ def test_a_tls_reader_is_told_the_coordinator_speaks_plaintext(tls_data_plain_co
     assert f"coordinator {c.address} speaks plaintext, but this client connects with TLS" in \
         error.value.message
     with pytest.raises(ConnectionError, match="speaks plaintext"):
-        sluice.barrier("tls-mismatch", participants=1, id="only", coordinator=c.address,
+        sluice.barrier("tls-mismatch", participants=1, participant="only", coordinator=c.address,
                        timeout=5, ca_cert=pki["ca.crt"])

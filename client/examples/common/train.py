@@ -89,7 +89,7 @@ def main():
 
     def checkpoint(epoch, name):
         # Everyone reaches the same step before the checkpoint is taken.
-        sluice.barrier(f"checkpoint-{name}", participants=world, id=f"rank-{rank}",
+        sluice.barrier(f"checkpoint-{name}", participants=world, participant=f"rank-{rank}",
                        scope=scope, timeout=300)
         data = ds.state_dict()  # every rank's cursor (all-gathered under DDP)
         every = [trained]

@@ -6,8 +6,8 @@
             step.result = "/data/cifar"        # announced to the others
     # here every caller knows the step is done; step.result is the runner's
 
-    sluice.barrier("checkpoint-dir-ready", participants=world, id=f"rank-{rank}",
-                   coordinator="head:7070", timeout=60)
+    sluice.barrier("checkpoint-dir-ready", participants=world,
+                   participant=f"rank-{rank}", coordinator="head:7070", timeout=60)
 
 A runner that dies (its stream breaks or its heartbeats stop for the TTL)
 hands the step to the next waiter; a step that raised is reported to the
@@ -19,6 +19,7 @@ import os
 import queue
 import socket
 import threading
+import warnings
 
 import grpc
 
@@ -159,16 +160,26 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
             self._channel.close()
 
 
-def barrier(name, *, participants, id=None, coordinator=None, scope="default", timeout=60.0,
-            ca_cert=None, client_cert=None, client_key=None):
-    """Blocks until `participants` distinct ids arrived; returns the arrived
-    ids. BarrierTimeout names who is missing. TLS as for once()."""
+def barrier(name, *, participants, participant=None, coordinator=None, scope="default",
+            timeout=60.0, ca_cert=None, client_cert=None, client_key=None, id=None):
+    """Blocks until `participants` distinct participant ids arrived; returns
+    the arrived ids. `participant` is this caller's id, as in once() (default
+    host/pid); `id=` is its former name, still accepted with a
+    DeprecationWarning. BarrierTimeout names who is missing. TLS as for
+    once()."""
+    if id is not None:
+        if participant is not None:
+            raise TypeError("barrier: give participant=, not both participant= and id=")
+        warnings.warn("sluice.barrier(id=...) is deprecated: pass participant=..., as to "
+                      "sluice.once()", DeprecationWarning, stacklevel=2)
+        participant = id
     address = _address(coordinator)
     credentials = tls.channel_credentials(ca_cert, client_cert, client_key)
     with tls.coordinator_channel(address, credentials) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = coordinator_pb2.BarrierRequest(
-            scope=scope, name=name, participant=_participant(id), participants=participants,
+            scope=scope, name=name, participant=_participant(participant),
+            participants=participants,
             timeout_ms=int(timeout * 1000))
         try:
             response = stub.Barrier(request, timeout=timeout + 10)

@@ -19,6 +19,9 @@ Semantics follow the C++ Reader (client/include/sluice/reader.h):
   and walked by sluice._wire, so tensors are numpy views of the received
   message. (The C++ Reader reads on its own I/O thread into a bounded
   per-unit buffer, `buffer_samples`.)
+* Images are decoded by the data servers unless decode=False (the default
+  is the same as ShardLeaseDataset's): sample["jpg"] is a numpy array, or
+  with decode=False the encoded bytes.
 * `stats` counts delivered, units_completed, reroutes, dropped_units,
   reconnects and batches (received).
 * A data server that fails, or stalls (the consumer waited `stall_timeout`
@@ -495,7 +498,7 @@ class Reader:
 
     def __init__(self, coordinator, job, rank=0, worker=0, *, num_workers=0, trainer_id=None,
                  units_in_flight=4,
-                 decode=False, resize_shorter_side=0, crop=(0, 0), transform=None, fields=(),
+                 decode=True, resize_shorter_side=0, crop=(0, 0), transform=None, fields=(),
                  max_batch_bytes=0, progress_interval=0.5, stall_timeout=60.0,
                  reconnect_timeout=120.0, resume_from=None, resume_attempt="", credentials=None,
                  ca_cert=None, client_cert=None, client_key=None):

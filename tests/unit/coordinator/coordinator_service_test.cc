@@ -211,6 +211,13 @@ TEST_F(CoordinatorServiceTest, ExpiredLeaseRequeuesOnlyTheRemainder) {
   service_->OnMessage(idb, Complete(regrant[0]));
   auto job = service_->GetJob("j", false);
   EXPECT_EQ(job->status().state(), v1::JOB_STATE_DONE);
+  // The job's lease outcomes: two granted, the dead holder's expired, the
+  // regrant completed; the late Complete counted nowhere.
+  const v1::LeaseCounts& leases = job->status().leases();
+  EXPECT_EQ(leases.granted(), 2);
+  EXPECT_EQ(leases.expired(), 1);
+  EXPECT_EQ(leases.completed(), 1);
+  EXPECT_EQ(leases.returned(), 0);
 }
 
 TEST_F(CoordinatorServiceTest, StaleFenceIsRejectedWithAborted) {
@@ -492,13 +499,16 @@ TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
     (*service)->Flush();
     held_lease = grants[1].lease_id();
     before = *(*service)->GetJob("j", false);
-    // Sessions are not durable state.
+    // Sessions and lease counts are not durable state.
     before.mutable_status()->mutable_ranks(1)->clear_sessions();
+    before.mutable_status()->clear_leases();
   }
   auto service = CoordinatorService::Create(options);
   ASSERT_OK(service);
   EXPECT_GT((*service)->recovered_records(), 0);
   v1::Job after = *(*service)->GetJob("j", false);
+  EXPECT_EQ(after.status().leases().granted(), 0);  // counted from start-up
+  after.mutable_status()->clear_leases();
   EXPECT_EQ(after.status().DebugString(), before.status().DebugString());
   // The recovered lease has a fresh TTL and is handed back to its holder.
   auto sink = std::make_shared<RecordingSink>();
@@ -947,6 +957,8 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
   v1::Job after = *(*service)->GetJob("three", false);
   for (int r = 0; r < 3; ++r)
     before.mutable_status()->mutable_ranks(r)->clear_sessions();
+  before.mutable_status()->clear_leases();  // counted since start-up
+  after.mutable_status()->clear_leases();
   EXPECT_EQ(after.status().DebugString(), before.status().DebugString());
 }
 
@@ -1055,7 +1067,9 @@ TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
     ASSERT_EQ(b2.Consume(3), 3);
     for (const v1::Lease& l : a2.held) held.insert(l.lease_id());
     for (const v1::Lease& l : b2.held) held.insert(l.lease_id());
-    before = service.GetJob("j", false)->status().DebugString();
+    v1::JobStatus status = service.GetJob("j", false)->status();
+    status.clear_leases();  // counted since start-up, not journaled
+    before = status.DebugString();
   }
   struct stat st;
   ASSERT_EQ(stat((dir.path() + "/journal.log").c_str(), &st), 0);
@@ -1065,6 +1079,7 @@ TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
   v1::Job after = *(*reopened)->GetJob("j", false);
   for (auto& r : *after.mutable_status()->mutable_ranks())
     r.set_sessions(1);  // as before
+  after.mutable_status()->clear_leases();
   EXPECT_EQ(after.status().DebugString(), before);
   EXPECT_EQ(after.status().epoch(), 1);
   EXPECT_EQ(after.status().ranks(0).consumed(), 20);
