@@ -26,7 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/dataserver/image_types.h"
-#include "server/dataserver/tar_shard_reader.h"
+#include "server/format/tar_shard_reader.h"
 #include "sluice/v1/dataserver.pb.h"
 
 namespace sluice::dataserver {

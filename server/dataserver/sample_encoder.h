@@ -22,7 +22,7 @@
 
 #include "absl/strings/string_view.h"
 #include "server/dataserver/decoders.h"
-#include "server/dataserver/tar_shard_reader.h"
+#include "server/format/tar_shard_reader.h"
 
 namespace sluice::dataserver {
 

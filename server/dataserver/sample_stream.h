@@ -39,9 +39,9 @@
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/image_transforms.h"
 #include "server/dataserver/sample_encoder.h"
-#include "server/dataserver/sample_index.h"
-#include "server/dataserver/shard_store.h"
-#include "server/dataserver/tar_shard_reader.h"
+#include "server/format/sample_index.h"
+#include "server/format/shard_store.h"
+#include "server/format/tar_shard_reader.h"
 #include "sluice/v1/dataserver.pb.h"
 
 namespace sluice::dataserver {

@@ -47,7 +47,7 @@
 #include "server/common/thread_pool.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/remote_fetcher.h"
-#include "server/dataserver/shard_store.h"
+#include "server/format/shard_store.h"
 
 namespace sluice::dataserver {
 

@@ -1,4 +1,4 @@
-#include "server/dataserver/sample_index.h"
+#include "server/format/sample_index.h"
 
 namespace sluice::dataserver {
 

@@ -5,8 +5,8 @@
 // [k, end) of an uncompressed shard then starts libarchive at samples[k]
 // .offset instead of at byte 0. Compressed shards cannot be entered in the
 // middle; for them the offsets are informational and reads skip forward.
-#ifndef SLUICE_SERVER_DATASERVER_SAMPLE_INDEX_H_
-#define SLUICE_SERVER_DATASERVER_SAMPLE_INDEX_H_
+#ifndef SLUICE_SERVER_FORMAT_SAMPLE_INDEX_H_
+#define SLUICE_SERVER_FORMAT_SAMPLE_INDEX_H_
 
 #include <cstdint>
 #include <list>
@@ -66,4 +66,4 @@ class SampleIndexCache {
 
 }  // namespace sluice::dataserver
 
-#endif  // SLUICE_SERVER_DATASERVER_SAMPLE_INDEX_H_
+#endif  // SLUICE_SERVER_FORMAT_SAMPLE_INDEX_H_

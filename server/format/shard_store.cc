@@ -1,4 +1,4 @@
-#include "server/dataserver/shard_store.h"
+#include "server/format/shard_store.h"
 
 #include <fcntl.h>
 #include <limits.h>

@@ -14,8 +14,8 @@
 // shard marked damaged, and CheckIntact() compares the file with what was
 // mapped, so the stream reading it ends with DATA_LOSS instead of the
 // process dying.
-#ifndef SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
-#define SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
+#ifndef SLUICE_SERVER_FORMAT_SHARD_STORE_H_
+#define SLUICE_SERVER_FORMAT_SHARD_STORE_H_
 
 #include <sys/stat.h>
 
@@ -141,4 +141,4 @@ class LocalShardStore : public ShardStore {
 
 }  // namespace sluice::dataserver
 
-#endif  // SLUICE_SERVER_DATASERVER_SHARD_STORE_H_
+#endif  // SLUICE_SERVER_FORMAT_SHARD_STORE_H_

@@ -14,8 +14,8 @@
 //
 // Member data is handed out as views into the shard's mapping when the tar
 // is uncompressed (no copy), or as owned buffers otherwise.
-#ifndef SLUICE_SERVER_DATASERVER_TAR_SHARD_READER_H_
-#define SLUICE_SERVER_DATASERVER_TAR_SHARD_READER_H_
+#ifndef SLUICE_SERVER_FORMAT_TAR_SHARD_READER_H_
+#define SLUICE_SERVER_FORMAT_TAR_SHARD_READER_H_
 
 #include <cstdint>
 #include <memory>
@@ -25,8 +25,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/dataserver/sample_index.h"
-#include "server/dataserver/shard_store.h"
+#include "server/format/sample_index.h"
+#include "server/format/shard_store.h"
 
 struct archive;
 
@@ -151,4 +151,4 @@ class TarSampleReader {
 
 }  // namespace sluice::dataserver
 
-#endif  // SLUICE_SERVER_DATASERVER_TAR_SHARD_READER_H_
+#endif  // SLUICE_SERVER_FORMAT_TAR_SHARD_READER_H_

@@ -9,7 +9,7 @@
 
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/sample_encoder.h"
-#include "server/dataserver/tar_shard_reader.h"
+#include "server/format/tar_shard_reader.h"
 
 using namespace sluice::dataserver;
 

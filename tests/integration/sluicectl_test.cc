@@ -24,6 +24,7 @@ namespace {
 using ::sluice::testing::ChildProcess;
 using ::sluice::testing::ServerProcess;
 using ::sluice::testing::TempDir;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -57,6 +58,10 @@ TEST(SluicectlTest, DemoVerifies) {
   EXPECT_THAT(run.output, HasSubstr("samples per rank 750 750 750 750"));
   EXPECT_THAT(run.output, HasSubstr("SIGKILLed rank 1's trainer"));
   EXPECT_THAT(run.output, HasSubstr("SIGKILLed data server"));
+  // The lease counts come from the coordinator's GetJob: the killed
+  // trainer's leases expired.
+  EXPECT_THAT(run.output,
+              ContainsRegex("leases granted [1-9][0-9]*, expired [1-9]"));
   EXPECT_LT(run.took, absl::Minutes(2));
 }
 
@@ -130,6 +135,11 @@ TEST(SluicectlTest, IndexCreateReadHealth) {
   EXPECT_THAT(status.output,
               ::testing::ContainsRegex("rank 0 +15 / 15 +consumed"));
   EXPECT_THAT(status.output, HasSubstr("data servers: " + data->grpc_address));
+  // Every unit granted (re-routes while the data server registered grant
+  // again) was completed; none expired.
+  EXPECT_THAT(status.output,
+              ContainsRegex("leases: [1-9][0-9]* granted, 1 completed, 0 "
+                            "expired, [0-9]+ returned"));
   CtlRun list = Ctl(dir, {"job", "list", "--json", c});
   EXPECT_THAT(list.output, HasSubstr("\"name\": \"small\""));
 }
@@ -450,7 +460,7 @@ TEST(SluicectlTest, ErrorPathsHaveClearMessagesAndExitCodes) {
   EXPECT_THAT(help.output, HasSubstr("sluicectl job create --name N"));
   EXPECT_THAT(help.output, HasSubstr("--world_size"));
   CtlRun full = Ctl(dir, {"--helpfull"});
-  EXPECT_THAT(full.output, HasSubstr("Flags from client/cli/sluicectl.cc"));
+  EXPECT_THAT(full.output, HasSubstr("Flags from client/cli/common.cc"));
   EXPECT_THAT(full.output, Not(HasSubstr("Flags from /")));  // no build paths
   CtlRun up_help = Ctl(dir, {"up", "--help"});
   EXPECT_EQ(up_help.code, 0);

@@ -1,4 +1,4 @@
-#include "server/dataserver/tar_shard_reader.h"
+#include "server/format/tar_shard_reader.h"
 
 #include <cstdio>
 #include <map>
