@@ -30,6 +30,7 @@
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tls_fixture.h"
+#include "tests/testing/wait.h"
 
 namespace sluice {
 namespace {
@@ -58,13 +59,7 @@ v1::JobSpec Spec(const std::string& name) {
 // Polls `path` (a server's log) until it holds `text`.
 bool LogShows(const std::string& path, const std::string& text,
               absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    std::optional<std::string> log = ReadWholeFile(path);
-    if (log && log->find(text) != std::string::npos) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
+  return testing::WaitForFileText(path, text, timeout);
 }
 
 // Starts a coordinator with `args` on 127.0.0.1:`port` (0 = any).

@@ -17,6 +17,7 @@
 #include "tests/testing/etcd.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace sluice {
 namespace {
@@ -288,11 +289,8 @@ TEST_F(EtcdJournalTest, AStandbyAppliesTheLeadersCommitsWhileItWaits) {
   };
   // Polls b's applied records until they are `want` (b is still waiting).
   auto b_reaches = [&](const std::vector<std::string>& want) {
-    for (const absl::Time end = absl::Now() + absl::Seconds(30);
-         absl::Now() < end; absl::SleepFor(absl::Milliseconds(20))) {
-      if (b_seen() == want) return true;
-    }
-    return false;
+    return testing::WaitUntil([&] { return b_seen() == want; },
+                              absl::Seconds(30));
   };
   absl::StatusOr<std::unique_ptr<EtcdJournal>> b;
   std::thread opener([&] {

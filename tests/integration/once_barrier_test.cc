@@ -14,6 +14,7 @@
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace sluice {
 namespace {
@@ -51,12 +52,7 @@ class OnceBarrierTest : public ::testing::Test {
   }
   // Polls until `file` contains `text` (true) or 20 s pass.
   bool WaitFor(const std::string& file, const std::string& text) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline) {
-      if (Read(file).find(text) != std::string::npos) return true;
-      absl::SleepFor(absl::Milliseconds(20));  // poll
-    }
-    return false;
+    return testing::WaitForFileText(dir_.File(file), text, absl::Seconds(20));
   }
   TempDir dir_;
   ServerProcess coordinator_;

@@ -24,6 +24,7 @@
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace sluice {
 namespace {
@@ -296,9 +297,8 @@ TEST_F(ReaderTest, AShardNoServerCanServeIsRetriedWithBackOff) {
       if (e->kind == ReaderEvent::Kind::kSample) ++got;
     }
   });
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (got < 20 && absl::Now() < deadline)
-    absl::SleepFor(absl::Milliseconds(10));  // poll
+  testing::WaitUntil([&] { return got >= 20; }, absl::Seconds(60),
+                     absl::Milliseconds(10));
   ASSERT_EQ(got, 20) << "every readable sample arrives";
   const int64_t before = reader->stats().reroutes;
   absl::SleepFor(

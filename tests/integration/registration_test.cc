@@ -19,6 +19,7 @@
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tls_fixture.h"
+#include "tests/testing/wait.h"
 
 namespace sluice {
 namespace {
@@ -154,15 +155,10 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
                             "sluice_coordinator_data_servers 1"));
   // The coordinator counts the server before the server has read the reply
   // and logged it: poll the log.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (testing::ReadWholeFile(dataserver->log_path)
-                 .value_or("")
-                 .find("re-registered with coordinator") == std::string::npos &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));  // poll
-  }
-  EXPECT_THAT(testing::ReadWholeFile(dataserver->log_path).value_or(""),
-              HasSubstr("re-registered with coordinator"));
+  EXPECT_TRUE(testing::WaitForFileText(dataserver->log_path,
+                                       "re-registered with coordinator",
+                                       absl::Seconds(20)))
+      << testing::ReadWholeFile(dataserver->log_path).value_or("");
 
   // A data server that stops is dropped from routing.
   dataserver->process.Signal(SIGTERM);
@@ -318,15 +314,8 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
   ASSERT_TRUE(WaitForMetric(coordinator->metrics_address,
                             "sluice_coordinator_data_servers 1"));
   // The anonymous one keeps failing its handshake (and says so).
-  bool refused = false;
-  for (absl::Time deadline = absl::Now() + absl::Seconds(20);
-       !refused && absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    refused = testing::ReadWholeFile(anonymous->log_path)
-                  .value_or("")
-                  .find("registration stream ended") != std::string::npos;
-  }
-  ASSERT_TRUE(refused);
+  ASSERT_TRUE(testing::WaitForFileText(
+      anonymous->log_path, "registration stream ended", absl::Seconds(20)));
   auto page =
       testing::HttpGet("http://" + coordinator->metrics_address + "/metrics");
   ASSERT_TRUE(page.ok());

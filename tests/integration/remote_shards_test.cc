@@ -33,6 +33,7 @@
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tls_fixture.h"
+#include "tests/testing/wait.h"
 
 namespace sluice {
 namespace {
@@ -93,11 +94,7 @@ int64_t ShardBytes(const std::string& dir) {
 
 bool PollUntil(const std::function<bool()>& condition,
                absl::Duration timeout = absl::Seconds(20)) {
-  for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
-    if (condition()) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return condition();
+  return testing::WaitUntil(condition, timeout, absl::Milliseconds(5));
 }
 
 class RemoteShardsTest : public ::testing::Test {

@@ -3,7 +3,6 @@ import collections
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -551,12 +550,12 @@ def test_a_program_that_exits_without_closing_its_reader_exits_and_reports(clust
 
 
 def test_a_fork_waits_while_a_grpc_or_sluice_thread_is_running():
-    # The before-fork hook (see reader.py: gRPC 1.51's fork handlers crash or
+    # The before-fork hook (see sluice/_grpcio.py: gRPC 1.51's fork handlers crash or
     # deadlock when a gRPC thread is mid-teardown) waits until no thread with
     # such a name is running, for a second at most; idle, it returns at once.
     import threading
     from conftest import _wait_for
-    from sluice import reader as sluice_reader
+    from sluice import _grpcio
     stop = threading.Event()
 
     def spin():
@@ -565,16 +564,16 @@ def test_a_fork_waits_while_a_grpc_or_sluice_thread_is_running():
     busy = threading.Thread(target=spin, name="sluice-spin")
     busy.start()
     try:
-        _wait_for(sluice_reader._grpc_threads_running, 10, "the spinning thread to be seen")
+        _wait_for(_grpcio._grpc_threads_running, 10, "the spinning thread to be seen")
         start = time.monotonic()
-        sluice_reader._settle_grpc_before_fork()
+        _grpcio._settle_grpc_before_fork()
         assert time.monotonic() - start >= 1.0  # waited its whole second
     finally:
         stop.set()
         busy.join()
-    _wait_for(lambda: not sluice_reader._grpc_threads_running(), 10, "no running thread")
+    _wait_for(lambda: not _grpcio._grpc_threads_running(), 10, "no running thread")
     start = time.monotonic()
-    sluice_reader._settle_grpc_before_fork()
+    _grpcio._settle_grpc_before_fork()
     assert time.monotonic() - start < 1.0  # quiet: did not run into its limit
 
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/testing/wait.h"
 
 namespace sluice::testing {
 namespace {
@@ -36,14 +37,12 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& url) {
 
 bool WaitForMetric(const std::string& metrics_address,
                    const std::string& text) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
-    auto page = HttpGet("http://" + metrics_address + "/metrics");
-    if (page.ok() && page->body.find(text) != std::string::npos) return true;
-    absl::SleepFor(
-        absl::Milliseconds(50));  // poll interval, not synchronisation
-  }
-  return false;
+  return WaitUntil(
+      [&] {
+        auto page = HttpGet("http://" + metrics_address + "/metrics");
+        return page.ok() && page->body.find(text) != std::string::npos;
+      },
+      absl::Seconds(20), absl::Milliseconds(50));
 }
 
 }  // namespace sluice::testing

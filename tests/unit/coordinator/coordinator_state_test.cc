@@ -1,5 +1,6 @@
 #include "server/coordinator/coordinator_state.h"
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/job_spec.h"
 #include "tests/testing/status_matchers.h"
@@ -122,6 +123,155 @@ TEST(CoordinatorStateTest, OnceResetForgetsTheStepThroughSnapshots) {
   ASSERT_OK(replayed.Apply(state.Snapshot()));
   EXPECT_EQ(replayed.FindOnceFinished("job", "prep"), nullptr);
   EXPECT_EQ(replayed.OnceFinishedIn("").size(), 2u);
+}
+
+}  // namespace
+}  // namespace sluice
+
+// One test per journal record: what applying it does to the state, and the
+// error a record that does not fit the state gets.
+namespace sluice {
+namespace {
+
+using ::sluice::testing::StatusIs;
+using ::testing::HasSubstr;
+
+JournalRecord Acked(const std::string& job, uint64_t fence, int64_t begin,
+                    int64_t consumed, bool complete) {
+  JournalRecord r;
+  auto* a = r.mutable_unit_acked();
+  a->set_job(job);
+  a->set_epoch(0);
+  a->set_rank(0);
+  a->set_worker(0);
+  a->set_sequence(0);
+  a->set_shard_index(0);
+  a->set_begin(begin);
+  a->set_consumed(consumed);
+  a->set_complete(complete);
+  a->set_fence(fence);
+  a->set_lease_id(job + "/e0/f" + std::to_string(fence));
+  return r;
+}
+
+JournalRecord Advanced(const std::string& job, int64_t epoch) {
+  JournalRecord r;
+  r.mutable_epoch_advanced()->set_job(job);
+  r.mutable_epoch_advanced()->set_epoch(epoch);
+  return r;
+}
+
+TEST(CoordinatorStateRecordTest,
+     JobCreatedPlansEpochZeroWithEverythingPending) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(Created("j")));
+  const JobData* job = state.FindJob("j");
+  ASSERT_NE(job, nullptr);
+  EXPECT_EQ(job->epoch, 0);
+  EXPECT_FALSE(job->done);
+  EXPECT_EQ(job->served_per_epoch(), 8);
+  EXPECT_EQ(job->consumed_total, 0);
+  int64_t pending = 0;
+  for (const Piece& p : state.PendingPieces(*job)) pending += p.end - p.begin;
+  EXPECT_EQ(pending, 8);
+}
+
+TEST(CoordinatorStateRecordTest, LeaseGrantedHoldsItsRangeOutOfThePendingWork) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(Created("j")));
+  ASSERT_OK(state.Apply(Granted("j", 5)));
+  const JobData* job = state.FindJob("j");
+  ASSERT_EQ(job->leases.count("j/e0/f5"), 1u);
+  EXPECT_EQ(job->leases.at("j/e0/f5").holder, "t0");
+  EXPECT_EQ(job->next_fence, 6u);
+  EXPECT_TRUE(state.PendingPieces(*job).empty());
+  // A grant for a job (or an epoch) the state does not have is refused,
+  // naming the lease.
+  EXPECT_THAT(state.Apply(Granted("nope", 1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("lease nope/e0/f1")));
+}
+
+TEST(CoordinatorStateRecordTest,
+     UnitAckedCountsThePrefixAndACompleteEndsTheLease) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(Created("j")));
+  ASSERT_OK(state.Apply(Granted("j", 1)));
+  ASSERT_OK(state.Apply(Acked("j", 1, 0, 3, false)));
+  const JobData* job = state.FindJob("j");
+  EXPECT_EQ(job->consumed_total, 3);
+  EXPECT_EQ(job->consumed_by_rank(0), 3);
+  ASSERT_EQ(job->leases.count("j/e0/f1"), 1u);
+  EXPECT_EQ(job->leases.at("j/e0/f1").acked, 3);
+  ASSERT_OK(state.Apply(Acked("j", 1, 3, 5, true)));
+  EXPECT_EQ(job->consumed_total, 8);
+  EXPECT_TRUE(job->leases.empty());
+  EXPECT_TRUE(job->epoch_complete());
+  // An ack for a lease the state does not hold is refused, naming it.
+  EXPECT_THAT(state.Apply(Acked("j", 1, 0, 1, false)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("unknown lease j/e0/f1")));
+  EXPECT_EQ(job->consumed_total, 8);
+}
+
+TEST(CoordinatorStateRecordTest,
+     LeaseEndedReturnsTheUnackedRemainderToPending) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(Created("j")));
+  ASSERT_OK(state.Apply(Granted("j", 1)));
+  ASSERT_OK(state.Apply(Acked("j", 1, 0, 2, false)));
+  JournalRecord ended;
+  ended.mutable_lease_ended()->set_job("j");
+  ended.mutable_lease_ended()->set_lease_id("j/e0/f1");
+  ended.mutable_lease_ended()->set_reason("expired");
+  ASSERT_OK(state.Apply(ended));
+  const JobData* job = state.FindJob("j");
+  EXPECT_TRUE(job->leases.empty());
+  std::vector<std::pair<int64_t, int64_t>> pending;
+  for (const Piece& p : state.PendingPieces(*job))
+    pending.emplace_back(p.begin, p.end);
+  EXPECT_EQ(pending, (std::vector<std::pair<int64_t, int64_t>>{{2, 8}}));
+  // Ending a lease of a job that is gone changes nothing.
+  ended.mutable_lease_ended()->set_job("gone");
+  EXPECT_OK(state.Apply(ended));
+}
+
+TEST(CoordinatorStateRecordTest, EpochAdvancedStartsTheEpochAfresh) {
+  CoordinatorState state;
+  JournalRecord created = Created("j");
+  created.mutable_job_created()->mutable_spec()->set_num_epochs(2);
+  ASSERT_OK(state.Apply(created));
+  ASSERT_OK(state.Apply(Granted("j", 1)));
+  ASSERT_OK(state.Apply(Acked("j", 1, 0, 8, true)));
+  ASSERT_OK(state.Apply(Advanced("j", 1)));
+  const JobData* job = state.FindJob("j");
+  EXPECT_EQ(job->epoch, 1);
+  EXPECT_FALSE(job->done);
+  EXPECT_EQ(job->consumed_total, 0);
+  EXPECT_EQ(job->consumed_by_rank(0), 0);
+  EXPECT_TRUE(job->leases.empty());
+  EXPECT_EQ(job->next_fence, 2u);  // fences keep rising across epochs
+  ASSERT_OK(state.Apply(Advanced("j", 2)));
+  EXPECT_TRUE(state.FindJob("j")->done);
+  EXPECT_THAT(state.Apply(Advanced("nope", 1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("unknown job nope")));
+}
+
+TEST(CoordinatorStateRecordTest, JobDeletedForgetsTheJob) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(Created("j")));
+  ASSERT_OK(state.Apply(Granted("j", 1)));
+  ASSERT_OK(state.Apply(Deleted("j")));
+  EXPECT_EQ(state.FindJob("j"), nullptr);
+  EXPECT_TRUE(state.jobs().empty());
+}
+
+TEST(CoordinatorStateRecordTest, AnEmptyRecordIsRefused) {
+  CoordinatorState state;
+  EXPECT_THAT(state.Apply(JournalRecord()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("empty journal record")));
 }
 
 }  // namespace
