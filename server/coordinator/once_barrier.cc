@@ -99,6 +99,7 @@ void OnceBarrier::StartRunLocked(OnceEntry& entry, int64_t id, Effects& fx) {
 void OnceBarrier::PromoteLocked(const std::string& key, Effects& fx) {
   OnceEntry& entry = once_[key];
   entry.runner = 0;
+  if (entry.persisting) return;  // FinishOutcomeLocked decides
   while (!entry.waiters.empty()) {
     int64_t next = entry.waiters.front();
     entry.waiters.pop_front();
@@ -154,8 +155,28 @@ void OnceBarrier::EndStepLocked(const std::string& key,
   entry.waiters.clear();
 }
 
+void OnceBarrier::FinishOutcomeLocked(const Outcome& outcome,
+                                      const absl::Status& persisted,
+                                      Effects& fx) {
+  OnceEntry& entry = once_[outcome.key];
+  entry.persisting = false;
+  if (!persisted.ok()) {
+    // Not journaled: the runner hears why; a success is not announced (the
+    // next waiter runs the step), a failure still reaches everyone.
+    FinishLocked(outcome.stream, persisted, fx);
+    if (!outcome.failed) {
+      if (entry.runner == outcome.stream || entry.runner == 0) {
+        PromoteLocked(outcome.key, fx);
+      }
+      return;
+    }
+  }
+  EndStepLocked(outcome.key, outcome.to_all, fx);
+}
+
 void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
   Effects fx;
+  std::optional<Outcome> outcome;
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
@@ -211,12 +232,15 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
           }
           fx.sends.emplace_back(s.sink, r);
           FinishLocked(id, absl::OkStatus(), fx);
-        } else if (entry.runner == 0) {
+        } else if (entry.runner == 0 && !entry.persisting) {
           StartRunLocked(entry, id, fx);
         } else {
           entry.waiters.push_back(id);
           v1::OnceResponse r;
-          r.mutable_wait()->set_runner(streams_[entry.runner].participant);
+          if (auto runner = streams_.find(entry.runner);
+              runner != streams_.end()) {
+            r.mutable_wait()->set_runner(runner->second.participant);
+          }
           r.mutable_wait()->set_run(entry.run);
           fx.sends.emplace_back(s.sink, r);
         }
@@ -232,7 +256,13 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
       if (request.has_succeeded() || request.has_failed()) {
         const int64_t run = request.has_succeeded() ? request.succeeded().run()
                                                     : request.failed().run();
-        if (!is_runner || run != entry.run) {
+        if (is_runner && run == entry.run && entry.persisting) {
+          FinishLocked(id,
+                       absl::FailedPreconditionError(
+                           absl::StrCat("once ", s.key, ": run ", run,
+                                        " already reported its outcome")),
+                       fx);
+        } else if (!is_runner || run != entry.run) {
           FinishLocked(
               id,
               absl::AbortedError(absl::StrCat(
@@ -261,16 +291,10 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
           f.set_name(s.name);
           f.set_run(run);
           f.set_result(request.succeeded().result());
-          absl::Status persisted =
-              options_.persist ? options_.persist(f) : absl::OkStatus();
-          if (!persisted.ok()) {
-            FinishLocked(id, persisted, fx);
-          } else {
-            v1::OnceResponse done;
-            done.mutable_done()->set_result(f.result());
-            done.mutable_done()->set_run(run);
-            EndStepLocked(s.key, done, fx);
-          }
+          outcome.emplace();
+          outcome->to_all.mutable_done()->set_result(f.result());
+          outcome->to_all.mutable_done()->set_run(run);
+          outcome->finished = std::move(f);
         } else {
           v1::OnceResponse error;
           error.mutable_error()->set_run(run);
@@ -283,14 +307,29 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
             f.set_error(request.failed().error().empty()
                             ? "failed"
                             : request.failed().error());
-            absl::Status persisted =
-                options_.persist ? options_.persist(f) : absl::OkStatus();
-            if (!persisted.ok()) FinishLocked(id, persisted, fx);
+            outcome.emplace();
+            outcome->finished = std::move(f);
+            outcome->to_all = std::move(error);
+            outcome->failed = true;
+          } else {
+            EndStepLocked(s.key, error, fx);
           }
-          EndStepLocked(s.key, error, fx);
+        }
+        if (outcome.has_value()) {
+          outcome->stream = id;
+          outcome->key = s.key;
+          entry.persisting = true;
         }
       }
     }
+  }
+  if (outcome.has_value()) {
+    // Journal the outcome without holding mu_, then announce it.
+    const absl::Status persisted = options_.persist
+                                       ? options_.persist(outcome->finished)
+                                       : absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    FinishOutcomeLocked(*outcome, persisted, fx);
   }
   fx.Run();
 }
@@ -486,7 +525,8 @@ void OnceBarrier::Tick() {
     const absl::Time now = options_.clock->Now();
     std::vector<std::string> lost;
     for (auto& [key, entry] : once_) {
-      if (entry.runner != 0 && now > entry.runner_deadline) lost.push_back(key);
+      if (entry.runner != 0 && !entry.persisting && now > entry.runner_deadline)
+        lost.push_back(key);
     }
     for (const std::string& key : lost) {
       OnceEntry& entry = once_[key];

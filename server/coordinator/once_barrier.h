@@ -24,7 +24,9 @@
 // killed inside a barrier cannot let a restarted run's ranks through one at a
 // time.
 //
-// Thread-safe. Callbacks and sink calls happen outside the lock.
+// Thread-safe. Callbacks and sink calls happen outside the lock, and so does
+// `persist` (a journal commit waits for its fsync or etcd): meanwhile the
+// step takes no new run, and callers joining it wait for its outcome.
 #ifndef SLUICE_SERVER_COORDINATOR_ONCE_BARRIER_H_
 #define SLUICE_SERVER_COORDINATOR_ONCE_BARRIER_H_
 
@@ -116,6 +118,17 @@ class OnceBarrier {
     int64_t runner = 0;  // stream id; 0 = none
     absl::Time runner_deadline;
     std::deque<int64_t> waiters;
+    // The run's outcome is being journaled (persist runs without mu_): no
+    // new run starts and the runner's lease does not expire meanwhile.
+    bool persisting = false;
+  };
+  // An outcome to journal once mu_ is released, then to announce.
+  struct Outcome {
+    int64_t stream = 0;
+    std::string key;
+    v1::internal::OnceFinished finished;
+    v1::OnceResponse to_all;
+    bool failed = false;
   };
   struct Pending {
     int64_t id = 0;
@@ -148,6 +161,10 @@ class OnceBarrier {
   void EndStepLocked(const std::string& key, const v1::OnceResponse& to_all,
                      Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReportWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Announces a journaled (or failed to journal) outcome.
+  void FinishOutcomeLocked(const Outcome& outcome,
+                           const absl::Status& persisted, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BarrierTimeoutStatus(const std::string& key,
                                     const BarrierEntry& entry,
                                     const Pending& pending) const;

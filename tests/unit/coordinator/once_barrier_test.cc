@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include "tests/testing/fake_clock.h"
@@ -46,6 +47,11 @@ class OnceBarrierTest : public ::testing::Test {
           OnceBarrier::Options o;
           o.clock = &clock_;
           o.persist = [this](const v1::internal::OnceFinished& f) {
+            // What happens while the outcome is being journaled.
+            if (during_persist_) {
+              absl::Status s = during_persist_();
+              if (!s.ok()) return s;
+            }
             persisted_.push_back(f);
             return absl::OkStatus();
           };
@@ -58,8 +64,77 @@ class OnceBarrierTest : public ::testing::Test {
         }()) {}
   FakeClock clock_;
   std::vector<v1::internal::OnceFinished> persisted_;
+  std::function<absl::Status()> during_persist_;
   OnceBarrier logic_;
 };
+
+// persist runs without the lock: while a success is being journaled, a
+// caller can join (it waits, and hears the outcome) and status can be read.
+TEST_F(OnceBarrierTest, ACallerJoiningWhileTheOutcomeIsJournaledHearsIt) {
+  auto a = std::make_shared<RecordingOnceSink>();
+  auto c = std::make_shared<RecordingOnceSink>();
+  const int64_t ia = logic_.OpenOnce(a);
+  logic_.OnOnceMessage(ia, Join("a"));
+  ASSERT_TRUE(a->inbox[0].has_run());
+  int64_t ic = 0;
+  size_t running = 0;
+  during_persist_ = [&] {
+    ic = logic_.OpenOnce(c);
+    logic_.OnOnceMessage(ic, Join("c"));
+    running = logic_.Running("").size();
+    // A second report of the same run while the first is journaled.
+    logic_.OnOnceMessage(ia, Succeeded(1, "again"));
+    return absl::OkStatus();
+  };
+  logic_.OnOnceMessage(ia, Succeeded(1, "/data"));
+  EXPECT_EQ(running, 1u);
+  ASSERT_EQ(c->inbox.size(), 2u);
+  ASSERT_TRUE(c->inbox[0].has_wait());  // not a run of its own
+  EXPECT_EQ(c->inbox[0].wait().runner(), "a");
+  EXPECT_EQ(c->inbox[1].done().result(), "/data");
+  EXPECT_OK(*c->finished);
+  ASSERT_EQ(persisted_.size(), 1u);
+  EXPECT_EQ(persisted_[0].result(), "/data");
+  // The runner's duplicate report was refused; its stream ended there.
+  EXPECT_THAT(*a->finished,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("run 1 already reported its outcome")));
+}
+
+TEST_F(OnceBarrierTest, ARunnerGoneWhileItsSuccessIsJournaledStartsNoNewRun) {
+  auto a = std::make_shared<RecordingOnceSink>();
+  auto b = std::make_shared<RecordingOnceSink>();
+  const int64_t ia = logic_.OpenOnce(a), ib = logic_.OpenOnce(b);
+  logic_.OnOnceMessage(ia, Join("a"));
+  logic_.OnOnceMessage(ib, Join("b"));
+  during_persist_ = [&] {
+    logic_.CloseOnce(ia);  // its stream broke right after reporting
+    clock_.Advance(absl::Seconds(5));
+    logic_.Tick();  // nor does its lease expire meanwhile
+    return absl::OkStatus();
+  };
+  logic_.OnOnceMessage(ia, Succeeded(1, "/data"));
+  ASSERT_EQ(b->inbox.size(), 2u);
+  ASSERT_TRUE(b->inbox[0].has_wait());
+  EXPECT_EQ(b->inbox[1].done().result(), "/data");
+  EXPECT_EQ(b->inbox[1].done().run(), 1);
+}
+
+TEST_F(OnceBarrierTest, ASuccessTheJournalRefusedHandsTheRunToTheNextWaiter) {
+  auto a = std::make_shared<RecordingOnceSink>();
+  auto b = std::make_shared<RecordingOnceSink>();
+  const int64_t ia = logic_.OpenOnce(a), ib = logic_.OpenOnce(b);
+  logic_.OnOnceMessage(ia, Join("a"));
+  logic_.OnOnceMessage(ib, Join("b"));
+  during_persist_ = [] { return absl::UnavailableError("journal: disk full"); };
+  logic_.OnOnceMessage(ia, Succeeded(1, "/data"));
+  EXPECT_TRUE(persisted_.empty());
+  EXPECT_THAT(*a->finished,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("disk full")));
+  ASSERT_TRUE(b->inbox.back().has_run());
+  EXPECT_EQ(b->inbox.back().run().run(), 2);
+  EXPECT_FALSE(b->finished.has_value());
+}
 
 TEST_F(OnceBarrierTest, SilentRunnerExpiresAndItsLateSuccessIsRefused) {
   auto a = std::make_shared<RecordingOnceSink>();
