@@ -1143,8 +1143,8 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
       }
       if (complete) {
         leases_.Remove(lease_id).IgnoreError();
-        runtime_[lease.job].lease_counts.set_completed(
-            runtime_[lease.job].lease_counts.completed() + 1);
+        v1::LeaseCounts& counts = runtime_[lease.job].lease_counts;
+        counts.set_completed(counts.completed() + 1);
         if (options_.metrics)
           options_.metrics->ForJob(lease.job).completed->Increment();
       } else if (m.has_release() || m.has_reroute()) {

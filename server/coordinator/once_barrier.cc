@@ -165,9 +165,8 @@ void OnceBarrier::FinishOutcomeLocked(const Outcome& outcome,
     // next waiter runs the step), a failure still reaches everyone.
     FinishLocked(outcome.stream, persisted, fx);
     if (!outcome.failed) {
-      if (entry.runner == outcome.stream || entry.runner == 0) {
-        PromoteLocked(outcome.key, fx);
-      }
+      // No run started while persisting: the runner is this stream or gone.
+      PromoteLocked(outcome.key, fx);
       return;
     }
   }
