@@ -16,7 +16,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/cpp/cursor.h"
+#include "client/cpp/fetch_turn.h"
+#include "client/cpp/input_wait.h"
+#include "client/cpp/lease_hold.h"
+#include "client/cpp/report_ledger.h"
+#include "client/cpp/reroute_backoff.h"
 #include "server/common/backoff.h"
+#include "server/common/clock.h"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/logging.h"
@@ -27,6 +34,11 @@
 namespace sluice {
 namespace {
 
+using client_internal::FetchTurnView;
+using client_internal::InputWaitHistogram;
+using client_internal::LeaseHold;
+using client_internal::ReportLedger;
+using client_internal::RerouteBackoff;
 using v1::CoordinatorMessage;
 using v1::TrainerMessage;
 
@@ -214,7 +226,7 @@ class ReaderImpl final : public Reader {
     TrainerMessage sync;
     {
       absl::MutexLock state(&mu_);
-      sync.mutable_sync()->set_id(++next_sync_);
+      sync.mutable_sync()->set_id(ledger_.NextSyncId());
     }
     WaitTag written;
     stream_->Write(sync, TagOf(&written));
@@ -229,13 +241,6 @@ class ReaderImpl final : public Reader {
   void RunSession();
   void Handle(const CoordinatorMessage& m);
   void RunMaintenance();
-  // One sample handed to the consumer after `seconds` of waiting.
-  void ObserveInputWaitLocked(double seconds)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the waits observed since the last call into `out`; false (and
-  // `out` empty) when there were none.
-  bool TakeInputWaitLocked(v1::InputWait* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the reader when a data server whose stream failed speaks TLS and
   // this reader plaintext, or the reverse.
   void CheckDataServerTransports();
@@ -299,34 +304,20 @@ class ReaderImpl final : public Reader {
     retired_.push_back(it->second);
     units_.erase(it);
   }
-  // One stream per data server carries the data at a time: a unit's stream
-  // opens once every earlier unit routed to the same server is about to
-  // finish fetching (its next batch is probably its last), so opening the
-  // next stream overlaps only that last batch. Concurrent streams from one
-  // client to one server only compete for the same cores and connection
-  // (one stream already keeps the server's decode pool busy), and data
-  // fetched far ahead of delivery goes cold in memory. Earlier units are
-  // delivered first, so this never waits on a unit that waits on us.
+  // The turn rule (fetch_turn.h) over the units held.
   bool FetchMayStartLocked(const Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    turn_views_.clear();
     for (const auto& [id, other] : units_) {
       const Unit& o = *other;
-      if (o.order >= u.order || o.dropped || o.fetch != Unit::Fetch::kRunning ||
-          o.retry_alarm != nullptr ||
-          o.lease.data_server() != u.lease.data_server()) {
-        continue;
-      }
-      const int64_t remaining = o.lease.unit().end() - o.next_fetch;
-      if (o.last_batch_samples == 0 || remaining > o.last_batch_samples)
-        return false;
+      turn_views_.push_back(FetchTurnView{
+          o.order, o.lease.data_server(),
+          !o.dropped && o.fetch == Unit::Fetch::kRunning &&
+              o.retry_alarm == nullptr,
+          o.lease.unit().end() - o.next_fetch, o.last_batch_samples});
     }
-    return true;
-  }
-  // Disconnected for over half a lease TTL, or reconnected after that and
-  // not yet revalidated.
-  bool MayHaveLostLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (revalidating_) return true;
-    return disconnected_at_ != absl::InfinitePast() &&
-           absl::Now() - disconnected_at_ > lease_ttl_ / 2;
+    return client_internal::FetchMayStart(
+        FetchTurnView{u.order, u.lease.data_server(), false, 0, 0},
+        turn_views_);
   }
 
   ReaderOptions options_;
@@ -351,15 +342,13 @@ class ReaderImpl final : public Reader {
   }
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Unit>> units_ ABSL_GUARDED_BY(mu_);
-  // Final reports (Complete / Reroute / Release) sent but not yet known to
-  // be durable at the coordinator: re-sent after every reconnect, dropped
-  // once a Synced{id > stamp} arrives (the Sync went out after them).
-  struct Final {
-    TrainerMessage message;
-    int64_t order = 0;
-    uint64_t stamp = 0;
-  };
-  std::map<std::string, Final> finals_ ABSL_GUARDED_BY(mu_);
+  // Final reports not yet known to be durable, and the Sync ids.
+  ReportLedger ledger_ ABSL_GUARDED_BY(mu_);
+  // The timing rules read this clock.
+  const Clock* const clock_ = Clock::Real();
+  // Whether delivery waits for the coordinator to confirm held leases.
+  LeaseHold hold_ ABSL_GUARDED_BY(mu_){clock_};
+  std::vector<FetchTurnView> turn_views_ ABSL_GUARDED_BY(mu_);
   // Units no longer in units_ whose stream may still have an operation
   // outstanding.
   std::vector<std::shared_ptr<Unit>> retired_ ABSL_GUARDED_BY(mu_);
@@ -380,15 +369,6 @@ class ReaderImpl final : public Reader {
   bool resume_done_ ABSL_GUARDED_BY(mu_) =
       false;  // the cursor reached a Welcome
   bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t synced_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_sync_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
-  // When the session stream broke (InfinitePast while connected).
-  absl::Time disconnected_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // After a long disconnection, samples wait until the coordinator has
-  // confirmed (or rejected) every held lease: Synced{revalidate_id_}.
-  bool revalidating_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t revalidate_id_ ABSL_GUARDED_BY(mu_) = 0;
   // Consumer-side position (the thread calling Next()).
   int64_t position_epoch_ = -1;
   int64_t position_consumed_ = 0;
@@ -396,25 +376,15 @@ class ReaderImpl final : public Reader {
   absl::Mutex flush_mu_;
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);
 
-  // Streams that failed in a row, per (data server, UnitKey): re-route
-  // back-off.
-  std::map<std::pair<std::string, std::string>, int> stream_failures_
-      ABSL_GUARDED_BY(mu_);
+  // Streams that failed in a row, per (data server, UnitKey).
+  RerouteBackoff reroute_backoff_ ABSL_GUARDED_BY(mu_);
   // Data servers whose streams failed UNAVAILABLE, to be asked whether they
   // speak TLS (each once; by the maintenance thread, outside the lock).
   std::set<std::string> transport_checked_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> transport_checks_ ABSL_GUARDED_BY(mu_);
   static constexpr absl::Duration kTransportCheckPeriod = absl::Seconds(5);
-  // The consumer's waits for samples, by the protocol's InputWait buckets
-  // (upper bounds in seconds; the last bucket is +Inf), since the last
-  // heartbeat.
-  static constexpr std::array<double, 9> kInputWaitBounds = {
-      0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10};
-  std::array<uint64_t, kInputWaitBounds.size() + 1> input_wait_counts_
-      ABSL_GUARDED_BY(mu_) = {};
-  double input_wait_sum_ ABSL_GUARDED_BY(mu_) = 0;
-  static constexpr absl::Duration kRerouteBackoff = absl::Milliseconds(50);
-  static constexpr absl::Duration kRerouteBackoffMax = absl::Seconds(2);
+  // The consumer's waits for samples since the last heartbeat.
+  InputWaitHistogram input_wait_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex write_mu_;
   SessionStream* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
@@ -470,7 +440,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           entries_.pop_front();
           continue;
         }
-        if (!u.buffer.empty() && MayHaveLostLeasesLocked()) {
+        if (!u.buffer.empty() && hold_.MayHaveLostLeases()) {
           // Our leases may have expired at the coordinator (and been
           // granted to others): deliver nothing until it confirms them.
           start_waiting();
@@ -490,8 +460,10 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           }
           ++u.delivered;
           ++stats_.delivered;
-          ObserveInputWaitLocked(
-              waited ? absl::ToDoubleSeconds(absl::Now() - waiting_since) : 0);
+          const double wait =
+              waited ? absl::ToDoubleSeconds(absl::Now() - waiting_since) : 0;
+          input_wait_.Observe(wait);
+          stats_.input_wait_seconds += wait;
           have_event = true;
           if (u.delivered == u.size) {
             TrainerMessage m;
@@ -567,7 +539,7 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
     if (m.has_progress()) {
       u->reported = std::max(u->reported, m.progress().consumed());
     } else {
-      finals_[u->lease.lease_id()] = Final{m, u->order, next_sync_};
+      ledger_.Sent(u->lease.lease_id(), m, u->order);
       units_.erase(u->lease.lease_id());
       CancelFetchLocked(*u);
       retired_.push_back(u);
@@ -615,7 +587,7 @@ void ReaderImpl::RunSession() {
         NotifyAllLocked();
         return;
       }
-      backoff.set_max(std::min(absl::Seconds(5), lease_ttl_ / 4));
+      backoff.set_max(std::min(absl::Seconds(5), hold_.lease_ttl() / 4));
       backoff.Grow();
       continue;
     }
@@ -676,24 +648,17 @@ void ReaderImpl::RunSession() {
           // Rejected (before the Synced), and its rest is never delivered.
           // Finals the old coordinator may never have made durable first,
           // in delivery order; then every live unit's position.
-          std::vector<Final> finals;
+          std::vector<TrainerMessage> finals;
           {
             absl::MutexLock lock(&mu_);
-            for (const auto& [id, f] : finals_) finals.push_back(f);
+            finals = ledger_.Unconfirmed();
           }
-          std::sort(
-              finals.begin(), finals.end(),
-              [](const Final& a, const Final& b) { return a.order < b.order; });
-          for (const Final& f : finals) Send(f.message);
+          for (const TrainerMessage& f : finals) Send(f);
           FlushReports(true, /*force=*/true);
           const uint64_t id = SendSync();
           {
             absl::MutexLock lock(&mu_);
-            revalidating_ = id != 0 &&
-                            disconnected_at_ != absl::InfinitePast() &&
-                            absl::Now() - disconnected_at_ > lease_ttl_ / 2;
-            revalidate_id_ = id;
-            if (id != 0) disconnected_at_ = absl::InfinitePast();
+            hold_.Reconnected(id);
           }
           continue;
         }
@@ -708,8 +673,7 @@ void ReaderImpl::RunSession() {
     {
       absl::MutexLock lock(&mu_);
       stream_open_ = false;
-      if (disconnected_at_ == absl::InfinitePast())
-        disconnected_at_ = absl::Now();
+      hold_.Disconnected();
       NotifyAllLocked();
     }
     grpc::Status finish_status;
@@ -738,7 +702,7 @@ void ReaderImpl::RunSession() {
       NotifyAllLocked();
       return;
     }
-    backoff.set_max(std::min(absl::Seconds(5), lease_ttl_ / 4));
+    backoff.set_max(std::min(absl::Seconds(5), hold_.lease_ttl() / 4));
     const absl::Time until = absl::Now() + backoff.NextWait();
     while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
   }
@@ -756,16 +720,13 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         }
         world_size_ = m.welcome().world_size();
         if (m.welcome().lease_ttl_ms() > 0) {
-          lease_ttl_ = absl::Milliseconds(m.welcome().lease_ttl_ms());
+          hold_.set_lease_ttl(absl::Milliseconds(m.welcome().lease_ttl_ms()));
         }
         resume_done_ = true;
         break;
       case CoordinatorMessage::kSynced:
-        synced_ = std::max(synced_, m.synced().id());
-        if (synced_ >= revalidate_id_) revalidating_ = false;
-        for (auto it = finals_.begin(); it != finals_.end();) {
-          it = it->second.stamp < synced_ ? finals_.erase(it) : std::next(it);
-        }
+        ledger_.Synced(m.synced().id());
+        hold_.Synced(ledger_.synced());
         break;
       case CoordinatorMessage::kEpochBegin:
         if (m.epoch_begin().epoch() > last_epoch_begin_) {
@@ -811,9 +772,8 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
               source_names_[seg.source()] = seg.source_name();
           }
         }
-        auto final = finals_.find(lease.lease_id());
-        if (final != finals_.end()) {
-          resend = final->second.message;  // re-announced after a reconnect
+        if (const TrainerMessage* final = ledger_.Find(lease.lease_id())) {
+          resend = *final;  // re-announced after a reconnect
           break;
         }
         if (auto held = units_.find(lease.lease_id()); held != units_.end()) {
@@ -996,9 +956,7 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
     ++u.next_fetch;
   }
   u.last_batch_samples = static_cast<int64_t>(converted.size());
-  if (!stream_failures_.empty()) {
-    stream_failures_.erase({u.lease.data_server(), UnitKey(u.lease.unit())});
-  }
+  reroute_backoff_.Succeeded(u.lease.data_server(), UnitKey(u.lease.unit()));
   data_cv_.Signal();
   if (u.cancelled) {
     BeginFinishLocked(u);
@@ -1045,28 +1003,26 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
         u.stalled ? absl::StrCat(address, ": no data for ",
                                  absl::FormatDuration(options_.stall_timeout))
                   : absl::StrCat(address, ": ", status.ToString());
-    // The more streams of this shard from this server failed in a row, the
-    // longer before the re-route (the first goes at once): a shard a server
-    // cannot serve (missing, unreadable) must not become a grant/re-route
-    // loop as fast as the machine allows.
     if (status.code() == absl::StatusCode::kUnavailable &&
         transport_checked_.insert(address).second) {
       transport_checks_.push_back(address);  // the maintenance thread probes
       maintenance_cv_.Signal();
     }
-    const int failures = ++stream_failures_[{address, UnitKey(u.lease.unit())}];
-    if (failures == 1 || failures % 10 == 0) {
+    // A shard whose streams keep failing is re-routed with back-off
+    // (reroute_backoff.h).
+    const RerouteBackoff::Decision reroute =
+        reroute_backoff_.Failed(address, UnitKey(u.lease.unit()));
+    if (reroute.log) {
       LogWarning(
           "sluice::Reader job %s rank %d: stream %d in a row from %s failed, "
           "re-routing: %s",
-          options_.job, options_.rank, failures, address, error);
+          options_.job, options_.rank, reroute.failures_in_a_row, address,
+          error);
     }
-    if (failures > 1) {
-      const absl::Duration wait =
-          Backoff::Nth(kRerouteBackoff, kRerouteBackoffMax, failures - 1);
+    if (reroute.wait > absl::ZeroDuration()) {
       u.retry_error = std::move(error);
       u.retry_alarm = std::make_unique<grpc::Alarm>();
-      u.retry_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + wait),
+      u.retry_alarm->Set(&cq_, absl::ToChronoTime(absl::Now() + reroute.wait),
                          TagOf(&u.retry_tag));
       u.call_done = false;  // the alarm is outstanding
       u.io_hold = std::move(hold);
@@ -1117,7 +1073,7 @@ void ReaderImpl::RunMaintenance() {
       bool unconfirmed;
       {
         absl::MutexLock lock(&mu_);
-        unconfirmed = !finals_.empty();
+        unconfirmed = !ledger_.empty();
       }
       // A Sync renews like a heartbeat and lets confirmed finals go; a
       // heartbeat carries the consumer's input wait since the last one (one
@@ -1128,37 +1084,13 @@ void ReaderImpl::RunMaintenance() {
         TrainerMessage beat;
         {
           absl::MutexLock lock(&mu_);
-          TakeInputWaitLocked(beat.mutable_heartbeat()->mutable_input_wait());
+          input_wait_.Take(beat.mutable_heartbeat()->mutable_input_wait());
         }
         if (Send(beat)) last_heartbeat = absl::Now();
       }
     }
     FlushReports(true);
   }
-}
-
-void ReaderImpl::ObserveInputWaitLocked(double seconds) {
-  size_t bucket = 0;
-  while (bucket < kInputWaitBounds.size() &&
-         seconds > kInputWaitBounds[bucket]) {
-    ++bucket;
-  }
-  ++input_wait_counts_[bucket];
-  input_wait_sum_ += seconds;
-  stats_.input_wait_seconds += seconds;
-}
-
-bool ReaderImpl::TakeInputWaitLocked(v1::InputWait* out) {
-  bool any = false;
-  for (uint64_t& c : input_wait_counts_) {
-    any = any || c != 0;
-    out->add_bucket_counts(c);
-    c = 0;
-  }
-  out->set_sum_seconds(input_wait_sum_);
-  input_wait_sum_ = 0;
-  if (!any) out->Clear();
-  return any;
 }
 
 void ReaderImpl::CheckDataServerTransports() {
@@ -1192,7 +1124,7 @@ void ReaderImpl::Close() {
     {
       absl::MutexLock lock(&mu_);
       has_wait =
-          TakeInputWaitLocked(beat.mutable_heartbeat()->mutable_input_wait());
+          input_wait_.Take(beat.mutable_heartbeat()->mutable_input_wait());
     }
     if (has_wait) Send(beat);
   }
@@ -1206,7 +1138,8 @@ void ReaderImpl::Close() {
       const uint64_t id = SendSync();
       absl::MutexLock lock(&mu_);
       const absl::Time until = absl::Now() + absl::Seconds(2);
-      while (id != 0 && synced_ < id && stream_open_ && absl::Now() < until) {
+      while (id != 0 && ledger_.synced() < id && stream_open_ &&
+             absl::Now() < until) {
         cv_.WaitWithDeadline(&mu_, until);
       }
     }
@@ -1285,27 +1218,19 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
         absl::StrCat("job ", options_.job, " rank ", options_.rank,
                      ": no cursor before the first EpochBegin event"));
   }
-  v1::Cursor cursor;
-  cursor.set_job(options_.job);
-  cursor.set_epoch(position_epoch_);
-  int32_t world_size;
+  client_internal::ReaderPosition position;
+  position.job = options_.job;
+  position.epoch = position_epoch_;
+  position.rank = options_.rank;
+  position.worker = options_.worker;
+  position.num_workers = options_.num_workers;
+  position.consumed = position_consumed_;
   {
     absl::MutexLock lock(&mu_);
-    world_size = world_size_;
-    for (const std::string& name : source_names_) cursor.add_sources(name);
+    position.world_size = world_size_;
+    position.source_names = source_names_;
   }
-  cursor.set_world_size(world_size);
-  const int32_t workers = std::max(options_.num_workers, 1);
-  for (int32_t r = 0; r < std::max(world_size, 1); ++r) {
-    cursor.add_consumed_per_rank(
-        r == options_.rank && workers == 1 ? position_consumed_ : -1);
-    if (workers == 1) continue;
-    cursor.set_workers_per_rank(workers);
-    for (int32_t w = 0; w < workers; ++w) {
-      cursor.add_consumed_per_worker(
-          r == options_.rank && w == options_.worker ? position_consumed_ : -1);
-    }
-  }
+  const v1::Cursor cursor = client_internal::PositionCursor(position);
   // Report everything delivered, then wait until it is durable. A broken
   // stream loses the Sync: send it again after each reconnect.
   const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
@@ -1315,12 +1240,12 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
     const bool sent = id != 0;
     absl::MutexLock lock(&mu_);
     const absl::Time retry = std::min(deadline, absl::Now() + absl::Seconds(1));
-    while (sent && synced_ < id && fatal_.ok() && !closing_ &&
+    while (sent && ledger_.synced() < id && fatal_.ok() && !closing_ &&
            absl::Now() < retry) {
       cv_.WaitWithDeadline(&mu_, retry);
     }
     // JobDone follows the last epoch's reports made durable.
-    if ((sent && synced_ >= id) || job_done_) return cursor;
+    if ((sent && ledger_.synced() >= id) || job_done_) return cursor;
     if (!fatal_.ok()) return fatal_;
     if (closing_) return absl::CancelledError("reader closed");
     if (absl::Now() >= deadline) {
@@ -1336,73 +1261,6 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
 }
 
 }  // namespace
-
-absl::StatusOr<v1::Cursor> MergeCursors(
-    const std::vector<v1::Cursor>& cursors) {
-  if (cursors.empty())
-    return absl::InvalidArgumentError("MergeCursors: no cursors");
-  v1::Cursor merged = cursors.front();
-  for (size_t i = 1; i < cursors.size(); ++i) {
-    const v1::Cursor& c = cursors[i];
-    if (c.job() != merged.job() || c.epoch() != merged.epoch() ||
-        c.world_size() != merged.world_size() ||
-        c.consumed_per_rank_size() != merged.consumed_per_rank_size() ||
-        c.workers_per_rank() != merged.workers_per_rank() ||
-        c.consumed_per_worker_size() != merged.consumed_per_worker_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MergeCursors: cursor ", i, " is job ", c.job(), " epoch ", c.epoch(),
-          " world_size ", c.world_size(), " workers_per_rank ",
-          c.workers_per_rank(), ", cursor 0 is job ", merged.job(), " epoch ",
-          merged.epoch(), " world_size ", merged.world_size(),
-          " workers_per_rank ", merged.workers_per_rank()));
-    }
-    // Source names: each cursor knows those its reader's leases named.
-    for (int k = 0; k < c.sources_size(); ++k) {
-      if (k >= merged.sources_size()) merged.add_sources();
-      const std::string& theirs = c.sources(k);
-      if (theirs.empty()) continue;
-      if (!merged.sources(k).empty() && merged.sources(k) != theirs) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "MergeCursors: cursor ", i, " names source ", k, " \"", theirs,
-            "\", another cursor \"", merged.sources(k), "\""));
-      }
-      merged.set_sources(k, theirs);
-    }
-    for (int r = 0; r < c.consumed_per_worker_size(); ++r) {
-      const int64_t mine = merged.consumed_per_worker(r),
-                    theirs = c.consumed_per_worker(r);
-      if (theirs < 0) continue;
-      if (mine >= 0 && mine != theirs) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("MergeCursors: worker slot ", r, " has two counts, ",
-                         mine, " and ", theirs));
-      }
-      merged.set_consumed_per_worker(r, theirs);
-    }
-    for (int r = 0; r < c.consumed_per_rank_size(); ++r) {
-      const int64_t mine = merged.consumed_per_rank(r),
-                    theirs = c.consumed_per_rank(r);
-      if (theirs < 0) continue;
-      if (mine >= 0 && mine != theirs) {
-        return absl::InvalidArgumentError(absl::StrCat("MergeCursors: rank ", r,
-                                                       " has two counts, ",
-                                                       mine, " and ", theirs));
-      }
-      merged.set_consumed_per_rank(r, theirs);
-    }
-  }
-  // With workers, a rank's count is the sum of its workers' once all are known.
-  const int32_t workers = merged.workers_per_rank();
-  for (int r = 0; workers > 1 && r < merged.consumed_per_rank_size(); ++r) {
-    int64_t sum = 0;
-    for (int w = 0; w < workers && sum >= 0; ++w) {
-      const int64_t n = merged.consumed_per_worker(r * workers + w);
-      sum = n < 0 ? -1 : sum + n;
-    }
-    merged.set_consumed_per_rank(r, sum);
-  }
-  return merged;
-}
 
 absl::StatusOr<std::unique_ptr<Reader>> Reader::Create(ReaderOptions options) {
   if (options.coordinator.empty()) {

@@ -176,6 +176,16 @@ class Cluster:
         out = subprocess.run(args, capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
 
+    def lease_counts(self, job):
+        """The job's LeaseCounts (granted, completed, expired, returned) as a
+        dict, from `sluicectl status --json`."""
+        out = subprocess.run([os.path.join(BIN, "sluicectl"), "status", "--json",
+                              f"--coordinator={self.address}", *self.client_tls, job],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+        leases = json.loads(out.stdout)["status"].get("leases", {})
+        return {k: int(leases.get(k, 0)) for k in ("granted", "completed", "expired", "returned")}
+
     def stop(self):
         for s in self.data:
             s.stop()

@@ -236,11 +236,11 @@ def test_barrier_still_takes_id_with_a_deprecation_warning(cluster):
                        coordinator=cluster.address)
 
 
-def test_a_shard_no_server_can_serve_is_retried_with_back_off(cluster, caplog):
+def test_a_shard_no_server_can_serve_keeps_being_rerouted(cluster, caplog):
     # A manifest entry whose file is gone: the data server answers NOT_FOUND
-    # and every re-route of the unit comes back to it. The Reader backs off
-    # (the first re-route at once, then 0.05 s doubling to 2 s) and says so,
-    # instead of a grant/re-route loop as fast as the machine allows.
+    # and every re-route of the unit comes back to it. The Reader keeps
+    # re-routing it, with the back-off test_rules.py pins down on a fake
+    # clock, and says so; everything readable arrives exactly once.
     missing = os.path.join(os.path.dirname(cluster.urls[0][0]), "gone.tar")
     cluster.create_job("gone", extra_shards=[(missing, 5)], shuffle=False)
     with sluice.Reader(cluster.address, "gone") as reader:
@@ -248,15 +248,13 @@ def test_a_shard_no_server_can_serve_is_retried_with_back_off(cluster, caplog):
         while got < cluster.total:  # everything readable arrives
             e = reader.next_event(timeout=60)
             got += e.kind == "sample"
-        start, before = time.monotonic(), reader.stats["reroutes"]
-        with pytest.raises(TimeoutError):
-            reader.next_event(timeout=2.0)  # only the missing unit is left
-        reroutes = reader.stats["reroutes"] - before
-        elapsed = time.monotonic() - start
-    # Back-off from the unit's first failure on: 0, 0.05, 0.1, 0.2, 0.4, 0.8
-    # and 1.6 s between attempts, so at most ~8 re-routes in these 2 s (an
-    # unthrottled loop makes hundreds); at least one shows it is retried.
-    assert 1 <= reroutes <= 8, (reroutes, elapsed)
+        before = reader.stats["reroutes"]
+        deadline = time.monotonic() + 60
+        while reader.stats["reroutes"] < before + 3 and time.monotonic() < deadline:
+            with pytest.raises(TimeoutError):
+                reader.next_event(timeout=0.5)  # only the missing unit is left
+        assert reader.stats["reroutes"] >= before + 3, reader.stats
+        assert reader.stats["delivered"] == cluster.total
     warnings = [r.getMessage() for r in caplog.records if r.name == "sluice"]
     assert any("gone.tar" in w or "NOT_FOUND" in w for w in warnings), warnings
 
@@ -540,10 +538,11 @@ def test_a_program_that_exits_without_closing_its_reader_exits_and_reports(clust
     assert proc.returncode == 0, err
     first = [tuple(map(int, line.split())) for line in out.strip().splitlines()]
     assert len(first) == 30
-    start = time.monotonic()
     with sluice.Reader(cluster.address, "exit-open") as reader:
         rest = [(s.shard_index, s.index) for s in reader]
-    assert time.monotonic() - start < 30, "the units waited for their lease TTL"
+    leases = cluster.lease_counts("exit-open")
+    assert leases["expired"] == 0, f"units waited for their lease TTL: {leases}"
+    assert leases["returned"] >= 1, leases
     assert len(rest) == cluster.total - 30
     assert sorted(first + rest) == sorted(set(first + rest))
     assert len(set(first + rest)) == cluster.total

@@ -45,7 +45,6 @@ reopens them after (see _suspend_streams); the child cannot use the parent's
 Reader: create Readers after fork (gRPC and fork do not mix).
 """
 import atexit
-import bisect
 import collections
 import ctypes
 import functools
@@ -63,9 +62,14 @@ import weakref
 import grpc
 import numpy as np
 
-from sluice import _grpcio, _wire, tls
-from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from sluice import _grpcio, _rules, _wire, tls
+from sluice._cursor import merge_cursors, position_cursor
+from sluice._types import Event, JobDoneError, ReaderError, Sample
+from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 from sluice.v1 import dataserver_pb2
+
+__all__ = ["Event", "JobDoneError", "Reader", "ReaderError", "Sample", "merge_cursors",
+           "tune_malloc"]
 
 _log = logging.getLogger("sluice")
 
@@ -91,13 +95,6 @@ _FATAL_READ = {grpc.StatusCode.DATA_LOSS, grpc.StatusCode.OUT_OF_RANGE,
 
 _READ_SAMPLES = "/%s/ReadSamples" % dataserver_pb2.DESCRIPTOR.services_by_name["DataServer"].full_name
 
-# Re-route back-off after consecutive failed streams of one shard from one
-# data server:
-# the second waits _REROUTE_BACKOFF seconds, doubling up to the maximum.
-_REROUTE_BACKOFF, _REROUTE_BACKOFF_MAX = 0.05, 2.0
-# Upper bounds (seconds) of the protocol's InputWait buckets; the last bucket
-# is +Inf (protos/sluice/v1/coordinator.proto).
-_INPUT_WAIT_BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10)
 # While the coordinator cannot be reached, how often to ask it whether it
 # speaks TLS (tls.transport_mismatch).
 _TRANSPORT_CHECK_PERIOD = 5.0
@@ -194,92 +191,10 @@ def _after_fork_in_parent():
 _grpcio.add_fork_handlers(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
-class ReaderError(Exception):
-    """A final error: unknown job, coordinator unreachable past the timeout,
-    corrupt data under on_corrupt=fail, a bad resume cursor. `code` is the
-    grpc.StatusCode."""
-
-    def __init__(self, code, message):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-
-class JobDoneError(ReaderError):
-    """The job has served all its epochs: a reader that opens on it (or asks
-    for an epoch past its end) gets this instead of an empty stream."""
-
-    def __init__(self, message):
-        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
-
-
 def _unit_key(unit):
     """What a unit reads, for counting failed streams: its shard, or its shuffle
     window's first shard."""
     return unit.pieces[0].url if unit.pieces else unit.shard_url
-
-
-class Sample:
-    """One sample: WebDataset-style fields by name plus where it came from.
-
-    `sample["jpg"]` is a numpy array (decoded image, HWC uint8; read-only, a
-    view of the received bytes), `sample["cls"]` an int, text fields str, raw
-    fields bytes. `as_dict()` gives the WebDataset dict with `__key__`,
-    `__shard__`, `__index__`, and for a job with sources `__source__`.
-    `source` is the source's name ("" for a job of one manifest); `shard_index`
-    counts in that source's manifest.
-    """
-    __slots__ = ("epoch", "rank", "shard_index", "shard_url", "index", "key", "data_server",
-                 "skipped", "skip_reason", "fields", "source")
-
-    def __init__(self, epoch, rank, shard_index, shard_url, index, key, data_server, skipped,
-                 skip_reason, fields, source=""):
-        self.epoch, self.rank = epoch, rank
-        self.shard_index, self.shard_url, self.index, self.key = shard_index, shard_url, index, key
-        self.data_server, self.skipped, self.skip_reason = data_server, skipped, skip_reason
-        self.fields = fields
-        self.source = source
-
-    def __getitem__(self, name):
-        return self.fields[name]
-
-    def __contains__(self, name):
-        return name in self.fields
-
-    def as_dict(self):
-        d = dict(self.fields)
-        d["__key__"] = self.key
-        d["__shard__"] = self.shard_url
-        d["__index__"] = self.index
-        if self.source:
-            d["__source__"] = self.source
-        return d
-
-    def __repr__(self):
-        return (f"Sample(epoch={self.epoch}, rank={self.rank}, shard={self.shard_index}, "
-                f"index={self.index}, key={self.key!r}, fields={sorted(self.fields)})")
-
-
-class Event:
-    """kind: 'sample' | 'epoch_begin' | 'epoch_end' | 'done'.
-
-    epoch_begin: samples_for_rank / already_consumed are the rank's;
-    samples_for_worker / already_consumed_by_worker this reader's slot of
-    them (the same with one reader per rank). done: `message` says so."""
-    __slots__ = ("kind", "epoch", "samples_for_rank", "already_consumed", "sample",
-                 "samples_for_worker", "already_consumed_by_worker", "message")
-
-    def __init__(self, kind, epoch=0, samples_for_rank=0, already_consumed=0, sample=None,
-                 samples_for_worker=0, already_consumed_by_worker=0, message=""):
-        self.kind, self.epoch = kind, epoch
-        self.samples_for_rank, self.already_consumed, self.sample = (
-            samples_for_rank, already_consumed, sample)
-        self.samples_for_worker = samples_for_worker
-        self.already_consumed_by_worker = already_consumed_by_worker
-        self.message = message
-
-    def __repr__(self):
-        return f"Event({self.kind}, epoch={self.epoch})"
 
 
 class _Unit:
@@ -305,53 +220,6 @@ class _Unit:
         self.stalled = False
         self.thread = None
         self.reopen = False  # its stream was cut for a fork: open it again after
-
-
-def merge_cursors(cursors):
-    """Combines the ranks' (and workers') cursors (same job, epoch, world
-    size, workers per rank) into one with every count; ValueError on a
-    mismatch or conflicting counts."""
-    cursors = list(cursors)
-    if not cursors:
-        raise ValueError("merge_cursors: no cursors")
-    merged = common_pb2.Cursor()
-    merged.CopyFrom(cursors[0])
-
-    def shape(c):
-        return (c.job, c.epoch, c.world_size, len(c.consumed_per_rank), c.workers_per_rank,
-                len(c.consumed_per_worker))
-
-    for i, c in enumerate(cursors[1:], 1):
-        if shape(c) != shape(merged):
-            raise ValueError(f"merge_cursors: cursor {i} is job {c.job} epoch {c.epoch} world_size "
-                             f"{c.world_size} workers_per_rank {c.workers_per_rank}, cursor 0 is "
-                             f"job {merged.job} epoch {merged.epoch} world_size "
-                             f"{merged.world_size} workers_per_rank {merged.workers_per_rank}")
-        # Source names: each cursor knows those its reader's leases named.
-        for k, name in enumerate(c.sources):
-            if k >= len(merged.sources):
-                merged.sources.append("")
-            if not name:
-                continue
-            if merged.sources[k] and merged.sources[k] != name:
-                raise ValueError(f"merge_cursors: cursor {i} names source {k} {name!r}, "
-                                 f"another cursor {merged.sources[k]!r}")
-            merged.sources[k] = name
-        for what, mine, theirs in (("rank", merged.consumed_per_rank, c.consumed_per_rank),
-                                   ("worker slot", merged.consumed_per_worker,
-                                    c.consumed_per_worker)):
-            for r, n in enumerate(theirs):
-                if n < 0:
-                    continue
-                if mine[r] >= 0 and mine[r] != n:
-                    raise ValueError(f"merge_cursors: {what} {r} has two counts, {mine[r]} and {n}")
-                mine[r] = n
-    workers = merged.workers_per_rank
-    if workers > 1:  # a rank's count is its workers' sum once all are known
-        for r in range(len(merged.consumed_per_rank)):
-            counts = merged.consumed_per_worker[r * workers:(r + 1) * workers]
-            merged.consumed_per_rank[r] = -1 if min(counts) < 0 else sum(counts)
-    return merged
 
 
 class Reader:
@@ -408,11 +276,14 @@ class Reader:
         self._cv = threading.Condition()
         self._entries = collections.deque()
         self._units = {}
-        self._finals = {}  # lease_id -> (message, order, stamp)
+        # Final reports not yet known durable, and the Sync ids.
+        self._ledger = _rules.ReportLedger()
+        # Whether delivery waits for the coordinator to confirm held leases.
+        self._hold = _rules.LeaseHold(time.monotonic)
         self._retired = []
         self._data_stubs = {}  # address -> (channel, ReadSamples, state watch)
         self._channel_states = {}  # address -> grpc.ChannelConnectivity
-        self._failures = {}  # (data server, shard) -> streams that failed in a row
+        self._reroute_backoff = _rules.RerouteBackoff()
         self._fatal = None
         # Data servers whose streams failed UNAVAILABLE and were asked
         # whether they speak TLS (each once).
@@ -425,26 +296,18 @@ class Reader:
         self._last_epoch_begin = -1
         self._last_epoch_end = -1
         self._heartbeat_interval = 1.0
-        self._lease_ttl = 10.0
         self._world_size = 0
         self._source_names = []  # a job with sources: their names, for cursors
         self._next_order = 0
         self._resume_done = False
-        self._synced = 0
-        self._next_sync = 0
-        self._disconnected_at = None
-        self._revalidating = False
-        self._revalidate_id = 0
         self._out = None  # queue of the live stream's requests
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._position_epoch = -1
         self._position_consumed = 0
         self.stats = collections.Counter()
-        # The consumer's waits for samples since the last heartbeat, by the
-        # protocol's InputWait buckets.
-        self._input_wait_counts = [0] * (len(_INPUT_WAIT_BOUNDS) + 1)
-        self._input_wait_sum = 0.0
+        # The consumer's waits for samples since the last heartbeat.
+        self._input_wait = _rules.InputWaitHistogram()
 
         self._session_thread = threading.Thread(target=self._run_session, daemon=True,
                                                 name="sluice-session")
@@ -512,7 +375,7 @@ class Reader:
                         self.stats["dropped_units"] += 1
                         self._entries.popleft()
                         continue
-                    if u.buffer and self._may_have_lost_leases():
+                    if u.buffer and self._hold.may_have_lost_leases():
                         if waiting_since is None:
                             waiting_since = time.monotonic()
                         self._cv.wait(0.05)
@@ -522,8 +385,9 @@ class Reader:
                         event.epoch = event.sample.epoch
                         u.delivered += 1
                         self.stats["delivered"] += 1
-                        self._observe_input_wait(
-                            0.0 if waiting_since is None else time.monotonic() - waiting_since)
+                        wait = 0.0 if waiting_since is None else time.monotonic() - waiting_since
+                        self._input_wait.observe(wait)
+                        self.stats["input_wait_seconds"] += wait
                         if u.delivered == u.size:
                             u.final = coordinator_pb2.TrainerMessage(
                                 complete=coordinator_pb2.Complete(lease_id=u.lease.lease_id,
@@ -573,23 +437,10 @@ class Reader:
                     self._position_consumed += 1
                 return event
 
-    def _observe_input_wait(self, seconds):
-        """One sample handed to the consumer after `seconds` of waiting
-        (under the lock)."""
-        self._input_wait_counts[bisect.bisect_left(_INPUT_WAIT_BOUNDS, seconds)] += 1
-        self._input_wait_sum += seconds
-        self.stats["input_wait_seconds"] += seconds
-
     def _take_input_wait(self):
         """The waits observed since the last call as an InputWait, or None."""
         with self._cv:
-            if not any(self._input_wait_counts):
-                return None
-            wait = coordinator_pb2.InputWait(bucket_counts=self._input_wait_counts,
-                                             sum_seconds=self._input_wait_sum)
-            self._input_wait_counts = [0] * (len(_INPUT_WAIT_BOUNDS) + 1)
-            self._input_wait_sum = 0.0
-            return wait
+            return self._input_wait.take()
 
     def cursor(self):
         """The resume Cursor after the last sample returned: this rank's count
@@ -604,27 +455,18 @@ class Reader:
         with self._cv:
             world = self._world_size
             sources = list(self._source_names)
-        c = common_pb2.Cursor(job=self._job, epoch=self._position_epoch, world_size=world,
-                              sources=sources)
-        workers = max(self._num_workers, 1)
-        mine = self._rank * workers + self._worker
-        c.consumed_per_rank.extend(
-            self._position_consumed if r == self._rank and workers == 1 else -1
-            for r in range(max(world, 1)))
-        if workers > 1:
-            c.workers_per_rank = workers
-            c.consumed_per_worker.extend(self._position_consumed if i == mine else -1
-                                         for i in range(max(world, 1) * workers))
+        c = position_cursor(self._job, self._position_epoch, world, self._rank, self._worker,
+                            self._num_workers, self._position_consumed, sources)
         deadline = time.monotonic() + self._reconnect_timeout
         while True:
             self._flush_reports(progress=True)
             sync_id = self._send_sync()
             with self._cv:
                 retry = min(deadline, time.monotonic() + 1.0)
-                while (sync_id and self._synced < sync_id and self._fatal is None and
+                while (sync_id and self._ledger.synced < sync_id and self._fatal is None and
                        not self._closing and time.monotonic() < retry):
                     self._cv.wait(retry - time.monotonic())
-                if (sync_id and self._synced >= sync_id) or self._job_done:
+                if (sync_id and self._ledger.synced >= sync_id) or self._job_done:
                     # JobDone follows the last epoch's reports made durable.
                     return c
                 if self._fatal is not None:
@@ -671,7 +513,7 @@ class Reader:
             sync_id = self._send_sync()
             with self._cv:
                 until = time.monotonic() + 2.0
-                while (sync_id and self._synced < sync_id and self._out is not None and
+                while (sync_id and self._ledger.synced < sync_id and self._out is not None and
                        time.monotonic() < until):
                     self._cv.wait(until - time.monotonic())
         with self._cv:
@@ -729,12 +571,6 @@ class Reader:
             raise TimeoutError("no event within the timeout")
         self._cv.wait(left)
 
-    def _may_have_lost_leases(self):
-        if self._revalidating:
-            return True
-        return (self._disconnected_at is not None and
-                time.monotonic() - self._disconnected_at > self._lease_ttl / 2)
-
     def _send(self, message):
         out = self._out
         if out is None:
@@ -748,8 +584,7 @@ class Reader:
             if out is None:
                 return 0
             with self._cv:
-                self._next_sync += 1
-                sync_id = self._next_sync
+                sync_id = self._ledger.next_sync_id()
             out.put(coordinator_pb2.TrainerMessage(sync=coordinator_pb2.Sync(id=sync_id)))
             return sync_id
 
@@ -775,7 +610,7 @@ class Reader:
                     if m.HasField("progress"):
                         u.reported = max(u.reported, m.progress.consumed)
                     else:
-                        self._finals[u.lease.lease_id] = (m, u.order, self._next_sync)
+                        self._ledger.sent(u.lease.lease_id, m, u.order)
                         self._units.pop(u.lease.lease_id, None)
                         stream = u.call
                         self._retired.append(u)
@@ -857,8 +692,7 @@ class Reader:
                         self._out = None
                     out.put(None)
                     with self._cv:
-                        if self._disconnected_at is None:
-                            self._disconnected_at = time.monotonic()
+                        self._hold.disconnected()
                         self._cv.notify_all()
             with self._cv:
                 if self._closing or self._job_done:
@@ -880,24 +714,20 @@ class Reader:
                 until = time.monotonic() + backoff * random.uniform(0.5, 1.0)
                 while not self._closing and time.monotonic() < until:
                     self._cv.wait(until - time.monotonic())
-                backoff = min(backoff * 2, 5.0, self._lease_ttl / 4)
+                backoff = min(backoff * 2, 5.0, self._hold.lease_ttl / 4)
 
     def _after_reconnect(self):
         # Finals the old stream may have lost, then every live unit's position,
         # then a Sync: leases the coordinator no longer knows are Rejected
         # before the Synced, and their rest is never delivered.
         with self._cv:
-            finals = sorted(self._finals.values(), key=lambda f: f[1])
-        for m, _, _ in finals:
+            finals = self._ledger.unconfirmed()
+        for m in finals:
             self._send(m)
         self._flush_reports(progress=True, force=True)
         sync_id = self._send_sync()
         with self._cv:
-            self._revalidating = bool(sync_id) and self._disconnected_at is not None and (
-                time.monotonic() - self._disconnected_at > self._lease_ttl / 2)
-            self._revalidate_id = sync_id
-            if sync_id:
-                self._disconnected_at = None
+            self._hold.reconnected(sync_id)
 
     def _retire(self, lease_id):
         """Under the lock; returns the unit's stream, for the caller to close
@@ -919,15 +749,12 @@ class Reader:
                 if m.welcome.heartbeat_interval_ms > 0:
                     self._heartbeat_interval = m.welcome.heartbeat_interval_ms / 1000
                 if m.welcome.lease_ttl_ms > 0:
-                    self._lease_ttl = m.welcome.lease_ttl_ms / 1000
+                    self._hold.lease_ttl = m.welcome.lease_ttl_ms / 1000
                 self._world_size = m.welcome.world_size
                 self._resume_done = True
             elif kind == "synced":
-                self._synced = max(self._synced, m.synced.id)
-                if self._synced >= self._revalidate_id:
-                    self._revalidating = False
-                for lease_id in [k for k, f in self._finals.items() if f[2] < self._synced]:
-                    del self._finals[lease_id]
+                self._ledger.on_synced(m.synced.id)
+                self._hold.on_synced(self._ledger.synced)
             elif kind == "waiting":
                 pass
             elif kind == "epoch_begin":
@@ -954,10 +781,10 @@ class Reader:
                     for seg in lease.unit.segments:
                         if 0 <= seg.source < len(names):
                             names[seg.source] = seg.source_name
-                final = self._finals.get(lease.lease_id)
+                final = self._ledger.find(lease.lease_id)
                 held = self._units.get(lease.lease_id)
                 if final is not None:
-                    resend = final[0]  # re-announced after a reconnect
+                    resend = final  # re-announced after a reconnect
                 elif held is not None and lease.fence == held.lease.fence:
                     # Sent again (a reconnect, or a token near its expiry):
                     # streams opened from now on present the new token.
@@ -985,12 +812,11 @@ class Reader:
                 if o.order < u.order and o.lease.data_server == u.lease.data_server]
 
     def _fetch_may_start(self, u):
-        for o in self._units.values():
-            if (o.order < u.order and not o.dropped and o.fetch == "running" and
-                    o.lease.data_server == u.lease.data_server and
-                    (o.last_batch == 0 or o.lease.unit.end - o.next_fetch > o.last_batch)):
-                return False
-        return True
+        """The turn rule (_rules.fetch_may_start) over the units held."""
+        return _rules.fetch_may_start(
+            u.order, u.lease.data_server,
+            [(o.order, o.lease.data_server, not o.dropped and o.fetch == "running",
+              o.lease.unit.end - o.next_fetch, o.last_batch) for o in self._units.values()])
 
     def _read_samples(self, address):
         """ReadSamples on `address`, its responses as bytes (see _wire)."""
@@ -1028,16 +854,12 @@ class Reader:
         (the first re-routes at once), so a shard a server cannot serve
         (missing, unreadable) does not become a grant/re-route storm; logged
         at the first failure and every tenth."""
-        key = (address, _unit_key(u.lease.unit))
         with self._cv:
-            n = self._failures.get(key, 0) + 1
-            self._failures[key] = n
-        if n == 1 or n % 10 == 0:
+            n, wait, log = self._reroute_backoff.failed(address, _unit_key(u.lease.unit))
+        if log:
             _log.warning("sluice: job %s rank %d: stream from data server %s failed (%d in a "
                          "row), re-routing: %s", self._job, self._rank, address, n, error)
-        if n == 1:
-            return 0.0
-        return min(_REROUTE_BACKOFF_MAX, _REROUTE_BACKOFF * 2 ** (n - 2))
+        return wait
 
     def _finish_fetch(self, u, state, error="", retry_in=0.0):
         with self._cv:
@@ -1152,7 +974,7 @@ class Reader:
         the consumer without a thread hand-off)."""
         lease = u.lease
         address, shard_url = lease.data_server, lease.unit.shard_url
-        failure_key = (address, _unit_key(lease.unit))
+        shard = _unit_key(lease.unit)
         batch = failure = None
         try:
             batch = stream.next()
@@ -1218,7 +1040,7 @@ class Reader:
                     u.next_fetch += 1
                 u.last_batch = len(converted)
                 if not protocol_error:
-                    self._failures.pop(failure_key, None)
+                    self._reroute_backoff.succeeded(address, shard)
                 complete = u.next_fetch == lease.unit.end
                 self._cv.notify_all()
         if abandoned:
@@ -1303,7 +1125,7 @@ class Reader:
                         u.call.cancel()
                 self._retired = [u for u in self._retired
                                  if u.thread is not None and u.thread.is_alive()]
-                unconfirmed = bool(self._finals)
+                unconfirmed = bool(self._ledger)
                 heartbeat = self._heartbeat_interval
             if time.monotonic() - last_heartbeat >= heartbeat:
                 # A Sync renews like a heartbeat and lets confirmed finals go;

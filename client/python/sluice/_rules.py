@@ -1,0 +1,154 @@
+"""The Reader's timing and bookkeeping rules, apart from its threads and
+streams so they can be tested on their own with a fake clock. The same
+rules as the C++ Reader's (client/cpp/report_ledger.h, lease_hold.h,
+fetch_turn.h, reroute_backoff.h, input_wait.h). None is thread-safe: the
+Reader calls them under its lock."""
+import bisect
+import time
+
+from sluice.v1 import coordinator_pb2
+
+# Upper bounds (seconds) of the protocol's InputWait buckets; the last bucket
+# is +Inf (protos/sluice/v1/coordinator.proto).
+INPUT_WAIT_BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10)
+
+
+class ReportLedger:
+    """Final reports (Complete, Reroute, Release) until the coordinator has
+    made them durable.
+
+    A final may be lost with the session stream: the coordinator's
+    Synced{n} answers a Sync{n} sent after the report, and only then is it
+    known to be committed. Until then it is re-sent after every reconnect,
+    in grant order, and a grant re-announced for a lease already reported
+    gets the report again. Sync ids increase, so Synced{n} confirms every
+    Sync below n and every report sent before them."""
+
+    def __init__(self):
+        self._reports = {}  # lease_id -> (message, order, last Sync id when sent)
+        self.last_sync_id = 0
+        self.synced = 0
+
+    def next_sync_id(self):
+        self.last_sync_id += 1
+        return self.last_sync_id
+
+    def sent(self, lease_id, message, order):
+        """`message` (the final report of `lease_id`, granted `order`th) was
+        written after every Sync up to last_sync_id."""
+        self._reports[lease_id] = (message, order, self.last_sync_id)
+
+    def on_synced(self, sync_id):
+        self.synced = max(self.synced, sync_id)
+        for lease_id in [k for k, r in self._reports.items() if r[2] < self.synced]:
+            del self._reports[lease_id]
+
+    def unconfirmed(self):
+        """The reports not yet confirmed, in grant order."""
+        return [r[0] for r in sorted(self._reports.values(), key=lambda r: r[1])]
+
+    def find(self, lease_id):
+        """The unconfirmed report of `lease_id`, or None."""
+        report = self._reports.get(lease_id)
+        return None if report is None else report[0]
+
+    def __bool__(self):
+        return bool(self._reports)
+
+
+class LeaseHold:
+    """Whether already-fetched samples must be held back.
+
+    A coordinator that has not heard from a trainer for a lease TTL expires
+    its leases. After the session has been down for more than half a TTL,
+    nothing is delivered until the coordinator has answered the Sync sent
+    after re-reporting every held lease (a lease it no longer knows is
+    Rejected before the Synced). `clock` gives seconds (time.monotonic)."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self.lease_ttl = 10.0
+        self._disconnected_at = None  # while connected
+        self._revalidating = False
+        self._revalidate_id = 0
+
+    def disconnected(self):
+        if self._disconnected_at is None:
+            self._disconnected_at = self._clock()
+
+    def reconnected(self, sync_id):
+        """Welcomed again; `sync_id` is the Sync sent after re-reporting,
+        0 if it could not be sent."""
+        self._revalidating = bool(sync_id) and self._down_too_long()
+        self._revalidate_id = sync_id
+        if sync_id:
+            self._disconnected_at = None
+
+    def on_synced(self, synced):
+        if synced >= self._revalidate_id:
+            self._revalidating = False
+
+    def may_have_lost_leases(self):
+        return self._revalidating or self._down_too_long()
+
+    def _down_too_long(self):
+        return (self._disconnected_at is not None and
+                self._clock() - self._disconnected_at > self.lease_ttl / 2)
+
+
+def fetch_may_start(order, data_server, held):
+    """The turn rule: one stream per data server carries data at a time. A
+    unit (granted `order`th, on `data_server`) may open its stream once every
+    earlier unit on the same server that is still streaming is at its last
+    batch: its newest batch was at least as large as what it still lacks.
+    `held`: (order, data_server, streaming, remaining, last_batch) per unit."""
+    for o_order, o_server, streaming, remaining, last_batch in held:
+        if (o_order < order and streaming and o_server == data_server and
+                (last_batch == 0 or remaining > last_batch)):
+            return False
+    return True
+
+
+class RerouteBackoff:
+    """Seconds before re-routing a unit whose stream failed: the more streams
+    of one shard from one data server failed in a row, the longer (the first
+    at once, then `initial` doubling up to `maximum`), so a shard a server
+    cannot serve is no grant/re-route storm. A batch received ends the run."""
+
+    def __init__(self, initial=0.05, maximum=2.0):
+        self._initial, self._maximum = initial, maximum
+        self._failures = {}
+
+    def failed(self, data_server, shard):
+        """(failures in a row, seconds to wait, whether to log: the first
+        failure and every tenth)."""
+        n = self._failures.get((data_server, shard), 0) + 1
+        self._failures[(data_server, shard)] = n
+        wait = 0.0 if n == 1 else min(self._maximum, self._initial * 2 ** (n - 2))
+        return n, wait, n == 1 or n % 10 == 0
+
+    def succeeded(self, data_server, shard):
+        if self._failures:
+            self._failures.pop((data_server, shard), None)
+
+
+class InputWaitHistogram:
+    """The consumer's waits for samples in the protocol's InputWait buckets,
+    drained into each heartbeat."""
+
+    def __init__(self):
+        self._counts = [0] * (len(INPUT_WAIT_BOUNDS) + 1)
+        self._sum = 0.0
+
+    def observe(self, seconds):
+        self._counts[bisect.bisect_left(INPUT_WAIT_BOUNDS, seconds)] += 1
+        self._sum += seconds
+
+    def take(self):
+        """The waits since the last call as an InputWait, or None."""
+        if not any(self._counts):
+            return None
+        wait = coordinator_pb2.InputWait(bucket_counts=self._counts, sum_seconds=self._sum)
+        self._counts = [0] * (len(INPUT_WAIT_BOUNDS) + 1)
+        self._sum = 0.0
+        return wait
