@@ -146,7 +146,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
         service->leases_.size());
   }
   service->UpdateGaugesLocked();
-  service->flusher_ = std::thread([svc = service.get()] { svc->RunFlusher(); });
+  service->outbox_ =
+      std::make_unique<DurableOutbox>(service->journal_.get(), options.metrics);
   return service;
 }
 
@@ -192,126 +193,11 @@ void CoordinatorService::MaybeCompactLocked() {
   if (options_.metrics != nullptr) options_.metrics->compactions.Increment();
 }
 
-void CoordinatorService::SubmitLocked(Effects& fx) {
-  // Messages that depend on nothing new still wait for everything journaled
-  // before them (e.g. Synced after the Progress records it confirms).
-  const bool journaled = fx.ticket != 0;
-  if (!journaled) fx.ticket = journal_->LastTicket();
-  // Records with nothing to send still go through the flusher, so they are
-  // written within one group commit rather than whenever the next reply is.
-  if (fx.sends.empty() && fx.finishes.empty() && fx.hints.empty() && !journaled)
-    return;
-  absl::MutexLock lock(&out_mu_);
-  outbox_.push_back(std::move(fx));
-  out_cv_.Signal();
-}
-
-void CoordinatorService::SendEffects(Effects& fx, const absl::Status& durable) {
-  if (!durable.ok()) {
-    // Nothing that depends on a lost write may reach a trainer.
-    std::set<SessionSink*> done;
-    for (auto& [sink, msg] : fx.sends) {
-      if (done.insert(sink.get()).second) {
-        sink->Finish(absl::UnavailableError(
-            absl::StrCat("coordinator journal failed: ", durable.message())));
-      }
-    }
-    return;
-  }
-  int grants = 0;
-  for (auto& [sink, msg] : fx.sends) {
-    grants += msg.has_grant();
-    sink->Send(std::move(msg));
-  }
-  for (auto& [sink, msg] : fx.hints) sink->Send(msg);
-  for (auto& [sink, status] : fx.finishes) sink->Finish(status);
-  if (options_.metrics != nullptr && grants > 0) {
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - fx.started);
-    for (int i = 0; i < grants; ++i)
-      options_.metrics->grant_latency.Observe(seconds);
-  }
-}
-
-void CoordinatorService::DeliverReady() {
-  absl::MutexLock lock(&out_mu_);
-  if (delivering_) return;  // whoever delivers also takes what we queued
-  delivering_ = true;
-  while (!outbox_.empty() && journal_->IsDurable(outbox_.front().ticket)) {
-    Effects fx = std::move(outbox_.front());
-    outbox_.pop_front();
-    out_mu_.Unlock();
-    SendEffects(fx, absl::OkStatus());
-    out_mu_.Lock();
-  }
-  delivering_ = false;
-  out_cv_.SignalAll();  // the flusher (entries still waiting) and Flush()
-  if (options_.metrics != nullptr) {
-    options_.metrics->journal_bytes.Set(
-        static_cast<double>(journal_->bytes_written()));
-  }
-}
-
-void CoordinatorService::RunFlusher() {
-  absl::MutexLock lock(&out_mu_);
-  while (true) {
-    auto work = [this] {
-      out_mu_.AssertHeld();
-      return stopping_ || (!delivering_ && !outbox_.empty() &&
-                           !journal_->IsDurable(outbox_.front().ticket));
-    };
-    out_mu_.Await(absl::Condition(&work));
-    if (stopping_) return;
-    // Group commit: one write + fsync for everything queued so far; the
-    // messages that depend on it go out in the order they were queued.
-    uint64_t target = 0;
-    for (const Effects& fx : outbox_) target = std::max(target, fx.ticket);
-    delivering_ = true;
-    out_mu_.Unlock();
-    const absl::Status durable = journal_->WaitDurable(target);
-    if (!durable.ok()) LogError("journal write failed: %s", durable.message());
-    out_mu_.Lock();
-    while (!outbox_.empty() &&
-           (!durable.ok() || outbox_.front().ticket <= target)) {
-      Effects fx = std::move(outbox_.front());
-      outbox_.pop_front();
-      out_mu_.Unlock();
-      SendEffects(fx, durable);
-      out_mu_.Lock();
-    }
-    delivering_ = false;
-    out_cv_.SignalAll();
-    if (options_.metrics != nullptr) {
-      options_.metrics->journal_bytes.Set(
-          static_cast<double>(journal_->bytes_written()));
-    }
-  }
-}
-
-void CoordinatorService::Flush() {
-  DeliverReady();
-  absl::MutexLock lock(&out_mu_);
-  auto idle = [this] {
-    out_mu_.AssertHeld();
-    return outbox_.empty() && !delivering_;
-  };
-  out_mu_.Await(absl::Condition(&idle));
-}
+void CoordinatorService::Flush() { outbox_->Flush(); }
 
 CoordinatorService::~CoordinatorService() {
-  {
-    absl::MutexLock lock(&out_mu_);
-    stopping_ = true;
-  }
-  if (flusher_.joinable()) flusher_.join();
-  // Whatever is left goes out once durable.
-  absl::MutexLock lock(&out_mu_);
-  while (!outbox_.empty()) {
-    Effects fx = std::move(outbox_.front());
-    outbox_.pop_front();
-    out_mu_.Unlock();
-    SendEffects(fx, journal_->WaitDurable(fx.ticket));
-    out_mu_.Lock();
-  }
+  // Whatever is left goes out once durable, before the journal closes.
+  outbox_.reset();
 }
 
 void CoordinatorService::RebuildQueuesLocked(const std::string& name) {

@@ -36,6 +36,7 @@
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/data_server_registry.h"
+#include "server/coordinator/durable_outbox.h"
 #include "server/coordinator/etcd_journal.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/journal.h"
@@ -43,16 +44,6 @@
 #include "sluice/v1/coordinator.pb.h"
 
 namespace sluice {
-
-// Where a session's outgoing messages go. Implementations queue and return
-// at once; they never call back into the service.
-class SessionSink {
- public:
-  virtual ~SessionSink() = default;
-  virtual void Send(v1::CoordinatorMessage message) = 0;
-  // Ends the stream with `status` after the queued messages.
-  virtual void Finish(const absl::Status& status) = 0;
-};
 
 struct CoordinatorOptions {
   Clock* clock = Clock::Real();
@@ -211,16 +202,6 @@ class CoordinatorService {
   // servers by the shard's URL, or a window's first shard's URL.
   std::string RouteLocked(const JobData& job, int32_t shard_index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct Effects {
-    std::vector<std::pair<std::shared_ptr<SessionSink>, v1::CoordinatorMessage>>
-        sends;
-    std::vector<std::pair<std::shared_ptr<SessionSink>, absl::Status>> finishes;
-    std::vector<
-        std::pair<std::shared_ptr<DataServerSink>, v1::CoordinatorToDataServer>>
-        hints;
-    uint64_t ticket = 0;
-    absl::Time started = absl::Now();  // for the grant latency histogram
-  };
   // Queues PrefetchHints for the units at the front of `queue`.
   void HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue,
                           Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -230,15 +211,13 @@ class CoordinatorService {
   // Journals and applies one record (under mu_).
   absl::Status CommitLocked(v1::internal::JournalRecord record, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Effects leave in the order they were decided: SubmitLocked queues them
-  // under mu_; once the journal has made their records durable they go to
-  // the sinks, from the submitting thread when already durable
-  // (DeliverReady), otherwise from the flusher thread after its group
-  // commit. No gRPC thread ever blocks on an fsync.
-  void SubmitLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DeliverReady() ABSL_LOCKS_EXCLUDED(mu_, out_mu_);
-  void SendEffects(Effects& fx, const absl::Status& durable);
-  void RunFlusher();
+  // Effects leave in the order they were decided (durable_outbox.h):
+  // SubmitLocked queues them under mu_, DeliverReady (after releasing mu_)
+  // sends those already durable.
+  void SubmitLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    outbox_->Submit(std::move(fx));
+  }
+  void DeliverReady() ABSL_LOCKS_EXCLUDED(mu_) { outbox_->DeliverReady(); }
   // Replaces the journal with a snapshot of state_ when it has grown enough.
   void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RebuildQueuesLocked(const std::string& job)
@@ -308,12 +287,8 @@ class CoordinatorService {
   std::map<std::string, int64_t> session_of_trainer_ ABSL_GUARDED_BY(mu_);
   int64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
 
-  absl::Mutex out_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  absl::CondVar out_cv_;
-  std::deque<Effects> outbox_ ABSL_GUARDED_BY(out_mu_);
-  bool delivering_ ABSL_GUARDED_BY(out_mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(out_mu_) = false;
-  std::thread flusher_;
+  // Created once the journal is replayed; gone before the journal.
+  std::unique_ptr<DurableOutbox> outbox_;
 };
 
 }  // namespace sluice
