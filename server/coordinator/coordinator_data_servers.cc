@@ -1,0 +1,106 @@
+// CoordinatorService: the data servers' registration, heartbeats and
+// liveness (the registry itself is data_server_registry.h).
+#include <google/protobuf/util/message_differencer.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/lease_token.h"
+#include "server/common/logging.h"
+#include "server/common/quote.h"
+#include "server/common/status_macros.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/coordinator_service_internal.h"
+
+namespace sluice {
+
+using coordinator_internal::Invalid;
+using coordinator_internal::kMaxDataServerCapacity;
+using coordinator_internal::kMaxIdBytes;
+using v1::CoordinatorMessage;
+using v1::internal::JournalRecord;
+
+absl::Status CoordinatorService::CheckRegistration(
+    const v1::RegisterDataServer& r) const {
+  // Who is asking first: an unauthenticated caller learns nothing more.
+  if (!options_.lease_secret.empty()) {
+    RETURN_IF_ERROR(
+        VerifyRegistration(r.address(), r.credential(), options_.lease_secret));
+  }
+  if (r.address().empty() || r.address().size() > kMaxIdBytes ||
+      r.address().find(':') == std::string::npos) {
+    return Invalid(
+        "register.address",
+        absl::StrCat(QuotePrefix(r.address()), " is not host:port (at most ",
+                     kMaxIdBytes, " bytes)"));
+  }
+  if (r.capacity() < 0 || r.capacity() > kMaxDataServerCapacity) {
+    return Invalid("register.capacity",
+                   absl::StrCat(r.capacity(), " is outside [0, ",
+                                kMaxDataServerCapacity, "]"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t CoordinatorService::RegisterDataServer(
+    const std::string& address, int32_t capacity,
+    std::shared_ptr<DataServerSink> sink, uint64_t max_fence_seen) {
+  Effects fx;
+  int64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    seen_fence_floor_ = std::max(seen_fence_floor_, max_fence_seen + 1);
+    const bool none_live = !data_servers_.AnyLive();
+    if (sink != nullptr) {
+      // Under mu_, so the reply precedes any hint for this server.
+      v1::CoordinatorToDataServer reply;
+      reply.mutable_registered()->set_heartbeat_interval_ms(
+          absl::ToInt64Milliseconds(data_server_timeout() / 3));
+      reply.mutable_registered()->set_heartbeat_timeout_ms(
+          absl::ToInt64Milliseconds(data_server_timeout()));
+      sink->Send(reply);
+    }
+    id = data_servers_.Add(address, capacity, std::move(sink));
+    UpdateDataServerMetricLocked();
+    if (none_live) PumpAllLocked(fx);  // units waiting for a data server
+    SubmitLocked(fx);
+  }
+  DeliverReady();
+  return id;
+}
+
+void CoordinatorService::DataServerHeartbeat(int64_t id,
+                                             uint64_t max_fence_seen) {
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    seen_fence_floor_ = std::max(seen_fence_floor_, max_fence_seen + 1);
+    const bool none_live = !data_servers_.AnyLive();
+    data_servers_.Heartbeat(id);
+    UpdateDataServerMetricLocked();
+    if (none_live && data_servers_.AnyLive()) PumpAllLocked(fx);
+    SubmitLocked(fx);
+  }
+  DeliverReady();
+}
+
+void CoordinatorService::UnregisterDataServer(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  data_servers_.Remove(id);
+  UpdateDataServerMetricLocked();
+}
+
+std::vector<std::string> CoordinatorService::LiveDataServers() {
+  absl::MutexLock lock(&mu_);
+  return data_servers_.LiveAddresses();
+}
+
+void CoordinatorService::UpdateDataServerMetricLocked() {
+  if (options_.metrics == nullptr) return;
+  options_.metrics->data_servers.Set(data_servers_.LiveCount());
+}
+
+}  // namespace sluice

@@ -1,0 +1,286 @@
+// CoordinatorService: work queues, granting, routing and prefetch hints,
+// epoch advance.
+#include <google/protobuf/util/message_differencer.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/lease_token.h"
+#include "server/common/logging.h"
+#include "server/common/quote.h"
+#include "server/common/status_macros.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/coordinator_service_internal.h"
+
+namespace sluice {
+
+using coordinator_internal::JobDoneMessage;
+using coordinator_internal::LiveLease;
+using v1::CoordinatorMessage;
+using v1::internal::JournalRecord;
+
+void CoordinatorService::RebuildQueuesLocked(const std::string& name) {
+  const JobData* job = state_.FindJob(name);
+  if (job == nullptr) {
+    runtime_.erase(name);
+    return;
+  }
+  JobRuntime& rt = runtime_[name];
+  const bool per_rank =
+      job->spec.mode() == v1::MODE_STATIC && job->spec.world_size() > 0;
+  rt.queues.assign(per_rank ? job->plan.num_slots() : 1, {});
+  for (const Piece& p : state_.PendingPieces(*job)) {
+    rt.queues[per_rank ? p.slot : 0].push_back(p);
+  }
+}
+
+std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job,
+                                                      JobRuntime& rt,
+                                                      int32_t slot) {
+  const bool per_rank =
+      job.spec.mode() == v1::MODE_STATIC && job.spec.world_size() > 0;
+  return rt.queues[per_rank ? slot : 0];
+}
+
+void CoordinatorService::PumpAllLocked(Effects& fx) {
+  for (const auto& [name, job] : state_.jobs()) PumpLocked(name, fx);
+}
+
+bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name,
+                                                 Effects& fx) {
+  const JobData* job = state_.FindJob(name);
+  if (job == nullptr || job->done || !job->epoch_complete()) return false;
+  JournalRecord record;
+  record.mutable_epoch_advanced()->set_job(name);
+  record.mutable_epoch_advanced()->set_epoch(job->epoch + 1);
+  if (!CommitLocked(std::move(record), fx).ok()) return false;
+  RebuildQueuesLocked(name);
+  LogInfo("job %s: epoch %d complete", name, job->epoch - 1);
+  return true;
+}
+
+bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
+                                        JobRuntime& rt, Effects& fx,
+                                        std::string* why_not,
+                                        v1::WaitingKind* why_kind) {
+  const int32_t slot = job.plan.SlotOf(s.rank, s.worker);
+  std::deque<Piece>& queue = QueueForLocked(job, rt, slot);
+  const std::string reader =
+      job.plan.workers_per_rank > 1
+          ? absl::StrCat("rank ", s.rank, " worker ", s.worker)
+          : absl::StrCat("rank ", s.rank);
+  // Every reader takes at most its slot of the rank's quota (dynamic mode;
+  // in static mode its queue holds just that), so a DataLoader worker's
+  // pass ends with its own slot and never waits on another worker's.
+  int64_t assigned = job.consumed_per_slot[slot];
+  for (const auto& [id, l] : job.leases) {
+    if (l.rank == s.rank && l.worker == s.worker)
+      assigned += (l.end - l.begin) - l.acked;
+  }
+  const int64_t limit = job.plan.slot_quota(slot) - assigned;
+  if (limit <= 0) {
+    *why_kind = v1::WAITING_QUOTA_REACHED;
+    *why_not = absl::StrCat(reader, " has its quota for epoch ", job.epoch,
+                            "; waiting for the other readers to finish it");
+    return false;
+  }
+  if (queue.empty()) {
+    *why_kind = v1::WAITING_NO_WORK_LEFT;
+    *why_not =
+        absl::StrCat("no unassigned work left in epoch ", job.epoch, " for ",
+                     reader, "; waiting for held leases to complete");
+    return false;
+  }
+  Piece piece = queue.front();
+  queue.pop_front();
+  if (piece.size() > limit) {
+    queue.push_front(Piece{piece.sequence, piece.shard_index,
+                           piece.begin + limit, piece.end, piece.rank,
+                           piece.slot});
+    piece.end = piece.begin + limit;
+  }
+  // Above what the data servers report having seen, too (not journaled: the
+  // grant record carries the fence chosen).
+  const uint64_t fence = std::max(job.next_fence, seen_fence_floor_);
+  const std::string lease_id =
+      absl::StrCat(job.spec.name(), "/e", job.epoch, "/f", fence);
+  JournalRecord record;
+  auto* g = record.mutable_lease_granted();
+  g->set_job(job.spec.name());
+  g->set_epoch(job.epoch);
+  g->set_rank(s.rank);
+  g->set_worker(s.worker);
+  g->set_sequence(piece.sequence);
+  g->set_shard_index(piece.shard_index);
+  g->set_begin(piece.begin);
+  g->set_end(piece.end);
+  g->set_fence(fence);
+  g->set_lease_id(lease_id);
+  g->set_holder(s.trainer_id);
+  if (!CommitLocked(std::move(record), fx).ok()) return false;
+  LeaseEntry entry =
+      LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
+  entry.data_server = RouteLocked(job, piece.shard_index);
+  leases_.Add(std::move(entry), TtlLocked(job)).IgnoreError();
+  CoordinatorMessage grant;
+  *grant.mutable_grant()->mutable_lease() =
+      LeaseToProtoLocked(*leases_.Find(lease_id), job);
+  fx.sends.emplace_back(s.sink, std::move(grant));
+  v1::LeaseCounts& counts = runtime_[job.spec.name()].lease_counts;
+  counts.set_granted(counts.granted() + 1);
+  if (options_.metrics)
+    options_.metrics->ForJob(job.spec.name()).granted->Increment();
+  HintUpcomingLocked(job, queue, fx);
+  return true;
+}
+
+namespace {
+bool IsRemoteShardUrl(const std::string& url) {
+  return absl::StartsWith(url, "http://") ||
+         absl::StartsWith(url, "https://") || absl::StartsWith(url, "s3://");
+}
+
+}  // namespace
+
+const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
+    const JobData& job) {
+  JobRuntime& rt = runtime_[job.spec.name()];
+  if (rt.windows_epoch != job.epoch) {
+    rt.windows = PlanWindows(job.shard_samples, job.options, job.epoch);
+    rt.windows_epoch = job.epoch;
+  }
+  return rt.windows;
+}
+
+std::string CoordinatorService::RouteLocked(const JobData& job,
+                                            int32_t shard_index) {
+  if (job.mix != nullptr) {
+    // By the shard the block's first position reads (remembered per block).
+    JobRuntime& rt = runtime_[job.spec.name()];
+    if (rt.routes_epoch != job.epoch) {
+      rt.block_routes.clear();
+      rt.routes_epoch = job.epoch;
+    }
+    auto [it, added] = rt.block_routes.try_emplace(shard_index);
+    if (added) {
+      const int64_t at = shard_index * job.mix->block_samples();
+      const std::vector<MixPlan::Segment> first =
+          job.mix->Segments(job.epoch, at, at + 1);
+      if (!first.empty() && !first[0].window->shards.empty()) {
+        it->second = job.spec.sources(first[0].source)
+                         .manifest()
+                         .shards(first[0].window->shards[0])
+                         .url();
+      }
+    }
+    return data_servers_.Pick(it->second);
+  }
+  if (!UsesWindows(job.options))
+    return data_servers_.Pick(job.spec.manifest().shards(shard_index).url());
+  const ShuffleWindow& window = WindowsLocked(job).at(shard_index);
+  if (window.shards.empty()) return data_servers_.Pick("");
+  return data_servers_.Pick(job.spec.manifest().shards(window.shards[0]).url());
+}
+
+void CoordinatorService::HintUpcomingLocked(const JobData& job,
+                                            const std::deque<Piece>& queue,
+                                            Effects& fx) {
+  if (options_.prefetch_hint_units <= 0 || data_servers_.empty()) return;
+  std::map<int64_t, DataServerRegistry::HintTarget> targets;
+  std::map<int64_t, v1::CoordinatorToDataServer> hints;
+  int looked = 0;
+  for (const Piece& piece : queue) {
+    if (++looked > options_.prefetch_hint_units) break;
+    // Remote shards of mixed jobs are fetched when a unit is read.
+    if (job.mix != nullptr) break;
+    // A window's shards all go to the server its units are routed to.
+    std::vector<int32_t> shards{piece.shard_index};
+    if (UsesWindows(job.options))
+      shards = WindowsLocked(job).at(piece.shard_index).shards;
+    const std::string server = RouteLocked(job, piece.shard_index);
+    for (int32_t index : shards) {
+      const v1::Shard& shard = job.spec.manifest().shards(index);
+      if (!IsRemoteShardUrl(shard.url())) continue;
+      std::optional<DataServerRegistry::HintTarget> target =
+          data_servers_.NoteHint(server, shard.url());
+      if (!target.has_value()) continue;
+      *hints[target->id].mutable_prefetch()->add_shards() = shard;
+      targets.emplace(target->id, std::move(*target));
+    }
+  }
+  for (auto& [id, msg] : hints)
+    fx.hints.emplace_back(targets.at(id).sink, std::move(msg));
+}
+
+void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
+                                    Session* only) {
+  const JobData* job = state_.FindJob(name);
+  if (job == nullptr) return;
+  JobRuntime& rt = runtime_[name];
+  for (auto it = only != nullptr ? sessions_.find(only->id) : sessions_.begin();
+       it != sessions_.end(); only != nullptr ? it = sessions_.end() : ++it) {
+    Session& s = it->second;
+    if (!s.hello || s.finished || s.job != name) continue;
+    if (s.announced_epoch != job->epoch) {
+      if (s.announced_epoch >= 0) {
+        CoordinatorMessage end;
+        end.mutable_epoch_end()->set_epoch(job->epoch - 1);
+        fx.sends.emplace_back(s.sink, std::move(end));
+      }
+      s.announced_epoch = job->epoch;
+      if (job->done) {
+        CoordinatorMessage done;
+        done.mutable_job_done()->set_num_epochs(job->spec.num_epochs());
+        done.mutable_job_done()->set_message(JobDoneMessage(*job));
+        fx.sends.emplace_back(s.sink, std::move(done));
+        FinishSessionLocked(s, absl::OkStatus(), fx);
+        continue;
+      }
+      CoordinatorMessage begin;
+      begin.mutable_epoch_begin()->set_epoch(job->epoch);
+      const int32_t slot = job->plan.SlotOf(s.rank, s.worker);
+      begin.mutable_epoch_begin()->set_samples_for_rank(
+          job->plan.samples_per_rank);
+      begin.mutable_epoch_begin()->set_already_consumed(
+          job->consumed_by_rank(s.rank));
+      begin.mutable_epoch_begin()->set_samples_for_worker(
+          job->plan.slot_quota(slot));
+      begin.mutable_epoch_begin()->set_already_consumed_by_worker(
+          job->consumed_per_slot[slot]);
+      fx.sends.emplace_back(s.sink, begin);
+    }
+    if (job->done) continue;
+    int32_t held = static_cast<int32_t>(leases_.HeldBy(s.trainer_id).size());
+    std::string why_not;
+    v1::WaitingKind why_kind = v1::WAITING_KIND_UNSPECIFIED;
+    if (options_.wait_for_data_servers && !data_servers_.AnyLive()) {
+      // A grant must name a server to read from: the units wait.
+      why_not =
+          "no live data server: units wait until one registers with the "
+          "coordinator";
+      why_kind = v1::WAITING_NO_DATA_SERVER;
+    } else {
+      const int32_t before = held;
+      while (held < s.credits &&
+             GrantOneLocked(s, *job, rt, fx, &why_not, &why_kind))
+        ++held;
+      // Told again after being fed: a trainer may wait for "nothing left" to
+      // end its part of the epoch.
+      if (held > before) s.waiting.clear();
+    }
+    if (held < s.credits && !why_not.empty() && why_not != s.waiting) {
+      s.waiting = why_not;
+      CoordinatorMessage waiting;
+      waiting.mutable_waiting()->set_reason(why_not);
+      waiting.mutable_waiting()->set_kind(why_kind);
+      fx.sends.emplace_back(s.sink, waiting);
+    } else if (held >= s.credits) {
+      s.waiting.clear();
+    }
+  }
+}
+
+}  // namespace sluice

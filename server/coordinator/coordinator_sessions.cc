@@ -1,0 +1,536 @@
+// CoordinatorService: the trainer Session protocol (Hello, resume, workers,
+// heartbeats with input wait, Progress / Complete / Reroute / Release).
+#include <google/protobuf/util/message_differencer.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/lease_token.h"
+#include "server/common/logging.h"
+#include "server/common/quote.h"
+#include "server/common/status_macros.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/coordinator_service_internal.h"
+
+namespace sluice {
+
+using coordinator_internal::Invalid;
+using coordinator_internal::kMaxIdBytes;
+using coordinator_internal::kMaxReadersPerJob;
+using coordinator_internal::kMaxWorkersPerRank;
+using coordinator_internal::Rejected;
+using v1::CoordinatorMessage;
+using v1::internal::JournalRecord;
+
+int64_t CoordinatorService::OpenSession(std::shared_ptr<SessionSink> sink) {
+  absl::MutexLock lock(&mu_);
+  const int64_t id = next_session_id_++;
+  Session& s = sessions_[id];
+  s.id = id;
+  s.sink = std::move(sink);
+  UpdateGaugesLocked();
+  return id;
+}
+
+void CoordinatorService::CloseSession(int64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  auto owner = session_of_trainer_.find(it->second.trainer_id);
+  if (owner != session_of_trainer_.end() && owner->second == session_id) {
+    session_of_trainer_.erase(owner);
+  }
+  if (it->second.hello && options_.metrics != nullptr &&
+      state_.FindJob(it->second.job) != nullptr) {
+    options_.metrics->ForJob(it->second.job).sessions->Decrement();
+  }
+  sessions_.erase(it);
+  UpdateGaugesLocked();
+}
+
+void CoordinatorService::FinishSessionLocked(Session& s,
+                                             const absl::Status& status,
+                                             Effects& fx) {
+  if (s.finished) return;
+  s.finished = true;
+  fx.finishes.emplace_back(s.sink, status);
+}
+
+void CoordinatorService::OnMessage(int64_t session_id,
+                                   const v1::TrainerMessage& message) {
+  Effects fx;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || it->second.finished) return;
+    Session& s = it->second;
+    if (message.has_hello()) {
+      if (s.hello) {
+        FinishSessionLocked(
+            s, absl::FailedPreconditionError("session: second Hello"), fx);
+      } else {
+        HandleHelloLocked(s, message.hello(), fx);
+      }
+    } else if (!s.hello) {
+      FinishSessionLocked(s,
+                          absl::FailedPreconditionError(
+                              "session: the first message must be Hello"),
+                          fx);
+    } else {
+      leases_.RenewHolder(s.trainer_id, TtlLocked(*state_.FindJob(s.job)));
+      RefreshTokensLocked(s, fx);
+      absl::Status status = HandleLeaseMessageLocked(s, message, fx);
+      if (!status.ok()) FinishSessionLocked(s, status, fx);
+    }
+    UpdateGaugesLocked();
+    SubmitLocked(fx);
+  }
+  DeliverReady();
+}
+
+void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
+                                           Effects& fx) {
+  if (hello.trainer_id().size() > kMaxIdBytes ||
+      hello.resume_attempt().size() > kMaxIdBytes) {
+    FinishSessionLocked(s,
+                        Invalid("hello.trainer_id",
+                                absl::StrCat("trainer_id and resume_attempt "
+                                             "are limited to ",
+                                             kMaxIdBytes, " bytes")),
+                        fx);
+    return;
+  }
+  const JobData* job = state_.FindJob(hello.job());
+  if (job == nullptr) {
+    FinishSessionLocked(s,
+                        absl::NotFoundError(absl::StrCat(
+                            "job ", QuotePrefix(hello.job()), " not found")),
+                        fx);
+    return;
+  }
+  int64_t open_sessions = 0;
+  for (const auto& [id, other] : sessions_) {
+    open_sessions += other.hello && !other.finished && other.job == hello.job();
+  }
+  if (open_sessions >= options_.max_sessions_per_job) {
+    FinishSessionLocked(
+        s,
+        absl::ResourceExhaustedError(absl::StrCat(
+            "job ", hello.job(), " has ", open_sessions,
+            " open sessions; the limit is ", options_.max_sessions_per_job)),
+        fx);
+    return;
+  }
+  const int32_t ws = job->spec.world_size();
+  if (hello.rank() < 0 || (ws > 0 && hello.rank() >= ws) ||
+      (ws == 0 && hello.rank() != 0)) {
+    FinishSessionLocked(s,
+                        absl::InvalidArgumentError(absl::StrCat(
+                            "hello.rank=", hello.rank(),
+                            " is out of range for job ", hello.job(),
+                            ws > 0 ? absl::StrCat(" (world_size ", ws, ")")
+                                   : " (world_size 0: use rank 0)")),
+                        fx);
+    return;
+  }
+  const int32_t workers = std::max(hello.num_workers(), 1);
+  if (hello.num_workers() < 0 || hello.num_workers() > kMaxWorkersPerRank) {
+    FinishSessionLocked(
+        s,
+        Invalid("hello.num_workers",
+                absl::StrCat(hello.num_workers(), " is out of range [0, ",
+                             kMaxWorkersPerRank, "]")),
+        fx);
+    return;
+  }
+  if (static_cast<int64_t>(workers) * std::max(ws, 1) > kMaxReadersPerJob) {
+    FinishSessionLocked(
+        s,
+        Invalid("hello.num_workers",
+                absl::StrCat(hello.num_workers(), " workers on each of ",
+                             std::max(ws, 1), " ranks exceed the limit of ",
+                             kMaxReadersPerJob, " readers per job")),
+        fx);
+    return;
+  }
+  if (hello.worker() < 0 || hello.worker() >= workers) {
+    FinishSessionLocked(
+        s,
+        Invalid(
+            "hello.worker",
+            absl::StrCat(hello.worker(), " is out of range for num_workers ",
+                         hello.num_workers(), " (job ", hello.job(), ")")),
+        fx);
+    return;
+  }
+  if (hello.has_cursor()) {
+    absl::Status resumed = ResumeLocked(hello, fx);
+    if (!resumed.ok()) {
+      FinishSessionLocked(s, resumed, fx);
+      return;
+    }
+  }
+  if (absl::Status same = UseWorkersLocked(hello, fx); !same.ok()) {
+    FinishSessionLocked(s, same, fx);
+    return;
+  }
+  job = state_.FindJob(hello.job());
+  s.hello = true;
+  s.job = hello.job();
+  s.rank = hello.rank();
+  s.worker = hello.worker();
+  s.num_workers = workers;
+  if (options_.metrics != nullptr)
+    options_.metrics->ForJob(s.job).sessions->Increment();
+  // Leases follow the trainer within its job: the same trainer_id in
+  // another job (one process reading two jobs) is another holder.
+  s.trainer_id =
+      absl::StrCat(hello.job(), "/",
+                   hello.trainer_id().empty() ? absl::StrCat("session-", s.id)
+                                              : hello.trainer_id());
+  // One live session per trainer: a reconnect replaces the old stream.
+  auto [owner, inserted] = session_of_trainer_.emplace(s.trainer_id, s.id);
+  if (!inserted && owner->second != s.id) {
+    auto old = sessions_.find(owner->second);
+    if (old != sessions_.end()) {
+      FinishSessionLocked(
+          old->second,
+          absl::AbortedError(absl::StrCat("trainer ", s.trainer_id,
+                                          " reconnected on a new session")),
+          fx);
+    }
+    owner->second = s.id;
+  }
+  CoordinatorMessage welcome;
+  welcome.mutable_welcome()->set_heartbeat_interval_ms(
+      absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  welcome.mutable_welcome()->set_lease_ttl_ms(
+      absl::ToInt64Milliseconds(TtlLocked(*job)));
+  welcome.mutable_welcome()->set_session_id(absl::StrCat(s.id));
+  welcome.mutable_welcome()->set_world_size(ws);
+  fx.sends.emplace_back(s.sink, std::move(welcome));
+  // A reconnecting trainer keeps its leases: renew and re-announce them.
+  leases_.RenewHolder(s.trainer_id, TtlLocked(*job));
+  PumpLocked(s.job, fx);  // announces the epoch first
+  for (const LeaseEntry* lease : leases_.HeldBy(s.trainer_id)) {
+    CoordinatorMessage grant;
+    *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*lease, *job);
+    fx.sends.emplace_back(s.sink, std::move(grant));
+  }
+}
+
+absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello,
+                                              Effects& fx) {
+  if (hello.cursor().job().size() > 128) {
+    return Invalid("hello.cursor.job", "is longer than a job name (128 bytes)");
+  }
+  v1::internal::JobResumed resume;
+  *resume.mutable_cursor() = hello.cursor();
+  if (resume.cursor().job().empty())
+    resume.mutable_cursor()->set_job(hello.job());
+  resume.set_job(hello.job());
+  resume.set_attempt(hello.resume_attempt());
+  resume.set_workers_per_rank(std::max(hello.num_workers(), 1));
+  const JobData* job = state_.FindJob(hello.job());
+  if (job->last_resume.has_value() &&
+      google::protobuf::util::MessageDifferencer::Equals(*job->last_resume,
+                                                         resume)) {
+    return absl::OkStatus();  // another rank of the same restart
+  }
+  RETURN_IF_ERROR(state_.CheckResume(resume));
+  // Every live lease of the job belongs to the position being replaced.
+  const std::string why =
+      absl::StrCat("job ", hello.job(), " resumed from a cursor of job ",
+                   resume.cursor().job(), " epoch ", resume.cursor().epoch());
+  for (const auto& [id, lease] : job->leases) {
+    if (!leases_.Remove(id).ok()) continue;
+    auto owner = session_of_trainer_.find(lease.holder);
+    if (owner == session_of_trainer_.end()) continue;
+    auto holder = sessions_.find(owner->second);
+    if (holder == sessions_.end() || holder->second.finished) continue;
+    CoordinatorMessage revoke;
+    revoke.mutable_revoke()->set_lease_id(id);
+    revoke.mutable_revoke()->set_why(why);
+    fx.sends.emplace_back(holder->second.sink, std::move(revoke));
+  }
+  JournalRecord record;
+  *record.mutable_job_resumed() = resume;
+  RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+  // Sessions open before the resume belong to the run before the restart:
+  // end them (FAILED_PRECONDITION, so a surviving Reader stops instead of
+  // competing for the restored work).
+  for (auto& [id, other] : sessions_) {
+    if (other.hello && other.job == hello.job()) {
+      FinishSessionLocked(
+          other,
+          absl::FailedPreconditionError(absl::StrCat(
+              why, " (attempt \"", hello.resume_attempt(),
+              "\"); this session belongs to the run before that restart")),
+          fx);
+    }
+  }
+  RebuildQueuesLocked(hello.job());
+  job = state_.FindJob(hello.job());
+  std::string counts;
+  for (int64_t n : job->consumed_per_slot)
+    absl::StrAppend(&counts, counts.empty() ? "" : ",", n);
+  LogInfo(
+      "%s: now epoch %d, consumed per reader [%s] of %d per rank, world_size "
+      "%d, %d reader(s) "
+      "per rank",
+      why, job->epoch, counts, job->plan.samples_per_rank,
+      job->spec.world_size(), job->plan.workers_per_rank);
+  if (options_.metrics != nullptr)
+    options_.metrics->ForJob(hello.job()).resumes->Increment();
+  MaybeAdvanceEpochLocked(hello.job(), fx);
+  return absl::OkStatus();
+}
+
+void CoordinatorService::RefreshTokensLocked(Session& s, Effects& fx) {
+  if (options_.lease_secret.empty()) return;
+  const JobData* job = state_.FindJob(s.job);
+  if (job == nullptr) return;
+  const absl::Time now = options_.clock->Now();
+  const absl::Duration ttl = TtlLocked(*job);
+  for (const LeaseEntry* lease : leases_.HeldBy(s.trainer_id)) {
+    if (lease->token_expires_at - now >= ttl / 2) continue;
+    CoordinatorMessage grant;
+    *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*lease, *job);
+    fx.sends.emplace_back(s.sink, std::move(grant));
+  }
+}
+
+absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello,
+                                                  Effects& fx) {
+  const JobData* job = state_.FindJob(hello.job());
+  const int32_t workers = std::max(hello.num_workers(), 1);
+  if (job->done || job->plan.workers_per_rank == workers)
+    return absl::OkStatus();
+  if (!job->leases.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hello.num_workers=", hello.num_workers(), ": job ", hello.job(),
+        " epoch ", job->epoch, " is being read with ",
+        job->plan.workers_per_rank,
+        " reader(s) per rank (DataLoader num_workers) and has leases out; "
+        "every reader of a job "
+        "must use the same number (it can change once no lease is out)"));
+  }
+  JournalRecord record;
+  record.mutable_workers_set()->set_job(hello.job());
+  record.mutable_workers_set()->set_epoch(job->epoch);
+  record.mutable_workers_set()->set_workers_per_rank(workers);
+  RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+  RebuildQueuesLocked(hello.job());
+  job = state_.FindJob(hello.job());
+  LogInfo(
+      "job %s: epoch %d planned for %d reader(s) per rank (%d samples per rank "
+      "left)",
+      hello.job(), job->epoch, workers, job->plan.samples_per_rank);
+  // Sessions that said another number read slots that no longer exist.
+  for (auto& [id, other] : sessions_) {
+    if (other.hello && !other.finished && other.job == hello.job() &&
+        other.num_workers != workers) {
+      FinishSessionLocked(
+          other,
+          absl::FailedPreconditionError(absl::StrCat(
+              "job ", hello.job(), " is now read with ", workers,
+              " reader(s) per rank (a session said num_workers=",
+              hello.num_workers(), "); this session said ", other.num_workers)),
+          fx);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorService::RecordInputWaitLocked(const Session& s,
+                                                       const v1::InputWait& w) {
+  const size_t buckets = CoordinatorMetrics::kInputWaitBounds.size() + 1;
+  if (static_cast<size_t>(w.bucket_counts_size()) > buckets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat.input_wait.bucket_counts has ", w.bucket_counts_size(),
+        " entries; the protocol has ", buckets, " buckets"));
+  }
+  // A bound far above any real report: a trainer heartbeats every few
+  // seconds, observing at most one wait per sample.
+  constexpr uint64_t kMaxCount = uint64_t{1} << 40;
+  uint64_t count = 0;
+  for (uint64_t c : w.bucket_counts()) {
+    if (c > kMaxCount || count + c > kMaxCount) {
+      return absl::InvalidArgumentError(
+          "heartbeat.input_wait.bucket_counts: more than 2^40 observations");
+    }
+    count += c;
+  }
+  if (!std::isfinite(w.sum_seconds()) || w.sum_seconds() < 0 ||
+      w.sum_seconds() > 1e9) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat.input_wait.sum_seconds must be a finite number of seconds "
+        ">= 0 (got ",
+        w.sum_seconds(), ")"));
+  }
+  if (count == 0 && w.sum_seconds() == 0) return absl::OkStatus();
+  runtime_[s.job].input_wait_by_rank[s.rank] += w.sum_seconds();
+  if (options_.metrics != nullptr) {
+    std::vector<double> increments(buckets, 0);
+    for (int i = 0; i < w.bucket_counts_size(); ++i) {
+      increments[i] = static_cast<double>(w.bucket_counts(i));
+    }
+    options_.metrics->ForJob(s.job).input_wait->ObserveMultiple(
+        increments, w.sum_seconds());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorService::HandleLeaseMessageLocked(
+    Session& s, const v1::TrainerMessage& m, Effects& fx) {
+  switch (m.msg_case()) {
+    case v1::TrainerMessage::kWant:
+      if (m.want().credits() < 0) {
+        return absl::InvalidArgumentError("want.credits must be >= 0");
+      }
+      s.credits = m.want().credits();
+      PumpLocked(s.job, fx, &s);
+      return absl::OkStatus();
+    case v1::TrainerMessage::kHeartbeat:
+      // The renewal above, and the consumer's input wait when reported.
+      if (!m.heartbeat().has_input_wait()) return absl::OkStatus();
+      return RecordInputWaitLocked(s, m.heartbeat().input_wait());
+    case v1::TrainerMessage::kSync: {
+      // Messages of one stream are handled in order, each made durable
+      // before the next is read: everything before this Sync already is.
+      CoordinatorMessage synced;
+      synced.mutable_synced()->set_id(m.sync().id());
+      fx.sends.emplace_back(s.sink, std::move(synced));
+      return absl::OkStatus();
+    }
+    case v1::TrainerMessage::kProgress:
+    case v1::TrainerMessage::kComplete:
+    case v1::TrainerMessage::kRelease:
+    case v1::TrainerMessage::kReroute: {
+      std::string lease_id;
+      uint64_t fence = 0;
+      int64_t consumed = -1;
+      if (m.has_progress()) {
+        lease_id = m.progress().lease_id(), fence = m.progress().fence(),
+        consumed = m.progress().consumed();
+      } else if (m.has_complete()) {
+        lease_id = m.complete().lease_id(), fence = m.complete().fence();
+      } else if (m.has_release()) {
+        lease_id = m.release().lease_id(), fence = m.release().fence(),
+        consumed = m.release().consumed();
+      } else {
+        lease_id = m.reroute().lease_id(), fence = m.reroute().fence(),
+        consumed = m.reroute().consumed();
+      }
+      if (lease_id.size() > kMaxIdBytes) {
+        fx.sends.emplace_back(
+            s.sink, Rejected("", Invalid("lease_id",
+                                         absl::StrCat(lease_id.size(),
+                                                      " bytes; no lease id is "
+                                                      "longer than ",
+                                                      kMaxIdBytes))));
+        return absl::OkStatus();
+      }
+      absl::StatusOr<const LeaseEntry*> found = leases_.Check(lease_id, fence);
+      if (found.ok() && (*found)->holder != s.trainer_id) {
+        found = absl::AbortedError(
+            absl::StrCat("lease ", lease_id, " is held by another trainer"));
+      }
+      if (!found.ok()) {
+        // Not fatal: the trainer drops the unit and carries on.
+        fx.sends.emplace_back(s.sink, Rejected(lease_id, found.status()));
+        return absl::OkStatus();
+      }
+      const LeaseEntry lease = **found;
+      const int64_t size = lease.end - lease.begin;
+      const bool complete = m.has_complete();
+      if (complete) consumed = size;
+      if (consumed < lease.consumed || consumed > size) {
+        fx.sends.emplace_back(
+            s.sink,
+            Rejected(lease_id,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "lease ", lease_id, ": consumed=", consumed,
+                         " must be in [", lease.consumed, ", ", size, "]"))));
+        return absl::OkStatus();
+      }
+      if (consumed > lease.consumed || complete) {
+        JournalRecord record;
+        auto* ack = record.mutable_unit_acked();
+        ack->set_job(lease.job);
+        ack->set_epoch(lease.epoch);
+        ack->set_rank(lease.rank);
+        ack->set_worker(lease.worker);
+        ack->set_sequence(lease.sequence);
+        ack->set_shard_index(lease.shard_index);
+        ack->set_begin(lease.begin + lease.consumed);
+        ack->set_consumed(consumed - lease.consumed);
+        ack->set_complete(complete);
+        ack->set_fence(lease.fence);
+        ack->set_lease_id(lease_id);
+        RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+        RETURN_IF_ERROR(leases_.SetProgress(lease_id, fence, consumed));
+      }
+      if (complete) {
+        leases_.Remove(lease_id).IgnoreError();
+        v1::LeaseCounts& counts = runtime_[lease.job].lease_counts;
+        counts.set_completed(counts.completed() + 1);
+        if (options_.metrics)
+          options_.metrics->ForJob(lease.job).completed->Increment();
+      } else if (m.has_release() || m.has_reroute()) {
+        if (m.has_reroute() && !m.reroute().failed_data_server().empty()) {
+          data_servers_.MarkSuspect(m.reroute().failed_data_server());
+        }
+        EndLeaseLocked(lease.job, lease_id,
+                       m.has_release() ? "released" : "rerouted", fx);
+      }
+      // Only a new epoch or returned work concerns the other sessions; a
+      // Complete or Progress frees (at most) this session's credit.
+      const bool advanced = MaybeAdvanceEpochLocked(s.job, fx);
+      PumpLocked(s.job, fx,
+                 advanced || m.has_release() || m.has_reroute() ? nullptr : &s);
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          "session: empty or unknown trainer message");
+  }
+}
+
+void CoordinatorService::EndLeaseLocked(const std::string& job_name,
+                                        const std::string& lease_id,
+                                        const std::string& reason,
+                                        Effects& fx) {
+  absl::StatusOr<LeaseEntry> lease = leases_.Remove(lease_id);
+  if (!lease.ok()) return;
+  JournalRecord record;
+  record.mutable_lease_ended()->set_job(job_name);
+  record.mutable_lease_ended()->set_lease_id(lease_id);
+  record.mutable_lease_ended()->set_reason(reason);
+  if (!CommitLocked(std::move(record), fx).ok()) return;
+  const JobData* job = state_.FindJob(job_name);
+  if (job == nullptr || job->epoch != lease->epoch) return;
+  // The unconsumed remainder goes back to the front of its queue.
+  if (lease->remaining() > 0) {
+    const int32_t slot = job->plan.SlotOf(lease->rank, lease->worker);
+    Piece piece{
+        lease->sequence, lease->shard_index, lease->begin + lease->consumed,
+        lease->end,      lease->rank,        slot};
+    QueueForLocked(*job, runtime_[job_name], slot).push_front(piece);
+  }
+  v1::LeaseCounts& counts = runtime_[job_name].lease_counts;
+  if (reason == "expired") {
+    counts.set_expired(counts.expired() + 1);
+  } else {
+    counts.set_returned(counts.returned() + 1);
+  }
+  if (options_.metrics) {
+    const CoordinatorMetrics::Job& m = options_.metrics->ForJob(job_name);
+    (reason == "expired" ? m.expired : m.released)->Increment();
+  }
+}
+
+}  // namespace sluice
