@@ -5,10 +5,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "sluice/tls.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
 namespace sluice::cli {
@@ -33,9 +35,9 @@ std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
 // Channel credentials from --ca_cert / --client_cert / --client_key
 // (insecure when --ca_cert is empty), loaded once by main().
 std::shared_ptr<grpc::ChannelCredentials> Credentials();
-// The TLS credentials of --ca_cert, or null for plaintext (as ReaderOptions,
-// OnceOptions and BarrierOptions take them).
-std::shared_ptr<grpc::ChannelCredentials> TlsCredentialsOrNull();
+// The TLS of --ca_cert / --client_cert / --client_key, or none for
+// plaintext (as ReaderOptions, OnceOptions and BarrierOptions take it).
+std::optional<ClientTls> ClientTlsOrNone();
 absl::Status LoadCredentials();
 // A context with the --timeout deadline.
 std::unique_ptr<grpc::ClientContext> Deadline();

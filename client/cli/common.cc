@@ -60,6 +60,11 @@ std::shared_ptr<grpc::ChannelCredentials>& CredentialsSlot() {
   return *creds;
 }
 
+std::optional<ClientTls>& ClientTlsSlot() {
+  static auto* tls = new std::optional<ClientTls>();
+  return *tls;
+}
+
 }  // namespace
 
 // The operator token of --admin_token_file (empty: none).
@@ -75,6 +80,12 @@ absl::Status LoadCredentials() {
           absl::GetFlag(FLAGS_ca_cert), absl::GetFlag(FLAGS_client_cert),
           absl::GetFlag(FLAGS_client_key), "--ca_cert", "--client_cert",
           "--client_key"}));
+  if (!absl::GetFlag(FLAGS_ca_cert).empty()) {
+    ASSIGN_OR_RETURN(ClientTlsSlot(),
+                     ReadClientTls(absl::GetFlag(FLAGS_ca_cert),
+                                   absl::GetFlag(FLAGS_client_cert),
+                                   absl::GetFlag(FLAGS_client_key)));
+  }
   ASSIGN_OR_RETURN(AdminToken(),
                    ReadSecretFile(absl::GetFlag(FLAGS_admin_token_file),
                                   "admin_token_file"));
@@ -86,10 +97,7 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials() {
                                       : grpc::InsecureChannelCredentials();
 }
 
-std::shared_ptr<grpc::ChannelCredentials> TlsCredentialsOrNull() {
-  if (absl::GetFlag(FLAGS_ca_cert).empty()) return nullptr;
-  return Credentials();
-}
+std::optional<ClientTls> ClientTlsOrNone() { return ClientTlsSlot(); }
 
 std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
     const std::string& address) {

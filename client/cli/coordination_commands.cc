@@ -131,7 +131,7 @@ int OnceCommand(const std::vector<std::string>& args) {
   if (args.size() < 2) return Usage("once NAME -- COMMAND [ARGS...]");
   OnceOptions o;
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
-  o.credentials = TlsCredentialsOrNull();
+  o.tls = ClientTlsOrNone();
   o.scope = absl::GetFlag(FLAGS_scope);
   o.name = args[0];
   o.participant = absl::GetFlag(FLAGS_id);
@@ -176,7 +176,7 @@ int BarrierCommand(const std::vector<std::string>& args) {
     return Usage("barrier NAME --participants N --id ID [--timeout 60s]");
   BarrierOptions o;
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
-  o.credentials = TlsCredentialsOrNull();
+  o.tls = ClientTlsOrNone();
   o.scope = absl::GetFlag(FLAGS_scope);
   o.name = args[0];
   o.participant = absl::GetFlag(FLAGS_id);

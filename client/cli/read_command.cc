@@ -88,7 +88,7 @@ int ReadCommand(const std::vector<std::string>& args) {
   if (!args.empty()) return Usage("read takes no positional arguments");
   ReaderOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  options.credentials = TlsCredentialsOrNull();
+  options.tls = ClientTlsOrNone();
   options.job = absl::GetFlag(FLAGS_job);
   if (options.job.empty()) return Usage("read: --job is required");
   options.rank = absl::GetFlag(FLAGS_rank);

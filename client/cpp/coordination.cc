@@ -2,14 +2,17 @@
 
 #include <unistd.h>
 
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/cpp/channel_credentials.h"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
+#include "server/common/status_macros.h"
 #include "server/common/tls_probe.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
@@ -22,19 +25,15 @@ std::string DefaultParticipant() {
   return absl::StrCat(host, "-", getpid());
 }
 
-std::shared_ptr<grpc::ChannelCredentials> Creds(
-    const std::shared_ptr<grpc::ChannelCredentials>& c) {
-  return c ? c : grpc::InsecureChannelCredentials();
-}
-
 // UNAVAILABLE from a coordinator that speaks TLS while the client does not
 // (or the reverse) becomes the error that says so.
-absl::Status ExplainUnavailable(
-    absl::Status status, const std::string& coordinator,
-    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+absl::Status ExplainUnavailable(absl::Status status,
+                                const std::string& coordinator,
+                                const std::optional<ClientTls>& tls,
+                                absl::string_view tls_field) {
   if (!absl::IsUnavailable(status)) return status;
-  absl::Status mismatch = CheckTransport("coordinator", coordinator,
-                                         credentials != nullptr, "credentials");
+  absl::Status mismatch =
+      CheckTransport("coordinator", coordinator, tls.has_value(), tls_field);
   return mismatch.ok() ? status : mismatch;
 }
 
@@ -47,8 +46,10 @@ absl::StatusOr<OnceOutcome> RunOnce(
     return absl::InvalidArgumentError(
         "OnceOptions.coordinator and .name are required");
   }
-  auto stub = v1::Coordinator::NewStub(
-      CoordinatorChannel(options.coordinator, Creds(options.credentials)));
+  RETURN_IF_ERROR(
+      client_internal::CheckClientTls(options.tls, "OnceOptions.tls"));
+  auto stub = v1::Coordinator::NewStub(CoordinatorChannel(
+      options.coordinator, client_internal::ChannelCredentials(options.tls)));
   grpc::ClientContext ctx;
   auto stream = stub->Once(&ctx);
   absl::Mutex write_mu;
@@ -125,7 +126,7 @@ absl::StatusOr<OnceOutcome> RunOnce(
   stream->WritesDone();
   absl::Status status =
       ExplainUnavailable(FromGrpcStatus(stream->Finish()), options.coordinator,
-                         options.credentials);
+                         options.tls, "OnceOptions.tls");
   if (final) return outcome;
   if (status.ok())
     status = absl::UnavailableError("the stream ended without an outcome");
@@ -141,8 +142,10 @@ absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
         "BarrierOptions.coordinator, .name, .participant and .participants are "
         "required");
   }
-  auto stub = v1::Coordinator::NewStub(
-      CoordinatorChannel(options.coordinator, Creds(options.credentials)));
+  RETURN_IF_ERROR(
+      client_internal::CheckClientTls(options.tls, "BarrierOptions.tls"));
+  auto stub = v1::Coordinator::NewStub(CoordinatorChannel(
+      options.coordinator, client_internal::ChannelCredentials(options.tls)));
   grpc::ClientContext ctx;
   // The server answers at the timeout; the RPC deadline is a backstop.
   ctx.set_deadline(
@@ -156,7 +159,7 @@ absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
   v1::BarrierResponse response;
   absl::Status status = ExplainUnavailable(
       FromGrpcStatus(stub->Barrier(&ctx, request, &response)),
-      options.coordinator, options.credentials);
+      options.coordinator, options.tls, "BarrierOptions.tls");
   if (!status.ok()) return status;
   return response;
 }

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/cpp/channel_credentials.h"
 #include "client/cpp/cursor.h"
 #include "client/cpp/fetch_turn.h"
 #include "client/cpp/input_wait.h"
@@ -206,8 +207,7 @@ class ReaderImpl final : public Reader {
   };
 
   std::shared_ptr<grpc::ChannelCredentials> Creds() const {
-    return options_.credentials ? options_.credentials
-                                : grpc::InsecureChannelCredentials();
+    return client_internal::ChannelCredentials(options_.tls);
   }
 
   // Blocking writes on the session stream, one at a time (write_mu_).
@@ -569,9 +569,9 @@ void ReaderImpl::RunSession() {
       absl::Status mismatch;
       if (absl::Now() >= next_transport_check) {
         next_transport_check = absl::Now() + kTransportCheckPeriod;
-        mismatch = CheckTransport("coordinator", options_.coordinator,
-                                  options_.credentials != nullptr,
-                                  "ReaderOptions::credentials");
+        mismatch =
+            CheckTransport("coordinator", options_.coordinator,
+                           options_.tls.has_value(), "ReaderOptions::tls");
       }
       absl::MutexLock lock(&mu_);
       if (!mismatch.ok()) {
@@ -1100,9 +1100,8 @@ void ReaderImpl::CheckDataServerTransports() {
     addresses.swap(transport_checks_);
   }
   for (const std::string& address : addresses) {
-    absl::Status mismatch =
-        CheckTransport("data server", address, options_.credentials != nullptr,
-                       "ReaderOptions::credentials");
+    absl::Status mismatch = CheckTransport(
+        "data server", address, options_.tls.has_value(), "ReaderOptions::tls");
     if (mismatch.ok()) continue;
     absl::MutexLock lock(&mu_);
     if (fatal_.ok()) fatal_ = std::move(mismatch);
@@ -1275,6 +1274,11 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Create(ReaderOptions options) {
     return absl::InvalidArgumentError(
         absl::StrCat("ReaderOptions.worker=", options.worker,
                      " must be in [0, num_workers=", options.num_workers, ")"));
+  }
+  if (absl::Status tls =
+          client_internal::CheckClientTls(options.tls, "ReaderOptions.tls");
+      !tls.ok()) {
+    return tls;
   }
   auto reader = std::make_unique<ReaderImpl>(std::move(options));
   reader->Start();

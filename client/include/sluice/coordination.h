@@ -16,14 +16,14 @@
 #ifndef SLUICE_CLIENT_INCLUDE_SLUICE_COORDINATION_H_
 #define SLUICE_CLIENT_INCLUDE_SLUICE_COORDINATION_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sluice/tls.h"
 #include "sluice/v1/coordinator.pb.h"
 
 namespace sluice {
@@ -37,9 +37,9 @@ struct OnceOptions {
   // waiter takes over.
   absl::Duration ttl = absl::Seconds(10);
   bool fail_all = false;  // a failed run fails every later caller too
-  // TLS credentials, or null for plaintext (a coordinator that speaks the
-  // other is named in a FAILED_PRECONDITION).
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // TLS (sluice/tls.h), or none for plaintext (a coordinator that speaks
+  // the other is named in a FAILED_PRECONDITION).
+  std::optional<ClientTls> tls;
   // Called when this caller starts waiting (for logs).
   std::function<void(const std::string& runner, int64_t run)> on_wait;
 };
@@ -66,8 +66,8 @@ struct BarrierOptions {
   std::string participant;
   int32_t participants = 0;
   absl::Duration timeout = absl::Minutes(1);
-  // TLS credentials, or null for plaintext.
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // TLS (sluice/tls.h), or none for plaintext.
+  std::optional<ClientTls> tls;
 };
 
 // Waits until `participants` distinct ids arrived. DEADLINE_EXCEEDED lists

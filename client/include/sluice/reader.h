@@ -50,8 +50,6 @@
 #ifndef SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
 #define SLUICE_CLIENT_INCLUDE_SLUICE_READER_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -60,6 +58,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sluice/tls.h"
 #include "sluice/v1/common.pb.h"
 #include "sluice/v1/dataserver.pb.h"
 
@@ -96,10 +95,11 @@ struct ReaderOptions {
   // Give up (Next() fails UNAVAILABLE) after the coordinator has been
   // unreachable this long.
   absl::Duration reconnect_timeout = absl::Minutes(2);
-  // TLS credentials, or null for plaintext. A coordinator or data server
-  // that speaks the other (TLS vs plaintext) fails the reader at once with
-  // FAILED_PRECONDITION saying so.
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // TLS to the coordinator and the data servers (sluice/tls.h), or none
+  // for plaintext. A coordinator or data server that speaks the other (TLS
+  // vs plaintext) fails the reader at once with FAILED_PRECONDITION saying
+  // so.
+  std::optional<ClientTls> tls;
   // Resume from a checkpoint (G7): the first Hello carries this cursor
   // (every rank's entry known, see MergeCursors) and the job continues
   // right after the samples it counts. `resume_attempt` names this restart
