@@ -44,25 +44,22 @@ from any. A fork() while a Reader streams cuts its streams before and
 reopens them after (see _suspend_streams); the child cannot use the parent's
 Reader: create Readers after fork (gRPC and fork do not mix).
 """
-import atexit
 import collections
-import ctypes
 import functools
 import logging
 import os
-import platform
 import queue
 import random
 import socket
 import sys
 import threading
 import time
-import weakref
 
 import grpc
 import numpy as np
 
-from sluice import _grpcio, _rules, _wire, tls
+from sluice import _grpcio, _lifecycle, _rules, _wire, tls
+from sluice._malloc import tune_malloc
 from sluice._cursor import merge_cursors, position_cursor
 from sluice._types import Event, JobDoneError, ReaderError, Sample
 from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -122,74 +119,6 @@ _DATA_CHANNEL_OPTIONS = _CHANNEL_OPTIONS + [_grpcio.SINGLE_THREADED_UNARY_STREAM
 _CONNECT_TIMEOUT = 5.0
 _SETTLED = (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
             grpc.ChannelConnectivity.SHUTDOWN)
-
-# glibc's mallopt parameter numbers (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def tune_malloc():
-    """Keeps up to 64 MiB of freed memory per glibc malloc arena instead of
-    handing it back to the kernel after every megabyte-sized message, and
-    serves allocations up to 32 MiB from the arenas. Reading samples
-    allocates and frees ~1 MiB buffers many times a second on gRPC's and the
-    Reader's threads; with glibc's defaults each one's pages are faulted in
-    again, zero-filled (the same setting as the servers' --tune_malloc and
-    the C++ sluice::TuneMallocForStreaming(); see
-    server/common/malloc_tuning.h for the measurements).
-
-    Process-wide, so it is opt-in: call it once at start-up, or set
-    SLUICE_TUNE_MALLOC=1 in the environment (DataLoader workers inherit it)
-    and every Reader applies it. The cost is up to 64 MiB of free memory kept
-    per malloc arena. Returns False where the C library is not glibc or the
-    allocator in use refuses the settings (a preloaded jemalloc/tcmalloc,
-    which does not need them)."""
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # The mmap threshold first: setting either turns glibc's dynamic one off.
-    return mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1 and mallopt(_M_TRIM_THRESHOLD, 64 << 20) == 1
-
-
-# Readers not closed yet. A program may end with one still open (a loop
-# that breaks out of a generator wrapping it, a script that never calls
-# close()): atexit closes them while the interpreter still runs their
-# threads, so consumption is reported and unfinished units released at once.
-# Left to the garbage collector at interpreter shutdown, close() would wait
-# forever in grpc's channel close for threads that no longer run.
-_open_readers = weakref.WeakSet()
-
-
-def _own_readers():
-    """Open Readers of this process (a forked child's copies of its parent's
-    are not its own)."""
-    return [r for r in list(_open_readers) if r._pid == os.getpid()]
-
-
-@atexit.register
-def _close_open_readers():
-    for reader in _own_readers():
-        try:
-            reader.close()
-        except Exception:  # noqa: BLE001 -- exiting; nothing to raise to
-            _log.exception("sluice: closing a Reader at exit")
-
-
-def _before_fork():
-    for reader in _own_readers():
-        reader._suspend_streams()
-
-
-def _after_fork_in_parent():
-    for reader in _own_readers():
-        reader._resume_streams()
-
-
-_grpcio.add_fork_handlers(before=_before_fork, after_in_parent=_after_fork_in_parent)
-
 
 def _unit_key(unit):
     """What a unit reads, for counting failed streams: its shard, or its shuffle
@@ -316,7 +245,7 @@ class Reader:
         self._pid = os.getpid()
         self._session_thread.start()
         self._maintenance_thread.start()
-        _open_readers.add(self)
+        _lifecycle.opened(self)
 
     # ------------------------------------------------------------- public
 
@@ -494,7 +423,7 @@ class Reader:
             if self._closed:
                 return
             self._closed = True
-        _open_readers.discard(self)
+        _lifecycle.closed(self)
         if sys.is_finalizing():
             # Collected during interpreter shutdown (after atexit): the
             # session and gRPC threads no longer run, so reporting would hang
