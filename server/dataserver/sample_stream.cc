@@ -18,12 +18,17 @@ namespace {
 // samples are tiny).
 constexpr size_t kMaxSamplesPerStep = 1024;
 
-CorruptReason Classify(const std::string& reason) {
-  if (absl::StrContains(reason, "duplicate field")) {
-    return CorruptReason::kDuplicateField;
+// The metric's reason for the format layer's kind of damage.
+CorruptReason ReasonOf(SampleDamage damage) {
+  switch (damage) {
+    case SampleDamage::kDuplicateField:
+      return CorruptReason::kDuplicateField;
+    case SampleDamage::kLost:
+      return CorruptReason::kLost;
+    case SampleDamage::kNone:
+    case SampleDamage::kDamagedTar:
+      break;
   }
-  if (absl::StrContains(reason, "unreadable after"))
-    return CorruptReason::kLost;
   return CorruptReason::kDamagedTar;
 }
 
@@ -278,6 +283,7 @@ absl::Status SampleStream::OpenLocked() {
 
 void SampleStream::OnShard(
     size_t piece, absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
+  const absl::Status opened = shard.status();
   {
     absl::MutexLock lock(&mu_);
     // Cancelled, or ended by another piece that could not be opened: the
@@ -286,7 +292,7 @@ void SampleStream::OnShard(
       producing_ = false;
       return;
     }
-    if (!shard.ok()) {
+    if (!opened.ok()) {
       // The first piece that fails ends the stream (Fail sets read_all_).
       read_all_ = true;
     } else {
@@ -295,8 +301,8 @@ void SampleStream::OnShard(
       if (--pieces_missing_ > 0) return;
     }
   }
-  if (!shard.ok()) {
-    Fail(shard.status());
+  if (!opened.ok()) {
+    Fail(opened);
     return;
   }
   service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
@@ -409,7 +415,7 @@ void SampleStream::Produce() {
     RawSample& raw = **sample;
     if (!raw.corrupt.empty()) {
       slot->out =
-          Corrupt(raw.index, raw.key, raw.corrupt, Classify(raw.corrupt));
+          Corrupt(raw.index, raw.key, raw.corrupt, ReasonOf(raw.damage));
       if (slot->out.ok()) slot->out->piece = slot->piece;
       slot->done = true;
       slots.push_back(std::move(slot));

@@ -20,6 +20,14 @@
 
 namespace sluice::dataserver {
 
+// Why a sample cannot be served (the data server counts samples by it).
+enum class SampleDamage {
+  kNone,
+  kDamagedTar,      // a member unreadable, truncated or too large to hold
+  kDuplicateField,  // two members of one sample with the same extension
+  kLost,            // after a break in a compressed shard: not reachable
+};
+
 struct IndexedSample {
   std::string key;
   // Offset of the sample's first header (its pax/long-name header if any) in
@@ -28,8 +36,9 @@ struct IndexedSample {
   // Bytes of member data.
   int64_t bytes = 0;
   // Non-empty when the sample cannot be served (a damaged member, a
-  // duplicate field); says why, naming the member.
+  // duplicate field); says why, naming the member. `damage` is its kind.
   std::string corrupt;
+  SampleDamage damage = SampleDamage::kNone;
 };
 
 struct ShardIndex {

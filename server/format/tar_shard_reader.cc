@@ -256,6 +256,7 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
       // The sample being assembled may be missing members.
       if (current != nullptr && current->corrupt.empty()) {
         current->corrupt = index.damage;
+        current->damage = SampleDamage::kDamagedTar;
       }
       break;
     }
@@ -271,6 +272,7 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
             last_member, "\")");
         if (current != nullptr && current->corrupt.empty()) {
           current->corrupt = index.damage;
+          current->damage = SampleDamage::kDamagedTar;
         }
       }
       break;
@@ -292,6 +294,7 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
             absl::StrCat("shard \"", shard->path(), "\", member \"",
                          member.path, "\": duplicate field \"", name->field,
                          "\" in sample \"", name->key, "\"");
+        current->damage = SampleDamage::kDuplicateField;
       }
       current->bytes += member.size;
     }
@@ -302,6 +305,7 @@ ShardIndex BuildShardIndex(const std::shared_ptr<const ShardData>& shard) {
       index.damage = std::string(skipped.message());
       if (current != nullptr && name.has_value() && current->corrupt.empty()) {
         current->corrupt = index.damage;
+        current->damage = SampleDamage::kDamagedTar;
       }
       break;
     }
@@ -368,6 +372,7 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
       lost.corrupt =
           absl::StrCat("unreadable after an earlier error in shard \"",
                        shard_->path(), "\"");
+      lost.damage = SampleDamage::kLost;
       ++next_index_;
       return std::optional<RawSample>(std::move(lost));
     }
@@ -381,7 +386,10 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
   // A sample the index already knows is bad: skip to the next sample's
   // offset (seekable) or walk past its members.
   bool known_corrupt = !expected.corrupt.empty();
-  if (known_corrupt) sample.corrupt = expected.corrupt;
+  if (known_corrupt) {
+    sample.corrupt = expected.corrupt;
+    sample.damage = expected.damage;
+  }
   if (known_corrupt && index_->seekable) {
     broken_ = true;  // forces a seek to the next sample on the next call
     return std::optional<RawSample>(std::move(sample));
@@ -404,6 +412,7 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
           broken_ = true;
           sample.fields.clear();
           sample.corrupt = std::string(next.status().message());
+          sample.damage = SampleDamage::kDamagedTar;
           return std::optional<RawSample>(std::move(sample));
         }
         if (!next->has_value()) break;
@@ -417,6 +426,7 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
           broken_ = true;
           sample.fields.clear();
           sample.corrupt = std::string(skipped.message());
+          sample.damage = SampleDamage::kDamagedTar;
           return std::optional<RawSample>(std::move(sample));
         }
       }
@@ -454,6 +464,7 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
       // Too large to hold: the sample is corrupt, its other members skipped.
       sample.fields.clear();
       sample.corrupt = std::string(data.status().message());
+      sample.damage = SampleDamage::kDamagedTar;
       known_corrupt = true;
       continue;
     }
@@ -461,6 +472,7 @@ absl::StatusOr<std::optional<RawSample>> TarSampleReader::Next() {
       broken_ = true;
       sample.fields.clear();
       sample.corrupt = std::string(data.status().message());
+      sample.damage = SampleDamage::kDamagedTar;
       return std::optional<RawSample>(std::move(sample));
     }
     sample.fields.push_back(RawField{std::move(name->field), *std::move(data)});

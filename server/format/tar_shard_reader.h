@@ -60,6 +60,7 @@ struct RawSample {
   std::vector<RawField> fields;
   // Non-empty: the sample cannot be served; says why (shard and member).
   std::string corrupt;
+  SampleDamage damage = SampleDamage::kNone;  // set with `corrupt`
 };
 
 // Scans `shard` once (headers only; data is skipped) into an index. Damage

@@ -280,12 +280,14 @@ TEST(TarSampleReaderTest,
       TarSampleReader::Open(gz, index, 0, /*max_member_bytes=*/1 << 20);
   ASSERT_OK(reader.status());
   std::vector<std::string> keys, corrupt;
+  std::vector<SampleDamage> damage;
   while (true) {
     auto sample = (*reader)->Next();
     ASSERT_OK(sample.status());
     if (!sample->has_value()) break;
     keys.push_back((**sample).key);
     corrupt.push_back((**sample).corrupt);
+    damage.push_back((**sample).damage);
     if ((**sample).key != "b") {
       EXPECT_EQ((**sample).fields.size(), 1u);
     }
@@ -295,6 +297,37 @@ TEST(TarSampleReaderTest,
   EXPECT_THAT(corrupt[1], HasSubstr("member \"b.bin\""));
   EXPECT_THAT(corrupt[1], HasSubstr("is 8388608 bytes; the limit is 1048576"));
   EXPECT_EQ(corrupt[2], "");
+  EXPECT_EQ(damage, (std::vector<SampleDamage>{SampleDamage::kNone,
+                                               SampleDamage::kDamagedTar,
+                                               SampleDamage::kNone}));
+}
+
+// Two members of one sample with the same extension: the sample is corrupt
+// as webdataset's "duplicate file name" error, of its own kind; its
+// neighbours are whole.
+TEST(TarSampleReaderTest, ADuplicateFieldIsItsOwnKindOfDamage) {
+  TarWriter tar;
+  tar.File("a.cls", "1")
+      .File("b.cls", "2")
+      .File("b.cls", "3")
+      .File("c.cls", "4");
+  auto shard = Shard(tar.Finish());
+  auto index = std::make_shared<const ShardIndex>(BuildShardIndex(shard));
+  ASSERT_EQ(index->num_samples(), 3);
+  EXPECT_EQ(index->samples[1].damage, SampleDamage::kDuplicateField);
+  EXPECT_THAT(index->samples[1].corrupt, HasSubstr("duplicate field \"cls\""));
+  auto reader = TarSampleReader::Open(shard, index, 0);
+  ASSERT_OK(reader.status());
+  std::vector<SampleDamage> damage;
+  while (true) {
+    auto sample = (*reader)->Next();
+    ASSERT_OK(sample.status());
+    if (!sample->has_value()) break;
+    damage.push_back((**sample).damage);
+  }
+  EXPECT_EQ(damage, (std::vector<SampleDamage>{SampleDamage::kNone,
+                                               SampleDamage::kDuplicateField,
+                                               SampleDamage::kNone}));
 }
 
 TEST(TarSampleReaderTest, BeginPastTheEndIsOutOfRange) {
@@ -329,6 +362,7 @@ TEST(TarSampleReaderTest, MemberWhoseSizeLiesIsCorruptNotACrash) {
   ASSERT_EQ(index->num_samples(), 2);
   EXPECT_EQ(index->samples[0].corrupt, "");
   EXPECT_THAT(index->samples[1].corrupt, HasSubstr("test.tar"));
+  EXPECT_EQ(index->samples[1].damage, SampleDamage::kDamagedTar);
   auto reader = TarSampleReader::Open(shard, index, 0);
   ASSERT_OK(reader.status());
   auto a = (*reader)->Next();
@@ -337,6 +371,7 @@ TEST(TarSampleReaderTest, MemberWhoseSizeLiesIsCorruptNotACrash) {
   auto b = (*reader)->Next();
   ASSERT_OK(b.status());
   EXPECT_THAT((*b)->corrupt, HasSubstr("b.bin"));
+  EXPECT_EQ((*b)->damage, SampleDamage::kDamagedTar);
   EXPECT_TRUE((*b)->fields.empty());
 }
 
