@@ -14,7 +14,7 @@ DEB_PACKAGES := \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev grpc-proto \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev nlohmann-json3-dev \
   zlib1g-dev libjemalloc-dev libturbojpeg0-dev libjpeg62-turbo-dev libswscale-dev libyuv-dev librandom123-dev libimath-dev libpng-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  clang clang-format libclang-rt-14-dev python3 nodejs systemd nginx-light \
+  clang clang-format clang-tidy libclang-rt-14-dev python3 nodejs systemd nginx-light \
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch python3-torchvision \
   etcd-server etcd-client golang-etcd-server-dev golang-github-gogo-protobuf-dev \
   golang-github-grpc-ecosystem-grpc-gateway-dev \

@@ -20,8 +20,6 @@ namespace sluice {
 using coordinator_internal::Invalid;
 using coordinator_internal::kMaxDataServerCapacity;
 using coordinator_internal::kMaxIdBytes;
-using v1::CoordinatorMessage;
-using v1::internal::JournalRecord;
 
 absl::Status CoordinatorService::CheckRegistration(
     const v1::RegisterDataServer& r) const {

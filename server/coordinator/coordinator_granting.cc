@@ -20,7 +20,6 @@ namespace sluice {
 using coordinator_internal::JobDoneMessage;
 using coordinator_internal::LiveLease;
 using v1::CoordinatorMessage;
-using v1::internal::JournalRecord;
 
 void CoordinatorService::RebuildQueuesLocked(const std::string& name) {
   const JobData* job = state_.FindJob(name);

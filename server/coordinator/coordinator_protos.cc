@@ -17,9 +17,6 @@
 
 namespace sluice {
 
-using v1::CoordinatorMessage;
-using v1::internal::JournalRecord;
-
 v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
                                              bool include_manifest) {
   v1::Job out;

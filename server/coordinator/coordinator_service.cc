@@ -17,8 +17,6 @@
 namespace sluice {
 
 using coordinator_internal::LiveLease;
-using v1::CoordinatorMessage;
-using v1::internal::JournalRecord;
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
     : options_(options),
@@ -96,6 +94,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   service->UpdateGaugesLocked();
   service->outbox_ =
       std::make_unique<DurableOutbox>(service->journal_.get(), options.metrics);
+  OnceBarrier::Options once;
+  once.clock = options.clock;
+  once.heartbeat_interval = options.heartbeat_interval;
+  once.max_barrier_participants = options.max_barrier_participants;
+  if (CoordinatorMetrics* m = options.metrics) {
+    once.on_barrier_waiting = [m](size_t n) {
+      m->barrier_waiting.Set(static_cast<double>(n));
+    };
+  }
+  CoordinatorService* const svc = service.get();
+  once.persist = [svc](const v1::internal::OnceFinished& f) {
+    return svc->PersistOnceFinished(f);
+  };
+  once.find_finished = [svc](const std::string& scope,
+                             const std::string& name) {
+    return svc->FindOnceFinished(scope, name);
+  };
+  service->once_barrier_ = std::make_unique<OnceBarrier>(std::move(once));
   return service;
 }
 
@@ -144,8 +160,41 @@ void CoordinatorService::MaybeCompactLocked() {
 void CoordinatorService::Flush() { outbox_->Flush(); }
 
 CoordinatorService::~CoordinatorService() {
+  StopExpiryThread();
   // Whatever is left goes out once durable, before the journal closes.
   outbox_.reset();
+}
+
+void CoordinatorService::StartExpiryThread() {
+  absl::MutexLock lock(&expiry_mu_);
+  if (expiry_thread_.joinable() || expiry_stopping_) return;
+  expiry_thread_ = std::thread([this] { RunExpiry(); });
+}
+
+void CoordinatorService::StopExpiryThread() {
+  {
+    absl::MutexLock lock(&expiry_mu_);
+    expiry_stopping_ = true;
+  }
+  if (expiry_thread_.joinable()) expiry_thread_.join();
+}
+
+void CoordinatorService::RunExpiry() {
+  constexpr absl::Duration kMaxSleep = absl::Milliseconds(100);
+  absl::MutexLock lock(&expiry_mu_);
+  while (!expiry_stopping_) {
+    expiry_mu_.Unlock();
+    const absl::Duration until_next = NextExpiry() - options_.clock->Now();
+    expiry_mu_.Lock();
+    expiry_mu_.AwaitWithTimeout(
+        absl::Condition(&expiry_stopping_),
+        std::clamp(until_next, absl::ZeroDuration(), kMaxSleep));
+    if (expiry_stopping_) break;
+    expiry_mu_.Unlock();
+    ExpireLeases();
+    once_barrier_->Tick();
+    expiry_mu_.Lock();
+  }
 }
 
 absl::StatusOr<v1::Job> CoordinatorService::CreateJob(
@@ -332,6 +381,7 @@ absl::Time CoordinatorService::NextExpiry() {
 }
 
 void CoordinatorService::Drain() {
+  StopExpiryThread();
   Effects fx;
   {
     absl::MutexLock lock(&mu_);

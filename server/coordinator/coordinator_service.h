@@ -41,6 +41,7 @@
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/journal.h"
 #include "server/coordinator/lease_table.h"
+#include "server/coordinator/once_barrier.h"
 #include "sluice/v1/coordinator.pb.h"
 
 namespace sluice {
@@ -106,8 +107,18 @@ class CoordinatorService {
   void CloseSession(int64_t session_id);
 
   // Reclaims expired leases; returns how many. Called by the expiry thread
-  // (grpc layer) or directly by tests with a fake clock.
+  // or directly by tests with a fake clock.
   int ExpireLeases();
+  // Starts the thread that reclaims expired leases and ends Once runs and
+  // Barrier waits past their deadlines (ExpireLeases, OnceBarrier::Tick). It
+  // wakes at the next lease expiry by the service's clock, and at least
+  // every 100 ms of real time (leases granted meanwhile, a test clock that
+  // jumps). Drain and the destructor stop it.
+  void StartExpiryThread();
+
+  // Once and Barrier, on this service's clock, journaling finished steps
+  // through this service (PersistOnceFinished).
+  OnceBarrier& once_barrier() { return *once_barrier_; }
 
   // Data-server registry: soft state, never journaled (servers re-register
   // after a coordinator restart). A server is live while it heartbeats
@@ -150,7 +161,9 @@ class CoordinatorService {
   // When the next lease expires (for the expiry thread's wait).
   absl::Time NextExpiry();
 
-  // Ends every session with UNAVAILABLE so trainers reconnect elsewhere/later.
+  // Stops the expiry thread (a successor gives every lease a fresh TTL) and
+  // ends every session with UNAVAILABLE so trainers reconnect elsewhere or
+  // later.
   void Drain();
 
   int64_t recovered_records() const { return recovered_records_; }
@@ -289,6 +302,13 @@ class CoordinatorService {
 
   // Created once the journal is replayed; gone before the journal.
   std::unique_ptr<DurableOutbox> outbox_;
+  std::unique_ptr<OnceBarrier> once_barrier_;
+
+  void RunExpiry();
+  void StopExpiryThread();
+  absl::Mutex expiry_mu_;
+  bool expiry_stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
+  std::thread expiry_thread_;
 };
 
 }  // namespace sluice

@@ -23,7 +23,6 @@ using coordinator_internal::kMaxReadersPerJob;
 using coordinator_internal::kMaxWorkersPerRank;
 using coordinator_internal::Rejected;
 using v1::CoordinatorMessage;
-using v1::internal::JournalRecord;
 
 int64_t CoordinatorService::OpenSession(std::shared_ptr<SessionSink> sink) {
   absl::MutexLock lock(&mu_);

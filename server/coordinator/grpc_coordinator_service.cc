@@ -245,63 +245,17 @@ class OnceReactor
 
 GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service,
                                                AccessPolicy access)
-    : service_(service),
-      admin_(std::move(access)),
-      once_barrier_([service] {
-        OnceBarrier::Options o;
-        o.heartbeat_interval = service->data_server_timeout() / 3;
-        o.max_barrier_participants =
-            service->options().max_barrier_participants;
-        if (CoordinatorMetrics* m = service->options().metrics) {
-          o.on_barrier_waiting = [m](size_t n) {
-            m->barrier_waiting.Set(static_cast<double>(n));
-          };
-        }
-        o.persist = [service](const v1::internal::OnceFinished& f) {
-          return service->PersistOnceFinished(f);
-        };
-        o.find_finished = [service](const std::string& scope,
-                                    const std::string& name) {
-          return service->FindOnceFinished(scope, name);
-        };
-        return o;
-      }()),
-      expiry_thread_([this] { ExpiryLoop(); }) {}
+    : service_(service), admin_(std::move(access)) {}
 
-GrpcCoordinatorService::~GrpcCoordinatorService() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (expiry_thread_.joinable()) expiry_thread_.join();
-}
-
-void GrpcCoordinatorService::ExpiryLoop() {
-  absl::MutexLock lock(&mu_);
-  while (!stopping_) {
-    // Wake at the next expiry, but at least every 100 ms (new leases may
-    // expire sooner than the one we saw).
-    mu_.Unlock();
-    const absl::Time next =
-        std::min(service_->NextExpiry(), absl::Now() + absl::Milliseconds(100));
-    mu_.Lock();
-    mu_.AwaitWithDeadline(absl::Condition(&stopping_), next);
-    if (stopping_) break;
-    mu_.Unlock();
-    service_->ExpireLeases();
-    once_barrier_.Tick();
-    mu_.Lock();
-  }
-}
+GrpcCoordinatorService::~GrpcCoordinatorService() = default;
 
 void GrpcCoordinatorService::Drain() {
   service_->Drain();
-  once_barrier_.Drain();
+  service_->once_barrier().Drain();
   std::vector<std::shared_ptr<RegistrationReactor::Sink>> registrations;
   {
     absl::MutexLock lock(
         &mu_);  // a reactor leaves the set before it is deleted
-    stopping_ = true;
     for (RegistrationReactor* r : registrations_)
       registrations.push_back(r->sink());
   }
@@ -312,7 +266,7 @@ void GrpcCoordinatorService::Drain() {
 
 grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse>*
 GrpcCoordinatorService::Once(grpc::CallbackServerContext*) {
-  return new OnceReactor(&once_barrier_);
+  return new OnceReactor(&service_->once_barrier());
 }
 
 namespace {
@@ -328,8 +282,9 @@ class BarrierReactor : public grpc::ServerUnaryReactor {
     // set by then; a Finish from inside Barrier is held until then.
     waiter_ = logic_->Barrier(
         request, [this, response](absl::StatusOr<v1::BarrierResponse> r) {
+          const grpc::Status status = ToGrpcStatus(r.status());
           if (r.ok()) *response = *std::move(r);
-          Finish(ToGrpcStatus(r.status()));
+          Finish(status);
         });
   }
   void OnCancel() override {
@@ -347,7 +302,7 @@ class BarrierReactor : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* GrpcCoordinatorService::Barrier(
     grpc::CallbackServerContext*, const v1::BarrierRequest* req,
     v1::BarrierResponse* resp) {
-  return new BarrierReactor(&once_barrier_, *req, resp);
+  return new BarrierReactor(&service_->once_barrier(), *req, resp);
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::ListOnce(
@@ -357,7 +312,8 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ListOnce(
     return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
                          "scope is longer than ", kMaxKeyBytes, " bytes")));
   }
-  std::vector<v1::OnceStep> steps = once_barrier_.Running(req->scope());
+  std::vector<v1::OnceStep> steps =
+      service_->once_barrier().Running(req->scope());
   for (const v1::internal::OnceFinished& f :
        service_->ListOnceFinished(req->scope())) {
     v1::OnceStep& step = steps.emplace_back();
@@ -395,7 +351,8 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ResetOnce(
                          absl::StrCat("ResetOnce: scope and name are at most ",
                                       kMaxKeyBytes, " bytes")));
   }
-  for (const v1::OnceStep& step : once_barrier_.Running(req->scope())) {
+  for (const v1::OnceStep& step :
+       service_->once_barrier().Running(req->scope())) {
     if (step.name() != req->name()) continue;
     return Done(
         ctx, absl::FailedPreconditionError(absl::StrCat(

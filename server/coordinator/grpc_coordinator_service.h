@@ -1,6 +1,7 @@
 // GrpcCoordinatorService: the gRPC adapter over CoordinatorService. Converts
-// protos and statuses, runs Session streams as callback reactors, and runs
-// the lease-expiry thread. No coordination logic lives here.
+// protos and statuses, runs Session, Once, Barrier and registration streams
+// as callback reactors, and authorizes operators. No coordination logic (and
+// no thread of its own) lives here.
 #ifndef SLUICE_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
 #define SLUICE_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
 
@@ -79,25 +80,20 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
                                       const v1::ResetOnceRequest* req,
                                       v1::ResetOnceResponse* resp) override;
 
-  // Ends every session and registration (UNAVAILABLE) and stops the expiry
-  // thread.
+  // Ends every session, Once stream and registration (UNAVAILABLE); the
+  // service stops its expiry thread.
   void Drain();
   // Called by a registration stream when it is done.
   void ForgetRegistration(RegistrationReactor* reactor);
 
  private:
-  void ExpiryLoop();
-
   // OK for an operator's call (see the constructor); `what` names the RPC.
   absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* ctx,
                               absl::string_view what) const;
 
   CoordinatorService* const service_;
   const AccessPolicy admin_;
-  OnceBarrier once_barrier_;
   absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread expiry_thread_;
   absl::flat_hash_set<RegistrationReactor*> registrations_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -318,6 +318,7 @@ class CoordinatorServices : public sluice::ServiceSet {
     absl::MutexLock lock(&mu_);
     if (cancel_.load()) return absl::CancelledError("draining");
     logic_ = std::move(logic);
+    logic_->StartExpiryThread();
     grpc_ =
         std::make_unique<sluice::GrpcCoordinatorService>(logic_.get(), admin_);
     front_door_.Lead(grpc_.get());

@@ -334,7 +334,7 @@ void DataServerService::IndexShardAsync(
   }
   options_.store->OpenAsync(
       ShardRef{request.url(), 0, ""},
-      [this, request, done = std::move(done)](
+      [this, request = v1::IndexShardRequest(request), done = std::move(done)](
           absl::StatusOr<std::shared_ptr<const ShardData>> shard) mutable {
         if (!shard.ok()) {
           done(shard.status());

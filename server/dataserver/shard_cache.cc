@@ -306,7 +306,8 @@ std::shared_ptr<const ShardData> ShardCache::Pinned(
     if (auto cache = weak.lock()) cache->Unpin(entry);
   };
   const ShardData* raw = pin->data.get();
-  return std::shared_ptr<const ShardData>(std::move(pin), raw);
+  // The aliasing constructor (C++17's takes the owner by const reference).
+  return std::shared_ptr<const ShardData>(pin, raw);
 }
 
 absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::PinLocked(

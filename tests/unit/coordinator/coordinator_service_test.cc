@@ -15,6 +15,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace sluice {
 namespace {
@@ -174,6 +175,47 @@ TEST_F(CoordinatorServiceTest, ThreeEpochsCoverEverySampleOnceWithEqualRanks) {
 
 // A holder that stops heartbeating loses its lease at the TTL, and only the
 // unconsumed remainder (after its last Progress) is granted again (G2, G4).
+// The expiry thread belongs to the service and reads its clock: a lease
+// expires when the injected clock passes its TTL (not the wall clock), and
+// a Barrier's deadline is the same clock's.
+TEST_F(CoordinatorServiceTest, TheExpiryThreadRunsOnTheServicesClock) {
+  v1::JobSpec spec = Spec("j", {10}, 0, 1);  // lease TTL 2 s
+  ASSERT_OK(service_->CreateJob(spec));
+  auto a = std::make_shared<RecordingSink>();
+  const int64_t ida = service_->OpenSession(a);
+  service_->OnMessage(ida, Hello("j", 0, "dead"));
+  service_->OnMessage(ida, Want(1));
+  ASSERT_EQ(a->TakeGrants().size(), 1u);
+  service_->CloseSession(ida);
+  std::atomic<bool> barrier_done{false};
+  absl::Status barrier_status;
+  v1::BarrierRequest request;
+  request.set_scope("s");
+  request.set_name("b");
+  request.set_participant("p0");
+  request.set_participants(2);
+  request.set_timeout_ms(5000);
+  service_->once_barrier().Barrier(request,
+                                   [&](absl::StatusOr<v1::BarrierResponse> r) {
+                                     barrier_status = r.status();
+                                     barrier_done = true;
+                                   });
+  service_->StartExpiryThread();
+  auto expired = [&] {
+    return service_->GetJob("j", false)->status().leases().expired();
+  };
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(testing::WaitUntil([&] { return expired() == 1; },
+                                 absl::Seconds(30), absl::Milliseconds(5)));
+  EXPECT_FALSE(barrier_done);
+  clock_.Advance(absl::Seconds(3) + absl::Milliseconds(1));
+  ASSERT_TRUE(testing::WaitUntil([&] { return barrier_done.load(); },
+                                 absl::Seconds(30), absl::Milliseconds(5)));
+  EXPECT_EQ(barrier_status.code(), absl::StatusCode::kDeadlineExceeded)
+      << barrier_status;
+  service_->Drain();  // stops the thread
+}
+
 TEST_F(CoordinatorServiceTest, ExpiredLeaseRequeuesOnlyTheRemainder) {
   v1::JobSpec spec = Spec("j", {10}, 0, 1);
   spec.set_shuffle(false);
