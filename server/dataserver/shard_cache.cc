@@ -1,130 +1,22 @@
 #include "server/dataserver/shard_cache.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <openssl/evp.h>
-#include <signal.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "server/common/logging.h"
 #include "server/common/status_macros.h"
 
 namespace sluice::dataserver {
-namespace {
-
-constexpr char kMetaMagic[] = "sluice-cache-v1";
-constexpr char kTempPrefix[] = ".tmp-";
-// Temp files of another host (shared directory) are removed only when this
-// old; those of a dead local process at once.
-constexpr int64_t kForeignTempMaxAgeSeconds = 24 * 3600;
-// An entry half installed by another process (.meta renamed, .shard not yet)
-// is left alone this long.
-constexpr int64_t kInstallGraceSeconds = 60;
-
-std::string Sha256Hex(absl::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out.push_back(kDigits[digest[i] >> 4]);
-    out.push_back(kDigits[digest[i] & 15]);
-  }
-  return out;
-}
-
-std::string HostName() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  std::string host(buf);
-  // '@' separates the host in temp names; '/' cannot appear in a name.
-  std::replace(host.begin(), host.end(), '/', '_');
-  std::replace(host.begin(), host.end(), '@', '_');
-  return host;
-}
-
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  return absl::InternalError(
-      absl::StrCat(what, " \"", path, "\": ", std::strerror(errno)));
-}
-
-absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    ssize_t w = write(fd, data.data(), data.size());
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("write", path);
-    }
-    data.remove_prefix(static_cast<size_t>(w));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status FsyncDir(const std::string& dir) {
-  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open directory", dir);
-  int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) return ErrnoError("fsync directory", dir);
-  return absl::OkStatus();
-}
-
-struct Meta {
-  std::string url;
-  int64_t size = -1;
-  std::string sha256;
-};
-
-std::optional<Meta> ReadMeta(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::string magic, size;
-  Meta meta;
-  if (!std::getline(in, magic) || magic != kMetaMagic ||
-      !std::getline(in, meta.url) || !std::getline(in, size) ||
-      !std::getline(in, meta.sha256) || !absl::SimpleAtoi(size, &meta.size) ||
-      meta.size < 0) {
-    return std::nullopt;
-  }
-  return meta;
-}
-
-// "sha256:<hex>" -> "<hex>" (lowercased); empty for an empty checksum.
-absl::StatusOr<std::string> ExpectedSha256(const ShardRef& shard) {
-  if (shard.checksum.empty()) return std::string();
-  absl::string_view hex = shard.checksum;
-  if (!absl::ConsumePrefix(&hex, "sha256:") || hex.size() != 64 ||
-      !std::all_of(hex.begin(), hex.end(), [](char c) {
-        return absl::ascii_isxdigit(static_cast<unsigned char>(c));
-      })) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard \"", shard.url, "\": checksum \"", shard.checksum,
-                     "\" is not \"sha256:<64 hex digits>\""));
-  }
-  return absl::AsciiStrToLower(hex);
-}
-
-}  // namespace
 
 // A pinned shard: the mapping plus the pin, released when the last copy of
 // the pointer handed out goes away.
@@ -172,6 +64,7 @@ absl::StatusOr<std::shared_ptr<ShardCache>> ShardCache::Create(
 ShardCache::ShardCache(ShardCacheOptions options,
                        std::unique_ptr<RemoteFetcher> fetcher)
     : options_(std::move(options)),
+      directory_(options_.dir),
       fetcher_(std::move(fetcher)),
       downloads_(std::make_unique<ThreadPool>(options_.download_threads)) {}
 
@@ -189,92 +82,28 @@ void ShardCache::Shutdown() {
 }
 
 std::string ShardCache::PathFor(const std::string& url) const {
-  return absl::StrCat(options_.dir, "/", Sha256Hex(url), ".shard");
+  return directory_.ShardPath(url);
 }
 
 absl::Status ShardCache::Scan() {
-  DIR* dir = opendir(options_.dir.c_str());
-  if (dir == nullptr) return ErrnoError("open --cache_dir", options_.dir);
-  const std::string host = HostName();
-  const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  std::map<std::string, int64_t> shards;  // hash -> mtime
-  std::vector<std::string> metas;
-  int removed = 0;
-  while (dirent* d = readdir(dir)) {
-    const std::string name = d->d_name;
-    const std::string path = absl::StrCat(options_.dir, "/", name);
-    struct stat st;
-    if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (absl::StartsWith(name, kTempPrefix)) {
-      // .tmp-<pid>-<n>-<kind>-<hash>@<host>
-      std::vector<std::string> parts = absl::StrSplit(name.substr(5), '-');
-      size_t at = name.rfind('@');
-      int64_t pid = 0;
-      bool ours = at != std::string::npos && name.substr(at + 1) == host;
-      bool dead = ours && !parts.empty() && absl::SimpleAtoi(parts[0], &pid) &&
-                  pid > 0 &&
-                  (pid == getpid() ||
-                   (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH));
-      if (dead || now - st.st_mtime > kForeignTempMaxAgeSeconds) {
-        if (unlink(path.c_str()) == 0) ++removed;
-      }
-      continue;
-    }
-    if (absl::EndsWith(name, ".shard")) {
-      shards[name.substr(0, name.size() - 6)] = st.st_mtime;
-    } else if (absl::EndsWith(name, ".meta")) {
-      metas.push_back(name.substr(0, name.size() - 5));
-    }
-  }
-  closedir(dir);
-
-  std::vector<std::pair<int64_t, std::string>> adopted;  // (mtime, url)
+  // The directory's I/O first, without the lock.
+  ASSIGN_OR_RETURN(CacheDirectory::ScanResult scan, directory_.Scan());
   absl::MutexLock lock(&mu_);
-  for (const std::string& hash : metas) {
-    const std::string meta_path =
-        absl::StrCat(options_.dir, "/", hash, ".meta");
-    const std::string shard_path =
-        absl::StrCat(options_.dir, "/", hash, ".shard");
-    std::optional<Meta> meta = ReadMeta(meta_path);
-    auto shard = shards.find(hash);
-    struct stat st;
-    bool shard_ok = shard != shards.end() && stat(shard_path.c_str(), &st) == 0;
-    if (meta.has_value() && shard_ok && Sha256Hex(meta->url) == hash &&
-        st.st_size == meta->size) {
-      auto entry = std::make_shared<Entry>();
-      entry->url = meta->url;
-      entry->size = meta->size;
-      entry->sha256 = meta->sha256;
-      entry->ready = true;
-      entries_[meta->url] = entry;
-      adopted.emplace_back(shard->second, meta->url);
-      shards.erase(shard);
-      continue;
-    }
-    struct stat mst;
-    if (!shard_ok && stat(meta_path.c_str(), &mst) == 0 &&
-        now - mst.st_mtime < kInstallGraceSeconds) {
-      continue;  // another process may be installing it right now
-    }
-    if (unlink(meta_path.c_str()) == 0) ++removed;
-    if (shard_ok && unlink(shard_path.c_str()) == 0) ++removed;
-    if (shard != shards.end()) shards.erase(shard);
-  }
-  for (const auto& [hash, mtime] : shards) {  // .shard without .meta
-    if (now - mtime < kInstallGraceSeconds) continue;
-    if (unlink(absl::StrCat(options_.dir, "/", hash, ".shard").c_str()) == 0)
-      ++removed;
-  }
-  std::sort(adopted.begin(), adopted.end());
-  for (const auto& [mtime, url] : adopted) {
-    Entry& e = *entries_[url];
-    e.lru = lru_.insert(lru_.end(), url);
-    bytes_ += e.size;
+  for (const CacheDirectory::Record& r : scan.complete) {
+    auto entry = std::make_shared<Entry>();
+    entry->url = r.url;
+    entry->size = r.size;
+    entry->sha256 = r.sha256;
+    entry->ready = true;
+    entry->lru = lru_.insert(lru_.end(), r.url);
+    bytes_ += entry->size;
+    entries_[r.url] = std::move(entry);
   }
   LogInfo(
       "shard cache %s: %d cached shards (%d bytes) adopted, %d leftover files "
       "removed",
-      options_.dir, static_cast<int>(adopted.size()), bytes_, removed);
+      options_.dir, static_cast<int>(scan.complete.size()), bytes_,
+      scan.removed);
   EvictLocked();
   UpdateGaugeLocked();
   return absl::OkStatus();
@@ -312,18 +141,9 @@ std::shared_ptr<const ShardData> ShardCache::Pinned(
 
 absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::PinLocked(
     const std::shared_ptr<Entry>& entry) {
-  const std::string path = PathFor(entry->url);
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("cached shard \"", entry->url, "\" vanished"));
-  }
   ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> data,
-                   ShardData::Map(fd, entry->url));
-  if (data->size() != entry->size) {
-    return absl::NotFoundError(
-        absl::StrCat("cached shard \"", entry->url, "\" changed size"));
-  }
+                   directory_.Map(CacheDirectory::Record{
+                       entry->url, entry->size, entry->sha256}));
   lru_.splice(lru_.end(), lru_, entry->lru);
   return Pinned(entry, std::move(data));
 }
@@ -343,15 +163,7 @@ void ShardCache::DropLocked(const std::shared_ptr<Entry>& entry,
     bytes_ -= entry->size;
     entry->ready = false;
   }
-  if (remove_files) {
-    const std::string shard_path = PathFor(entry->url);
-    const std::string meta_path =
-        shard_path.substr(0, shard_path.size() - 6) + ".meta";
-    // .shard first: a crash in between leaves a .meta alone, which start-up
-    // removes; never a .shard without its size record being checked.
-    unlink(shard_path.c_str());
-    unlink(meta_path.c_str());
-  }
+  if (remove_files) directory_.Remove(entry->url);
   entries_.erase(it);
   UpdateGaugeLocked();
 }
@@ -403,21 +215,13 @@ int64_t ShardCache::FreeBytes() const {
 
 bool ShardCache::AdoptFromDiskLocked(const ShardRef& shard,
                                      const std::string& expected_sha) {
-  const std::string shard_path = PathFor(shard.url);
-  const std::string meta_path =
-      shard_path.substr(0, shard_path.size() - 6) + ".meta";
-  std::optional<Meta> meta = ReadMeta(meta_path);
-  struct stat st;
-  if (!meta.has_value() || meta->url != shard.url ||
-      stat(shard_path.c_str(), &st) != 0 || st.st_size != meta->size ||
-      (shard.size_bytes > 0 && meta->size != shard.size_bytes) ||
-      (!expected_sha.empty() && meta->sha256 != expected_sha)) {
-    return false;
-  }
+  std::optional<CacheDirectory::Record> record =
+      directory_.Find(shard, expected_sha);
+  if (!record.has_value()) return false;
   auto entry = std::make_shared<Entry>();
   entry->url = shard.url;
-  entry->size = meta->size;
-  entry->sha256 = meta->sha256;
+  entry->size = record->size;
+  entry->sha256 = record->sha256;
   entry->ready = true;
   entry->lru = lru_.insert(lru_.end(), shard.url);
   entries_[shard.url] = entry;
@@ -567,90 +371,17 @@ void ShardCache::Download(const ShardRef& shard) {
 
 absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::DownloadToCache(
     const ShardRef& shard, FetchFailure* failure, std::string* sha256) {
-  const std::string hash = Sha256Hex(shard.url);
   int64_t n;
   {
     absl::MutexLock lock(&mu_);
     n = ++temp_counter_;
   }
-  static const std::string host = HostName();
-  const std::string temp =
-      absl::StrCat(options_.dir, "/", kTempPrefix, getpid(), "-", n, "-shard-",
-                   hash, "@", host);
-  const std::string temp_meta =
-      absl::StrCat(options_.dir, "/", kTempPrefix, getpid(), "-", n, "-meta-",
-                   hash, "@", host);
-  const std::string final_shard =
-      absl::StrCat(options_.dir, "/", hash, ".shard");
-  const std::string final_meta = absl::StrCat(options_.dir, "/", hash, ".meta");
-  auto disk_error = [&](absl::Status status) {
-    *failure = FetchFailure::kDisk;
-    unlink(temp.c_str());
-    unlink(temp_meta.c_str());
-    return status;
-  };
-  int fd = open(temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return disk_error(ErrnoError("create", temp));
-  auto reject = [&](absl::Status status) {
-    close(fd);
-    unlink(temp.c_str());
-    return status;
-  };
-  absl::StatusOr<std::string> expected = ExpectedSha256(shard);
-  if (!expected.ok()) return reject(expected.status());
-  // Hashing costs CPU at download speed: only when the manifest has a sum.
-  absl::StatusOr<FetchResult> fetched =
-      fetcher_->Fetch(shard.url, fd, /*sha256=*/!expected->empty(), failure);
-  if (!fetched.ok()) return reject(fetched.status());
-  if (shard.size_bytes > 0 && fetched->bytes != shard.size_bytes) {
-    *failure = FetchFailure::kSizeMismatch;
-    return reject(absl::DataLossError(
-        absl::StrCat("shard \"", shard.url, "\": downloaded ", fetched->bytes,
-                     " bytes but the manifest says size_bytes ",
-                     shard.size_bytes, "; not cached")));
-  }
-  if (!expected->empty() && *expected != fetched->sha256) {
-    *failure = FetchFailure::kChecksumMismatch;
-    return reject(absl::DataLossError(absl::StrCat(
-        "shard \"", shard.url,
-        "\": downloaded content has sha256:", fetched->sha256,
-        " but the manifest says ", shard.checksum, "; not cached")));
-  }
-  *sha256 = fetched->sha256;
-  if (fsync(fd) != 0) {
-    close(fd);
-    return disk_error(ErrnoError("fsync", temp));
-  }
-  {
-    int mfd =
-        open(temp_meta.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (mfd < 0) {
-      close(fd);
-      return disk_error(ErrnoError("create", temp_meta));
-    }
-    absl::Status written =
-        WriteAll(mfd,
-                 absl::StrCat(kMetaMagic, "\n", shard.url, "\n", fetched->bytes,
-                              "\n", fetched->sha256, "\n"),
-                 temp_meta);
-    if (written.ok() && fsync(mfd) != 0)
-      written = ErrnoError("fsync", temp_meta);
-    close(mfd);
-    if (!written.ok()) {
-      close(fd);
-      return disk_error(written);
-    }
-  }
-  // .meta before .shard: a .shard under its final name always has its record.
-  if (rename(temp_meta.c_str(), final_meta.c_str()) != 0 ||
-      rename(temp.c_str(), final_shard.c_str()) != 0) {
-    absl::Status status = ErrnoError("install", final_shard);
-    close(fd);
-    return disk_error(status);
-  }
-  absl::Status synced = FsyncDir(options_.dir);
-  if (!synced.ok()) LogWarning("%s", synced.ToString());
-  return ShardData::Map(fd, shard.url);
+  return directory_.Install(
+      shard, n,
+      [this, &shard](int fd, bool hash, FetchFailure* f) {
+        return fetcher_->Fetch(shard.url, fd, hash, f);
+      },
+      failure, sha256);
 }
 
 // ------------------------------------------------------------ composite store

@@ -1,13 +1,9 @@
 // The shard cache: remote shards downloaded once into a local directory and
 // served from there, without lock files.
 //
-// Layout of --cache_dir (flat):
-//   <h>.shard   a complete, verified shard (h = SHA-256 of its URL, hex)
-//   <h>.meta    "sluice-cache-v1\n<url>\n<size>\n<sha256 hex or empty>\n"
-//               (the body is hashed only when the manifest has a checksum; a
-//               later request with a checksum for an unhashed entry downloads
-//               it again)
-//   .tmp-<host>-<pid>-<n>-<h>[.meta]   a download in progress
+// The directory itself (layout, records, crash-safe install, start-up
+// adoption) is CacheDirectory (cache_directory.h); this class keeps the
+// in-memory side: single flight, pins, LRU and eviction, prefetches.
 //
 // How it stays correct without locks:
 //  * Single flight in memory: concurrent requests for one URL in this process
@@ -45,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/common/thread_pool.h"
+#include "server/dataserver/cache_directory.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/remote_fetcher.h"
 #include "server/format/shard_store.h"
@@ -140,6 +137,7 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   int64_t FreeBytes() const;
 
   const ShardCacheOptions options_;
+  const CacheDirectory directory_;
   const std::unique_ptr<RemoteFetcher> fetcher_;
 
   mutable absl::Mutex mu_;
