@@ -26,6 +26,7 @@
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_cluster.h"
 
 namespace sluice {
 namespace {
@@ -48,48 +49,28 @@ struct SourceData {
 class MixTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    if (!HasFailure() || coordinator_.log_path.empty()) return;
-    std::ifstream log(coordinator_.log_path);
-    std::cerr << "--- coordinator log\n" << log.rdbuf() << "---\n";
+    if (HasFailure())
+      std::cerr << "--- coordinator log\n"
+                << cluster_.CoordinatorLog() << "---\n";
   }
 
   // Sources a (1,000 samples), b (200) and c (5,000); a coordinator and two
   // data servers.
   void SetUp() override {
-    mkdir(dir_.File("shards").c_str(), 0755);
     sources_ = {{"a", 10, 100, {}}, {"b", 4, 50, {}}, {"c", 20, 250, {}}};
     for (SourceData& src : sources_) {
       for (int s = 0; s < src.shards; ++s) {
-        testing::TarWriter tar;
-        for (int i = 0; i < src.per_shard; ++i) {
-          tar.File(absl::StrCat(src.name, s, "_", i, ".cls"),
-                   std::to_string(i));
-        }
-        const std::string path =
-            dir_.File(absl::StrCat("shards/", src.name, s, ".tar"));
-        testing::WriteFile(path, tar.Finish());
-        src.urls.push_back(path);
+        src.urls.push_back(cluster_.WriteShard(
+            absl::StrCat(src.name, s), src.per_shard,
+            [&](testing::TarWriter& tar, int i) {
+              tar.File(absl::StrCat(src.name, s, "_", i, ".cls"),
+                       std::to_string(i));
+            }));
       }
     }
-    StartCoordinator({});
-    for (int i = 0; i < 2; ++i) {
-      auto ds =
-          ServerProcess::Start("sluice-dataserver", dir_.path(),
-                               {"--roots=" + dir_.File("shards"),
-                                "--coordinator=" + coordinator_.grpc_address});
-      ASSERT_TRUE(ds.ok()) << ds.status();
-      data_.push_back(std::move(*ds));
-    }
-    ASSERT_TRUE(WaitForMetric(coordinator_.metrics_address,
-                              "sluice_coordinator_data_servers 2"));
-  }
-
-  void StartCoordinator(std::vector<std::string> extra) {
-    extra.push_back("--journal_dir=" + dir_.File("journal"));
-    extra.push_back("--heartbeat_interval=200ms");
-    auto c = ServerProcess::Start("sluice-coordinator", dir_.path(), extra);
-    ASSERT_TRUE(c.ok()) << c.status();
-    coordinator_ = std::move(*c);
+    ASSERT_TRUE(cluster_.StartCoordinator().ok());
+    const absl::Status started = cluster_.StartDataServers(2);
+    ASSERT_TRUE(started.ok()) << started;
   }
 
   v1::Source* AddSource(v1::JobSpec& spec, int index) {
@@ -143,9 +124,9 @@ class MixTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  testing::TestCluster cluster_{dir_.path()};
+  ServerProcess& coordinator_ = cluster_.coordinator();
   std::vector<SourceData> sources_;
-  ServerProcess coordinator_;
-  std::vector<ServerProcess> data_;
 };
 
 // Per epoch, the samples a reader delivered in order; stops after `limit`
@@ -369,14 +350,12 @@ TEST_F(MixTest, ResumeFromAMergedCursorContinuesExactly) {
 // position once and every source's exact share.
 TEST_F(MixTest, CoordinatorKilledMidEpochKeepsEveryPositionOnce) {
   Create(WeightedSpec("killed", 2, 1));
-  const std::string address = coordinator_.grpc_address;
   std::vector<std::unique_ptr<Reader>> readers;
   for (int r = 0; r < 2; ++r) readers.push_back(MakeReader("killed", r));
   std::vector<std::map<int64_t, Sequence>> seen(2);
   std::thread other([&] { seen[1] = ReadSequence(*readers[1]); });
   seen[0] = ReadSequence(*readers[0], 300);
-  coordinator_.process.Kill();
-  StartCoordinator({"--listen=" + address});
+  ASSERT_TRUE(cluster_.RestartCoordinator().ok());
   const auto rest = ReadSequence(*readers[0]);
   other.join();
   for (const auto& [e, seq] : rest)

@@ -24,6 +24,7 @@
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_cluster.h"
 #include "tests/testing/wait.h"
 
 namespace sluice {
@@ -36,48 +37,27 @@ using ::sluice::testing::WaitForMetric;
 class ReaderTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    if (!HasFailure() || coordinator_.log_path.empty()) return;
-    std::ifstream log(coordinator_.log_path);
-    std::cerr << "--- coordinator log\n" << log.rdbuf() << "---\n";
+    if (HasFailure())
+      std::cerr << "--- coordinator log\n"
+                << cluster_.CoordinatorLog() << "---\n";
   }
 
   // `shards` shards of `per_shard` samples; a coordinator and `servers` data
   // servers registered with it.
   void StartCluster(int shards, int per_shard, int servers,
                     size_t sample_bytes = 200) {
-    mkdir(dir_.File("shards").c_str(), 0755);
     for (int s = 0; s < shards; ++s) {
-      testing::TarWriter tar;
-      for (int i = 0; i < per_shard; ++i) {
-        tar.File(absl::StrCat("s", s, "_", i, ".cls"), std::to_string(i))
-            .File(absl::StrCat("s", s, "_", i, ".bin"),
-                  std::string(sample_bytes, 'a' + (i % 26)));
-      }
-      std::string path = dir_.File(absl::StrCat("shards/", s, ".tar"));
-      testing::WriteFile(path, tar.Finish());
-      urls_.push_back(path);
+      urls_.push_back(cluster_.WriteShard(
+          std::to_string(s), per_shard, [&](testing::TarWriter& tar, int i) {
+            tar.File(absl::StrCat("s", s, "_", i, ".cls"), std::to_string(i))
+                .File(absl::StrCat("s", s, "_", i, ".bin"),
+                      std::string(sample_bytes, 'a' + (i % 26)));
+          }));
     }
     per_shard_ = per_shard;
-    StartCoordinator({});
-    for (int i = 0; i < servers; ++i) {
-      auto ds =
-          ServerProcess::Start("sluice-dataserver", dir_.path(),
-                               {"--roots=" + dir_.File("shards"),
-                                "--coordinator=" + coordinator_.grpc_address});
-      ASSERT_TRUE(ds.ok()) << ds.status();
-      data_.push_back(std::move(*ds));
-    }
-    ASSERT_TRUE(WaitForMetric(
-        coordinator_.metrics_address,
-        absl::StrCat("sluice_coordinator_data_servers ", servers)));
-  }
-
-  void StartCoordinator(std::vector<std::string> extra) {
-    extra.push_back("--journal_dir=" + dir_.File("journal"));
-    extra.push_back("--heartbeat_interval=200ms");
-    auto c = ServerProcess::Start("sluice-coordinator", dir_.path(), extra);
-    ASSERT_TRUE(c.ok()) << c.status();
-    coordinator_ = std::move(*c);
+    ASSERT_TRUE(cluster_.StartCoordinator().ok());
+    const absl::Status started = cluster_.StartDataServers(servers);
+    ASSERT_TRUE(started.ok()) << started;
   }
 
   // `shuffle_window` 1 (units of one shard, whose failures the tests
@@ -122,10 +102,11 @@ class ReaderTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  testing::TestCluster cluster_{dir_.path()};
+  ServerProcess& coordinator_ = cluster_.coordinator();
+  std::vector<ServerProcess>& data_ = cluster_.data_servers();
   std::vector<std::string> urls_;
   int per_shard_ = 0;
-  ServerProcess coordinator_;
-  std::vector<ServerProcess> data_;
 };
 
 // What a rank's reader saw: per epoch, (shard, index) -> count; events.
@@ -286,7 +267,7 @@ TEST_F(ReaderTest, OneStreamPerDataServerCarriesDataAtATime) {
 // readable shard is delivered exactly once.
 TEST_F(ReaderTest, AShardNoServerCanServeKeepsBeingRerouted) {
   StartCluster(2, 10, 1);
-  urls_.push_back(dir_.File("shards") + "/gone.tar");
+  urls_.push_back(cluster_.shards_dir() + "/gone.tar");
   CreateJob("gone", 1, 1);
   auto reader = MakeReader("gone", 0);
   std::atomic<int64_t> got{0};
@@ -314,12 +295,8 @@ TEST_F(ReaderTest, CoordinatorKilledAndRestartedMidRead) {
   StartCluster(8, 50, 1);
   CreateJob("restart", 1, 1);
   auto reader = MakeReader("restart", 0);
-  std::string address = coordinator_.grpc_address;
   Seen seen = ReadAll(*reader, [&](int64_t n, const Sample&) {
-    if (n == 120) {
-      coordinator_.process.Kill();
-      StartCoordinator({"--listen=" + address});
-    }
+    if (n == 120) ASSERT_TRUE(cluster_.RestartCoordinator().ok());
   });
   ASSERT_TRUE(seen.status.ok()) << seen.status;
   std::map<std::pair<int, int64_t>, int> all = seen.samples[0];
@@ -338,13 +315,12 @@ TEST_F(ReaderTest, CoordinatorDownLongerThanTheLeaseTtl) {
   StartCluster(8, 50, 1);
   CreateJob("down", 1, 1);  // lease TTL 2 s
   auto reader = MakeReader("down", 0, /*buffer=*/64);
-  std::string address = coordinator_.grpc_address;
   Seen seen = ReadAll(*reader, [&](int64_t n, const Sample&) {
     if (n == 120) {
-      coordinator_.process.Kill();
+      cluster_.KillCoordinator();
       absl::SleepFor(
           absl::Seconds(3));  // the outage itself, not a wait for an event
-      StartCoordinator({"--listen=" + address});
+      ASSERT_TRUE(cluster_.RestartCoordinator().ok());
     }
   });
   ASSERT_TRUE(seen.status.ok()) << seen.status;
