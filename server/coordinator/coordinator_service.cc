@@ -124,8 +124,17 @@ absl::Duration CoordinatorService::TtlLocked(const JobData& job) const {
 absl::Status CoordinatorService::CommitLocked(JournalRecord record,
                                               Effects& fx) {
   record.set_time_unix_ms(absl::ToUnixMillis(options_.clock->Now()));
-  fx.ticket = journal_->Enqueue(record);
-  RETURN_IF_ERROR(state_.Apply(std::move(record)));
+  if (record.record_case() == JournalRecord::kJobCreated) {
+    // Never refused (CreateJob validated the spec): journaled first, so the
+    // state can take the manifest over instead of copying it.
+    fx.ticket = journal_->Enqueue(record);
+    RETURN_IF_ERROR(state_.Apply(std::move(record)));
+  } else {
+    // Applied first: a record the state refuses (it changes nothing then)
+    // never reaches the journal, whose replay would refuse it too.
+    RETURN_IF_ERROR(state_.Apply(record));
+    fx.ticket = journal_->Enqueue(record);
+  }
   MaybeCompactLocked();
   return absl::OkStatus();
 }

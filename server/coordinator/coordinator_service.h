@@ -1,9 +1,10 @@
 // CoordinatorService: jobs, trainer sessions and shard leases (logic only;
 // grpc_coordinator_service.cc adapts it to gRPC).
 //
-// Every state change goes: validate -> journal Enqueue (under mu_, so journal
-// order is apply order) -> CoordinatorState::Apply -> release mu_ ->
-// WaitDurable (group commit) -> deliver the messages that depend on it. No
+// Every state change goes: validate -> CoordinatorState::Apply -> journal
+// Enqueue, both under mu_ (journal order is apply order, and a record the
+// state refuses is never journaled) -> release mu_ -> WaitDurable (group
+// commit) -> deliver the messages that depend on it (durable_outbox.h). No
 // trainer ever hears of state that a crash could lose (G5).
 //
 // Worked example (world_size 2, static): CreateJob; session A Hello{rank 0},

@@ -1,5 +1,7 @@
 #include "server/coordinator/coordinator_state.h"
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/job_spec.h"
@@ -265,6 +267,35 @@ TEST(CoordinatorStateRecordTest, JobDeletedForgetsTheJob) {
   ASSERT_OK(state.Apply(Deleted("j")));
   EXPECT_EQ(state.FindJob("j"), nullptr);
   EXPECT_TRUE(state.jobs().empty());
+}
+
+// The coordinator journals a record only after the state accepted it, so a
+// refused record must leave the state exactly as it was.
+TEST(CoordinatorStateRecordTest, ARefusedRecordChangesNothing) {
+  CoordinatorState state;
+  JournalRecord created = Created("j");
+  created.mutable_job_created()->mutable_spec()->set_num_epochs(2);
+  ASSERT_OK(state.Apply(created));
+  ASSERT_OK(state.Apply(Granted("j", 1)));
+  ASSERT_OK(state.Apply(Acked("j", 1, 0, 3, false)));
+  const JournalRecord before = state.Snapshot();
+  JournalRecord wrong_epoch = Granted("j", 2);
+  wrong_epoch.mutable_lease_granted()->set_epoch(1);
+  JournalRecord workers;
+  workers.mutable_workers_set()->set_job("j");
+  workers.mutable_workers_set()->set_epoch(0);
+  workers.mutable_workers_set()->set_workers_per_rank(2);  // leases are out
+  JournalRecord resume;
+  resume.mutable_job_resumed()->set_job("nope");
+  for (const JournalRecord& refused :
+       {Granted("nope", 2), wrong_epoch, Acked("j", 9, 0, 1, false),
+        Acked("nope", 1, 0, 1, false), Advanced("nope", 1), workers, resume,
+        JournalRecord()}) {
+    EXPECT_FALSE(state.Apply(refused).ok()) << refused.ShortDebugString();
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+        state.Snapshot(), before))
+        << refused.ShortDebugString();
+  }
 }
 
 TEST(CoordinatorStateRecordTest, AnEmptyRecordIsRefused) {
