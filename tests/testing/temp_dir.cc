@@ -23,4 +23,12 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ignored);
 }
 
+std::set<std::string> FileNames(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.insert(e.path().filename().string());
+  }
+  return out;
+}
+
 }  // namespace sluice::testing

@@ -2,6 +2,7 @@
 #ifndef SLUICE_TESTS_TESTING_TEMP_DIR_H_
 #define SLUICE_TESTS_TESTING_TEMP_DIR_H_
 
+#include <set>
 #include <string>
 
 namespace sluice::testing {
@@ -20,6 +21,9 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The names of the entries directly in `dir`.
+std::set<std::string> FileNames(const std::string& dir);
 
 }  // namespace sluice::testing
 

@@ -6,9 +6,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
-#include <set>
-
 #include "absl/strings/str_cat.h"
 #include "tests/testing/sigv4.h"
 #include "tests/testing/status_matchers.h"
@@ -21,14 +18,6 @@ namespace {
 using ::sluice::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
-
-std::set<std::string> Names(const std::string& dir) {
-  std::set<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    out.insert(e.path().filename().string());
-  }
-  return out;
-}
 
 // A fetch that writes `body` (and hashes it when asked).
 CacheDirectory::Fetch Serving(std::string body) {
@@ -46,6 +35,15 @@ CacheDirectory::Fetch Serving(std::string body) {
 
 constexpr char kUrl[] = "http://h/a.tar";
 
+// Installs kUrl holding "body", unhashed (the manifest has no checksum).
+void InstallBody(const CacheDirectory& directory) {
+  FetchFailure failure = FetchFailure::kNone;
+  std::string sha;
+  auto data = directory.Install(ShardRef{kUrl, 0, ""}, 1, Serving("body"),
+                                &failure, &sha);
+  ASSERT_TRUE(data.ok()) << data.status();
+}
+
 TEST(CacheDirectoryTest, InstallsAVerifiedShardUnderItsFinalNamesOnly) {
   testing::TempDir dir;
   CacheDirectory directory(dir.path());
@@ -58,7 +56,7 @@ TEST(CacheDirectoryTest, InstallsAVerifiedShardUnderItsFinalNamesOnly) {
   EXPECT_EQ((*data)->bytes(), body);
   EXPECT_EQ(sha, testing::Sha256Hex(body));
   const std::string hash = testing::Sha256Hex(kUrl);
-  EXPECT_THAT(Names(dir.path()),
+  EXPECT_THAT(testing::FileNames(dir.path()),
               UnorderedElementsAre(hash + ".shard", hash + ".meta"));
   EXPECT_EQ(directory.ShardPath(kUrl), dir.File(hash + ".shard"));
   EXPECT_EQ(testing::ReadFileOrDie(dir.File(hash + ".meta")),
@@ -82,7 +80,7 @@ TEST(CacheDirectoryTest, AChecksumMismatchInstallsNothing) {
   EXPECT_THAT(data.status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not cached")));
   EXPECT_EQ(failure, FetchFailure::kChecksumMismatch);
-  EXPECT_THAT(Names(dir.path()), ::testing::IsEmpty());
+  EXPECT_THAT(testing::FileNames(dir.path()), ::testing::IsEmpty());
 }
 
 TEST(CacheDirectoryTest, ASizeMismatchOrAFailedFetchLeavesNoFile) {
@@ -104,18 +102,13 @@ TEST(CacheDirectoryTest, ASizeMismatchOrAFailedFetchLeavesNoFile) {
       &failure, &sha);
   EXPECT_THAT(failed.status(), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(failure, FetchFailure::kNetwork);
-  EXPECT_THAT(Names(dir.path()), ::testing::IsEmpty());
+  EXPECT_THAT(testing::FileNames(dir.path()), ::testing::IsEmpty());
 }
 
 TEST(CacheDirectoryTest, FindRefusesARecordThatDisagreesWithTheManifest) {
   testing::TempDir dir;
   CacheDirectory directory(dir.path());
-  FetchFailure failure = FetchFailure::kNone;
-  std::string sha;
-  ASSERT_TRUE(
-      directory
-          .Install(ShardRef{kUrl, 0, ""}, 1, Serving("body"), &failure, &sha)
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(InstallBody(directory));
   EXPECT_TRUE(directory.Find(ShardRef{kUrl, 0, ""}, "").has_value());
   EXPECT_TRUE(directory.Find(ShardRef{kUrl, 4, ""}, "").has_value());
   EXPECT_FALSE(directory.Find(ShardRef{kUrl, 5, ""}, "").has_value());
@@ -130,14 +123,9 @@ TEST(CacheDirectoryTest, FindRefusesARecordThatDisagreesWithTheManifest) {
 TEST(CacheDirectoryTest, RemovedEntriesAreGoneAndNoLongerMap) {
   testing::TempDir dir;
   CacheDirectory directory(dir.path());
-  FetchFailure failure = FetchFailure::kNone;
-  std::string sha;
-  ASSERT_TRUE(
-      directory
-          .Install(ShardRef{kUrl, 0, ""}, 1, Serving("body"), &failure, &sha)
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(InstallBody(directory));
   directory.Remove(kUrl);
-  EXPECT_THAT(Names(dir.path()), ::testing::IsEmpty());
+  EXPECT_THAT(testing::FileNames(dir.path()), ::testing::IsEmpty());
   EXPECT_FALSE(directory.Find(ShardRef{kUrl, 0, ""}, "").has_value());
   EXPECT_THAT(directory.Map(CacheDirectory::Record{kUrl, 4, ""}).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("vanished")));

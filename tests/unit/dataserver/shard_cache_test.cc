@@ -26,14 +26,6 @@ using ::sluice::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
-std::set<std::string> Names(const std::string& dir) {
-  std::set<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    out.insert(e.path().filename().string());
-  }
-  return out;
-}
-
 std::string Host() {
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
@@ -96,7 +88,7 @@ TEST(ShardCacheTest,
   auto cache = NewCache(dir.path());
   ASSERT_NE(cache, nullptr);
   const std::string good = testing::Sha256Hex("http://h/good.tar");
-  EXPECT_THAT(Names(dir.path()),
+  EXPECT_THAT(testing::FileNames(dir.path()),
               UnorderedElementsAre(live_temp, foreign_temp, good + ".shard",
                                    good + ".meta", "notes.txt"));
   EXPECT_EQ(cache->bytes_in_use(), 14);
@@ -191,7 +183,7 @@ TEST(ShardCacheTest, BadUrlsAndChecksumsAreRejectedBeforeAnyDownload) {
   EXPECT_THAT(
       cache->Open(ShardRef{"http://h/a.tar", 0, "md5:abc"}).status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("md5:abc")));
-  EXPECT_TRUE(Names(dir.path()).empty());
+  EXPECT_TRUE(testing::FileNames(dir.path()).empty());
 }
 
 TEST(ShardCacheTest, CompositeStoreNamesTheMissingFlag) {
