@@ -170,6 +170,9 @@ void CoordinatorService::Flush() { outbox_->Flush(); }
 
 CoordinatorService::~CoordinatorService() {
   StopExpiryThread();
+  // Once/Barrier persist through the outbox: gone first, so nothing it
+  // journals can outlive the outbox.
+  once_barrier_.reset();
   // Whatever is left goes out once durable, before the journal closes.
   outbox_.reset();
 }
