@@ -19,12 +19,6 @@
 #include "server/dataserver/mixed_unit.h"
 
 namespace sluice::dataserver {
-namespace {
-
-constexpr size_t kMaxFences = 1 << 20;
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<DataServerService>> DataServerService::Create(
     DataServerOptions options) {
   if (options.store == nullptr) {
@@ -77,65 +71,18 @@ absl::Status DataServerService::CheckExpiry(const v1::Lease& lease) const {
 }
 
 absl::Status DataServerService::CheckFence(const v1::Lease& lease) {
-  std::string unit =
-      absl::StrCat(lease.unit().sequence(), "/", lease.unit().shard_index());
   absl::MutexLock lock(&mu_);
-  auto [job, new_job] = fences_.try_emplace(lease.job());
-  JobFences& f = job->second;
-  if (!new_job && lease.epoch() != f.epoch) {
-    if (lease.fence() <= f.max_fence) {
-      return absl::AbortedError(absl::StrCat(
-          "lease \"", lease.lease_id(), "\" (job \"", lease.job(),
-          "\") is for epoch ", lease.epoch(), " with fence ", lease.fence(),
-          ", but leases of epoch ", f.epoch, " up to fence ", f.max_fence,
-          " were already presented: the job has moved on"));
-    }
-    fence_units_ -= f.units.size();
-    f.units.clear();
-  }
-  f.epoch = lease.epoch();
-  const int64_t begin = lease.unit().begin(), end = lease.unit().end();
-  std::vector<FencedRange>& ranges = f.units[unit];
-  for (const FencedRange& r : ranges) {
-    if (r.begin < end && begin < r.end && lease.fence() < r.fence) {
-      return absl::AbortedError(
-          absl::StrCat("lease \"", lease.lease_id(), "\" (job \"", lease.job(),
-                       "\") has fence ", lease.fence(), " but fence ", r.fence,
-                       " was already presented for samples [", r.begin, ", ",
-                       r.end, ") of shard ", lease.unit().shard_index(),
-                       ": the lease was granted again"));
-    }
-  }
-  // Ranges this lease covers whole are superseded by it.
-  const size_t before = ranges.size();
-  ranges.erase(std::remove_if(ranges.begin(), ranges.end(),
-                              [&](const FencedRange& r) {
-                                return r.fence <= lease.fence() &&
-                                       begin <= r.begin && r.end <= end;
-                              }),
-               ranges.end());
-  ranges.push_back(FencedRange{begin, end, lease.fence()});
-  fence_units_ += ranges.size();
-  fence_units_ -= before;
-  f.max_fence = std::max(f.max_fence, lease.fence());
-  max_fence_seen_ = std::max(max_fence_seen_, lease.fence());
-  if (fence_units_ > kMaxFences) {
-    // Last resort (a million units in one epoch): forget the units, keep
-    // each job's epoch and newest fence.
-    for (auto& [name, jf] : fences_) jf.units.clear();
-    fence_units_ = 0;
-  }
-  return absl::OkStatus();
+  return fences_.Check(lease);
 }
 
 size_t DataServerService::fence_units() const {
   absl::MutexLock lock(&mu_);
-  return fence_units_;
+  return fences_.ranges();
 }
 
 uint64_t DataServerService::max_fence_seen() const {
   absl::MutexLock lock(&mu_);
-  return max_fence_seen_;
+  return fences_.max_fence_seen();
 }
 
 absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(

@@ -21,6 +21,7 @@
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/decode_budget.h"
 #include "server/dataserver/decoders.h"
+#include "server/dataserver/fence_tracker.h"
 #include "server/dataserver/image_transforms.h"
 #include "server/dataserver/sample_encoder.h"
 #include "server/dataserver/sample_stream.h"
@@ -87,7 +88,8 @@ class DataServerService {
   // New streams are refused (UNAVAILABLE) from now on.
   void Drain();
   int active_streams() const;
-  // Units whose newest fence is remembered (tests: the memory bound).
+  // Sample ranges whose newest fence is remembered (tests: the memory
+  // bound).
   size_t fence_units() const;
   // The newest fence presented to this server, over all jobs (0 = none).
   uint64_t max_fence_seen() const;
@@ -125,30 +127,7 @@ class DataServerService {
       std::pair<std::string, std::shared_ptr<const std::vector<uint16_t>>>>
       labels_ ABSL_GUARDED_BY(mu_);
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
-  // Fences seen, per job. The coordinator's fences only grow (across jobs
-  // too), and a job's epoch e+1 is granted only after every unit of epoch e
-  // completed, so only the newest epoch's units need remembering: a lease
-  // of another epoch is stale unless its fence is above every fence seen
-  // for the job (then the job moved: a later epoch, an epoch rolled back by
-  // a resume, or the job created again under its name).
-  // A lease is stale when a lease with a higher fence over any of the same
-  // samples was presented: fences are kept per sample range, since the
-  // pieces of a unit split at a quota boundary share its sequence number but
-  // never a sample, and both are valid.
-  struct FencedRange {
-    int64_t begin = 0;
-    int64_t end = 0;
-    uint64_t fence = 0;
-  };
-  struct JobFences {
-    int64_t epoch = 0;
-    uint64_t max_fence = 0;
-    // Fenced ranges per unit ("sequence/shard_index") of `epoch`.
-    absl::flat_hash_map<std::string, std::vector<FencedRange>> units;
-  };
-  absl::flat_hash_map<std::string, JobFences> fences_ ABSL_GUARDED_BY(mu_);
-  size_t fence_units_ ABSL_GUARDED_BY(mu_) = 0;  // over all jobs
-  uint64_t max_fence_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  FenceTracker fences_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice::dataserver
