@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -88,7 +89,7 @@ std::string ShardCache::PathFor(const std::string& url) const {
 absl::Status ShardCache::Scan() {
   // The directory's I/O first, without the lock.
   ASSIGN_OR_RETURN(CacheDirectory::ScanResult scan, directory_.Scan());
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   for (const CacheDirectory::Record& r : scan.complete) {
     auto entry = std::make_shared<Entry>();
     entry->url = r.url;
@@ -106,6 +107,8 @@ absl::Status ShardCache::Scan() {
       scan.removed);
   EvictLocked();
   UpdateGaugeLocked();
+  lock.Release();
+  RemoveDoomed();
   return absl::OkStatus();
 }
 
@@ -127,7 +130,6 @@ std::vector<std::string> ShardCache::CachedUrls() const {
 std::shared_ptr<const ShardData> ShardCache::Pinned(
     const std::shared_ptr<Entry>& entry,
     std::shared_ptr<const ShardData> data) {
-  ++entry->pins;
   auto pin = std::make_shared<ShardCachePin>();
   pin->data = std::move(data);
   std::weak_ptr<ShardCache> weak = weak_from_this();
@@ -139,33 +141,61 @@ std::shared_ptr<const ShardData> ShardCache::Pinned(
   return std::shared_ptr<const ShardData>(pin, raw);
 }
 
-absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::PinLocked(
-    const std::shared_ptr<Entry>& entry) {
-  ASSIGN_OR_RETURN(std::shared_ptr<const ShardData> data,
-                   directory_.Map(CacheDirectory::Record{
-                       entry->url, entry->size, entry->sha256}));
-  lru_.splice(lru_.end(), lru_, entry->lru);
-  return Pinned(entry, std::move(data));
-}
-
 void ShardCache::Unpin(const std::shared_ptr<Entry>& entry) {
-  absl::MutexLock lock(&mu_);
-  --entry->pins;
-  if (entry->pins == 0) EvictLocked();
+  {
+    absl::MutexLock lock(&mu_);
+    --entry->pins;
+    if (entry->pins == 0) EvictLocked();
+  }
+  RemoveDoomed();
 }
 
 void ShardCache::DropLocked(const std::shared_ptr<Entry>& entry,
                             bool remove_files) {
   auto it = entries_.find(entry->url);
-  if (it == entries_.end() || it->second != entry) return;
+  if (it == entries_.end() || it->second != entry || entry->removing) return;
   if (entry->ready) {
     lru_.erase(entry->lru);
     bytes_ -= entry->size;
     entry->ready = false;
   }
-  if (remove_files) directory_.Remove(entry->url);
-  entries_.erase(it);
+  if (remove_files) {
+    entry->removing = true;
+    doomed_.push_back(entry);
+  } else {
+    entries_.erase(it);
+  }
   UpdateGaugeLocked();
+}
+
+void ShardCache::RemoveDoomed() {
+  for (;;) {
+    std::vector<std::shared_ptr<Entry>> doomed;
+    {
+      absl::MutexLock lock(&mu_);
+      doomed.swap(doomed_);
+    }
+    if (doomed.empty()) return;
+    for (const std::shared_ptr<Entry>& entry : doomed) {
+      if (options_.before_remove) options_.before_remove(entry->url);
+      directory_.Remove(entry->url);
+    }
+    absl::MutexLock lock(&mu_);
+    for (const std::shared_ptr<Entry>& entry : doomed) {
+      entry->removing = false;
+      auto it = entries_.find(entry->url);
+      if (it == entries_.end() || it->second != entry) continue;
+      if (entry->waiters.empty()) {
+        entries_.erase(it);
+        continue;
+      }
+      // Opens arrived while the files went: download the shard afresh.
+      const ShardRef wanted = *entry->wanted;
+      entry->wanted.reset();
+      entry->downloading = true;
+      StartDownloadLocked(wanted);
+    }
+  }
 }
 
 void ShardCache::EvictLocked() {
@@ -213,21 +243,18 @@ int64_t ShardCache::FreeBytes() const {
   return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
 
-bool ShardCache::AdoptFromDiskLocked(const ShardRef& shard,
-                                     const std::string& expected_sha) {
-  std::optional<CacheDirectory::Record> record =
-      directory_.Find(shard, expected_sha);
-  if (!record.has_value()) return false;
+std::shared_ptr<ShardCache::Entry> ShardCache::AdoptLocked(
+    const CacheDirectory::Record& record) {
   auto entry = std::make_shared<Entry>();
-  entry->url = shard.url;
-  entry->size = record->size;
-  entry->sha256 = record->sha256;
+  entry->url = record.url;
+  entry->size = record.size;
+  entry->sha256 = record.sha256;
   entry->ready = true;
-  entry->lru = lru_.insert(lru_.end(), shard.url);
-  entries_[shard.url] = entry;
+  entry->lru = lru_.insert(lru_.end(), record.url);
+  entries_[record.url] = entry;
   bytes_ += entry->size;
   UpdateGaugeLocked();
-  return true;
+  return entry;
 }
 
 void ShardCache::OpenAsync(const ShardRef& shard, OpenCallback done) {
@@ -241,51 +268,82 @@ void ShardCache::OpenAsync(const ShardRef& shard, OpenCallback done) {
     done(http.status());
     return;
   }
-  absl::StatusOr<std::shared_ptr<const ShardData>> hit;
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) {
-      hit = absl::UnavailableError("data server is shutting down");
-    } else {
+  // The shard's entry on disk, looked up without the lock when the cache
+  // does not know the shard (unset = not looked up yet).
+  std::optional<std::optional<CacheDirectory::Record>> on_disk;
+  for (;;) {
+    absl::Status refused;
+    bool look_on_disk = false;
+    std::shared_ptr<Entry> hit;  // ready and pinned: its file is mapped next
+    CacheDirectory::Record hit_record;
+    {
+      absl::MutexLock lock(&mu_);
       auto it = entries_.find(shard.url);
       std::shared_ptr<Entry> entry =
           it == entries_.end() ? nullptr : it->second;
-      if (entry != nullptr && entry->ready &&
-          ((shard.size_bytes > 0 && entry->size != shard.size_bytes) ||
-           (!expected_sha->empty() && entry->sha256 != *expected_sha))) {
-        // The manifest describes another version than the cached one.
+      if (shut_down_) {
+        refused = absl::UnavailableError("data server is shutting down");
+      } else if (entry != nullptr && entry->ready &&
+                 ((shard.size_bytes > 0 && entry->size != shard.size_bytes) ||
+                  (!expected_sha->empty() && entry->sha256 != *expected_sha))) {
+        // The manifest describes another version than the cached one: its
+        // files go, and this Open waits for the new version below.
         DropLocked(entry, /*remove_files=*/true);
-        entry = nullptr;
+      } else if (entry == nullptr && !on_disk.has_value()) {
+        look_on_disk = true;
+      } else if (entry == nullptr && on_disk->has_value()) {
+        entry = AdoptLocked(**on_disk);
       }
-      if (entry == nullptr && AdoptFromDiskLocked(shard, *expected_sha)) {
-        entry = entries_[shard.url];
-      }
-      if (entry != nullptr && entry->ready) {
-        hit = PinLocked(entry);
-        if (!hit.ok()) {  // evicted underneath us by a process sharing the dir
-          DropLocked(entry, /*remove_files=*/false);
-          entry = nullptr;
-        }
-      }
-      if (entry == nullptr || !entry->ready) {
-        if (options_.metrics != nullptr)
-          options_.metrics->cache_misses.Increment();
-        if (entry == nullptr) {
-          entry = std::make_shared<Entry>();
-          entry->url = shard.url;
-          entry->downloading = true;
-          entries_[shard.url] = entry;
-          entry->waiters.push_back(std::move(done));
-          StartDownloadLocked(shard);
+      if (refused.ok() && !look_on_disk) {
+        if (entry != nullptr && entry->ready) {
+          ++entry->pins;  // not evicted while its file is mapped
+          lru_.splice(lru_.end(), lru_, entry->lru);
+          hit = entry;
+          hit_record = {entry->url, entry->size, entry->sha256};
         } else {
-          entry->waiters.push_back(std::move(done));
+          if (options_.metrics != nullptr)
+            options_.metrics->cache_misses.Increment();
+          if (entry == nullptr) {
+            entry = std::make_shared<Entry>();
+            entry->url = shard.url;
+            entry->downloading = true;
+            entries_[shard.url] = entry;
+            entry->waiters.push_back(std::exchange(done, nullptr));
+            StartDownloadLocked(shard);
+          } else {
+            entry->waiters.push_back(std::exchange(done, nullptr));
+            if (entry->removing && !entry->wanted.has_value())
+              entry->wanted = shard;
+          }
         }
-        return;
       }
-      if (options_.metrics != nullptr) options_.metrics->cache_hits.Increment();
     }
+    RemoveDoomed();
+    if (!refused.ok()) {
+      done(refused);
+      return;
+    }
+    if (look_on_disk) {
+      on_disk = directory_.Find(shard, *expected_sha);
+      continue;
+    }
+    if (hit == nullptr) return;  // `done` waits for a download
+    absl::StatusOr<std::shared_ptr<const ShardData>> data =
+        directory_.Map(hit_record);
+    if (data.ok()) {
+      if (options_.metrics != nullptr) options_.metrics->cache_hits.Increment();
+      done(Pinned(hit, *std::move(data)));
+      return;
+    }
+    // Evicted underneath us by a process sharing the directory: download
+    // it again.
+    {
+      absl::MutexLock lock(&mu_);
+      --hit->pins;
+      DropLocked(hit, /*remove_files=*/false);
+    }
+    on_disk = std::optional<CacheDirectory::Record>();
   }
-  done(std::move(hit));
 }
 
 absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::Open(
@@ -303,17 +361,29 @@ absl::StatusOr<std::shared_ptr<const ShardData>> ShardCache::Open(
 void ShardCache::Prefetch(const ShardRef& shard) {
   absl::StatusOr<std::string> expected_sha = ExpectedSha256(shard);
   if (!expected_sha.ok() || !fetcher_->HttpUrl(shard.url).ok()) return;
-  absl::MutexLock lock(&mu_);
-  if (shut_down_ || entries_.count(shard.url) > 0) return;
-  if (AdoptFromDiskLocked(shard, *expected_sha)) return;
-  if (queued_prefetches_ >= options_.max_queued_prefetches) return;
-  auto entry = std::make_shared<Entry>();
-  entry->url = shard.url;
-  entry->downloading = true;
-  entry->prefetch = true;
-  ++queued_prefetches_;
-  entries_[shard.url] = entry;
-  StartDownloadLocked(shard);
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_ || entries_.count(shard.url) > 0) return;
+  }
+  const std::optional<CacheDirectory::Record> on_disk =
+      directory_.Find(shard, *expected_sha);
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_ || entries_.count(shard.url) > 0) return;
+    if (on_disk.has_value()) {
+      AdoptLocked(*on_disk);
+      return;
+    }
+    if (queued_prefetches_ >= options_.max_queued_prefetches) return;
+    auto entry = std::make_shared<Entry>();
+    entry->url = shard.url;
+    entry->downloading = true;
+    entry->prefetch = true;
+    ++queued_prefetches_;
+    entries_[shard.url] = entry;
+    StartDownloadLocked(shard);
+  }
+  RemoveDoomed();
 }
 
 void ShardCache::StartDownloadLocked(const ShardRef& shard) {
@@ -335,6 +405,7 @@ void ShardCache::Download(const ShardRef& shard) {
     reserved_ -= std::max<int64_t>(0, shard.size_bytes);
     std::shared_ptr<Entry> entry = entries_[shard.url];
     if (entry->prefetch) --queued_prefetches_;
+    entry->prefetch = false;
     entry->downloading = false;
     waiters = std::move(entry->waiters);
     entry->waiters.clear();
@@ -351,6 +422,7 @@ void ShardCache::Download(const ShardRef& shard) {
         metrics->cache_download_seconds.Observe(
             absl::ToDoubleSeconds(absl::Now() - start));
       }
+      entry->pins += static_cast<int>(waiters.size());
       for (size_t i = 0; i < waiters.size(); ++i)
         results.push_back(Pinned(entry, *data));
       data = absl::CancelledError(
@@ -366,6 +438,7 @@ void ShardCache::Download(const ShardRef& shard) {
         results.push_back(data.status());
     }
   }
+  RemoveDoomed();
   for (size_t i = 0; i < waiters.size(); ++i) waiters[i](std::move(results[i]));
 }
 

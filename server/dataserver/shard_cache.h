@@ -18,6 +18,10 @@
 //    mapped stays readable until unmapped (unlink/rename never truncate).
 //  * Eviction is LRU over whole shards and never touches a shard that a live
 //    stream in this process has open (pinned).
+//  * No file I/O under the cache's lock: files are looked up, mapped and
+//    removed after it is released. An evicted entry stays in the table,
+//    "removing", until its files are gone, so nobody adopts them meanwhile;
+//    an Open that arrives then waits and downloads the shard afresh.
 //  * Start-up removes temp files left by dead processes of this host (the pid
 //    in the name is not running) or older than a day, removes entries whose
 //    .shard and .meta disagree (size, name), and adopts the rest, oldest
@@ -35,6 +39,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +69,9 @@ struct ShardCacheOptions {
   // beyond this are dropped: hints are advisory).
   int max_queued_prefetches = 64;
   DataServerMetrics* metrics = nullptr;  // may be null
+  // Tests: runs before an evicted shard's files are removed (without the
+  // cache's lock).
+  std::function<void(const std::string& url)> before_remove;
 };
 
 class ShardCache : public std::enable_shared_from_this<ShardCache> {
@@ -100,8 +108,12 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
     bool ready = false;        // the final file exists and is verified
     bool downloading = false;  // a download is in flight
     bool prefetch = false;     // started by a prefetch hint
+    bool removing = false;     // evicted; its files are being removed
     int pins = 0;              // live pointers handed out
     std::vector<OpenCallback> waiters;
+    // What to download once a removing entry's files are gone, when Opens
+    // arrived meanwhile.
+    std::optional<ShardRef> wanted;
     std::list<std::string>::iterator lru;  // valid when ready
   };
 
@@ -114,23 +126,26 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   // when the manifest has a checksum (empty otherwise).
   absl::StatusOr<std::shared_ptr<const ShardData>> DownloadToCache(
       const ShardRef& shard, FetchFailure* failure, std::string* sha256);
-  // Maps the entry's file and pins it; NOT_FOUND if the file vanished
-  // (evicted by another process sharing the directory).
-  absl::StatusOr<std::shared_ptr<const ShardData>> PinLocked(
-      const std::shared_ptr<Entry>& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::shared_ptr<const ShardData> Pinned(const std::shared_ptr<Entry>& entry,
-                                          std::shared_ptr<const ShardData> data)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `data` handed out under a pin the caller took (++pins under mu_): the
+  // pin is released when the last copy of the result goes.
+  std::shared_ptr<const ShardData> Pinned(
+      const std::shared_ptr<Entry>& entry,
+      std::shared_ptr<const ShardData> data);
   void Unpin(const std::shared_ptr<Entry>& entry);
   // Adopts a complete entry another process (or an earlier run) left in the
-  // directory; false if there is none or it does not match `shard`.
-  bool AdoptFromDiskLocked(const ShardRef& shard,
-                           const std::string& expected_sha)
+  // directory, found by CacheDirectory::Find.
+  std::shared_ptr<Entry> AdoptLocked(const CacheDirectory::Record& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the files of the entries DropLocked doomed, without the lock,
+  // then forgets them or downloads them for the Opens that arrived meanwhile.
+  // Called after every operation that may evict, once mu_ is released.
+  void RemoveDoomed() ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts unpinned shards, least recently used first, until the ready bytes
   // plus the known sizes of downloads in flight fit --cache_bytes, and the
   // filesystem keeps min_free_bytes free besides the downloads in flight.
   void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the entry; with remove_files it stays, removing, until
+  // RemoveDoomed has deleted its files.
   void DropLocked(const std::shared_ptr<Entry>& entry, bool remove_files)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -147,6 +162,8 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;     // ready entries
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // known sizes in flight
   int64_t temp_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  // Entries whose files RemoveDoomed deletes next.
+  std::vector<std::shared_ptr<Entry>> doomed_ ABSL_GUARDED_BY(mu_);
   int queued_prefetches_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool warned_full_ ABSL_GUARDED_BY(mu_) = false;

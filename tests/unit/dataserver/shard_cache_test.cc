@@ -14,6 +14,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "tests/testing/sigv4.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
@@ -168,6 +169,55 @@ TEST(ShardCacheTest, EvictsToKeepTheFilesystemFromFillingUp) {
   pinned = absl::CancelledError("released");
   EXPECT_THAT((*cache)->CachedUrls(), ::testing::IsEmpty());
   EXPECT_EQ(free_bytes(dir.path()), 200);
+}
+
+// A manifest naming another version of a cached shard: the old files are
+// removed without the cache's lock (the hook below would deadlock on it),
+// and an Open arriving while they go waits for a fresh download instead of
+// adopting the files being removed.
+TEST(ShardCacheTest, ReplacedFilesGoOutsideTheLockAndOpensMeanwhileWait) {
+  testing::TempDir dir;
+  const std::string url = "http://127.0.0.1:1/s.tar";  // nothing listens
+  WriteEntry(dir.path(), url, "old version", 11);
+  ShardCache* cache = nullptr;
+  std::vector<std::string> removed;
+  std::set<std::string> names_before_removal;
+  absl::StatusOr<std::shared_ptr<const ShardData>> meanwhile;
+  absl::Notification meanwhile_done;
+  ShardCacheOptions options;
+  options.dir = dir.path();
+  options.before_remove = [&](const std::string& u) {
+    removed.push_back(u);
+    EXPECT_THAT(cache->CachedUrls(), ::testing::IsEmpty());
+    names_before_removal = testing::FileNames(dir.path());
+    // The old version's files are still there: not to be adopted.
+    cache->OpenAsync(ShardRef{url, 11, ""},
+                     [&](absl::StatusOr<std::shared_ptr<const ShardData>> r) {
+                       meanwhile = std::move(r);
+                       meanwhile_done.Notify();
+                     });
+  };
+  RemoteFetcherOptions no_retries;
+  no_retries.max_attempts = 1;
+  auto created =
+      ShardCache::Create(options, std::make_unique<RemoteFetcher>(no_retries));
+  ASSERT_TRUE(created.ok()) << created.status();
+  cache = created->get();
+  EXPECT_EQ(cache->bytes_in_use(), 11);
+
+  auto replaced = cache->Open(ShardRef{url, 12, ""});
+  meanwhile_done.WaitForNotification();
+  EXPECT_THAT(removed, ::testing::ElementsAre(url));
+  EXPECT_EQ(names_before_removal.size(), 2u);  // .shard and .meta
+  // Both Opens waited for the one new download, which fails: nothing
+  // listens on port 1.
+  EXPECT_THAT(replaced.status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(url)));
+  EXPECT_THAT(meanwhile.status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(url)));
+  EXPECT_THAT(testing::FileNames(dir.path()), ::testing::IsEmpty());
+  EXPECT_THAT(cache->CachedUrls(), ::testing::IsEmpty());
+  EXPECT_EQ(cache->bytes_in_use(), 0);
 }
 
 TEST(ShardCacheTest, BadUrlsAndChecksumsAreRejectedBeforeAnyDownload) {
