@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sluice import _wire
-from sluice.reader import _DTYPES
+from sluice._fetch import _DTYPES
 from sluice.v1 import dataserver_pb2 as pb
 
 

@@ -1,0 +1,250 @@
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/cpp/reader_impl.h"
+#include "server/common/grpc_status.h"
+#include "server/common/logging.h"
+
+namespace sluice::client_internal {
+namespace {
+
+// What a unit reads, for counting failed streams: its shard, or its shuffle
+// window's first shard.
+const std::string& UnitKey(const v1::WorkUnit& unit) {
+  return unit.pieces_size() > 0 ? unit.pieces(0).url() : unit.shard_url();
+}
+
+}  // namespace
+
+void ReaderImpl::StartEligibleFetchesLocked() {
+  if (closing_) return;
+  std::vector<const std::shared_ptr<Unit>*> waiting;
+  for (const auto& [id, u] : units_) {
+    if (!u->fetch_started && !u->dropped && !u->cancelled)
+      waiting.push_back(&u);
+  }
+  std::sort(waiting.begin(), waiting.end(), [](const auto* a, const auto* b) {
+    return (*a)->order < (*b)->order;
+  });
+  for (const auto* u : waiting) {
+    if (FetchMayStartLocked(**u)) StartFetchLocked(*u);
+  }
+}
+
+void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
+  Unit& u = *unit;
+  u.fetch_started = true;
+  u.io_hold = unit;
+  const std::string& address = u.lease.data_server();
+  if (address.empty()) {
+    // No live data server: wait a little, then ask for a re-route.
+    u.retry_error = "no live data server";
+    u.retry_alarm = std::make_unique<grpc::Alarm>();
+    u.retry_alarm->Set(
+        loop_.cq(), absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)),
+        TagOf(&u.retry_tag));
+    return;
+  }
+  auto& stub = data_stubs_[address];
+  if (stub == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    stub = v1::DataServer::NewStub(
+        grpc::CreateCustomChannel(address, Creds(), args));
+  }
+  *u.request.mutable_lease() = u.lease;
+  *u.request.mutable_decode() = options_.decode;
+  for (const std::string& f : options_.fields) u.request.add_fields(f);
+  u.request.set_max_batch_bytes(options_.max_batch_bytes);
+  u.request.set_start(u.next_fetch);
+  u.ctx = std::make_unique<grpc::ClientContext>();
+  u.last_activity = absl::Now();
+  u.stream = stub->PrepareAsyncReadSamples(u.ctx.get(), u.request, loop_.cq());
+  u.op_pending = true;
+  u.stream->StartCall(TagOf(&u.start_tag));
+}
+
+void ReaderImpl::OnFetchEvent(Unit& u, FetchTag::Op op, bool ok) {
+  switch (op) {
+    case FetchTag::Op::kStart: {
+      absl::MutexLock lock(&mu_);
+      u.op_pending = false;
+      if (!ok || u.cancelled || u.dropped || closing_) {
+        BeginFinishLocked(u);
+      } else {
+        IssueReadLocked(u);
+      }
+      return;
+    }
+    case FetchTag::Op::kRead:
+      OnBatch(u, ok);
+      return;
+    case FetchTag::Op::kFinish:
+      OnFetchFinished(u);
+      return;
+    case FetchTag::Op::kRetryAfter: {
+      std::shared_ptr<Unit> hold;  // released after the lock
+      absl::MutexLock lock(&mu_);
+      hold = std::move(u.io_hold);
+      u.call_done = true;
+      if (!u.dropped && !closing_)
+        SetFetchStateLocked(u, Unit::Fetch::kFailed, u.retry_error);
+      NotifyAllLocked();
+      return;
+    }
+  }
+}
+
+void ReaderImpl::OnBatch(Unit& u, bool ok) {
+  if (!ok) {  // end of stream, or cancelled: Finish tells which
+    absl::MutexLock lock(&mu_);
+    u.op_pending = false;
+    BeginFinishLocked(u);
+    return;
+  }
+  // Convert outside the lock (the batch belongs to this Read until it is
+  // re-issued), then hand it over in one step.
+  std::vector<Sample> converted;
+  converted.reserve(static_cast<size_t>(u.batch.samples_size()));
+  for (v1::Sample& s : *u.batch.mutable_samples()) {
+    Sample out;
+    out.epoch = u.lease.epoch();
+    out.rank = u.lease.rank();
+    const v1::WorkUnit& unit = u.lease.unit();
+    if (unit.pieces_size() > 0) {
+      // A shuffle window: each sample names its shard (a piece index the
+      // unit does not have is clamped; the data server sets it).
+      const int piece = std::clamp(s.piece(), 0, unit.pieces_size() - 1);
+      out.shard_index = unit.pieces(piece).shard_index();
+      out.shard_url = unit.pieces(piece).url();
+      // A mixed unit: the piece's source, named by its segments.
+      for (const v1::MixSegment& seg : unit.segments()) {
+        if (seg.source() == unit.pieces(piece).source()) {
+          out.source = seg.source_name();
+          break;
+        }
+      }
+    } else {
+      out.shard_index = unit.shard_index();
+      out.shard_url = unit.shard_url();
+    }
+    out.data_server = u.lease.data_server();
+    out.index = s.index();
+    out.key = std::move(*s.mutable_key());
+    out.skipped = s.skipped();
+    out.skip_reason = std::move(*s.mutable_skip_reason());
+    out.fields.reserve(static_cast<size_t>(s.fields_size()));
+    for (v1::Field& f : *s.mutable_fields()) out.fields.push_back(std::move(f));
+    converted.push_back(std::move(out));
+  }
+  absl::MutexLock lock(&mu_);
+  u.op_pending = false;
+  u.last_activity = absl::Now();
+  if (u.dropped || closing_) {
+    u.ctx->TryCancel();
+    BeginFinishLocked(u);
+    return;
+  }
+  // A plain unit's samples come with their positions (their index in the
+  // shard); a window's with their index in their own shard, so only count.
+  const bool window = u.lease.unit().pieces_size() > 0;
+  for (Sample& out : converted) {
+    if (!window && out.index != u.next_fetch) {
+      u.protocol_error =
+          absl::StrCat("data server ", u.lease.data_server(), " sent sample ",
+                       out.index, ", expected ", u.next_fetch);
+      u.cancelled = true;
+      u.ctx->TryCancel();
+      BeginFinishLocked(u);
+      data_cv_.Signal();
+      return;
+    }
+    u.buffer.push_back(std::move(out));
+    ++u.next_fetch;
+  }
+  u.last_batch_samples = static_cast<int64_t>(converted.size());
+  reroute_backoff_.Succeeded(u.lease.data_server(), UnitKey(u.lease.unit()));
+  data_cv_.Signal();
+  if (u.cancelled) {
+    BeginFinishLocked(u);
+  } else if (static_cast<int>(u.buffer.size()) < options_.buffer_samples ||
+             u.next_fetch >= u.lease.unit().end()) {
+    IssueReadLocked(u);  // at the end, this Read sees the end of the stream
+  } else {
+    u.waiting_for_room = true;  // Next() re-issues it
+  }
+  StartEligibleFetchesLocked();  // the next unit's turn comes near this one's
+                                 // end
+}
+
+void ReaderImpl::OnFetchFinished(Unit& u) {
+  std::shared_ptr<Unit> hold;  // released after the lock
+  absl::MutexLock lock(&mu_);
+  hold = std::move(u.io_hold);
+  u.call_done = true;
+  const absl::Status status = FromGrpcStatus(u.status);
+  const std::string& address = u.lease.data_server();
+  if (u.dropped || closing_) {
+    // Nothing more to deliver or report.
+  } else if (!u.protocol_error.empty()) {
+    SetFetchStateLocked(u, Unit::Fetch::kFailed, u.protocol_error);
+  } else if (u.next_fetch == u.lease.unit().end()) {
+    // Everything arrived; a status after the last sample (a cancel once
+    // the unit was reported) does not matter.
+    SetFetchStateLocked(u, Unit::Fetch::kDone, "");
+  } else if (status.ok()) {
+    SetFetchStateLocked(u, Unit::Fetch::kFailed, "stream ended early");
+  } else if (status.code() == absl::StatusCode::kAborted) {
+    DropLocked(u);  // a newer grant of the unit exists: deliver nothing more
+  } else if (status.code() == absl::StatusCode::kDataLoss ||
+             status.code() == absl::StatusCode::kOutOfRange ||
+             status.code() == absl::StatusCode::kInvalidArgument ||
+             status.code() == absl::StatusCode::kPermissionDenied) {
+    // Not a server fault: corrupt data under on_corrupt=fail, or a manifest
+    // / configuration that does not match the shards.
+    fatal_ = absl::Status(
+        status.code(),
+        absl::StrCat("lease ", u.lease.lease_id(), ": ", status.message()));
+  } else {
+    std::string error =
+        u.stalled ? absl::StrCat(address, ": no data for ",
+                                 absl::FormatDuration(options_.stall_timeout))
+                  : absl::StrCat(address, ": ", status.ToString());
+    if (status.code() == absl::StatusCode::kUnavailable &&
+        transport_checked_.insert(address).second) {
+      transport_checks_.push_back(address);  // the maintenance thread probes
+      maintenance_cv_.Signal();
+    }
+    // A shard whose streams keep failing is re-routed with back-off
+    // (reroute_backoff.h).
+    const RerouteBackoff::Decision reroute =
+        reroute_backoff_.Failed(address, UnitKey(u.lease.unit()));
+    if (reroute.log) {
+      LogWarning(
+          "sluice::Reader job %s rank %d: stream %d in a row from %s failed, "
+          "re-routing: %s",
+          options_.job, options_.rank, reroute.failures_in_a_row, address,
+          error);
+    }
+    if (reroute.wait > absl::ZeroDuration()) {
+      u.retry_error = std::move(error);
+      u.retry_alarm = std::make_unique<grpc::Alarm>();
+      u.retry_alarm->Set(loop_.cq(),
+                         absl::ToChronoTime(absl::Now() + reroute.wait),
+                         TagOf(&u.retry_tag));
+      u.call_done = false;  // the alarm is outstanding
+      u.io_hold = std::move(hold);
+      return;
+    }
+    SetFetchStateLocked(u, Unit::Fetch::kFailed, error);
+  }
+  NotifyAllLocked();
+}
+
+}  // namespace sluice::client_internal

@@ -1,0 +1,341 @@
+// The C++ Reader (sluice/reader.h) behind its facade, one responsibility
+// per file: reader.cc (construction, Next, Cursor, Close),
+// reader_session.cc (the coordinator Session stream, reports, heartbeats
+// and the maintenance thread), reader_fetch.cc (each unit's ReadSamples
+// stream, a state machine driven by the completion loop). The timing rules
+// they apply are their own classes (report_ledger.h, lease_hold.h,
+// fetch_turn.h, reroute_backoff.h, input_wait.h), tested on a fake clock.
+#ifndef SLUICE_CLIENT_CPP_READER_IMPL_H_
+#define SLUICE_CLIENT_CPP_READER_IMPL_H_
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/cpp/channel_credentials.h"
+#include "client/cpp/completion_loop.h"
+#include "client/cpp/fetch_turn.h"
+#include "client/cpp/input_wait.h"
+#include "client/cpp/lease_hold.h"
+#include "client/cpp/report_ledger.h"
+#include "client/cpp/reroute_backoff.h"
+#include "server/common/clock.h"
+#include "server/common/grpc_target.h"
+#include "sluice/reader.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+#include "sluice/v1/dataserver.grpc.pb.h"
+
+namespace sluice::client_internal {
+
+using v1::CoordinatorMessage;
+using v1::TrainerMessage;
+
+using SessionStream =
+    grpc::ClientAsyncReaderWriter<TrainerMessage, CoordinatorMessage>;
+
+class ReaderImpl final : public Reader {
+ public:
+  explicit ReaderImpl(ReaderOptions options) : options_(std::move(options)) {
+    if (options_.trainer_id.empty()) {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      options_.trainer_id = absl::StrCat(host, "-", getpid(), "-r",
+                                         options_.rank, "-w", options_.worker);
+    }
+    if (options_.units_in_flight < 1) options_.units_in_flight = 1;
+    if (options_.buffer_samples < 1) options_.buffer_samples = 1;
+    // gRPC's own reconnect backoff (up to 120 s) must not outlast a lease
+    // TTL: a restarted coordinator keeps our leases only that long. (Not
+    // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the time one
+    // connection attempt may take, and a short one fails connects to a busy
+    // server.)
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    channel_ = CoordinatorChannel(options_.coordinator, Creds(), args);
+    coordinator_ = v1::Coordinator::NewStub(channel_);
+  }
+
+  ~ReaderImpl() override { Close(); }
+
+  void Start() {
+    loop_.Start();
+    session_thread_ = std::thread([this] { RunSession(); });
+    maintenance_thread_ = std::thread([this] { RunMaintenance(); });
+  }
+
+  absl::StatusOr<ReaderEvent> Next() override;
+  ReaderStats stats() const override {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+  void Close() override;
+  absl::StatusOr<v1::Cursor> Cursor() override;
+
+ private:
+  struct Unit;
+  // A step of a unit's ReadSamples stream, completed on the I/O thread.
+  class FetchTag final : public Tag {
+   public:
+    enum class Op { kStart, kRead, kFinish, kRetryAfter };
+    FetchTag(ReaderImpl* reader, Unit* unit, Op op)
+        : reader_(reader), unit_(unit), op_(op) {}
+    void Done(bool ok) override { reader_->OnFetchEvent(*unit_, op_, ok); }
+
+   private:
+    ReaderImpl* reader_;
+    Unit* unit_;
+    Op op_;
+  };
+  struct Unit {
+    explicit Unit(ReaderImpl* reader)
+        : start_tag(reader, this, FetchTag::Op::kStart),
+          read_tag(reader, this, FetchTag::Op::kRead),
+          finish_tag(reader, this, FetchTag::Op::kFinish),
+          retry_tag(reader, this, FetchTag::Op::kRetryAfter) {}
+    Unit(const Unit&) = delete;
+    Unit& operator=(const Unit&) = delete;
+    v1::Lease lease;
+    int64_t order = 0;  // grant order: reports go out in this order
+    int64_t size = 0;
+    std::deque<Sample> buffer;
+    int64_t next_fetch = 0;          // absolute sample index
+    int64_t last_batch_samples = 0;  // size of the newest batch received
+    enum class Fetch { kRunning, kDone, kFailed } fetch = Fetch::kRunning;
+    std::string fetch_error;
+    bool dropped = false;
+    int64_t delivered = 0;
+    int64_t reported = 0;
+    std::optional<TrainerMessage> final_report;  // Complete / Reroute / Release
+    absl::Time last_activity;  // last message from the data server
+    bool stalled = false;
+    // The unit's ReadSamples stream, a small state machine driven by the I/O
+    // thread (OnFetchEvent); at most one operation outstanding at a time.
+    bool fetch_started = false;     // stream opened (or the retry alarm armed)
+    bool op_pending = false;        // StartCall or Read outstanding
+    bool waiting_for_room = false;  // no Read issued: the buffer is full
+    bool cancelled = false;         // TryCancel'ed: no further Read
+    bool finishing = false;         // Finish issued
+    bool call_done = false;         // Finish (or the retry alarm) completed
+    v1::ReadRequest request;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientAsyncReader<v1::SampleBatch>> stream;
+    v1::SampleBatch batch;  // the outstanding Read's target
+    grpc::Status status;    // Finish's
+    std::string protocol_error;
+    // Armed instead of failing at once: no live data server, or a back-off
+    // before re-routing (see OnFetchFinished); fails with retry_error.
+    std::unique_ptr<grpc::Alarm> retry_alarm;
+    std::string retry_error;
+    // Keeps the unit alive while an operation is outstanding.
+    std::shared_ptr<Unit> io_hold;
+    FetchTag start_tag, read_tag, finish_tag, retry_tag;
+  };
+  struct Entry {
+    ReaderEvent::Kind kind;
+    int64_t epoch = 0, samples = 0, already = 0;
+    std::shared_ptr<Unit> unit;  // null for markers
+    int64_t worker_samples = 0, worker_already = 0;
+    std::string message;  // kDone
+  };
+
+  std::shared_ptr<grpc::ChannelCredentials> Creds() const {
+    return client_internal::ChannelCredentials(options_.tls);
+  }
+
+  // Blocking writes on the session stream, one at a time (write_mu_).
+  bool Send(const TrainerMessage& m) {
+    absl::MutexLock lock(&write_mu_);
+    if (stream_ == nullptr) return false;
+    WaitTag written;
+    stream_->Write(m, TagOf(&written));
+    return written.Wait();
+  }
+  // Sends Sync{id} with the next id; ids go out in increasing order, so a
+  // Synced{n} confirms every Sync below n too. Returns 0 if not sent.
+  uint64_t SendSync() {
+    absl::MutexLock lock(&write_mu_);
+    if (stream_ == nullptr) return 0;
+    TrainerMessage sync;
+    {
+      absl::MutexLock state(&mu_);
+      sync.mutable_sync()->set_id(ledger_.NextSyncId());
+    }
+    WaitTag written;
+    stream_->Write(sync, TagOf(&written));
+    return written.Wait() ? sync.sync().id() : 0;
+  }
+
+  void RunSession();
+  void Handle(const CoordinatorMessage& m);
+  void RunMaintenance();
+  // Fails the reader when a data server whose stream failed speaks TLS and
+  // this reader plaintext, or the reverse.
+  void CheckDataServerTransports();
+  // The fetch state machine. Start: StartCall, then Read after Read while
+  // the unit's buffer has room (the consumer re-issues the Read it skipped
+  // once room appears), then Finish once a Read fails (end of stream or
+  // cancelled); Finish's status decides the unit's fate.
+  void StartEligibleFetchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartFetchLocked(const std::shared_ptr<Unit>& u)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnFetchEvent(Unit& u, FetchTag::Op op, bool ok);
+  void OnBatch(Unit& u, bool ok);
+  void OnFetchFinished(Unit& u);
+  void IssueReadLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    u.op_pending = true;
+    u.waiting_for_room = false;
+    u.stream->Read(&u.batch, TagOf(&u.read_tag));
+  }
+  void BeginFinishLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (u.finishing) return;
+    u.finishing = true;
+    u.stream->Finish(&u.status, TagOf(&u.finish_tag));
+  }
+  // Stops a unit's stream: its outstanding operation fails, then Finish.
+  void CancelFetchLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    u.cancelled = true;
+    if (!u.fetch_started || u.call_done) return;
+    if (u.retry_alarm != nullptr) {
+      u.retry_alarm->Cancel();
+      return;
+    }
+    u.ctx->TryCancel();
+    if (!u.op_pending) BeginFinishLocked(u);
+  }
+  void SetFetchStateLocked(Unit& u, Unit::Fetch state, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (u.fetch == Unit::Fetch::kRunning) {
+      u.fetch = state;
+      u.fetch_error = error;
+    }
+  }
+  // Sends final reports, and Progress for units with new deliveries when
+  // `progress` is set.
+  // `force`: a Progress for every live unit, even without new deliveries
+  // (after a reconnect, so the coordinator confirms or rejects each lease).
+  void FlushReports(bool progress, bool force = false);
+  void DropLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    u.dropped = true;
+    u.buffer.clear();
+    CancelFetchLocked(u);
+    NotifyAllLocked();
+  }
+  // The lease is no longer ours (Revoke, Rejected): drop what is undelivered
+  // and report nothing more for it.
+  void RetireLocked(const std::string& lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = units_.find(lease_id);
+    if (it == units_.end()) return;
+    DropLocked(*it->second);
+    it->second->final_report.reset();
+    retired_.push_back(it->second);
+    units_.erase(it);
+  }
+  // The turn rule (fetch_turn.h) over the units held.
+  bool FetchMayStartLocked(const Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    turn_views_.clear();
+    for (const auto& [id, other] : units_) {
+      const Unit& o = *other;
+      turn_views_.push_back(FetchTurnView{
+          o.order, o.lease.data_server(),
+          !o.dropped && o.fetch == Unit::Fetch::kRunning &&
+              o.retry_alarm == nullptr,
+          o.lease.unit().end() - o.next_fetch, o.last_batch_samples});
+    }
+    return client_internal::FetchMayStart(
+        FetchTurnView{u.order, u.lease.data_server(), false, 0, 0},
+        turn_views_);
+  }
+
+  ReaderOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+
+  mutable absl::Mutex mu_;
+  // Wait queues on mu_, so the per-batch hand-off wakes only the consumer
+  // (data_cv_, Next); cv_ is for the session, Cursor and Close, and the
+  // maintenance thread sleeps on its own timer. A state change off the hot
+  // path wakes the first two and opens the streams whose turn has come
+  // (NotifyAllLocked).
+  absl::CondVar cv_;
+  absl::CondVar data_cv_;
+  absl::CondVar
+      maintenance_cv_;  // the maintenance thread's timer; woken on closing
+  void NotifyAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    StartEligibleFetchesLocked();
+    cv_.SignalAll();
+    data_cv_.SignalAll();
+    if (closing_) maintenance_cv_.Signal();
+  }
+  std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Unit>> units_ ABSL_GUARDED_BY(mu_);
+  // Final reports not yet known to be durable, and the Sync ids.
+  ReportLedger ledger_ ABSL_GUARDED_BY(mu_);
+  // The timing rules read this clock.
+  const Clock* const clock_ = Clock::Real();
+  // Whether delivery waits for the coordinator to confirm held leases.
+  LeaseHold hold_ ABSL_GUARDED_BY(mu_){clock_};
+  std::vector<FetchTurnView> turn_views_ ABSL_GUARDED_BY(mu_);
+  // Units no longer in units_ whose stream may still have an operation
+  // outstanding.
+  std::vector<std::shared_ptr<Unit>> retired_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<v1::DataServer::Stub>> data_stubs_
+      ABSL_GUARDED_BY(mu_);
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool job_done_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t last_epoch_begin_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t last_epoch_end_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;
+  // A job with sources: their names as its leases named them ("" = not
+  // seen yet), for cursors.
+  std::vector<std::string> source_names_ ABSL_GUARDED_BY(mu_);
+  bool resume_done_ ABSL_GUARDED_BY(mu_) =
+      false;  // the cursor reached a Welcome
+  bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
+  // Consumer-side position (the thread calling Next()).
+  int64_t position_epoch_ = -1;
+  int64_t position_consumed_ = 0;
+  // One flush at a time, so reports of one lease never overtake each other.
+  absl::Mutex flush_mu_;
+  ReaderStats stats_ ABSL_GUARDED_BY(mu_);
+
+  // Streams that failed in a row, per (data server, UnitKey).
+  RerouteBackoff reroute_backoff_ ABSL_GUARDED_BY(mu_);
+  // Data servers whose streams failed UNAVAILABLE, to be asked whether they
+  // speak TLS (each once; by the maintenance thread, outside the lock).
+  std::set<std::string> transport_checked_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> transport_checks_ ABSL_GUARDED_BY(mu_);
+  static constexpr absl::Duration kTransportCheckPeriod = absl::Seconds(5);
+  // The consumer's waits for samples since the last heartbeat.
+  InputWaitHistogram input_wait_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex write_mu_;
+  SessionStream* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
+  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(write_mu_) = nullptr;
+
+  // Every stream's operations complete here, on its one I/O thread.
+  CompletionLoop loop_;
+  std::thread session_thread_;
+  std::thread maintenance_thread_;
+};
+
+}  // namespace sluice::client_internal
+
+#endif  // SLUICE_CLIENT_CPP_READER_IMPL_H_

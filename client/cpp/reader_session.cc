@@ -1,0 +1,410 @@
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/cpp/reader_impl.h"
+#include "server/common/backoff.h"
+#include "server/common/grpc_status.h"
+#include "server/common/tls_probe.h"
+
+namespace sluice::client_internal {
+namespace {
+
+// Statuses after which reconnecting cannot help.
+bool Terminal(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kUnimplemented:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+void ReaderImpl::FlushReports(bool progress, bool force) {
+  absl::MutexLock flush_lock(&flush_mu_);
+  std::vector<std::pair<std::shared_ptr<Unit>, TrainerMessage>> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, u] : units_) {
+      if (u->final_report.has_value()) {
+        out.emplace_back(u, *u->final_report);
+      } else if (progress && !u->dropped &&
+                 (u->delivered > u->reported || force)) {
+        TrainerMessage m;
+        m.mutable_progress()->set_lease_id(u->lease.lease_id());
+        m.mutable_progress()->set_fence(u->lease.fence());
+        m.mutable_progress()->set_consumed(u->delivered);
+        out.emplace_back(u, m);
+      }
+    }
+  }
+  // In delivery order: the coordinator's per-rank acknowledgement order is
+  // what a resume cursor counts in.
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.first->order < b.first->order;
+  });
+  for (auto& [u, m] : out) {
+    if (!Send(m)) return;  // disconnected: the session re-flushes on reconnect
+    absl::MutexLock lock(&mu_);
+    if (m.has_progress()) {
+      u->reported = std::max(u->reported, m.progress().consumed());
+    } else {
+      ledger_.Sent(u->lease.lease_id(), m, u->order);
+      units_.erase(u->lease.lease_id());
+      CancelFetchLocked(*u);
+      retired_.push_back(u);
+      NotifyAllLocked();
+    }
+  }
+}
+
+void ReaderImpl::RunSession() {
+  // Retries stay well within a lease TTL: a restarted coordinator gives
+  // the leases a fresh TTL and keeps them only if we are back before it
+  // ends.
+  Backoff backoff(absl::Milliseconds(100), absl::Seconds(5));
+  absl::Time unreachable_since = absl::Now();
+  absl::Time next_transport_check = absl::InfinitePast();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_ || job_done_) return;
+    }
+    // Connect first (polling the connection up to once per retry period,
+    // the channel's backoff capped as above), then open the stream.
+    if (!channel_->WaitForConnected(absl::ToChronoTime(
+            absl::Now() + std::min(backoff.step() * 5, absl::Seconds(1))))) {
+      // A client and coordinator that disagree about TLS fail every connect
+      // the same way: say so instead of retrying until the timeout.
+      absl::Status mismatch;
+      if (absl::Now() >= next_transport_check) {
+        next_transport_check = absl::Now() + kTransportCheckPeriod;
+        mismatch =
+            CheckTransport("coordinator", options_.coordinator,
+                           options_.tls.has_value(), "ReaderOptions::tls");
+      }
+      absl::MutexLock lock(&mu_);
+      if (!mismatch.ok()) {
+        fatal_ = mismatch;
+        NotifyAllLocked();
+        return;
+      }
+      if (closing_ || job_done_) return;
+      if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
+        fatal_ = absl::UnavailableError(absl::StrCat(
+            "coordinator ", options_.coordinator, " unreachable for ",
+            absl::FormatDuration(options_.reconnect_timeout)));
+        NotifyAllLocked();
+        return;
+      }
+      backoff.set_max(std::min(absl::Seconds(5), hold_.lease_ttl() / 4));
+      backoff.Grow();
+      continue;
+    }
+    grpc::ClientContext ctx;
+    std::unique_ptr<SessionStream> stream =
+        coordinator_->PrepareAsyncSession(&ctx, loop_.cq());
+    {
+      absl::MutexLock lock(&write_mu_);
+      session_ctx_ = &ctx;  // Close() can cancel from here on
+    }
+    WaitTag started;
+    stream->StartCall(TagOf(&started));
+    const bool started_ok = started.Wait();
+    auto read = [&stream](CoordinatorMessage* m) {
+      WaitTag done;
+      stream->Read(m, TagOf(&done));
+      return done.Wait();
+    };
+    {
+      absl::MutexLock lock(&write_mu_);
+      stream_ = stream.get();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_) ctx.TryCancel();
+      stream_open_ = true;
+    }
+    TrainerMessage hello;
+    hello.mutable_hello()->set_job(options_.job);
+    hello.mutable_hello()->set_rank(options_.rank);
+    hello.mutable_hello()->set_worker(options_.worker);
+    hello.mutable_hello()->set_num_workers(options_.num_workers);
+    hello.mutable_hello()->set_trainer_id(options_.trainer_id);
+    {
+      absl::MutexLock lock(&mu_);
+      if (options_.resume_from.has_value() && !resume_done_) {
+        *hello.mutable_hello()->mutable_cursor() = *options_.resume_from;
+        hello.mutable_hello()->set_resume_attempt(options_.resume_attempt);
+      }
+    }
+    TrainerMessage want;
+    want.mutable_want()->set_credits(options_.units_in_flight);
+    bool welcomed = false;
+    if (started_ok) {
+      // A write fails when the coordinator has already ended the stream (a
+      // finished job: Welcome, JobDone, OK right after the Hello). Its
+      // messages are read all the same: they say why, and Finish() waits
+      // for every incoming message to be read.
+      if (Send(hello)) Send(want);
+      CoordinatorMessage m;
+      while (read(&m)) {
+        if (m.has_welcome() && !welcomed) {
+          welcomed = true;
+          backoff.Reset();
+          Handle(m);
+          // Re-send what a broken stream may have lost, and have every held
+          // lease confirmed: a lease the coordinator no longer knows is
+          // Rejected (before the Synced), and its rest is never delivered.
+          // Finals the old coordinator may never have made durable first,
+          // in delivery order; then every live unit's position.
+          std::vector<TrainerMessage> finals;
+          {
+            absl::MutexLock lock(&mu_);
+            finals = ledger_.Unconfirmed();
+          }
+          for (const TrainerMessage& f : finals) Send(f);
+          FlushReports(true, /*force=*/true);
+          const uint64_t id = SendSync();
+          {
+            absl::MutexLock lock(&mu_);
+            hold_.Reconnected(id);
+          }
+          continue;
+        }
+        Handle(m);
+      }
+    }
+    {
+      absl::MutexLock lock(&write_mu_);
+      stream_ = nullptr;
+      session_ctx_ = nullptr;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      stream_open_ = false;
+      hold_.Disconnected();
+      NotifyAllLocked();
+    }
+    grpc::Status finish_status;
+    {
+      WaitTag finished;
+      stream->Finish(&finish_status, TagOf(&finished));
+      finished.Wait();
+    }
+    absl::Status status = FromGrpcStatus(finish_status);
+    absl::MutexLock lock(&mu_);
+    if (closing_ || job_done_) return;
+    if (Terminal(status)) {
+      fatal_ = status;
+      NotifyAllLocked();
+      return;
+    }
+    if (welcomed) {
+      unreachable_since = absl::Now();
+      ++stats_.reconnects;
+    }
+    if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
+      fatal_ = absl::UnavailableError(absl::StrCat(
+          "coordinator ", options_.coordinator, " unreachable for ",
+          absl::FormatDuration(options_.reconnect_timeout), ": ",
+          status.ToString()));
+      NotifyAllLocked();
+      return;
+    }
+    backoff.set_max(std::min(absl::Seconds(5), hold_.lease_ttl() / 4));
+    const absl::Time until = absl::Now() + backoff.NextWait();
+    while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+  }
+}
+
+void ReaderImpl::Handle(const CoordinatorMessage& m) {
+  std::optional<TrainerMessage> resend;
+  {
+    absl::MutexLock lock(&mu_);
+    switch (m.msg_case()) {
+      case CoordinatorMessage::kWelcome:
+        if (m.welcome().heartbeat_interval_ms() > 0) {
+          heartbeat_interval_ =
+              absl::Milliseconds(m.welcome().heartbeat_interval_ms());
+        }
+        world_size_ = m.welcome().world_size();
+        if (m.welcome().lease_ttl_ms() > 0) {
+          hold_.set_lease_ttl(absl::Milliseconds(m.welcome().lease_ttl_ms()));
+        }
+        resume_done_ = true;
+        break;
+      case CoordinatorMessage::kSynced:
+        ledger_.Synced(m.synced().id());
+        hold_.Synced(ledger_.synced());
+        break;
+      case CoordinatorMessage::kEpochBegin:
+        if (m.epoch_begin().epoch() > last_epoch_begin_) {
+          last_epoch_begin_ = m.epoch_begin().epoch();
+          entries_.push_back(Entry{ReaderEvent::Kind::kEpochBegin,
+                                   m.epoch_begin().epoch(),
+                                   m.epoch_begin().samples_for_rank(),
+                                   m.epoch_begin().already_consumed(),
+                                   nullptr,
+                                   m.epoch_begin().samples_for_worker(),
+                                   m.epoch_begin().already_consumed_by_worker(),
+                                   {}});
+        }
+        break;
+      case CoordinatorMessage::kEpochEnd:
+        if (m.epoch_end().epoch() > last_epoch_end_) {
+          last_epoch_end_ = m.epoch_end().epoch();
+          entries_.push_back(Entry{ReaderEvent::Kind::kEpochEnd,
+                                   m.epoch_end().epoch(),
+                                   0,
+                                   0,
+                                   nullptr,
+                                   0,
+                                   0,
+                                   {}});
+        }
+        break;
+      case CoordinatorMessage::kJobDone:
+        job_done_ = true;
+        entries_.push_back(Entry{ReaderEvent::Kind::kDone,
+                                 m.job_done().num_epochs(), 0, 0, nullptr, 0, 0,
+                                 m.job_done().message()});
+        break;
+      case CoordinatorMessage::kGrant: {
+        const v1::Lease& lease = m.grant().lease();
+        // A unit names the sources it reads: learn the names as they come.
+        const v1::WorkUnit& unit = lease.unit();
+        if (unit.mix_samples_size() > 0) {
+          source_names_.resize(
+              std::max<size_t>(source_names_.size(), unit.mix_samples_size()));
+          for (const v1::MixSegment& seg : unit.segments()) {
+            if (seg.source() >= 0 && seg.source() < unit.mix_samples_size())
+              source_names_[seg.source()] = seg.source_name();
+          }
+        }
+        if (const TrainerMessage* final = ledger_.Find(lease.lease_id())) {
+          resend = *final;  // re-announced after a reconnect
+          break;
+        }
+        if (auto held = units_.find(lease.lease_id()); held != units_.end()) {
+          // Sent again (a reconnect, or a token near its expiry): streams
+          // opened from now on present the new token.
+          if (held->second->lease.fence() == lease.fence())
+            held->second->lease = lease;
+          break;
+        }
+        if (closing_) break;
+        auto u = std::make_shared<Unit>(this);
+        u->lease = lease;
+        u->size = lease.unit().end() - lease.unit().begin();
+        u->next_fetch = lease.unit().begin();
+        u->order = next_order_++;
+        units_[lease.lease_id()] = u;
+        entries_.push_back(
+            Entry{ReaderEvent::Kind::kSample, 0, 0, 0, u, 0, 0, {}});
+        break;  // its stream opens in NotifyAllLocked below, when its turn
+                // comes
+      }
+      case CoordinatorMessage::kRevoke:
+        RetireLocked(m.revoke().lease_id());
+        break;
+      case CoordinatorMessage::kRejected:
+        RetireLocked(m.rejected().lease_id());
+        break;
+      default:
+        break;
+    }
+    NotifyAllLocked();
+  }
+  if (resend.has_value()) Send(*resend);
+}
+
+void ReaderImpl::RunMaintenance() {
+  absl::Time last_heartbeat = absl::InfinitePast();
+  while (true) {
+    absl::Duration heartbeat;
+    std::vector<std::shared_ptr<Unit>> finished;  // freed outside the lock
+    {
+      absl::MutexLock lock(&mu_);
+      heartbeat = heartbeat_interval_;
+      absl::Time until =
+          absl::Now() + std::min({heartbeat, options_.progress_interval,
+                                  options_.stall_timeout / 2});
+      while (!closing_ && absl::Now() < until)
+        maintenance_cv_.WaitWithDeadline(&mu_, until);
+      if (closing_) return;
+      // Streams that went quiet: cancel them, the unit is then re-routed.
+      const absl::Time now = absl::Now();
+      for (auto& [id, u] : units_) {
+        if (u->fetch_started && !u->call_done && !u->cancelled &&
+            u->retry_alarm == nullptr && u->fetch == Unit::Fetch::kRunning &&
+            !u->stalled && !u->waiting_for_room &&
+            now - u->last_activity > options_.stall_timeout) {
+          u->stalled = true;
+          CancelFetchLocked(*u);
+        }
+      }
+      for (auto it = retired_.begin(); it != retired_.end();) {
+        if (!(*it)->fetch_started || (*it)->call_done) {
+          finished.push_back(std::move(*it));
+          it = retired_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    finished.clear();
+    CheckDataServerTransports();
+    if (absl::Now() - last_heartbeat >= heartbeat) {
+      bool unconfirmed;
+      {
+        absl::MutexLock lock(&mu_);
+        unconfirmed = !ledger_.empty();
+      }
+      // A Sync renews like a heartbeat and lets confirmed finals go; a
+      // heartbeat carries the consumer's input wait since the last one (one
+      // message per interval either way).
+      if (unconfirmed) {
+        if (SendSync() != 0) last_heartbeat = absl::Now();
+      } else {
+        TrainerMessage beat;
+        {
+          absl::MutexLock lock(&mu_);
+          input_wait_.Take(beat.mutable_heartbeat()->mutable_input_wait());
+        }
+        if (Send(beat)) last_heartbeat = absl::Now();
+      }
+    }
+    FlushReports(true);
+  }
+}
+
+void ReaderImpl::CheckDataServerTransports() {
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    addresses.swap(transport_checks_);
+  }
+  for (const std::string& address : addresses) {
+    absl::Status mismatch = CheckTransport(
+        "data server", address, options_.tls.has_value(), "ReaderOptions::tls");
+    if (mismatch.ok()) continue;
+    absl::MutexLock lock(&mu_);
+    if (fatal_.ok()) fatal_ = std::move(mismatch);
+    NotifyAllLocked();
+    return;
+  }
+}
+
+}  // namespace sluice::client_internal
