@@ -245,12 +245,12 @@ absl::Status CoordinatorState::Apply(
     }
     case R::kOnceFinished: {
       const auto& f = record.once_finished();
-      once_finished_[absl::StrCat(f.scope(), "/", f.name())] = f;
+      once_finished_[{f.scope(), f.name()}] = f;
       return absl::OkStatus();
     }
     case R::kOnceReset:
-      once_finished_.erase(absl::StrCat(record.once_reset().scope(), "/",
-                                        record.once_reset().name()));
+      once_finished_.erase(
+          {record.once_reset().scope(), record.once_reset().name()});
       return absl::OkStatus();
     case R::kJobResumed:
       return ApplyResume(record.job_resumed());
@@ -619,8 +619,7 @@ absl::Status CoordinatorState::ApplySnapshot(
     if (j.has_last_resume()) job.last_resume = j.last_resume();
     jobs_[job.spec.name()] = std::move(job);
   }
-  for (const auto& f : snap.once())
-    once_finished_[absl::StrCat(f.scope(), "/", f.name())] = f;
+  for (const auto& f : snap.once()) once_finished_[{f.scope(), f.name()}] = f;
   return absl::OkStatus();
 }
 
@@ -678,7 +677,7 @@ std::vector<v1::internal::OnceFinished> CoordinatorState::OnceFinishedIn(
 
 const v1::internal::OnceFinished* CoordinatorState::FindOnceFinished(
     const std::string& scope, const std::string& name) const {
-  auto it = once_finished_.find(absl::StrCat(scope, "/", name));
+  auto it = once_finished_.find({scope, name});
   return it == once_finished_.end() ? nullptr : &it->second;
 }
 

@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -168,8 +169,9 @@ class CoordinatorState {
   absl::Status ApplyWorkersSet(const v1::internal::WorkersSet& set);
   absl::Status ApplySnapshot(const v1::internal::Snapshot& snapshot);
   std::map<std::string, JobData> jobs_;
-  std::map<std::string, v1::internal::OnceFinished>
-      once_finished_;  // "scope/name"
+  // By (scope, name): "a/b" + "c" and "a" + "b/c" are different steps.
+  std::map<std::pair<std::string, std::string>, v1::internal::OnceFinished>
+      once_finished_;
   // Fences are unique across the coordinator, not only within a job: a job
   // created starts above every fence granted before, so a job deleted and
   // created again under its name (a rerun) never presents a data server a

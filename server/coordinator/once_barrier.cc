@@ -4,6 +4,7 @@
 #include <cctype>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,8 +13,18 @@
 namespace sluice {
 namespace {
 
-std::string Key(const std::string& scope, const std::string& name) {
-  return absl::StrCat(scope, "/", name);
+// The map key of a step or barrier: scope and name joined by a NUL, which
+// a scope may not contain (CheckKeys), so ("a/b", "c") and ("a", "b/c")
+// stay apart and keys sort by scope, then name.
+std::string Key(absl::string_view scope, absl::string_view name) {
+  return absl::StrCat(scope, absl::string_view("\0", 1), name);
+}
+
+// "scope/name": how messages name a key.
+std::string Named(absl::string_view key) {
+  std::string named(key);
+  std::replace(named.begin(), named.end(), '\0', '/');
+  return named;
 }
 
 // "rank-3" -> ("rank-", 3).
@@ -26,10 +37,10 @@ bool SplitNumbered(const std::string& id, std::string* prefix, int64_t* n) {
 }
 
 // INVALID_ARGUMENT when scope, name or participant is longer than
-// kMaxKeyBytes (quoting none of them: they may be megabytes).
-absl::Status CheckKeyLengths(absl::string_view what, absl::string_view scope,
-                             absl::string_view name,
-                             absl::string_view participant) {
+// kMaxKeyBytes (quoting none of them: they may be megabytes), or the scope
+// holds a NUL byte (Key).
+absl::Status CheckKeys(absl::string_view what, absl::string_view scope,
+                       absl::string_view name, absl::string_view participant) {
   for (const auto& [field, value] :
        {std::pair<const char*, absl::string_view>{"scope", scope},
         {"name", name},
@@ -39,6 +50,10 @@ absl::Status CheckKeyLengths(absl::string_view what, absl::string_view scope,
           absl::StrCat(what, ".", field, " is ", value.size(),
                        " bytes; the limit is ", kMaxKeyBytes));
     }
+  }
+  if (absl::StrContains(scope, absl::string_view("\0", 1))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".scope holds a NUL byte"));
   }
   return absl::OkStatus();
 }
@@ -197,7 +212,7 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
         FinishLocked(
             id, absl::InvalidArgumentError("once: join.ttl_ms must be >= 0"),
             fx);
-      } else if (absl::Status too_long = CheckKeyLengths(
+      } else if (absl::Status too_long = CheckKeys(
                      "once: join", request.join().scope(),
                      request.join().name(), request.join().participant());
                  !too_long.ok()) {
@@ -258,21 +273,21 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
         if (is_runner && run == entry.run && entry.persisting) {
           FinishLocked(id,
                        absl::FailedPreconditionError(
-                           absl::StrCat("once ", s.key, ": run ", run,
+                           absl::StrCat("once ", Named(s.key), ": run ", run,
                                         " already reported its outcome")),
                        fx);
         } else if (!is_runner || run != entry.run) {
-          FinishLocked(
-              id,
-              absl::AbortedError(absl::StrCat(
-                  "once ", s.key, ": run ", run, " is over (", s.participant,
-                  " no longer holds it; current run ", entry.run, ")")),
-              fx);
+          FinishLocked(id,
+                       absl::AbortedError(absl::StrCat(
+                           "once ", Named(s.key), ": run ", run, " is over (",
+                           s.participant, " no longer holds it; current run ",
+                           entry.run, ")")),
+                       fx);
         } else if (request.has_succeeded() &&
                    request.succeeded().result().size() > kMaxOnceResultBytes) {
           FinishLocked(id,
                        absl::InvalidArgumentError(absl::StrCat(
-                           "once ", s.key, ": succeeded.result is ",
+                           "once ", Named(s.key), ": succeeded.result is ",
                            request.succeeded().result().size(),
                            " bytes; the limit is ", kMaxOnceResultBytes)),
                        fx);
@@ -280,7 +295,7 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
                    request.failed().error().size() > kMaxOnceErrorBytes) {
           FinishLocked(id,
                        absl::InvalidArgumentError(absl::StrCat(
-                           "once ", s.key, ": failed.error is ",
+                           "once ", Named(s.key), ": failed.error is ",
                            request.failed().error().size(),
                            " bytes; the limit is ", kMaxOnceErrorBytes)),
                        fx);
@@ -383,7 +398,7 @@ absl::Status OnceBarrier::BarrierTimeoutStatus(const std::string& key,
     }
   }
   std::string message = absl::StrCat(
-      "barrier ", key, " generation ", entry.generation, ": ",
+      "barrier ", Named(key), " generation ", entry.generation, ": ",
       entry.arrived.size(), " of ", entry.participants, " arrived within ",
       absl::FormatDuration(pending.timeout), " (",
       absl::StrJoin(entry.arrived, ", "), "); ", missing, " missing",
@@ -424,18 +439,18 @@ int64_t OnceBarrier::Barrier(const v1::BarrierRequest& request,
           absl::InvalidArgumentError(
               "barrier: scope, name and participant are required"));
     } else if (absl::Status too_long =
-                   CheckKeyLengths("barrier", request.scope(), request.name(),
-                                   request.participant());
+                   CheckKeys("barrier", request.scope(), request.name(),
+                             request.participant());
                !too_long.ok()) {
       fx.barriers.emplace_back(std::move(done), too_long);
     } else if (request.participants() <= 0 ||
                request.participants() > options_.max_barrier_participants) {
       fx.barriers.emplace_back(
           std::move(done),
-          absl::InvalidArgumentError(
-              absl::StrCat("barrier ", key, ": participants must be in [1, ",
-                           options_.max_barrier_participants, "], got ",
-                           request.participants())));
+          absl::InvalidArgumentError(absl::StrCat(
+              "barrier ", Named(key), ": participants must be in [1, ",
+              options_.max_barrier_participants, "], got ",
+              request.participants())));
     } else {
       BarrierEntry& entry = barriers_[key];
       if (!entry.arrived.empty() &&
@@ -443,7 +458,7 @@ int64_t OnceBarrier::Barrier(const v1::BarrierRequest& request,
         fx.barriers.emplace_back(
             std::move(done),
             absl::InvalidArgumentError(absl::StrCat(
-                "barrier ", key, ": participant ", request.participant(),
+                "barrier ", Named(key), ": participant ", request.participant(),
                 " says ", request.participants(), " participants, others said ",
                 entry.participants)));
       } else {
@@ -500,8 +515,8 @@ void OnceBarrier::CancelBarrier(int64_t waiter) {
     const std::string participant = p->participant;
     fx.barriers.emplace_back(
         std::move(p->done),
-        absl::CancelledError(absl::StrCat("barrier ", key, ": participant ",
-                                          participant, " left")));
+        absl::CancelledError(absl::StrCat(
+            "barrier ", Named(key), ": participant ", participant, " left")));
     entry.pending.erase(p);
     const bool still_waiting = std::any_of(
         entry.pending.begin(), entry.pending.end(),
@@ -532,7 +547,7 @@ void OnceBarrier::Tick() {
       const int64_t runner = entry.runner;
       FinishLocked(runner,
                    absl::AbortedError(
-                       absl::StrCat("once ", key, ": run ", entry.run,
+                       absl::StrCat("once ", Named(key), ": run ", entry.run,
                                     " expired (no heartbeat within its ttl)")),
                    fx);
       PromoteLocked(key, fx);

@@ -127,6 +127,26 @@ TEST(CoordinatorStateTest, OnceResetForgetsTheStepThroughSnapshots) {
   EXPECT_EQ(replayed.OnceFinishedIn("").size(), 2u);
 }
 
+// A step is its (scope, name): "a/b" + "c" and "a" + "b/c" are two steps,
+// before and after a snapshot.
+TEST(CoordinatorStateTest, OnceStepsWhoseJoinedNamesMatchAreKeptApart) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(OnceDone("a/b", "c")));
+  EXPECT_EQ(state.FindOnceFinished("a", "b/c"), nullptr);
+  ASSERT_OK(state.Apply(OnceDone("a", "b/c")));
+  JournalRecord reset;
+  reset.mutable_once_reset()->set_scope("a/b");
+  reset.mutable_once_reset()->set_name("c");
+  ASSERT_OK(state.Apply(std::move(reset)));
+  EXPECT_EQ(state.FindOnceFinished("a/b", "c"), nullptr);
+  ASSERT_NE(state.FindOnceFinished("a", "b/c"), nullptr);
+  CoordinatorState replayed;
+  ASSERT_OK(replayed.Apply(state.Snapshot()));
+  ASSERT_EQ(replayed.OnceFinishedIn("").size(), 1u);
+  EXPECT_EQ(replayed.OnceFinishedIn("")[0].scope(), "a");
+  EXPECT_EQ(replayed.OnceFinishedIn("")[0].name(), "b/c");
+}
+
 }  // namespace
 }  // namespace sluice
 

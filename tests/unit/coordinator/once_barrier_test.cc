@@ -385,6 +385,43 @@ TEST_F(OnceBarrierTest, RequestsBeyondTheLimitsAreRefusedNamingTheLimit) {
                        HasSubstr("once: join.participant is 300 bytes")));
 }
 
+// ("a/b", "c") and ("a", "b/c") are two barriers, not one; messages name
+// them "scope/name". A scope holding a NUL byte is refused.
+TEST_F(OnceBarrierTest, BarriersWhoseJoinedNamesMatchAreKeptApart) {
+  std::vector<absl::StatusOr<v1::BarrierResponse>> results;
+  auto arrive = [&](const std::string& scope, const std::string& name,
+                    const std::string& who) {
+    v1::BarrierRequest r;
+    r.set_scope(scope);
+    r.set_name(name);
+    r.set_participant(who);
+    r.set_participants(2);
+    r.set_timeout_ms(1000);
+    logic_.Barrier(r, [&](absl::StatusOr<v1::BarrierResponse> v) {
+      results.push_back(std::move(v));
+    });
+  };
+  arrive("a/b", "c", "rank-0");
+  arrive("a", "b/c", "rank-1");
+  EXPECT_TRUE(results.empty());  // one of two at each
+  arrive("a/b", "c", "rank-1");
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_OK(results[0].status());
+  EXPECT_OK(results[1].status());
+  clock_.Advance(absl::Seconds(1));
+  logic_.Tick();
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_THAT(results[2].status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("barrier a/b/c generation 0: 1 of 2 arrived "
+                                 "within 1s (rank-1)")));
+  arrive(std::string("x\0y", 3), "n", "rank-0");
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_THAT(results[3].status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("barrier.scope holds a NUL byte")));
+}
+
 TEST(OnceBarrierLimitsTest, BarrierParticipantsComeFromTheOptions) {
   FakeClock clock;
   OnceBarrier::Options o;
