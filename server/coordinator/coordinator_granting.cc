@@ -123,7 +123,11 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   LeaseEntry entry =
       LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
   entry.data_server = RouteLocked(job, piece.shard_index);
-  leases_.Add(std::move(entry), TtlLocked(job)).IgnoreError();
+  if (absl::Status added = leases_.Add(std::move(entry), TtlLocked(job));
+      !added.ok()) {
+    // Lease ids carry their fence, which only grows: a clash is a bug.
+    LogError("lease table out of step with the journal: %s", added.ToString());
+  }
   CoordinatorMessage grant;
   *grant.mutable_grant()->mutable_lease() =
       LeaseToProtoLocked(*leases_.Find(lease_id), job);

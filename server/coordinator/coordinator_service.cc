@@ -279,8 +279,12 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
     if (job == nullptr)
       return absl::NotFoundError(
           absl::StrCat("job ", QuotePrefix(name), " not found"));
-    for (const auto& [id, lease] : job->leases)
-      leases_.Remove(id).IgnoreError();
+    for (const auto& [id, lease] : job->leases) {
+      if (auto removed = leases_.Remove(id); !removed.ok()) {
+        LogError("lease table out of step with the journal: %s",
+                 removed.status().ToString());
+      }
+    }
     JournalRecord record;
     record.mutable_job_deleted()->set_job(name);
     RETURN_IF_ERROR(CommitLocked(std::move(record), fx));

@@ -474,7 +474,11 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
         RETURN_IF_ERROR(leases_.SetProgress(lease_id, fence, consumed));
       }
       if (complete) {
-        leases_.Remove(lease_id).IgnoreError();
+        // Checked live above, under the same lock.
+        if (auto removed = leases_.Remove(lease_id); !removed.ok()) {
+          LogError("lease table out of step with the journal: %s",
+                   removed.status().ToString());
+        }
         v1::LeaseCounts& counts = runtime_[lease.job].lease_counts;
         counts.set_completed(counts.completed() + 1);
         if (options_.metrics)
