@@ -89,6 +89,7 @@ std::string ShardCache::PathFor(const std::string& url) const {
 absl::Status ShardCache::Scan() {
   // The directory's I/O first, without the lock.
   ASSIGN_OR_RETURN(CacheDirectory::ScanResult scan, directory_.Scan());
+  int64_t free = FreeBytes();
   absl::ReleasableMutexLock lock(&mu_);
   for (const CacheDirectory::Record& r : scan.complete) {
     auto entry = std::make_shared<Entry>();
@@ -105,7 +106,7 @@ absl::Status ShardCache::Scan() {
       "removed",
       options_.dir, static_cast<int>(scan.complete.size()), bytes_,
       scan.removed);
-  EvictLocked();
+  EvictLocked(&free);
   UpdateGaugeLocked();
   lock.Release();
   RemoveDoomed();
@@ -142,10 +143,11 @@ std::shared_ptr<const ShardData> ShardCache::Pinned(
 }
 
 void ShardCache::Unpin(const std::shared_ptr<Entry>& entry) {
+  int64_t free = FreeBytes();
   {
     absl::MutexLock lock(&mu_);
     --entry->pins;
-    if (entry->pins == 0) EvictLocked();
+    if (entry->pins == 0) EvictLocked(&free);
   }
   RemoveDoomed();
 }
@@ -180,6 +182,7 @@ void ShardCache::RemoveDoomed() {
       if (options_.before_remove) options_.before_remove(entry->url);
       directory_.Remove(entry->url);
     }
+    int64_t free = FreeBytes();
     absl::MutexLock lock(&mu_);
     for (const std::shared_ptr<Entry>& entry : doomed) {
       entry->removing = false;
@@ -193,12 +196,12 @@ void ShardCache::RemoveDoomed() {
       const ShardRef wanted = *entry->wanted;
       entry->wanted.reset();
       entry->downloading = true;
-      StartDownloadLocked(wanted);
+      StartDownloadLocked(wanted, &free);
     }
   }
 }
 
-void ShardCache::EvictLocked() {
+void ShardCache::EvictLocked(int64_t* free_bytes) {
   if (options_.max_bytes > 0) {
     for (auto it = lru_.begin();
          it != lru_.end() && bytes_ + reserved_ > options_.max_bytes;) {
@@ -210,9 +213,8 @@ void ShardCache::EvictLocked() {
         options_.metrics->cache_evictions.Increment();
     }
   }
-  if (options_.min_free_bytes <= 0) return;
-  int64_t free = FreeBytes();
-  if (free < 0) return;
+  if (options_.min_free_bytes <= 0 || *free_bytes < 0) return;
+  int64_t& free = *free_bytes;
   const int64_t want = options_.min_free_bytes + reserved_;
   if (free >= want) return;
   for (auto it = lru_.begin(); it != lru_.end() && free < want;) {
@@ -237,6 +239,7 @@ void ShardCache::EvictLocked() {
 }
 
 int64_t ShardCache::FreeBytes() const {
+  if (options_.min_free_bytes <= 0) return -1;
   if (options_.free_bytes) return options_.free_bytes(options_.dir);
   struct statvfs st;
   if (statvfs(options_.dir.c_str(), &st) != 0) return -1;
@@ -276,6 +279,7 @@ void ShardCache::OpenAsync(const ShardRef& shard, OpenCallback done) {
     bool look_on_disk = false;
     std::shared_ptr<Entry> hit;  // ready and pinned: its file is mapped next
     CacheDirectory::Record hit_record;
+    int64_t free = FreeBytes();  // for eviction, read without the lock
     {
       absl::MutexLock lock(&mu_);
       auto it = entries_.find(shard.url);
@@ -309,7 +313,7 @@ void ShardCache::OpenAsync(const ShardRef& shard, OpenCallback done) {
             entry->downloading = true;
             entries_[shard.url] = entry;
             entry->waiters.push_back(std::exchange(done, nullptr));
-            StartDownloadLocked(shard);
+            StartDownloadLocked(shard, &free);
           } else {
             entry->waiters.push_back(std::exchange(done, nullptr));
             if (entry->removing && !entry->wanted.has_value())
@@ -367,6 +371,7 @@ void ShardCache::Prefetch(const ShardRef& shard) {
   }
   const std::optional<CacheDirectory::Record> on_disk =
       directory_.Find(shard, *expected_sha);
+  int64_t free = FreeBytes();
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_ || entries_.count(shard.url) > 0) return;
@@ -381,14 +386,15 @@ void ShardCache::Prefetch(const ShardRef& shard) {
     entry->prefetch = true;
     ++queued_prefetches_;
     entries_[shard.url] = entry;
-    StartDownloadLocked(shard);
+    StartDownloadLocked(shard, &free);
   }
   RemoveDoomed();
 }
 
-void ShardCache::StartDownloadLocked(const ShardRef& shard) {
+void ShardCache::StartDownloadLocked(const ShardRef& shard,
+                                     int64_t* free_bytes) {
   reserved_ += std::max<int64_t>(0, shard.size_bytes);
-  EvictLocked();
+  EvictLocked(free_bytes);
   downloads_->Schedule([this, shard] { Download(shard); });
 }
 
@@ -400,6 +406,7 @@ void ShardCache::Download(const ShardRef& shard) {
       DownloadToCache(shard, &failure, &sha256);
   std::vector<OpenCallback> waiters;
   std::vector<absl::StatusOr<std::shared_ptr<const ShardData>>> results;
+  int64_t free = FreeBytes();
   {
     absl::MutexLock lock(&mu_);
     reserved_ -= std::max<int64_t>(0, shard.size_bytes);
@@ -427,7 +434,7 @@ void ShardCache::Download(const ShardRef& shard) {
         results.push_back(Pinned(entry, *data));
       data = absl::CancelledError(
           "");  // drop the unpinned mapping before eviction
-      EvictLocked();
+      EvictLocked(&free);
       UpdateGaugeLocked();
     } else {
       entries_.erase(shard.url);

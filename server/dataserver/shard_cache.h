@@ -19,9 +19,10 @@
 //  * Eviction is LRU over whole shards and never touches a shard that a live
 //    stream in this process has open (pinned).
 //  * No file I/O under the cache's lock: files are looked up, mapped and
-//    removed after it is released. An evicted entry stays in the table,
-//    "removing", until its files are gone, so nobody adopts them meanwhile;
-//    an Open that arrives then waits and downloads the shard afresh.
+//    removed, and the filesystem's free space read, outside it. An evicted
+//    entry stays in the table, "removing", until its files are gone, so nobody
+//    adopts them meanwhile; an Open that arrives then waits and downloads the
+//    shard afresh.
 //  * Start-up removes temp files left by dead processes of this host (the pid
 //    in the name is not running) or older than a day, removes entries whose
 //    .shard and .meta disagree (size, name), and adopts the rest, oldest
@@ -119,7 +120,8 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
 
   ShardCache(ShardCacheOptions options, std::unique_ptr<RemoteFetcher> fetcher);
   absl::Status Scan();
-  void StartDownloadLocked(const ShardRef& shard)
+  // `free_bytes`: as for EvictLocked.
+  void StartDownloadLocked(const ShardRef& shard, int64_t* free_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Download(const ShardRef& shard);
   // Downloads, verifies and installs `shard`; `sha256` gets its hex digest
@@ -143,12 +145,16 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   // Evicts unpinned shards, least recently used first, until the ready bytes
   // plus the known sizes of downloads in flight fit --cache_bytes, and the
   // filesystem keeps min_free_bytes free besides the downloads in flight.
-  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `free_bytes`: the filesystem's free bytes, read by FreeBytes() before
+  // the lock was taken (-1 = not known); raised by what this evicts.
+  void EvictLocked(int64_t* free_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the entry; with remove_files it stays, removing, until
   // RemoveDoomed has deleted its files.
   void DropLocked(const std::shared_ptr<Entry>& entry, bool remove_files)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // statvfs (or options.free_bytes); -1 without min_free_bytes or on error.
+  // Never called under mu_.
   int64_t FreeBytes() const;
 
   const ShardCacheOptions options_;
