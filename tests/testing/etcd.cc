@@ -5,11 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/common/loopback_port.h"
 
 namespace sluice::testing {
 
@@ -72,14 +72,51 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Start(const std::string& dir,
 
 absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> Etcd::StartCluster(
     const std::string& dir, int members, absl::Duration timeout) {
+  // A reserved port is free only when reserved: another test's server may
+  // bind it before the member does. Such a member exits at once saying so;
+  // the cluster then starts again on other ports, in other directories.
+  constexpr int kAttempts = 3;
+  absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> cluster;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    std::string taken_log;
+    cluster = StartClusterOnce(
+        dir, attempt == 0 ? "" : absl::StrCat("-retry", attempt), members,
+        timeout, &taken_log);
+    if (cluster.ok() || taken_log.empty()) return cluster;
+    std::fprintf(stderr, "etcd cluster: a port was taken (%s); again\n",
+                 taken_log.c_str());
+  }
+  return cluster;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> Etcd::StartClusterOnce(
+    const std::string& dir, const std::string& suffix, int members,
+    absl::Duration timeout, std::string* taken_log) {
+  // Held open until all are read, so the 2 * members ports differ.
+  std::vector<int> sockets;
+  std::vector<int> ports;
+  for (int i = 0; i < 2 * members; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd < 0 ||
+        bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      if (fd >= 0) close(fd);
+      for (int s : sockets) close(s);
+      return absl::InternalError("no free loopback port");
+    }
+    sockets.push_back(fd);
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  for (int s : sockets) close(s);
   std::vector<int> client(members), peer(members);
   std::string initial;
   for (int i = 0; i < members; ++i) {
-    client[i] = ReserveLoopbackPort();
-    peer[i] = ReserveLoopbackPort();
-    if (client[i] == 0 || peer[i] == 0) {
-      return absl::InternalError("no free loopback port");
-    }
+    client[i] = ports[2 * i];
+    peer[i] = ports[2 * i + 1];
     absl::StrAppend(&initial, i == 0 ? "" : ",", "m", i,
                     "=http://127.0.0.1:", peer[i]);
   }
@@ -92,7 +129,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> Etcd::StartCluster(
                              "--name",
                              absl::StrCat("m", i),
                              "--data-dir",
-                             absl::StrCat(dir, "/etcd-", i),
+                             absl::StrCat(dir, "/etcd-", i, suffix),
                              "--listen-client-urls",
                              c,
                              "--advertise-client-urls",
@@ -109,7 +146,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> Etcd::StartCluster(
                              "sluice-test",
                              "--log-outputs",
                              "stderr"},
-                            absl::StrCat(dir, "/etcd-", i, ".log"));
+                            absl::StrCat(dir, "/etcd-", i, suffix, ".log"));
     if (!proc.ok()) return proc.status();
     auto etcd = std::unique_ptr<Etcd>(new Etcd());
     etcd->process_ = std::move(*proc);
@@ -119,7 +156,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> Etcd::StartCluster(
   // Every member serves once the cluster has formed (polling their logs).
   const absl::Time deadline = absl::Now() + timeout;
   for (int i = 0; i < members; ++i) {
-    const std::string log = absl::StrCat(dir, "/etcd-", i, ".log");
+    const std::string log = absl::StrCat(dir, "/etcd-", i, suffix, ".log");
     while (true) {
       std::optional<std::string> text = ReadWholeFile(log);
       if (text &&
@@ -127,6 +164,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> Etcd::StartCluster(
         break;
       }
       if (!cluster[i]->process_.running()) {
+        text = ReadWholeFile(log);
+        if (text && text->find("address already in use") != std::string::npos)
+          *taken_log = log;
         return absl::InternalError(
             absl::StrCat("etcd member ", i, " exited; see ", log));
       }

@@ -26,7 +26,9 @@ class Etcd {
       const TestPki* pki = nullptr);
   // A cluster of `members` members in `dir`/etcd-<i>; its ports are
   // reserved first (bound, read back, released: a member's peer URL must be
-  // known to the others before it starts). Returns once every member serves.
+  // known to the others before it starts), and the cluster is started again
+  // on other ports when one was taken meanwhile. Returns once every member
+  // serves.
   static absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> StartCluster(
       const std::string& dir, int members,
       absl::Duration timeout = absl::Seconds(60));
@@ -36,6 +38,12 @@ class Etcd {
   ChildProcess& process() { return process_; }
 
  private:
+  // One try of StartCluster, in `dir`/etcd-<i><suffix>; `taken_log` names
+  // the log of a member that found its port taken.
+  static absl::StatusOr<std::vector<std::unique_ptr<Etcd>>> StartClusterOnce(
+      const std::string& dir, const std::string& suffix, int members,
+      absl::Duration timeout, std::string* taken_log);
+
   ChildProcess process_;
   std::string endpoint_;
 };
