@@ -14,6 +14,7 @@
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
+#include "server/dataserver/composite_shard_store.h"
 #include "server/dataserver/coordinator_registration.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/dataserver_service.h"

@@ -178,28 +178,6 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   std::unique_ptr<ThreadPool> downloads_;
 };
 
-// Routes local paths to a LocalShardStore and http(s)/s3 URLs to the cache.
-class CompositeShardStore : public ShardStore {
- public:
-  // Either may be null (then those URLs get FAILED_PRECONDITION naming the
-  // flag that enables them).
-  CompositeShardStore(std::unique_ptr<LocalShardStore> local,
-                      std::shared_ptr<ShardCache> cache)
-      : local_(std::move(local)), cache_(std::move(cache)) {}
-  ~CompositeShardStore() override;
-
-  using ShardStore::Open;
-  absl::StatusOr<std::shared_ptr<const ShardData>> Open(
-      const ShardRef& shard) override;
-  bool IsRemote(absl::string_view url) const override;
-  void OpenAsync(const ShardRef& shard, OpenCallback done) override;
-
- private:
-  absl::Status Unavailable(absl::string_view url) const;
-  std::unique_ptr<LocalShardStore> local_;
-  std::shared_ptr<ShardCache> cache_;
-};
-
 }  // namespace sluice::dataserver
 
 #endif  // SLUICE_SERVER_DATASERVER_SHARD_CACHE_H_

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "server/dataserver/composite_shard_store.h"
 #include "tests/testing/sigv4.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
