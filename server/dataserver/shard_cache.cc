@@ -91,16 +91,7 @@ absl::Status ShardCache::Scan() {
   ASSIGN_OR_RETURN(CacheDirectory::ScanResult scan, directory_.Scan());
   int64_t free = FreeBytes();
   absl::ReleasableMutexLock lock(&mu_);
-  for (const CacheDirectory::Record& r : scan.complete) {
-    auto entry = std::make_shared<Entry>();
-    entry->url = r.url;
-    entry->size = r.size;
-    entry->sha256 = r.sha256;
-    entry->ready = true;
-    entry->lru = lru_.insert(lru_.end(), r.url);
-    bytes_ += entry->size;
-    entries_[r.url] = std::move(entry);
-  }
+  for (const CacheDirectory::Record& r : scan.complete) AdoptLocked(r);
   LogInfo(
       "shard cache %s: %d cached shards (%d bytes) adopted, %d leftover files "
       "removed",
