@@ -235,6 +235,18 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
       }
       s.announced_epoch = job->epoch;
       if (job->done) {
+        // Leases whose samples a Progress acknowledged in full end with the
+        // job; their Complete can no longer arrive on a finished session.
+        std::vector<std::string> held;
+        for (const LeaseEntry* l : leases_.HeldBy(s.trainer_id)) {
+          if (l->job == name) held.push_back(l->lease_id);
+        }
+        for (const std::string& id : held) {
+          if (!leases_.Remove(id).ok()) continue;
+          rt.lease_counts.set_completed(rt.lease_counts.completed() + 1);
+          if (options_.metrics)
+            options_.metrics->ForJob(name).completed->Increment();
+        }
         CoordinatorMessage done;
         done.mutable_job_done()->set_num_epochs(job->spec.num_epochs());
         done.mutable_job_done()->set_message(JobDoneMessage(*job));

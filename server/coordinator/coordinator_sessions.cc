@@ -447,7 +447,14 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
       const int64_t size = lease.end - lease.begin;
       const bool complete = m.has_complete();
       if (complete) consumed = size;
-      if (consumed < lease.consumed || consumed > size) {
+      // The lease's epoch may have ended already: a Progress reporting the
+      // epoch's last samples ends it, so every sample of this lease was
+      // acknowledged. Then there is nothing left to record: a Complete
+      // just ends the lease, a Progress changes nothing.
+      const JobData* lease_job = state_.FindJob(lease.job);
+      const bool past_epoch =
+          lease_job == nullptr || lease_job->epoch != lease.epoch;
+      if (!past_epoch && (consumed < lease.consumed || consumed > size)) {
         fx.sends.emplace_back(
             s.sink,
             Rejected(lease_id,
@@ -456,7 +463,7 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
                          " must be in [", lease.consumed, ", ", size, "]"))));
         return absl::OkStatus();
       }
-      if (consumed > lease.consumed || complete) {
+      if (!past_epoch && (consumed > lease.consumed || complete)) {
         JournalRecord record;
         auto* ack = record.mutable_unit_acked();
         ack->set_job(lease.job);

@@ -282,6 +282,41 @@ TEST_F(CoordinatorServiceTest, StaleFenceIsRejectedWithAborted) {
   EXPECT_FALSE(a->finished.has_value());  // the stream goes on
 }
 
+// A Progress reporting a lease's last sample ends the epoch when it was the
+// epoch's last; the Complete that follows it (a reader's usual order) is
+// accepted as the lease's end, not refused as an ack for a past epoch.
+TEST_F(CoordinatorServiceTest,
+       ACompleteAfterTheEpochsLastProgressEndsTheLease) {
+  ASSERT_OK(service_->CreateJob(Spec("j", {10}, 0, 2)));
+  auto a = std::make_shared<RecordingSink>();
+  const int64_t id = service_->OpenSession(a);
+  service_->OnMessage(id, Hello("j", 0, "t"));
+  service_->OnMessage(id, Want(1));
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<v1::Lease> grants = a->TakeGrants();
+    ASSERT_EQ(grants.size(), 1u) << "epoch " << epoch;
+    const v1::Lease lease = grants[0];
+    EXPECT_EQ(lease.epoch(), epoch);
+    ASSERT_EQ(lease.unit().end() - lease.unit().begin(), 10);
+    service_->OnMessage(id, Progress(lease, 10));
+    EXPECT_EQ(a->Count(v1::CoordinatorMessage::kEpochEnd), epoch + 1);
+    service_->OnMessage(id, Complete(lease));
+    EXPECT_EQ(a->Count(v1::CoordinatorMessage::kRejected), 0);
+    if (epoch == 0) EXPECT_FALSE(a->finished.has_value());
+  }
+  ASSERT_TRUE(a->finished.has_value());
+  EXPECT_OK(*a->finished);
+  EXPECT_EQ(a->Count(v1::CoordinatorMessage::kJobDone), 1);
+  auto job = service_->GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().state(), v1::JOB_STATE_DONE);
+  EXPECT_EQ(job->status().leases().granted(), 2);
+  EXPECT_EQ(job->status().leases().completed(), 2);
+  clock_.Advance(absl::Seconds(3));  // past the TTL: no lease is left held
+  EXPECT_EQ(service_->ExpireLeases(), 0);
+  EXPECT_EQ(service_->GetJob("j", false)->status().leases().expired(), 0);
+}
+
 TEST_F(CoordinatorServiceTest, BadInputGetsTheDocumentedCodes) {
   EXPECT_THAT(service_->GetJob("nope", false),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
