@@ -1,8 +1,8 @@
 # Sluice — the two commands a newcomer needs:
 #   make run    a local cluster on embedded defaults (installs deps, builds)
 #   make test   every test (installs deps, builds, runs ctest)
-# Other targets: deps, build, bench, test-asan, fuzz, asan, image, test-image,
-# clean.
+# Other targets: deps, build, bench, test-asan, test-tsan, fuzz, asan, image,
+# test-image, clean.
 
 SHELL := /bin/bash
 BUILD_DIR ?= build
@@ -23,7 +23,7 @@ DEB_PACKAGES := \
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: deps build test test-asan test-fuzz fuzz run bench asan clean screenshot \
+.PHONY: deps build test test-asan test-tsan test-fuzz fuzz run bench asan clean screenshot \
   image-deps image test-image
 
 # Seconds of libFuzzer in `make test` (CI); `make fuzz FUZZ_SECONDS=600` for more.
@@ -60,7 +60,7 @@ build: deps $(BUILD_DIR)/build.ninja
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
-	@$(MAKE) --no-print-directory test-asan test-fuzz
+	@$(MAKE) --no-print-directory test-asan test-tsan test-fuzz
 
 # The code that faces corrupt shards (tar reader, index, decoders, framing)
 # under AddressSanitizer + UBSan.
@@ -68,6 +68,17 @@ test-asan: deps
 	@test -f build-asan/build.ninja || cmake --preset asan -G Ninja >/dev/null
 	cmake --build build-asan -j $(JOBS) --target dataserver_format_tests
 	./build-asan/bin/dataserver_format_tests --gtest_brief=1
+
+# The concurrent components (lease table, outbox, once/barrier, shard cache,
+# the C++ Reader) under ThreadSanitizer. Debian's Abseil is rebuilt from its
+# source package with -fsanitize=thread first (a minute, once), so TSan sees
+# every absl::Mutex; the Reader's tests start the release build's servers.
+TSAN_OPTIONS_RUN := halt_on_error=1 suppressions=$(CURDIR)/tests/tsan/suppressions.txt
+test-tsan: build
+	@JOBS=$(JOBS) sh tests/tsan/build_abseil.sh $(CURDIR)/build-tsan/abseil
+	@test -f build-tsan/build.ninja || cmake --preset tsan -G Ninja >/dev/null
+	cmake --build build-tsan -j $(JOBS) --target tsan_tests
+	TSAN_OPTIONS="$(TSAN_OPTIONS_RUN)" ./build-tsan/bin/tsan_tests --gtest_brief=1
 
 # Short libFuzzer runs (clang) over the tar reader + decoders, and over the
 # coordinator's request handling.

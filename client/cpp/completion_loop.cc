@@ -6,8 +6,15 @@ void CompletionLoop::Start() {
   thread_ = std::thread([this] {
     void* tag;
     bool ok;
-    while (cq_.Next(&tag, &ok)) static_cast<Tag*>(tag)->Done(ok);
+    while (cq_.Next(&tag, &ok)) Complete(tag, ok);
   });
+}
+
+void CompletionLoop::Complete(void* tag, bool ok) {
+#ifdef ABSL_HAVE_THREAD_SANITIZER
+  __tsan_acquire(tag);
+#endif
+  static_cast<Tag*>(tag)->Done(ok);
 }
 
 void CompletionLoop::Shutdown() {

@@ -10,7 +10,12 @@
 
 #include <thread>
 
+#include "absl/base/config.h"
 #include "absl/synchronization/notification.h"
+
+#ifdef ABSL_HAVE_THREAD_SANITIZER
+#include <sanitizer/tsan_interface.h>
+#endif
 
 namespace sluice::client_internal {
 
@@ -40,8 +45,17 @@ class WaitTag final : public Tag {
 };
 
 // The void* gRPC carries for a tag, always through Tag* so the loop's cast
-// back is exact.
-inline void* TagOf(Tag* tag) { return tag; }
+// back is exact. Every tag reaches gRPC through here and comes back through
+// CompletionLoop::Complete, so under ThreadSanitizer these two mark the
+// completion queue's hand-off, which happens inside gRPC's uninstrumented
+// libraries: what the starting thread wrote before handing the tag over
+// happens before the tag's Done on the loop's thread.
+inline void* TagOf(Tag* tag) {
+#ifdef ABSL_HAVE_THREAD_SANITIZER
+  __tsan_release(tag);
+#endif
+  return tag;
+}
 
 class CompletionLoop {
  public:
@@ -58,6 +72,8 @@ class CompletionLoop {
 
  private:
   grpc::CompletionQueue cq_;
+  static void Complete(void* tag, bool ok);
+
   std::thread thread_;
   bool shut_down_ = false;
 };

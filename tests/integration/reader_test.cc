@@ -296,7 +296,9 @@ TEST_F(ReaderTest, CoordinatorKilledAndRestartedMidRead) {
   CreateJob("restart", 1, 1);
   auto reader = MakeReader("restart", 0);
   Seen seen = ReadAll(*reader, [&](int64_t n, const Sample&) {
-    if (n == 120) ASSERT_TRUE(cluster_.RestartCoordinator().ok());
+    if (n == 120) {
+      ASSERT_TRUE(cluster_.RestartCoordinator().ok());
+    }
   });
   ASSERT_TRUE(seen.status.ok()) << seen.status;
   std::map<std::pair<int, int64_t>, int> all = seen.samples[0];

@@ -12,10 +12,12 @@
 
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "server/dataserver/composite_shard_store.h"
+#include "tests/testing/nginx.h"
 #include "tests/testing/sigv4.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
@@ -219,6 +221,64 @@ TEST(ShardCacheTest, ReplacedFilesGoOutsideTheLockAndOpensMeanwhileWait) {
   EXPECT_THAT(testing::FileNames(dir.path()), ::testing::IsEmpty());
   EXPECT_THAT(cache->CachedUrls(), ::testing::IsEmpty());
   EXPECT_EQ(cache->bytes_in_use(), 0);
+}
+
+// Eight threads open four shards served by a real nginx, each in its own
+// order, while holding the previous one: every Open returns the shard's
+// bytes. Unbounded, each shard is downloaded once however many Opens
+// overlap; with room for two, eviction only takes unpinned shards and the
+// cache ends within its limit.
+TEST(ShardCacheTest, ConcurrentOpensGetTheRightBytesAndShareDownloads) {
+  testing::TempDir dir;
+  std::vector<std::string> bodies;
+  for (const char* round : {"0", "2003"}) {  // one URL set per round
+    std::filesystem::create_directories(dir.File(absl::StrCat("www/", round)));
+    for (int i = 0; i < 4; ++i) {
+      bodies.resize(4);
+      bodies[i] = std::string(1000 + i, static_cast<char>('a' + i));
+      testing::WriteFile(dir.File(absl::StrCat("www/", round, "/s", i, ".tar")),
+                         bodies[i]);
+    }
+  }
+  std::filesystem::create_directories(dir.File("nginx"));
+  auto nginx = testing::Nginx::Start(dir.File("nginx"), dir.File("www"));
+  ASSERT_TRUE(nginx.ok()) << nginx.status();
+  for (const int64_t max_bytes : {int64_t{0}, int64_t{2003}}) {
+    SCOPED_TRACE(absl::StrCat("max_bytes ", max_bytes));
+    const std::string cache_dir = dir.File(absl::StrCat("cache-", max_bytes));
+    std::filesystem::create_directories(cache_dir);
+    std::shared_ptr<ShardCache> cache = NewCache(cache_dir, max_bytes);
+    ASSERT_NE(cache, nullptr);
+    std::atomic<int> right{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        std::shared_ptr<const ShardData> held;
+        for (int k = 0; k < 12; ++k) {
+          const int i = (t + k * (t % 3 + 1)) % 4;
+          const std::string url = absl::StrCat((*nginx)->base_url(), "/",
+                                               max_bytes, "/s", i, ".tar");
+          auto shard = cache->Open(ShardRef{url, 1000 + i, ""});
+          if (!shard.ok()) {
+            ADD_FAILURE() << url << ": " << shard.status();
+            continue;
+          }
+          if ((*shard)->bytes() == bodies[i]) ++right;
+          held = *std::move(shard);  // the previous one is released
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(right.load(), 8 * 12);
+    if (max_bytes == 0) {
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ((*nginx)->Count("GET", absl::StrCat("/0/s", i, ".tar")), 1)
+            << "s" << i;
+      }
+    } else {
+      EXPECT_LE(cache->bytes_in_use(), max_bytes);
+    }
+  }
 }
 
 TEST(ShardCacheTest, BadUrlsAndChecksumsAreRejectedBeforeAnyDownload) {
