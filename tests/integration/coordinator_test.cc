@@ -105,28 +105,15 @@ RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job,
       result.samples_for_rank = m.epoch_begin().samples_for_rank();
     } else if (m.has_grant()) {
       if (max_units >= 0 && result.units >= max_units) {
-        // Before dying, wait (polling with a deadline) until the coordinator
-        // has taken every Complete this test counted; the leases still held
-        // then die unreported.
-        int64_t counted = 0;
-        {
-          absl::MutexLock lock(&ledger->mu);
-          for (const auto& [rank, n] :
-               ledger->per_rank[m.grant().lease().epoch()])
-            counted += n;
-        }
-        const absl::Time deadline = absl::Now() + absl::Seconds(10);
-        while (absl::Now() < deadline) {
-          grpc::ClientContext get_ctx;
-          v1::GetJobRequest get;
-          get.set_name(job);
-          v1::Job status;
-          if (stub->GetJob(&get_ctx, get, &status).ok() &&
-              status.status().consumed_in_epoch() >= counted) {
-            break;
-          }
-          absl::SleepFor(
-              absl::Milliseconds(5));  // polling, not synchronisation by sleep
+        // Before dying, wait until every Complete sent so far is durable
+        // (Sync answers once the messages before it are); the leases still
+        // held then die unreported. Grants arriving meanwhile die too.
+        v1::TrainerMessage sync;
+        sync.mutable_sync()->set_id(1);
+        stream->Write(sync);
+        v1::CoordinatorMessage reply;
+        while (stream->Read(&reply) &&
+               !(reply.has_synced() && reply.synced().id() == 1)) {
         }
         ctx.TryCancel();
         break;
