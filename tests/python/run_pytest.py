@@ -11,6 +11,12 @@ orphans become its children instead of init's, so it can find and kill
 them, and they are descendants ctest can kill on a timeout. A test that
 runs for more than five minutes dumps every thread's stack (pytest's
 faulthandler_timeout) before ctest's timeout ends it.
+
+With --results XML first (how ctest runs a file), the run's outcomes go to
+that JUnit XML, each test's ctest entry reads its own from there
+(pytest_cases.py), and a run that got through every test exits 0 even when
+some failed: the failures are those entries'. Collection errors, an
+interrupted run or a crash still fail the file's entry.
 """
 import ctypes
 import os
@@ -42,11 +48,24 @@ def cmdline(pid):
 
 
 def main():
+    args = sys.argv[1:]
+    results = None
+    if args[:1] == ["--results"] and len(args) >= 2:
+        results = args[1]
+        args = args[2:]
+        os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+        try:
+            os.unlink(results)  # a check never reads an earlier run's outcome
+        except FileNotFoundError:
+            pass
+        args = [f"--junitxml={results}", "-o", "junit_family=xunit2",
+                "-o", "junit_logging=all", "-o", "junit_log_passing_tests=False",
+                *args]
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         print("run_pytest: cannot become a child subreaper; orphans go to init",
               file=sys.stderr)
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-o", "faulthandler_timeout=300",
-                             *sys.argv[1:]])
+                             *args])
     signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
     rc = proc.wait()
     # A process that only waits for pytest to go (multiprocessing's resource
@@ -74,6 +93,10 @@ def main():
             except ChildProcessError:
                 pass
         left = children()  # their own orphans come to us in turn
+    if results is not None and rc == 1 and os.path.exists(results):
+        print(f"run_pytest: some tests failed; their own ctest entries name them "
+              f"(outcomes in {results})", file=sys.stderr)
+        rc = 0
     sys.exit(rc if rc >= 0 else 128 - rc)
 
 
