@@ -32,7 +32,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     service->manifest_roots_.emplace(std::move(roots));
   }
   absl::MutexLock lock(&service->mu_);
-  if (options.etcd_journal.has_value()) {
+  if (options.journal_for_testing) {
+    service->journal_ = options.journal_for_testing();
+  } else if (options.etcd_journal.has_value()) {
     EtcdJournalOptions etcd = *options.etcd_journal;
     if (options.metrics != nullptr && !etcd.on_commit) {
       etcd.on_commit = [m = options.metrics](double s) {
@@ -254,20 +256,42 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(
 
 absl::StatusOr<v1::Job> CoordinatorService::GetJob(const std::string& name,
                                                    bool include_manifest) {
-  absl::MutexLock lock(&mu_);
-  const JobData* job = state_.FindJob(name);
-  if (job == nullptr)
-    return absl::NotFoundError(
-        absl::StrCat("job ", QuotePrefix(name), " not found"));
-  return JobToProtoLocked(*job, include_manifest);
+  absl::StatusOr<v1::Job> result;
+  uint64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const JobData* job = state_.FindJob(name);
+    if (job == nullptr)
+      return absl::NotFoundError(
+          absl::StrCat("job ", QuotePrefix(name), " not found"));
+    result = JobToProtoLocked(*job, include_manifest);
+    ticket = journal_->LastTicket();
+  }
+  RETURN_IF_ERROR(ReportedStateDurable(ticket));
+  return result;
 }
 
-std::vector<v1::Job> CoordinatorService::ListJobs() {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<std::vector<v1::Job>> CoordinatorService::ListJobs() {
   std::vector<v1::Job> jobs;
-  for (const auto& [name, job] : state_.jobs())
-    jobs.push_back(JobToProtoLocked(job, false));
+  uint64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, job] : state_.jobs())
+      jobs.push_back(JobToProtoLocked(job, false));
+    ticket = journal_->LastTicket();
+  }
+  RETURN_IF_ERROR(ReportedStateDurable(ticket));
   return jobs;
+}
+
+absl::Status CoordinatorService::ReportedStateDurable(uint64_t ticket) {
+  // The state takes a record before the journal has it: a reply reporting
+  // it waits for the records it includes, so nothing it shows (an acked
+  // count, a lease) can be undone by a crash.
+  absl::Status durable = journal_->WaitDurable(ticket);
+  if (durable.ok()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("coordinator journal failed: ", durable.message()));
 }
 
 absl::Status CoordinatorService::DeleteJob(const std::string& name) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,6 +57,9 @@ struct CoordinatorOptions {
   int prefetch_hint_units = 8;
   // Journal directory; empty = in memory (tests only).
   std::string journal_dir;
+  // Tests: makes the journal (one that decides when writes are durable);
+  // takes precedence over journal_dir and etcd_journal.
+  std::function<std::unique_ptr<Journal>()> journal_for_testing;
   // When set, the journal lives in etcd instead (see etcd_journal.h), and
   // Create blocks until this coordinator leads.
   std::optional<EtcdJournalOptions> etcd_journal;
@@ -94,9 +98,12 @@ class CoordinatorService {
 
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   const CoordinatorOptions& options() const { return options_; }
+  // GetJob and ListJobs report state only once it is durable: they wait
+  // (no lock held) for the journal records the state includes, UNAVAILABLE
+  // when the journal failed.
   absl::StatusOr<v1::Job> GetJob(const std::string& name,
                                  bool include_manifest);
-  std::vector<v1::Job> ListJobs();
+  absl::StatusOr<std::vector<v1::Job>> ListJobs();
   absl::Status DeleteJob(const std::string& name);
 
   // A new Session stream. Returns its id for OnMessage/CloseSession.
@@ -225,6 +232,9 @@ class CoordinatorService {
   // Journals and applies one record (under mu_).
   absl::Status CommitLocked(v1::internal::JournalRecord record, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK once journal ticket `ticket` is durable; UNAVAILABLE naming the
+  // journal's error otherwise.
+  absl::Status ReportedStateDurable(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // Effects leave in the order they were decided (durable_outbox.h):
   // SubmitLocked queues them under mu_, DeliverReady (after releasing mu_)
   // sends those already durable.

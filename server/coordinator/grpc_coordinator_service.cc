@@ -466,7 +466,9 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::GetJob(
 grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
     grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
     v1::ListJobsResponse* resp) {
-  for (v1::Job& job : service_->ListJobs()) *resp->add_jobs() = std::move(job);
+  absl::StatusOr<std::vector<v1::Job>> jobs = service_->ListJobs();
+  if (!jobs.ok()) return Done(ctx, jobs.status());
+  for (v1::Job& job : *jobs) *resp->add_jobs() = std::move(job);
   for (std::string& address : service_->LiveDataServers())
     resp->add_live_data_servers(std::move(address));
   return Done(ctx, absl::OkStatus());

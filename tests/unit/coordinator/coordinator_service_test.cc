@@ -8,11 +8,14 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 #include <tuple>
 
+#include "absl/synchronization/notification.h"
 #include "server/common/lease_token.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/gated_journal.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
@@ -282,6 +285,63 @@ TEST_F(CoordinatorServiceTest, StaleFenceIsRejectedWithAborted) {
   EXPECT_FALSE(a->finished.has_value());  // the stream goes on
 }
 
+// GetJob and ListJobs report state a crash cannot undo: an acknowledged
+// Complete shows in them only once its journal record is durable, and a
+// failed journal makes them UNAVAILABLE instead of reporting it.
+TEST(CoordinatorDurabilityTest, JobReportsWaitForTheRecordsTheyInclude) {
+  FakeClock clock;
+  testing::GatedJournal* journal = nullptr;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  options.journal_for_testing = [&journal] {
+    auto j = std::make_unique<testing::GatedJournal>();
+    journal = j.get();
+    return j;
+  };
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  std::unique_ptr<CoordinatorService> service = std::move(*created);
+  journal->MakeDurable(1);  // the job's creation
+  ASSERT_OK(service->CreateJob(Spec("j", {10}, 0, 1)));
+  auto a = std::make_shared<RecordingSink>();
+  const int64_t id = service->OpenSession(a);
+  service->OnMessage(id, Hello("j", 0, "t"));
+  service->OnMessage(id, Want(1));
+  journal->MakeDurable(journal->LastTicket());  // the grant
+  service->Flush();
+  const std::vector<v1::Lease> grants = a->TakeGrants();
+  ASSERT_EQ(grants.size(), 1u);
+  const int waits = journal->waits();
+  service->OnMessage(id, Progress(grants[0], 4));  // journaled, not durable
+  journal->AwaitWaits(waits + 1);                  // the outbox's flusher
+
+  absl::StatusOr<v1::Job> reported;
+  absl::Notification answered;
+  std::thread reader([&] {
+    reported = service->GetJob("j", false);
+    answered.Notify();
+  });
+  // GetJob waits for the Progress record (or, wrongly, answers at once).
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        return journal->waits() >= waits + 2 || answered.HasBeenNotified();
+      },
+      absl::Seconds(60), absl::Milliseconds(1)));
+  EXPECT_FALSE(answered.HasBeenNotified());
+  journal->MakeDurable(journal->LastTicket());
+  reader.join();
+  ASSERT_OK(reported);
+  EXPECT_EQ(reported->status().consumed_in_epoch(), 4);
+
+  service->OnMessage(id, Progress(grants[0], 6));
+  journal->Fail(absl::DataLossError("disk gone"));
+  EXPECT_THAT(service->GetJob("j", false).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("disk gone")));
+  EXPECT_THAT(service->ListJobs().status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("disk gone")));
+}
+
 // A Progress reporting a lease's last sample ends the epoch when it was the
 // epoch's last; the Complete that follows it (a reader's usual order) is
 // accepted as the lease's end, not refused as an ack for a past epoch.
@@ -302,7 +362,9 @@ TEST_F(CoordinatorServiceTest,
     EXPECT_EQ(a->Count(v1::CoordinatorMessage::kEpochEnd), epoch + 1);
     service_->OnMessage(id, Complete(lease));
     EXPECT_EQ(a->Count(v1::CoordinatorMessage::kRejected), 0);
-    if (epoch == 0) EXPECT_FALSE(a->finished.has_value());
+    if (epoch == 0) {
+      EXPECT_FALSE(a->finished.has_value());
+    }
   }
   ASSERT_TRUE(a->finished.has_value());
   EXPECT_OK(*a->finished);

@@ -8,69 +8,12 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "tests/testing/gated_journal.h"
 
 namespace sluice {
 namespace {
 
-// A journal whose writes become durable (or fail) when the test says so.
-class GatedJournal final : public Journal {
- public:
-  uint64_t Enqueue(const std::vector<JournalRecord>&) override {
-    return Next();
-  }
-  uint64_t Enqueue(const JournalRecord&) override { return Next(); }
-  absl::Status WaitDurable(uint64_t ticket) override {
-    absl::MutexLock lock(&mu_);
-    ++waits_;
-    auto done = [&] {
-      mu_.AssertHeld();
-      return durable_ >= ticket || !failure_.ok();
-    };
-    mu_.Await(absl::Condition(&done));
-    return durable_ >= ticket ? absl::OkStatus() : failure_;
-  }
-  uint64_t LastTicket() const override {
-    absl::MutexLock lock(&mu_);
-    return last_;
-  }
-  bool IsDurable(uint64_t ticket) const override {
-    absl::MutexLock lock(&mu_);
-    return durable_ >= ticket;
-  }
-  int64_t bytes_written() const override { return 0; }
-  absl::Status Compact(const JournalRecord&) override {
-    return absl::OkStatus();
-  }
-
-  void MakeDurable(uint64_t ticket) {
-    absl::MutexLock lock(&mu_);
-    durable_ = ticket;
-  }
-  void Fail(absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    failure_ = std::move(status);
-  }
-  // Blocks until a WaitDurable call (the flusher's) is waiting.
-  void AwaitWaiter() {
-    absl::MutexLock lock(&mu_);
-    auto waiting = [&] {
-      mu_.AssertHeld();
-      return waits_ > 0;
-    };
-    mu_.Await(absl::Condition(&waiting));
-  }
-
- private:
-  uint64_t Next() {
-    absl::MutexLock lock(&mu_);
-    return ++last_;
-  }
-  mutable absl::Mutex mu_;
-  uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
-  int waits_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
-};
+using ::sluice::testing::GatedJournal;
 
 // Records what reaches it, as "send:<lease>" and "finish:<code>".
 class RecordingSink final : public SessionSink {
