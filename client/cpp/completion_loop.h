@@ -71,9 +71,10 @@ class CompletionLoop {
   void Shutdown();
 
  private:
-  grpc::CompletionQueue cq_;
+  // Hands a completed tag to its Done (on the loop's thread).
   static void Complete(void* tag, bool ok);
 
+  grpc::CompletionQueue cq_;
   std::thread thread_;
   bool shut_down_ = false;
 };

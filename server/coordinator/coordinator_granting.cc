@@ -242,10 +242,7 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
           if (l->job == name) held.push_back(l->lease_id);
         }
         for (const std::string& id : held) {
-          if (!leases_.Remove(id).ok()) continue;
-          rt.lease_counts.set_completed(rt.lease_counts.completed() + 1);
-          if (options_.metrics)
-            options_.metrics->ForJob(name).completed->Increment();
+          if (leases_.Remove(id).ok()) CountCompletedLocked(name);
         }
         CoordinatorMessage done;
         done.mutable_job_done()->set_num_epochs(job->spec.num_epochs());

@@ -258,6 +258,10 @@ class CoordinatorService {
                       Effects& fx, std::string* why_not,
                       v1::WaitingKind* why_kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a lease of `job_name` that ended with all its samples
+  // acknowledged (GetJob's lease counts, the completed metric).
+  void CountCompletedLocked(const std::string& job_name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLeaseLocked(const std::string& job, const std::string& lease_id,
                       const std::string& reason, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -486,10 +486,7 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
           LogError("lease table out of step with the journal: %s",
                    removed.status().ToString());
         }
-        v1::LeaseCounts& counts = runtime_[lease.job].lease_counts;
-        counts.set_completed(counts.completed() + 1);
-        if (options_.metrics)
-          options_.metrics->ForJob(lease.job).completed->Increment();
+        CountCompletedLocked(lease.job);
       } else if (m.has_release() || m.has_reroute()) {
         if (m.has_reroute() && !m.reroute().failed_data_server().empty()) {
           data_servers_.MarkSuspect(m.reroute().failed_data_server());
@@ -508,6 +505,13 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
       return absl::InvalidArgumentError(
           "session: empty or unknown trainer message");
   }
+}
+
+void CoordinatorService::CountCompletedLocked(const std::string& job_name) {
+  v1::LeaseCounts& counts = runtime_[job_name].lease_counts;
+  counts.set_completed(counts.completed() + 1);
+  if (options_.metrics)
+    options_.metrics->ForJob(job_name).completed->Increment();
 }
 
 void CoordinatorService::EndLeaseLocked(const std::string& job_name,
