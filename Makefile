@@ -1,30 +1,40 @@
 # Sluice — the two commands a newcomer needs:
 #   make run    a local cluster on embedded defaults (installs deps, builds)
 #   make test   every test (installs deps, builds, runs ctest)
-# Other targets: deps, build, bench, test-asan, test-tsan, fuzz, asan, image,
-# test-image, clean.
+# Other targets: check (a contributor's loop), deps, build, bench, test-asan,
+# test-tsan, fuzz, asan, image, test-image, clean.
 
 SHELL := /bin/bash
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 
-# Every Debian bookworm package the build, the tests and the demo need.
-DEB_PACKAGES := \
+# The Debian bookworm packages, in three groups.
+# BUILD: compile the servers, sluicectl and the Python package (enough for
+# `make run`: the demo is C++ end to end); the etcd sources are the etcd
+# client's protos, GoogleTest is found at configure time.
+BUILD_PACKAGES := \
   build-essential cmake ninja-build pkg-config git ca-certificates openssl curl \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev grpc-proto \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev nlohmann-json3-dev \
-  zlib1g-dev libjemalloc-dev libturbojpeg0-dev libjpeg62-turbo-dev libswscale-dev libyuv-dev librandom123-dev libimath-dev libpng-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  clang clang-format clang-tidy libclang-rt-14-dev python3 nodejs systemd nginx-light \
-  python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch python3-torchvision \
-  etcd-server etcd-client golang-etcd-server-dev golang-github-gogo-protobuf-dev \
-  golang-github-grpc-ecosystem-grpc-gateway-dev \
+  zlib1g-dev libjemalloc-dev libturbojpeg0-dev libjpeg62-turbo-dev libswscale-dev libyuv-dev \
+  librandom123-dev libimath-dev libpng-dev libgtest-dev libgmock-dev \
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev \
+  python3 python3-grpcio python3-protobuf python3-numpy
+# TEST: what `make check` and `make test` add: the sanitizer and lint
+# toolchain, PyTorch, the real etcd, Prometheus, nginx, SLURM and Open MPI
+# the suites run against.
+TEST_PACKAGES := \
+  libbenchmark-dev clang clang-format clang-tidy libclang-rt-14-dev nodejs systemd nginx-light \
+  python3-pytest python3-torch python3-torchvision \
+  etcd-server etcd-client \
   prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel \
   slurm-wlm munge openmpi-bin python3-mpi4py
+DEB_PACKAGES := $(BUILD_PACKAGES) $(TEST_PACKAGES)
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: deps build test test-asan test-tsan test-fuzz fuzz run bench asan clean screenshot \
-  image-deps image test-image
+.PHONY: deps deps-build build check test test-asan test-tsan test-fuzz fuzz run bench asan clean \
+  screenshot image-deps image test-image
 
 # Seconds of libFuzzer in `make test` (CI); `make fuzz FUZZ_SECONDS=600` for more.
 FUZZ_SECONDS ?= 60
@@ -46,8 +56,12 @@ define APT_INSTALL_MISSING
 	else echo "make $(1): all $(words $(2)) packages present"; fi
 endef
 
-deps:
-	$(call APT_INSTALL_MISSING,deps,$(DEB_PACKAGES))
+# What `make run` needs.
+deps-build:
+	$(call APT_INSTALL_MISSING,deps-build,$(BUILD_PACKAGES))
+
+deps: deps-build
+	$(call APT_INSTALL_MISSING,deps,$(TEST_PACKAGES))
 	@# npm ships inside some nodejs builds and as Debian's own package in others.
 	@command -v npm > /dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q npm
 	@command -v kubectl > /dev/null || echo "make deps: kubectl not found; the k8s tests need it (not a bookworm package: see README, Tests)"
@@ -98,9 +112,23 @@ test-fuzz fuzz: deps
 # The demo: a synthetic dataset, a coordinator and 2 data servers, 4 trainer
 # ranks for 2 epochs with a trainer and a data server SIGKILLed mid-epoch,
 # then the verification (exit 0 only if it holds). `sluicectl up` runs a
-# cluster in the foreground instead.
-run: build
+# cluster in the foreground instead. Installs and builds only what it needs
+# (the servers, sluicectl and the Python package), not the tests.
+run: deps-build $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target sluicectl sluice-coordinator sluice-dataserver \
+	  python_client
 	./$(BUILD_DIR)/bin/sluicectl demo --dir=.sluice
+
+# A contributor's loop before each commit (a few minutes from a warm
+# build): the unit tests, the in-process and single-host integration tests
+# (real servers on 127.0.0.1), the Python client's rules and formatting.
+# `make test` runs everything else too (chaos, Python and PyTorch suites,
+# launchers, monitoring, deploy, clang-tidy, sanitizers, fuzzing).
+check: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 300 -L 'unit|integration' \
+	  -LE chaos
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) \
+	  -R '^(style\.clang_format|style\.include_boundaries|style\.doc_links|python\.test_rules.*)$$'
 
 # Every benchmark; each prints its figure next to a baseline measured in the
 # same run and ends with one line of JSON. Not part of `make test`.
