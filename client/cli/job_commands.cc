@@ -382,13 +382,19 @@ int StatusCommand(const std::vector<std::string>& args) {
           r.sessions(), r.input_wait_seconds());
     }
     for (const v1::SourceStatus& src : job.status().sources()) {
+      const std::string dropped =
+          src.dropped_in_epoch() > 0
+              ? absl::StrCat("  (", src.dropped_in_epoch(), " dropped)")
+              : "";
       std::printf(
-          "  source %-14s %8lld / %-8lld consumed  pass %lld at %lld/%lld%s\n",
+          "  source %-14s %8lld / %-8lld consumed  pass %lld at "
+          "%lld/%lld%s%s\n",
           src.name().c_str(), static_cast<long long>(src.consumed_in_epoch()),
-          static_cast<long long>(src.samples_in_epoch()),
+          static_cast<long long>(src.samples_in_epoch() -
+                                 src.dropped_in_epoch()),
           static_cast<long long>(src.pass()),
           static_cast<long long>(src.pass_position()),
-          static_cast<long long>(src.num_samples()),
+          static_cast<long long>(src.num_samples()), dropped.c_str(),
           src.stopped() ? "  (stopped: used up)" : "");
     }
   }

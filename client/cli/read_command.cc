@@ -43,6 +43,9 @@ ABSL_FLAG(double, rate, 0,
           "fast as possible).");
 ABSL_FLAG(absl::Duration, progress_interval, absl::Milliseconds(500),
           "read: longest time between delivering a sample and reporting it.");
+ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(60),
+          "read: a data server stream that sends nothing for this long while "
+          "its samples are awaited is given up and the unit re-routed.");
 
 namespace sluice::cli {
 
@@ -106,6 +109,10 @@ int ReadCommand(const std::vector<std::string>& args) {
   }
   if (absl::GetFlag(FLAGS_decode)) options.decode.set_decode(true);
   options.progress_interval = absl::GetFlag(FLAGS_progress_interval);
+  options.stall_timeout = absl::GetFlag(FLAGS_stall_timeout);
+  if (options.stall_timeout <= absl::ZeroDuration()) {
+    return Usage("read: --stall_timeout must be positive");
+  }
   // Unreachable at the start: fail within --timeout. Once reading, ride out
   // a coordinator restart of up to 30 s (or --timeout, if longer).
   {

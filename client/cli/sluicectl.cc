@@ -51,7 +51,7 @@ Commands:
   status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
                             live data servers
   read --job J --rank R [--read_epochs N] [--decode] [--decode_spec TEXT] [--rate N]
-                            one JSON line per sample on stdout
+       [--stall_timeout 60s]  one JSON line per sample on stdout
   health HOST:PORT [--service readiness]
   once NAME [--scope S --id ID --ttl 10s --fail_all] -- COMMAND [ARGS...]
                             runs COMMAND on exactly one of all callers; the
@@ -136,7 +136,8 @@ const std::vector<CommandHelp>& Commands() {
        "[--decode_spec TEXT] [--rate N]\n  Reads a job as one trainer rank "
        "would, one JSON line per sample on stdout.",
        {"job", "rank", "worker", "workers", "read_epochs", "decode",
-        "decode_spec", "rate", "trainer_id", "progress_interval"}},
+        "decode_spec", "rate", "trainer_id", "progress_interval",
+        "stall_timeout"}},
       {"health",
        "sluicectl health HOST:PORT [--service readiness] [--wait]\n  The "
        "gRPC health status of a server (or of one of its services); with "

@@ -9,12 +9,23 @@
 // leaves the other half for the reconnect itself; a shorter break delivers
 // on without waiting.
 //
+// A stream can also go silent without breaking: the trainer itself paused
+// (SIGSTOP, a GC or VM stall) or the coordinator paused or cut off. So the
+// Reader also holds, by its own clock, once more than 3/4 of a TTL has passed
+// since the newest renewal the coordinator confirmed: a Sync sent while
+// leases are held (each heartbeat) renews them when the coordinator reads
+// it, no earlier than it was sent, and its Synced confirms that. A lease the
+// coordinator expired meanwhile is Revoked before that Synced. The margin of
+// 1/4 TTL covers the delivery in progress and clocks whose rates differ by
+// less than a quarter (the Chubby and etcd clients' rule).
+//
 // Times come from the injected Clock. Not thread-safe: the Reader guards it
 // with its state mutex.
 #ifndef SLUICE_CLIENT_CPP_LEASE_HOLD_H_
 #define SLUICE_CLIENT_CPP_LEASE_HOLD_H_
 
 #include <cstdint>
+#include <map>
 
 #include "absl/time/time.h"
 #include "server/common/clock.h"
@@ -36,19 +47,32 @@ class LeaseHold {
   void Reconnected(uint64_t sync_id);
   // Synced{id} arrived.
   void Synced(uint64_t id);
+  // A Hello is about to be sent; Welcomed() when its Welcome arrives (the
+  // Hello renewed every lease of the trainer).
+  void HelloSent();
+  void Welcomed();
+  // Sync{id} is about to be sent.
+  void SyncSent(uint64_t id);
 
-  // Down for over half a TTL, or back after that and not yet confirmed:
-  // the held leases may have gone to another trainer.
+  // Down for over half a TTL, or back after that and not yet confirmed, or
+  // no renewal confirmed for over 3/4 of a TTL: the held leases may have
+  // gone to another trainer.
   bool MayHaveLostLeases() const;
 
  private:
   bool DownTooLong() const;
+  bool Silent() const;
 
   const Clock* const clock_;
   absl::Duration lease_ttl_ = absl::Seconds(10);
   absl::Time disconnected_at_ = absl::InfinitePast();  // while connected
   bool revalidating_ = false;
   uint64_t revalidate_id_ = 0;
+  // When the newest confirmed renewal was sent (InfinitePast: none yet).
+  absl::Time confirmed_at_ = absl::InfinitePast();
+  absl::Time hello_sent_at_ = absl::InfinitePast();
+  // Syncs sent and not yet confirmed, by id, with their send times.
+  std::map<uint64_t, absl::Time> syncs_sent_;
 };
 
 }  // namespace sluice::client_internal

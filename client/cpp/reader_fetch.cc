@@ -55,6 +55,7 @@ void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
   if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
+    SetStreamKeepalive(args);  // a stopped data server fails its streams
     stub = v1::DataServer::NewStub(
         grpc::CreateCustomChannel(address, Creds(), args));
   }

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -29,6 +30,7 @@
 #include "client/cpp/fetch_turn.h"
 #include "client/cpp/input_wait.h"
 #include "client/cpp/lease_hold.h"
+#include "client/cpp/lost_deliveries.h"
 #include "client/cpp/report_ledger.h"
 #include "client/cpp/reroute_backoff.h"
 #include "server/common/clock.h"
@@ -54,6 +56,13 @@ class ReaderImpl final : public Reader {
       options_.trainer_id = absl::StrCat(host, "-", getpid(), "-r",
                                          options_.rank, "-w", options_.worker);
     }
+    if (options_.launch_id.empty()) {
+      // A new launch: a resume from this Reader is a restart of its own.
+      absl::BitGen bits;
+      options_.launch_id = absl::StrCat(
+          absl::Hex(absl::Uniform<uint64_t>(bits), absl::kZeroPad16),
+          absl::Hex(absl::Uniform<uint64_t>(bits), absl::kZeroPad16));
+    }
     if (options_.units_in_flight < 1) options_.units_in_flight = 1;
     if (options_.buffer_samples < 1) options_.buffer_samples = 1;
     // gRPC's own reconnect backoff (up to 120 s) must not outlast a lease
@@ -64,6 +73,7 @@ class ReaderImpl final : public Reader {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    SetStreamKeepalive(args);  // a stopped coordinator fails the session
     channel_ = CoordinatorChannel(options_.coordinator, Creds(), args);
     coordinator_ = v1::Coordinator::NewStub(channel_);
   }
@@ -172,6 +182,7 @@ class ReaderImpl final : public Reader {
     {
       absl::MutexLock state(&mu_);
       sync.mutable_sync()->set_id(ledger_.NextSyncId());
+      hold_.SyncSent(sync.sync().id());
     }
     WaitTag written;
     stream_->Write(sync, TagOf(&written));
@@ -239,6 +250,7 @@ class ReaderImpl final : public Reader {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = units_.find(lease_id);
     if (it == units_.end()) return;
+    lost_.Lost(it->second->lease, it->second->delivered);
     DropLocked(*it->second);
     it->second->final_report.reset();
     retired_.push_back(it->second);
@@ -288,6 +300,7 @@ class ReaderImpl final : public Reader {
   const Clock* const clock_ = Clock::Real();
   // Whether delivery waits for the coordinator to confirm held leases.
   LeaseHold hold_ ABSL_GUARDED_BY(mu_){clock_};
+  LostDeliveries lost_ ABSL_GUARDED_BY(mu_);
   std::vector<FetchTurnView> turn_views_ ABSL_GUARDED_BY(mu_);
   // Units no longer in units_ whose stream may still have an operation
   // outstanding.

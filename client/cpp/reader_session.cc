@@ -142,6 +142,7 @@ void ReaderImpl::RunSession() {
     hello.mutable_hello()->set_worker(options_.worker);
     hello.mutable_hello()->set_num_workers(options_.num_workers);
     hello.mutable_hello()->set_trainer_id(options_.trainer_id);
+    hello.mutable_hello()->set_launch_id(options_.launch_id);
     {
       absl::MutexLock lock(&mu_);
       if (options_.resume_from.has_value() && !resume_done_) {
@@ -157,6 +158,10 @@ void ReaderImpl::RunSession() {
       // finished job: Welcome, JobDone, OK right after the Hello). Its
       // messages are read all the same: they say why, and Finish() waits
       // for every incoming message to be read.
+      {
+        absl::MutexLock lock(&mu_);
+        hold_.HelloSent();
+      }
       if (Send(hello)) Send(want);
       CoordinatorMessage m;
       while (read(&m)) {
@@ -244,6 +249,7 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
           hold_.set_lease_ttl(absl::Milliseconds(m.welcome().lease_ttl_ms()));
         }
         resume_done_ = true;
+        hold_.Welcomed();
         break;
       case CoordinatorMessage::kSynced:
         ledger_.Synced(m.synced().id());
@@ -252,6 +258,7 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
       case CoordinatorMessage::kEpochBegin:
         if (m.epoch_begin().epoch() > last_epoch_begin_) {
           last_epoch_begin_ = m.epoch_begin().epoch();
+          lost_.ForgetBefore(last_epoch_begin_);
           entries_.push_back(Entry{ReaderEvent::Kind::kEpochBegin,
                                    m.epoch_begin().epoch(),
                                    m.epoch_begin().samples_for_rank(),
@@ -311,6 +318,23 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         u->next_fetch = lease.unit().begin();
         u->order = next_order_++;
         units_[lease.lease_id()] = u;
+        // Samples this Reader delivered from a lost lease of the same unit
+        // (lost_deliveries.h): consumed already, reported at once.
+        if (const int64_t skip = lost_.AlreadyDelivered(lease); skip > 0) {
+          u->next_fetch += skip;
+          u->delivered = skip;
+          if (skip == u->size) {  // nothing left to read
+            u->fetch_started = true;
+            u->call_done = true;
+            u->fetch = Unit::Fetch::kDone;
+            TrainerMessage complete;
+            complete.mutable_complete()->set_lease_id(lease.lease_id());
+            complete.mutable_complete()->set_fence(lease.fence());
+            u->final_report = complete;
+            ++stats_.units_completed;
+            break;
+          }
+        }
         entries_.push_back(
             Entry{ReaderEvent::Kind::kSample, 0, 0, 0, u, 0, 0, {}});
         break;  // its stream opens in NotifyAllLocked below, when its turn
@@ -367,10 +391,11 @@ void ReaderImpl::RunMaintenance() {
     finished.clear();
     CheckDataServerTransports();
     if (absl::Now() - last_heartbeat >= heartbeat) {
-      bool unconfirmed;
+      bool unconfirmed, holding;
       {
         absl::MutexLock lock(&mu_);
         unconfirmed = !ledger_.empty();
+        holding = !units_.empty();
       }
       // A Sync renews like a heartbeat and lets confirmed finals go; a
       // heartbeat carries the consumer's input wait since the last one (one
@@ -384,6 +409,9 @@ void ReaderImpl::RunMaintenance() {
           input_wait_.Take(beat.mutable_heartbeat()->mutable_input_wait());
         }
         if (Send(beat)) last_heartbeat = absl::Now();
+        // While leases are held, have the renewal confirmed (LeaseHold):
+        // without it a silent stream holds delivery after 3/4 of a TTL.
+        if (holding) SendSync();
       }
     }
     FlushReports(true);

@@ -42,6 +42,19 @@ inline bool MayNameSeveralCoordinators(const std::string& address) {
   return host.find_first_not_of("0123456789.") != std::string::npos;
 }
 
+// Keepalive for a channel that carries long streams: an HTTP/2 PING every
+// 2 s, the transport failed when one is not answered within 2 s. A peer that
+// is stopped (SIGSTOP, a frozen VM) or cut off silently keeps its TCP
+// connection up, and its streams would wait for ever: the stream fails
+// within about 4 s instead, and the client moves on (another coordinator,
+// another data server). The servers accept pings this often (server_host.cc).
+inline void SetStreamKeepalive(grpc::ChannelArguments& args) {
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
 // A channel to the coordinator(s) at `address`, with `args` and, when the
 // address may name several, the service config that follows the ready one.
 inline std::shared_ptr<grpc::Channel> CoordinatorChannel(

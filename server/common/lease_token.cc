@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/quote.h"
 
 namespace sluice {
 namespace {
@@ -92,17 +93,19 @@ absl::Status VerifyLeaseToken(const v1::Lease& lease,
                               absl::string_view secret) {
   if (lease.token().empty()) {
     return absl::PermissionDeniedError(
-        absl::StrCat("lease \"", lease.lease_id(),
-                     "\" has no token; this server requires "
+        absl::StrCat("lease ", QuotePrefix(lease.lease_id()),
+                     " has no token; this server requires "
                      "leases signed by the coordinator"));
   }
   std::string expected = SignLease(lease, secret);
   if (lease.token().size() != expected.size() ||
       CRYPTO_memcmp(lease.token().data(), expected.data(), expected.size()) !=
           0) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\", shard \"",
-        lease.unit().shard_url(), "\"): token does not match its fields"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("lease ", QuotePrefix(lease.lease_id()), " (job ",
+                     QuotePrefix(lease.job()), ", shard ",
+                     QuotePrefix(lease.unit().shard_url()),
+                     "): token does not match its fields"));
   }
   return absl::OkStatus();
 }

@@ -241,12 +241,14 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.listen.ToString(), creds, &host->grpc_port_);
   // Long-lived streams (sessions, registrations) must notice dead peers and
-  // survive idle NATs/load balancers; clients ping every 10 s at most.
+  // survive idle NATs/load balancers. Clients ping every 2 s
+  // (SetStreamKeepalive, grpc_target.h) to notice a stopped server: accept
+  // pings that often, and never close a connection for pinging.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Inline manifests of large datasets arrive in one CreateJob.
   builder.SetMaxReceiveMessageSize(256 << 20);

@@ -19,6 +19,7 @@ namespace sluice {
 
 using coordinator_internal::Invalid;
 using coordinator_internal::kMaxDataServerCapacity;
+using coordinator_internal::kMaxFenceSeen;
 using coordinator_internal::kMaxIdBytes;
 
 absl::Status CoordinatorService::CheckRegistration(
@@ -40,6 +41,16 @@ absl::Status CoordinatorService::CheckRegistration(
                    absl::StrCat(r.capacity(), " is outside [0, ",
                                 kMaxDataServerCapacity, "]"));
   }
+  return CheckFenceSeen("register.max_fence_seen", r.max_fence_seen());
+}
+
+absl::Status CoordinatorService::CheckFenceSeen(absl::string_view field,
+                                                uint64_t max_fence_seen) {
+  if (max_fence_seen > kMaxFenceSeen) {
+    return Invalid(field, absl::StrCat(max_fence_seen,
+                                       " is beyond the fence space (at most ",
+                                       kMaxFenceSeen, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -50,7 +61,8 @@ int64_t CoordinatorService::RegisterDataServer(
   int64_t id;
   {
     absl::MutexLock lock(&mu_);
-    seen_fence_floor_ = std::max(seen_fence_floor_, max_fence_seen + 1);
+    seen_fence_floor_ = std::max(seen_fence_floor_,
+                                 std::min(max_fence_seen, kMaxFenceSeen) + 1);
     const bool none_live = !data_servers_.AnyLive();
     if (sink != nullptr) {
       // Under mu_, so the reply precedes any hint for this server.
@@ -75,7 +87,8 @@ void CoordinatorService::DataServerHeartbeat(int64_t id,
   Effects fx;
   {
     absl::MutexLock lock(&mu_);
-    seen_fence_floor_ = std::max(seen_fence_floor_, max_fence_seen + 1);
+    seen_fence_floor_ = std::max(seen_fence_floor_,
+                                 std::min(max_fence_seen, kMaxFenceSeen) + 1);
     const bool none_live = !data_servers_.AnyLive();
     data_servers_.Heartbeat(id);
     UpdateDataServerMetricLocked();

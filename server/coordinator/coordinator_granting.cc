@@ -18,6 +18,7 @@
 namespace sluice {
 
 using coordinator_internal::JobDoneMessage;
+using coordinator_internal::kFenceLimit;
 using coordinator_internal::LiveLease;
 using v1::CoordinatorMessage;
 
@@ -92,6 +93,11 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
         absl::StrCat("no unassigned work left in epoch ", job.epoch, " for ",
                      reader, "; waiting for held leases to complete");
     return false;
+  }
+  if (std::max(job.next_fence, seen_fence_floor_) >= kFenceLimit) {
+    LogError("job %s: the fence space is used up; no lease is granted",
+             job.spec.name());
+    return false;  // never reached by counting; refused rather than wrapped
   }
   Piece piece = queue.front();
   queue.pop_front();

@@ -67,6 +67,12 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                         "over the coordinators of one etcd prefix, the "
                         "number of leader changes.")
               .Add({})),
+      stalls(CounterFamily(r, "sluice_coordinator_stalls_total",
+                           "Times the coordinator found it had not run for "
+                           "longer than its stall bound (SIGSTOP, a VM or "
+                           "swap stall) and gave every live lease a fresh "
+                           "TTL before expiring any.")
+                 .Add({})),
       etcd_request_latency(
           prometheus::BuildHistogram()
               .Name("sluice_coordinator_etcd_request_seconds")

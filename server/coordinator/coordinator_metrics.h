@@ -65,6 +65,8 @@ class CoordinatorMetrics {
   // Times this coordinator became the leader; summed over the coordinators
   // of one etcd prefix, the number of leader changes.
   prometheus::Counter& leader_changes;
+  // Stalls of the coordinator itself that its expiry tick noticed.
+  prometheus::Counter& stalls;
   // Duration of each etcd commit transaction (journal in etcd only).
   prometheus::Histogram& etcd_request_latency;
   // Callers waiting in a Barrier now, over every scope.

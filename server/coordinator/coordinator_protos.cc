@@ -63,6 +63,12 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   st->set_num_shards(static_cast<int32_t>(job.shard_samples.size()));
   if (job.mix != nullptr) {
     const std::vector<int64_t> counts = job.mix->EpochCounts(job.epoch);
+    // REMAINDER_DROP serves the sequence's first served_per_epoch()
+    // positions: what each source has there is what it serves.
+    const std::vector<int64_t> served =
+        job.plan.dropped > 0
+            ? job.mix->SourceCounts(job.epoch, 0, job.served_per_epoch())
+            : counts;
     int32_t shards = 0;
     for (size_t i = 0; i < counts.size(); ++i) {
       const MixSourceShape& src = job.mix->sources()[i];
@@ -71,7 +77,9 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
       v1::SourceStatus* ss = st->add_sources();
       ss->set_name(src.name);
       ss->set_samples_in_epoch(counts[i]);
-      ss->set_consumed_in_epoch(job.done ? counts[i]
+      const int64_t served_i = i < served.size() ? served[i] : counts[i];
+      ss->set_dropped_in_epoch(counts[i] - served_i);
+      ss->set_consumed_in_epoch(job.done ? served_i
                                 : job.consumed_per_source.size() > i
                                     ? job.consumed_per_source[i]
                                     : 0);

@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
             [state](const JournalRecord& r)
                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return state->Apply(r); },
             std::move(observer)));
+    journal->set_on_failure(options.on_journal_failure);
     service->recovered_records_ = journal->replayed_records();
     // The next compaction waits until the journal has doubled.
     service->last_snapshot_bytes_ = journal->bytes_written();
@@ -205,8 +206,7 @@ void CoordinatorService::RunExpiry() {
         std::clamp(until_next, absl::ZeroDuration(), kMaxSleep));
     if (expiry_stopping_) break;
     expiry_mu_.Unlock();
-    ExpireLeases();
-    once_barrier_->Tick();
+    ExpiryTick();
     expiry_mu_.Lock();
   }
 }
@@ -375,19 +375,67 @@ std::optional<v1::internal::OnceFinished> CoordinatorService::FindOnceFinished(
 }
 
 int CoordinatorService::ExpireLeases() {
+  return ExpireLeasesImpl(/*stall_check=*/false);
+}
+
+int CoordinatorService::ExpiryTick() {
+  const int expired = ExpireLeasesImpl(/*stall_check=*/true);
+  once_barrier_->Tick();
+  return expired;
+}
+
+void CoordinatorService::RefreshLiveLocked() {
+  int refreshed = 0;
+  for (const auto& [name, job] : state_.jobs()) {
+    const absl::Duration ttl = TtlLocked(job);
+    for (const auto& [id, lease] : job.leases)
+      refreshed += leases_.Renew(id, ttl);
+  }
+  data_servers_.MarkAllSeen();
+  LogInfo("gave %d live leases and every data server a fresh TTL", refreshed);
+}
+
+int CoordinatorService::ExpireLeasesImpl(bool stall_check) {
   Effects fx;
   int expired = 0;
   {
     absl::MutexLock lock(&mu_);
+    if (stall_check) {
+      const absl::Time now = options_.stall_clock->Now();
+      if (last_tick_ != absl::InfinitePast() &&
+          now - last_tick_ > options_.stall_bound) {
+        LogInfo(
+            "the coordinator did not run for %s (its expiry tick came "
+            "late): nothing expires for that time",
+            absl::FormatDuration(now - last_tick_));
+        if (options_.metrics != nullptr) options_.metrics->stalls.Increment();
+        RefreshLiveLocked();
+      }
+      last_tick_ = now;
+    }
     UpdateDataServerMetricLocked();  // servers that stopped heartbeating
     std::set<std::string> jobs;
-    for (const std::string& id : leases_.FindExpired(1024)) {
+    std::vector<std::string> found = leases_.FindExpired(1024);
+    if (stall_check && !found.empty() &&
+        options_.stall_clock->Now() - last_tick_ > options_.stall_bound) {
+      // Stopped between the check and the look-up: the next tick decides.
+      found.clear();
+    }
+    for (const std::string& id : found) {
       const LeaseEntry* lease = leases_.Find(id);
       if (lease == nullptr) continue;
       const std::string job = lease->job;
+      const std::string holder = lease->holder;
       LogInfo("lease %s of trainer %s expired; %d samples return to the queue",
-              id, lease->holder, lease->remaining());
+              id, holder, lease->remaining());
       EndLeaseLocked(job, id, "expired", fx);
+      // A holder that was only paused reads this before any later Synced,
+      // and drops what it buffered of the lease.
+      RevokeLocked(holder, id,
+                   absl::StrCat("lease ", id,
+                                " expired: no message from its holder for "
+                                "the lease TTL"),
+                   fx);
       jobs.insert(job);
       ++expired;
     }

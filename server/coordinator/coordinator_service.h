@@ -86,6 +86,19 @@ struct CoordinatorOptions {
   JobLimits job_limits;
   // Participants one Barrier may name.
   int32_t max_barrier_participants = 100000;
+  // The expiry thread's own stall detection (ExpiryTick): a tick that comes
+  // more than `stall_bound` after the previous one by `stall_clock` means
+  // the process was not running (SIGSTOP, a VM or swap stall), and every
+  // live lease and data server gets a fresh TTL before anything expires.
+  // The thread ticks at least every 100 ms, so a bound of 500 ms is never
+  // reached by a running coordinator.
+  Clock* stall_clock = Clock::Real();
+  absl::Duration stall_bound = absl::Milliseconds(500);
+  // Called once when a write or fsync of the journal directory fails (a full
+  // or failing disk): from then on nothing more can be acknowledged. The
+  // coordinator binary exits 74 here (main.cc), so that a supervisor starts
+  // it again from what the journal holds.
+  std::function<void(const absl::Status&)> on_journal_failure;
 };
 
 class CoordinatorService {
@@ -114,9 +127,16 @@ class CoordinatorService {
   // The stream ended (either side). Leases stay until their TTL.
   void CloseSession(int64_t session_id);
 
-  // Reclaims expired leases; returns how many. Called by the expiry thread
-  // or directly by tests with a fake clock.
+  // Reclaims expired leases; returns how many. Called by tests with a fake
+  // clock (the expiry thread calls ExpiryTick).
   int ExpireLeases();
+  // One tick of the expiry thread: if the previous tick was more than
+  // options.stall_bound ago by options.stall_clock, the coordinator was
+  // stalled, and every live lease and data server gets a fresh TTL first
+  // (as after a restart: their holders' heartbeats could not be read);
+  // then ExpireLeases and the Once/Barrier deadlines. Returns the leases
+  // expired.
+  int ExpiryTick();
   // Starts the thread that reclaims expired leases and ends Once runs and
   // Barrier waits past their deadlines (ExpireLeases, OnceBarrier::Tick). It
   // wakes at the next lease expiry by the service's clock, and at least
@@ -149,6 +169,10 @@ class CoordinatorService {
                              std::shared_ptr<DataServerSink> sink = nullptr,
                              uint64_t max_fence_seen = 0);
   void DataServerHeartbeat(int64_t id, uint64_t max_fence_seen = 0);
+  // INVALID_ARGUMENT naming `field` if a data server claims a fence beyond
+  // the fence space (registration and heartbeat).
+  static absl::Status CheckFenceSeen(absl::string_view field,
+                                     uint64_t max_fence_seen);
   void UnregisterDataServer(int64_t id);
   std::vector<std::string> LiveDataServers();
 
@@ -320,9 +344,19 @@ class CoordinatorService {
   std::unique_ptr<OnceBarrier> once_barrier_;
 
   void RunExpiry();
+  int ExpireLeasesImpl(bool stall_check);
+  // Gives every live lease and data server a fresh TTL (after a stall).
+  void RefreshLiveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends Revoke{lease_id, why} to `holder`'s open session, if it has one.
+  void RevokeLocked(const std::string& holder, const std::string& lease_id,
+                    const std::string& why, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopExpiryThread();
   absl::Mutex expiry_mu_;
   bool expiry_stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
+  // The previous ExpiryTick by options_.stall_clock (InfinitePast before
+  // the first).
+  absl::Time last_tick_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread expiry_thread_;
 };
 

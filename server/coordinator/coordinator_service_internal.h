@@ -29,6 +29,13 @@ inline std::string JobDoneMessage(const JobData& job) {
 // without being quoted.
 constexpr size_t kMaxIdBytes = 256;
 
+// The fence space: a data server may claim to have seen fences up to
+// kMaxFenceSeen (more is refused), and no grant takes a fence at or above
+// kFenceLimit, so fences never wrap or repeat (2^62 grants is far beyond any
+// coordinator's life: a million grants a second for 146,000 years).
+constexpr uint64_t kMaxFenceSeen = uint64_t{1} << 62;
+constexpr uint64_t kFenceLimit = uint64_t{1} << 63;
+
 // A data server's routing weight (a larger one would take every grant).
 constexpr int32_t kMaxDataServerCapacity = 1024;
 

@@ -93,13 +93,19 @@ void CoordinatorService::OnMessage(int64_t session_id,
 void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
                                            Effects& fx) {
   if (hello.trainer_id().size() > kMaxIdBytes ||
-      hello.resume_attempt().size() > kMaxIdBytes) {
-    FinishSessionLocked(s,
-                        Invalid("hello.trainer_id",
-                                absl::StrCat("trainer_id and resume_attempt "
-                                             "are limited to ",
-                                             kMaxIdBytes, " bytes")),
-                        fx);
+      hello.resume_attempt().size() > kMaxIdBytes ||
+      hello.launch_id().size() > kMaxIdBytes) {
+    const char* field =
+        hello.trainer_id().size() > kMaxIdBytes       ? "hello.trainer_id"
+        : hello.resume_attempt().size() > kMaxIdBytes ? "hello.resume_attempt"
+                                                      : "hello.launch_id";
+    FinishSessionLocked(
+        s,
+        Invalid(field, absl::StrCat("trainer_id, resume_attempt "
+                                    "and launch_id are limited "
+                                    "to ",
+                                    kMaxIdBytes, " bytes")),
+        fx);
     return;
   }
   const JobData* job = state_.FindJob(hello.job());
@@ -233,12 +239,36 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello,
   resume.set_job(hello.job());
   resume.set_attempt(hello.resume_attempt());
   resume.set_workers_per_rank(std::max(hello.num_workers(), 1));
+  const int32_t slot =
+      hello.rank() * resume.workers_per_rank() + hello.worker();
   const JobData* job = state_.FindJob(hello.job());
-  if (job->last_resume.has_value() &&
-      google::protobuf::util::MessageDifferencer::Equals(*job->last_resume,
-                                                         resume)) {
-    return absl::OkStatus();  // another rank of the same restart
+  if (job->last_resume.has_value()) {
+    v1::internal::JobResumed last = *job->last_resume;
+    last.clear_launches();
+    if (google::protobuf::util::MessageDifferencer::Equals(last, resume)) {
+      const auto& launches = job->last_resume->launches();
+      auto taken = launches.find(slot);
+      if (taken != launches.end() && taken->second == hello.launch_id()) {
+        return absl::OkStatus();  // the same launch again (a new worker)
+      }
+      if (taken == launches.end()) {
+        // Another reader of the same restart.
+        JournalRecord joined;
+        joined.mutable_resume_joined()->set_job(hello.job());
+        joined.mutable_resume_joined()->set_slot(slot);
+        joined.mutable_resume_joined()->set_launch_id(hello.launch_id());
+        return CommitLocked(std::move(joined), fx);
+      }
+      // The slot already joined from another launch: a new restart from the
+      // same checkpoint, which restores that position again.
+      LogInfo(
+          "job %s: reader slot %d (rank %d worker %d) resumes the same cursor "
+          "again from launch %s (it joined from %s): a new restart",
+          hello.job(), slot, hello.rank(), hello.worker(),
+          QuotePrefix(hello.launch_id()), QuotePrefix(taken->second));
+    }
   }
+  (*resume.mutable_launches())[slot] = hello.launch_id();
   RETURN_IF_ERROR(state_.CheckResume(resume));
   // Every live lease of the job belongs to the position being replaced.
   const std::string why =
@@ -246,14 +276,7 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello,
                    resume.cursor().job(), " epoch ", resume.cursor().epoch());
   for (const auto& [id, lease] : job->leases) {
     if (!leases_.Remove(id).ok()) continue;
-    auto owner = session_of_trainer_.find(lease.holder);
-    if (owner == session_of_trainer_.end()) continue;
-    auto holder = sessions_.find(owner->second);
-    if (holder == sessions_.end() || holder->second.finished) continue;
-    CoordinatorMessage revoke;
-    revoke.mutable_revoke()->set_lease_id(id);
-    revoke.mutable_revoke()->set_why(why);
-    fx.sends.emplace_back(holder->second.sink, std::move(revoke));
+    RevokeLocked(lease.holder, id, why, fx);
   }
   JournalRecord record;
   *record.mutable_job_resumed() = resume;
@@ -545,6 +568,19 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name,
     const CoordinatorMetrics::Job& m = options_.metrics->ForJob(job_name);
     (reason == "expired" ? m.expired : m.released)->Increment();
   }
+}
+
+void CoordinatorService::RevokeLocked(const std::string& holder,
+                                      const std::string& lease_id,
+                                      const std::string& why, Effects& fx) {
+  auto owner = session_of_trainer_.find(holder);
+  if (owner == session_of_trainer_.end()) return;
+  auto session = sessions_.find(owner->second);
+  if (session == sessions_.end() || session->second.finished) return;
+  CoordinatorMessage revoke;
+  revoke.mutable_revoke()->set_lease_id(lease_id);
+  revoke.mutable_revoke()->set_why(why);
+  fx.sends.emplace_back(session->second.sink, std::move(revoke));
 }
 
 }  // namespace sluice

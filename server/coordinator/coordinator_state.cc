@@ -256,6 +256,17 @@ absl::Status CoordinatorState::Apply(
       return ApplyResume(record.job_resumed());
     case R::kWorkersSet:
       return ApplyWorkersSet(record.workers_set());
+    case R::kResumeJoined: {
+      const auto& joined = record.resume_joined();
+      auto it = jobs_.find(joined.job());
+      if (it == jobs_.end() || !it->second.last_resume.has_value()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "resume join for job ", joined.job(), " without a resume"));
+      }
+      (*it->second.last_resume->mutable_launches())[joined.slot()] =
+          joined.launch_id();
+      return absl::OkStatus();
+    }
     case R::kSnapshot:
       return ApplySnapshot(record.snapshot());
     case R::RECORD_NOT_SET:

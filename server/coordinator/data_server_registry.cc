@@ -37,6 +37,11 @@ int64_t DataServerRegistry::Add(const std::string& address, int32_t capacity,
   return id;
 }
 
+void DataServerRegistry::MarkAllSeen() {
+  const absl::Time now = clock_->Now();
+  for (auto& [id, server] : servers_) server.last_seen = now;
+}
+
 bool DataServerRegistry::Heartbeat(int64_t id) {
   auto it = servers_.find(id);
   if (it == servers_.end()) return false;

@@ -49,6 +49,9 @@ class DataServerRegistry {
               std::shared_ptr<DataServerSink> sink);
   // Marks `id` seen now; false if it is not registered.
   bool Heartbeat(int64_t id);
+  // Marks every registration seen now (after the coordinator itself
+  // stalled: their heartbeats could not be read).
+  void MarkAllSeen();
   void Remove(int64_t id);
 
   bool empty() const { return servers_.empty(); }

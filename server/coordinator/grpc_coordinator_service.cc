@@ -164,6 +164,12 @@ class RegistrationReactor
             "data server sent a heartbeat before registering"));
         return;
       }
+      if (absl::Status fence = CoordinatorService::CheckFenceSeen(
+              "heartbeat.max_fence_seen", in_.heartbeat().max_fence_seen());
+          !fence.ok()) {
+        sink_->Finish(fence);
+        return;
+      }
       service_->DataServerHeartbeat(id_, in_.heartbeat().max_fence_seen());
     }
     StartRead(&in_);

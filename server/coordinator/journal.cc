@@ -96,12 +96,14 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
     return absl::InvalidArgumentError(
         absl::StrCat("journal path ", dir, " is not a directory"));
   }
+  absl::StatusOr<DirLock> lock = DirLock::Acquire(dir, "journal directory");
+  if (!lock.ok()) return lock.status();
   const std::string path = dir + "/journal.log";
   unlink((path + ".compact").c_str());  // an interrupted compaction
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot open journal", path);
   std::unique_ptr<FileJournal> journal(
-      new FileJournal(fd, path, std::move(on_fsync)));
+      new FileJournal(*std::move(lock), fd, path, std::move(on_fsync)));
 
   absl::StatusOr<std::string> data = ReadAll(fd, path);
   if (!data.ok()) return data.status();
@@ -256,6 +258,7 @@ absl::Status FileJournal::WaitDurable(uint64_t my_seq) {
       // After a failed write the file's tail is unknown: refuse further
       // appends rather than acknowledge state that may not be durable.
       write_status_ = status;
+      if (on_failure_) on_failure_(status);
     } else {
       synced_seq_ = batch_seq;
     }

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/common/dir_lock.h"
 #include "sluice/v1/journal.pb.h"
 
 namespace sluice {
@@ -66,7 +67,9 @@ class FileJournal final : public Journal {
   // Replays `<dir>/journal.log` into `apply`, then opens it for appending.
   // A torn tail (incomplete or bad last frame) is truncated away with a log
   // line; a bad frame followed by more data is DATA_LOSS naming its offset.
-  // NOT_FOUND if `dir` does not exist and `create` is false.
+  // NOT_FOUND if `dir` does not exist and `create` is false;
+  // FAILED_PRECONDITION naming the holder's PID if another process has it
+  // open (the directory is locked for the journal's life, DirLock).
   static absl::StatusOr<std::unique_ptr<FileJournal>> Open(
       const std::string& dir, bool create,
       const std::function<absl::Status(const JournalRecord&)>& apply,
@@ -82,21 +85,33 @@ class FileJournal final : public Journal {
   int64_t bytes_written() const override;
   absl::Status Compact(const JournalRecord& snapshot) override;
 
+  // Called once, by the thread whose write or fsync failed first (with the
+  // journal's lock held: it must not call the journal). From then on every
+  // WaitDurable fails with that status.
+  void set_on_failure(std::function<void(const absl::Status&)> on_failure) {
+    on_failure_ = std::move(on_failure);
+  }
+
   // Records replayed at Open.
   int64_t replayed_records() const { return replayed_; }
   // Bytes cut off a torn tail at Open (0 when the file was whole).
   int64_t truncated_bytes() const { return truncated_; }
 
  private:
-  FileJournal(int fd, std::string path, FsyncObserver on_fsync)
-      : fd_(fd), path_(std::move(path)), on_fsync_(std::move(on_fsync)) {}
+  FileJournal(DirLock lock, int fd, std::string path, FsyncObserver on_fsync)
+      : lock_(std::move(lock)),
+        fd_(fd),
+        path_(std::move(path)),
+        on_fsync_(std::move(on_fsync)) {}
 
   static void Frame(const JournalRecord& record, std::string* out);
   uint64_t EnqueueFramed(std::string framed);
 
-  int fd_;  // replaced only by Compact, while no write is in progress
+  DirLock lock_;  // held while the journal is open
+  int fd_;        // replaced only by Compact, while no write is in progress
   const std::string path_;
   const FsyncObserver on_fsync_;
+  std::function<void(const absl::Status&)> on_failure_;
   int64_t replayed_ = 0;
   int64_t truncated_ = 0;
 

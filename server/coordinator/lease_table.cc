@@ -11,6 +11,21 @@ void LeaseTable::Schedule(LeaseEntry& lease, absl::Duration ttl) {
   const uint64_t generation = next_generation_++;
   generation_[lease.lease_id] = generation;
   heap_.push(HeapEntry{lease.expires_at, lease.lease_id, generation});
+  // Renewals leave stale entries behind, which only leave from the top: past
+  // twice the live leases, rebuild from them (amortised O(1) per renewal,
+  // memory bounded by the live leases whatever the renewal pattern).
+  if (heap_.size() > 2 * leases_.size() + kHeapSlack) CompactHeap();
+}
+
+void LeaseTable::CompactHeap() {
+  std::vector<HeapEntry> live;
+  live.reserve(leases_.size());
+  for (const auto& [id, lease] : leases_) {
+    auto gen = generation_.find(id);
+    if (gen != generation_.end())
+      live.push_back(HeapEntry{lease.expires_at, id, gen->second});
+  }
+  heap_ = decltype(heap_)(std::greater<HeapEntry>(), std::move(live));
 }
 
 absl::Status LeaseTable::Add(LeaseEntry lease, absl::Duration ttl) {
@@ -83,6 +98,13 @@ int LeaseTable::RenewHolder(const std::string& holder, absl::Duration ttl) {
   if (it == by_holder_.end()) return 0;
   for (const std::string& id : it->second) Schedule(leases_.at(id), ttl);
   return static_cast<int>(it->second.size());
+}
+
+bool LeaseTable::Renew(const std::string& lease_id, absl::Duration ttl) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return false;
+  Schedule(it->second, ttl);
+  return true;
 }
 
 void LeaseTable::RefreshAll(absl::Duration ttl) {

@@ -9,7 +9,9 @@
 //
 // Heap entries are invalidated lazily: each renewal pushes a new entry and
 // bumps the lease's generation; popped entries whose generation is stale are
-// dropped.
+// dropped, and the heap is rebuilt from the live leases when stale entries
+// outnumber them (a holder of many leases renewing while another's entry sits
+// at the top must not grow memory).
 //
 // Not thread-safe: owned by CoordinatorService and used under its mutex.
 #ifndef SLUICE_SERVER_COORDINATOR_LEASE_TABLE_H_
@@ -75,6 +77,8 @@ class LeaseTable {
 
   // Extends every lease of `holder` to now + ttl. Returns how many.
   int RenewHolder(const std::string& holder, absl::Duration ttl);
+  // Renews one lease; false if it is not held.
+  bool Renew(const std::string& lease_id, absl::Duration ttl);
 
   // Ids of leases whose expiry has passed, soonest first, at most `limit`.
   // Does not remove them.
@@ -91,6 +95,9 @@ class LeaseTable {
   void SetTokenExpiry(const std::string& lease_id, absl::Time at);
   std::vector<const LeaseEntry*> HeldBy(const std::string& holder) const;
   size_t size() const { return leases_.size(); }
+  // Expiry heap entries, stale ones included (at most 2 * size() + 64 after
+  // any call).
+  size_t heap_entries() const { return heap_.size(); }
 
  private:
   struct HeapEntry {
@@ -103,6 +110,10 @@ class LeaseTable {
   };
   void Schedule(LeaseEntry& lease, absl::Duration ttl);
   void DropStaleTop();
+  void CompactHeap();
+
+  // Stale heap entries tolerated beyond twice the live leases.
+  static constexpr size_t kHeapSlack = 64;
 
   Clock* const clock_;
   // Hash maps: every grant, progress and completion looks a lease up by its

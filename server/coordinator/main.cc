@@ -226,6 +226,19 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.wait_for_data_servers = absl::GetFlag(FLAGS_wait_for_data_servers);
     options.default_lease_ttl = absl::GetFlag(FLAGS_default_lease_ttl);
     options.metrics = services->metrics_.get();
+    // A journal write or fsync failed (a full or failing disk): nothing more
+    // can be acknowledged, and what this process holds in memory is ahead of
+    // the journal. Exit so that the supervisor (systemd, the kubelet) starts
+    // a coordinator from what the journal holds; readiness goes with the
+    // process, and trainers reconnect to the new one.
+    options.on_journal_failure = [](const absl::Status& why) {
+      sluice::LogError(
+          "journal write failed (%s); exiting with status 74 so that a "
+          "supervisor restarts the coordinator from its journal",
+          why.message());
+      std::fflush(nullptr);
+      _exit(74);
+    };
     options.prefetch_hint_units = absl::GetFlag(FLAGS_prefetch_hint_units);
     options.manifest_roots = absl::GetFlag(FLAGS_manifest_roots);
     options.max_manifest_bytes = absl::GetFlag(FLAGS_max_manifest_bytes);

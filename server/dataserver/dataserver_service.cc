@@ -63,8 +63,9 @@ absl::Status DataServerService::CheckExpiry(const v1::Lease& lease) const {
   if (late <= absl::ToInt64Milliseconds(options_.lease_clock_skew))
     return absl::OkStatus();
   return absl::AbortedError(absl::StrCat(
-      "lease \"", lease.lease_id(), "\" (job \"", lease.job(), "\") expired ",
-      late, " ms ago, beyond the allowed clock skew of ",
+      "lease ", QuotePrefix(lease.lease_id()), " (job ",
+      QuotePrefix(lease.job()), ") expired ", late,
+      " ms ago, beyond the allowed clock skew of ",
       absl::FormatDuration(options_.lease_clock_skew),
       " (--lease_clock_skew); its holder gets a fresh token while it holds the "
       "lease"));
@@ -112,56 +113,57 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
         }));
   } else if (unit.segments_size() > 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("lease \"", lease.lease_id(),
-                     "\": lease.unit.segments without lease.unit.mix_samples"));
+        absl::StrCat("lease ", QuotePrefix(lease.lease_id()),
+                     ": lease.unit.segments without lease.unit.mix_samples"));
   }
   if (!window && !mixed && unit.shard_url().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lease \"", lease.lease_id(), "\": lease.unit.shard_url is empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease ", QuotePrefix(lease.lease_id()),
+                     ": lease.unit.shard_url is empty"));
   }
   int64_t window_samples = 0;
   if (window) {
     if (unit.pieces_size() > 2 * kMaxShuffleWindowShards) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "lease \"", lease.lease_id(), "\": lease.unit.pieces has ",
+          "lease ", QuotePrefix(lease.lease_id()), ": lease.unit.pieces has ",
           unit.pieces_size(), " shards, above the limit of ",
           2 * kMaxShuffleWindowShards));
     }
     for (int i = 0; i < unit.pieces_size(); ++i) {
       const v1::WindowPiece& p = unit.pieces(i);
       if (p.url().empty() || p.num_samples() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("lease \"", lease.lease_id(), "\": lease.unit.pieces[",
-                         i, "] has an empty url or a negative num_samples"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lease ", QuotePrefix(lease.lease_id()), ": lease.unit.pieces[", i,
+            "] has an empty url or a negative num_samples"));
       }
       window_samples += p.num_samples();
       if (window_samples > kMaxUnitLabels) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "lease \"", lease.lease_id(), "\": lease.unit.pieces hold more ",
-            "than ", kMaxUnitLabels,
+            "lease ", QuotePrefix(lease.lease_id()),
+            ": lease.unit.pieces hold more ", "than ", kMaxUnitLabels,
             " samples, above the limit of one "
             "shuffle window"));
       }
     }
   }
   if (!mixed && (unit.begin() < 0 || unit.end() <= unit.begin())) {
-    return absl::OutOfRangeError(
-        absl::StrCat("lease \"", lease.lease_id(), "\": lease.unit range [",
-                     unit.begin(), ", ", unit.end(), ") of shard \"",
-                     window ? unit.pieces(0).url() : unit.shard_url(),
-                     "\" is empty or negative"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "lease ", QuotePrefix(lease.lease_id()), ": lease.unit range [",
+        unit.begin(), ", ", unit.end(), ") of shard \"",
+        window ? unit.pieces(0).url() : unit.shard_url(),
+        "\" is empty or negative"));
   }
   if (window && unit.end() > window_samples) {
     return absl::OutOfRangeError(absl::StrCat(
-        "lease \"", lease.lease_id(), "\": lease.unit range [", unit.begin(),
-        ", ", unit.end(), ") is beyond the ", window_samples,
+        "lease ", QuotePrefix(lease.lease_id()), ": lease.unit range [",
+        unit.begin(), ", ", unit.end(), ") is beyond the ", window_samples,
         " samples of its shuffle window (", unit.pieces_size(),
         " shards from \"", unit.pieces(0).url(), "\")"));
   }
   int64_t start = request.start() == 0 ? unit.begin() : request.start();
   if (start < unit.begin() || start > unit.end()) {
     return absl::OutOfRangeError(absl::StrCat(
-        "lease \"", lease.lease_id(), "\": start ", request.start(),
+        "lease ", QuotePrefix(lease.lease_id()), ": start ", request.start(),
         " is outside the unit [", unit.begin(), ", ", unit.end(), ")"));
   }
   if (request.max_batch_bytes() < 0) {

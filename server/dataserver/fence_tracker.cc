@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/quote.h"
 
 namespace sluice::dataserver {
 
@@ -12,9 +13,10 @@ absl::Status FenceTracker::Check(const v1::Lease& lease) {
   if (!new_job && lease.epoch() != job.epoch) {
     if (lease.fence() <= job.max_fence) {
       return absl::AbortedError(absl::StrCat(
-          "lease \"", lease.lease_id(), "\" (job \"", lease.job(),
-          "\") is for epoch ", lease.epoch(), " with fence ", lease.fence(),
-          ", but leases of epoch ", job.epoch, " up to fence ", job.max_fence,
+          "lease ", QuotePrefix(lease.lease_id()), " (job ",
+          QuotePrefix(lease.job()), ") is for epoch ", lease.epoch(),
+          " with fence ", lease.fence(), ", but leases of epoch ", job.epoch,
+          " up to fence ", job.max_fence,
           " were already presented: the job has moved on"));
     }
     for (const auto& [unit, ranges] : job.units) ranges_ -= ranges.size();
@@ -26,12 +28,12 @@ absl::Status FenceTracker::Check(const v1::Lease& lease) {
       lease.unit().sequence(), "/", lease.unit().shard_index())];
   for (const FencedRange& r : ranges) {
     if (r.begin < end && begin < r.end && lease.fence() < r.fence) {
-      return absl::AbortedError(
-          absl::StrCat("lease \"", lease.lease_id(), "\" (job \"", lease.job(),
-                       "\") has fence ", lease.fence(), " but fence ", r.fence,
-                       " was already presented for samples [", r.begin, ", ",
-                       r.end, ") of shard ", lease.unit().shard_index(),
-                       ": the lease was granted again"));
+      return absl::AbortedError(absl::StrCat(
+          "lease ", QuotePrefix(lease.lease_id()), " (job ",
+          QuotePrefix(lease.job()), ") has fence ", lease.fence(),
+          " but fence ", r.fence, " was already presented for samples [",
+          r.begin, ", ", r.end, ") of shard ", lease.unit().shard_index(),
+          ": the lease was granted again"));
     }
   }
   // Ranges this lease covers whole are superseded by it.

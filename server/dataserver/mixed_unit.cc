@@ -4,13 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/mix_order.h"
+#include "server/common/quote.h"
 
 namespace sluice::dataserver {
 namespace {
 
 absl::Status Bad(const v1::Lease& lease, absl::string_view what) {
   return absl::InvalidArgumentError(
-      absl::StrCat("lease \"", lease.lease_id(), "\": ", what));
+      absl::StrCat("lease ", QuotePrefix(lease.lease_id()), ": ", what));
 }
 
 }  // namespace
@@ -41,9 +42,9 @@ absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
   }
   if (unit.begin() < 0 || unit.end() <= unit.begin() || unit.end() > total) {
     return absl::OutOfRangeError(absl::StrCat(
-        "lease \"", lease.lease_id(), "\": lease.unit range [", unit.begin(),
-        ", ", unit.end(), ") is not inside the mixed epoch's ", total,
-        " positions"));
+        "lease ", QuotePrefix(lease.lease_id()), ": lease.unit range [",
+        unit.begin(), ", ", unit.end(), ") is not inside the mixed epoch's ",
+        total, " positions"));
   }
   if (unit.end() - unit.begin() > kMaxUnitLabels) {
     return Bad(lease,

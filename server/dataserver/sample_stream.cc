@@ -182,9 +182,10 @@ void SampleStream::CheckShardLocked() {
   }
   if (intact.ok()) return;
   shard_changed_ = true;
-  error_ = absl::Status(intact.code(),
-                        absl::StrCat("lease \"", params_.lease.lease_id(),
-                                     "\": ", intact.message()));
+  error_ =
+      absl::Status(intact.code(),
+                   absl::StrCat("lease ", QuotePrefix(params_.lease.lease_id()),
+                                ": ", intact.message()));
   ready_.clear();
   ready_bytes_ = 0;
   if (service_->metrics() != nullptr)
@@ -260,14 +261,14 @@ absl::Status SampleStream::OpenLocked() {
     if (piece.index->damage.empty()) {
       if (spec.num_samples < 0 && params_.end > count) {
         return absl::OutOfRangeError(absl::StrCat(
-            "lease \"", params_.lease.lease_id(), "\": samples [",
+            "lease ", QuotePrefix(params_.lease.lease_id()), ": samples [",
             params_.lease.unit().begin(), ", ", params_.end, ") of shard \"",
             spec.ref.url, "\" are beyond its ", count, " samples"));
       }
       if (spec.num_samples > count) {
         return absl::OutOfRangeError(absl::StrCat(
-            "lease \"", params_.lease.lease_id(), "\": shard \"", spec.ref.url,
-            "\" (shard_index ", spec.shard_index, ") has ", count,
+            "lease ", QuotePrefix(params_.lease.lease_id()), ": shard \"",
+            spec.ref.url, "\" (shard_index ", spec.shard_index, ") has ", count,
             " samples, but the job's manifest says ", spec.num_samples));
       }
     }

@@ -273,6 +273,39 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
   }
 }
 
+// Two coordinators on one journal directory would each append to it and
+// one's acknowledged records would be lost at the next recovery: the second
+// exits at start-up naming the first's PID, and the kernel releases the lock
+// when the first dies (SIGKILL), so a restart is never blocked by a stale
+// lock.
+TEST(CoordinatorIntegrationTest, ASecondCoordinatorOnOneJournalIsRefused) {
+  TempDir dir;
+  const std::string journal = "--journal_dir=" + dir.File("journal");
+  auto first = ServerProcess::Start("sluice-coordinator", dir.path(),
+                                    {journal, kNoDataServers});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string log = dir.File("second.log");
+  auto second = ChildProcess::Start(
+      {testing::BinDir() + "/sluice-coordinator", "--listen=127.0.0.1:0",
+       "--metrics_listen=127.0.0.1:0", journal, kNoDataServers},
+      log);
+  ASSERT_TRUE(second.ok());
+  auto code = second->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
+              HasSubstr(absl::StrCat("journal directory ", dir.File("journal"),
+                                     " is in use by another process (PID ",
+                                     first->process.pid(), ")")));
+  EXPECT_TRUE(first->process.running());
+  first->process.Signal(SIGKILL);
+  ASSERT_TRUE(first->process.WaitForExit(absl::Seconds(10)).ok());
+  mkdir(dir.File("third").c_str(), 0755);
+  auto third = ServerProcess::Start("sluice-coordinator", dir.File("third"),
+                                    {journal, kNoDataServers});
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
 TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
   TempDir dir;
   mkdir(dir.File("manifests").c_str(), 0755);

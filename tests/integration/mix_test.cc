@@ -229,6 +229,41 @@ TEST_F(MixTest, ThreeSourcesGiveExactSharesBoundedStretchesAndFreshPasses) {
   EXPECT_EQ(job->status().sources(1).consumed_in_epoch(), 600);
 }
 
+// 2,000 samples over 3 ranks: 666 each, 2 dropped from the end of the
+// sequence. The status counts what each source served and what it lost to
+// the remainder, during the epoch and after the job is done.
+TEST_F(MixTest, ADroppedRemainderIsCountedPerSourceAsDropped) {
+  Create(WeightedSpec("odd", 3, 1));
+  std::vector<std::unique_ptr<Reader>> readers;
+  for (int r = 0; r < 3; ++r) readers.push_back(MakeReader("odd", r));
+  auto during = testing::GetJob(coordinator_.grpc_address, "odd");
+  ASSERT_TRUE(during.ok()) << during.status();
+  int64_t dropped = 0;
+  for (const v1::SourceStatus& src : during->status().sources())
+    dropped += src.dropped_in_epoch();
+  EXPECT_EQ(dropped, 2);
+  const auto seen = ReadRanks(readers);
+  Sequence epoch;
+  for (int r = 0; r < 3; ++r) {
+    const Sequence& seq = seen[r].at(0);
+    ASSERT_EQ(seq.size(), 666u) << "rank " << r;
+    epoch.insert(epoch.end(), seq.begin(), seq.end());
+  }
+  const std::map<std::string, int64_t> served = CountBySource(epoch);
+  auto job = testing::GetJob(coordinator_.grpc_address, "odd");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->status().sources_size(), 3);
+  int64_t total = 0;
+  for (const v1::SourceStatus& src : job->status().sources()) {
+    EXPECT_EQ(src.consumed_in_epoch(), served.at(src.name())) << src.name();
+    EXPECT_EQ(src.consumed_in_epoch() + src.dropped_in_epoch(),
+              src.samples_in_epoch())
+        << src.name();
+    total += src.consumed_in_epoch();
+  }
+  EXPECT_EQ(total, 1998);
+}
+
 TEST_F(MixTest, AStoppingSourceEndsAtItsEndAndTheEpochsShorten) {
   v1::JobSpec spec;
   spec.set_name("stop");

@@ -159,11 +159,15 @@ class Cluster:
         return self.coordinator.address
 
     def create_job(self, name, world_size=1, epochs=1, mode="static", seed=7, shuffle=True,
-                   lease_ttl="2s", max_samples_per_lease=0, extra_shards=(), shuffle_window=0):
+                   lease_ttl="2s", max_samples_per_lease=0, extra_shards=(), shuffle_window=0,
+                   shards=None, extra=()):
+        """`shards` ([(url, num_samples)]) replaces the cluster's shards;
+        `extra` are more `sluicectl job create` flags."""
         manifest = os.path.join(self.tmp, f"{name}.json")
+        urls = list(self.urls) if shards is None else list(shards)
         with open(manifest, "w") as f:
             json.dump({"shards": [{"url": u, "num_samples": n}
-                                  for u, n in list(self.urls) + list(extra_shards)]}, f)
+                                  for u, n in urls + list(extra_shards)]}, f)
         args = [os.path.join(BIN, "sluicectl"), "job", "create", f"--coordinator={self.address}",
                 f"--name={name}", f"--manifest={manifest}", f"--world_size={world_size}",
                 f"--epochs={epochs}", f"--mode={mode}", f"--seed={seed}",
@@ -173,6 +177,7 @@ class Cluster:
             args.append(f"--max_samples_per_lease={max_samples_per_lease}")
         if shuffle_window:
             args.append(f"--shuffle_window={shuffle_window}")
+        args.extend(extra)
         out = subprocess.run(args, capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
 

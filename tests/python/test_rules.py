@@ -127,6 +127,40 @@ def test_a_long_break_holds_until_the_sync_after_the_reports_is_answered():
     assert not hold.may_have_lost_leases()
 
 
+def test_a_silent_stream_holds_after_three_quarters_of_a_ttl_from_the_last_confirmed_renewal():
+    # This process (or the coordinator) was paused: the stream never broke,
+    # but no renewal was confirmed for longer than 3/4 of a TTL.
+    clock, hold = _hold()
+    hold.hello_sent()
+    clock.now += 0.01
+    hold.welcomed()
+    clock.now += 7.5 - 0.01
+    assert not hold.may_have_lost_leases()
+    clock.now += 0.001
+    assert hold.may_have_lost_leases()
+    hold.sync_sent(1)  # after the pause
+    clock.now += 0.02
+    hold.on_synced(1)  # answered: renewed no earlier than it was sent
+    assert not hold.may_have_lost_leases()
+    clock.now += 7.5 - 0.02
+    assert not hold.may_have_lost_leases()
+    clock.now += 0.001
+    assert hold.may_have_lost_leases()
+
+
+def test_only_the_send_time_of_a_confirmed_sync_counts():
+    clock, hold = _hold()
+    hold.hello_sent()
+    hold.welcomed()
+    hold.sync_sent(1)
+    clock.now += 9  # paused with Sync 1 unanswered
+    hold.sync_sent(2)
+    hold.on_synced(1)  # its renewal dates from before the pause
+    assert hold.may_have_lost_leases()
+    hold.on_synced(2)
+    assert not hold.may_have_lost_leases()
+
+
 def test_a_reconnect_whose_sync_was_not_sent_keeps_holding():
     clock, hold = _hold()
     hold.disconnected()
@@ -223,3 +257,42 @@ def test_a_rank_cursor_knows_only_its_own_count():
     assert list(c.consumed_per_rank) == [-1, 40, -1]
     assert c.workers_per_rank == 0 and not c.consumed_per_worker
     assert list(c.sources) == ["web"]
+
+
+# --------------------------------------------------------------- LostDeliveries
+
+def _lease(epoch, sequence, shard, begin, end):
+    from sluice.v1 import common_pb2
+    return common_pb2.Lease(epoch=epoch, unit=common_pb2.WorkUnit(
+        sequence=sequence, shard_index=shard, begin=begin, end=end))
+
+
+def test_a_regrant_skips_what_was_delivered_before_the_loss():
+    lost = _rules.LostDeliveries()
+    lost.lost(_lease(0, 5, 2, 10, 20), 7)
+    assert lost.already_delivered(_lease(0, 5, 2, 13, 20)) == 4
+    assert len(lost) == 0
+    assert lost.already_delivered(_lease(0, 5, 2, 13, 20)) == 0
+
+
+def test_only_the_same_unit_of_the_same_epoch_matches():
+    lost = _rules.LostDeliveries()
+    lost.lost(_lease(0, 5, 2, 10, 20), 7)
+    assert lost.already_delivered(_lease(1, 5, 2, 13, 20)) == 0
+    assert lost.already_delivered(_lease(0, 6, 2, 13, 20)) == 0
+    assert lost.already_delivered(_lease(0, 5, 3, 13, 20)) == 0
+    assert lost.already_delivered(_lease(0, 5, 2, 17, 20)) == 0
+    assert lost.already_delivered(_lease(0, 5, 2, 10, 20)) == 7
+
+
+def test_a_shorter_grant_keeps_the_rest_for_the_next():
+    lost = _rules.LostDeliveries()
+    lost.lost(_lease(0, 5, 2, 10, 20), 8)
+    assert lost.already_delivered(_lease(0, 5, 2, 12, 15)) == 3
+    assert lost.already_delivered(_lease(0, 5, 2, 15, 20)) == 3
+    assert len(lost) == 0
+    lost.lost(_lease(0, 5, 2, 10, 20), 4)
+    lost.lost(_lease(1, 5, 2, 10, 20), 4)
+    lost.forget_before(1)
+    assert lost.already_delivered(_lease(0, 5, 2, 10, 20)) == 0
+    assert lost.already_delivered(_lease(1, 5, 2, 10, 20)) == 4

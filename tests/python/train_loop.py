@@ -4,6 +4,7 @@ real time, a checkpoint after every step, optional DDP over gloo.
 
     train_loop.py COORDINATOR JOB --workers=2 --start=fork --persistent
                   --step=0.1 --epochs=2 --checkpoint=PATH [--world=2 --rank=R --init=FILE]
+                  [--kill_after=N] [--frozen]
 
 The checkpoint holds what a real one would: the model's state (here, the
 list of samples trained on, standing in for the weights) and the data
@@ -14,6 +15,7 @@ checkpoint the run resumes from it. Prints one JSON line at the end:
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -37,7 +39,11 @@ def main():
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--init", default="")
-    p.add_argument("--attempt", default="")
+    p.add_argument("--attempt", default=None)
+    p.add_argument("--kill_after", type=int, default=0,
+                   help="SIGKILL this process after N steps of this run (after their checkpoint)")
+    p.add_argument("--frozen", action="store_true",
+                   help="write no checkpoint in this run (it resumed and dies before its next)")
     a = p.parse_args()
 
     if a.world > 1:
@@ -45,6 +51,15 @@ def main():
                                 world_size=a.world)
     ds = sluice.torch.ShardLeaseDataset(a.coordinator, a.job, decode=True,
                                         resume_attempt=a.attempt)
+
+    def save(state):
+        if a.frozen:
+            return
+        with open(a.checkpoint + ".tmp", "w") as f:
+            json.dump(state, f)
+        os.replace(a.checkpoint + ".tmp", a.checkpoint)
+
+    run_steps = 0
     trained, first_epoch = [], 0
     if os.path.exists(a.checkpoint):
         with open(a.checkpoint) as f:
@@ -68,21 +83,19 @@ def main():
             steps += 1
             trained.extend([e, s, i] for e, s, i in zip(
                 batch["__epoch__"].tolist(), batch["__shard__"], batch["__index__"].tolist()))
-            state = {"epoch": epoch, "trained": trained,
-                     "cursor": ds.state_dict()["cursor"].hex()}
-            with open(a.checkpoint + ".tmp", "w") as f:
-                json.dump(state, f)
-            os.replace(a.checkpoint + ".tmp", a.checkpoint)
+            save({"epoch": epoch, "trained": trained, "cursor": ds.state_dict()["cursor"].hex()})
+            run_steps += 1
+            if run_steps == a.kill_after:
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
         steps_per_epoch[epoch] = steps
         # The pass is over: a restart from here begins the next epoch.
-        state = {"epoch": epoch + 1, "trained": trained, "cursor": ds.state_dict()["cursor"].hex()}
-        with open(a.checkpoint + ".tmp", "w") as f:
-            json.dump(state, f)
-        os.replace(a.checkpoint + ".tmp", a.checkpoint)
+        save({"epoch": epoch + 1, "trained": trained, "cursor": ds.state_dict()["cursor"].hex()})
     ds.close()
     if a.world > 1:
         dist.destroy_process_group()
-    print(json.dumps({"rank": a.rank, "steps_per_epoch": steps_per_epoch, "trained": trained}))
+    print(json.dumps({"rank": a.rank, "steps_per_epoch": steps_per_epoch, "trained": trained,
+                      "skipped": ds.skipped}))
     return 0
 
 

@@ -10,7 +10,8 @@ SLURM (SLURM_PROCID, SLURM_NTASKS, MASTER_ADDR/MASTER_PORT exported by the
 sbatch script), torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or
 mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE). The coordinator comes
 from $SLUICE_COORDINATOR; the scope of Once/Barrier names from
-$SLUICE_SCOPE (default: slurm-$SLURM_JOB_ID, so two jobs never share a step).
+$SLUICE_SCOPE, else the launcher's run and restart (sluice.once's default),
+so two runs never share a step.
 
 Every rank gets the same number of batches per epoch (the coordinator splits
 the epoch), so DDP's collective calls always match. The checkpoint directory
@@ -34,14 +35,12 @@ import sluice.torch
 
 
 def launcher_env():
-    """(rank, world, scope) from SLURM, torchrun or Open MPI."""
+    """(rank, world) from SLURM, torchrun or Open MPI."""
     env = os.environ
     rank = int(env.get("RANK") or env.get("SLURM_PROCID") or env.get("OMPI_COMM_WORLD_RANK") or 0)
     world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS")
                 or env.get("OMPI_COMM_WORLD_SIZE") or 1)
-    scope = env.get("SLUICE_SCOPE") or (f"slurm-{env['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in env
-                                        else "default")
-    return rank, world, scope
+    return rank, world
 
 
 def main():
@@ -55,7 +54,7 @@ def main():
                    help="also checkpoint every N steps within an epoch (0: at epoch ends)")
     p.add_argument("--record", default="")
     a = p.parse_args()
-    rank, world, scope = launcher_env()
+    rank, world = launcher_env()
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)  # MASTER_ADDR/PORT
     torch.manual_seed(0)
@@ -63,21 +62,22 @@ def main():
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    # A restart of the run (torchrun --max_restarts, a requeued SLURM job)
-    # restores the same cursor again: each attempt names itself.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or \
-        os.environ.get("SLURM_RESTART_COUNT") or ""
+    # A restart of the run (torchrun --max_restarts, a requeued SLURM job, a
+    # relaunch by hand) restores the checkpoint again: load_state_dict() is
+    # a restore of its own each time, nothing to pass.
     ds = sluice.torch.ShardLeaseDataset(os.environ["SLUICE_COORDINATOR"], a.job, rank=rank,
-                                        decode=False, resume_attempt=attempt)
-    # One rank creates the checkpoint directory; the others wait for it.
-    with sluice.once("mkdir-checkpoints", scope=scope, participant=f"rank-{rank}") as step:
+                                        decode=False)
+    # One rank creates the checkpoint directory; the others wait for it. The
+    # step is named by the directory, in the launcher's run's scope.
+    checkpoint_dir = os.path.abspath(a.checkpoint_dir)
+    with sluice.once(f"mkdir:{checkpoint_dir}", participant=f"rank-{rank}") as step:
         if step.should_run:
-            os.makedirs(a.checkpoint_dir, exist_ok=True)
+            os.makedirs(checkpoint_dir, exist_ok=True)
     # One checkpoint for the run, written by rank 0: the model (the same on
     # every rank under DDP), the optimizer, every rank's data cursor
     # (ds.state_dict() all-gathers them) and, for --record, what each rank
     # trained on. Every rank restores from it.
-    path = os.path.join(a.checkpoint_dir, "checkpoint.pt")
+    path = os.path.join(checkpoint_dir, "checkpoint.pt")
     state = {"epoch": 0, "steps": {}, "trained": {r: [] for r in range(world)}}
     if os.path.exists(path):
         state = torch.load(path)
@@ -90,7 +90,7 @@ def main():
     def checkpoint(epoch, name):
         # Everyone reaches the same step before the checkpoint is taken.
         sluice.barrier(f"checkpoint-{name}", participants=world, participant=f"rank-{rank}",
-                       scope=scope, timeout=300)
+                       timeout=300)
         data = ds.state_dict()  # every rank's cursor (all-gathered under DDP)
         every = [trained]
         if world > 1:

@@ -102,11 +102,19 @@ struct ReaderOptions {
   std::optional<ClientTls> tls;
   // Resume from a checkpoint (G7): the first Hello carries this cursor
   // (every rank's entry known, see MergeCursors) and the job continues
-  // right after the samples it counts. `resume_attempt` names this restart
-  // of the run, the same on every rank (e.g. torchrun's restart count):
-  // restoring the same cursor again in a later restart needs a new value.
+  // right after the samples it counts. Every Reader created with a cursor is
+  // a restore of it: a second Reader (another process, or this one again)
+  // for the same rank and worker restores the same position again, and
+  // Readers of other ranks and workers join the restore (protos/README.md,
+  // "Resuming"). `resume_attempt` optionally names the restart, the same on
+  // every rank (e.g. torchrun's run id and restart count).
   std::optional<v1::Cursor> resume_from;
   std::string resume_attempt;
+  // Names this launch; empty: a random id made by Reader::Create. Readers
+  // that stand for one process (e.g. a process's DataLoader-style workers
+  // created again for each epoch) may pass the same id so that a second
+  // Reader of a slot is not taken as a new restart.
+  std::string launch_id;
 };
 
 struct Sample {

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 
 from sluice import _grpcio, _rules, _wire, tls
-from sluice._types import ReaderError, Sample
+from sluice._types import DataLossError, ReaderError, Sample
 from sluice.v1 import coordinator_pb2, dataserver_pb2
 
 _log = logging.getLogger("sluice")
@@ -51,6 +51,13 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_receive_message_length", 64 << 20),
+    # Keepalive: a stopped or silently cut-off coordinator or data server
+    # fails its streams within about 4 s (as the C++ client's
+    # SetStreamKeepalive); the servers accept pings this often.
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
 ]
 # Data-server channels: ReadSamples is read by the consumer's own thread
 # (see Fetcher._pull).
@@ -378,7 +385,9 @@ class Fetcher:
             return
         if code in _FATAL_READ:
             with self._cv:
-                self._fatal = ReaderError(code, f"lease {lease.lease_id}: {e.details()}")
+                self._fatal = (DataLossError if code == grpc.StatusCode.DATA_LOSS else
+                               functools.partial(ReaderError, code))(
+                                   f"lease {lease.lease_id}: {e.details()}")
                 self._cv.notify_all()
             return
         if code == grpc.StatusCode.UNAVAILABLE and address not in self._transport_checked:

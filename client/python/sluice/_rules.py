@@ -63,7 +63,13 @@ class LeaseHold:
     its leases. After the session has been down for more than half a TTL,
     nothing is delivered until the coordinator has answered the Sync sent
     after re-reporting every held lease (a lease it no longer knows is
-    Rejected before the Synced). `clock` gives seconds (time.monotonic)."""
+    Rejected before the Synced). A stream that goes silent without breaking
+    (this process or the coordinator paused) holds too, by this clock: once
+    more than 3/4 of a TTL has passed since the send time of the newest Sync
+    (or Hello) the coordinator confirmed, until a newer one is confirmed (a
+    lease expired meanwhile is Revoked before that Synced). The 1/4 margin
+    covers clocks whose rates differ by less than a quarter. `clock` gives
+    seconds (time.monotonic)."""
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
@@ -71,6 +77,22 @@ class LeaseHold:
         self._disconnected_at = None  # while connected
         self._revalidating = False
         self._revalidate_id = 0
+        self._confirmed_at = None  # send time of the newest confirmed renewal
+        self._hello_sent_at = None
+        self._syncs_sent = {}  # id -> send time, not yet confirmed
+
+    def hello_sent(self):
+        self._hello_sent_at = self._clock()
+
+    def welcomed(self):
+        if self._hello_sent_at is not None:
+            self._confirmed_at = max(self._confirmed_at or self._hello_sent_at,
+                                     self._hello_sent_at)
+
+    def sync_sent(self, sync_id):
+        if len(self._syncs_sent) >= 1024:
+            del self._syncs_sent[min(self._syncs_sent)]
+        self._syncs_sent[sync_id] = self._clock()
 
     def disconnected(self):
         if self._disconnected_at is None:
@@ -87,13 +109,73 @@ class LeaseHold:
     def on_synced(self, synced):
         if synced >= self._revalidate_id:
             self._revalidating = False
+        for sync_id in [i for i in self._syncs_sent if i <= synced]:
+            sent = self._syncs_sent.pop(sync_id)
+            self._confirmed_at = sent if self._confirmed_at is None else max(
+                self._confirmed_at, sent)
 
     def may_have_lost_leases(self):
-        return self._revalidating or self._down_too_long()
+        return self._revalidating or self._down_too_long() or self._silent()
+
+    def _silent(self):
+        return (self._confirmed_at is not None and
+                self._clock() - self._confirmed_at > self.lease_ttl * 3 / 4)
 
     def _down_too_long(self):
         return (self._disconnected_at is not None and
                 self._clock() - self._disconnected_at > self.lease_ttl / 2)
+
+
+class LostDeliveries:
+    """Samples a Reader delivered from a lease it then lost.
+
+    A trainer paused past its lease TTL may have handed samples to the loop
+    that its Progress had not yet reported when the coordinator expired the
+    lease; the coordinator re-grants the unreported rest, and with per-rank
+    quotas it comes back to this reader. What was delivered of every lost
+    lease (Revoke, Rejected) is remembered by unit; a later grant of the same
+    unit in the same epoch that starts inside it reports those samples as
+    consumed at once and fetches only the rest (client/cpp/lost_deliveries.h
+    is the same rule)."""
+
+    def __init__(self):
+        self._ranges = {}  # (epoch, sequence, shard_index) -> [begin, end)
+
+    @staticmethod
+    def _key(lease):
+        return (lease.epoch, lease.unit.sequence, lease.unit.shard_index)
+
+    def lost(self, lease, delivered):
+        if delivered <= 0:
+            return
+        begin, end = lease.unit.begin, lease.unit.begin + delivered
+        old = self._ranges.get(self._key(lease))
+        if old is not None and begin <= old[1] and end >= old[0]:
+            begin, end = min(begin, old[0]), max(end, old[1])
+        self._ranges[self._key(lease)] = (begin, end)
+
+    def already_delivered(self, lease):
+        key = self._key(lease)
+        got = self._ranges.get(key)
+        if got is None:
+            return 0
+        lo, hi = got
+        begin, end = lease.unit.begin, lease.unit.end
+        if not lo <= begin < hi:
+            return 0
+        skip = min(hi, end) - begin
+        if hi <= end:
+            del self._ranges[key]
+        else:
+            self._ranges[key] = (end, hi)
+        return skip
+
+    def forget_before(self, epoch):
+        for key in [k for k in self._ranges if k[0] < epoch]:
+            del self._ranges[key]
+
+    def __len__(self):
+        return len(self._ranges)
 
 
 def fetch_may_start(order, data_server, held):

@@ -47,6 +47,7 @@ class Session:
                 return 0
             with self._cv:
                 sync_id = self._ledger.next_sync_id()
+                self._hold.sync_sent(sync_id)
             out.put(coordinator_pb2.TrainerMessage(sync=coordinator_pb2.Sync(id=sync_id)))
             return sync_id
 
@@ -120,11 +121,13 @@ class Session:
             if ready:
                 hello = coordinator_pb2.Hello(job=self._job, rank=self._rank, worker=self._worker,
                                               num_workers=self._num_workers,
-                                              trainer_id=self._trainer_id)
+                                              trainer_id=self._trainer_id,
+                                              launch_id=self._launch_id)
                 with self._cv:
                     if self._resume_from is not None and not self._resume_done:
                         hello.cursor.CopyFrom(self._resume_from)
                         hello.resume_attempt = self._resume_attempt
+                    self._hold.hello_sent()
                 out = queue.Queue()
                 with self._write_lock:
                     self._out = out
@@ -197,6 +200,7 @@ class Session:
         u = self._units.pop(lease_id, None)
         if u is None:
             return None
+        self._lost.lost(u.lease, u.delivered)
         u.dropped = True
         u.buffer.clear()
         u.final = None
@@ -214,6 +218,7 @@ class Session:
                     self._hold.lease_ttl = m.welcome.lease_ttl_ms / 1000
                 self._world_size = m.welcome.world_size
                 self._resume_done = True
+                self._hold.welcomed()
             elif kind == "synced":
                 self._ledger.on_synced(m.synced.id)
                 self._hold.on_synced(self._ledger.synced)
@@ -223,6 +228,7 @@ class Session:
                 b = m.epoch_begin
                 if b.epoch > self._last_epoch_begin:
                     self._last_epoch_begin = b.epoch
+                    self._lost.forget_before(b.epoch)
                     self._entries.append(("epoch_begin", (b.epoch, b.samples_for_rank,
                                                           b.already_consumed, None,
                                                           b.samples_for_worker,
@@ -255,10 +261,21 @@ class Session:
                     u = _Unit(lease, self._next_order)
                     self._next_order += 1
                     self._units[lease.lease_id] = u
-                    self._entries.append(("unit", u))
-                    u.thread = threading.Thread(target=self._fetch, args=(u,), daemon=True,
-                                                name="sluice-fetch")
-                    u.thread.start()
+                    # Samples delivered from a lost lease of the same unit
+                    # (_rules.LostDeliveries): consumed already, reported now.
+                    skip = self._lost.already_delivered(lease)
+                    u.next_fetch += skip
+                    u.delivered = skip
+                    if skip and skip == u.size:  # nothing left to read
+                        u.fetch = "done"
+                        u.final = coordinator_pb2.TrainerMessage(complete=coordinator_pb2.Complete(
+                            lease_id=lease.lease_id, fence=lease.fence))
+                        self.stats["units_completed"] += 1
+                    else:
+                        self._entries.append(("unit", u))
+                        u.thread = threading.Thread(target=self._fetch, args=(u,), daemon=True,
+                                                    name="sluice-fetch")
+                        u.thread.start()
             elif kind == "revoke":
                 stream = self._retire(m.revoke.lease_id)
             elif kind == "rejected":
@@ -291,6 +308,7 @@ class Session:
                 self._retired = [u for u in self._retired
                                  if u.thread is not None and u.thread.is_alive()]
                 unconfirmed = bool(self._ledger)
+                holding = bool(self._units)
                 heartbeat = self._heartbeat_interval
             if time.monotonic() - last_heartbeat >= heartbeat:
                 # A Sync renews like a heartbeat and lets confirmed finals go;
@@ -303,4 +321,8 @@ class Session:
                         heartbeat=coordinator_pb2.Heartbeat(
                             input_wait=self._take_input_wait()))):
                     last_heartbeat = time.monotonic()
+                    if holding:
+                        # Have the renewal confirmed (LeaseHold): without it a
+                        # silent stream holds delivery after 3/4 of a TTL.
+                        self._send_sync()
             self._flush_reports(progress=True)

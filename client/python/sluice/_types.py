@@ -13,6 +13,15 @@ class ReaderError(Exception):
         self.message = message
 
 
+class DataLossError(ReaderError):
+    """A corrupt sample under on_corrupt=fail: the message names the shard and
+    the member. Constructible from the message alone, so torch's DataLoader
+    re-raises it as itself in the training process."""
+
+    def __init__(self, message):
+        super().__init__(grpc.StatusCode.DATA_LOSS, message)
+
+
 class JobDoneError(ReaderError):
     """The job has served all its epochs: a reader that opens on it (or asks
     for an epoch past its end) gets this instead of an empty stream."""

@@ -14,6 +14,12 @@ hands the step to the next waiter; a step that raised is reported to the
 others and (by default) run again by one of them. Completion is journaled by
 the coordinator, so a restart never re-runs a finished step. The coordinator
 address defaults to $SLUICE_COORDINATOR.
+
+Names live in a scope. The default scope is $SLUICE_SCOPE, else the
+launcher's run: torchrun's rendezvous id and restart count, SLURM's job id
+and restart count, Open MPI's job id (sluice/_launcher.py); outside those,
+"default", shared by every run. So a step done in one run (or one restart of
+it) is not taken as done by the next; pass scope= to share it across runs.
 """
 import os
 import queue
@@ -23,7 +29,7 @@ import warnings
 
 import grpc
 
-from sluice import tls
+from sluice import _launcher, tls
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 
@@ -65,9 +71,9 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
     inside the block reports the run as failed. TLS: ca_cert / client_cert /
     client_key PEM paths (or SLUICE_CA_CERT ...; see sluice.tls)."""
 
-    def __init__(self, name, *, coordinator=None, scope="default", participant=None, ttl=10.0,
+    def __init__(self, name, *, coordinator=None, scope=None, participant=None, ttl=10.0,
                  fail_all=False, timeout=None, ca_cert=None, client_cert=None, client_key=None):
-        self._name, self._scope = name, scope
+        self._name, self._scope = name, scope or _launcher.default_scope()
         self._credentials = tls.channel_credentials(ca_cert, client_cert, client_key)
         self._address = _address(coordinator)
         self._participant = _participant(participant)
@@ -160,7 +166,7 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
             self._channel.close()
 
 
-def barrier(name, *, participants, participant=None, coordinator=None, scope="default",
+def barrier(name, *, participants, participant=None, coordinator=None, scope=None,
             timeout=60.0, ca_cert=None, client_cert=None, client_key=None, id=None):
     """Blocks until `participants` distinct participant ids arrived; returns
     the arrived ids. `participant` is this caller's id, as in once() (default
@@ -174,6 +180,7 @@ def barrier(name, *, participants, participant=None, coordinator=None, scope="de
                       "sluice.once()", DeprecationWarning, stacklevel=2)
         participant = id
     address = _address(coordinator)
+    scope = scope or _launcher.default_scope()
     credentials = tls.channel_credentials(ca_cert, client_cert, client_key)
     with tls.coordinator_channel(address, credentials) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)

@@ -53,12 +53,12 @@ import time
 
 import grpc
 
-from sluice import _lifecycle, _rules, tls
+from sluice import _launcher, _lifecycle, _rules, tls
 from sluice._cursor import merge_cursors, position_cursor
 from sluice._fetch import Fetcher
 from sluice._malloc import tune_malloc
 from sluice._session import Session
-from sluice._types import Event, JobDoneError, ReaderError, Sample
+from sluice._types import DataLossError, Event, JobDoneError, ReaderError, Sample
 from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 from sluice.v1 import dataserver_pb2
 
@@ -78,7 +78,8 @@ class Reader(Session, Fetcher):
                  units_in_flight=4,
                  decode=True, resize_shorter_side=0, crop=(0, 0), transform=None, fields=(),
                  max_batch_bytes=0, progress_interval=0.5, stall_timeout=60.0,
-                 reconnect_timeout=120.0, resume_from=None, resume_attempt="", credentials=None,
+                 reconnect_timeout=120.0, resume_from=None, resume_attempt=None, launch_id=None,
+                 credentials=None,
                  ca_cert=None, client_cert=None, client_key=None):
         if not coordinator:
             raise ValueError("coordinator is empty")
@@ -112,7 +113,13 @@ class Reader(Session, Fetcher):
         self._stall_timeout = stall_timeout
         self._reconnect_timeout = reconnect_timeout
         self._resume_from = resume_from
-        self._resume_attempt = resume_attempt
+        # A Reader with a cursor restores it: its launch id tells this restore
+        # from an earlier one of the same cursor (a second run resumed from
+        # the same checkpoint), and other ranks' and workers' Readers join it.
+        # resume_attempt defaults to the launcher's restart id (_launcher.py).
+        self._resume_attempt = (_launcher.restart_id() if resume_attempt is None
+                                else resume_attempt)
+        self._launch_id = launch_id or _launcher.new_launch_id()
         # TLS: `credentials` (grpc.ChannelCredentials), or PEM files (also from
         # SLUICE_CA_CERT / SLUICE_CLIENT_CERT / SLUICE_CLIENT_KEY); the same
         # for the coordinator and the data servers.
@@ -128,6 +135,7 @@ class Reader(Session, Fetcher):
         self._ledger = _rules.ReportLedger()
         # Whether delivery waits for the coordinator to confirm held leases.
         self._hold = _rules.LeaseHold(time.monotonic)
+        self._lost = _rules.LostDeliveries()
         self._retired = []
         self._data_stubs = {}  # address -> (channel, ReadSamples, state watch)
         self._channel_states = {}  # address -> grpc.ChannelConnectivity

@@ -47,6 +47,7 @@ them in place), "__key__", "__shard__", "__index__", "__epoch__", and for a
 job with sources "__source__" (the source's name).
 """
 import collections
+import logging
 import multiprocessing
 import multiprocessing.util
 import os
@@ -58,10 +59,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+import grpc
 import numpy as np
 
-from sluice import tls
-from sluice.reader import JobDoneError, Reader, merge_cursors
+from sluice import _launcher, tls
+from sluice.reader import JobDoneError, Reader, ReaderError, merge_cursors
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 # Tensors made from received bytes are views of read-only memory.
@@ -123,6 +125,10 @@ class ShardLeaseDataset(IterableDataset):
         self._to_tensor = to_tensor
         self._resume_from = None
         self._resume_attempt = resume_attempt
+        # One id per restore (load_state_dict), inherited by the DataLoader's
+        # workers: the coordinator tells a new restore of the same checkpoint
+        # from this one's workers by it.
+        self._launch_id = None
         # [epoch asked for with set_epoch (-1 = none), a worker has read]:
         # shared with the DataLoader's workers (also persistent ones, which
         # keep their own copy of everything else).
@@ -133,6 +139,12 @@ class ShardLeaseDataset(IterableDataset):
         # What sluice.torch.DataLoader handed to the training loop: the
         # epoch and each worker's position in it, from the last batches.
         self._taken = None
+        # An event read past the end of a pass, for the next pass.
+        self._pending = None
+        # Skipped corrupt samples: yielded as _Skipped markers under
+        # sluice.torch.DataLoader (which sets this), else left out here.
+        self._mark_skipped = False
+        self._skipped = 0
 
     # ------------------------------------------------------------ torch API
 
@@ -163,6 +175,21 @@ class ShardLeaseDataset(IterableDataset):
             self._samples_per_rank = job.status.samples_per_rank
         return self._samples_per_rank
 
+    @property
+    def skipped(self):
+        """Corrupt samples (on_corrupt=skip) left out of what this process
+        handed on: with sluice.torch.DataLoader, of the batches the training
+        loop took (also from workers); else of this process's own reading."""
+        return self._skipped
+
+    def _note_skipped(self, key, shard, index, reason):
+        self._skipped += 1
+        if self._skipped <= _SKIPPED_LOGGED:
+            _log.warning("sluice job %s: skipped corrupt sample %r (shard %s, index %d): %s%s",
+                         self.job, key, shard, index, reason,
+                         "; further skips are counted in ds.skipped" if
+                         self._skipped == _SKIPPED_LOGGED else "")
+
     def __iter__(self):
         reader = self._get_reader()
         if get_worker_info() is not None:
@@ -171,15 +198,35 @@ class ShardLeaseDataset(IterableDataset):
         # coordinator's count for the slot has been delivered.
         epoch, left = None, None
         while True:
-            e = reader.next_event()
+            if self._pending is not None:
+                e, self._pending = self._pending, None
+            else:
+                e = reader.next_event()
             if e.kind == "epoch_begin":
+                asked = self._shared[0]
+                if epoch is None and 0 <= asked < e.epoch:
+                    # set_epoch() names an epoch that is already over (a
+                    # checkpoint taken at its last batch): this pass yields
+                    # nothing, and the next one starts with e.epoch.
+                    self._pending = e
+                    return
                 epoch, left = e.epoch, e.samples_for_worker - e.already_consumed_by_worker
                 self._samples_per_rank = e.samples_for_rank
-                asked = self._shared[0]
                 if asked >= 0 and asked != e.epoch:
                     warnings.warn(f"sluice job {self.job}: set_epoch({asked}) but the "
                                   f"coordinator's next epoch is {e.epoch}")
                 if left <= 0:
+                    return
+            elif e.kind == "sample" and e.sample.skipped:
+                s = e.sample
+                left -= 1
+                if self._mark_skipped:
+                    # sluice.torch.DataLoader's collate leaves it out of its
+                    # batch (the batch count per rank stays the same).
+                    yield _Skipped(s.key, s.shard_url, s.index, s.skip_reason)
+                else:
+                    self._note_skipped(s.key, s.shard_url, s.index, s.skip_reason)
+                if left == 0:
                     return
             elif e.kind == "sample":
                 s = e.sample
@@ -202,6 +249,9 @@ class ShardLeaseDataset(IterableDataset):
             else:  # done
                 if epoch is None:  # no epoch began for this pass
                     asked = self._shared[0]
+                    self._pending = e  # every later pass ends here too
+                    if 0 <= asked < e.epoch:
+                        return  # the epoch asked for is over (a resume after it)
                     raise JobDoneError(e.message + (f" (set_epoch({asked}) asked for one more)"
                                                     if asked >= 0 else ""))
                 return
@@ -211,9 +261,18 @@ class ShardLeaseDataset(IterableDataset):
         the training loop took: every rank's counts when torch.distributed
         is initialised (all-gathered), else this rank's."""
         if self._reader is not None and self._reader_pid == os.getpid():
-            cursor = self._reader.cursor()
+            try:
+                cursor = self._reader.cursor()
+            except ReaderError as e:
+                # No epoch began since the restore (it was taken after the
+                # job's last sample): the restored position still holds.
+                if e.code != grpc.StatusCode.FAILED_PRECONDITION or self._resume_from is None:
+                    raise
+                cursor = self._resume_from
         elif self._taken is not None:
             cursor = self._cursor_from_taken()
+        elif self._resume_from is not None:
+            cursor = self._resume_from  # nothing taken since the restore
         elif self._shared[1]:
             raise RuntimeError(
                 f"sluice job {self.job}: ShardLeaseDataset.state_dict() cannot see what the "
@@ -231,11 +290,18 @@ class ShardLeaseDataset(IterableDataset):
 
     def load_state_dict(self, state):
         """Resume from a state_dict(): the next reader starts right after it.
-        Every rank of one restart must use the same resume_attempt (default:
-        torchrun's TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT)."""
+        Each call is a restore of its own: loading the same checkpoint again
+        (in this process or a later launch) restores the same position again,
+        and the other ranks of this restart join it without passing anything
+        (protos/README.md, "Resuming")."""
         data = state.get("cursor", b"")
         self._resume_from = common_pb2.Cursor.FromString(data) if data else None
+        self._launch_id = _launcher.new_launch_id()
         self._taken = None
+        if self._reader is not None and self._reader_pid == os.getpid():
+            # A Reader of this process serves the position being replaced.
+            self._reader.close()
+            self._reader = None
 
     # ------------------------------------------------------------ internals
 
@@ -283,13 +349,10 @@ class ShardLeaseDataset(IterableDataset):
         info = get_worker_info()
         worker = info.id if info is not None else 0
         num_workers = info.num_workers if info is not None else 0
-        attempt = self._resume_attempt
-        if attempt is None:
-            attempt = (f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-"
-                       f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '')}")
         self._reader = Reader(self.coordinator, self.job, self.rank, worker,
                               num_workers=num_workers, resume_from=self._resume_from,
-                              resume_attempt=attempt, **self._reader_options)
+                              resume_attempt=self._resume_attempt, launch_id=self._launch_id,
+                              **self._reader_options)
         self._reader_pid = os.getpid()
         # Give leases back when a DataLoader worker process exits.
         multiprocessing.util.Finalize(self._reader, self._reader.close, exitpriority=10)
@@ -309,26 +372,45 @@ class ShardLeaseDataset(IterableDataset):
         state["_reader"] = None  # never pickled into spawned workers
         state["_reader_pid"] = None
         state["_taken"] = None
+        state["_pending"] = None
         return state
 
 
-_Tagged = collections.namedtuple("_Tagged", ["data", "where"])
+# A corrupt sample left out under on_corrupt=skip, on its way to the collate.
+_Skipped = collections.namedtuple("_Skipped", ["key", "shard", "index", "reason"])
+
+# How many skipped samples are logged by key (all are counted).
+_SKIPPED_LOGGED = 5
+
+_log = logging.getLogger("sluice")
+
+_Tagged = collections.namedtuple("_Tagged", ["data", "where", "skipped"])
 
 
 class _TaggingCollate:
-    """The user's collate function, run in the worker, plus where the batch
-    ends: the worker's cursor after its last sample, durable at the
-    coordinator before the batch leaves the worker."""
+    """The user's collate function, run in the worker, over the batch's good
+    samples, plus where the batch ends (the worker's cursor after its last
+    sample, durable at the coordinator before the batch leaves the worker)
+    and the corrupt samples left out of it. A batch may so be smaller, never
+    missing: every rank still takes the same number of batches."""
 
-    def __init__(self, collate_fn):
+    def __init__(self, collate_fn, batched):
         self.collate_fn = collate_fn
+        self.batched = batched
 
     def __call__(self, batch):
-        data = self.collate_fn(batch)
+        if self.batched:
+            skipped = [b for b in batch if isinstance(b, _Skipped)]
+            kept = [b for b in batch if not isinstance(b, _Skipped)] if skipped else batch
+        else:
+            skipped = [batch] if isinstance(batch, _Skipped) else []
+            kept = None if skipped else batch
+        data = self.collate_fn(kept) if kept or not self.batched and not skipped else None
         reader = _worker_reader
         if reader is None or reader._pid != os.getpid():
-            return _Tagged(data, b"")  # num_workers=0: the dataset's own Reader knows
-        return _Tagged(data, reader.cursor().SerializeToString())
+            # num_workers=0: the dataset's own Reader knows
+            return _Tagged(data, b"", skipped)
+        return _Tagged(data, reader.cursor().SerializeToString(), skipped)
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -342,14 +424,23 @@ class DataLoader(torch.utils.data.DataLoader):
             raise TypeError("sluice.torch.DataLoader reads a ShardLeaseDataset; got "
                             f"{type(dataset).__name__}")
         collate_fn = kwargs.pop("collate_fn", None)
+        batched = kwargs.get("batch_size", 1) is not None or "batch_sampler" in kwargs
         if collate_fn is None:
-            batched = kwargs.get("batch_size", 1) is not None or "batch_sampler" in kwargs
             collate_fn = (torch.utils.data.default_collate if batched
                           else torch.utils.data.default_convert)
-        super().__init__(dataset, collate_fn=_TaggingCollate(collate_fn), **kwargs)
+        dataset._mark_skipped = True
+        super().__init__(dataset, collate_fn=_TaggingCollate(collate_fn, batched), **kwargs)
 
     def __iter__(self):
         for tagged in super().__iter__():
             if tagged.where:
                 self.dataset._take(tagged.where)
+            for s in tagged.skipped:
+                self.dataset._note_skipped(*s)
+            if tagged.data is None:
+                # Every sample of this batch was corrupt: there is nothing to
+                # train on, and this rank takes one batch fewer.
+                _log.warning("sluice job %s: a batch of %d corrupt samples left out",
+                             self.dataset.job, len(tagged.skipped))
+                continue
             yield tagged.data

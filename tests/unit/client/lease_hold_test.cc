@@ -65,6 +65,39 @@ TEST_F(LeaseHoldTest, AReconnectWhoseSyncWasNotSentKeepsHolding) {
   EXPECT_TRUE(hold_.MayHaveLostLeases()) << "still down since the first break";
 }
 
+// The stream never broke, but this process or the coordinator was paused:
+// after 3/4 of a TTL since the send time of the newest confirmed renewal
+// nothing is delivered until a newer one is confirmed.
+TEST_F(LeaseHoldTest, ASilentStreamHoldsAfterThreeQuartersOfATtl) {
+  hold_.HelloSent();
+  clock_.Advance(absl::Milliseconds(10));
+  hold_.Welcomed();
+  clock_.Advance(absl::Milliseconds(7500 - 10));
+  EXPECT_FALSE(hold_.MayHaveLostLeases());
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_TRUE(hold_.MayHaveLostLeases());
+  hold_.SyncSent(1);
+  clock_.Advance(absl::Milliseconds(20));
+  hold_.Synced(1);
+  EXPECT_FALSE(hold_.MayHaveLostLeases());
+  clock_.Advance(absl::Milliseconds(7500 - 20));
+  EXPECT_FALSE(hold_.MayHaveLostLeases());
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_TRUE(hold_.MayHaveLostLeases());
+}
+
+TEST_F(LeaseHoldTest, OnlyTheSendTimeOfAConfirmedSyncCounts) {
+  hold_.HelloSent();
+  hold_.Welcomed();
+  hold_.SyncSent(1);
+  clock_.Advance(absl::Seconds(9));  // paused with Sync 1 unanswered
+  hold_.SyncSent(2);
+  hold_.Synced(1);  // its renewal dates from before the pause
+  EXPECT_TRUE(hold_.MayHaveLostLeases());
+  hold_.Synced(2);
+  EXPECT_FALSE(hold_.MayHaveLostLeases());
+}
+
 TEST_F(LeaseHoldTest, TheTtlComesFromTheWelcome) {
   hold_.set_lease_ttl(absl::Seconds(2));
   hold_.Disconnected();

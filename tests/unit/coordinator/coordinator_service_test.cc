@@ -862,12 +862,13 @@ struct SimTrainer {
   SimTrainer(CoordinatorService& s, const std::string& job, int rank,
              const std::string& id, const v1::Cursor* cursor = nullptr,
              const std::string& attempt = "", int worker = 0,
-             int num_workers = 0)
+             int num_workers = 0, const std::string& launch_id = "")
       : service(s), sink(std::make_shared<RecordingSink>()) {
     session = service.OpenSession(sink);
     v1::TrainerMessage hello = Hello(job, rank, id);
     hello.mutable_hello()->set_worker(worker);
     hello.mutable_hello()->set_num_workers(num_workers);
+    hello.mutable_hello()->set_launch_id(launch_id);
     if (cursor != nullptr) {
       *hello.mutable_hello()->mutable_cursor() = *cursor;
       hello.mutable_hello()->set_resume_attempt(attempt);
@@ -1001,6 +1002,166 @@ TEST_F(CoordinatorServiceTest,
   EXPECT_EQ(epoch1.size(), 34u);
   a2.Poll();
   EXPECT_TRUE(a2.job_done);
+}
+
+// A run resumes from a checkpoint, consumes, and dies before its next
+// checkpoint; the next run resumes from the same checkpoint with the same
+// attempt (none given: no launcher names restarts). Each restore is told
+// apart by its launch id: the second one restores the checkpoint's position
+// again, and its other rank joins it; the epoch stays exactly once.
+TEST_F(CoordinatorServiceTest, ResumingTwiceFromOneCheckpointRestoresItTwice) {
+  v1::JobSpec spec = Spec("j", {7, 0, 1, 13, 5, 9}, 2, 2);  // T = 35, q = 17
+  spec.set_max_samples_per_lease(4);
+  ASSERT_OK(service_->CreateJob(spec));
+  SimTrainer a(*service_, "j", 0, "a"), b(*service_, "j", 1, "b");
+  ASSERT_EQ(a.Consume(6), 6);
+  ASSERT_EQ(b.Consume(9), 9);
+  const v1::Cursor cursor = MakeCursor("j", 0, 2, {6, 9});  // the checkpoint
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> before;
+  before.insert(before.end(), a.consumed.begin(), a.consumed.end());
+  before.insert(before.end(), b.consumed.begin(), b.consumed.end());
+  ASSERT_EQ(a.Consume(2), 2);  // lost with the first crash
+
+  // Restart 1: both ranks restore the checkpoint, consume, and die.
+  SimTrainer a2(*service_, "j", 0, "a2", &cursor, "", 0, 0, "launch-1a");
+  SimTrainer b2(*service_, "j", 1, "b2", &cursor, "", 0, 0, "launch-1b");
+  ASSERT_TRUE(a2.sink->finished == std::nullopt);
+  ASSERT_EQ(a2.Consume(5), 5);
+  ASSERT_EQ(b2.Consume(4), 4);
+  EXPECT_EQ(service_->GetJob("j", false)->status().ranks(0).consumed(), 11);
+
+  // Restart 2 restores the same checkpoint: rank 1 first this time.
+  SimTrainer b3(*service_, "j", 1, "b3", &cursor, "", 0, 0, "launch-2b");
+  EXPECT_THAT(a2.sink->finished, ::testing::Optional(StatusIs(
+                                     absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("resumed"))));
+  auto job = service_->GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().ranks(0).consumed(), 6);
+  EXPECT_EQ(job->status().ranks(1).consumed(), 9);
+  ASSERT_EQ(b3.Consume(2), 2);
+  SimTrainer a3(*service_, "j", 0, "a3", &cursor, "", 0, 0, "launch-2a");
+  ASSERT_TRUE(b3.sink->finished == std::nullopt);  // a3 joined: no reset
+  EXPECT_EQ(service_->GetJob("j", false)->status().ranks(1).consumed(), 11);
+  // The same launch for the same slot again (a DataLoader worker started
+  // anew for the next epoch re-sends the cursor): nothing moves.
+  ASSERT_EQ(a3.Consume(3), 3);
+  SimTrainer a3again(*service_, "j", 0, "a3", &cursor, "", 0, 0, "launch-2a");
+  EXPECT_EQ(service_->GetJob("j", false)->status().ranks(0).consumed(), 9);
+
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> epoch0;
+  while (a3again.Consume(1000) + b3.Consume(1000) > 0) {
+  }
+  for (const auto* t : {&a3, &a3again, &b3}) {
+    for (const auto& s : t->consumed)
+      if (std::get<0>(s) == 0) epoch0.push_back(s);
+  }
+  auto seen = Tally({before, epoch0});
+  EXPECT_EQ(seen.size(), 34u);  // 35 - 1 dropped
+  for (const auto& [s, n] : seen) EXPECT_EQ(n, 1) << std::get<2>(s);
+}
+
+// Which launch joined which slot of the last resume is journaled: after a
+// coordinator restart, the next restore of the same checkpoint still
+// restores it, and a launch that already joined is still a no-op.
+TEST(CoordinatorResumeTest, LaunchesOfTheLastResumeSurviveARestart) {
+  testing::TempDir dir;
+  FakeClock clock;
+  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
+  const v1::Cursor cursor = MakeCursor("j", 0, 2, {4, 3});
+  {
+    auto created = CoordinatorService::Create(options);
+    ASSERT_OK(created);
+    v1::JobSpec spec = Spec("j", {10, 10}, 2, 2);  // q = 10
+    spec.set_max_samples_per_lease(3);
+    ASSERT_OK((*created)->CreateJob(spec));
+    SimTrainer a(**created, "j", 0, "a"), b(**created, "j", 1, "b");
+    ASSERT_EQ(a.Consume(4), 4);
+    ASSERT_EQ(b.Consume(3), 3);
+    SimTrainer a2(**created, "j", 0, "a2", &cursor, "", 0, 0, "one-a");
+    SimTrainer b2(**created, "j", 1, "b2", &cursor, "", 0, 0, "one-b");
+    ASSERT_EQ(a2.Consume(5), 5);
+    ASSERT_EQ(b2.Consume(5), 5);
+  }
+  auto reopened = CoordinatorService::Create(options);
+  ASSERT_OK(reopened);
+  EXPECT_EQ((*reopened)->GetJob("j", false)->status().ranks(0).consumed(), 9);
+  SimTrainer same(**reopened, "j", 1, "b2", &cursor, "", 0, 0, "one-b");
+  EXPECT_EQ((*reopened)->GetJob("j", false)->status().ranks(1).consumed(), 8);
+  SimTrainer next(**reopened, "j", 1, "b3", &cursor, "", 0, 0, "two-b");
+  auto job = (*reopened)->GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().ranks(0).consumed(), 4);
+  EXPECT_EQ(job->status().ranks(1).consumed(), 3);
+}
+
+// The coordinator stopped for 8 s (SIGSTOP) with a 2 s TTL: its holders'
+// heartbeats could not be read, so the first tick after the stall gives
+// every lease and data server a fresh TTL instead of expiring them; a lease
+// whose holder then stays silent expires one TTL later.
+TEST(CoordinatorStallTest, AStalledCoordinatorExpiresNothingForTheStall) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.stall_clock = &clock;
+  options.wait_for_data_servers = false;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  v1::JobSpec spec = Spec("j", {10, 10}, 1, 1);
+  spec.set_lease_ttl_ms(2000);
+  ASSERT_OK(service.CreateJob(spec));
+  const int64_t server = service.RegisterDataServer("ds:1", 1);
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = service.OpenSession(sink);
+  service.OnMessage(id, Hello("j", 0, "t"));
+  service.OnMessage(id, Want(1));
+  ASSERT_EQ(sink->TakeGrants().size(), 1u);
+  EXPECT_EQ(service.ExpiryTick(), 0);
+  for (int i = 0; i < 10; ++i) {  // running: ticks every 100 ms
+    clock.Advance(absl::Milliseconds(100));
+    EXPECT_EQ(service.ExpiryTick(), 0);
+  }
+  clock.Advance(absl::Seconds(8));  // stopped
+  EXPECT_EQ(service.ExpiryTick(), 0);
+  auto job = service.GetJob("j", false);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->status().leases().expired(), 0);
+  EXPECT_EQ(service.LiveDataServers().size(), 1u);
+  // Running again, and the holder silent: the lease lives one fresh TTL.
+  for (int i = 0; i < 19; ++i) {
+    clock.Advance(absl::Milliseconds(100));
+    EXPECT_EQ(service.ExpiryTick(), 0) << i;
+  }
+  clock.Advance(absl::Milliseconds(100));
+  EXPECT_EQ(service.ExpiryTick(), 1);
+  service.UnregisterDataServer(server);
+}
+
+// A data server claims to have seen fences near 2^64 (only a holder of the
+// registration secret can): refused, naming the field. The largest claim
+// accepted still leaves grants distinct, increasing fences.
+TEST_F(CoordinatorServiceTest, FencesNeverWrapWhateverADataServerClaims) {
+  v1::RegisterDataServer r;
+  r.set_address("ds:1");
+  r.set_max_fence_seen(~uint64_t{0} - 1);
+  EXPECT_THAT(service_->CheckRegistration(r),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("register.max_fence_seen")));
+  EXPECT_THAT(CoordinatorService::CheckFenceSeen("heartbeat.max_fence_seen",
+                                                 ~uint64_t{0}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("heartbeat.max_fence_seen")));
+  r.set_max_fence_seen(uint64_t{1} << 62);
+  EXPECT_OK(service_->CheckRegistration(r));
+  service_->RegisterDataServer("ds:1", 1, nullptr, uint64_t{1} << 62);
+  v1::JobSpec spec = Spec("j", {10}, 1, 1);
+  spec.set_max_samples_per_lease(2);
+  ASSERT_OK(service_->CreateJob(spec));
+  SimTrainer t(*service_, "j", 0, "t");
+  ASSERT_EQ(t.held.size(), 2u);
+  EXPECT_EQ(t.held[0].fence(), (uint64_t{1} << 62) + 1);
+  EXPECT_EQ(t.held[1].fence(), (uint64_t{1} << 62) + 2);
 }
 
 // A cursor from the previous epoch moves the job back into it.

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
@@ -117,6 +118,31 @@ TEST_F(LeaseTableTest, RepeatedRenewalsKeepTheLeaseAlive) {
     EXPECT_THAT(table_.FindExpired(10), IsEmpty());
   }
   EXPECT_EQ(table_.NextExpiry(), clock_.Now() + absl::Seconds(10));
+}
+
+TEST_F(LeaseTableTest, RenewingManyLeasesKeepsTheHeapBoundedAndExpiryExact) {
+  // One holder with 2,000 leases heartbeats 500 times while another
+  // holder's single lease, older, sits at the top of the heap unrenewed.
+  ASSERT_OK(table_.Add(MakeLease("quiet", "t2"), absl::Seconds(10)));
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_OK(table_.Add(MakeLease(absl::StrCat("busy", i), "t1"),
+                         absl::Seconds(10)));
+  }
+  for (int beat = 0; beat < 500; ++beat) {
+    clock_.Advance(absl::Milliseconds(10));
+    ASSERT_EQ(table_.RenewHolder("t1", absl::Seconds(10)), 2000);
+    ASSERT_LE(table_.heap_entries(), 2 * table_.size() + 64);
+  }
+  // 5 s have passed: the quiet lease expires at 10 s, the busy ones at 15 s.
+  clock_.Advance(absl::Seconds(5) - absl::Milliseconds(1));
+  EXPECT_THAT(table_.FindExpired(10), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(table_.FindExpired(10), ElementsAre("quiet"));
+  ASSERT_OK(table_.Remove("quiet").status());
+  clock_.Advance(absl::Seconds(5) - absl::Milliseconds(1));
+  EXPECT_THAT(table_.FindExpired(10), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(table_.FindExpired(5000).size(), 2000u);
 }
 
 }  // namespace

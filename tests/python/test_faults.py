@@ -1,0 +1,200 @@
+"""Faults as users' clusters cause them, on real processes. Pauses (GC,
+swapping, a VM or NFS stall) with SIGSTOP/SIGCONT: a trainer or the
+coordinator stopped for three lease TTLs mid-epoch costs a pause, never a
+sample delivered twice or per-rank counts that differ (which would hang
+DDP). A journal disk that fills up: the coordinator exits 74 for its
+supervisor, and the next one loses nothing that was acknowledged.
+
+Two ranks of a dynamic job with a 2 s lease TTL: rank 0 is `sluicectl read`
+(the C++ Reader), rank 1 a Python Reader; both print every sample they
+deliver, with a training step of 10 ms.
+"""
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from conftest import BIN, Cluster, Server, _wait_for
+
+SHARDS, PER_SHARD = 10, 30  # 300 samples, 150 per rank
+PAUSE = 6.0  # seconds: three lease TTLs
+
+PY_READER = textwrap.dedent("""
+    import sys, time
+    import sluice
+    address, job, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with sluice.Reader(address, job, rank=rank, progress_interval=0.1) as r:
+        for s in r:
+            print(s.epoch, s.shard_index, s.index, flush=True)
+            time.sleep(0.01)
+""")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("pauses"), shards=SHARDS, per_shard=PER_SHARD)
+    yield c
+    c.stop()
+
+
+class _Lines:
+    """A child's stdout lines, read as they come (and its stderr)."""
+
+    def __init__(self, proc, parse):
+        self.proc, self.lines, self.err = proc, [], []
+        self._threads = [
+            threading.Thread(target=self._read, args=(proc.stdout, parse, self.lines),
+                             daemon=True),
+            threading.Thread(target=self._read, args=(proc.stderr, str, self.err),
+                             daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _read(stream, parse, out):
+        for line in stream:
+            out.append(parse(line))
+
+    def finish(self, timeout):
+        code = self.proc.wait(timeout=timeout)
+        for t in self._threads:
+            t.join(timeout=10)
+        assert code == 0, "".join(self.err)[-3000:]
+        return self.lines
+
+
+def _cpp(line):
+    d = json.loads(line)
+    return d["epoch"], d["shard"], d["index"]
+
+
+def _py(line):
+    e, s, i = line.split()
+    return int(e), int(s), int(i)
+
+
+def _start_readers(cluster, job):
+    cpp = subprocess.Popen(
+        [os.path.join(BIN, "sluicectl"), "read", f"--coordinator={cluster.address}",
+         f"--job={job}", "--rank=0", "--rate=100", "--read_epochs=2",
+         "--progress_interval=100ms"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    py = subprocess.Popen([sys.executable, "-c", PY_READER, cluster.address, job, "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return _Lines(cpp, _cpp), _Lines(py, _py)
+
+
+def _assert_exactly_once_and_balanced(ranks):
+    for r, samples in enumerate(ranks):
+        per_epoch = collections.Counter(e for e, _, _ in samples)
+        assert per_epoch == {0: 150, 1: 150}, f"rank {r}: {dict(per_epoch)}"
+    seen = collections.Counter(s for samples in ranks for s in samples)
+    twice = sorted(s for s, n in seen.items() if n > 1)
+    assert not twice, f"{len(twice)} delivered twice, e.g. {twice[:5]}"
+    assert len(seen) == 2 * SHARDS * PER_SHARD
+
+
+def _pause(pid, seconds):
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)  # the fault itself: a process stopped this long
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("paused", ["cpp", "python"])
+def test_a_reader_paused_past_its_lease_ttl_delivers_nothing_twice(cluster, paused):
+    job = f"paused-{paused}"
+    cluster.create_job(job, world_size=2, epochs=2, mode="dynamic", lease_ttl="2s",
+                       max_samples_per_lease=5)
+    cpp, py = _start_readers(cluster, job)
+    reader = cpp if paused == "cpp" else py
+    _wait_for(lambda: len(reader.lines) >= 40, 60, "40 samples read")
+    _pause(reader.proc.pid, PAUSE)
+    ranks = [cpp.finish(180), py.finish(180)]
+    _assert_exactly_once_and_balanced(ranks)
+    assert cluster.lease_counts(job)["expired"] >= 1  # the pause did cost leases
+
+
+def test_a_coordinator_paused_past_the_lease_ttl_twice_expires_nothing_held(cluster):
+    job = "coordinator-paused"
+    cluster.create_job(job, world_size=2, epochs=2, mode="dynamic", lease_ttl="2s",
+                       max_samples_per_lease=5)
+    cpp, py = _start_readers(cluster, job)
+    _wait_for(lambda: len(cpp.lines) >= 40, 60, "40 samples read")
+    _pause(cluster.coordinator.proc.pid, PAUSE)
+    _wait_for(lambda: len(cpp.lines) >= 180, 60, "180 samples read")
+    _pause(cluster.coordinator.proc.pid, PAUSE)
+    ranks = [cpp.finish(180), py.finish(180)]
+    _assert_exactly_once_and_balanced(ranks)
+    assert cluster.lease_counts(job)["expired"] == 0
+    stalls = [line for line in cluster.coordinator.metric_text().splitlines()
+              if line.startswith("sluice_coordinator_stalls_total ")]
+    assert stalls and float(stalls[0].split()[1]) >= 2, stalls
+
+
+def _sluicectl(*args):
+    return subprocess.run([os.path.join(BIN, "sluicectl"), *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_full_journal_disk_exits_for_the_supervisor_and_loses_nothing_acknowledged(
+        tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs for the journal needs root")
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(journal)], check=True)
+    servers = []
+    try:
+        manifest = tmp_path / "manifest.json"
+        manifest.write_text(json.dumps({"shards": [{"url": f"/data/s{i}.tar",
+                                                    "num_samples": 10} for i in range(4)]}))
+        # Large enough (~100 KB) not to fit in the slack of the journal's
+        # last page.
+        big = tmp_path / "big.json"
+        big.write_text(json.dumps({"shards": [{"url": f"/data/big-{i:05d}.tar",
+                                               "num_samples": 10} for i in range(4000)]}))
+        flags = [f"--journal_dir={journal}", "--wait_for_data_servers=false"]
+
+        def create(name, coordinator, m=manifest):
+            return _sluicectl("job", "create", f"--coordinator={coordinator.address}",
+                              f"--name={name}", f"--manifest={m}", "--timeout=10s")
+
+        first = Server("sluice-coordinator", str(tmp_path / "first"), flags)
+        servers.append(first)
+        kept = create("kept", first)
+        assert kept.returncode == 0, kept.stderr
+        # Fill the journal's disk to the last byte.
+        fd = os.open(journal / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == 28, e  # ENOSPC
+        finally:
+            os.close(fd)
+        lost = create("lost", first, big)
+        assert lost.returncode != 0, lost.stdout
+        assert first.proc.wait(timeout=30) == 74
+        log = open(tmp_path / "first" / "sluice-coordinator.log").read()
+        assert "No space left on device" in log and "exiting with status 74" in log, log[-2000:]
+        # The supervisor's restart, once there is room again.
+        os.unlink(journal / "filler")
+        second = Server("sluice-coordinator", str(tmp_path / "second"), flags)
+        servers.append(second)
+        got = _sluicectl("job", "get", f"--coordinator={second.address}", "kept")
+        assert got.returncode == 0, got.stderr
+        missing = _sluicectl("job", "get", f"--coordinator={second.address}", "lost")
+        assert missing.returncode != 0 and "not found" in missing.stderr, missing.stderr
+    finally:
+        for server in servers:
+            server.stop()
+        subprocess.run(["umount", str(journal)], check=True)
