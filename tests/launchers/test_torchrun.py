@@ -188,3 +188,62 @@ def test_a_rank_killed_mid_epoch_restarts_and_the_run_resumes_exactly(cluster, t
     for epoch in (0, 1):
         assert len(keys[epoch]) == 2000 and set(keys[epoch].values()) == {1}, epoch
         assert steps[epoch] == {0: 100, 1: 100}
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_relaunched_by_hand_twice_from_one_checkpoint_with_a_fixed_rdzv_id(cluster, tmp_path):
+    # A person relaunches the same torchrun command (fixed --rdzv_id, so
+    # every launch has the same run id and restart count 0) after a crash,
+    # and again from the same checkpoint after the second launch died before
+    # its next one. Each launch restores the checkpoint's position: the
+    # final model trained on every sample of each epoch exactly once.
+    data = os.path.join(cluster.root, "again")
+    subprocess.run([PYTHON, PREPARE, data, "--shards", "4", "--per_shard", "250"], check=True)
+    create_job(cluster, "again", data, 2, 2)
+    ckpt = os.path.join(data, "ckpt")
+    path = os.path.join(ckpt, "checkpoint.pt")
+    record = str(tmp_path / "again-{rank}.txt")
+    args = [PYTHON, "-m", "sluice.torchrun", "--nnodes=1", "--nproc_per_node=2",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{_free_port()}",
+            "--rdzv_id=fixed-run", TRAIN, "--job=again", f"--checkpoint_dir={ckpt}",
+            "--epochs=2", "--checkpoint_every=5", f"--record={record}"]
+    env = dict(os.environ, SLUICE_COORDINATOR=cluster.address)
+    env.pop("SLUICE_SCOPE", None)
+
+    def start():
+        return subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def kill(proc):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+    first = start()
+    try:
+        wait_for(lambda: os.path.exists(path), 120, "the first checkpoint")
+        saved = open(path, "rb").read()
+    finally:
+        kill(first)
+    # The second launch resumes, checkpoints once more, and dies; the
+    # checkpoint it wrote is lost with its node.
+    with open(path, "wb") as f:
+        f.write(saved)
+    second = start()
+    try:
+        wait_for(lambda: open(path, "rb").read() != saved, 120, "a checkpoint of the second launch")
+    finally:
+        kill(second)
+    with open(path, "wb") as f:
+        f.write(saved)
+    code, out = launch(args, {"SLUICE_COORDINATOR": cluster.address}, 300)
+    assert code == 0, out
+    keys, steps = records(record, 2)
+    for epoch in (0, 1):
+        assert len(keys[epoch]) == 1000 and set(keys[epoch].values()) == {1}, epoch
+        assert steps[epoch] == {0: 50, 1: 50}
