@@ -130,6 +130,26 @@ def test_hostile_requests_get_their_codes_and_the_servers_stay_healthy(probed):
     cases.append(("a forged lease token",
                   lambda: list(read(data.ReadRequest(lease=forged), timeout=10)),
                   grpc.StatusCode.PERMISSION_DENIED))
+    # A 1 MB lease id, job and shard URL without a token, and with a forged
+    # one: refused, each quoted by its first bytes only.
+    tokenless = common_pb2.Lease(lease_id=huge, job=huge, fence=1,
+                                 unit=common_pb2.WorkUnit(shard_url="/" + huge, begin=0, end=1))
+    cases.append(("a 1 MB lease id without a token",
+                  lambda: list(read(data.ReadRequest(lease=tokenless), timeout=10)),
+                  grpc.StatusCode.PERMISSION_DENIED))
+    forged_huge = common_pb2.Lease()
+    forged_huge.CopyFrom(tokenless)
+    forged_huge.token = b"\0" * 32
+    cases.append(("a 1 MB lease id with a forged token",
+                  lambda: list(read(data.ReadRequest(lease=forged_huge), timeout=10)),
+                  grpc.StatusCode.PERMISSION_DENIED))
+    # A registration claiming fences near 2^64 (the secret's credential
+    # comes first, so without it the claim is never looked at).
+    fence_claim = stub.RegisterDataServer(iter([coordinator_pb2.DataServerMessage(
+        register=coordinator_pb2.RegisterDataServer(address="10.9.9.9:1",
+                                                    max_fence_seen=2 ** 64 - 2))]), timeout=10)
+    cases.append(("a registration claiming fence 2^64-2 without credential",
+                  lambda: list(fence_claim), grpc.StatusCode.UNAUTHENTICATED))
     # A registration without the lease secret's credential.
     register = stub.RegisterDataServer(iter([coordinator_pb2.DataServerMessage(
         register=coordinator_pb2.RegisterDataServer(address="10.9.9.9:1",
