@@ -243,9 +243,38 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
       u.io_hold = std::move(hold);
       return;
     }
+    const bool server_fault =
+        u.stalled || status.code() == absl::StatusCode::kUnavailable ||
+        status.code() == absl::StatusCode::kDeadlineExceeded;
     SetFetchStateLocked(u, Unit::Fetch::kFailed, error);
+    if (server_fault) FailSiblingsLocked(u, error);
   }
   NotifyAllLocked();
+}
+
+void ReaderImpl::FailSiblingsLocked(const Unit& failed,
+                                    const std::string& error) {
+  // A data server that stalled or cannot be reached fails every unit held
+  // on it at once: the ones waiting for their turn are re-routed without
+  // opening a stream, the open streams are cancelled (each then fails as
+  // stalled), instead of each waiting out its own stall timeout in turn.
+  const std::string& address = failed.lease.data_server();
+  for (auto& [id, o] : units_) {
+    if (o.get() == &failed || o->dropped || o->lease.data_server() != address ||
+        o->fetch != Unit::Fetch::kRunning || o->retry_alarm != nullptr) {
+      continue;
+    }
+    if (!o->fetch_started) {
+      o->fetch_started = true;  // never opened
+      o->call_done = true;
+      SetFetchStateLocked(
+          *o, Unit::Fetch::kFailed,
+          absl::StrCat(error, " (another stream of the server)"));
+    } else if (!o->stalled && !o->call_done) {
+      o->stalled = true;
+      CancelFetchLocked(*o);
+    }
+  }
 }
 
 }  // namespace sluice::client_internal

@@ -244,6 +244,9 @@ class ReaderImpl final : public Reader {
     CancelFetchLocked(u);
     NotifyAllLocked();
   }
+  // Fails every other unit held on `failed`'s data server (reader_fetch.cc).
+  void FailSiblingsLocked(const Unit& failed, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease is no longer ours (Revoke, Rejected): drop what is undelivered
   // and report nothing more for it.
   void RetireLocked(const std::string& lease_id)

@@ -198,3 +198,48 @@ def test_a_full_journal_disk_exits_for_the_supervisor_and_loses_nothing_acknowle
         for server in servers:
             server.stop()
         subprocess.run(["umount", str(journal)], check=True)
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("hung"), shards=SHARDS, per_shard=PER_SHARD,
+                data_servers=2)
+    yield c
+    c.stop()
+
+
+@pytest.mark.parametrize("reader", ["cpp", "python"])
+def test_a_stopped_data_server_is_left_within_twice_the_stall_timeout(two_servers, reader):
+    # One of two data servers is stopped for 25 s mid-epoch; the reader's
+    # stall_timeout is 4 s. Its streams to the stopped server fail (keepalive
+    # or the stall timeout, whichever comes first) and their units go to the
+    # other server: no gap between samples reaches 2 x 4 s, and the epoch is
+    # delivered exactly once.
+    job = f"hung-{reader}"
+    two_servers.create_job(job, world_size=1, epochs=1, mode="dynamic", lease_ttl="10s",
+                           max_samples_per_lease=10)
+    if reader == "cpp":
+        proc = subprocess.Popen(
+            [os.path.join(BIN, "sluicectl"), "read", f"--coordinator={two_servers.address}",
+             f"--job={job}", "--rate=100", "--read_epochs=1", "--stall_timeout=4s"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        parse = _cpp
+    else:
+        script = PY_READER.replace("progress_interval=0.1", "progress_interval=0.1, "
+                                   "stall_timeout=4.0")
+        proc = subprocess.Popen([sys.executable, "-c", script, two_servers.address, job, "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        parse = _py
+    lines = _Lines(proc, lambda line: (time.monotonic(), parse(line)))
+    _wait_for(lambda: len(lines.lines) >= 40, 60, "40 samples read")
+    stopped = two_servers.data[0].proc.pid
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        got = lines.finish(180)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    samples = [s for _, s in got]
+    assert len(set(samples)) == len(samples) == SHARDS * PER_SHARD
+    gaps = [b - a for (a, _), (b, _) in zip(got, got[1:])]
+    assert max(gaps) < 8.0, f"a gap of {max(gaps):.1f} s"
+    print(f"{reader}: longest gap {max(gaps):.2f} s of {got[-1][0] - got[0][0]:.2f} s")

@@ -191,7 +191,8 @@ class Fetcher:
             # earlier streams make no progress for _TURN_PATIENCE seconds (a
             # slow consumer, or a stream stuck for any reason), open anyway.
             progress, since = self._earlier_progress(u), time.monotonic()
-            while not (u.dropped or self._closing or self._fetch_may_start(u)):
+            while not (u.dropped or self._closing or u.fetch != "running" or
+                       self._fetch_may_start(u)):
                 self._cv.wait(_TURN_PATIENCE / 4)
                 now_progress = self._earlier_progress(u)
                 if now_progress != progress:
@@ -200,8 +201,8 @@ class Fetcher:
                     break
             while self._forking and not (u.dropped or self._closing):
                 self._cv.wait()
-            if u.dropped or self._closing:
-                return
+            if u.dropped or self._closing or u.fetch != "running":
+                return  # failed with another stream of its server
             request.start = u.next_fetch
             self._opening += 1
         try:
@@ -402,3 +403,27 @@ class Fetcher:
         error = (f"{address}: no data for {self._stall_timeout}s" if stalled
                  else f"{address}: {code.name}: {e.details()}")
         self._finish_fetch(u, "failed", error, retry_in=self._back_off(u, address, error))
+        if stalled or code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            self._fail_siblings(u, address, error)
+
+    def _fail_siblings(self, failed, address, error):
+        """A data server that stalled or cannot be reached fails every unit
+        held on it at once: the ones waiting for their turn are re-routed
+        without opening a stream, the open streams are cancelled (each then
+        fails as stalled), instead of each waiting out its own stall
+        timeout, one after another."""
+        cancel = []
+        with self._cv:
+            for o in list(self._units.values()):
+                if (o is failed or o.dropped or o.lease.data_server != address or
+                        o.fetch != "running"):
+                    continue
+                if o.call is None:
+                    o.fetch, o.fetch_error = "failed", f"{error} (another stream of the server)"
+                    o.retry_at = 0.0
+                elif not o.stalled:
+                    o.stalled = True
+                    cancel.append(o.call)
+            self._cv.notify_all()
+        for call in cancel:
+            call.cancel()
