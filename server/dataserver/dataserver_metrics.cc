@@ -109,7 +109,8 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
               .Register(r)),
       skipped_(Counters(
           r, "sluice_dataserver_samples_skipped_total",
-          "Samples reported as skipped (on_corrupt=skip), by reason.")),
+          "Samples reported as skipped (on_corrupt=skip), by reason and "
+          "job (sluice_job).")),
       corrupt_(
           Counters(r, "sluice_dataserver_corrupt_samples_total",
                    "Corrupt samples found, under either policy, by reason.")),
@@ -153,8 +154,12 @@ prometheus::Histogram& DataServerMetrics::TransformSeconds(const char* op) {
                         0.001, 0.0025, 0.005, 0.01});
 }
 
-prometheus::Counter& DataServerMetrics::Skipped(CorruptReason reason) {
-  return skipped_.Add({{"reason", CorruptReasonLabel(reason)}});
+prometheus::Counter& DataServerMetrics::Skipped(CorruptReason reason,
+                                                const std::string& job) {
+  if (job.empty())
+    return skipped_.Add({{"reason", CorruptReasonLabel(reason)}});
+  return skipped_.Add(
+      {{"reason", CorruptReasonLabel(reason)}, {"sluice_job", job}});
 }
 
 prometheus::Counter& DataServerMetrics::Corrupt(CorruptReason reason) {

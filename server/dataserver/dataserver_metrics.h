@@ -24,7 +24,11 @@ class DataServerMetrics {
   // Time in transform steps of one image field, by op: "resize", "crop",
   // "output" (flips, layout, float conversion).
   prometheus::Histogram& TransformSeconds(const char* op);
-  prometheus::Counter& Skipped(CorruptReason reason);
+  // Skipped samples by reason, and by job when `job` is given (a series
+  // per job appears with its first skip; the job-less series are exported
+  // from start-up at 0).
+  prometheus::Counter& Skipped(CorruptReason reason,
+                               const std::string& job = "");
   prometheus::Counter& Corrupt(CorruptReason reason);
   prometheus::Counter& StreamErrors(const std::string& code);
   // `reason` is a FetchFailureLabel (a fixed set).

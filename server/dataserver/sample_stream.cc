@@ -319,7 +319,8 @@ absl::StatusOr<OutSample> SampleStream::Corrupt(int64_t index,
     return absl::DataLossError(
         absl::StrCat("sample ", index, " (\"", key, "\"): ", reason));
   }
-  if (metrics != nullptr) metrics->Skipped(kind).Increment();
+  if (metrics != nullptr)
+    metrics->Skipped(kind, params_.lease.job().substr(0, 128)).Increment();
   OutSample sample;
   sample.key = ValidUtf8(key);
   sample.index = index;

@@ -171,6 +171,14 @@ def test_corrupt_images_are_skipped_with_equal_steps_under_ddp_with_workers(clus
     logged = "".join(errs)
     for i in corrupt:
         assert f"'img_{i:03d}'" in logged, logged[-3000:]
+    # The data servers count them by job and reason.
+    counted = 0.0
+    for server in cluster.data:
+        for line in server.metric_text().splitlines():
+            if (line.startswith("sluice_dataserver_samples_skipped_total{") and
+                    f'sluice_job="{job}"' in line):
+                counted += float(line.split()[-1])
+    assert counted == len(corrupt)
 
 
 def test_a_corrupt_image_under_on_corrupt_fail_raises_data_loss_in_the_training_process(
