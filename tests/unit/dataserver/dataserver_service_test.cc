@@ -261,7 +261,9 @@ TEST_F(DataServerServiceTest, UndecodableImageIsSkippedUnderSkip) {
   EXPECT_THAT(bad.skip_reason(), HasSubstr(shard_));
   EXPECT_EQ(bad.fields_size(), 0);
   EXPECT_FALSE((*samples)[3].skipped());
-  EXPECT_EQ(metrics_.Skipped(CorruptReason::kUndecodable).Value(), 1);
+  // Counted under its job (the job-less series stays at 0).
+  EXPECT_EQ(metrics_.Skipped(CorruptReason::kUndecodable, "j").Value(), 1);
+  EXPECT_EQ(metrics_.Skipped(CorruptReason::kUndecodable).Value(), 0);
 }
 
 TEST_F(DataServerServiceTest, UndecodableImageFailsTheStreamUnderFail) {
@@ -271,7 +273,7 @@ TEST_F(DataServerServiceTest, UndecodableImageFailsTheStreamUnderFail) {
   EXPECT_THAT(Read(r).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("img/7.jpg")));
   EXPECT_EQ(metrics_.Corrupt(CorruptReason::kUndecodable).Value(), 1);
-  EXPECT_EQ(metrics_.Skipped(CorruptReason::kUndecodable).Value(), 0);
+  EXPECT_EQ(metrics_.Skipped(CorruptReason::kUndecodable, "j").Value(), 0);
 }
 
 TEST_F(DataServerServiceTest, BadRequests) {
