@@ -75,11 +75,8 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   // Every reader takes at most its slot of the rank's quota (dynamic mode;
   // in static mode its queue holds just that), so a DataLoader worker's
   // pass ends with its own slot and never waits on another worker's.
-  int64_t assigned = job.consumed_per_slot[slot];
-  for (const auto& [id, l] : job.leases) {
-    if (l.rank == s.rank && l.worker == s.worker)
-      assigned += (l.end - l.begin) - l.acked;
-  }
+  const int64_t assigned =
+      job.consumed_per_slot[slot] + job.outstanding_of(s.rank, s.worker);
   const int64_t limit = job.plan.slot_quota(slot) - assigned;
   if (limit <= 0) {
     *why_kind = v1::WAITING_QUOTA_REACHED;

@@ -161,6 +161,7 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   job.consumed_per_source.assign(
       job.mix != nullptr ? job.mix->sources().size() : 0, 0);
   job.leases.clear();
+  job.outstanding.clear();
 }
 
 absl::Status CoordinatorState::Apply(
@@ -195,6 +196,11 @@ absl::Status CoordinatorState::Apply(
                          " for unknown job/epoch ", g.job()));
       }
       DurableLease lease = LeaseFromRecord(g);
+      if (auto old = it->second.leases.find(lease.lease_id);
+          old != it->second.leases.end()) {
+        it->second.CountOutstanding(old->second, -1);
+      }
+      it->second.CountOutstanding(lease, 1);
       it->second.leases[lease.lease_id] = lease;
       it->second.next_fence = std::max(it->second.next_fence, g.fence() + 1);
       next_fence_floor_ = std::max(next_fence_floor_, g.fence() + 1);
@@ -233,14 +239,24 @@ absl::Status CoordinatorState::Apply(
                                    a.begin() + a.consumed()});
         }
       }
+      job.CountOutstanding(lease->second, -1);
       lease->second.acked += a.consumed();
-      if (a.complete()) job.leases.erase(lease);
+      if (a.complete()) {
+        job.leases.erase(lease);
+      } else {
+        job.CountOutstanding(lease->second, 1);
+      }
       return absl::OkStatus();
     }
     case R::kLeaseEnded: {
       auto it = jobs_.find(record.lease_ended().job());
-      if (it != jobs_.end())
-        it->second.leases.erase(record.lease_ended().lease_id());
+      if (it != jobs_.end()) {
+        auto lease = it->second.leases.find(record.lease_ended().lease_id());
+        if (lease != it->second.leases.end()) {
+          it->second.CountOutstanding(lease->second, -1);
+          it->second.leases.erase(lease);
+        }
+      }
       return absl::OkStatus();
     }
     case R::kOnceFinished: {
@@ -449,6 +465,7 @@ absl::Status CoordinatorState::ApplyResume(
   target.replan_sequence = std::move(replan_sequence);
   target.plan = std::move(plan);
   target.leases.clear();
+  target.outstanding.clear();
   target.acked = std::move(consumed);
   target.consumed_per_slot.assign(target.plan.num_slots(), 0);
   target.consumed_total = 0;
@@ -625,6 +642,7 @@ absl::Status CoordinatorState::ApplySnapshot(
       const v1::internal::LeaseGranted& g = ls.granted();
       DurableLease lease = LeaseFromRecord(g);
       lease.acked = ls.acked();
+      job.CountOutstanding(lease, 1);
       job.leases[lease.lease_id] = lease;
     }
     if (j.has_last_resume()) job.last_resume = j.last_resume();

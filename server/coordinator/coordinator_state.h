@@ -106,6 +106,10 @@ struct JobData {
   std::vector<int64_t> consumed_per_source_total;
   uint64_t next_fence = 1;
   std::map<std::string, DurableLease> leases;
+  // Per reader (rank, worker): the samples of its live leases not yet
+  // acknowledged, kept with `leases` (a grant checks a reader's quota
+  // without walking every lease of the job).
+  std::map<std::pair<int32_t, int32_t>, int64_t> outstanding;
   AckLog ack_log;                     // of `epoch`
   std::vector<EpochHistory> history;  // the epoch before `epoch`, if kept
   // The plan of `epoch` came from a resume with re-balancing, not PlanEpoch:
@@ -132,6 +136,16 @@ struct JobData {
     return n;
   }
   bool epoch_complete() const { return consumed_total >= served_per_epoch(); }
+  int64_t outstanding_of(int32_t rank, int32_t worker) const {
+    auto it = outstanding.find({rank, worker});
+    return it == outstanding.end() ? 0 : it->second;
+  }
+  // Adds (sign 1) or removes (-1) a lease's unacknowledged samples.
+  void CountOutstanding(const DurableLease& l, int64_t sign) {
+    int64_t& n = outstanding[{l.rank, l.worker}];
+    n += sign * ((l.end - l.begin) - l.acked);
+    if (n == 0) outstanding.erase({l.rank, l.worker});
+  }
 };
 
 class CoordinatorState {

@@ -291,6 +291,39 @@ TEST(CoordinatorStateRecordTest, JobDeletedForgetsTheJob) {
 
 // The coordinator journals a record only after the state accepted it, so a
 // refused record must leave the state exactly as it was.
+// A reader's unacknowledged granted samples (what its quota check adds to
+// what it consumed) follow grants, acknowledgements, ends, epochs and
+// snapshots, as a walk over the job's leases counts them.
+TEST(CoordinatorStateRecordTest, OutstandingSamplesFollowTheLeases) {
+  auto walk = [](const JobData& job) {
+    int64_t n = 0;
+    for (const auto& [id, l] : job.leases) n += (l.end - l.begin) - l.acked;
+    return n;
+  };
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(Created("j")));
+  ASSERT_OK(state.Apply(Granted("j", 1)));
+  EXPECT_EQ(state.FindJob("j")->outstanding_of(0, 0), 8);
+  ASSERT_OK(state.Apply(Acked("j", 1, 0, 3, false)));
+  EXPECT_EQ(state.FindJob("j")->outstanding_of(0, 0), 5);
+  EXPECT_EQ(state.FindJob("j")->outstanding_of(0, 0),
+            walk(*state.FindJob("j")));
+  CoordinatorState restored;
+  ASSERT_OK(restored.Apply(state.Snapshot()));
+  EXPECT_EQ(restored.FindJob("j")->outstanding_of(0, 0), 5);
+  JournalRecord ended;
+  ended.mutable_lease_ended()->set_job("j");
+  ended.mutable_lease_ended()->set_lease_id("j/e0/f1");
+  ASSERT_OK(state.Apply(ended));
+  EXPECT_EQ(state.FindJob("j")->outstanding_of(0, 0), 0);
+  ASSERT_OK(state.Apply(Granted("j", 2)));
+  ASSERT_OK(state.Apply(Acked("j", 2, 0, 8, true)));
+  EXPECT_EQ(state.FindJob("j")->outstanding_of(0, 0), 0);
+  ASSERT_OK(restored.Apply(Advanced("j", 1)));
+  EXPECT_EQ(restored.FindJob("j")->outstanding_of(0, 0), 0);
+  EXPECT_TRUE(restored.FindJob("j")->outstanding.empty());
+}
+
 TEST(CoordinatorStateRecordTest, ARefusedRecordChangesNothing) {
   CoordinatorState state;
   JournalRecord created = Created("j");
