@@ -124,20 +124,29 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
         """Submits a batch job and waits until it ends (polling its state:
         sbatch --wait polls at growing intervals). Returns (exit code,
         scontrol's record of the job)."""
+        job = self.submit(argv, **kw)
+        code, info = self.wait(job, timeout)
+        return job, code, info
+
+    def submit(self, argv, **kw):
+        """Submits a batch job; returns its id."""
         out = self.run(["sbatch", "--parsable", *argv], **kw)
         assert out.returncode == 0, out.stdout + out.stderr
-        job = out.stdout.strip().split(";")[0]
+        return out.stdout.strip().split(";")[0]
 
+    def wait(self, job, timeout=600):
+        """Waits until batch job `job` ends; returns (exit code, scontrol's
+        record of it)."""
         def ended():
             info = self.run(["scontrol", "show", "job", job]).stdout
             state = re.search(r"JobState=(\S+)", info)
             if state and state.group(1) not in ("PENDING", "CONFIGURING", "RUNNING",
-                                                "COMPLETING"):
+                                                "COMPLETING", "REQUEUED"):
                 return info
             return None
         info = wait_for(ended, timeout, f"batch job {job}")
         code = int(re.search(r"\bExitCode=(\d+):", info).group(1))
-        return job, code, info
+        return code, info
 
     def stop(self):
         for proc in reversed(self.procs):

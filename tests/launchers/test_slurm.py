@@ -2,10 +2,11 @@
 each failure as users write it today, then the Sluice version passing."""
 import collections
 import os
+import re
 
 import pytest
 
-from conftest import BIN, EXAMPLES, LocalSluice
+from conftest import BIN, EXAMPLES, LocalSluice, wait_for
 
 PYTHON = "/usr/bin/python3"  # Debian's, with torch and grpcio
 
@@ -51,6 +52,42 @@ def test_the_sbatch_example_prepares_once_and_every_rank_trains_equal_steps(slur
         assert [steps[r][epoch] for r in range(4)] == [10, 10, 10, 10]
     ckpt = os.path.join(data, "checkpoints", job)
     assert os.listdir(ckpt) == ["checkpoint.pt"]
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint_exactly(slurm, tmp_path):
+    # The sbatch example with --requeue, checkpointing every 2 steps. After
+    # its first checkpoint the job is requeued (its tasks killed): it runs
+    # again under the same job id (SLURM_RESTART_COUNT=1), resumes from the
+    # checkpoint, and what the final model trained is every epoch once.
+    data = str(tmp_path / "data")
+    env = {"DATA_DIR": data, "SLUICE_BIN": BIN, "EXAMPLES_DIR": os.path.join(EXAMPLES, "common"),
+           "EPOCHS": "2", "PYTHON": PYTHON,
+           "TRAIN_ARGS": f"--record={data}/keys-{{rank}}.txt --checkpoint_every=2"}
+    env_all = dict(slurm.env, **env)
+    env_all.pop("SLUICE_COORDINATOR", None)  # the script starts its own
+    job = slurm.submit(["--requeue", "--ntasks=4", "--open-mode=append",
+                        f"--output={tmp_path}/job-%j.out",
+                        os.path.join(EXAMPLES, "slurm", "prepare_and_train.sbatch")],
+                       env=env_all, cwd=os.path.join(EXAMPLES, "slurm"))
+    checkpoint = os.path.join(data, "checkpoints", job, "checkpoint.pt")
+    wait_for(lambda: os.path.exists(checkpoint), 300, "the job's first checkpoint")
+    requeued = slurm.run(["scontrol", "requeue", job])
+    assert requeued.returncode == 0, requeued.stdout + requeued.stderr
+    # SLURM holds a requeued batch job back for a while (BeginTime); let it
+    # start as soon as its node is free.
+    wait_for(lambda: "JobState=PENDING" in slurm.run(["scontrol", "show", "job", job]).stdout,
+             120, "the job to be pending again")
+    slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    code, info = slurm.wait(job)
+    with open(os.path.join(tmp_path, f"job-{job}.out")) as f:
+        job_out = f.read()
+    assert code == 0, info + job_out
+    assert re.search(r"\bRestarts=1\b", info), info
+    keys, steps = keys_by_epoch(data, 4)
+    for epoch in (0, 1):
+        seen = collections.Counter(k for r in range(4) for k in keys[r][epoch])
+        assert len(seen) == 400 and set(seen.values()) == {1}, epoch
+        assert [steps[r][epoch] for r in range(4)] == [10, 10, 10, 10]
 
 
 @pytest.fixture(scope="module")
