@@ -247,3 +247,15 @@ def test_relaunched_by_hand_twice_from_one_checkpoint_with_a_fixed_rdzv_id(clust
     for epoch in (0, 1):
         assert len(keys[epoch]) == 1000 and set(keys[epoch].values()) == {1}, epoch
         assert steps[epoch] == {0: 50, 1: 50}
+    # The same command once more for a new job and a new checkpoint
+    # directory (same run id, so the same Once scope): the directory is
+    # made, as its step is named by it.
+    create_job(cluster, "again2", data, 2, 1)
+    fresh = os.path.join(data, "ckpt2")
+    again = [a.replace("--job=again", "--job=again2").replace(f"--checkpoint_dir={ckpt}",
+                                                              f"--checkpoint_dir={fresh}")
+             for a in args]
+    code, out = launch([a for a in again if a != "--epochs=2"] + ["--epochs=1"],
+                       {"SLUICE_COORDINATOR": cluster.address}, 300)
+    assert code == 0, out
+    assert os.path.exists(os.path.join(fresh, "checkpoint.pt"))
