@@ -398,28 +398,32 @@ void CoordinatorService::RefreshLiveLocked() {
 int CoordinatorService::ExpireLeasesImpl(bool stall_check) {
   Effects fx;
   int expired = 0;
+  // Read before taking mu_: time spent waiting for the lock (a busy
+  // coordinator) is no stall, only time the tick could not run at all.
+  const absl::Time woke =
+      stall_check ? options_.stall_clock->Now() : absl::InfinitePast();
   {
     absl::MutexLock lock(&mu_);
-    if (stall_check) {
-      const absl::Time now = options_.stall_clock->Now();
-      if (last_tick_ != absl::InfinitePast() &&
-          now - last_tick_ > options_.stall_bound) {
-        LogInfo(
-            "the coordinator did not run for %s (its expiry tick came "
-            "late): nothing expires for that time",
-            absl::FormatDuration(now - last_tick_));
-        if (options_.metrics != nullptr) options_.metrics->stalls.Increment();
-        RefreshLiveLocked();
-      }
-      last_tick_ = now;
+    if (stall_check && last_tick_ != absl::InfinitePast() &&
+        woke - last_tick_ > options_.stall_bound) {
+      LogInfo(
+          "the coordinator did not run for %s (its expiry tick came late): "
+          "nothing expires for that time",
+          absl::FormatDuration(woke - last_tick_));
+      if (options_.metrics != nullptr) options_.metrics->stalls.Increment();
+      RefreshLiveLocked();
     }
     UpdateDataServerMetricLocked();  // servers that stopped heartbeating
     std::set<std::string> jobs;
+    const absl::Time look_up =
+        stall_check ? options_.stall_clock->Now() : absl::InfinitePast();
     std::vector<std::string> found = leases_.FindExpired(1024);
     if (stall_check && !found.empty() &&
-        options_.stall_clock->Now() - last_tick_ > options_.stall_bound) {
-      // Stopped between the check and the look-up: the next tick decides.
+        options_.stall_clock->Now() - look_up > options_.stall_bound) {
+      // Stopped during the look-up: those leases lapsed while nothing ran.
       found.clear();
+      if (options_.metrics != nullptr) options_.metrics->stalls.Increment();
+      RefreshLiveLocked();
     }
     for (const std::string& id : found) {
       const LeaseEntry* lease = leases_.Find(id);
@@ -442,6 +446,7 @@ int CoordinatorService::ExpireLeasesImpl(bool stall_check) {
     for (const std::string& job : jobs) PumpLocked(job, fx);
     UpdateGaugesLocked();
     UpdateRankSkewLocked();
+    if (stall_check) last_tick_ = options_.stall_clock->Now();
     SubmitLocked(fx);
   }
   DeliverReady();

@@ -130,11 +130,13 @@ class CoordinatorService {
   // Reclaims expired leases; returns how many. Called by tests with a fake
   // clock (the expiry thread calls ExpiryTick).
   int ExpireLeases();
-  // One tick of the expiry thread: if the previous tick was more than
-  // options.stall_bound ago by options.stall_clock, the coordinator was
-  // stalled, and every live lease and data server gets a fresh TTL first
-  // (as after a restart: their holders' heartbeats could not be read);
-  // then ExpireLeases and the Once/Barrier deadlines. Returns the leases
+  // One tick of the expiry thread: if more than options.stall_bound passed
+  // by options.stall_clock between the end of the previous tick and the
+  // start of this one (before it waits for the service's lock: a busy
+  // coordinator is not a stalled one), the coordinator was stalled, and
+  // every live lease and data server gets a fresh TTL first (as after a
+  // restart: their holders' heartbeats could not be read); then
+  // ExpireLeases and the Once/Barrier deadlines. Returns the leases
   // expired.
   int ExpiryTick();
   // Starts the thread that reclaims expired leases and ends Once runs and
@@ -354,8 +356,8 @@ class CoordinatorService {
   void StopExpiryThread();
   absl::Mutex expiry_mu_;
   bool expiry_stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
-  // The previous ExpiryTick by options_.stall_clock (InfinitePast before
-  // the first).
+  // When the previous ExpiryTick ended, by options_.stall_clock
+  // (InfinitePast before the first).
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread expiry_thread_;
 };
