@@ -939,6 +939,27 @@ v1::Cursor MakeCursor(const std::string& job, int64_t epoch, int32_t world_size,
   return c;
 }
 
+// Job "j" (35 samples over 2 ranks, q = 17, units of 4): rank 0 reads 6
+// samples and rank 1 9, then the checkpoint is taken (`cursor`, and what
+// the model had seen: `before`).
+struct Checkpointed {
+  explicit Checkpointed(CoordinatorService& service) {
+    v1::JobSpec spec = Spec("j", {7, 0, 1, 13, 5, 9}, 2, 2);
+    spec.set_max_samples_per_lease(4);
+    if (!service.CreateJob(spec).ok()) return;
+    a = std::make_unique<SimTrainer>(service, "j", 0, "a");
+    b = std::make_unique<SimTrainer>(service, "j", 1, "b");
+    ok = a->Consume(6) == 6 && b->Consume(9) == 9;
+    cursor = MakeCursor("j", 0, 2, {6, 9});
+    before.insert(before.end(), a->consumed.begin(), a->consumed.end());
+    before.insert(before.end(), b->consumed.begin(), b->consumed.end());
+  }
+  bool ok = false;
+  std::unique_ptr<SimTrainer> a, b;
+  v1::Cursor cursor;
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> before;
+};
+
 // Every sample each epoch served to `trainers`, with how often it was seen.
 std::map<std::tuple<int64_t, int32_t, int64_t>, int> Tally(
     const std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>>&
@@ -956,16 +977,11 @@ std::map<std::tuple<int64_t, int32_t, int64_t>, int> Tally(
 // epoch still covers every sample exactly once (G7).
 TEST_F(CoordinatorServiceTest,
        ResumeWithTheSameWorldSizeContinuesAfterTheCursor) {
-  v1::JobSpec spec = Spec("j", {7, 0, 1, 13, 5, 9}, 2, 2);  // T = 35, q = 17
-  spec.set_max_samples_per_lease(4);
-  ASSERT_OK(service_->CreateJob(spec));
-  SimTrainer a(*service_, "j", 0, "a"), b(*service_, "j", 1, "b");
-  ASSERT_EQ(a.Consume(6), 6);
-  ASSERT_EQ(b.Consume(9), 9);
-  const v1::Cursor cursor = MakeCursor("j", 0, 2, {6, 9});  // the checkpoint
-  std::vector<std::tuple<int64_t, int32_t, int64_t>> before;
-  before.insert(before.end(), a.consumed.begin(), a.consumed.end());
-  before.insert(before.end(), b.consumed.begin(), b.consumed.end());
+  Checkpointed run(*service_);
+  ASSERT_TRUE(run.ok);
+  SimTrainer &a = *run.a, &b = *run.b;
+  const v1::Cursor& cursor = run.cursor;
+  const auto& before = run.before;
   ASSERT_EQ(a.Consume(5), 5);  // seen by the model, then lost in the crash
   ASSERT_EQ(b.Consume(3), 3);
 
@@ -1010,16 +1026,11 @@ TEST_F(CoordinatorServiceTest,
 // apart by its launch id: the second one restores the checkpoint's position
 // again, and its other rank joins it; the epoch stays exactly once.
 TEST_F(CoordinatorServiceTest, ResumingTwiceFromOneCheckpointRestoresItTwice) {
-  v1::JobSpec spec = Spec("j", {7, 0, 1, 13, 5, 9}, 2, 2);  // T = 35, q = 17
-  spec.set_max_samples_per_lease(4);
-  ASSERT_OK(service_->CreateJob(spec));
-  SimTrainer a(*service_, "j", 0, "a"), b(*service_, "j", 1, "b");
-  ASSERT_EQ(a.Consume(6), 6);
-  ASSERT_EQ(b.Consume(9), 9);
-  const v1::Cursor cursor = MakeCursor("j", 0, 2, {6, 9});  // the checkpoint
-  std::vector<std::tuple<int64_t, int32_t, int64_t>> before;
-  before.insert(before.end(), a.consumed.begin(), a.consumed.end());
-  before.insert(before.end(), b.consumed.begin(), b.consumed.end());
+  Checkpointed run(*service_);
+  ASSERT_TRUE(run.ok);
+  SimTrainer &a = *run.a, &b = *run.b;
+  const v1::Cursor& cursor = run.cursor;
+  const auto& before = run.before;
   ASSERT_EQ(a.Consume(2), 2);  // lost with the first crash
 
   // Restart 1: both ranks restore the checkpoint, consume, and die.
