@@ -259,6 +259,21 @@ class ReaderImpl final : public Reader {
     retired_.push_back(it->second);
     units_.erase(it);
   }
+  // Retires every held lease of the same unit as `lease` (same epoch,
+  // sequence and shard) under another lease id.
+  void RetireSupersededLocked(const v1::Lease& lease)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::string> superseded;
+    for (const auto& [id, u] : units_) {
+      const v1::Lease& held = u->lease;
+      if (id != lease.lease_id() && held.epoch() == lease.epoch() &&
+          held.unit().sequence() == lease.unit().sequence() &&
+          held.unit().shard_index() == lease.unit().shard_index()) {
+        superseded.push_back(id);
+      }
+    }
+    for (const std::string& id : superseded) RetireLocked(id);
+  }
   // The turn rule (fetch_turn.h) over the units held.
   bool FetchMayStartLocked(const Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     turn_views_.clear();

@@ -312,6 +312,11 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
           break;
         }
         if (closing_) break;
+        // A new lease of a unit this Reader still holds under another
+        // lease: the coordinator has taken the old one back (it expired
+        // while this session was away, and its Rejected may arrive only
+        // after this grant). Retired first, so what it delivered counts.
+        RetireSupersededLocked(lease);
         auto u = std::make_shared<Unit>(this);
         u->lease = lease;
         u->size = lease.unit().end() - lease.unit().begin();

@@ -71,6 +71,7 @@ int64_t CoordinatorService::RegisterDataServer(
           absl::ToInt64Milliseconds(data_server_timeout() / 3));
       reply.mutable_registered()->set_heartbeat_timeout_ms(
           absl::ToInt64Milliseconds(data_server_timeout()));
+      reply.mutable_registered()->set_acks_heartbeats(true);
       sink->Send(reply);
     }
     id = data_servers_.Add(address, capacity, std::move(sink));

@@ -79,13 +79,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     service->last_snapshot_bytes_ = journal->bytes_written();
     service->journal_ = std::move(journal);
   }
-  // Recovered leases get a fresh TTL (as etcd does): their holders may be
-  // reconnecting right now.
+  // Recovered leases get a fresh TTL (as etcd does) and the grace to
+  // reconnect: their holders may be noticing only now that the coordinator
+  // they held them from is gone.
   for (const auto& [name, job] : service->state_.jobs()) {
     service->RebuildQueuesLocked(name);
     for (const auto& [id, d] : job.leases) {
       RETURN_IF_ERROR(service->leases_.Add(LiveLease(d, name, job.epoch),
-                                           service->TtlLocked(job)));
+                                           service->RecoveryTtlLocked(job)));
     }
   }
   if (service->recovered_records_ > 0) {
@@ -387,7 +388,7 @@ int CoordinatorService::ExpiryTick() {
 void CoordinatorService::RefreshLiveLocked() {
   int refreshed = 0;
   for (const auto& [name, job] : state_.jobs()) {
-    const absl::Duration ttl = TtlLocked(job);
+    const absl::Duration ttl = RecoveryTtlLocked(job);
     for (const auto& [id, lease] : job.leases)
       refreshed += leases_.Renew(id, ttl);
   }

@@ -101,6 +101,11 @@ struct CoordinatorOptions {
   std::function<void(const absl::Status&)> on_journal_failure;
 };
 
+// How long a client may take to leave a coordinator that stopped answering
+// and reach the next one: its keepalive (a PING every 2 s, failed after 2 s
+// unanswered; grpc_target.h) plus a reconnect backoff of at most 1 s.
+inline constexpr absl::Duration kReconnectGrace = absl::Seconds(5);
+
 class CoordinatorService {
  public:
   // Opens (or creates) the journal, replays it and gives every recovered
@@ -320,6 +325,14 @@ class CoordinatorService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration TtlLocked(const JobData& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The TTL a live lease gets when this coordinator starts leading (a
+  // restart, an HA takeover) or notices it was not running: the job's TTL
+  // plus kReconnectGrace, the time a holder needs to notice that its
+  // coordinator stopped answering and reach this one.
+  absl::Duration RecoveryTtlLocked(const JobData& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return TtlLocked(job) + kReconnectGrace;
+  }
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateRankSkewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -171,6 +171,9 @@ class RegistrationReactor
         return;
       }
       service_->DataServerHeartbeat(id_, in_.heartbeat().max_fence_seen());
+      v1::CoordinatorToDataServer ack;
+      ack.mutable_heartbeat_ack();
+      sink_->Send(ack);
     }
     StartRead(&in_);
   }

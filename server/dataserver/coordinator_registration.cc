@@ -3,6 +3,8 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 #include "server/common/backoff.h"
 #include "server/common/grpc_target.h"
@@ -61,14 +63,17 @@ void CoordinatorRegistration::Run() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(kMaxRetry)));
-  auto channel = CoordinatorChannel(options_.coordinator,
-                                    options_.credentials
-                                        ? options_.credentials
-                                        : grpc::InsecureChannelCredentials(),
-                                    args);
-  auto stub = v1::Coordinator::NewStub(channel);
+  auto connect = [&] {
+    return v1::Coordinator::NewStub(CoordinatorChannel(
+        options_.coordinator,
+        options_.credentials ? options_.credentials
+                             : grpc::InsecureChannelCredentials(),
+        args));
+  };
+  auto stub = connect();
   Backoff backoff(absl::Milliseconds(100), kMaxRetry);
   bool reported_failure = false;
+  bool fresh_channel = false;
   while (true) {
     grpc::ClientContext context;
     {
@@ -100,20 +105,44 @@ void CoordinatorRegistration::Run() {
       backoff.Reset();
       absl::Duration interval = absl::Milliseconds(
           std::max<int64_t>(50, reply.registered().heartbeat_interval_ms()));
-      // Reads (prefetch hints) run beside the heartbeat writes.
+      // Silence for as long as the coordinator waits before it declares
+      // this server dead means the coordinator is not running (a stopped
+      // process keeps its connection up). Only a coordinator that answers
+      // heartbeats is held to it.
+      const bool acks_heartbeats = reply.registered().acks_heartbeats();
+      const absl::Duration silence_bound = std::max(
+          3 * interval,
+          absl::Milliseconds(reply.registered().heartbeat_timeout_ms()));
+      absl::Time last_heard = absl::Now();
+      // Reads (prefetch hints, heartbeat answers) run beside the heartbeat
+      // writes.
       std::thread reader([&] {
         v1::CoordinatorToDataServer in;
         while (stream->Read(&in)) {
+          {
+            absl::MutexLock lock(&mu_);
+            last_heard = absl::Now();
+          }
           if (in.has_prefetch() && options_.on_prefetch)
             options_.on_prefetch(in.prefetch());
         }
         absl::MutexLock lock(&mu_);
         stream_broken_ = true;
       });
+      bool silent = false;
       while (Sleep(interval)) {
         {
           absl::MutexLock lock(&mu_);
           if (stream_broken_) break;
+          const absl::Duration quiet = absl::Now() - last_heard;
+          if (acks_heartbeats && quiet > silence_bound) {
+            LogWarning(
+                "coordinator %s: no answer to heartbeats for %s; registering "
+                "again with whichever coordinator is ready",
+                options_.coordinator, absl::FormatDuration(quiet));
+            silent = true;
+            break;
+          }
         }
         v1::DataServerMessage beat;
         beat.mutable_heartbeat()->set_active_streams(
@@ -126,8 +155,11 @@ void CoordinatorRegistration::Run() {
       }
       context.TryCancel();
       reader.join();
-      absl::MutexLock lock(&mu_);
-      stream_broken_ = false;
+      {
+        absl::MutexLock lock(&mu_);
+        stream_broken_ = false;
+      }
+      fresh_channel = silent;
     } else if (replied) {
       context
           .TryCancel();  // an answer that is not a registration: end the stream
@@ -139,6 +171,14 @@ void CoordinatorRegistration::Run() {
       absl::MutexLock lock(&mu_);
       context_ = nullptr;
       if (stopping_) return;
+    }
+    if (fresh_channel) {
+      // The silent coordinator's connection stays up, and the channel would
+      // keep choosing it: a new channel connects afresh, to a coordinator
+      // that answers its readiness check. Said above; retried at once.
+      stub = connect();
+      fresh_channel = false;
+      continue;
     }
     if (!reported_failure) {
       std::string why = status.ok() ? "closed" : status.error_message();

@@ -2,7 +2,10 @@
 // RegisterDataServer stream, sends Register{address, capacity}, then a
 // heartbeat at the interval the coordinator asks for. When the stream breaks
 // (coordinator restarted, network) it reconnects with jittered exponential
-// backoff (100 ms .. 1 s) and registers again. Prefetch hints the
+// backoff (100 ms .. 1 s) and registers again. When the coordinator stops
+// answering heartbeats for its data-server timeout while the stream stays up
+// (a stopped process, a frozen VM), it registers again on a new channel, so
+// a standby that has taken over is found. Prefetch hints the
 // coordinator sends on the stream go to `on_prefetch` (on the reading
 // thread). Thread-safe; Stop() joins.
 #ifndef SLUICE_SERVER_DATASERVER_COORDINATOR_REGISTRATION_H_

@@ -9,6 +9,7 @@ workers fork.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import tarfile
@@ -49,13 +50,52 @@ def write_shards(directory, shards, per_shard, bin_repeat=50):
     return urls
 
 
+def start_etcd(directory):
+    """A one-member etcd on a loopback port of its choosing; (process,
+    endpoint)."""
+    os.makedirs(directory, exist_ok=True)
+    log_path = os.path.join(directory, "etcd.log")
+    log = open(log_path, "wb")
+    any_url = "http://127.0.0.1:0"
+    proc = subprocess.Popen(
+        ["/usr/bin/etcd", "--name", "test", "--data-dir", os.path.join(directory, "data"),
+         "--listen-client-urls", any_url, "--advertise-client-urls", any_url,
+         "--listen-peer-urls", any_url, "--initial-advertise-peer-urls", any_url,
+         "--initial-cluster", "test=" + any_url, "--log-outputs", "stderr"],
+        stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    serving = re.compile(rb"serving (?:insecure )?client requests on (127\.0\.0\.1:[0-9]+)")
+
+    def endpoint():
+        assert proc.poll() is None, open(log_path, "rb").read()[-2000:]
+        m = serving.search(open(log_path, "rb").read())
+        return m and m.group(1).decode()
+    return proc, _wait_for(endpoint, 30, "etcd to serve")
+
+
+def ready(address):
+    return subprocess.run([os.path.join(BIN, "sluicectl"), "health",
+                           address, "--service=readiness", "--timeout=2s"],
+                          capture_output=True).returncode == 0
+
+
+def free_port():
+    """A loopback port nobody listens on now (for a server that must come
+    back on the same port after a restart)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
-    def __init__(self, binary, workdir, args):
+    def __init__(self, binary, workdir, args, port=0):
         os.makedirs(workdir, exist_ok=True)
         self.port_file = os.path.join(workdir, f"{binary}-{time.monotonic_ns()}.ports")
         self.log = open(os.path.join(workdir, f"{binary}.log"), "ab")
         self.proc = subprocess.Popen(
-            [os.path.join(BIN, binary), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+            [os.path.join(BIN, binary), f"--listen=127.0.0.1:{port}",
+             "--metrics_listen=127.0.0.1:0",
              f"--port_file={self.port_file}", *args],
             stdout=self.log, stderr=subprocess.STDOUT)
 

@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from conftest import BIN, Cluster, Server, _wait_for
+from conftest import (BIN, Cluster, Server, _wait_for, free_port, ready, start_etcd,
+                      write_shards)
 
 SHARDS, PER_SHARD = 10, 30  # 300 samples, 150 per rank
 PAUSE = 6.0  # seconds: three lease TTLs
@@ -80,15 +81,19 @@ def _py(line):
     return int(e), int(s), int(i)
 
 
-def _start_readers(cluster, job):
+def _start_readers(address, job, stamp=False):
+    """Rank 0 `sluicectl read`, rank 1 a Python Reader; with `stamp`, each
+    line is (monotonic time of arrival, sample)."""
     cpp = subprocess.Popen(
-        [os.path.join(BIN, "sluicectl"), "read", f"--coordinator={cluster.address}",
+        [os.path.join(BIN, "sluicectl"), "read", f"--coordinator={address}",
          f"--job={job}", "--rank=0", "--rate=100", "--read_epochs=2",
          "--progress_interval=100ms"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    py = subprocess.Popen([sys.executable, "-c", PY_READER, cluster.address, job, "1"],
+    py = subprocess.Popen([sys.executable, "-c", PY_READER, address, job, "1"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return _Lines(cpp, _cpp), _Lines(py, _py)
+    wrap = (lambda parse: lambda line: (time.monotonic(), parse(line))) if stamp else (
+        lambda parse: parse)
+    return _Lines(cpp, wrap(_cpp)), _Lines(py, wrap(_py))
 
 
 def _assert_exactly_once_and_balanced(ranks):
@@ -114,7 +119,7 @@ def test_a_reader_paused_past_its_lease_ttl_delivers_nothing_twice(cluster, paus
     job = f"paused-{paused}"
     cluster.create_job(job, world_size=2, epochs=2, mode="dynamic", lease_ttl="2s",
                        max_samples_per_lease=5)
-    cpp, py = _start_readers(cluster, job)
+    cpp, py = _start_readers(cluster.address, job)
     reader = cpp if paused == "cpp" else py
     _wait_for(lambda: len(reader.lines) >= 40, 60, "40 samples read")
     _pause(reader.proc.pid, PAUSE)
@@ -127,7 +132,7 @@ def test_a_coordinator_paused_past_the_lease_ttl_twice_expires_nothing_held(clus
     job = "coordinator-paused"
     cluster.create_job(job, world_size=2, epochs=2, mode="dynamic", lease_ttl="2s",
                        max_samples_per_lease=5)
-    cpp, py = _start_readers(cluster, job)
+    cpp, py = _start_readers(cluster.address, job)
     _wait_for(lambda: len(cpp.lines) >= 40, 60, "40 samples read")
     _pause(cluster.coordinator.proc.pid, PAUSE)
     _wait_for(lambda: len(cpp.lines) >= 180, 60, "180 samples read")
@@ -138,6 +143,63 @@ def test_a_coordinator_paused_past_the_lease_ttl_twice_expires_nothing_held(clus
     stalls = [line for line in cluster.coordinator.metric_text().splitlines()
               if line.startswith("sluice_coordinator_stalls_total ")]
     assert stalls and float(stalls[0].split()[1]) >= 2, stalls
+
+
+def test_a_paused_ha_leader_is_left_within_twice_the_election_ttl(tmp_path):
+    # Two coordinators on fixed ports share a journal in etcd (election TTL
+    # 2 s); the data server and both readers are given both. The leader is
+    # stopped for 10 s mid-epoch, twice: the standby takes over once the
+    # leader's election lease lapses, the data server and the readers find
+    # it (the readers' streams fail keepalive; the data server's heartbeats
+    # go unanswered), and samples flow again within 2 x the TTL plus about a
+    # heartbeat of the stop, never twice. On SIGCONT the deposed leader
+    # exits 75 without writing; its supervisor (this test) starts it again
+    # on its port, as the standby for the second stop.
+    etcd, endpoint = start_etcd(str(tmp_path / "etcd"))
+    servers = []
+    try:
+        urls = write_shards(str(tmp_path / "shards"), SHARDS, PER_SHARD)
+        journal = [f"--journal=etcd://{endpoint}/sluice/paused", "--election_ttl=2s"]
+        ports = [free_port(), free_port()]
+        coordinators = [Server("sluice-coordinator", str(tmp_path / "c0"), journal, ports[0])]
+        _wait_for(lambda: ready(coordinators[0].address), 30, "the first coordinator to lead")
+        coordinators.append(Server("sluice-coordinator", str(tmp_path / "c1"), journal,
+                                   ports[1]))
+        servers += coordinators
+        both = f"127.0.0.1:{ports[1]},127.0.0.1:{ports[0]}"
+        servers.append(Server("sluice-dataserver", str(tmp_path / "d"),
+                              [f"--roots={tmp_path / 'shards'}", f"--coordinator={both}"]))
+        _wait_for(lambda: "sluice_coordinator_data_servers 1" in coordinators[0].metric_text(),
+                  30, "the data server to register")
+        manifest = tmp_path / "m.json"
+        manifest.write_text(json.dumps(
+            {"shards": [{"url": u, "num_samples": n} for u, n in urls]}))
+        out = _sluicectl("job", "create", f"--coordinator={both}", "--name=ha-paused",
+                         f"--manifest={manifest}", "--world_size=2", "--epochs=2",
+                         "--mode=dynamic", "--lease_ttl=2s", "--max_samples_per_lease=5")
+        assert out.returncode == 0, out.stdout + out.stderr
+        cpp, py = _start_readers(both, "ha-paused", stamp=True)
+        for leader, after in ((0, 40), (1, 180)):
+            _wait_for(lambda: len(cpp.lines) >= after, 60, f"{after} samples read")
+            assert ready(coordinators[leader].address)
+            _pause(coordinators[leader].proc.pid, 10.0)
+            assert coordinators[leader].proc.wait(timeout=30) == 75
+            assert ready(coordinators[1 - leader].address)
+            coordinators[leader] = Server("sluice-coordinator", str(tmp_path / f"c{leader}"),
+                                          journal, ports[leader])
+            servers.append(coordinators[leader])
+        ranks = [cpp.finish(180), py.finish(180)]
+        _assert_exactly_once_and_balanced([[s for _, s in r] for r in ranks])
+        # The longest wait for a sample on each rank (the readers hand over
+        # what they buffered for a while after each stop).
+        gaps = [max(b - a for (a, _), (b, _) in zip(r, r[1:])) for r in ranks]
+        print(f"longest gaps {gaps[0]:.2f} s / {gaps[1]:.2f} s in two 10 s stops")
+        assert max(gaps) < 2 * 2.0 + 3.0, gaps
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        etcd.terminate()
+        etcd.wait()
 
 
 def _sluicectl(*args):

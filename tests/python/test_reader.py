@@ -10,7 +10,7 @@ import time
 import pytest
 
 import sluice
-from conftest import BIN, Cluster, _wait_for
+from conftest import BIN, Cluster, _wait_for, ready, start_etcd
 
 
 def test_reader_reads_every_sample_once_per_epoch(cluster):
@@ -42,45 +42,13 @@ def test_reader_without_decode_gives_the_members_bytes(cluster):
     assert [s["cls"] for s in samples] == [str(s.index).encode() for s in samples]
 
 
-def _start_etcd(directory):
-    """A one-member etcd on a loopback port of its choosing; (process,
-    endpoint)."""
-    import re
-    os.makedirs(directory, exist_ok=True)
-    log_path = os.path.join(directory, "etcd.log")
-    log = open(log_path, "wb")
-    any_url = "http://127.0.0.1:0"
-    proc = subprocess.Popen(
-        ["/usr/bin/etcd", "--name", "test", "--data-dir", os.path.join(directory, "data"),
-         "--listen-client-urls", any_url, "--advertise-client-urls", any_url,
-         "--listen-peer-urls", any_url, "--initial-advertise-peer-urls", any_url,
-         "--initial-cluster", "test=" + any_url, "--log-outputs", "stderr"],
-        stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    serving = re.compile(rb"serving (?:insecure )?client requests on (127\.0\.0\.1:[0-9]+)")
-
-    def endpoint():
-        assert proc.poll() is None, open(log_path, "rb").read()[-2000:]
-        m = serving.search(open(log_path, "rb").read())
-        return m and m.group(1).decode()
-    from conftest import _wait_for
-    return proc, _wait_for(endpoint, 30, "etcd to serve")
-
-
-def _ready(address):
-    from conftest import BIN
-    return subprocess.run([os.path.join(BIN, "sluicectl"), "health",
-                           address, "--service=readiness", "--timeout=2s"],
-                          capture_output=True).returncode == 0
-
-
 def test_a_reader_given_both_coordinators_follows_the_leader_through_a_kill(tmp_path):
     # Two coordinators share a journal in etcd: the leader serves, the
     # standby listens but is not ready. The Reader is given the standby
     # first; it reads from the leader, and from the standby once the leader
     # is killed and the standby takes over: every sample exactly once.
     from conftest import BIN, Server, _wait_for, write_shards
-    etcd, endpoint = _start_etcd(str(tmp_path / "etcd"))
+    etcd, endpoint = start_etcd(str(tmp_path / "etcd"))
     servers = []
     try:
         urls = write_shards(str(tmp_path / "shards"), 6, 17)
@@ -88,10 +56,10 @@ def test_a_reader_given_both_coordinators_follows_the_leader_through_a_kill(tmp_
                    "--heartbeat_interval=200ms"]
         leader = Server("sluice-coordinator", str(tmp_path), journal)
         servers.append(leader)
-        _wait_for(lambda: _ready(leader.address), 30, "the first coordinator to lead")
+        _wait_for(lambda: ready(leader.address), 30, "the first coordinator to lead")
         standby = Server("sluice-coordinator", str(tmp_path), journal)
         servers.append(standby)
-        assert not _ready(standby.address)
+        assert not ready(standby.address)
         both = f"{standby.address},{leader.address}"
         servers.append(Server("sluice-dataserver", str(tmp_path),
                               [f"--roots={tmp_path / 'shards'}", f"--coordinator={both}"]))
@@ -119,7 +87,7 @@ def test_a_reader_given_both_coordinators_follows_the_leader_through_a_kill(tmp_
                         leader.proc.wait()
         assert len(seen) == 6 * 17
         assert set(seen.values()) == {1}
-        assert _ready(standby.address)
+        assert ready(standby.address)
     finally:
         for server in reversed(servers):
             server.stop()

@@ -209,6 +209,7 @@ class Session:
 
     def _handle(self, m):
         resend = stream = None
+        closing = []
         with self._cv:
             kind = m.WhichOneof("msg")
             if kind == "welcome":
@@ -258,6 +259,16 @@ class Session:
                     # streams opened from now on present the new token.
                     held.lease.CopyFrom(lease)
                 elif lease.lease_id not in self._units and not self._closing:
+                    # A new lease of a unit still held under another lease:
+                    # the coordinator has taken the old one back (expired
+                    # while this session was away; its Rejected may come
+                    # after this grant). Retired first, so what it delivered
+                    # counts.
+                    superseded = [i for i, h in self._units.items()
+                                  if h.lease.epoch == lease.epoch
+                                  and h.lease.unit.sequence == lease.unit.sequence
+                                  and h.lease.unit.shard_index == lease.unit.shard_index]
+                    closing = [self._retire(i) for i in superseded]
                     u = _Unit(lease, self._next_order)
                     self._next_order += 1
                     self._units[lease.lease_id] = u
@@ -281,8 +292,9 @@ class Session:
             elif kind == "rejected":
                 stream = self._retire(m.rejected.lease_id)
             self._cv.notify_all()
-        if stream is not None:
-            stream.finish()
+        for s in [stream, *closing]:
+            if s is not None:
+                s.finish()
         if resend is not None:
             self._send(resend)
 

@@ -613,6 +613,36 @@ TEST_F(CoordinatorServiceTest, DynamicModeRespectsQuotas) {
   }
 }
 
+// A coordinator that starts leading over live leases (a restart, an HA
+// takeover) keeps each one for its TTL and the reconnect grace: the holder
+// may notice only now that its coordinator is gone. A holder that never
+// comes back loses the lease after exactly that.
+TEST(CoordinatorRecoveryTest, ARecoveredLeaseWaitsTheReconnectGraceForItsHolder) {
+  testing::TempDir dir;
+  FakeClock clock;
+  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
+  options.wait_for_data_servers = false;
+  v1::JobSpec spec = Spec("j", {5, 5}, 1, 1);
+  spec.set_lease_ttl_ms(2000);
+  {
+    auto service = CoordinatorService::Create(options);
+    ASSERT_OK(service);
+    ASSERT_OK((*service)->CreateJob(spec));
+    auto sink = std::make_shared<RecordingSink>();
+    const int64_t id = (*service)->OpenSession(sink);
+    (*service)->OnMessage(id, Hello("j", 0, "t"));
+    (*service)->OnMessage(id, Want(1));
+    (*service)->Flush();
+    ASSERT_EQ(sink->TakeGrants().size(), 1u);
+  }
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  clock.Advance(absl::Seconds(2) + kReconnectGrace - absl::Milliseconds(1));
+  EXPECT_EQ((*service)->ExpireLeases(), 0);
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_EQ((*service)->ExpireLeases(), 1);
+}
+
 // Replaying the journal yields the live state: same status, same leases.
 TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
   testing::TempDir dir;
@@ -1109,7 +1139,7 @@ TEST(CoordinatorResumeTest, LaunchesOfTheLastResumeSurviveARestart) {
 // The coordinator stopped for 8 s (SIGSTOP) with a 2 s TTL: its holders'
 // heartbeats could not be read, so the first tick after the stall gives
 // every lease and data server a fresh TTL instead of expiring them; a lease
-// whose holder then stays silent expires one TTL later.
+// whose holder then stays silent expires one TTL and kReconnectGrace later.
 TEST(CoordinatorStallTest, AStalledCoordinatorExpiresNothingForTheStall) {
   FakeClock clock;
   CoordinatorOptions options;
@@ -1139,8 +1169,11 @@ TEST(CoordinatorStallTest, AStalledCoordinatorExpiresNothingForTheStall) {
   ASSERT_OK(job);
   EXPECT_EQ(job->status().leases().expired(), 0);
   EXPECT_EQ(service.LiveDataServers().size(), 1u);
-  // Running again, and the holder silent: the lease lives one fresh TTL.
-  for (int i = 0; i < 19; ++i) {
+  // Running again, and the holder silent: the lease lives one fresh TTL
+  // and the grace its holder has to reconnect.
+  const int ticks = static_cast<int>((absl::Seconds(2) + kReconnectGrace) /
+                                     absl::Milliseconds(100));
+  for (int i = 0; i < ticks - 1; ++i) {
     clock.Advance(absl::Milliseconds(100));
     EXPECT_EQ(service.ExpiryTick(), 0) << i;
   }
