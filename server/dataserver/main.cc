@@ -29,8 +29,13 @@ ABSL_FLAG(std::vector<std::string>, roots, {},
 ABSL_FLAG(std::string, cache_dir, "",
           "Directory remote shards (http://, https://, s3://) are downloaded "
           "to and served from. Empty = remote shards are refused "
-          "(FAILED_PRECONDITION). One data server per node should own it; no "
-          "lock files are used.");
+          "(FAILED_PRECONDITION). The server holds it for its life (an "
+          "flock on <dir>/LOCK): a second server on it is refused, naming "
+          "the holder's PID, unless both set --shared_cache_dir.");
+ABSL_FLAG(bool, shared_cache_dir, false,
+          "Let several data servers use one --cache_dir at once (none takes "
+          "its lock). Correct, but each counts only its own bytes against "
+          "--cache_bytes.");
 ABSL_FLAG(
     int64_t, cache_bytes, int64_t{100} << 30,
     "Upper bound on the bytes of shards kept in --cache_dir (LRU of whole "
@@ -161,6 +166,7 @@ class DataServerServices : public sluice::ServiceSet {
       }
       ShardCacheOptions cache_options;
       cache_options.dir = cache_dir;
+      cache_options.shared_dir = absl::GetFlag(FLAGS_shared_cache_dir);
       cache_options.max_bytes = absl::GetFlag(FLAGS_cache_bytes);
       cache_options.min_free_bytes = absl::GetFlag(FLAGS_cache_min_free_bytes);
       if (cache_options.min_free_bytes < 0) {

@@ -48,6 +48,17 @@ absl::StatusOr<std::shared_ptr<ShardCache>> ShardCache::Create(
         absl::StrCat("--cache_dir \"", options.dir,
                      "\" is not writable: ", std::strerror(errno)));
   }
+  std::optional<DirLock> lock;
+  if (!options.shared_dir) {
+    absl::StatusOr<DirLock> held = DirLock::Acquire(options.dir, "--cache_dir");
+    if (!held.ok()) {
+      return absl::Status(
+          held.status().code(),
+          absl::StrCat(held.status().message(),
+                       " (--shared_cache_dir lets processes share it)"));
+    }
+    lock.emplace(std::move(*held));
+  }
   if (options.download_threads < 1) options.download_threads = 1;
   if (options.metrics != nullptr) {
     // Every reason exported from the start (at 0), so rates and alerts see
@@ -58,6 +69,7 @@ absl::StatusOr<std::shared_ptr<ShardCache>> ShardCache::Create(
   }
   std::shared_ptr<ShardCache> cache(
       new ShardCache(std::move(options), std::move(fetcher)));
+  cache->dir_lock_ = std::move(lock);
   RETURN_IF_ERROR(cache->Scan());
   return cache;
 }

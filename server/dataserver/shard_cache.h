@@ -28,10 +28,13 @@
 //    .shard and .meta disagree (size, name), and adopts the rest, oldest
 //    first in LRU order.
 //
-// One data server per node owning its cache directory is the intended
-// layout; several processes sharing one directory stay correct (no partial
-// reads, no locks) but each keeps its own byte accounting, so together they
-// may exceed --cache_bytes.
+// One data server per node owns its cache directory: it holds an flock on
+// `<dir>/LOCK` for its life (DirLock; the kernel drops it when the process
+// dies), and a second one is refused. Sharing one directory between several
+// processes is allowed on request (ShardCacheOptions::shared_dir,
+// --shared_cache_dir): it stays correct (no partial reads, no lock files)
+// but each keeps its own byte accounting, so together they may exceed
+// --cache_bytes.
 #ifndef SLUICE_SERVER_DATASERVER_SHARD_CACHE_H_
 #define SLUICE_SERVER_DATASERVER_SHARD_CACHE_H_
 
@@ -46,6 +49,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/common/dir_lock.h"
 #include "server/common/thread_pool.h"
 #include "server/dataserver/cache_directory.h"
 #include "server/dataserver/dataserver_metrics.h"
@@ -73,6 +77,11 @@ struct ShardCacheOptions {
   // Tests: runs before an evicted shard's files are removed (without the
   // cache's lock).
   std::function<void(const std::string& url)> before_remove;
+  // False: the directory is this process's alone (DirLock on `dir`; a
+  // second process is refused, naming the holder's PID). True: other
+  // processes may use it at once (correct, but each counts only its own
+  // bytes against max_bytes).
+  bool shared_dir = false;
 };
 
 class ShardCache : public std::enable_shared_from_this<ShardCache> {
@@ -158,6 +167,7 @@ class ShardCache : public std::enable_shared_from_this<ShardCache> {
   int64_t FreeBytes() const;
 
   const ShardCacheOptions options_;
+  std::optional<DirLock> dir_lock_;  // unless options_.shared_dir
   const CacheDirectory directory_;
   const std::unique_ptr<RemoteFetcher> fetcher_;
 

@@ -74,10 +74,12 @@ struct ReadResult {
 };
 
 // Files in `dir` by name -> size.
+// The cache directory's files but its owner's LOCK (shard_cache.h).
 std::map<std::string, int64_t> Listing(const std::string& dir) {
   std::map<std::string, int64_t> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().filename() == "LOCK") continue;
     out[e.path().filename().string()] =
         e.is_regular_file() ? static_cast<int64_t>(e.file_size()) : -1;
   }
@@ -485,18 +487,18 @@ TEST_F(RemoteShardsTest, DownloadsAreCheckedAgainstTheManifest) {
 }
 
 // The seed scenario (WebDataset's vanishing .tar.lock): two data servers on
-// one cache directory, 16 concurrent readers each, a cache too small for the
-// dataset so both evict while the other reads. Zero errors, zero lock files,
-// every sample correct.
+// one cache directory they were told to share, 16 concurrent readers each, a
+// cache too small for the dataset so both evict while the other reads. Zero
+// errors, zero lock files, every sample correct.
 TEST_F(RemoteShardsTest, TwoServersShareOneCacheDirectoryWithoutLocks) {
   for (int i = 0; i < 6; ++i)
     PublishSized(absl::StrCat("seed-", i, ".tar"), 16, 32 << 10);
   const int64_t limit = 3 * static_cast<int64_t>(shards_["seed-0.tar"].size());
   std::vector<ServerProcess> servers;
-  servers.push_back(
-      StartDataServer("a", {absl::StrCat("--cache_bytes=", limit)}));
-  servers.push_back(
-      StartDataServer("b", {absl::StrCat("--cache_bytes=", limit)}));
+  servers.push_back(StartDataServer(
+      "a", {absl::StrCat("--cache_bytes=", limit), "--shared_cache_dir"}));
+  servers.push_back(StartDataServer(
+      "b", {absl::StrCat("--cache_bytes=", limit), "--shared_cache_dir"}));
   std::vector<std::unique_ptr<v1::DataServer::Stub>> stubs;
   for (const auto& s : servers) stubs.push_back(Stub(s));
   std::atomic<int> errors{0}, samples{0};
@@ -529,6 +531,31 @@ TEST_F(RemoteShardsTest, TwoServersShareOneCacheDirectoryWithoutLocks) {
         << "unexpected file " << name;
     EXPECT_FALSE(absl::StrContains(name, "lock")) << name;
   }
+}
+
+// A second data server started on a cache directory another one owns
+// exits 1 at start-up, naming the directory and the owner's PID; once the
+// owner is gone (SIGKILL: the kernel drops its lock) the directory is free.
+TEST_F(RemoteShardsTest, ASecondServerOnAnOwnedCacheDirectoryIsRefused) {
+  ServerProcess owner = StartDataServer("owner");
+  const std::string log = dir_.File("second.log");
+  auto second = testing::ChildProcess::Start(
+      {testing::BinDir() + "/sluice-dataserver", "--listen=127.0.0.1:0",
+       "--metrics_listen=127.0.0.1:0", "--cache_dir=" + cache_},
+      log);
+  ASSERT_TRUE(second.ok());
+  auto code = second->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
+              ::testing::HasSubstr(absl::StrCat(
+                  "--cache_dir ", cache_, " is in use by another process (PID ",
+                  owner.process.pid(), ")")));
+  EXPECT_TRUE(owner.process.running());
+  owner.process.Signal(SIGKILL);
+  ASSERT_TRUE(owner.process.WaitForExit(absl::Seconds(10)).ok());
+  ServerProcess third = StartDataServer("third");
+  EXPECT_TRUE(third.process.running());
 }
 
 // s3://bucket/key through the S3 endpoint (nginx serving the bucket as a

@@ -27,6 +27,7 @@ namespace sluice::dataserver {
 namespace {
 
 using ::sluice::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
@@ -94,7 +95,7 @@ TEST(ShardCacheTest,
   const std::string good = testing::Sha256Hex("http://h/good.tar");
   EXPECT_THAT(testing::FileNames(dir.path()),
               UnorderedElementsAre(live_temp, foreign_temp, good + ".shard",
-                                   good + ".meta", "notes.txt"));
+                                   good + ".meta", "notes.txt", "LOCK"));
   EXPECT_EQ(cache->bytes_in_use(), 14);
   EXPECT_THAT(cache->CachedUrls(), UnorderedElementsAre("http://h/good.tar"));
   // A hit: no network needed.
@@ -211,14 +212,14 @@ TEST(ShardCacheTest, ReplacedFilesGoOutsideTheLockAndOpensMeanwhileWait) {
   auto replaced = cache->Open(ShardRef{url, 12, ""});
   meanwhile_done.WaitForNotification();
   EXPECT_THAT(removed, ::testing::ElementsAre(url));
-  EXPECT_EQ(names_before_removal.size(), 2u);  // .shard and .meta
+  EXPECT_EQ(names_before_removal.size(), 3u);  // .shard, .meta and LOCK
   // Both Opens waited for the one new download, which fails: nothing
   // listens on port 1.
   EXPECT_THAT(replaced.status(),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr(url)));
   EXPECT_THAT(meanwhile.status(),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr(url)));
-  EXPECT_THAT(testing::FileNames(dir.path()), ::testing::IsEmpty());
+  EXPECT_THAT(testing::FileNames(dir.path()), ElementsAre("LOCK"));
   EXPECT_THAT(cache->CachedUrls(), ::testing::IsEmpty());
   EXPECT_EQ(cache->bytes_in_use(), 0);
 }
@@ -281,6 +282,39 @@ TEST(ShardCacheTest, ConcurrentOpensGetTheRightBytesAndShareDownloads) {
   }
 }
 
+// A cache directory has one owner: a second cache on it is refused, naming
+// the holder's PID and the flag that allows sharing, until the first one is
+// gone; with shared_dir both may use it and no LOCK is taken.
+TEST(ShardCacheTest, ASecondCacheOnOneDirectoryIsRefusedUnlessShared) {
+  testing::TempDir dir;
+  auto first = NewCache(dir.path());
+  ASSERT_NE(first, nullptr);
+  ShardCacheOptions options;
+  options.dir = dir.path();
+  auto second = ShardCache::Create(
+      options, std::make_unique<RemoteFetcher>(RemoteFetcherOptions{}));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(second.status().message()),
+              ::testing::AllOf(
+                  ::testing::HasSubstr(dir.path()),
+                  ::testing::HasSubstr(absl::StrCat("(PID ", getpid(), ")")),
+                  ::testing::HasSubstr("--shared_cache_dir")));
+  first.reset();
+  EXPECT_NE(NewCache(dir.path()), nullptr);  // released with its owner
+
+  testing::TempDir shared;
+  options.dir = shared.path();
+  options.shared_dir = true;
+  auto a = ShardCache::Create(
+      options, std::make_unique<RemoteFetcher>(RemoteFetcherOptions{}));
+  auto b = ShardCache::Create(
+      options, std::make_unique<RemoteFetcher>(RemoteFetcherOptions{}));
+  EXPECT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(access(absl::StrCat(shared.path(), "/LOCK").c_str(), F_OK), 0);
+}
+
 TEST(ShardCacheTest, BadUrlsAndChecksumsAreRejectedBeforeAnyDownload) {
   testing::TempDir dir;
   auto cache = NewCache(dir.path());
@@ -294,7 +328,7 @@ TEST(ShardCacheTest, BadUrlsAndChecksumsAreRejectedBeforeAnyDownload) {
   EXPECT_THAT(
       cache->Open(ShardRef{"http://h/a.tar", 0, "md5:abc"}).status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("md5:abc")));
-  EXPECT_TRUE(testing::FileNames(dir.path()).empty());
+  EXPECT_THAT(testing::FileNames(dir.path()), ElementsAre("LOCK"));
 }
 
 TEST(ShardCacheTest, CompositeStoreNamesTheMissingFlag) {
