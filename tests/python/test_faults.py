@@ -26,6 +26,9 @@ from conftest import (BIN, Cluster, Server, _wait_for, free_port, ready, start_e
 
 SHARDS, PER_SHARD = 10, 30  # 300 samples, 150 per rank
 PAUSE = 6.0  # seconds: three lease TTLs
+# Runs of each pause test (SLUICE_FAULT_REPEATS=10 for a soak; tests/README.md).
+REPEATS = int(os.environ.get("SLUICE_FAULT_REPEATS", "1"))
+TRAIN_LOOP = os.path.join(os.path.dirname(__file__), "train_loop.py")
 
 PY_READER = textwrap.dedent("""
     import sys, time
@@ -114,9 +117,10 @@ def _pause(pid, seconds):
         os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.parametrize("run", range(REPEATS))
 @pytest.mark.parametrize("paused", ["cpp", "python"])
-def test_a_reader_paused_past_its_lease_ttl_delivers_nothing_twice(cluster, paused):
-    job = f"paused-{paused}"
+def test_a_reader_paused_past_its_lease_ttl_delivers_nothing_twice(cluster, paused, run):
+    job = f"paused-{paused}-{run}"
     cluster.create_job(job, world_size=2, epochs=2, mode="dynamic", lease_ttl="2s",
                        max_samples_per_lease=5)
     cpp, py = _start_readers(cluster.address, job)
@@ -128,8 +132,42 @@ def test_a_reader_paused_past_its_lease_ttl_delivers_nothing_twice(cluster, paus
     assert cluster.lease_counts(job)["expired"] >= 1  # the pause did cost leases
 
 
-def test_a_coordinator_paused_past_the_lease_ttl_twice_expires_nothing_held(cluster):
-    job = "coordinator-paused"
+@pytest.mark.parametrize("run", range(REPEATS))
+def test_a_trainer_with_two_dataloader_workers_paused_past_the_ttl_trains_each_sample_once(
+        cluster, tmp_path, run):
+    # The README's loop (sluice.torch.DataLoader, 2 workers, a 50 ms step,
+    # a checkpoint per step); the trainer and its workers stopped together
+    # (a VM stall) for three TTLs after its first step.
+    job = f"paused-workers-{run}"
+    cluster.create_job(job, world_size=1, epochs=2, mode="dynamic", lease_ttl="2s",
+                       max_samples_per_lease=5)
+    checkpoint = tmp_path / "checkpoint.json"
+    proc = subprocess.Popen(
+        [sys.executable, TRAIN_LOOP, cluster.address, job, "--workers=2", "--step=0.05",
+         "--epochs=2", f"--checkpoint={checkpoint}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(checkpoint.exists, 120, "the first training step")
+        os.killpg(proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(PAUSE)  # the fault itself
+        finally:
+            os.killpg(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    trained = [tuple(t) for t in json.loads(out.splitlines()[-1])["trained"]]
+    assert collections.Counter(e for e, _, _ in trained) == {0: 300, 1: 300}
+    assert len(set(trained)) == len(trained)
+    assert cluster.lease_counts(job)["expired"] >= 1  # the pause did cost leases
+
+
+@pytest.mark.parametrize("run", range(REPEATS))
+def test_a_coordinator_paused_past_the_lease_ttl_twice_expires_nothing_held(cluster, run):
+    job = f"coordinator-paused-{run}"
     cluster.create_job(job, world_size=2, epochs=2, mode="dynamic", lease_ttl="2s",
                        max_samples_per_lease=5)
     cpp, py = _start_readers(cluster.address, job)
@@ -145,7 +183,8 @@ def test_a_coordinator_paused_past_the_lease_ttl_twice_expires_nothing_held(clus
     assert stalls and float(stalls[0].split()[1]) >= 2, stalls
 
 
-def test_a_paused_ha_leader_is_left_within_twice_the_election_ttl(tmp_path):
+@pytest.mark.parametrize("run", range(REPEATS))
+def test_a_paused_ha_leader_is_left_within_twice_the_election_ttl(tmp_path, run):
     # Two coordinators on fixed ports share a journal in etcd (election TTL
     # 2 s); the data server and both readers are given both. The leader is
     # stopped for 10 s mid-epoch, twice: the standby takes over once the
