@@ -39,8 +39,9 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials();
 // plaintext (as ReaderOptions, OnceOptions and BarrierOptions take it).
 std::optional<ClientTls> ClientTlsOrNone();
 absl::Status LoadCredentials();
-// A context with the --timeout deadline.
-std::unique_ptr<grpc::ClientContext> Deadline();
+// A context with the --timeout deadline. With `wait_for_ready`, a call to a
+// coordinator that is not listening yet waits for it until the deadline.
+std::unique_ptr<grpc::ClientContext> Deadline(bool wait_for_ready = true);
 // A coordinator call's status as sluicectl reports it: `what` first; an
 // unreachable coordinator named (and a TLS mismatch explained).
 absl::Status Rpc(const grpc::Status& s, const std::string& what);

@@ -104,10 +104,14 @@ std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub(
   return v1::Coordinator::NewStub(CoordinatorChannel(address, Credentials()));
 }
 
-std::unique_ptr<grpc::ClientContext> Deadline() {
+std::unique_ptr<grpc::ClientContext> Deadline(bool wait_for_ready) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(
       absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+  // A coordinator that is still starting (`sluicectl up &` on the line
+  // before) refuses connections for a moment: wait for it, up to --timeout,
+  // instead of failing at the first refusal.
+  ctx->set_wait_for_ready(wait_for_ready);
   // The operator token, for a coordinator started with --admin_token_file.
   if (!AdminToken().empty()) {
     ctx->AddMetadata("authorization", "Bearer " + AdminToken());
@@ -125,6 +129,14 @@ absl::Status Rpc(const grpc::Status& s, const std::string& what) {
     if (!mismatch.ok()) {
       return absl::Status(mismatch.code(),
                           absl::StrCat(what, ": ", mismatch.message()));
+    }
+    if (absl::IsDeadlineExceeded(status)) {
+      return absl::Status(
+          status.code(),
+          absl::StrCat(what, ": coordinator ", absl::GetFlag(FLAGS_coordinator),
+                       " unreachable or not answering for ",
+                       absl::FormatDuration(absl::GetFlag(FLAGS_timeout)),
+                       " (--timeout)"));
     }
     return absl::Status(
         status.code(),

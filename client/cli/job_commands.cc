@@ -287,7 +287,9 @@ std::string CoordinatorRole(const std::string& address) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service("readiness");
   grpc::health::v1::HealthCheckResponse response;
-  grpc::Status s = health->Check(Deadline().get(), request, &response);
+  // Each address once, as it is now: no waiting for one that is down.
+  grpc::Status s = health->Check(Deadline(/*wait_for_ready=*/false).get(),
+                                 request, &response);
   if (!s.ok()) return absl::StrCat("unreachable: ", s.error_message());
   if (response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
     return "leader";

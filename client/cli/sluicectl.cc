@@ -408,9 +408,10 @@ int Run(int argc, char** argv) {
     return Usage(std::string(creds.message()));
   const std::string command = positional[1];
   std::vector<std::string> args(positional.begin() + 2, positional.end());
-  // Commands that call a coordinator default to $SLUICE_COORDINATOR, as the
-  // Python client does (up and demo start their own and listen there).
-  if (command != "up" && command != "demo") {
+  // --coordinator defaults to $SLUICE_COORDINATOR, as in the Python client:
+  // where commands call it, and where `up` starts it (`demo` always starts
+  // its own on --coordinator).
+  if (command != "demo") {
     const char* env = std::getenv("SLUICE_COORDINATOR");
     const absl::CommandLineFlag* flag =
         absl::FindCommandLineFlag("coordinator");
