@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import tarfile
 
@@ -71,10 +72,19 @@ def test_your_own_data_runs_as_written(tmp_path):
                       .replace("$PWD/build/python", os.environ.get("PYTHONPATH", "")) +
                       "kill %1\nwait\n")
     env = dict(os.environ, SLUICE_COORDINATOR=address)
-    out = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-500:] + out.stderr[-6000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # Its own process group: whatever happens, the cluster it starts is
+    # stopped with it.
+    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 0, stdout[-500:] + stderr[-6000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
     per_epoch = collections.Counter(e for e, _ in result["seen"])
     assert per_epoch == {0: SHARDS * PER_SHARD, 1: SHARDS * PER_SHARD}
     assert len({tuple(s) for s in result["seen"]}) == 2 * SHARDS * PER_SHARD
