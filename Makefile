@@ -155,6 +155,7 @@ bench: build
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases --sources=10)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=plan --sources=10)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=etcd)
+	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=open)
 	@$(call BENCH,/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin)
 	@$(call BENCH,/usr/bin/python3 tests/bench/pipeline_bench.py $(BUILD_DIR)/bin)
 	@echo "make bench: figures collected in $(BENCH_RESULTS)"

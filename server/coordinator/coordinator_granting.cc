@@ -226,8 +226,17 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
   const JobData* job = state_.FindJob(name);
   if (job == nullptr) return;
   JobRuntime& rt = runtime_[name];
-  for (auto it = only != nullptr ? sessions_.find(only->id) : sessions_.begin();
-       it != sessions_.end(); only != nullptr ? it = sessions_.end() : ++it) {
+  // The job's open sessions (copied: a session may finish on the way).
+  std::vector<int64_t> ids;
+  if (only != nullptr) {
+    ids.push_back(only->id);
+  } else if (auto open = open_sessions_.find(name);
+             open != open_sessions_.end()) {
+    ids.assign(open->second.begin(), open->second.end());
+  }
+  for (int64_t id : ids) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) continue;
     Session& s = it->second;
     if (!s.hello || s.finished || s.job != name) continue;
     if (s.announced_epoch != job->epoch) {
@@ -268,7 +277,7 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
       fx.sends.emplace_back(s.sink, begin);
     }
     if (job->done) continue;
-    int32_t held = static_cast<int32_t>(leases_.HeldBy(s.trainer_id).size());
+    int32_t held = static_cast<int32_t>(leases_.CountHeldBy(s.trainer_id));
     std::string why_not;
     v1::WaitingKind why_kind = v1::WAITING_KIND_UNSPECIFIED;
     if (options_.wait_for_data_servers && !data_servers_.AnyLive()) {

@@ -106,6 +106,10 @@ struct CoordinatorOptions {
 // unanswered; grpc_target.h) plus a reconnect backoff of at most 1 s.
 inline constexpr absl::Duration kReconnectGrace = absl::Seconds(5);
 
+// The heartbeats per second one job's readers are asked to stay under
+// (all of them at once; a job of 8,192 readers heartbeats every 4 s).
+inline constexpr double kHeartbeatsPerSecondPerJob = 2000;
+
 class CoordinatorService {
  public:
   // Opens (or creates) the journal, replays it and gives every recovered
@@ -319,11 +323,21 @@ class CoordinatorService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishSessionLocked(Session& s, const absl::Status& status, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the session from open_sessions_ (finished or closed).
+  void ForgetOpenLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Job JobToProtoLocked(const JobData& job, bool include_manifest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Lease LeaseToProtoLocked(const LeaseEntry& lease, const JobData& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration TtlLocked(const JobData& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The heartbeat interval a reader of `job` read with `workers` readers
+  // per rank is asked for (Welcome): the --heartbeat_interval, longer for a
+  // job whose readers would together send more than
+  // kHeartbeatsPerSecondPerJob, and at most 0.4 of its lease TTL (or the
+  // --heartbeat_interval, if that is longer).
+  absl::Duration HeartbeatIntervalLocked(const JobData& job,
+                                         int32_t workers) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The TTL a live lease gets when this coordinator starts leading (a
   // restart, an HA takeover) or notices it was not running: the job's TTL
@@ -348,6 +362,10 @@ class CoordinatorService {
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  // Job -> the ids of its sessions past Hello and not finished: what a pump
+  // of the job walks and Hello's session limit counts, without visiting
+  // every session of every job.
+  std::map<std::string, std::set<int64_t>> open_sessions_ ABSL_GUARDED_BY(mu_);
   DataServerRegistry data_servers_ ABSL_GUARDED_BY(mu_);
   // One above the newest fence any data server reported having seen.
   uint64_t seen_fence_floor_ ABSL_GUARDED_BY(mu_) = 1;

@@ -46,6 +46,7 @@ void CoordinatorService::CloseSession(int64_t session_id) {
       state_.FindJob(it->second.job) != nullptr) {
     options_.metrics->ForJob(it->second.job).sessions->Decrement();
   }
+  ForgetOpenLocked(it->second);
   sessions_.erase(it);
   UpdateGaugesLocked();
 }
@@ -55,7 +56,16 @@ void CoordinatorService::FinishSessionLocked(Session& s,
                                              Effects& fx) {
   if (s.finished) return;
   s.finished = true;
+  ForgetOpenLocked(s);
   fx.finishes.emplace_back(s.sink, status);
+}
+
+void CoordinatorService::ForgetOpenLocked(const Session& s) {
+  if (!s.hello) return;
+  auto open = open_sessions_.find(s.job);
+  if (open == open_sessions_.end()) return;
+  open->second.erase(s.id);
+  if (open->second.empty()) open_sessions_.erase(open);
 }
 
 void CoordinatorService::OnMessage(int64_t session_id,
@@ -116,10 +126,9 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
                         fx);
     return;
   }
-  int64_t open_sessions = 0;
-  for (const auto& [id, other] : sessions_) {
-    open_sessions += other.hello && !other.finished && other.job == hello.job();
-  }
+  auto open = open_sessions_.find(hello.job());
+  const int64_t open_sessions =
+      open == open_sessions_.end() ? 0 : open->second.size();
   if (open_sessions >= options_.max_sessions_per_job) {
     FinishSessionLocked(
         s,
@@ -171,6 +180,8 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
         fx);
     return;
   }
+  // Journaled by a resume or a new plan: the job changed for every session.
+  const uint64_t ticket_before = fx.ticket;
   if (hello.has_cursor()) {
     absl::Status resumed = ResumeLocked(hello, fx);
     if (!resumed.ok()) {
@@ -188,6 +199,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   s.rank = hello.rank();
   s.worker = hello.worker();
   s.num_workers = workers;
+  open_sessions_[s.job].insert(s.id);
   if (options_.metrics != nullptr)
     options_.metrics->ForJob(s.job).sessions->Increment();
   // Leases follow the trainer within its job: the same trainer_id in
@@ -211,7 +223,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   }
   CoordinatorMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_ms(
-      absl::ToInt64Milliseconds(options_.heartbeat_interval));
+      absl::ToInt64Milliseconds(HeartbeatIntervalLocked(*job, workers)));
   welcome.mutable_welcome()->set_lease_ttl_ms(
       absl::ToInt64Milliseconds(TtlLocked(*job)));
   welcome.mutable_welcome()->set_session_id(absl::StrCat(s.id));
@@ -219,12 +231,25 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   fx.sends.emplace_back(s.sink, std::move(welcome));
   // A reconnecting trainer keeps its leases: renew and re-announce them.
   leases_.RenewHolder(s.trainer_id, TtlLocked(*job));
-  PumpLocked(s.job, fx);  // announces the epoch first
+  // Announces the epoch first. A Hello that changed nothing else concerns
+  // only its own session: opening N sessions costs O(N), not O(N^2).
+  PumpLocked(s.job, fx, fx.ticket != ticket_before ? nullptr : &s);
   for (const LeaseEntry* lease : leases_.HeldBy(s.trainer_id)) {
     CoordinatorMessage grant;
     *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*lease, *job);
     fx.sends.emplace_back(s.sink, std::move(grant));
   }
+}
+
+absl::Duration CoordinatorService::HeartbeatIntervalLocked(
+    const JobData& job, int32_t workers) const {
+  const int64_t readers =
+      static_cast<int64_t>(std::max(job.spec.world_size(), 1)) * workers;
+  const absl::Duration budget =
+      absl::Seconds(static_cast<double>(readers) / kHeartbeatsPerSecondPerJob);
+  const absl::Duration cap =
+      std::max(options_.heartbeat_interval, TtlLocked(job) * 0.4);
+  return std::min(std::max(options_.heartbeat_interval, budget), cap);
 }
 
 absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello,

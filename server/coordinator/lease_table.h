@@ -94,6 +94,11 @@ class LeaseTable {
   // Records the expiry of the token last sent for the lease (no-op if gone).
   void SetTokenExpiry(const std::string& lease_id, absl::Time at);
   std::vector<const LeaseEntry*> HeldBy(const std::string& holder) const;
+  // HeldBy(holder).size(), without building it.
+  size_t CountHeldBy(const std::string& holder) const {
+    auto it = by_holder_.find(holder);
+    return it == by_holder_.end() ? 0 : it->second.size();
+  }
   size_t size() const { return leases_.size(); }
   // Expiry heap entries, stale ones included (at most 2 * size() + 64 after
   // any call).

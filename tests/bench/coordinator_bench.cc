@@ -33,6 +33,18 @@
 // and in plan mode CreateJob of the 1,000,000 shards as N sources next to
 // one manifest.
 //
+// --mode=open: one job of R ranks x --workers DataLoader workers (R x W
+// sessions, for each size in --open_sessions), opened at once against the
+// real sluice-coordinator binary, as a large training job starts: each
+// session sends Hello{rank, worker, num_workers} and Want{2} and holds the
+// grants it gets, heartbeating as Welcome asks. Per size: the time until
+// every session has its EpochBegin, the coordinator's CPU seconds while
+// they open, its CPU per idle session per second over the next
+// --idle_seconds (heartbeats only), its RSS growth per session, and the
+// leases that expired meanwhile. Baseline, same run: a bare gRPC server in
+// this process that answers each Hello with Welcome and EpochBegin (no
+// state, no journal), opened by the same load generator.
+//
 // Each mode ends with one JSON line.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -45,6 +57,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -53,8 +66,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/coordinator/coordinator_service.h"
@@ -64,7 +80,7 @@
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
-ABSL_FLAG(std::string, mode, "leases", "leases | plan");
+ABSL_FLAG(std::string, mode, "leases", "leases | plan | etcd | open");
 ABSL_FLAG(int, sessions, 256, "Concurrent sessions (leases mode).");
 ABSL_FLAG(double, seconds, 5, "Measured seconds per round (leases mode).");
 ABSL_FLAG(int, rounds, 3,
@@ -84,6 +100,12 @@ ABSL_FLAG(int, shuffle_window, 0,
           "leases mode: also drive a shuffled job with this shuffle_window "
           "(every grant then names the window's shards) in the same rounds, "
           "and report its rate next to the unshuffled job's (0 = off).");
+ABSL_FLAG(std::vector<std::string>, open_sessions,
+          std::vector<std::string>({"256", "1024", "4096", "8192"}),
+          "Session counts (ranks x --workers) to open (open mode).");
+ABSL_FLAG(int, workers, 8, "DataLoader workers per rank (open mode).");
+ABSL_FLAG(double, idle_seconds, 5,
+          "Seconds of heartbeats only after the open (open mode).");
 ABSL_FLAG(bool, progress, true,
           "Leases mode: a Progress before every Complete (Grant -> Progress -> "
           "Complete).");
@@ -846,13 +868,364 @@ int RunEtcd() {
 
 }  // namespace
 
+// ------------------------------------------------------------ open mode
+
+// One reader of a big job: Hello, Want{2}, then heartbeats (Beat) until
+// stopped; notes when its EpochBegin arrives.
+class OpenSession
+    : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessage> {
+ public:
+  OpenSession(sluice::v1::Coordinator::Stub* stub, const std::string& job,
+              int rank, int worker, int workers, std::atomic<int>* begun,
+              std::atomic<int64_t>* interval_ms)
+      : begun_(begun), interval_ms_(interval_ms) {
+    TrainerMessage& hello = queue_.emplace_back();
+    hello.mutable_hello()->set_job(job);
+    hello.mutable_hello()->set_rank(rank);
+    hello.mutable_hello()->set_worker(worker);
+    hello.mutable_hello()->set_num_workers(workers);
+    hello.mutable_hello()->set_trainer_id(
+        absl::StrCat("open-", rank, "-", worker));
+    queue_.emplace_back().mutable_want()->set_credits(2);
+    stub->async()->Session(&ctx_, this);
+    StartRead(&in_);
+    StartWrite(&queue_[0]);
+    AddHold();  // released in Stop
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (in_.has_welcome() && in_.welcome().heartbeat_interval_ms() > 0) {
+      interval_ms_->store(in_.welcome().heartbeat_interval_ms());
+    }
+    if (in_.has_epoch_begin() && !begun_seen_) {
+      begun_seen_ = true;
+      begun_->fetch_add(1);
+    }
+    StartRead(&in_);
+  }
+  void Beat() {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    queue_.emplace_back().mutable_heartbeat();
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&queue_[next_]);
+    }
+  }
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (!ok) {
+      writing_ = false;
+      return;
+    }
+    if (++next_ < queue_.size()) {
+      StartWrite(&queue_[next_]);
+    } else {
+      writing_ = false;
+      queue_.clear();
+      next_ = 0;
+    }
+  }
+  void OnDone(const grpc::Status&) override {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopped_ = true;
+    }
+    ctx_.TryCancel();
+    RemoveHold();
+  }
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+ private:
+  std::atomic<int>* begun_;
+  std::atomic<int64_t>* interval_ms_;
+  bool begun_seen_ = false;  // reads are serialized
+  grpc::ClientContext ctx_;
+  CoordinatorMessage in_;
+  absl::Mutex mu_;
+  std::vector<TrainerMessage> queue_;
+  size_t next_ = 0;
+  bool writing_ = true;  // the Hello is being written
+  bool stopped_ = false;
+  bool done_ = false;
+};
+
+// Bare gRPC: each Hello answered with Welcome and EpochBegin.
+class OpenEchoSession
+    : public grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage> {
+ public:
+  OpenEchoSession() {
+    welcome_.mutable_welcome()->set_heartbeat_interval_ms(1000);
+    welcome_.mutable_welcome()->set_lease_ttl_ms(10000);
+    begin_.mutable_epoch_begin()->set_samples_for_rank(1000);
+    StartRead(&in_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (in_.has_hello()) {
+      StartWrite(&welcome_);
+      return;  // the next read after both writes
+    }
+    StartRead(&in_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;
+    if (!begun_) {
+      begun_ = true;
+      StartWrite(&begin_);
+      return;
+    }
+    StartRead(&in_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  TrainerMessage in_;
+  CoordinatorMessage welcome_, begin_;
+  bool begun_ = false;
+};
+
+class OpenEchoService : public sluice::v1::Coordinator::CallbackService {
+ public:
+  grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage>* Session(
+      grpc::CallbackServerContext*) override {
+    return new OpenEchoSession();
+  }
+};
+
+// Seconds of CPU (user + system) `pid` has used.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces): utime is the
+  // 14th field, stime the 15th.
+  const size_t close = stat.rfind(')');
+  std::vector<std::string> fields;
+  std::string field;
+  for (size_t i = close + 2; i <= stat.size(); ++i) {
+    if (i == stat.size() || stat[i] == ' ') {
+      fields.push_back(field);
+      field.clear();
+    } else {
+      field += stat[i];
+    }
+  }
+  double utime = 0, stime = 0;
+  if (fields.size() > 12) {
+    (void)absl::SimpleAtod(fields[11], &utime);
+    (void)absl::SimpleAtod(fields[12], &stime);
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+int64_t RssKb(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      int64_t kb = 0;
+      (void)absl::SimpleAtoi(
+          absl::StripAsciiWhitespace(absl::StripSuffix(line.substr(6), "kB")),
+          &kb);
+      return kb;
+    }
+  }
+  return 0;
+}
+
+struct OpenResult {
+  double open_s = 0;
+  int opened = 0;
+  double open_cpu_s = 0;
+  double idle_cpu_per_session_s = 0;
+  double rss_kb_per_session = 0;
+  int64_t expired = 0;
+  double heartbeats_per_s = 0;
+  int64_t heartbeat_interval_ms = 0;
+};
+
+// Opens `ranks` x `workers` sessions of `job` at `address`; with `pid`, the
+// coordinator's CPU and memory are measured.
+OpenResult OpenAll(const std::string& address, const std::string& job,
+                   int ranks, int workers, pid_t pid) {
+  std::vector<std::unique_ptr<sluice::v1::Coordinator::Stub>> stubs;
+  for (int i = 0; i < 8; ++i) {  // several trainer processes' connections
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", i);
+    stubs.push_back(sluice::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args)));
+  }
+  OpenResult r;
+  const int total = ranks * workers;
+  const double cpu0 = pid > 0 ? CpuSeconds(pid) : 0;
+  const int64_t rss0 = pid > 0 ? RssKb(pid) : 0;
+  std::atomic<int> begun{0};
+  std::atomic<int64_t> interval_ms{1000};  // as the Welcomes say
+  std::vector<std::unique_ptr<OpenSession>> all;
+  all.reserve(static_cast<size_t>(total));
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < total; ++i) {
+    all.push_back(std::make_unique<OpenSession>(
+        stubs[static_cast<size_t>(i) % stubs.size()].get(), job, i / workers,
+        i % workers, workers, &begun, &interval_ms));
+  }
+  // Each session heartbeats at the interval its Welcome asks for, the
+  // sessions spread evenly over it (every 10 ms, the share due).
+  std::atomic<bool> beating{true};
+  std::atomic<int64_t> beats_sent{0};
+  std::thread beats([&] {
+    size_t next = 0;
+    double owed = 0;
+    while (beating.load()) {
+      owed += static_cast<double>(all.size()) * 10.0 /
+              static_cast<double>(std::max<int64_t>(1, interval_ms.load()));
+      for (; owed >= 1; owed -= 1, ++next) {
+        all[next % all.size()]->Beat();
+        beats_sent.fetch_add(1);
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  });
+  const absl::Time deadline = start + absl::Seconds(180);
+  while (begun.load() < total && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
+  r.open_s = absl::ToDoubleSeconds(absl::Now() - start);
+  r.opened = begun.load();
+  if (pid > 0) {
+    const double cpu1 = CpuSeconds(pid);
+    r.open_cpu_s = cpu1 - cpu0;
+    const double idle = absl::GetFlag(FLAGS_idle_seconds);
+    const int64_t beats0 = beats_sent.load();
+    absl::SleepFor(absl::Seconds(idle));
+    r.idle_cpu_per_session_s = (CpuSeconds(pid) - cpu1) / idle / total;
+    r.heartbeats_per_s = static_cast<double>(beats_sent.load() - beats0) / idle;
+    r.heartbeat_interval_ms = interval_ms.load();
+    r.rss_kb_per_session =
+        static_cast<double>(RssKb(pid) - rss0) / static_cast<double>(total);
+    auto status = sluice::testing::GetJob(address, job);
+    if (status.ok()) r.expired = status->status().leases().expired();
+  }
+  beating = false;
+  beats.join();
+  for (auto& s : all) s->Stop();
+  for (auto& s : all) {
+    while (!s->done()) absl::SleepFor(absl::Milliseconds(1));
+  }
+  return r;
+}
+
+int RunOpen() {
+  const int workers = absl::GetFlag(FLAGS_workers);
+  OpenEchoService echo;
+  grpc::ServerBuilder builder;
+  int echo_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &echo_port);
+  builder.RegisterService(&echo);
+  std::unique_ptr<grpc::Server> echo_server = builder.BuildAndStart();
+  const std::string echo_address = absl::StrCat("127.0.0.1:", echo_port);
+  std::string json =
+      "{\"bench\":\"coordinator_open\",\"workers\":" + std::to_string(workers) +
+      ",\"sizes\":[";
+  double worst_ratio = 0;
+  bool first = true;
+  for (const std::string& size : absl::GetFlag(FLAGS_open_sessions)) {
+    int sessions = 0;
+    if (!absl::SimpleAtoi(size, &sessions) || sessions < workers) {
+      std::fprintf(stderr, "--open_sessions: %s is not a count >= --workers\n",
+                   size.c_str());
+      return 2;
+    }
+    const int ranks = sessions / workers;
+    sluice::testing::TempDir dir;
+    auto coordinator = sluice::testing::ServerProcess::Start(
+        "sluice-coordinator", dir.path(),
+        {"--wait_for_data_servers=false",
+         "--journal_dir=" + dir.File("journal")});
+    if (!coordinator.ok()) {
+      std::fprintf(stderr, "%s\n", coordinator.status().ToString().c_str());
+      return 1;
+    }
+    // Units of 100 samples, enough for every reader's two grants.
+    sluice::v1::JobSpec spec;
+    spec.set_name("big");
+    for (int s = 0; s < 2 * ranks * workers; ++s) {
+      auto* shard = spec.mutable_manifest()->add_shards();
+      shard->set_url(absl::StrCat("/data/big/shard-", s, ".tar"));
+      shard->set_num_samples(100);
+    }
+    spec.set_world_size(ranks);
+    spec.set_num_epochs(1);
+    spec.set_mode(sluice::v1::MODE_DYNAMIC);
+    spec.set_max_samples_per_lease(100);
+    spec.set_shuffle(false);
+    if (absl::Status created =
+            sluice::testing::CreateJob(coordinator->grpc_address, spec);
+        !created.ok()) {
+      std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
+      return 1;
+    }
+    const OpenResult sluice_open =
+        OpenAll(coordinator->grpc_address, "big", ranks, workers,
+                coordinator->process.pid());
+    coordinator->process.Signal(SIGKILL);
+    (void)coordinator->process.WaitForExit(absl::Seconds(10));
+    const OpenResult bare = OpenAll(echo_address, "big", ranks, workers, 0);
+    const double ratio = sluice_open.open_s / std::max(bare.open_s, 1e-3);
+    worst_ratio = std::max(worst_ratio, ratio);
+    std::printf(
+        "%6d sessions: open %.2f s (bare gRPC %.2f s, %.1fx), %d of %d "
+        "began; coordinator CPU %.2f s while opening; idle: heartbeats "
+        "every %lld ms (%.0f/s), %.3f cores (%.1f us per session per s); RSS "
+        "%.1f KB per session; %lld leases expired\n",
+        sessions, sluice_open.open_s, bare.open_s, ratio, sluice_open.opened,
+        sessions, sluice_open.open_cpu_s,
+        static_cast<long long>(sluice_open.heartbeat_interval_ms),
+        sluice_open.heartbeats_per_s,
+        sluice_open.idle_cpu_per_session_s * sessions,
+        sluice_open.idle_cpu_per_session_s * 1e6,
+        sluice_open.rss_kb_per_session,
+        static_cast<long long>(sluice_open.expired));
+    std::fflush(stdout);
+    absl::StrAppend(
+        &json, first ? "" : ",", "{\"sessions\":", sessions,
+        ",\"open_s\":", sluice_open.open_s, ",\"bare_open_s\":", bare.open_s,
+        ",\"opened\":", sluice_open.opened,
+        ",\"open_cpu_s\":", sluice_open.open_cpu_s,
+        ",\"idle_cpu_us_per_session_s\":",
+        sluice_open.idle_cpu_per_session_s * 1e6,
+        ",\"idle_cores\":", sluice_open.idle_cpu_per_session_s * sessions,
+        ",\"heartbeats_per_s\":", sluice_open.heartbeats_per_s,
+        ",\"rss_kb_per_session\":", sluice_open.rss_kb_per_session,
+        ",\"expired\":", sluice_open.expired, "}");
+    first = false;
+  }
+  absl::StrAppend(&json, "],\"worst_open_ratio\":", worst_ratio, "}");
+  std::printf("%s\n", json.c_str());
+  echo_server->Shutdown();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "leases") return RunLeases();
   if (mode == "plan") return RunPlan();
   if (mode == "etcd") return RunEtcd();
-  std::fprintf(stderr, "--mode must be leases, plan or etcd, not %s\n",
+  if (mode == "open") return RunOpen();
+  std::fprintf(stderr, "--mode must be leases, plan, etcd or open, not %s\n",
                mode.c_str());
   return 2;
 }

@@ -617,7 +617,8 @@ TEST_F(CoordinatorServiceTest, DynamicModeRespectsQuotas) {
 // takeover) keeps each one for its TTL and the reconnect grace: the holder
 // may notice only now that its coordinator is gone. A holder that never
 // comes back loses the lease after exactly that.
-TEST(CoordinatorRecoveryTest, ARecoveredLeaseWaitsTheReconnectGraceForItsHolder) {
+TEST(CoordinatorRecoveryTest,
+     ARecoveredLeaseWaitsTheReconnectGraceForItsHolder) {
   testing::TempDir dir;
   FakeClock clock;
   CoordinatorOptions options = JournaledOptions(&clock, dir.path());
@@ -1180,6 +1181,47 @@ TEST(CoordinatorStallTest, AStalledCoordinatorExpiresNothingForTheStall) {
   clock.Advance(absl::Milliseconds(100));
   EXPECT_EQ(service.ExpiryTick(), 1);
   service.UnregisterDataServer(server);
+}
+
+// A job's readers are asked to heartbeat at most kHeartbeatsPerSecondPerJob
+// times a second together: 1,024 ranks x 8 workers every 4 s (0.4 of the
+// 10 s TTL caps it), a small job at --heartbeat_interval. Opening them
+// sends each session exactly its own Welcome and EpochBegin.
+TEST(CoordinatorScaleTest, ABigJobHeartbeatsWithinTheBudgetAndOpensOnce) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  v1::JobSpec big = Spec("big", std::vector<int64_t>(64, 100), 1024, 1);
+  big.set_lease_ttl_ms(10000);
+  ASSERT_OK(service.CreateJob(big));
+  ASSERT_OK(service.CreateJob(Spec("small", {10}, 1, 1)));
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int rank = 0; rank < 1024; ++rank) {
+    for (int worker = 0; worker < 8; ++worker) {
+      auto sink = std::make_shared<RecordingSink>();
+      v1::TrainerMessage hello =
+          Hello("big", rank, absl::StrCat("t", rank, "-", worker));
+      hello.mutable_hello()->set_worker(worker);
+      hello.mutable_hello()->set_num_workers(8);
+      service.OnMessage(service.OpenSession(sink), hello);
+      sinks.push_back(sink);
+    }
+  }
+  auto small = std::make_shared<RecordingSink>();
+  service.OnMessage(service.OpenSession(small), Hello("small", 0, "s"));
+  service.Flush();
+  for (const auto& sink : sinks) {
+    ASSERT_EQ(sink->Count(v1::CoordinatorMessage::kWelcome), 1);
+    ASSERT_EQ(sink->Count(v1::CoordinatorMessage::kEpochBegin), 1);
+    EXPECT_EQ(sink->inbox[0].welcome().heartbeat_interval_ms(), 4000);
+  }
+  ASSERT_EQ(small->Count(v1::CoordinatorMessage::kWelcome), 1);
+  EXPECT_EQ(small->inbox[0].welcome().heartbeat_interval_ms(),
+            absl::ToInt64Milliseconds(options.heartbeat_interval));
 }
 
 // A data server claims to have seen fences near 2^64 (only a holder of the
