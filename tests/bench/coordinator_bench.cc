@@ -101,7 +101,7 @@ ABSL_FLAG(int, shuffle_window, 0,
           "(every grant then names the window's shards) in the same rounds, "
           "and report its rate next to the unshuffled job's (0 = off).");
 ABSL_FLAG(std::vector<std::string>, open_sessions,
-          std::vector<std::string>({"256", "1024", "4096", "8192"}),
+          std::vector<std::string>({"256", "1024", "4096", "8192", "16384"}),
           "Session counts (ranks x --workers) to open (open mode).");
 ABSL_FLAG(int, workers, 8, "DataLoader workers per rank (open mode).");
 ABSL_FLAG(double, idle_seconds, 5,
