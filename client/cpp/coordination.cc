@@ -37,6 +37,14 @@ absl::Status ExplainUnavailable(absl::Status status,
   return mismatch.ok() ? status : mismatch;
 }
 
+// Keepalive (SetStreamKeepalive): a stopped coordinator fails the stream
+// within about 4 s instead of holding every waiter for its stop.
+grpc::ChannelArguments StreamChannelArgs() {
+  grpc::ChannelArguments args;
+  SetStreamKeepalive(args);
+  return args;
+}
+
 }  // namespace
 
 absl::StatusOr<OnceOutcome> RunOnce(
@@ -49,7 +57,8 @@ absl::StatusOr<OnceOutcome> RunOnce(
   RETURN_IF_ERROR(
       client_internal::CheckClientTls(options.tls, "OnceOptions.tls"));
   auto stub = v1::Coordinator::NewStub(CoordinatorChannel(
-      options.coordinator, client_internal::ChannelCredentials(options.tls)));
+      options.coordinator, client_internal::ChannelCredentials(options.tls),
+      StreamChannelArgs()));
   grpc::ClientContext ctx;
   auto stream = stub->Once(&ctx);
   absl::Mutex write_mu;
@@ -145,7 +154,8 @@ absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
   RETURN_IF_ERROR(
       client_internal::CheckClientTls(options.tls, "BarrierOptions.tls"));
   auto stub = v1::Coordinator::NewStub(CoordinatorChannel(
-      options.coordinator, client_internal::ChannelCredentials(options.tls)));
+      options.coordinator, client_internal::ChannelCredentials(options.tls),
+      StreamChannelArgs()));
   grpc::ClientContext ctx;
   // The server answers at the timeout; the RPC deadline is a backstop.
   ctx.set_deadline(
