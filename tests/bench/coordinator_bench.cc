@@ -53,6 +53,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -125,6 +126,86 @@ struct Totals {
   std::vector<double> latencies_us;  // while measuring
 };
 
+// A trainer's Session stream from the load generator: messages are queued
+// and written one at a time, in order. Subclasses read (OnReadDone) and may
+// watch each write start and finish.
+class QueuedSession
+    : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessage> {
+ public:
+  // Queues `ms` in order (nothing after Stop).
+  void Enqueue(std::vector<TrainerMessage> ms) {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    for (TrainerMessage& m : ms) queue_.push_back(std::move(m));
+    if (!writing_) StartNextLocked();
+  }
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (!ok) {
+      writing_ = false;
+      return;
+    }
+    Written(queue_[next_]);
+    if (++next_ < queue_.size()) {
+      StartNextLocked();
+    } else {
+      writing_ = false;
+      queue_.clear();
+      next_ = 0;
+    }
+  }
+  void OnDone(const grpc::Status&) override {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopped_ = true;
+    }
+    ctx_.TryCancel();
+    RemoveHold();
+  }
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+ protected:
+  // Opens the stream with `first` queued (Hello, Want).
+  void Begin(sluice::v1::Coordinator::Stub* stub,
+             std::vector<TrainerMessage> first) {
+    absl::MutexLock lock(&mu_);
+    queue_ = std::move(first);
+    stub->async()->Session(&ctx_, this);
+    StartRead(&in_);
+    writing_ = true;
+    StartWrite(&queue_[0]);
+    AddHold();  // released in Stop
+    StartCall();
+  }
+  // Each write, as it starts and once it is done (under the queue's lock).
+  virtual void Writing() {}
+  virtual void Written(const TrainerMessage&) {}
+
+  CoordinatorMessage in_;
+
+ private:
+  void StartNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    writing_ = true;
+    Writing();
+    StartWrite(&queue_[next_]);
+  }
+
+  grpc::ClientContext ctx_;
+  absl::Mutex mu_;
+  std::vector<TrainerMessage> queue_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 class Session;
 
 // Sends paced Completes when they are due (one thread for all sessions).
@@ -156,8 +237,7 @@ class Pacer {
 
 // One trainer session: Hello, Want{1}, then Complete every Grant, at once
 // or (with a pacer) every `interval`.
-class Session
-    : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessage> {
+class Session : public QueuedSession {
  public:
   Session(sluice::v1::Coordinator::Stub* stub, const std::string& job, int id,
           Totals* totals, Pacer* pacer, absl::Duration interval)
@@ -167,12 +247,7 @@ class Session
     hello.mutable_hello()->set_trainer_id(absl::StrCat("bench-", id));
     TrainerMessage want;
     want.mutable_want()->set_credits(1);
-    queue_ = {hello, want};
-    stub->async()->Session(&ctx_, this);
-    StartRead(&in_);
-    StartWrite(&queue_[0]);
-    AddHold();  // released in Stop
-    StartCall();
+    Begin(stub, {hello, want});
   }
 
   void OnReadDone(bool ok) override {
@@ -181,10 +256,11 @@ class Session
       const absl::Time now = absl::Now();
       if (totals_->measuring.load(std::memory_order_relaxed)) {
         totals_->grants.fetch_add(1, std::memory_order_relaxed);
-        if (sent_at_ != absl::InfinitePast()) {
+        const int64_t sent = sent_at_ns_.load();
+        if (sent != kNotSent) {
           absl::MutexLock lock(&totals_->mu);
           totals_->latencies_us.push_back(
-              absl::ToDoubleMicroseconds(now - sent_at_));
+              absl::ToDoubleMicroseconds(now - absl::FromUnixNanos(sent)));
         }
       }
       std::vector<TrainerMessage> reports;
@@ -202,69 +278,29 @@ class Session
         next_due_ = std::max(next_due_ + interval_, now);
         pacer_->At(next_due_, this, std::move(reports));
       } else {
-        Write(std::move(reports));
+        Enqueue(std::move(reports));
       }
     }
     StartRead(&in_);
   }
 
-  // Queues `ms` in order; latency is measured from the last one's write.
-  void Write(std::vector<TrainerMessage> ms) {
-    absl::MutexLock lock(&mu_);
-    for (TrainerMessage& m : ms) queue_.push_back(std::move(m));
-    if (!writing_) {
-      writing_ = true;
-      sent_at_ = absl::Now();
-      StartWrite(&queue_[next_]);
-    }
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) return;
-    absl::MutexLock lock(&mu_);
-    if (queue_[next_].has_complete() &&
+ private:
+  // Latency is measured from the start of the last write before a Grant.
+  void Writing() override { sent_at_ns_.store(absl::GetCurrentTimeNanos()); }
+  void Written(const TrainerMessage& m) override {
+    if (m.has_complete() &&
         totals_->measuring.load(std::memory_order_relaxed)) {
       totals_->completes.fetch_add(1, std::memory_order_relaxed);
     }
-    ++next_;
-    if (next_ < queue_.size()) {
-      sent_at_ = absl::Now();
-      StartWrite(&queue_[next_]);
-    } else {
-      writing_ = false;
-      queue_.clear();
-      next_ = 0;
-    }
   }
 
-  void OnDone(const grpc::Status&) override {
-    absl::MutexLock lock(&mu_);
-    done_ = true;
-  }
-
-  void Stop() {
-    ctx_.TryCancel();
-    RemoveHold();
-  }
-  bool done() {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-
- private:
   Totals* totals_;
   Pacer* pacer_;
   const absl::Duration interval_;
   const bool progress_ = absl::GetFlag(FLAGS_progress);
-  absl::Time next_due_ = absl::Now();
-  grpc::ClientContext ctx_;
-  CoordinatorMessage in_;
-  absl::Mutex mu_;
-  std::vector<TrainerMessage> queue_;
-  size_t next_ = 0;
-  bool writing_ = true;  // the Hello is being written
-  absl::Time sent_at_ = absl::InfinitePast();
-  bool done_ = false;
+  absl::Time next_due_ = absl::Now();  // reads are serialized
+  static constexpr int64_t kNotSent = INT64_MIN;
+  std::atomic<int64_t> sent_at_ns_{kNotSent};
 };
 
 void Pacer::Run() {
@@ -275,7 +311,7 @@ void Pacer::Run() {
       auto [s, m] = std::move(due_.begin()->second);
       due_.erase(due_.begin());
       mu_.Unlock();
-      s->Write(std::move(m));
+      s->Enqueue(std::move(m));
       mu_.Lock();
     }
     const absl::Time next =
@@ -872,26 +908,22 @@ int RunEtcd() {
 
 // One reader of a big job: Hello, Want{2}, then heartbeats (Beat) until
 // stopped; notes when its EpochBegin arrives.
-class OpenSession
-    : public grpc::ClientBidiReactor<TrainerMessage, CoordinatorMessage> {
+class OpenSession : public QueuedSession {
  public:
   OpenSession(sluice::v1::Coordinator::Stub* stub, const std::string& job,
               int rank, int worker, int workers, std::atomic<int>* begun,
               std::atomic<int64_t>* interval_ms)
       : begun_(begun), interval_ms_(interval_ms) {
-    TrainerMessage& hello = queue_.emplace_back();
+    TrainerMessage hello;
     hello.mutable_hello()->set_job(job);
     hello.mutable_hello()->set_rank(rank);
     hello.mutable_hello()->set_worker(worker);
     hello.mutable_hello()->set_num_workers(workers);
     hello.mutable_hello()->set_trainer_id(
         absl::StrCat("open-", rank, "-", worker));
-    queue_.emplace_back().mutable_want()->set_credits(2);
-    stub->async()->Session(&ctx_, this);
-    StartRead(&in_);
-    StartWrite(&queue_[0]);
-    AddHold();  // released in Stop
-    StartCall();
+    TrainerMessage want;
+    want.mutable_want()->set_credits(2);
+    Begin(stub, {hello, want});
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;
@@ -905,57 +937,15 @@ class OpenSession
     StartRead(&in_);
   }
   void Beat() {
-    absl::MutexLock lock(&mu_);
-    if (stopped_) return;
-    queue_.emplace_back().mutable_heartbeat();
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&queue_[next_]);
-    }
-  }
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    if (!ok) {
-      writing_ = false;
-      return;
-    }
-    if (++next_ < queue_.size()) {
-      StartWrite(&queue_[next_]);
-    } else {
-      writing_ = false;
-      queue_.clear();
-      next_ = 0;
-    }
-  }
-  void OnDone(const grpc::Status&) override {
-    absl::MutexLock lock(&mu_);
-    done_ = true;
-  }
-  void Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      stopped_ = true;
-    }
-    ctx_.TryCancel();
-    RemoveHold();
-  }
-  bool done() {
-    absl::MutexLock lock(&mu_);
-    return done_;
+    TrainerMessage beat;
+    beat.mutable_heartbeat();
+    Enqueue({beat});
   }
 
  private:
   std::atomic<int>* begun_;
   std::atomic<int64_t>* interval_ms_;
   bool begun_seen_ = false;  // reads are serialized
-  grpc::ClientContext ctx_;
-  CoordinatorMessage in_;
-  absl::Mutex mu_;
-  std::vector<TrainerMessage> queue_;
-  size_t next_ = 0;
-  bool writing_ = true;  // the Hello is being written
-  bool stopped_ = false;
-  bool done_ = false;
 };
 
 // Bare gRPC: each Hello answered with Welcome and EpochBegin.
