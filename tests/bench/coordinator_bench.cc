@@ -321,6 +321,20 @@ void Pacer::Run() {
   }
 }
 
+// `n` stubs on distinct connections to `address` (not one shared
+// subchannel).
+std::vector<std::unique_ptr<sluice::v1::Coordinator::Stub>> Stubs(
+    const std::string& address, int n) {
+  std::vector<std::unique_ptr<sluice::v1::Coordinator::Stub>> stubs;
+  for (int i = 0; i < n; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", i);
+    stubs.push_back(sluice::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args)));
+  }
+  return stubs;
+}
+
 struct LeaseRate {
   double ops_per_s = 0;
   double p50_us = 0;
@@ -331,14 +345,7 @@ struct LeaseRate {
 LeaseRate Drive(const std::string& address, const std::string& job,
                 int sessions, double seconds, double paced_ops_per_s) {
   // A few connections, as several trainer processes would have.
-  std::vector<std::unique_ptr<sluice::v1::Coordinator::Stub>> stubs;
-  for (int i = 0; i < 4; ++i) {
-    grpc::ChannelArguments args;
-    args.SetInt("grpc.channel_id",
-                i);  // distinct channels, not one shared subchannel
-    stubs.push_back(sluice::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args)));
-  }
+  auto stubs = Stubs(address, 4);
   Totals totals;
   std::unique_ptr<Pacer> pacer;
   absl::Duration interval;
@@ -1050,13 +1057,7 @@ struct OpenResult {
 // coordinator's CPU and memory are measured.
 OpenResult OpenAll(const std::string& address, const std::string& job,
                    int ranks, int workers, pid_t pid) {
-  std::vector<std::unique_ptr<sluice::v1::Coordinator::Stub>> stubs;
-  for (int i = 0; i < 8; ++i) {  // several trainer processes' connections
-    grpc::ChannelArguments args;
-    args.SetInt("grpc.channel_id", i);
-    stubs.push_back(sluice::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args)));
-  }
+  auto stubs = Stubs(address, 8);  // several trainer processes' connections
   OpenResult r;
   const int total = ranks * workers;
   const double cpu0 = pid > 0 ? CpuSeconds(pid) : 0;
