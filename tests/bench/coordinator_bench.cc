@@ -40,8 +40,12 @@
 // grants it gets, heartbeating as Welcome asks. Per size: the time until
 // every session has its EpochBegin, the coordinator's CPU seconds while
 // they open, its CPU per idle session per second over the next
-// --idle_seconds (heartbeats only), its RSS growth per session, and the
-// leases that expired meanwhile. Baseline, same run: a bare gRPC server in
+// --idle_seconds (heartbeats only), its RSS growth per session, the
+// leases that expired meanwhile, and then, with the sessions completing one
+// lease each in turn at --open_paced_grants_per_s for --paced_seconds, its
+// CPU per grant beyond the idle rate (against the first size's: the cost
+// per grant should not grow with the job) and the grant latency (Complete
+// sent -> next Grant received). Baseline for the open, same run: a bare gRPC server in
 // this process that answers each Hello with Welcome and EpochBegin (no
 // state, no journal), opened by the same load generator.
 //
@@ -56,6 +60,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -107,6 +112,11 @@ ABSL_FLAG(std::vector<std::string>, open_sessions,
 ABSL_FLAG(int, workers, 8, "DataLoader workers per rank (open mode).");
 ABSL_FLAG(double, idle_seconds, 5,
           "Seconds of heartbeats only after the open (open mode).");
+ABSL_FLAG(double, open_paced_grants_per_s, 300,
+          "Grants per second of the paced phase after the idle one: a "
+          "session completes one of its leases (Progress + Complete) and gets "
+          "the next (open mode).");
+ABSL_FLAG(double, paced_seconds, 5, "Seconds of the paced phase (open mode).");
 ABSL_FLAG(bool, progress, true,
           "Leases mode: a Progress before every Complete (Grant -> Progress -> "
           "Complete).");
@@ -941,6 +951,15 @@ class OpenSession : public QueuedSession {
       begun_seen_ = true;
       begun_->fetch_add(1);
     }
+    if (in_.has_grant()) {
+      absl::MutexLock lock(&mu_);
+      held_.push_back(in_.grant().lease());
+      if (completed_at_ != absl::InfinitePast()) {
+        latencies_us_.push_back(
+            absl::ToDoubleMicroseconds(absl::Now() - completed_at_));
+        completed_at_ = absl::InfinitePast();
+      }
+    }
     StartRead(&in_);
   }
   void Beat() {
@@ -948,11 +967,42 @@ class OpenSession : public QueuedSession {
     beat.mutable_heartbeat();
     Enqueue({beat});
   }
+  // Reads the oldest lease held to its end (Progress + Complete); the
+  // coordinator then grants the next. False when none is held.
+  bool CompleteOne() {
+    sluice::v1::Lease lease;
+    {
+      absl::MutexLock lock(&mu_);
+      if (held_.empty()) return false;
+      lease = std::move(held_.front());
+      held_.pop_front();
+      completed_at_ = absl::Now();
+    }
+    TrainerMessage progress;
+    progress.mutable_progress()->set_lease_id(lease.lease_id());
+    progress.mutable_progress()->set_fence(lease.fence());
+    progress.mutable_progress()->set_consumed(lease.unit().end() -
+                                              lease.unit().begin());
+    TrainerMessage complete;
+    complete.mutable_complete()->set_lease_id(lease.lease_id());
+    complete.mutable_complete()->set_fence(lease.fence());
+    Enqueue({progress, complete});
+    return true;
+  }
+  // Complete -> next Grant, in microseconds, for each grant so far.
+  std::vector<double> TakeLatencies() {
+    absl::MutexLock lock(&mu_);
+    return std::move(latencies_us_);
+  }
 
  private:
   std::atomic<int>* begun_;
   std::atomic<int64_t>* interval_ms_;
   bool begun_seen_ = false;  // reads are serialized
+  absl::Mutex mu_;
+  std::deque<sluice::v1::Lease> held_ ABSL_GUARDED_BY(mu_);
+  absl::Time completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<double> latencies_us_ ABSL_GUARDED_BY(mu_);
 };
 
 // Bare gRPC: each Hello answered with Welcome and EpochBegin.
@@ -1051,6 +1101,12 @@ struct OpenResult {
   int64_t expired = 0;
   double heartbeats_per_s = 0;
   int64_t heartbeat_interval_ms = 0;
+  // The paced phase: grants per second reached, coordinator CPU per grant
+  // (beyond the idle phase's rate), grant latency.
+  double paced_grants_per_s = 0;
+  double cpu_us_per_grant = 0;
+  double grant_p50_ms = 0;
+  double grant_p99_ms = 0;
 };
 
 // Opens `ranks` x `workers` sessions of `job` at `address`; with `pid`, the
@@ -1105,6 +1161,46 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
     r.heartbeat_interval_ms = interval_ms.load();
     r.rss_kb_per_session =
         static_cast<double>(RssKb(pid) - rss0) / static_cast<double>(total);
+    // Paced grants: every 10 ms the share due, from the sessions in turn.
+    const double rate = absl::GetFlag(FLAGS_open_paced_grants_per_s);
+    const double paced = absl::GetFlag(FLAGS_paced_seconds);
+    for (auto& session : all) session->TakeLatencies();
+    const double cpu2 = CpuSeconds(pid);
+    const absl::Time paced_start = absl::Now();
+    int64_t completed = 0;
+    size_t next = 0;
+    double owed = 0;
+    while (absl::Now() - paced_start < absl::Seconds(paced)) {
+      owed += rate / 100;
+      for (size_t tried = 0; owed >= 1 && tried < all.size(); ++tried) {
+        if (all[next++ % all.size()]->CompleteOne()) {
+          owed -= 1;
+          ++completed;
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    absl::SleepFor(absl::Milliseconds(500));  // the last grants arrive
+    const double paced_elapsed =
+        absl::ToDoubleSeconds(absl::Now() - paced_start);
+    std::vector<double> latencies;
+    for (auto& session : all) {
+      std::vector<double> l = session->TakeLatencies();
+      latencies.insert(latencies.end(), l.begin(), l.end());
+    }
+    r.paced_grants_per_s = static_cast<double>(latencies.size()) / paced;
+    if (!latencies.empty()) {
+      const double idle_rate = r.idle_cpu_per_session_s * total;
+      r.cpu_us_per_grant =
+          (CpuSeconds(pid) - cpu2 - idle_rate * paced_elapsed) /
+          static_cast<double>(latencies.size()) * 1e6;
+      std::sort(latencies.begin(), latencies.end());
+      r.grant_p50_ms = latencies[latencies.size() / 2] / 1000;
+      r.grant_p99_ms = latencies[std::min(latencies.size() - 1,
+                                          latencies.size() * 99 / 100)] /
+                       1000;
+    }
+    (void)completed;
     auto status = sluice::testing::GetJob(address, job);
     if (status.ok()) r.expired = status->status().leases().expired();
   }
@@ -1130,7 +1226,7 @@ int RunOpen() {
   std::string json =
       "{\"bench\":\"coordinator_open\",\"workers\":" + std::to_string(workers) +
       ",\"sizes\":[";
-  double worst_ratio = 0;
+  double worst_ratio = 0, first_cpu_per_grant = 0, worst_grant_cpu_ratio = 0;
   bool first = true;
   for (const std::string& size : absl::GetFlag(FLAGS_open_sessions)) {
     int sessions = 0;
@@ -1149,10 +1245,14 @@ int RunOpen() {
       std::fprintf(stderr, "%s\n", coordinator.status().ToString().c_str());
       return 1;
     }
-    // Units of 100 samples, enough for every reader's two grants.
+    // Units of 100 samples: every reader's two grants and the paced
+    // phase's, with room to spare.
+    const int paced_grants =
+        static_cast<int>(absl::GetFlag(FLAGS_open_paced_grants_per_s) *
+                         absl::GetFlag(FLAGS_paced_seconds));
     sluice::v1::JobSpec spec;
     spec.set_name("big");
-    for (int s = 0; s < 2 * ranks * workers; ++s) {
+    for (int s = 0; s < 2 * ranks * workers + 2 * paced_grants + 4096; ++s) {
       auto* shard = spec.mutable_manifest()->add_shards();
       shard->set_url(absl::StrCat("/data/big/shard-", s, ".tar"));
       shard->set_num_samples(100);
@@ -1176,11 +1276,17 @@ int RunOpen() {
     const OpenResult bare = OpenAll(echo_address, "big", ranks, workers, 0);
     const double ratio = sluice_open.open_s / std::max(bare.open_s, 1e-3);
     worst_ratio = std::max(worst_ratio, ratio);
+    if (first) first_cpu_per_grant = sluice_open.cpu_us_per_grant;
+    const double grant_cpu_ratio =
+        sluice_open.cpu_us_per_grant / std::max(first_cpu_per_grant, 1e-9);
+    worst_grant_cpu_ratio = std::max(worst_grant_cpu_ratio, grant_cpu_ratio);
     std::printf(
         "%6d sessions: open %.2f s (bare gRPC %.2f s, %.1fx), %d of %d "
         "began; coordinator CPU %.2f s while opening; idle: heartbeats "
         "every %lld ms (%.0f/s), %.3f cores (%.1f us per session per s); RSS "
-        "%.1f KB per session; %lld leases expired\n",
+        "%.1f KB per session; %lld leases expired; paced %.0f grants/s: "
+        "%.0f us of coordinator CPU per grant (%.2fx the first size), grant "
+        "latency p50 %.2f ms p99 %.2f ms\n",
         sessions, sluice_open.open_s, bare.open_s, ratio, sluice_open.opened,
         sessions, sluice_open.open_cpu_s,
         static_cast<long long>(sluice_open.heartbeat_interval_ms),
@@ -1188,7 +1294,9 @@ int RunOpen() {
         sluice_open.idle_cpu_per_session_s * sessions,
         sluice_open.idle_cpu_per_session_s * 1e6,
         sluice_open.rss_kb_per_session,
-        static_cast<long long>(sluice_open.expired));
+        static_cast<long long>(sluice_open.expired),
+        sluice_open.paced_grants_per_s, sluice_open.cpu_us_per_grant,
+        grant_cpu_ratio, sluice_open.grant_p50_ms, sluice_open.grant_p99_ms);
     std::fflush(stdout);
     absl::StrAppend(
         &json, first ? "" : ",", "{\"sessions\":", sessions,
@@ -1200,10 +1308,16 @@ int RunOpen() {
         ",\"idle_cores\":", sluice_open.idle_cpu_per_session_s * sessions,
         ",\"heartbeats_per_s\":", sluice_open.heartbeats_per_s,
         ",\"rss_kb_per_session\":", sluice_open.rss_kb_per_session,
-        ",\"expired\":", sluice_open.expired, "}");
+        ",\"expired\":", sluice_open.expired,
+        ",\"paced_grants_per_s\":", sluice_open.paced_grants_per_s,
+        ",\"cpu_us_per_grant\":", sluice_open.cpu_us_per_grant,
+        ",\"grant_p50_ms\":", sluice_open.grant_p50_ms,
+        ",\"grant_p99_ms\":", sluice_open.grant_p99_ms, "}");
     first = false;
   }
-  absl::StrAppend(&json, "],\"worst_open_ratio\":", worst_ratio, "}");
+  absl::StrAppend(&json, "],\"worst_open_ratio\":", worst_ratio,
+                  ",\"worst_cpu_per_grant_ratio\":", worst_grant_cpu_ratio,
+                  "}");
   std::printf("%s\n", json.c_str());
   echo_server->Shutdown();
   return 0;
