@@ -60,7 +60,7 @@ int64_t CoordinatorService::RegisterDataServer(
   Effects fx;
   int64_t id;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     seen_fence_floor_ = std::max(seen_fence_floor_,
                                  std::min(max_fence_seen, kMaxFenceSeen) + 1);
     const bool none_live = !data_servers_.AnyLive();
@@ -87,7 +87,7 @@ void CoordinatorService::DataServerHeartbeat(int64_t id,
                                              uint64_t max_fence_seen) {
   Effects fx;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     seen_fence_floor_ = std::max(seen_fence_floor_,
                                  std::min(max_fence_seen, kMaxFenceSeen) + 1);
     const bool none_live = !data_servers_.AnyLive();
@@ -100,13 +100,13 @@ void CoordinatorService::DataServerHeartbeat(int64_t id,
 }
 
 void CoordinatorService::UnregisterDataServer(int64_t id) {
-  absl::MutexLock lock(&mu_);
+  ServiceLock lock(this);
   data_servers_.Remove(id);
   UpdateDataServerMetricLocked();
 }
 
 std::vector<std::string> CoordinatorService::LiveDataServers() {
-  absl::MutexLock lock(&mu_);
+  ServiceLock lock(this);
   return data_servers_.LiveAddresses();
 }
 

@@ -19,6 +19,14 @@ prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r,
 const std::vector<double> CoordinatorMetrics::kInputWaitBounds = {
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10};
 
+namespace {
+// 1 us to 1 s: a grant holds the lock for tens of microseconds.
+prometheus::Histogram::BucketBoundaries LockBounds() {
+  return {0.000001, 0.00001, 0.0001, 0.00025, 0.0005,
+          0.001,    0.0025,  0.01,   0.1,     1};
+}
+}  // namespace
+
 CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
     : jobs(GaugeFamily(r, "sluice_coordinator_jobs",
                        "Jobs known to the coordinator.")
@@ -88,6 +96,19 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                                   "scope); a caller that leaves stops "
                                   "counting.")
                           .Add({})),
+      lock_wait(prometheus::BuildHistogram()
+                    .Name("sluice_coordinator_lock_wait_seconds")
+                    .Help("How long each call waited for the coordinator's "
+                          "state lock.")
+                    .Register(r)
+                    .Add({}, LockBounds())),
+      lock_hold(prometheus::BuildHistogram()
+                    .Name("sluice_coordinator_lock_hold_seconds")
+                    .Help("How long each call held the coordinator's state "
+                          "lock (a grant, a Hello, an expiry tick, a "
+                          "registration...).")
+                    .Register(r)
+                    .Add({}, LockBounds())),
       granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total",
                              "Leases granted.")),
       completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",

@@ -71,6 +71,10 @@ class CoordinatorMetrics {
   prometheus::Histogram& etcd_request_latency;
   // Callers waiting in a Barrier now, over every scope.
   prometheus::Gauge& barrier_waiting;
+  // The coordinator's state lock: how long each taker waited for it, and
+  // how long each held it.
+  prometheus::Histogram& lock_wait;
+  prometheus::Histogram& lock_hold;
 
  private:
   prometheus::Family<prometheus::Counter>& granted_;

@@ -119,6 +119,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   return service;
 }
 
+CoordinatorService::ServiceLock::ServiceLock(CoordinatorService* service)
+    : service_(service) {
+  const absl::Time asked = absl::Now();
+  service_->mu_.Lock();
+  acquired_ = absl::Now();
+  if (CoordinatorMetrics* m = service_->options_.metrics) {
+    m->lock_wait.Observe(absl::ToDoubleSeconds(acquired_ - asked));
+  }
+}
+
+CoordinatorService::ServiceLock::~ServiceLock() {
+  const absl::Duration held = absl::Now() - acquired_;
+  service_->mu_.Unlock();
+  if (CoordinatorMetrics* m = service_->options_.metrics) {
+    m->lock_hold.Observe(absl::ToDoubleSeconds(held));
+  }
+}
+
 absl::Duration CoordinatorService::TtlLocked(const JobData& job) const {
   return job.spec.lease_ttl_ms() > 0
              ? absl::Milliseconds(job.spec.lease_ttl_ms())
@@ -225,7 +243,7 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(
   uint64_t ticket = 0;
   v1::Job result;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     if (const JobData* existing = state_.FindJob(spec.name())) {
       if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec,
                                                               spec)) {
@@ -260,7 +278,7 @@ absl::StatusOr<v1::Job> CoordinatorService::GetJob(const std::string& name,
   absl::StatusOr<v1::Job> result;
   uint64_t ticket = 0;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     const JobData* job = state_.FindJob(name);
     if (job == nullptr)
       return absl::NotFoundError(
@@ -276,7 +294,7 @@ absl::StatusOr<std::vector<v1::Job>> CoordinatorService::ListJobs() {
   std::vector<v1::Job> jobs;
   uint64_t ticket = 0;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     for (const auto& [name, job] : state_.jobs())
       jobs.push_back(JobToProtoLocked(job, false));
     ticket = journal_->LastTicket();
@@ -299,7 +317,7 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
   Effects fx;
   uint64_t ticket = 0;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     const JobData* job = state_.FindJob(name);
     if (job == nullptr)
       return absl::NotFoundError(
@@ -336,7 +354,7 @@ absl::Status CoordinatorService::PersistOnceFinished(
     const v1::internal::OnceFinished& finished) {
   Effects fx;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     JournalRecord record;
     *record.mutable_once_finished() = finished;
     RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
@@ -346,7 +364,7 @@ absl::Status CoordinatorService::PersistOnceFinished(
 
 std::vector<v1::internal::OnceFinished> CoordinatorService::ListOnceFinished(
     const std::string& scope) {
-  absl::MutexLock lock(&mu_);
+  ServiceLock lock(this);
   return state_.OnceFinishedIn(scope);
 }
 
@@ -354,7 +372,7 @@ absl::Status CoordinatorService::ResetOnce(const std::string& scope,
                                            const std::string& name) {
   Effects fx;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     if (state_.FindOnceFinished(scope, name) == nullptr) {
       return absl::NotFoundError(absl::StrCat(
           "once ", scope, "/", name, " has not finished: nothing to reset"));
@@ -369,7 +387,7 @@ absl::Status CoordinatorService::ResetOnce(const std::string& scope,
 
 std::optional<v1::internal::OnceFinished> CoordinatorService::FindOnceFinished(
     const std::string& scope, const std::string& name) {
-  absl::MutexLock lock(&mu_);
+  ServiceLock lock(this);
   const v1::internal::OnceFinished* f = state_.FindOnceFinished(scope, name);
   if (f == nullptr) return std::nullopt;
   return *f;
@@ -404,7 +422,7 @@ int CoordinatorService::ExpireLeasesImpl(bool stall_check) {
   const absl::Time woke =
       stall_check ? options_.stall_clock->Now() : absl::InfinitePast();
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     if (stall_check && last_tick_ != absl::InfinitePast() &&
         woke - last_tick_ > options_.stall_bound) {
       LogInfo(
@@ -470,7 +488,7 @@ void CoordinatorService::UpdateRankSkewLocked() {
 }
 
 absl::Time CoordinatorService::NextExpiry() {
-  absl::MutexLock lock(&mu_);
+  ServiceLock lock(this);
   return leases_.NextExpiry();
 }
 
@@ -478,7 +496,7 @@ void CoordinatorService::Drain() {
   StopExpiryThread();
   Effects fx;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     for (auto& [id, s] : sessions_) {
       FinishSessionLocked(
           s, absl::UnavailableError("coordinator is shutting down; reconnect"),

@@ -358,6 +358,20 @@ class CoordinatorService {
   int64_t last_snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Mutex mu_;
+  // Takes mu_ for a scope, timing the wait for it and how long it is held
+  // (sluice_coordinator_lock_{wait,hold}_seconds, when metrics are on).
+  class ABSL_SCOPED_LOCKABLE ServiceLock {
+   public:
+    explicit ServiceLock(CoordinatorService* service)
+        ABSL_EXCLUSIVE_LOCK_FUNCTION(service->mu_);
+    ~ServiceLock() ABSL_UNLOCK_FUNCTION();
+    ServiceLock(const ServiceLock&) = delete;
+    ServiceLock& operator=(const ServiceLock&) = delete;
+
+   private:
+    CoordinatorService* const service_;
+    absl::Time acquired_;
+  };
   CoordinatorState state_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);

@@ -25,7 +25,7 @@ using coordinator_internal::Rejected;
 using v1::CoordinatorMessage;
 
 int64_t CoordinatorService::OpenSession(std::shared_ptr<SessionSink> sink) {
-  absl::MutexLock lock(&mu_);
+  ServiceLock lock(this);
   const int64_t id = next_session_id_++;
   Session& s = sessions_[id];
   s.id = id;
@@ -35,7 +35,7 @@ int64_t CoordinatorService::OpenSession(std::shared_ptr<SessionSink> sink) {
 }
 
 void CoordinatorService::CloseSession(int64_t session_id) {
-  absl::MutexLock lock(&mu_);
+  ServiceLock lock(this);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
   auto owner = session_of_trainer_.find(it->second.trainer_id);
@@ -72,7 +72,7 @@ void CoordinatorService::OnMessage(int64_t session_id,
                                    const v1::TrainerMessage& message) {
   Effects fx;
   {
-    absl::MutexLock lock(&mu_);
+    ServiceLock lock(this);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end() || it->second.finished) return;
     Session& s = it->second;
