@@ -45,9 +45,9 @@
 // lease each in turn at --open_paced_grants_per_s for --paced_seconds, its
 // CPU per grant beyond the idle rate (against the first size's: the cost
 // per grant should not grow with the job) and the grant latency (Complete
-// sent -> next Grant received). Baseline for the open, same run: a bare gRPC server in
-// this process that answers each Hello with Welcome and EpochBegin (no
-// state, no journal), opened by the same load generator.
+// sent -> next Grant received). Baseline for the open, same run: a bare gRPC
+// server in this process that answers each Hello with Welcome and EpochBegin
+// (no state, no journal), opened by the same load generator.
 //
 // Each mode ends with one JSON line.
 #include <fcntl.h>
@@ -64,6 +64,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -76,6 +77,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -83,6 +85,7 @@
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "tests/testing/coordinator_client.h"
 #include "tests/testing/etcd.h"
+#include "tests/testing/http.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -1213,6 +1216,49 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
   return r;
 }
 
+// The coordinator's lock holds so far (sluice_coordinator_lock_hold_seconds
+// from its /metrics): how many, how many over 1 ms, and the smallest bucket
+// bound every one of them fits under.
+struct LockHolds {
+  uint64_t count = 0;
+  uint64_t over_1ms = 0;
+  double longest_under_s = 0;
+};
+
+LockHolds ScrapeLockHolds(const std::string& metrics_address) {
+  LockHolds holds;
+  auto page =
+      sluice::testing::HttpGet("http://" + metrics_address + "/metrics");
+  if (!page.ok()) return holds;
+  const std::string prefix =
+      "sluice_coordinator_lock_hold_seconds_bucket{le=\"";
+  std::vector<std::pair<double, uint64_t>> buckets;  // (bound, cumulative)
+  for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
+    if (!absl::ConsumePrefix(&line, prefix)) continue;
+    const size_t quote = line.find('"');
+    const size_t space = line.rfind(' ');
+    if (quote == absl::string_view::npos || space == absl::string_view::npos)
+      continue;
+    double bound = 0, n = 0;
+    const absl::string_view le = line.substr(0, quote);
+    if (le == "+Inf") {
+      bound = std::numeric_limits<double>::infinity();
+    } else if (!absl::SimpleAtod(le, &bound)) {
+      continue;
+    }
+    if (!absl::SimpleAtod(line.substr(space + 1), &n)) continue;
+    buckets.emplace_back(bound, static_cast<uint64_t>(n));
+  }
+  if (buckets.empty()) return holds;
+  holds.count = buckets.back().second;
+  for (const auto& [bound, cumulative] : buckets) {
+    if (bound == 0.001) holds.over_1ms = holds.count - cumulative;
+    if (holds.longest_under_s == 0 && cumulative == holds.count)
+      holds.longest_under_s = bound;
+  }
+  return holds;
+}
+
 int RunOpen() {
   const int workers = absl::GetFlag(FLAGS_workers);
   OpenEchoService echo;
@@ -1271,6 +1317,7 @@ int RunOpen() {
     const OpenResult sluice_open =
         OpenAll(coordinator->grpc_address, "big", ranks, workers,
                 coordinator->process.pid());
+    const LockHolds holds = ScrapeLockHolds(coordinator->metrics_address);
     coordinator->process.Signal(SIGKILL);
     (void)coordinator->process.WaitForExit(absl::Seconds(10));
     const OpenResult bare = OpenAll(echo_address, "big", ranks, workers, 0);
@@ -1286,7 +1333,8 @@ int RunOpen() {
         "every %lld ms (%.0f/s), %.3f cores (%.1f us per session per s); RSS "
         "%.1f KB per session; %lld leases expired; paced %.0f grants/s: "
         "%.0f us of coordinator CPU per grant (%.2fx the first size), grant "
-        "latency p50 %.2f ms p99 %.2f ms\n",
+        "latency p50 %.2f ms p99 %.2f ms; lock held %llu times, %llu of "
+        "them over 1 ms, each under %g s\n",
         sessions, sluice_open.open_s, bare.open_s, ratio, sluice_open.opened,
         sessions, sluice_open.open_cpu_s,
         static_cast<long long>(sluice_open.heartbeat_interval_ms),
@@ -1296,7 +1344,9 @@ int RunOpen() {
         sluice_open.rss_kb_per_session,
         static_cast<long long>(sluice_open.expired),
         sluice_open.paced_grants_per_s, sluice_open.cpu_us_per_grant,
-        grant_cpu_ratio, sluice_open.grant_p50_ms, sluice_open.grant_p99_ms);
+        grant_cpu_ratio, sluice_open.grant_p50_ms, sluice_open.grant_p99_ms,
+        static_cast<unsigned long long>(holds.count),
+        static_cast<unsigned long long>(holds.over_1ms), holds.longest_under_s);
     std::fflush(stdout);
     absl::StrAppend(
         &json, first ? "" : ",", "{\"sessions\":", sessions,
@@ -1312,7 +1362,10 @@ int RunOpen() {
         ",\"paced_grants_per_s\":", sluice_open.paced_grants_per_s,
         ",\"cpu_us_per_grant\":", sluice_open.cpu_us_per_grant,
         ",\"grant_p50_ms\":", sluice_open.grant_p50_ms,
-        ",\"grant_p99_ms\":", sluice_open.grant_p99_ms, "}");
+        ",\"grant_p99_ms\":", sluice_open.grant_p99_ms,
+        ",\"lock_holds\":", holds.count,
+        ",\"lock_holds_over_1ms\":", holds.over_1ms,
+        ",\"longest_lock_hold_under_s\":", holds.longest_under_s, "}");
     first = false;
   }
   absl::StrAppend(&json, "],\"worst_open_ratio\":", worst_ratio,
