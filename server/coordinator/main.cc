@@ -51,7 +51,9 @@ ABSL_FLAG(std::string, advertise, "",
           "with (default: the --listen host, or this host's name when it is "
           "a wildcard, and the bound port).");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
-          "How often trainers heartbeat (sent to them in Welcome).");
+          "How often trainers heartbeat (sent to them in Welcome). A job "
+          "whose readers would together send more than 2,000 heartbeats a "
+          "second is asked for fewer (at most every 0.4 of its lease TTL).");
 ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
           "Lease TTL for jobs that do not set lease_ttl_ms.");
 ABSL_FLAG(int64_t, journal_compact_bytes, 64 << 20,
