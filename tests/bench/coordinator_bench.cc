@@ -45,7 +45,8 @@
 // lease each in turn at --open_paced_grants_per_s for --paced_seconds, its
 // CPU per grant beyond the idle rate (against the first size's: the cost
 // per grant should not grow with the job) and the grant latency (Complete
-// sent -> next Grant received). Baseline for the open, same run: a bare gRPC
+// sent -> next Grant received); over all of it, the coordinator's lock
+// holds from its own histogram. Baseline for the open, same run: a bare gRPC
 // server in this process that answers each Hello with Welcome and EpochBegin
 // (no state, no journal), opened by the same load generator.
 //
@@ -1216,23 +1217,18 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
   return r;
 }
 
-// The coordinator's lock holds so far (sluice_coordinator_lock_hold_seconds
-// from its /metrics): how many, how many over 1 ms, and the smallest bucket
-// bound every one of them fits under.
-struct LockHolds {
-  uint64_t count = 0;
-  uint64_t over_1ms = 0;
-  double longest_under_s = 0;
-};
+// The coordinator's lock holds between two scrapes of its /metrics
+// (sluice_coordinator_lock_hold_seconds): how many, how many over 1 ms, and
+// the smallest bucket bound every one of them fits under.
+using HoldBuckets = std::vector<std::pair<double, uint64_t>>;  // cumulative
 
-LockHolds ScrapeLockHolds(const std::string& metrics_address) {
-  LockHolds holds;
+HoldBuckets ScrapeLockHolds(const std::string& metrics_address) {
+  HoldBuckets buckets;
   auto page =
       sluice::testing::HttpGet("http://" + metrics_address + "/metrics");
-  if (!page.ok()) return holds;
+  if (!page.ok()) return buckets;
   const std::string prefix =
       "sluice_coordinator_lock_hold_seconds_bucket{le=\"";
-  std::vector<std::pair<double, uint64_t>> buckets;  // (bound, cumulative)
   for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
     if (!absl::ConsumePrefix(&line, prefix)) continue;
     const size_t quote = line.find('"');
@@ -1249,12 +1245,24 @@ LockHolds ScrapeLockHolds(const std::string& metrics_address) {
     if (!absl::SimpleAtod(line.substr(space + 1), &n)) continue;
     buckets.emplace_back(bound, static_cast<uint64_t>(n));
   }
-  if (buckets.empty()) return holds;
-  holds.count = buckets.back().second;
-  for (const auto& [bound, cumulative] : buckets) {
-    if (bound == 0.001) holds.over_1ms = holds.count - cumulative;
+  return buckets;
+}
+
+struct LockHolds {
+  uint64_t count = 0;
+  uint64_t over_1ms = 0;
+  double longest_under_s = 0;
+};
+
+LockHolds HoldsBetween(const HoldBuckets& before, const HoldBuckets& after) {
+  LockHolds holds;
+  if (after.empty() || before.size() != after.size()) return holds;
+  holds.count = after.back().second - before.back().second;
+  for (size_t i = 0; i < after.size(); ++i) {
+    const uint64_t cumulative = after[i].second - before[i].second;
+    if (after[i].first == 0.001) holds.over_1ms = holds.count - cumulative;
     if (holds.longest_under_s == 0 && cumulative == holds.count)
-      holds.longest_under_s = bound;
+      holds.longest_under_s = after[i].first;
   }
   return holds;
 }
@@ -1314,10 +1322,15 @@ int RunOpen() {
       std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
       return 1;
     }
+    // Lock holds of the sessions' work only (CreateJob's planning of the
+    // manifest comes before).
+    const HoldBuckets holds_before =
+        ScrapeLockHolds(coordinator->metrics_address);
     const OpenResult sluice_open =
         OpenAll(coordinator->grpc_address, "big", ranks, workers,
                 coordinator->process.pid());
-    const LockHolds holds = ScrapeLockHolds(coordinator->metrics_address);
+    const LockHolds holds = HoldsBetween(
+        holds_before, ScrapeLockHolds(coordinator->metrics_address));
     coordinator->process.Signal(SIGKILL);
     (void)coordinator->process.WaitForExit(absl::Seconds(10));
     const OpenResult bare = OpenAll(echo_address, "big", ranks, workers, 0);
