@@ -482,18 +482,26 @@ sluice::v1::JobSpec MixedSpec(const sluice::v1::JobSpec& spec,
   return mixed;
 }
 
-int RunLeases() {
-  const int sessions = absl::GetFlag(FLAGS_sessions);
-  const double seconds = absl::GetFlag(FLAGS_seconds);
-  sluice::testing::TempDir dir;
+// The real sluice-coordinator binary with its journal in `dir`, granting
+// without data servers; a failure to start is printed.
+absl::StatusOr<sluice::testing::ServerProcess> StartCoordinator(
+    const sluice::testing::TempDir& dir) {
   auto coordinator = sluice::testing::ServerProcess::Start(
       "sluice-coordinator", dir.path(),
       {"--wait_for_data_servers=false",
        "--journal_dir=" + dir.File("journal")});
   if (!coordinator.ok()) {
     std::fprintf(stderr, "%s\n", coordinator.status().ToString().c_str());
-    return 1;
   }
+  return coordinator;
+}
+
+int RunLeases() {
+  const int sessions = absl::GetFlag(FLAGS_sessions);
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  sluice::testing::TempDir dir;
+  auto coordinator = StartCoordinator(dir);
+  if (!coordinator.ok()) return 1;
   // An endless job of 1-sample units, no quotas: any session takes any unit.
   CoordinatorMessage sample_grant;
   {
@@ -1291,14 +1299,8 @@ int RunOpen() {
     }
     const int ranks = sessions / workers;
     sluice::testing::TempDir dir;
-    auto coordinator = sluice::testing::ServerProcess::Start(
-        "sluice-coordinator", dir.path(),
-        {"--wait_for_data_servers=false",
-         "--journal_dir=" + dir.File("journal")});
-    if (!coordinator.ok()) {
-      std::fprintf(stderr, "%s\n", coordinator.status().ToString().c_str());
-      return 1;
-    }
+    auto coordinator = StartCoordinator(dir);
+    if (!coordinator.ok()) return 1;
     // Units of 100 samples: every reader's two grants and the paced
     // phase's, with room to spare.
     const int paced_grants =
