@@ -3,13 +3,13 @@
 // A trainer paused past its lease TTL (SIGSTOP, a GC or VM stall) may have
 // handed samples to the training loop that its Progress had not yet
 // reported when the coordinator expired the lease. The coordinator
-// re-grants the unreported rest of the unit, and with per-rank quotas it
-// comes back to the same rank and reader slot, this Reader: it starts with
-// samples the loop already has. The Reader remembers what it delivered of
+// re-grants the unreported rest of the unit to the same reader slot while
+// that slot's session is open, so it comes back to this Reader: it starts
+// with samples the loop already has. The Reader remembers what it delivered of
 // every lease it lost (Revoke, Rejected) and, when a later grant of the same
 // unit in the same epoch starts inside that range, reports those samples as
-// consumed at once and fetches only the rest. Whatever goes to another
-// reader (a pool without quotas) cannot be caught here.
+// consumed at once and fetches only the rest. A remainder granted to
+// another reader (after this one's session ended) cannot be caught here.
 //
 // Not thread-safe: the Reader guards it with its state mutex.
 #ifndef SLUICE_CLIENT_CPP_LOST_DELIVERIES_H_

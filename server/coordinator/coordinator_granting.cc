@@ -45,6 +45,20 @@ std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job,
   return rt.queues[per_rank ? slot : 0];
 }
 
+bool CoordinatorService::SlotHasOpenSessionLocked(const JobData& job,
+                                                  int32_t slot) {
+  auto open = open_sessions_.find(job.spec.name());
+  if (open == open_sessions_.end()) return false;
+  for (int64_t id : open->second) {
+    auto s = sessions_.find(id);
+    if (s != sessions_.end() &&
+        job.plan.SlotOf(s->second.rank, s->second.worker) == slot) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void CoordinatorService::PumpAllLocked(Effects& fx) {
   for (const auto& [name, job] : state_.jobs()) PumpLocked(name, fx);
 }
@@ -96,12 +110,27 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
              job.spec.name());
     return false;  // never reached by counting; refused rather than wrapped
   }
-  Piece piece = queue.front();
-  queue.pop_front();
+  // The first piece this reader may take: an expired lease's remainder goes
+  // back to its own slot while that slot has an open session.
+  auto it = queue.begin();
+  while (it != queue.end() && it->returned_to >= 0 && it->returned_to != slot &&
+         SlotHasOpenSessionLocked(job, it->returned_to)) {
+    ++it;
+  }
+  if (it == queue.end()) {
+    *why_kind = v1::WAITING_NO_WORK_LEFT;
+    *why_not = absl::StrCat(
+        "no unassigned work left in epoch ", job.epoch, " for ", reader,
+        "; waiting for other readers to re-read what their expired leases "
+        "returned");
+    return false;
+  }
+  Piece piece = *it;
+  it = queue.erase(it);
   if (piece.size() > limit) {
-    queue.push_front(Piece{piece.sequence, piece.shard_index,
-                           piece.begin + limit, piece.end, piece.rank,
-                           piece.slot});
+    Piece rest = piece;
+    rest.begin = piece.begin + limit;
+    queue.insert(it, rest);
     piece.end = piece.begin + limit;
   }
   // Above what the data servers report having seen, too (not journaled: the

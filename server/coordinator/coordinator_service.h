@@ -323,6 +323,10 @@ class CoordinatorService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishSessionLocked(Session& s, const absl::Status& status, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a session past Hello and not finished reads `slot` of `job`
+  // (a walk over the job's open sessions: only for expired remainders).
+  bool SlotHasOpenSessionLocked(const JobData& job, int32_t slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the session from open_sessions_ (finished or closed).
   void ForgetOpenLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Job JobToProtoLocked(const JobData& job, bool include_manifest)

@@ -581,6 +581,7 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name,
     Piece piece{
         lease->sequence, lease->shard_index, lease->begin + lease->consumed,
         lease->end,      lease->rank,        slot};
+    if (reason == "expired") piece.returned_to = slot;
     QueueForLocked(*job, runtime_[job_name], slot).push_front(piece);
   }
   v1::LeaseCounts& counts = runtime_[job_name].lease_counts;

@@ -83,6 +83,11 @@ struct Piece {
   int64_t end = 0;
   int32_t rank = 0;  // planned rank (static mode)
   int32_t slot = 0;  // planned slot (static mode)
+  // The remainder of a lease that expired: the slot that held it, whose
+  // reader may have delivered some of it unreported, and skips those when
+  // it is granted the rest again (client/cpp/lost_deliveries.h). Granted
+  // only to that slot while a session of it is open; -1 = to anyone.
+  int32_t returned_to = -1;
   int64_t size() const { return end - begin; }
 };
 

@@ -131,8 +131,9 @@ class LostDeliveries:
 
     A trainer paused past its lease TTL may have handed samples to the loop
     that its Progress had not yet reported when the coordinator expired the
-    lease; the coordinator re-grants the unreported rest, and with per-rank
-    quotas it comes back to this reader. What was delivered of every lost
+    lease; the coordinator re-grants the unreported rest to the same reader
+    slot while its session is open, so it comes back to this reader. What
+    was delivered of every lost
     lease (Revoke, Rejected) is remembered by unit; a later grant of the same
     unit in the same epoch that starts inside it reports those samples as
     consumed at once and fetches only the rest (client/cpp/lost_deliveries.h

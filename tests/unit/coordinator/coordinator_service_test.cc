@@ -1183,6 +1183,107 @@ TEST(CoordinatorStallTest, AStalledCoordinatorExpiresNothingForTheStall) {
   service.UnregisterDataServer(server);
 }
 
+// A reader that lost a lease to expiry (paused past its TTL) may have
+// delivered some of it unreported; only it can tell which, so the rest goes
+// back to its own slot while its session is open. Another worker of the
+// rank is given other work meanwhile, and the remainder once that session
+// is gone.
+TEST(CoordinatorExpiryTest, AnExpiredRemainderGoesBackToItsOwnSlot) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  v1::JobSpec spec = Spec("j", {10, 10, 10}, 1, 1);
+  spec.set_mode(v1::MODE_DYNAMIC);
+  spec.set_max_samples_per_lease(5);
+  ASSERT_OK(service.CreateJob(spec));
+  auto open = [&](int worker, std::shared_ptr<RecordingSink> sink) {
+    const int64_t id = service.OpenSession(sink);
+    v1::TrainerMessage hello = Hello("j", 0, absl::StrCat("w", worker));
+    hello.mutable_hello()->set_worker(worker);
+    hello.mutable_hello()->set_num_workers(2);
+    service.OnMessage(id, hello);
+    return id;
+  };
+  auto b_sink = std::make_shared<RecordingSink>();
+  auto a_sink = std::make_shared<RecordingSink>();
+  const int64_t b = open(1, b_sink);
+  const int64_t a = open(0, a_sink);
+  service.OnMessage(b, Want(1));
+  service.OnMessage(a, Want(1));
+  service.Flush();
+  const std::vector<v1::Lease> b1 = b_sink->TakeGrants();
+  const std::vector<v1::Lease> a1 = a_sink->TakeGrants();
+  ASSERT_EQ(b1.size(), 1u);
+  ASSERT_EQ(a1.size(), 1u);
+  // A asks for nothing more and goes silent past its TTL; B heartbeats.
+  service.OnMessage(a, Want(0));
+  clock.Advance(absl::Milliseconds(1500));
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat();
+  service.OnMessage(b, beat);
+  clock.Advance(absl::Milliseconds(600));
+  EXPECT_EQ(service.ExpireLeases(), 1);
+  // B finishes its unit: its next one is not A's remainder.
+  service.OnMessage(b, Complete(b1[0]));
+  service.Flush();
+  const std::vector<v1::Lease> b2 = b_sink->TakeGrants();
+  ASSERT_EQ(b2.size(), 1u);
+  EXPECT_FALSE(b2[0].unit().sequence() == a1[0].unit().sequence() &&
+               b2[0].unit().begin() == a1[0].unit().begin())
+      << b2[0].DebugString();
+  // A asks again and gets its own remainder back.
+  service.OnMessage(a, Want(1));
+  service.Flush();
+  const std::vector<v1::Lease> a2 = a_sink->TakeGrants();
+  ASSERT_EQ(a2.size(), 1u);
+  EXPECT_EQ(a2[0].unit().sequence(), a1[0].unit().sequence());
+  EXPECT_EQ(a2[0].unit().begin(), a1[0].unit().begin());
+  EXPECT_EQ(a2[0].unit().end(), a1[0].unit().end());
+}
+
+// With the slot's session gone, anyone may take its remainder.
+TEST(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyone) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  v1::JobSpec spec = Spec("j", {5, 5}, 0, 1);  // a pool: no quotas
+  spec.set_mode(v1::MODE_DYNAMIC);
+  ASSERT_OK(service.CreateJob(spec));
+  auto a_sink = std::make_shared<RecordingSink>();
+  const int64_t a = service.OpenSession(a_sink);
+  v1::TrainerMessage hello = Hello("j", 0, "a");
+  hello.mutable_hello()->set_worker(0);
+  hello.mutable_hello()->set_num_workers(2);
+  service.OnMessage(a, hello);
+  service.OnMessage(a, Want(1));
+  service.Flush();
+  const std::vector<v1::Lease> a1 = a_sink->TakeGrants();
+  ASSERT_EQ(a1.size(), 1u);
+  service.CloseSession(a);
+  clock.Advance(absl::Seconds(3));
+  EXPECT_EQ(service.ExpireLeases(), 1);
+  auto b_sink = std::make_shared<RecordingSink>();
+  const int64_t b = service.OpenSession(b_sink);
+  hello = Hello("j", 0, "b");
+  hello.mutable_hello()->set_worker(1);
+  hello.mutable_hello()->set_num_workers(2);
+  service.OnMessage(b, hello);
+  service.OnMessage(b, Want(1));
+  service.Flush();
+  const std::vector<v1::Lease> b1 = b_sink->TakeGrants();
+  ASSERT_EQ(b1.size(), 1u);
+  EXPECT_EQ(b1[0].unit().sequence(), a1[0].unit().sequence());
+  EXPECT_EQ(b1[0].unit().begin(), a1[0].unit().begin());
+}
+
 // A job's readers are asked to heartbeat at most kHeartbeatsPerSecondPerJob
 // times a second together: 1,024 ranks x 8 workers every 4 s (0.4 of the
 // 10 s TTL caps it), a small job at --heartbeat_interval. Opening them
