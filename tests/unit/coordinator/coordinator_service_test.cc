@@ -1183,29 +1183,48 @@ TEST(CoordinatorStallTest, AStalledCoordinatorExpiresNothingForTheStall) {
   service.UnregisterDataServer(server);
 }
 
+// A service on a fake clock that grants without data servers.
+class FakeClockServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    options.clock = &clock;
+    options.wait_for_data_servers = false;
+    auto created = CoordinatorService::Create(options);
+    ASSERT_OK(created);
+    owned_ = std::move(*created);
+  }
+  // A Hello of `worker` of `workers` readers of `rank`.
+  static v1::TrainerMessage WorkerHello(const std::string& job, int rank,
+                                        int worker, int workers,
+                                        const std::string& trainer) {
+    v1::TrainerMessage hello = Hello(job, rank, trainer);
+    hello.mutable_hello()->set_worker(worker);
+    hello.mutable_hello()->set_num_workers(workers);
+    return hello;
+  }
+  FakeClock clock;
+  CoordinatorOptions options;
+  std::unique_ptr<CoordinatorService> owned_;
+  CoordinatorService& service() { return *owned_; }
+};
+using CoordinatorExpiryTest = FakeClockServiceTest;
+using CoordinatorScaleTest = FakeClockServiceTest;
+
 // A reader that lost a lease to expiry (paused past its TTL) may have
 // delivered some of it unreported; only it can tell which, so the rest goes
 // back to its own slot while its session is open. Another worker of the
 // rank is given other work meanwhile, and the remainder once that session
 // is gone.
-TEST(CoordinatorExpiryTest, AnExpiredRemainderGoesBackToItsOwnSlot) {
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  auto created = CoordinatorService::Create(options);
-  ASSERT_OK(created);
-  CoordinatorService& service = **created;
+TEST_F(CoordinatorExpiryTest, AnExpiredRemainderGoesBackToItsOwnSlot) {
+  CoordinatorService& service = this->service();
   v1::JobSpec spec = Spec("j", {10, 10, 10}, 1, 1);
   spec.set_mode(v1::MODE_DYNAMIC);
   spec.set_max_samples_per_lease(5);
   ASSERT_OK(service.CreateJob(spec));
   auto open = [&](int worker, std::shared_ptr<RecordingSink> sink) {
     const int64_t id = service.OpenSession(sink);
-    v1::TrainerMessage hello = Hello("j", 0, absl::StrCat("w", worker));
-    hello.mutable_hello()->set_worker(worker);
-    hello.mutable_hello()->set_num_workers(2);
-    service.OnMessage(id, hello);
+    service.OnMessage(
+        id, WorkerHello("j", 0, worker, 2, absl::StrCat("w", worker)));
     return id;
   };
   auto b_sink = std::make_shared<RecordingSink>();
@@ -1246,23 +1265,14 @@ TEST(CoordinatorExpiryTest, AnExpiredRemainderGoesBackToItsOwnSlot) {
 }
 
 // With the slot's session gone, anyone may take its remainder.
-TEST(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyone) {
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  auto created = CoordinatorService::Create(options);
-  ASSERT_OK(created);
-  CoordinatorService& service = **created;
+TEST_F(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyone) {
+  CoordinatorService& service = this->service();
   v1::JobSpec spec = Spec("j", {5, 5}, 0, 1);  // a pool: no quotas
   spec.set_mode(v1::MODE_DYNAMIC);
   ASSERT_OK(service.CreateJob(spec));
   auto a_sink = std::make_shared<RecordingSink>();
   const int64_t a = service.OpenSession(a_sink);
-  v1::TrainerMessage hello = Hello("j", 0, "a");
-  hello.mutable_hello()->set_worker(0);
-  hello.mutable_hello()->set_num_workers(2);
-  service.OnMessage(a, hello);
+  service.OnMessage(a, WorkerHello("j", 0, 0, 2, "a"));
   service.OnMessage(a, Want(1));
   service.Flush();
   const std::vector<v1::Lease> a1 = a_sink->TakeGrants();
@@ -1272,10 +1282,7 @@ TEST(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyone) {
   EXPECT_EQ(service.ExpireLeases(), 1);
   auto b_sink = std::make_shared<RecordingSink>();
   const int64_t b = service.OpenSession(b_sink);
-  hello = Hello("j", 0, "b");
-  hello.mutable_hello()->set_worker(1);
-  hello.mutable_hello()->set_num_workers(2);
-  service.OnMessage(b, hello);
+  service.OnMessage(b, WorkerHello("j", 0, 1, 2, "b"));
   service.OnMessage(b, Want(1));
   service.Flush();
   const std::vector<v1::Lease> b1 = b_sink->TakeGrants();
@@ -1288,14 +1295,8 @@ TEST(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyone) {
 // times a second together: 1,024 ranks x 8 workers every 4 s (0.4 of the
 // 10 s TTL caps it), a small job at --heartbeat_interval. Opening them
 // sends each session exactly its own Welcome and EpochBegin.
-TEST(CoordinatorScaleTest, ABigJobHeartbeatsWithinTheBudgetAndOpensOnce) {
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  auto created = CoordinatorService::Create(options);
-  ASSERT_OK(created);
-  CoordinatorService& service = **created;
+TEST_F(CoordinatorScaleTest, ABigJobHeartbeatsWithinTheBudgetAndOpensOnce) {
+  CoordinatorService& service = this->service();
   v1::JobSpec big = Spec("big", std::vector<int64_t>(64, 100), 1024, 1);
   big.set_lease_ttl_ms(10000);
   ASSERT_OK(service.CreateJob(big));
@@ -1304,11 +1305,9 @@ TEST(CoordinatorScaleTest, ABigJobHeartbeatsWithinTheBudgetAndOpensOnce) {
   for (int rank = 0; rank < 1024; ++rank) {
     for (int worker = 0; worker < 8; ++worker) {
       auto sink = std::make_shared<RecordingSink>();
-      v1::TrainerMessage hello =
-          Hello("big", rank, absl::StrCat("t", rank, "-", worker));
-      hello.mutable_hello()->set_worker(worker);
-      hello.mutable_hello()->set_num_workers(8);
-      service.OnMessage(service.OpenSession(sink), hello);
+      service.OnMessage(service.OpenSession(sink),
+                        WorkerHello("big", rank, worker, 8,
+                                    absl::StrCat("t", rank, "-", worker)));
       sinks.push_back(sink);
     }
   }
