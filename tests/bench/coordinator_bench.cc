@@ -460,6 +460,20 @@ class EchoService : public sluice::v1::Coordinator::CallbackService {
   const CoordinatorMessage grant_;
 };
 
+// A baseline server in this process on a loopback port of its choosing;
+// `address` gets "127.0.0.1:PORT".
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service,
+                                    std::string* address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
 // `spec`'s shards as `sources` sources of about equal size, equal weights,
 // and the same samples per epoch.
 sluice::v1::JobSpec MixedSpec(const sluice::v1::JobSpec& spec,
@@ -545,13 +559,8 @@ int RunLeases() {
     lease->set_expires_at_unix_ms(absl::ToUnixMillis(absl::Now()));
   }
   EchoService echo(sample_grant);
-  grpc::ServerBuilder builder;
-  int echo_port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &echo_port);
-  builder.RegisterService(&echo);
-  std::unique_ptr<grpc::Server> echo_server = builder.BuildAndStart();
-  const std::string echo_address = absl::StrCat("127.0.0.1:", echo_port);
+  std::string echo_address;
+  std::unique_ptr<grpc::Server> echo_server = Serve(&echo, &echo_address);
 
   const double paced = absl::GetFlag(FLAGS_paced_ops_per_s);
   std::vector<LeaseRate> sluice_rates, bare_rates, sluice_paced, bare_paced,
@@ -1179,16 +1188,12 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
     for (auto& session : all) session->TakeLatencies();
     const double cpu2 = CpuSeconds(pid);
     const absl::Time paced_start = absl::Now();
-    int64_t completed = 0;
     size_t next = 0;
     double owed = 0;
     while (absl::Now() - paced_start < absl::Seconds(paced)) {
       owed += rate / 100;
       for (size_t tried = 0; owed >= 1 && tried < all.size(); ++tried) {
-        if (all[next++ % all.size()]->CompleteOne()) {
-          owed -= 1;
-          ++completed;
-        }
+        if (all[next++ % all.size()]->CompleteOne()) owed -= 1;
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
@@ -1212,7 +1217,6 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
                                           latencies.size() * 99 / 100)] /
                        1000;
     }
-    (void)completed;
     auto status = sluice::testing::GetJob(address, job);
     if (status.ok()) r.expired = status->status().leases().expired();
   }
@@ -1278,13 +1282,8 @@ LockHolds HoldsBetween(const HoldBuckets& before, const HoldBuckets& after) {
 int RunOpen() {
   const int workers = absl::GetFlag(FLAGS_workers);
   OpenEchoService echo;
-  grpc::ServerBuilder builder;
-  int echo_port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &echo_port);
-  builder.RegisterService(&echo);
-  std::unique_ptr<grpc::Server> echo_server = builder.BuildAndStart();
-  const std::string echo_address = absl::StrCat("127.0.0.1:", echo_port);
+  std::string echo_address;
+  std::unique_ptr<grpc::Server> echo_server = Serve(&echo, &echo_address);
   std::string json =
       "{\"bench\":\"coordinator_open\",\"workers\":" + std::to_string(workers) +
       ",\"sizes\":[";

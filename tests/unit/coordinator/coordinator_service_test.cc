@@ -1202,6 +1202,18 @@ class FakeClockServiceTest : public ::testing::Test {
     hello.mutable_hello()->set_num_workers(workers);
     return hello;
   }
+  // Opens a session of `worker` of 2 readers of rank 0 of job "j", asks
+  // for `credits` and returns the grants it gets.
+  std::vector<v1::Lease> OpenWorker(int worker, const std::string& trainer,
+                                    int credits,
+                                    const std::shared_ptr<RecordingSink>& sink,
+                                    int64_t* id) {
+    *id = owned_->OpenSession(sink);
+    owned_->OnMessage(*id, WorkerHello("j", 0, worker, 2, trainer));
+    owned_->OnMessage(*id, Want(credits));
+    owned_->Flush();
+    return sink->TakeGrants();
+  }
   FakeClock clock;
   CoordinatorOptions options;
   std::unique_ptr<CoordinatorService> owned_;
@@ -1221,21 +1233,11 @@ TEST_F(CoordinatorExpiryTest, AnExpiredRemainderGoesBackToItsOwnSlot) {
   spec.set_mode(v1::MODE_DYNAMIC);
   spec.set_max_samples_per_lease(5);
   ASSERT_OK(service.CreateJob(spec));
-  auto open = [&](int worker, std::shared_ptr<RecordingSink> sink) {
-    const int64_t id = service.OpenSession(sink);
-    service.OnMessage(
-        id, WorkerHello("j", 0, worker, 2, absl::StrCat("w", worker)));
-    return id;
-  };
   auto b_sink = std::make_shared<RecordingSink>();
   auto a_sink = std::make_shared<RecordingSink>();
-  const int64_t b = open(1, b_sink);
-  const int64_t a = open(0, a_sink);
-  service.OnMessage(b, Want(1));
-  service.OnMessage(a, Want(1));
-  service.Flush();
-  const std::vector<v1::Lease> b1 = b_sink->TakeGrants();
-  const std::vector<v1::Lease> a1 = a_sink->TakeGrants();
+  int64_t a = 0, b = 0;
+  const std::vector<v1::Lease> b1 = OpenWorker(1, "w1", 1, b_sink, &b);
+  const std::vector<v1::Lease> a1 = OpenWorker(0, "w0", 1, a_sink, &a);
   ASSERT_EQ(b1.size(), 1u);
   ASSERT_EQ(a1.size(), 1u);
   // A asks for nothing more and goes silent past its TTL; B heartbeats.
@@ -1270,22 +1272,15 @@ TEST_F(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyone) {
   v1::JobSpec spec = Spec("j", {5, 5}, 0, 1);  // a pool: no quotas
   spec.set_mode(v1::MODE_DYNAMIC);
   ASSERT_OK(service.CreateJob(spec));
-  auto a_sink = std::make_shared<RecordingSink>();
-  const int64_t a = service.OpenSession(a_sink);
-  service.OnMessage(a, WorkerHello("j", 0, 0, 2, "a"));
-  service.OnMessage(a, Want(1));
-  service.Flush();
-  const std::vector<v1::Lease> a1 = a_sink->TakeGrants();
+  int64_t a = 0, b = 0;
+  const std::vector<v1::Lease> a1 =
+      OpenWorker(0, "a", 1, std::make_shared<RecordingSink>(), &a);
   ASSERT_EQ(a1.size(), 1u);
   service.CloseSession(a);
   clock.Advance(absl::Seconds(3));
   EXPECT_EQ(service.ExpireLeases(), 1);
-  auto b_sink = std::make_shared<RecordingSink>();
-  const int64_t b = service.OpenSession(b_sink);
-  service.OnMessage(b, WorkerHello("j", 0, 1, 2, "b"));
-  service.OnMessage(b, Want(1));
-  service.Flush();
-  const std::vector<v1::Lease> b1 = b_sink->TakeGrants();
+  const std::vector<v1::Lease> b1 =
+      OpenWorker(1, "b", 1, std::make_shared<RecordingSink>(), &b);
   ASSERT_EQ(b1.size(), 1u);
   EXPECT_EQ(b1[0].unit().sequence(), a1[0].unit().sequence());
   EXPECT_EQ(b1[0].unit().begin(), a1[0].unit().begin());
