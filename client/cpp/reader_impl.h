@@ -248,9 +248,14 @@ class ReaderImpl final : public Reader {
   void FailSiblingsLocked(const Unit& failed, const std::string& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease is no longer ours (Revoke, Rejected): drop what is undelivered
-  // and report nothing more for it.
+  // and report nothing more for it; what it delivered counts as lost
+  // deliveries (lost_deliveries.h).
   void RetireLocked(const std::string& lease_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // Reported but not taken (the lease expired before the report came):
+    // everything the report covered was delivered.
+    if (std::optional<ReportLedger::Dropped> d = ledger_.Drop(lease_id))
+      lost_.Lost(d->lease, d->delivered);
     auto it = units_.find(lease_id);
     if (it == units_.end()) return;
     lost_.Lost(it->second->lease, it->second->delivered);

@@ -60,7 +60,7 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
     if (m.has_progress()) {
       u->reported = std::max(u->reported, m.progress().consumed());
     } else {
-      ledger_.Sent(u->lease.lease_id(), m, u->order);
+      ledger_.Sent(u->lease, u->delivered, m, u->order);
       units_.erase(u->lease.lease_id());
       CancelFetchLocked(*u);
       retired_.push_back(u);
@@ -313,9 +313,12 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         }
         if (closing_) break;
         // A new lease of a unit this Reader still holds under another
-        // lease: the coordinator has taken the old one back (it expired
-        // while this session was away, and its Rejected may arrive only
-        // after this grant). Retired first, so what it delivered counts.
+        // lease, or reported but unconfirmed: the coordinator has taken the
+        // old one back (it expired while this session was away, and its
+        // Rejected may arrive only after this grant). Retired first, so
+        // what it delivered counts.
+        for (ReportLedger::Dropped& d : ledger_.DropSameUnit(lease))
+          lost_.Lost(d.lease, d.delivered);
         RetireSupersededLocked(lease);
         auto u = std::make_shared<Unit>(this);
         u->lease = lease;

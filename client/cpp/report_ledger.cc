@@ -4,9 +4,10 @@
 
 namespace sluice::client_internal {
 
-void ReportLedger::Sent(const std::string& lease_id,
+void ReportLedger::Sent(const v1::Lease& lease, int64_t delivered,
                         const v1::TrainerMessage& message, int64_t order) {
-  reports_[lease_id] = Report{message, order, last_sync_id_};
+  reports_[lease.lease_id()] =
+      Report{lease, delivered, message, order, last_sync_id_};
 }
 
 void ReportLedger::Synced(uint64_t id) {
@@ -33,6 +34,32 @@ const v1::TrainerMessage* ReportLedger::Find(
     const std::string& lease_id) const {
   auto it = reports_.find(lease_id);
   return it == reports_.end() ? nullptr : &it->second.message;
+}
+
+std::optional<ReportLedger::Dropped> ReportLedger::Drop(
+    const std::string& lease_id) {
+  auto it = reports_.find(lease_id);
+  if (it == reports_.end()) return std::nullopt;
+  Dropped dropped{std::move(it->second.lease), it->second.delivered};
+  reports_.erase(it);
+  return dropped;
+}
+
+std::vector<ReportLedger::Dropped> ReportLedger::DropSameUnit(
+    const v1::Lease& lease) {
+  std::vector<Dropped> out;
+  for (auto it = reports_.begin(); it != reports_.end();) {
+    const v1::Lease& old = it->second.lease;
+    if (it->first != lease.lease_id() && old.epoch() == lease.epoch() &&
+        old.unit().sequence() == lease.unit().sequence() &&
+        old.unit().shard_index() == lease.unit().shard_index()) {
+      out.push_back(Dropped{std::move(it->second.lease), it->second.delivered});
+      it = reports_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
 }
 
 }  // namespace sluice::client_internal

@@ -59,6 +59,15 @@ bool CoordinatorService::SlotHasOpenSessionLocked(const JobData& job,
   return false;
 }
 
+bool CoordinatorService::SlotKeepsRemaindersLocked(const JobData& job,
+                                                   const JobRuntime& rt,
+                                                   int32_t slot) {
+  if (SlotHasOpenSessionLocked(job, slot)) return true;
+  auto left = rt.slot_left_at.find(slot);
+  return left != rt.slot_left_at.end() &&
+         options_.clock->Now() < left->second + kReconnectGrace;
+}
+
 void CoordinatorService::PumpAllLocked(Effects& fx) {
   for (const auto& [name, job] : state_.jobs()) PumpLocked(name, fx);
 }
@@ -111,10 +120,10 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
     return false;  // never reached by counting; refused rather than wrapped
   }
   // The first piece this reader may take: an expired lease's remainder goes
-  // back to its own slot while that slot has an open session.
+  // back to its own slot while that slot keeps it.
   auto it = queue.begin();
   while (it != queue.end() && it->returned_to >= 0 && it->returned_to != slot &&
-         SlotHasOpenSessionLocked(job, it->returned_to)) {
+         SlotKeepsRemaindersLocked(job, rt, it->returned_to)) {
     ++it;
   }
   if (it == queue.end()) {

@@ -246,6 +246,12 @@ class CoordinatorService {
     std::map<int32_t, double> input_wait_by_rank;
     // Lease outcomes since this coordinator began serving (JobStatus.leases).
     v1::LeaseCounts lease_counts;
+    // When each slot's last open session went away (a broken stream, a
+    // process gone): its expired remainders wait kReconnectGrace from then
+    // for it to reconnect (SlotKeepsRemaindersLocked). No reader waits on
+    // them meanwhile: a slot's remainders never exceed what is left of its
+    // own quota, so the others' quotas fit in the rest of the queue.
+    std::map<int32_t, absl::Time> slot_left_at;
   };
   // Validates a heartbeat's InputWait and records it: the job's
   // sluice_trainer_input_wait_seconds histogram and the rank's total.
@@ -327,7 +333,15 @@ class CoordinatorService {
   // (a walk over the job's open sessions: only for expired remainders).
   bool SlotHasOpenSessionLocked(const JobData& job, int32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the session from open_sessions_ (finished or closed).
+  // Whether an expired remainder returned to `slot` is kept for it: while
+  // the slot has an open session, and for kReconnectGrace after its last
+  // one went away (a paused reader's stream often breaks on waking, and
+  // only that reader knows what it delivered of the lease unreported).
+  bool SlotKeepsRemaindersLocked(const JobData& job, const JobRuntime& rt,
+                                 int32_t slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the session from open_sessions_ (finished or closed) and notes
+  // when its slot was left without one.
   void ForgetOpenLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Job JobToProtoLocked(const JobData& job, bool include_manifest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -64,8 +64,14 @@ void CoordinatorService::ForgetOpenLocked(const Session& s) {
   if (!s.hello) return;
   auto open = open_sessions_.find(s.job);
   if (open == open_sessions_.end()) return;
-  open->second.erase(s.id);
+  if (open->second.erase(s.id) == 0) return;
   if (open->second.empty()) open_sessions_.erase(open);
+  const JobData* job = state_.FindJob(s.job);
+  if (job == nullptr || job->done) return;
+  const int32_t slot = job->plan.SlotOf(s.rank, s.worker);
+  if (!SlotHasOpenSessionLocked(*job, slot)) {
+    runtime_[s.job].slot_left_at[slot] = options_.clock->Now();
+  }
 }
 
 void CoordinatorService::OnMessage(int64_t session_id,

@@ -132,13 +132,11 @@ def test_a_reader_paused_past_its_lease_ttl_delivers_nothing_twice(cluster, paus
     assert cluster.lease_counts(job)["expired"] >= 1  # the pause did cost leases
 
 
-# Known failure, about 1 run in 8 on this machine: one unit (5 samples) is
-# trained twice in epoch 0, so the pass ends 5 samples short and the next
-# pass reads them instead of epoch 1. Not yet traced: the expired unit's
-# remainder is re-granted only to its own slot while that session is open
-# (CoordinatorExpiryTest), and the reader skips what it delivered of a lost
-# lease (LostDeliveries), yet a duplicate remains.
-@pytest.mark.xfail(strict=False, reason="a paused DataLoader trainer can train one unit twice")
+# A worker's Complete may still be on its way when the pause starts: the
+# lease expires, the Complete is rejected, and the unit comes back to the
+# same worker, which skips what it had delivered (LostDeliveries); a
+# worker's stream that breaks on waking keeps its slot's remainders for
+# 5 s (CoordinatorExpiryTest).
 @pytest.mark.parametrize("run", range(REPEATS))
 def test_a_trainer_with_two_dataloader_workers_paused_past_the_ttl_trains_each_sample_once(
         cluster, tmp_path, run):

@@ -5,7 +5,7 @@ histogram. No servers; the same cases as the C++ rules' unit tests
 (tests/unit/client)."""
 from sluice import _rules
 from sluice._cursor import merge_cursors, position_cursor
-from sluice.v1 import coordinator_pb2
+from sluice.v1 import common_pb2, coordinator_pb2
 
 
 class FakeClock:
@@ -29,7 +29,7 @@ def _leases(messages):
 def test_a_report_is_confirmed_only_by_a_sync_sent_after_it():
     ledger = _rules.ReportLedger()
     assert ledger.next_sync_id() == 1  # Sync{1} goes out before the report
-    ledger.sent("a", _complete("a"), 0)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "a"), 0, _complete("a"), 0)
     ledger.on_synced(1)
     assert _leases(ledger.unconfirmed()) == ["a"]
     assert ledger.find("a") is not None
@@ -42,11 +42,11 @@ def test_a_report_is_confirmed_only_by_a_sync_sent_after_it():
 
 def test_a_synced_confirms_every_report_before_its_sync():
     ledger = _rules.ReportLedger()
-    ledger.sent("a", _complete("a"), 0)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "a"), 0, _complete("a"), 0)
     ledger.next_sync_id()
-    ledger.sent("b", _complete("b"), 1)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "b"), 0, _complete("b"), 1)
     ledger.next_sync_id()
-    ledger.sent("c", _complete("c"), 2)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "c"), 0, _complete("c"), 2)
     ledger.on_synced(2)  # Synced{1} was lost with a broken stream
     assert _leases(ledger.unconfirmed()) == ["c"]
 
@@ -55,10 +55,10 @@ def test_a_late_smaller_synced_changes_nothing():
     ledger = _rules.ReportLedger()
     ledger.next_sync_id()
     ledger.next_sync_id()
-    ledger.sent("a", _complete("a"), 0)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "a"), 0, _complete("a"), 0)
     ledger.next_sync_id()
     ledger.on_synced(3)
-    ledger.sent("b", _complete("b"), 1)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "b"), 0, _complete("b"), 1)
     ledger.on_synced(1)
     assert ledger.synced == 3
     assert _leases(ledger.unconfirmed()) == ["b"]
@@ -66,10 +66,34 @@ def test_a_late_smaller_synced_changes_nothing():
 
 def test_unconfirmed_reports_come_in_grant_order():
     ledger = _rules.ReportLedger()
-    ledger.sent("z", _complete("z"), 0)
-    ledger.sent("m", _complete("m"), 2)
-    ledger.sent("a", _complete("a"), 1)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "z"), 0, _complete("z"), 0)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "m"), 0, _complete("m"), 2)
+    ledger.sent(_lease(0, 0, 0, 0, 10, "a"), 0, _complete("a"), 1)
     assert _leases(ledger.unconfirmed()) == ["z", "a", "m"]
+
+
+def test_drop_forgets_a_report_and_says_what_it_delivered():
+    # A paused reader's Complete reached the coordinator after its lease
+    # expired: the Rejected forgets the report; it had delivered all.
+    ledger = _rules.ReportLedger()
+    ledger.sent(_lease(0, 0, 0, 0, 10, "a"), 10, _complete("a"), 0)
+    assert ledger.drop("b") is None
+    lease, delivered = ledger.drop("a")
+    assert (lease.lease_id, delivered) == ("a", 10)
+    assert not ledger
+    assert ledger.drop("a") is None
+
+
+def test_drop_same_unit_forgets_only_other_leases_of_that_unit():
+    ledger = _rules.ReportLedger()
+    ledger.sent(_lease(0, 0, 1, 0, 10, "a"), 10, _complete("a"), 0)
+    ledger.sent(_lease(0, 0, 2, 0, 10, "b"), 4, _complete("b"), 1)
+    ledger.sent(_lease(1, 0, 1, 0, 10, "c"), 10, _complete("c"), 2)
+    dropped = ledger.drop_same_unit(_lease(0, 0, 1, 0, 10, "new"))
+    assert [(lease.lease_id, delivered) for lease, delivered in dropped] == [("a", 10)]
+    assert _leases(ledger.unconfirmed()) == ["b", "c"]
+    # A re-announced grant of a reported lease is not a new grant.
+    assert ledger.drop_same_unit(_lease(0, 0, 2, 0, 10, "b")) == []
 
 
 # --------------------------------------------------------------- LeaseHold
@@ -261,9 +285,8 @@ def test_a_rank_cursor_knows_only_its_own_count():
 
 # --------------------------------------------------------------- LostDeliveries
 
-def _lease(epoch, sequence, shard, begin, end):
-    from sluice.v1 import common_pb2
-    return common_pb2.Lease(epoch=epoch, unit=common_pb2.WorkUnit(
+def _lease(epoch, sequence, shard, begin, end, lease_id=""):
+    return common_pb2.Lease(lease_id=lease_id, epoch=epoch, unit=common_pb2.WorkUnit(
         sequence=sequence, shard_index=shard, begin=begin, end=end))
 
 

@@ -22,10 +22,16 @@ class ReportLedger:
     known to be committed. Until then it is re-sent after every reconnect,
     in grant order, and a grant re-announced for a lease already reported
     gets the report again. Sync ids increase, so Synced{n} confirms every
-    Sync below n and every report sent before them."""
+    Sync below n and every report sent before them.
+
+    A report the coordinator did not take (its lease expired first: a
+    paused reader) leaves samples delivered that the coordinator will grant
+    again: drop and drop_same_unit hand back (lease, delivered) of each such
+    report, for LostDeliveries, and forget it."""
 
     def __init__(self):
-        self._reports = {}  # lease_id -> (message, order, last Sync id when sent)
+        # lease_id -> (message, order, last Sync id when sent, lease, delivered)
+        self._reports = {}
         self.last_sync_id = 0
         self.synced = 0
 
@@ -33,10 +39,11 @@ class ReportLedger:
         self.last_sync_id += 1
         return self.last_sync_id
 
-    def sent(self, lease_id, message, order):
-        """`message` (the final report of `lease_id`, granted `order`th) was
-        written after every Sync up to last_sync_id."""
-        self._reports[lease_id] = (message, order, self.last_sync_id)
+    def sent(self, lease, delivered, message, order):
+        """`message` (the final report of `lease`, which had delivered
+        `delivered` samples of its unit, granted `order`th) was written
+        after every Sync up to last_sync_id."""
+        self._reports[lease.lease_id] = (message, order, self.last_sync_id, lease, delivered)
 
     def on_synced(self, sync_id):
         self.synced = max(self.synced, sync_id)
@@ -51,6 +58,24 @@ class ReportLedger:
         """The unconfirmed report of `lease_id`, or None."""
         report = self._reports.get(lease_id)
         return None if report is None else report[0]
+
+    def drop(self, lease_id):
+        """The coordinator no longer knows `lease_id` (Revoke, Rejected):
+        forgets its report; (lease, delivered), or None."""
+        report = self._reports.pop(lease_id, None)
+        return None if report is None else (report[3], report[4])
+
+    def drop_same_unit(self, lease):
+        """`lease` is a new grant: the coordinator grants a unit again only
+        after its earlier lease ended, so the reports of other leases of the
+        same unit (epoch, sequence, shard) are forgotten; [(lease,
+        delivered)]."""
+        def same(old):
+            return (old.lease_id != lease.lease_id and old.epoch == lease.epoch and
+                    old.unit.sequence == lease.unit.sequence and
+                    old.unit.shard_index == lease.unit.shard_index)
+        ids = [k for k, r in self._reports.items() if same(r[3])]
+        return [self._reports.pop(k)[3:] for k in ids]
 
     def __bool__(self):
         return bool(self._reports)

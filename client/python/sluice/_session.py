@@ -73,7 +73,7 @@ class Session:
                     if m.HasField("progress"):
                         u.reported = max(u.reported, m.progress.consumed)
                     else:
-                        self._ledger.sent(u.lease.lease_id, m, u.order)
+                        self._ledger.sent(u.lease, u.delivered, m, u.order)
                         self._units.pop(u.lease.lease_id, None)
                         stream = u.call
                         self._retired.append(u)
@@ -197,6 +197,11 @@ class Session:
     def _retire(self, lease_id):
         """Under the lock; returns the unit's stream, for the caller to close
         once it has released the lock (or None)."""
+        # Reported but not taken (the lease expired before the report came):
+        # everything the report covered was delivered.
+        dropped = self._ledger.drop(lease_id)
+        if dropped is not None:
+            self._lost.lost(*dropped)
         u = self._units.pop(lease_id, None)
         if u is None:
             return None
@@ -259,11 +264,13 @@ class Session:
                     # streams opened from now on present the new token.
                     held.lease.CopyFrom(lease)
                 elif lease.lease_id not in self._units and not self._closing:
-                    # A new lease of a unit still held under another lease:
-                    # the coordinator has taken the old one back (expired
-                    # while this session was away; its Rejected may come
-                    # after this grant). Retired first, so what it delivered
-                    # counts.
+                    # A new lease of a unit still held under another lease,
+                    # or reported but unconfirmed: the coordinator has taken
+                    # the old one back (expired while this session was away;
+                    # its Rejected may come after this grant). Retired
+                    # first, so what it delivered counts.
+                    for old, delivered in self._ledger.drop_same_unit(lease):
+                        self._lost.lost(old, delivered)
                     superseded = [i for i, h in self._units.items()
                                   if h.lease.epoch == lease.epoch
                                   and h.lease.unit.sequence == lease.unit.sequence

@@ -1266,8 +1266,50 @@ TEST_F(CoordinatorExpiryTest, AnExpiredRemainderGoesBackToItsOwnSlot) {
   EXPECT_EQ(a2[0].unit().end(), a1[0].unit().end());
 }
 
-// With the slot's session gone, anyone may take its remainder.
-TEST_F(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyone) {
+// A paused reader's stream often breaks when it wakes, after its lease has
+// expired: its slot keeps the remainder for kReconnectGrace, and the reader
+// gets it back on its new session.
+TEST_F(CoordinatorExpiryTest, AReconnectingReaderGetsItsRemainderBack) {
+  CoordinatorService& service = this->service();
+  v1::JobSpec spec = Spec("j", {10, 10, 10}, 1, 1);
+  spec.set_mode(v1::MODE_DYNAMIC);
+  spec.set_max_samples_per_lease(5);
+  ASSERT_OK(service.CreateJob(spec));
+  auto b_sink = std::make_shared<RecordingSink>();
+  int64_t a = 0, b = 0;
+  const std::vector<v1::Lease> b1 = OpenWorker(1, "w1", 1, b_sink, &b);
+  const std::vector<v1::Lease> a1 =
+      OpenWorker(0, "w0", 1, std::make_shared<RecordingSink>(), &a);
+  ASSERT_EQ(b1.size(), 1u);
+  ASSERT_EQ(a1.size(), 1u);
+  service.OnMessage(a, Want(0));
+  clock.Advance(absl::Milliseconds(1500));
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat();
+  service.OnMessage(b, beat);
+  clock.Advance(absl::Milliseconds(600));
+  EXPECT_EQ(service.ExpireLeases(), 1);
+  // A wakes and its stream breaks; B completes its unit in the meantime.
+  service.CloseSession(a);
+  service.OnMessage(b, Complete(b1[0]));
+  service.Flush();
+  const std::vector<v1::Lease> b2 = b_sink->TakeGrants();
+  ASSERT_EQ(b2.size(), 1u);
+  EXPECT_FALSE(b2[0].unit().sequence() == a1[0].unit().sequence() &&
+               b2[0].unit().begin() == a1[0].unit().begin())
+      << b2[0].DebugString();
+  // A reconnects: the remainder is still its own.
+  const std::vector<v1::Lease> a2 =
+      OpenWorker(0, "w0", 1, std::make_shared<RecordingSink>(), &a);
+  ASSERT_EQ(a2.size(), 1u);
+  EXPECT_EQ(a2[0].unit().sequence(), a1[0].unit().sequence());
+  EXPECT_EQ(a2[0].unit().begin(), a1[0].unit().begin());
+  EXPECT_EQ(a2[0].unit().end(), a1[0].unit().end());
+}
+
+// With the slot's session gone for kReconnectGrace, anyone may take its
+// remainder.
+TEST_F(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyoneAfterTheGrace) {
   CoordinatorService& service = this->service();
   v1::JobSpec spec = Spec("j", {5, 5}, 0, 1);  // a pool: no quotas
   spec.set_mode(v1::MODE_DYNAMIC);
@@ -1276,9 +1318,11 @@ TEST_F(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyone) {
   const std::vector<v1::Lease> a1 =
       OpenWorker(0, "a", 1, std::make_shared<RecordingSink>(), &a);
   ASSERT_EQ(a1.size(), 1u);
-  service.CloseSession(a);
+  service.OnMessage(a, Want(0));
   clock.Advance(absl::Seconds(3));
   EXPECT_EQ(service.ExpireLeases(), 1);
+  service.CloseSession(a);
+  clock.Advance(kReconnectGrace);
   const std::vector<v1::Lease> b1 =
       OpenWorker(1, "b", 1, std::make_shared<RecordingSink>(), &b);
   ASSERT_EQ(b1.size(), 1u);
