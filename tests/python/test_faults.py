@@ -306,10 +306,19 @@ def test_a_full_journal_disk_exits_for_the_supervisor_and_loses_nothing_acknowle
         subprocess.run(["umount", str(journal)], check=True)
 
 
+def _samples_served(server):
+    for line in server.metric_text().splitlines():
+        if line.startswith("sluice_dataserver_samples_served_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
 @pytest.fixture(scope="module")
 def two_servers(tmp_path_factory):
+    # 200 KB samples: more than the streams' flow-control windows hold, so
+    # the stopped server still has units to send when it stops.
     c = Cluster(tmp_path_factory.mktemp("hung"), shards=SHARDS, per_shard=PER_SHARD,
-                data_servers=2)
+                data_servers=2, bin_repeat=100_000)
     yield c
     c.stop()
 
@@ -319,11 +328,13 @@ def test_a_stopped_data_server_is_left_within_twice_the_stall_timeout(two_server
     # One of two data servers is stopped for 25 s mid-epoch; the reader's
     # stall_timeout is 4 s. Its streams to the stopped server fail (keepalive
     # or the stall timeout, whichever comes first) and their units go to the
-    # other server: no gap between samples reaches 2 x 4 s, and the epoch is
-    # delivered exactly once.
+    # other server (re-routed: the coordinator counts them returned): no gap
+    # between samples reaches 2 x 4 s, and the epoch is delivered exactly
+    # once.
     job = f"hung-{reader}"
     two_servers.create_job(job, world_size=1, epochs=1, mode="dynamic", lease_ttl="10s",
                            max_samples_per_lease=10)
+    served_before = [_samples_served(d) for d in two_servers.data]
     if reader == "cpp":
         proc = subprocess.Popen(
             [os.path.join(BIN, "sluicectl"), "read", f"--coordinator={two_servers.address}",
@@ -338,7 +349,11 @@ def test_a_stopped_data_server_is_left_within_twice_the_stall_timeout(two_server
         parse = _py
     lines = _Lines(proc, lambda line: (time.monotonic(), parse(line)))
     _wait_for(lambda: len(lines.lines) >= 40, 60, "40 samples read")
-    stopped = two_servers.data[0].proc.pid
+    # The server the job reads from (a shuffle window's units all go to the
+    # server its first shard is routed to).
+    serving = [d for d, b in zip(two_servers.data, served_before) if _samples_served(d) > b]
+    assert len(serving) >= 1
+    stopped = serving[0].proc.pid
     os.kill(stopped, signal.SIGSTOP)
     try:
         got = lines.finish(180)
@@ -348,4 +363,6 @@ def test_a_stopped_data_server_is_left_within_twice_the_stall_timeout(two_server
     assert len(set(samples)) == len(samples) == SHARDS * PER_SHARD
     gaps = [b - a for (a, _), (b, _) in zip(got, got[1:])]
     assert max(gaps) < 8.0, f"a gap of {max(gaps):.1f} s"
-    print(f"{reader}: longest gap {max(gaps):.2f} s of {got[-1][0] - got[0][0]:.2f} s")
+    counts = two_servers.lease_counts(job)
+    assert counts["returned"] >= 1, counts
+    print(f"{reader}: longest gap {max(gaps):.2f} s of {got[-1][0] - got[0][0]:.2f} s", counts)
