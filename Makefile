@@ -38,8 +38,8 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # Seconds of libFuzzer in `make test` (CI); `make fuzz FUZZ_SECONDS=600` for more.
 FUZZ_SECONDS ?= 60
-# The same for the coordinator's request handling.
-COORDINATOR_FUZZ_SECONDS ?= 30
+# The same for the coordinator's request handling (the two run side by side).
+COORDINATOR_FUZZ_SECONDS ?= 60
 
 # Idempotent and fast when everything is present: apt runs only for what is
 # missing.
@@ -95,19 +95,21 @@ test-tsan: build
 	TSAN_OPTIONS="$(TSAN_OPTIONS_RUN)" ./build-tsan/bin/tsan_tests --gtest_brief=1
 
 # Short libFuzzer runs (clang) over the tar reader + decoders, and over the
-# coordinator's request handling.
+# coordinator's request handling: side by side, one per core.
 test-fuzz fuzz: deps
 	@test -f build-fuzz/build.ninja || cmake --preset fuzz -G Ninja >/dev/null
 	cmake --build build-fuzz -j $(JOBS) --target tar_reader_fuzzer coordinator_fuzzer
 	@/usr/bin/python3 tests/fuzz/make_seed_corpus.py build-fuzz/corpus
-	@./build-fuzz/bin/tar_reader_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
-	  -print_final_stats=1 build-fuzz/corpus > build-fuzz/fuzz.log 2>&1; rc=$$?; \
-	  tail -n 12 build-fuzz/fuzz.log; exit $$rc
 	@/usr/bin/python3 tests/fuzz/make_coordinator_seeds.py build-fuzz/coordinator-corpus
-	@./build-fuzz/bin/coordinator_fuzzer -max_total_time=$(COORDINATOR_FUZZ_SECONDS) \
+	@./build-fuzz/bin/tar_reader_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	  -print_final_stats=1 build-fuzz/corpus > build-fuzz/fuzz.log 2>&1 & tar=$$!; \
+	  ./build-fuzz/bin/coordinator_fuzzer -max_total_time=$(COORDINATOR_FUZZ_SECONDS) \
 	  -rss_limit_mb=2048 -print_final_stats=1 build-fuzz/coordinator-corpus \
-	  > build-fuzz/coordinator-fuzz.log 2>&1; rc=$$?; \
-	  tail -n 12 build-fuzz/coordinator-fuzz.log; exit $$rc
+	  > build-fuzz/coordinator-fuzz.log 2>&1; coordinator_rc=$$?; \
+	  wait $$tar; tar_rc=$$?; \
+	  tail -n 12 build-fuzz/fuzz.log; tail -n 12 build-fuzz/coordinator-fuzz.log; \
+	  echo "tar_reader_fuzzer: exit $$tar_rc; coordinator_fuzzer: exit $$coordinator_rc"; \
+	  test $$tar_rc -eq 0 -a $$coordinator_rc -eq 0
 
 # The demo: a synthetic dataset, a coordinator and 2 data servers, 4 trainer
 # ranks for 2 epochs with a trainer and a data server SIGKILLed mid-epoch,
@@ -177,10 +179,12 @@ image-deps:
 image: image-deps
 	$(SUDO) bash k8s/image/build.sh $(IMAGE)
 
-# The image run as the manifests run it (tests/deploy/test_image.py): not in
-# `make test` (the image build takes longer than the rest of the suite);
-# .ci/run runs it after `make test`.
-test-image: build image
+# The image run as the manifests run it (tests/deploy/test_image.py), built
+# from this tree's release binaries (build.sh --prebuilt: the runtime stage
+# only; deploy.image_runtime_libraries keeps the in-image build's packages
+# in step). Not in `make test` (podman as root); .ci/run runs it after.
+test-image: build image-deps
+	$(SUDO) bash k8s/image/build.sh --prebuilt $(IMAGE)
 	cd $(BUILD_DIR) && $(SUDO) env SLUICE_IMAGE=$(IMAGE) SLUICE_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
 	  PYTHONPATH=$(CURDIR)/$(BUILD_DIR)/python \
 	  /usr/bin/python3 $(CURDIR)/tests/python/run_pytest.py -q -p no:cacheprovider \

@@ -5,10 +5,18 @@
 # ulimits, host network). The Dockerfile's base images (debian:bookworm,
 # debian:bookworm-slim) are made from Debian's packages with mmdebstrap and
 # imported when podman does not have them yet; later builds reuse them.
-#   usage: k8s/image/build.sh [TAG]      (default sluice:dev; run from anywhere)
+# With --prebuilt the binaries are the host's release build (build/bin, from
+# `make build` on bookworm) instead of a build inside the image: only the
+# runtime stage and its base image are made.
+#   usage: k8s/image/build.sh [--prebuilt] [TAG]   (default sluice:dev; run from anywhere)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+prebuilt=false
+if [ "${1:-}" = --prebuilt ]; then
+  prebuilt=true
+  shift
+fi
 tag=${1:-sluice:dev}
 export CONTAINERS_CONF="$here/containers.conf"
 
@@ -31,11 +39,20 @@ base_image() {
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
     bookworm - http://deb.debian.org/debian | podman import - "$name" > /dev/null
 }
-base_image localhost/debian:bookworm apt
-base_image localhost/debian:bookworm-slim minbase
-
-echo "building $tag from k8s/image/Dockerfile"
-podman build --pull=never --network=host \
-  --ignorefile "$here/Dockerfile.dockerignore" -f "$here/Dockerfile" -t "$tag" "$root"
+if $prebuilt; then
+  for binary in sluice-coordinator sluice-dataserver sluicectl; do
+    [ -x "$root/build/bin/$binary" ] || { echo "build.sh --prebuilt: build/bin/$binary not found (make build)"; exit 1; }
+  done
+  base_image localhost/debian:bookworm-slim minbase
+  echo "building $tag from k8s/image/Dockerfile with build/bin's binaries"
+  podman build --pull=never --network=host --target prebuilt \
+    --ignorefile "$here/Dockerfile.prebuilt.dockerignore" -f "$here/Dockerfile" -t "$tag" "$root"
+else
+  base_image localhost/debian:bookworm apt
+  base_image localhost/debian:bookworm-slim minbase
+  echo "building $tag from k8s/image/Dockerfile"
+  podman build --pull=never --network=host \
+    --ignorefile "$here/Dockerfile.dockerignore" -f "$here/Dockerfile" -t "$tag" "$root"
+fi
 size=$(podman image inspect --format '{{.Size}}' "$tag")
 echo "image $tag: $((size / 1000000)) MB"
