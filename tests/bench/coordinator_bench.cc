@@ -46,9 +46,12 @@
 // CPU per grant beyond the idle rate (against the first size's: the cost
 // per grant should not grow with the job) and the grant latency (Complete
 // sent -> next Grant received); over all of it, the coordinator's lock
-// holds from its own histogram. Baseline for the open, same run: a bare gRPC
-// server in this process that answers each Hello with Welcome and EpochBegin
-// (no state, no journal), opened by the same load generator.
+// holds from its own histogram. Baseline, same run: a bare gRPC server
+// (this binary, --mode=echo_server, in its own process with the
+// coordinator's jemalloc) that answers each Hello with Welcome and
+// EpochBegin (no state, no journal), opened by the same load generator: its
+// open time and its RSS growth per session (what gRPC's own per-stream
+// state costs).
 //
 // Each mode ends with one JSON line.
 #include <fcntl.h>
@@ -60,6 +63,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -90,7 +94,11 @@
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
-ABSL_FLAG(std::string, mode, "leases", "leases | plan | etcd | open");
+ABSL_FLAG(std::string, mode, "leases",
+          "leases | plan | etcd | open (echo_server: open's baseline server, "
+          "started by open mode itself)");
+ABSL_FLAG(std::string, port_file, "",
+          "echo_server mode: where to write grpc=ADDRESS once listening.");
 ABSL_FLAG(int, sessions, 256, "Concurrent sessions (leases mode).");
 ABSL_FLAG(double, seconds, 5, "Measured seconds per round (leases mode).");
 ABSL_FLAG(int, rounds, 3,
@@ -1131,9 +1139,10 @@ struct OpenResult {
 };
 
 // Opens `ranks` x `workers` sessions of `job` at `address`; with `pid`, the
-// coordinator's CPU and memory are measured.
+// server's CPU and memory are measured while opening and idle, and with
+// `paced` also per grant.
 OpenResult OpenAll(const std::string& address, const std::string& job,
-                   int ranks, int workers, pid_t pid) {
+                   int ranks, int workers, pid_t pid, bool paced_grants) {
   auto stubs = Stubs(address, 8);  // several trainer processes' connections
   OpenResult r;
   const int total = ranks * workers;
@@ -1182,6 +1191,8 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
     r.heartbeat_interval_ms = interval_ms.load();
     r.rss_kb_per_session =
         static_cast<double>(RssKb(pid) - rss0) / static_cast<double>(total);
+  }
+  if (pid > 0 && paced_grants) {
     // Paced grants: every 10 ms the share due, from the sessions in turn.
     const double rate = absl::GetFlag(FLAGS_open_paced_grants_per_s);
     const double paced = absl::GetFlag(FLAGS_paced_seconds);
@@ -1279,11 +1290,55 @@ LockHolds HoldsBetween(const HoldBuckets& before, const HoldBuckets& after) {
   return holds;
 }
 
+// The open mode's baseline server, in a process of its own so that its CPU
+// and memory are measured apart from the load generator's.
+int RunEchoServer() {
+  OpenEchoService echo;
+  std::string address;
+  std::unique_ptr<grpc::Server> server = Serve(&echo, &address);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  const std::string tmp = port_file + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << "grpc=" << address << "\n";
+  }
+  if (port_file.empty() || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+    std::fprintf(stderr, "echo_server: cannot write --port_file %s\n",
+                 port_file.c_str());
+    return 1;
+  }
+  server->Wait();  // until killed
+  return 0;
+}
+
+// Starts this binary as the echo server, with the coordinator's malloc
+// (jemalloc, preloaded) so that memory per session compares like for like.
+absl::StatusOr<sluice::testing::ChildProcess> StartEchoServer(
+    const sluice::testing::TempDir& dir, std::string* address) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return absl::InternalError("cannot read /proc/self/exe");
+  self[n] = '\0';
+  const std::string port_file = dir.File("echo.ports");
+  setenv("LD_PRELOAD", "libjemalloc.so.2", 1);
+  auto child = sluice::testing::ChildProcess::Start(
+      {self, "--mode=echo_server", "--port_file=" + port_file},
+      dir.File("echo.log"));
+  unsetenv("LD_PRELOAD");
+  if (!child.ok()) return child.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline && child->running()) {
+    if (auto text = sluice::testing::ReadWholeFile(port_file)) {
+      *address = sluice::testing::ParseKeyValueFile(*text)["grpc"];
+      if (!address->empty()) return child;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::UnavailableError("the echo server did not start (echo.log)");
+}
+
 int RunOpen() {
   const int workers = absl::GetFlag(FLAGS_workers);
-  OpenEchoService echo;
-  std::string echo_address;
-  std::unique_ptr<grpc::Server> echo_server = Serve(&echo, &echo_address);
   std::string json =
       "{\"bench\":\"coordinator_open\",\"workers\":" + std::to_string(workers) +
       ",\"sizes\":[";
@@ -1329,12 +1384,22 @@ int RunOpen() {
         ScrapeLockHolds(coordinator->metrics_address);
     const OpenResult sluice_open =
         OpenAll(coordinator->grpc_address, "big", ranks, workers,
-                coordinator->process.pid());
+                coordinator->process.pid(), true);
     const LockHolds holds = HoldsBetween(
         holds_before, ScrapeLockHolds(coordinator->metrics_address));
     coordinator->process.Signal(SIGKILL);
     (void)coordinator->process.WaitForExit(absl::Seconds(10));
-    const OpenResult bare = OpenAll(echo_address, "big", ranks, workers, 0);
+    // A fresh baseline server per size, as the coordinator is: memory a
+    // process kept from an earlier size would hide the next one's growth.
+    std::string echo_address;
+    auto echo = StartEchoServer(dir, &echo_address);
+    if (!echo.ok()) {
+      std::fprintf(stderr, "%s\n", echo.status().ToString().c_str());
+      return 1;
+    }
+    const OpenResult bare =
+        OpenAll(echo_address, "big", ranks, workers, echo->pid(), false);
+    echo->Kill();
     const double ratio = sluice_open.open_s / std::max(bare.open_s, 1e-3);
     worst_ratio = std::max(worst_ratio, ratio);
     if (first) first_cpu_per_grant = sluice_open.cpu_us_per_grant;
@@ -1345,7 +1410,8 @@ int RunOpen() {
         "%6d sessions: open %.2f s (bare gRPC %.2f s, %.1fx), %d of %d "
         "began; coordinator CPU %.2f s while opening; idle: heartbeats "
         "every %lld ms (%.0f/s), %.3f cores (%.1f us per session per s); RSS "
-        "%.1f KB per session; %lld leases expired; paced %.0f grants/s: "
+        "%.1f KB per session (bare gRPC %.1f KB); %lld leases expired; paced "
+        "%.0f grants/s: "
         "%.0f us of coordinator CPU per grant (%.2fx the first size), grant "
         "latency p50 %.2f ms p99 %.2f ms; lock held %llu times, %llu of "
         "them over 1 ms, each under %g s\n",
@@ -1355,7 +1421,7 @@ int RunOpen() {
         sluice_open.heartbeats_per_s,
         sluice_open.idle_cpu_per_session_s * sessions,
         sluice_open.idle_cpu_per_session_s * 1e6,
-        sluice_open.rss_kb_per_session,
+        sluice_open.rss_kb_per_session, bare.rss_kb_per_session,
         static_cast<long long>(sluice_open.expired),
         sluice_open.paced_grants_per_s, sluice_open.cpu_us_per_grant,
         grant_cpu_ratio, sluice_open.grant_p50_ms, sluice_open.grant_p99_ms,
@@ -1372,6 +1438,7 @@ int RunOpen() {
         ",\"idle_cores\":", sluice_open.idle_cpu_per_session_s * sessions,
         ",\"heartbeats_per_s\":", sluice_open.heartbeats_per_s,
         ",\"rss_kb_per_session\":", sluice_open.rss_kb_per_session,
+        ",\"bare_rss_kb_per_session\":", bare.rss_kb_per_session,
         ",\"expired\":", sluice_open.expired,
         ",\"paced_grants_per_s\":", sluice_open.paced_grants_per_s,
         ",\"cpu_us_per_grant\":", sluice_open.cpu_us_per_grant,
@@ -1386,7 +1453,6 @@ int RunOpen() {
                   ",\"worst_cpu_per_grant_ratio\":", worst_grant_cpu_ratio,
                   "}");
   std::printf("%s\n", json.c_str());
-  echo_server->Shutdown();
   return 0;
 }
 
@@ -1397,6 +1463,7 @@ int main(int argc, char** argv) {
   if (mode == "plan") return RunPlan();
   if (mode == "etcd") return RunEtcd();
   if (mode == "open") return RunOpen();
+  if (mode == "echo_server") return RunEchoServer();
   std::fprintf(stderr, "--mode must be leases, plan, etcd or open, not %s\n",
                mode.c_str());
   return 2;
