@@ -1219,92 +1219,74 @@ class FakeClockServiceTest : public ::testing::Test {
   std::unique_ptr<CoordinatorService> owned_;
   CoordinatorService& service() { return *owned_; }
 };
-using CoordinatorExpiryTest = FakeClockServiceTest;
 using CoordinatorScaleTest = FakeClockServiceTest;
+
+// Two workers of rank 0 of a dynamic job (3 shards of 10, units of 5),
+// each holding one unit; worker 0 (A) goes silent past its TTL while
+// worker 1 (B) heartbeats, and A's lease expires.
+class CoordinatorExpiryTest : public FakeClockServiceTest {
+ protected:
+  void ExpireWorkerA() {
+    v1::JobSpec spec = Spec("j", {10, 10, 10}, 1, 1);
+    spec.set_mode(v1::MODE_DYNAMIC);
+    spec.set_max_samples_per_lease(5);
+    ASSERT_OK(service().CreateJob(spec));
+    b1 = OpenWorker(1, "w1", 1, b_sink, &b);
+    a1 = OpenWorker(0, "w0", 1, a_sink, &a);
+    ASSERT_EQ(b1.size(), 1u);
+    ASSERT_EQ(a1.size(), 1u);
+    service().OnMessage(a, Want(0));
+    clock.Advance(absl::Milliseconds(1500));
+    v1::TrainerMessage beat;
+    beat.mutable_heartbeat();
+    service().OnMessage(b, beat);
+    clock.Advance(absl::Milliseconds(600));
+    EXPECT_EQ(service().ExpireLeases(), 1);
+  }
+  // B completes its unit; its next one must not be A's remainder.
+  void BTakesOtherWork() {
+    service().OnMessage(b, Complete(b1[0]));
+    service().Flush();
+    const std::vector<v1::Lease> b2 = b_sink->TakeGrants();
+    ASSERT_EQ(b2.size(), 1u);
+    EXPECT_FALSE(b2[0].unit().sequence() == a1[0].unit().sequence() &&
+                 b2[0].unit().begin() == a1[0].unit().begin())
+        << b2[0].DebugString();
+  }
+  // `grants` is exactly A's expired unit again.
+  void ExpectARemainder(const std::vector<v1::Lease>& grants) {
+    ASSERT_EQ(grants.size(), 1u);
+    EXPECT_EQ(grants[0].unit().sequence(), a1[0].unit().sequence());
+    EXPECT_EQ(grants[0].unit().begin(), a1[0].unit().begin());
+    EXPECT_EQ(grants[0].unit().end(), a1[0].unit().end());
+  }
+  std::shared_ptr<RecordingSink> a_sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<RecordingSink> b_sink = std::make_shared<RecordingSink>();
+  int64_t a = 0, b = 0;
+  std::vector<v1::Lease> a1, b1;
+};
 
 // A reader that lost a lease to expiry (paused past its TTL) may have
 // delivered some of it unreported; only it can tell which, so the rest goes
 // back to its own slot while its session is open. Another worker of the
-// rank is given other work meanwhile, and the remainder once that session
-// is gone.
+// rank is given other work meanwhile.
 TEST_F(CoordinatorExpiryTest, AnExpiredRemainderGoesBackToItsOwnSlot) {
-  CoordinatorService& service = this->service();
-  v1::JobSpec spec = Spec("j", {10, 10, 10}, 1, 1);
-  spec.set_mode(v1::MODE_DYNAMIC);
-  spec.set_max_samples_per_lease(5);
-  ASSERT_OK(service.CreateJob(spec));
-  auto b_sink = std::make_shared<RecordingSink>();
-  auto a_sink = std::make_shared<RecordingSink>();
-  int64_t a = 0, b = 0;
-  const std::vector<v1::Lease> b1 = OpenWorker(1, "w1", 1, b_sink, &b);
-  const std::vector<v1::Lease> a1 = OpenWorker(0, "w0", 1, a_sink, &a);
-  ASSERT_EQ(b1.size(), 1u);
-  ASSERT_EQ(a1.size(), 1u);
-  // A asks for nothing more and goes silent past its TTL; B heartbeats.
-  service.OnMessage(a, Want(0));
-  clock.Advance(absl::Milliseconds(1500));
-  v1::TrainerMessage beat;
-  beat.mutable_heartbeat();
-  service.OnMessage(b, beat);
-  clock.Advance(absl::Milliseconds(600));
-  EXPECT_EQ(service.ExpireLeases(), 1);
-  // B finishes its unit: its next one is not A's remainder.
-  service.OnMessage(b, Complete(b1[0]));
-  service.Flush();
-  const std::vector<v1::Lease> b2 = b_sink->TakeGrants();
-  ASSERT_EQ(b2.size(), 1u);
-  EXPECT_FALSE(b2[0].unit().sequence() == a1[0].unit().sequence() &&
-               b2[0].unit().begin() == a1[0].unit().begin())
-      << b2[0].DebugString();
-  // A asks again and gets its own remainder back.
-  service.OnMessage(a, Want(1));
-  service.Flush();
-  const std::vector<v1::Lease> a2 = a_sink->TakeGrants();
-  ASSERT_EQ(a2.size(), 1u);
-  EXPECT_EQ(a2[0].unit().sequence(), a1[0].unit().sequence());
-  EXPECT_EQ(a2[0].unit().begin(), a1[0].unit().begin());
-  EXPECT_EQ(a2[0].unit().end(), a1[0].unit().end());
+  ASSERT_NO_FATAL_FAILURE(ExpireWorkerA());
+  ASSERT_NO_FATAL_FAILURE(BTakesOtherWork());
+  service().OnMessage(a, Want(1));
+  service().Flush();
+  ExpectARemainder(a_sink->TakeGrants());
 }
 
 // A paused reader's stream often breaks when it wakes, after its lease has
 // expired: its slot keeps the remainder for kReconnectGrace, and the reader
 // gets it back on its new session.
 TEST_F(CoordinatorExpiryTest, AReconnectingReaderGetsItsRemainderBack) {
-  CoordinatorService& service = this->service();
-  v1::JobSpec spec = Spec("j", {10, 10, 10}, 1, 1);
-  spec.set_mode(v1::MODE_DYNAMIC);
-  spec.set_max_samples_per_lease(5);
-  ASSERT_OK(service.CreateJob(spec));
-  auto b_sink = std::make_shared<RecordingSink>();
-  int64_t a = 0, b = 0;
-  const std::vector<v1::Lease> b1 = OpenWorker(1, "w1", 1, b_sink, &b);
-  const std::vector<v1::Lease> a1 =
-      OpenWorker(0, "w0", 1, std::make_shared<RecordingSink>(), &a);
-  ASSERT_EQ(b1.size(), 1u);
-  ASSERT_EQ(a1.size(), 1u);
-  service.OnMessage(a, Want(0));
-  clock.Advance(absl::Milliseconds(1500));
-  v1::TrainerMessage beat;
-  beat.mutable_heartbeat();
-  service.OnMessage(b, beat);
-  clock.Advance(absl::Milliseconds(600));
-  EXPECT_EQ(service.ExpireLeases(), 1);
-  // A wakes and its stream breaks; B completes its unit in the meantime.
-  service.CloseSession(a);
-  service.OnMessage(b, Complete(b1[0]));
-  service.Flush();
-  const std::vector<v1::Lease> b2 = b_sink->TakeGrants();
-  ASSERT_EQ(b2.size(), 1u);
-  EXPECT_FALSE(b2[0].unit().sequence() == a1[0].unit().sequence() &&
-               b2[0].unit().begin() == a1[0].unit().begin())
-      << b2[0].DebugString();
-  // A reconnects: the remainder is still its own.
-  const std::vector<v1::Lease> a2 =
-      OpenWorker(0, "w0", 1, std::make_shared<RecordingSink>(), &a);
-  ASSERT_EQ(a2.size(), 1u);
-  EXPECT_EQ(a2[0].unit().sequence(), a1[0].unit().sequence());
-  EXPECT_EQ(a2[0].unit().begin(), a1[0].unit().begin());
-  EXPECT_EQ(a2[0].unit().end(), a1[0].unit().end());
+  ASSERT_NO_FATAL_FAILURE(ExpireWorkerA());
+  service().CloseSession(a);
+  ASSERT_NO_FATAL_FAILURE(BTakesOtherWork());
+  ExpectARemainder(
+      OpenWorker(0, "w0", 1, std::make_shared<RecordingSink>(), &a));
 }
 
 // With the slot's session gone for kReconnectGrace, anyone may take its
