@@ -7,7 +7,7 @@
 # imported when podman does not have them yet; later builds reuse them.
 # With --prebuilt the binaries are the host's release build (build/bin, from
 # `make build` on bookworm) instead of a build inside the image: only the
-# runtime stage and its base image are made.
+# runtime-base and prebuilt stages and their base image are made.
 #   usage: k8s/image/build.sh [--prebuilt] [TAG]   (default sluice:dev; run from anywhere)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,16 +43,17 @@ if $prebuilt; then
   for binary in sluice-coordinator sluice-dataserver sluicectl; do
     [ -x "$root/build/bin/$binary" ] || { echo "build.sh --prebuilt: build/bin/$binary not found (make build)"; exit 1; }
   done
-  base_image localhost/debian:bookworm-slim minbase
+  target=(--target prebuilt)
+  ignore=Dockerfile.prebuilt.dockerignore
   echo "building $tag from k8s/image/Dockerfile with build/bin's binaries"
-  podman build --pull=never --network=host --target prebuilt \
-    --ignorefile "$here/Dockerfile.prebuilt.dockerignore" -f "$here/Dockerfile" -t "$tag" "$root"
 else
   base_image localhost/debian:bookworm apt
-  base_image localhost/debian:bookworm-slim minbase
+  target=()
+  ignore=Dockerfile.dockerignore
   echo "building $tag from k8s/image/Dockerfile"
-  podman build --pull=never --network=host \
-    --ignorefile "$here/Dockerfile.dockerignore" -f "$here/Dockerfile" -t "$tag" "$root"
 fi
+base_image localhost/debian:bookworm-slim minbase
+podman build --pull=never --network=host "${target[@]}" \
+  --ignorefile "$here/$ignore" -f "$here/Dockerfile" -t "$tag" "$root"
 size=$(podman image inspect --format '{{.Size}}' "$tag")
 echo "image $tag: $((size / 1000000)) MB"
