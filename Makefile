@@ -77,11 +77,13 @@ test: build
 	@$(MAKE) --no-print-directory test-asan test-tsan test-fuzz
 
 # The code that faces corrupt shards (tar reader, index, decoders, framing)
-# under AddressSanitizer + UBSan.
+# under AddressSanitizer + UBSan, built in the fuzz tree (clang), whose
+# objects the fuzzers share: one sanitizer build of the data server's code,
+# not two. `make asan` runs every test in a GCC ASan tree instead.
 test-asan: deps
-	@test -f build-asan/build.ninja || cmake --preset asan -G Ninja >/dev/null
-	cmake --build build-asan -j $(JOBS) --target dataserver_format_tests
-	./build-asan/bin/dataserver_format_tests --gtest_brief=1
+	@test -f build-fuzz/build.ninja || cmake --preset fuzz -G Ninja >/dev/null
+	cmake --build build-fuzz -j $(JOBS) --target dataserver_format_tests
+	./build-fuzz/bin/dataserver_format_tests --gtest_brief=1
 
 # The concurrent components (lease table, outbox, once/barrier, shard cache,
 # the C++ Reader) under ThreadSanitizer. Debian's Abseil is rebuilt from its
