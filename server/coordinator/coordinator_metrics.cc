@@ -109,6 +109,14 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                           "registration...).")
                     .Register(r)
                     .Add({}, LockBounds())),
+      lock_hold_cpu(prometheus::BuildHistogram()
+                        .Name("sluice_coordinator_lock_hold_cpu_seconds")
+                        .Help("CPU time the holding thread used while it "
+                              "held the coordinator's state lock: the "
+                              "work done under it, without the time the "
+                              "thread was descheduled.")
+                        .Register(r)
+                        .Add({}, LockBounds())),
       granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total",
                              "Leases granted.")),
       completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",

@@ -72,9 +72,11 @@ class CoordinatorMetrics {
   // Callers waiting in a Barrier now, over every scope.
   prometheus::Gauge& barrier_waiting;
   // The coordinator's state lock: how long each taker waited for it, and
-  // how long each held it.
+  // how long each held it (wall time), and the CPU time the holding thread
+  // used meanwhile (the hold's own work, without preemption).
   prometheus::Histogram& lock_wait;
   prometheus::Histogram& lock_hold;
+  prometheus::Histogram& lock_hold_cpu;
 
  private:
   prometheus::Family<prometheus::Counter>& granted_;

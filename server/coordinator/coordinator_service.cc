@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -119,6 +120,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   return service;
 }
 
+namespace {
+// The calling thread's CPU time (user + system).
+absl::Duration ThreadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
+}  // namespace
+
 CoordinatorService::ServiceLock::ServiceLock(CoordinatorService* service)
     : service_(service) {
   const absl::Time asked = absl::Now();
@@ -126,14 +136,19 @@ CoordinatorService::ServiceLock::ServiceLock(CoordinatorService* service)
   acquired_ = absl::Now();
   if (CoordinatorMetrics* m = service_->options_.metrics) {
     m->lock_wait.Observe(absl::ToDoubleSeconds(acquired_ - asked));
+    cpu_at_acquire_ = ThreadCpuTime();
   }
 }
 
 CoordinatorService::ServiceLock::~ServiceLock() {
+  CoordinatorMetrics* m = service_->options_.metrics;
+  const absl::Duration cpu =
+      m != nullptr ? ThreadCpuTime() - cpu_at_acquire_ : absl::ZeroDuration();
   const absl::Duration held = absl::Now() - acquired_;
   service_->mu_.Unlock();
-  if (CoordinatorMetrics* m = service_->options_.metrics) {
+  if (m != nullptr) {
     m->lock_hold.Observe(absl::ToDoubleSeconds(held));
+    m->lock_hold_cpu.Observe(absl::ToDoubleSeconds(cpu));
   }
 }
 

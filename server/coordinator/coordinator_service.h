@@ -376,8 +376,10 @@ class CoordinatorService {
   int64_t last_snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Mutex mu_;
-  // Takes mu_ for a scope, timing the wait for it and how long it is held
-  // (sluice_coordinator_lock_{wait,hold}_seconds, when metrics are on).
+  // Takes mu_ for a scope, timing the wait for it, how long it is held and
+  // the holding thread's CPU time meanwhile
+  // (sluice_coordinator_lock_{wait,hold,hold_cpu}_seconds, when metrics are
+  // on).
   class ABSL_SCOPED_LOCKABLE ServiceLock {
    public:
     explicit ServiceLock(CoordinatorService* service)
@@ -389,6 +391,7 @@ class CoordinatorService {
    private:
     CoordinatorService* const service_;
     absl::Time acquired_;
+    absl::Duration cpu_at_acquire_;
   };
   CoordinatorState state_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);

@@ -1241,17 +1241,19 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
 }
 
 // The coordinator's lock holds between two scrapes of its /metrics
-// (sluice_coordinator_lock_hold_seconds): how many, how many over 1 ms, and
-// the smallest bucket bound every one of them fits under.
+// (sluice_coordinator_lock_hold_seconds, wall time, or
+// sluice_coordinator_lock_hold_cpu_seconds, the holding thread's CPU time):
+// how many, how many over 1 ms, and the smallest bucket bound every one of
+// them fits under.
 using HoldBuckets = std::vector<std::pair<double, uint64_t>>;  // cumulative
 
-HoldBuckets ScrapeLockHolds(const std::string& metrics_address) {
+HoldBuckets ScrapeLockHolds(const std::string& metrics_address,
+                            const std::string& histogram) {
   HoldBuckets buckets;
   auto page =
       sluice::testing::HttpGet("http://" + metrics_address + "/metrics");
   if (!page.ok()) return buckets;
-  const std::string prefix =
-      "sluice_coordinator_lock_hold_seconds_bucket{le=\"";
+  const std::string prefix = histogram + "_bucket{le=\"";
   for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
     if (!absl::ConsumePrefix(&line, prefix)) continue;
     const size_t quote = line.find('"');
@@ -1380,13 +1382,19 @@ int RunOpen() {
     }
     // Lock holds of the sessions' work only (CreateJob's planning of the
     // manifest comes before).
+    constexpr char kHold[] = "sluice_coordinator_lock_hold_seconds";
+    constexpr char kHoldCpu[] = "sluice_coordinator_lock_hold_cpu_seconds";
     const HoldBuckets holds_before =
-        ScrapeLockHolds(coordinator->metrics_address);
+        ScrapeLockHolds(coordinator->metrics_address, kHold);
+    const HoldBuckets cpu_before =
+        ScrapeLockHolds(coordinator->metrics_address, kHoldCpu);
     const OpenResult sluice_open =
         OpenAll(coordinator->grpc_address, "big", ranks, workers,
                 coordinator->process.pid(), true);
     const LockHolds holds = HoldsBetween(
-        holds_before, ScrapeLockHolds(coordinator->metrics_address));
+        holds_before, ScrapeLockHolds(coordinator->metrics_address, kHold));
+    const LockHolds cpu_holds = HoldsBetween(
+        cpu_before, ScrapeLockHolds(coordinator->metrics_address, kHoldCpu));
     coordinator->process.Signal(SIGKILL);
     (void)coordinator->process.WaitForExit(absl::Seconds(10));
     // A fresh baseline server per size, as the coordinator is: memory a
@@ -1414,7 +1422,8 @@ int RunOpen() {
         "%.0f grants/s: "
         "%.0f us of coordinator CPU per grant (%.2fx the first size), grant "
         "latency p50 %.2f ms p99 %.2f ms; lock held %llu times, %llu of "
-        "them over 1 ms, each under %g s\n",
+        "them over 1 ms, each under %g s (by the holder's CPU time: %llu "
+        "over 1 ms, each under %g s)\n",
         sessions, sluice_open.open_s, bare.open_s, ratio, sluice_open.opened,
         sessions, sluice_open.open_cpu_s,
         static_cast<long long>(sluice_open.heartbeat_interval_ms),
@@ -1426,7 +1435,9 @@ int RunOpen() {
         sluice_open.paced_grants_per_s, sluice_open.cpu_us_per_grant,
         grant_cpu_ratio, sluice_open.grant_p50_ms, sluice_open.grant_p99_ms,
         static_cast<unsigned long long>(holds.count),
-        static_cast<unsigned long long>(holds.over_1ms), holds.longest_under_s);
+        static_cast<unsigned long long>(holds.over_1ms), holds.longest_under_s,
+        static_cast<unsigned long long>(cpu_holds.over_1ms),
+        cpu_holds.longest_under_s);
     std::fflush(stdout);
     absl::StrAppend(
         &json, first ? "" : ",", "{\"sessions\":", sessions,
@@ -1446,7 +1457,9 @@ int RunOpen() {
         ",\"grant_p99_ms\":", sluice_open.grant_p99_ms,
         ",\"lock_holds\":", holds.count,
         ",\"lock_holds_over_1ms\":", holds.over_1ms,
-        ",\"longest_lock_hold_under_s\":", holds.longest_under_s, "}");
+        ",\"longest_lock_hold_under_s\":", holds.longest_under_s,
+        ",\"lock_holds_over_1ms_cpu\":", cpu_holds.over_1ms,
+        ",\"longest_lock_hold_cpu_under_s\":", cpu_holds.longest_under_s, "}");
     first = false;
   }
   absl::StrAppend(&json, "],\"worst_open_ratio\":", worst_ratio,

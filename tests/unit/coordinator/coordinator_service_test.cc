@@ -1849,8 +1849,9 @@ TEST_F(CoordinatorInputWaitTest, HeartbeatsFeedTheRankTotalAndTheHistogram) {
             (std::vector<uint64_t>{8, 8, 8, 9, 9, 11, 11, 11, 11, 11}));
 }
 
-// Every call that takes the state lock is timed: one wait and one hold
-// observation each (CreateJob, OpenSession, the Hello, a heartbeat).
+// Every call that takes the state lock is timed: one wait, one hold and one
+// hold-CPU observation each (CreateJob, OpenSession, the Hello, a
+// heartbeat).
 TEST_F(CoordinatorInputWaitTest, EveryLockTakingIsTimed) {
   auto count = [&](const std::string& name) -> uint64_t {
     for (const auto& f : registry_.Collect()) {
@@ -1861,6 +1862,7 @@ TEST_F(CoordinatorInputWaitTest, EveryLockTakingIsTimed) {
   };
   const uint64_t holds = count("sluice_coordinator_lock_hold_seconds");
   const uint64_t waits = count("sluice_coordinator_lock_wait_seconds");
+  const uint64_t cpu = count("sluice_coordinator_lock_hold_cpu_seconds");
   ASSERT_OK(service_->CreateJob(Spec("j", {10}, 1, 1)));
   auto sink = std::make_shared<RecordingSink>();
   const int64_t id = service_->OpenSession(sink);
@@ -1868,6 +1870,7 @@ TEST_F(CoordinatorInputWaitTest, EveryLockTakingIsTimed) {
   service_->OnMessage(id, Beat({1}, 0));
   EXPECT_EQ(count("sluice_coordinator_lock_hold_seconds"), holds + 4);
   EXPECT_EQ(count("sluice_coordinator_lock_wait_seconds"), waits + 4);
+  EXPECT_EQ(count("sluice_coordinator_lock_hold_cpu_seconds"), cpu + 4);
 }
 
 // A report that is not one: too many buckets, a negative or non-finite sum,
