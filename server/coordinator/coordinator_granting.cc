@@ -49,14 +49,8 @@ bool CoordinatorService::SlotHasOpenSessionLocked(const JobData& job,
                                                   int32_t slot) {
   auto open = open_sessions_.find(job.spec.name());
   if (open == open_sessions_.end()) return false;
-  for (int64_t id : open->second) {
-    auto s = sessions_.find(id);
-    if (s != sessions_.end() &&
-        job.plan.SlotOf(s->second.rank, s->second.worker) == slot) {
-      return true;
-    }
-  }
-  return false;
+  auto n = open->second.per_slot.find(slot);
+  return n != open->second.per_slot.end() && n->second > 0;
 }
 
 bool CoordinatorService::SlotKeepsRemaindersLocked(const JobData& job,
@@ -69,7 +63,18 @@ bool CoordinatorService::SlotKeepsRemaindersLocked(const JobData& job,
 }
 
 void CoordinatorService::PumpAllLocked(Effects& fx) {
-  for (const auto& [name, job] : state_.jobs()) PumpLocked(name, fx);
+  for (const auto& [name, job] : state_.jobs())
+    PumpLocked(name, fx, PumpScope::kWanting);
+}
+
+void CoordinatorService::NoteHolderWantsLocked(const std::string& holder) {
+  auto owner = session_of_trainer_.find(holder);
+  if (owner == session_of_trainer_.end()) return;
+  auto s = sessions_.find(owner->second);
+  if (s == sessions_.end() || !s->second.hello || s->second.finished) return;
+  auto open = open_sessions_.find(s->second.job);
+  if (open != open_sessions_.end() && open->second.all.count(s->first) > 0)
+    open->second.wanting.insert(s->first);
 }
 
 bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name,
@@ -91,10 +96,12 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
                                         v1::WaitingKind* why_kind) {
   const int32_t slot = job.plan.SlotOf(s.rank, s.worker);
   std::deque<Piece>& queue = QueueForLocked(job, rt, slot);
-  const std::string reader =
-      job.plan.workers_per_rank > 1
-          ? absl::StrCat("rank ", s.rank, " worker ", s.worker)
-          : absl::StrCat("rank ", s.rank);
+  // Named only when the grant is refused.
+  auto reader = [&] {
+    return job.plan.workers_per_rank > 1
+               ? absl::StrCat("rank ", s.rank, " worker ", s.worker)
+               : absl::StrCat("rank ", s.rank);
+  };
   // Every reader takes at most its slot of the rank's quota (dynamic mode;
   // in static mode its queue holds just that), so a DataLoader worker's
   // pass ends with its own slot and never waits on another worker's.
@@ -103,7 +110,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   const int64_t limit = job.plan.slot_quota(slot) - assigned;
   if (limit <= 0) {
     *why_kind = v1::WAITING_QUOTA_REACHED;
-    *why_not = absl::StrCat(reader, " has its quota for epoch ", job.epoch,
+    *why_not = absl::StrCat(reader(), " has its quota for epoch ", job.epoch,
                             "; waiting for the other readers to finish it");
     return false;
   }
@@ -111,7 +118,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
     *why_kind = v1::WAITING_NO_WORK_LEFT;
     *why_not =
         absl::StrCat("no unassigned work left in epoch ", job.epoch, " for ",
-                     reader, "; waiting for held leases to complete");
+                     reader(), "; waiting for held leases to complete");
     return false;
   }
   if (std::max(job.next_fence, seen_fence_floor_) >= kFenceLimit) {
@@ -129,7 +136,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   if (it == queue.end()) {
     *why_kind = v1::WAITING_NO_WORK_LEFT;
     *why_not = absl::StrCat(
-        "no unassigned work left in epoch ", job.epoch, " for ", reader,
+        "no unassigned work left in epoch ", job.epoch, " for ", reader(),
         "; waiting for other readers to re-read what their expired leases "
         "returned");
     return false;
@@ -260,17 +267,22 @@ void CoordinatorService::HintUpcomingLocked(const JobData& job,
 }
 
 void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
-                                    Session* only) {
+                                    PumpScope scope, Session* only) {
   const JobData* job = state_.FindJob(name);
   if (job == nullptr) return;
   JobRuntime& rt = runtime_[name];
-  // The job's open sessions (copied: a session may finish on the way).
+  // The sessions to visit (copied: a session may finish on the way).
   std::vector<int64_t> ids;
-  if (only != nullptr) {
+  if (auto open = open_sessions_.find(name); open != open_sessions_.end()) {
+    if (scope == PumpScope::kAll) {
+      ids.assign(open->second.all.begin(), open->second.all.end());
+    } else if (scope == PumpScope::kWanting) {
+      ids.assign(open->second.wanting.begin(), open->second.wanting.end());
+    }
+  }
+  if (only != nullptr && scope != PumpScope::kAll &&
+      std::find(ids.begin(), ids.end(), only->id) == ids.end()) {
     ids.push_back(only->id);
-  } else if (auto open = open_sessions_.find(name);
-             open != open_sessions_.end()) {
-    ids.assign(open->second.begin(), open->second.end());
   }
   for (int64_t id : ids) {
     auto it = sessions_.find(id);
@@ -341,6 +353,16 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
       fx.sends.emplace_back(s.sink, waiting);
     } else if (held >= s.credits) {
       s.waiting.clear();
+    }
+    // Looked up again: a session finished on the way may have taken the
+    // job's entry with it.
+    if (auto open = open_sessions_.find(name);
+        open != open_sessions_.end() && !s.finished) {
+      if (held < s.credits) {
+        open->second.wanting.insert(s.id);
+      } else {
+        open->second.wanting.erase(s.id);
+      }
     }
   }
 }

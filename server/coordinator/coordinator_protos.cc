@@ -104,7 +104,7 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   }
   if (auto open = open_sessions_.find(job.spec.name());
       open != open_sessions_.end()) {
-    for (int64_t id : open->second) {
+    for (int64_t id : open->second.all) {
       auto s = sessions_.find(id);
       if (s != sessions_.end() && s->second.rank >= 0 &&
           static_cast<size_t>(s->second.rank) < ranks) {

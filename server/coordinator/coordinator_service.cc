@@ -477,7 +477,8 @@ int CoordinatorService::ExpireLeasesImpl(bool stall_check) {
       jobs.insert(job);
       ++expired;
     }
-    for (const std::string& job : jobs) PumpLocked(job, fx);
+    for (const std::string& job : jobs)
+      PumpLocked(job, fx, PumpScope::kWanting);
     UpdateGaugesLocked();
     UpdateRankSkewLocked();
     if (stall_check) last_tick_ = options_.stall_clock->Now();

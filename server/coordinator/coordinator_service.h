@@ -226,6 +226,7 @@ class CoordinatorService {
     int32_t rank = 0;
     int32_t worker = 0;
     int32_t num_workers = 1;  // readers per rank this session reads with
+    int32_t slot = 0;         // its reader slot in the job's plan (at Hello)
     std::string trainer_id;   // "job/trainer_id": the holder of its leases
     int32_t credits = 0;
     int64_t announced_epoch = -1;
@@ -290,11 +291,23 @@ class CoordinatorService {
   std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt,
                                     int32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Announces epochs and grants up to each session's credits; `only`
-  // restricts it to one session (when nothing changed for the others).
-  void PumpLocked(const std::string& job, Effects& fx, Session* only = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Which of a job's sessions a pump visits.
+  enum class PumpScope {
+    kOne,      // `only`: a message of that session changed only its own state
+    kWanting,  // the sessions holding fewer leases than their credits (and
+               // `only`, if given): work came back or a data server appeared
+    kAll,      // every open session: a new epoch to announce
+  };
+  // Announces epochs and grants up to each visited session's credits, and
+  // keeps the job's set of wanting sessions up to date for them.
+  void PumpLocked(const std::string& job, Effects& fx, PumpScope scope,
+                  Session* only = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every job's wanting sessions (a data server became live).
   void PumpAllLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the open session of `holder` (a lease's holder) as wanting: one of
+  // its leases ended without a message of its own, so it may take more.
+  void NoteHolderWantsLocked(const std::string& holder)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt,
                       Effects& fx, std::string* why_not,
                       v1::WaitingKind* why_kind)
@@ -329,8 +342,7 @@ class CoordinatorService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishSessionLocked(Session& s, const absl::Status& status, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a session past Hello and not finished reads `slot` of `job`
-  // (a walk over the job's open sessions: only for expired remainders).
+  // Whether a session past Hello and not finished reads `slot` of `job`.
   bool SlotHasOpenSessionLocked(const JobData& job, int32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether an expired remainder returned to `slot` is kept for it: while
@@ -397,10 +409,18 @@ class CoordinatorService {
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
-  // Job -> the ids of its sessions past Hello and not finished: what a pump
-  // of the job walks and Hello's session limit counts, without visiting
-  // every session of every job.
-  std::map<std::string, std::set<int64_t>> open_sessions_ ABSL_GUARDED_BY(mu_);
+  // A job's sessions past Hello and not finished: what a pump of the job
+  // walks and Hello's session limit counts, without visiting every session
+  // of every job.
+  struct OpenSessions {
+    std::set<int64_t> all;
+    // Those whose last pump left them holding fewer leases than their
+    // credits, and those a lease ended for without a message of their own:
+    // the only ones returned work or a new data server can feed.
+    std::set<int64_t> wanting;
+    std::map<int32_t, int32_t> per_slot;  // slot -> how many of `all`
+  };
+  std::map<std::string, OpenSessions> open_sessions_ ABSL_GUARDED_BY(mu_);
   DataServerRegistry data_servers_ ABSL_GUARDED_BY(mu_);
   // One above the newest fence any data server reported having seen.
   uint64_t seen_fence_floor_ ABSL_GUARDED_BY(mu_) = 1;

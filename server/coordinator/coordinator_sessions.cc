@@ -64,14 +64,18 @@ void CoordinatorService::ForgetOpenLocked(const Session& s) {
   if (!s.hello) return;
   auto open = open_sessions_.find(s.job);
   if (open == open_sessions_.end()) return;
-  if (open->second.erase(s.id) == 0) return;
-  if (open->second.empty()) open_sessions_.erase(open);
-  const JobData* job = state_.FindJob(s.job);
-  if (job == nullptr || job->done) return;
-  const int32_t slot = job->plan.SlotOf(s.rank, s.worker);
-  if (!SlotHasOpenSessionLocked(*job, slot)) {
-    runtime_[s.job].slot_left_at[slot] = options_.clock->Now();
+  if (open->second.all.erase(s.id) == 0) return;
+  open->second.wanting.erase(s.id);
+  bool slot_left = false;
+  if (auto n = open->second.per_slot.find(s.slot);
+      n != open->second.per_slot.end() && --n->second <= 0) {
+    open->second.per_slot.erase(n);
+    slot_left = true;
   }
+  if (open->second.all.empty()) open_sessions_.erase(open);
+  const JobData* job = state_.FindJob(s.job);
+  if (job == nullptr || job->done || !slot_left) return;
+  runtime_[s.job].slot_left_at[s.slot] = options_.clock->Now();
 }
 
 void CoordinatorService::OnMessage(int64_t session_id,
@@ -134,7 +138,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   }
   auto open = open_sessions_.find(hello.job());
   const int64_t open_sessions =
-      open == open_sessions_.end() ? 0 : open->second.size();
+      open == open_sessions_.end() ? 0 : open->second.all.size();
   if (open_sessions >= options_.max_sessions_per_job) {
     FinishSessionLocked(
         s,
@@ -205,7 +209,10 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   s.rank = hello.rank();
   s.worker = hello.worker();
   s.num_workers = workers;
-  open_sessions_[s.job].insert(s.id);
+  s.slot = job->plan.SlotOf(s.rank, s.worker);
+  OpenSessions& open_of_job = open_sessions_[s.job];
+  open_of_job.all.insert(s.id);
+  ++open_of_job.per_slot[s.slot];
   if (options_.metrics != nullptr)
     options_.metrics->ForJob(s.job).sessions->Increment();
   // Leases follow the trainer within its job: the same trainer_id in
@@ -239,7 +246,9 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   leases_.RenewHolder(s.trainer_id, TtlLocked(*job));
   // Announces the epoch first. A Hello that changed nothing else concerns
   // only its own session: opening N sessions costs O(N), not O(N^2).
-  PumpLocked(s.job, fx, fx.ticket != ticket_before ? nullptr : &s);
+  PumpLocked(s.job, fx,
+             fx.ticket != ticket_before ? PumpScope::kAll : PumpScope::kOne,
+             &s);
   for (const LeaseEntry* lease : leases_.HeldBy(s.trainer_id)) {
     CoordinatorMessage grant;
     *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*lease, *job);
@@ -445,7 +454,7 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
         return absl::InvalidArgumentError("want.credits must be >= 0");
       }
       s.credits = m.want().credits();
-      PumpLocked(s.job, fx, &s);
+      PumpLocked(s.job, fx, PumpScope::kOne, &s);
       return absl::OkStatus();
     case v1::TrainerMessage::kHeartbeat:
       // The renewal above, and the consumer's input wait when reported.
@@ -548,11 +557,15 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
         EndLeaseLocked(lease.job, lease_id,
                        m.has_release() ? "released" : "rerouted", fx);
       }
-      // Only a new epoch or returned work concerns the other sessions; a
-      // Complete or Progress frees (at most) this session's credit.
+      // Only a new epoch (for every session) or returned work (for those
+      // wanting more) concerns the other sessions; a Complete or Progress
+      // frees (at most) this session's credit.
       const bool advanced = MaybeAdvanceEpochLocked(s.job, fx);
       PumpLocked(s.job, fx,
-                 advanced || m.has_release() || m.has_reroute() ? nullptr : &s);
+                 advanced                             ? PumpScope::kAll
+                 : m.has_release() || m.has_reroute() ? PumpScope::kWanting
+                                                      : PumpScope::kOne,
+                 &s);
       return absl::OkStatus();
     }
     default:
@@ -574,6 +587,7 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name,
                                         Effects& fx) {
   absl::StatusOr<LeaseEntry> lease = leases_.Remove(lease_id);
   if (!lease.ok()) return;
+  NoteHolderWantsLocked(lease->holder);
   JournalRecord record;
   record.mutable_lease_ended()->set_job(job_name);
   record.mutable_lease_ended()->set_lease_id(lease_id);

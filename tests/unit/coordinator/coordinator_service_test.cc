@@ -1312,6 +1312,29 @@ TEST_F(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyoneAfterTheGrace) {
   EXPECT_EQ(b1[0].unit().begin(), a1[0].unit().begin());
 }
 
+// A reader whose lease expired holds fewer leases than its credits: the
+// tick that expired it grants it work again (its own remainder) at once,
+// as any message of its own would.
+TEST_F(CoordinatorExpiryTest, AnExpiredHolderIsFedByTheSameTick) {
+  CoordinatorService& service = this->service();
+  v1::JobSpec spec = Spec("j", {10}, 1, 1);
+  spec.set_mode(v1::MODE_DYNAMIC);
+  spec.set_max_samples_per_lease(5);
+  ASSERT_OK(service.CreateJob(spec));
+  int64_t a = 0;
+  auto a_sink = std::make_shared<RecordingSink>();
+  const std::vector<v1::Lease> a1 = OpenWorker(0, "a", 1, a_sink, &a);
+  ASSERT_EQ(a1.size(), 1u);
+  clock.Advance(absl::Seconds(3));
+  EXPECT_EQ(service.ExpireLeases(), 1);
+  service.Flush();
+  const std::vector<v1::Lease> a2 = a_sink->TakeGrants();
+  ASSERT_EQ(a2.size(), 1u);
+  EXPECT_NE(a2[0].lease_id(), a1[0].lease_id());
+  EXPECT_EQ(a2[0].unit().sequence(), a1[0].unit().sequence());
+  EXPECT_EQ(a2[0].unit().begin(), a1[0].unit().begin());
+}
+
 // A job's readers are asked to heartbeat at most kHeartbeatsPerSecondPerJob
 // times a second together: 1,024 ranks x 8 workers every 4 s (0.4 of the
 // 10 s TTL caps it), a small job at --heartbeat_interval. Opening them
