@@ -43,10 +43,13 @@
 // --idle_seconds (heartbeats only), its RSS growth per session, the
 // leases that expired meanwhile, and then, with the sessions completing one
 // lease each in turn at --open_paced_grants_per_s for --paced_seconds, its
-// CPU per grant beyond the idle rate (against the first size's: the cost
-// per grant should not grow with the job) and the grant latency (Complete
-// sent -> next Grant received); over all of it, the coordinator's lock
-// holds from its own histogram. Baseline, same run: a bare gRPC server
+// CPU per grant beyond the idle rate (the mean of the idle rates measured
+// before and after it; against the first size's: the cost per grant should
+// not grow with the job) and the grant latency (Complete sent -> next Grant
+// received); over all of it, the coordinator's lock holds from its own
+// histograms (wall and CPU time), and a registered data server's heartbeat
+// acknowledgements (never later than its timeout, or the coordinator took
+// it for dead). Baseline, same run: a bare gRPC server
 // (this binary, --mode=echo_server, in its own process with the
 // coordinator's jemalloc) that answers each Hello with Welcome and
 // EpochBegin (no state, no journal), opened by the same load generator: its
@@ -123,12 +126,13 @@ ABSL_FLAG(std::vector<std::string>, open_sessions,
           "Session counts (ranks x --workers) to open (open mode).");
 ABSL_FLAG(int, workers, 8, "DataLoader workers per rank (open mode).");
 ABSL_FLAG(double, idle_seconds, 5,
-          "Seconds of heartbeats only after the open (open mode).");
+          "Seconds of heartbeats only after the open, and again after the "
+          "paced phase (open mode).");
 ABSL_FLAG(double, open_paced_grants_per_s, 300,
           "Grants per second of the paced phase after the idle one: a "
           "session completes one of its leases (Progress + Complete) and gets "
           "the next (open mode).");
-ABSL_FLAG(double, paced_seconds, 5, "Seconds of the paced phase (open mode).");
+ABSL_FLAG(double, paced_seconds, 10, "Seconds of the paced phase (open mode).");
 ABSL_FLAG(bool, progress, true,
           "Leases mode: a Progress before every Complete (Grant -> Progress -> "
           "Complete).");
@@ -1121,6 +1125,86 @@ int64_t RssKb(pid_t pid) {
   return 0;
 }
 
+// A data server's registration stream beside the sessions: it registers,
+// then heartbeats at the interval the coordinator asks for and times each
+// heartbeat's acknowledgement. A heartbeat the coordinator handles later
+// than its timeout after the previous one means it took the server for
+// dead meanwhile.
+class DataServerProbe {
+ public:
+  explicit DataServerProbe(const std::string& address)
+      : stub_(Stubs(address, 1)), thread_([this] { Run(); }) {}
+  ~DataServerProbe() { Stop(); }
+  void Stop() {
+    stopping_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  bool registered() const { return registered_.load(); }
+  absl::Duration longest_ack() {
+    absl::MutexLock lock(&mu_);
+    return longest_ack_;
+  }
+  // The longest time between two heartbeats' acknowledgements.
+  absl::Duration longest_gap() {
+    absl::MutexLock lock(&mu_);
+    return longest_gap_;
+  }
+  absl::Duration timeout() const {
+    return absl::Milliseconds(timeout_ms_.load());
+  }
+  int64_t acks() {
+    absl::MutexLock lock(&mu_);
+    return acks_;
+  }
+
+ private:
+  void Run() {
+    grpc::ClientContext context;
+    auto stream = stub_[0]->RegisterDataServer(&context);
+    sluice::v1::DataServerMessage hello;
+    hello.mutable_register_()->set_address("127.0.0.1:9");
+    hello.mutable_register_()->set_capacity(1);
+    sluice::v1::CoordinatorToDataServer reply;
+    if (!stream->Write(hello) || !stream->Read(&reply) ||
+        !reply.has_registered()) {
+      std::fprintf(stderr, "data server probe: registration failed\n");
+      return;
+    }
+    const absl::Duration interval =
+        absl::Milliseconds(reply.registered().heartbeat_interval_ms());
+    timeout_ms_ = reply.registered().heartbeat_timeout_ms();
+    registered_ = true;
+    absl::Time last_ack = absl::Now();
+    while (!stopping_.load()) {
+      absl::SleepFor(interval);
+      sluice::v1::DataServerMessage beat;
+      beat.mutable_heartbeat();
+      const absl::Time sent = absl::Now();
+      if (!stream->Write(beat)) break;
+      bool acked = false;
+      while (!acked && stream->Read(&reply)) acked = reply.has_heartbeat_ack();
+      if (!acked) break;
+      const absl::Time now = absl::Now();
+      absl::MutexLock lock(&mu_);
+      longest_ack_ = std::max(longest_ack_, now - sent);
+      longest_gap_ = std::max(longest_gap_, now - last_ack);
+      ++acks_;
+      last_ack = now;
+    }
+    context.TryCancel();
+  }
+
+  std::vector<std::unique_ptr<sluice::v1::Coordinator::Stub>> stub_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> registered_{false};
+  std::atomic<int64_t> timeout_ms_{0};
+  absl::Mutex mu_;
+  absl::Duration longest_ack_ ABSL_GUARDED_BY(mu_);
+  absl::Duration longest_gap_ ABSL_GUARDED_BY(mu_);
+  int64_t acks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
 struct OpenResult {
   double open_s = 0;
   int opened = 0;
@@ -1134,6 +1218,7 @@ struct OpenResult {
   // (beyond the idle phase's rate), grant latency.
   double paced_grants_per_s = 0;
   double cpu_us_per_grant = 0;
+  double idle_cores_after = 0;  // the idle rate again, after the paced phase
   double grant_p50_ms = 0;
   double grant_p99_ms = 0;
 };
@@ -1217,11 +1302,20 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
       latencies.insert(latencies.end(), l.begin(), l.end());
     }
     r.paced_grants_per_s = static_cast<double>(latencies.size()) / paced;
+    const double cpu3 = CpuSeconds(pid);
+    // The heartbeats' own cost again, after: the paced phase's CPU less
+    // the mean of the idle rates before and after it is the grants'. At
+    // thousands of sessions the heartbeats cost as much as the grants, and
+    // one idle window alone moves the difference by tens of percent.
+    const double idle = absl::GetFlag(FLAGS_idle_seconds);
+    absl::SleepFor(absl::Seconds(idle));
+    const double idle_after = (CpuSeconds(pid) - cpu3) / idle;
+    r.idle_cores_after = idle_after;
     if (!latencies.empty()) {
-      const double idle_rate = r.idle_cpu_per_session_s * total;
-      r.cpu_us_per_grant =
-          (CpuSeconds(pid) - cpu2 - idle_rate * paced_elapsed) /
-          static_cast<double>(latencies.size()) * 1e6;
+      const double idle_rate =
+          (r.idle_cpu_per_session_s * total + idle_after) / 2;
+      r.cpu_us_per_grant = (cpu3 - cpu2 - idle_rate * paced_elapsed) /
+                           static_cast<double>(latencies.size()) * 1e6;
       std::sort(latencies.begin(), latencies.end());
       r.grant_p50_ms = latencies[latencies.size() / 2] / 1000;
       r.grant_p99_ms = latencies[std::min(latencies.size() - 1,
@@ -1388,9 +1482,17 @@ int RunOpen() {
         ScrapeLockHolds(coordinator->metrics_address, kHold);
     const HoldBuckets cpu_before =
         ScrapeLockHolds(coordinator->metrics_address, kHoldCpu);
+    // A registered data server heartbeating through all of it.
+    DataServerProbe data_server(coordinator->grpc_address);
+    const absl::Time registering = absl::Now();
+    while (!data_server.registered() &&
+           absl::Now() - registering < absl::Seconds(10)) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     const OpenResult sluice_open =
         OpenAll(coordinator->grpc_address, "big", ranks, workers,
                 coordinator->process.pid(), true);
+    data_server.Stop();
     const LockHolds holds = HoldsBetween(
         holds_before, ScrapeLockHolds(coordinator->metrics_address, kHold));
     const LockHolds cpu_holds = HoldsBetween(
@@ -1423,7 +1525,9 @@ int RunOpen() {
         "%.0f us of coordinator CPU per grant (%.2fx the first size), grant "
         "latency p50 %.2f ms p99 %.2f ms; lock held %llu times, %llu of "
         "them over 1 ms, each under %g s (by the holder's CPU time: %llu "
-        "over 1 ms, each under %g s)\n",
+        "over 1 ms, each under %g s); a data server's heartbeats: %lld "
+        "acknowledged, longest %.1f ms, longest gap %.0f ms (timeout %.0f "
+        "ms)\n",
         sessions, sluice_open.open_s, bare.open_s, ratio, sluice_open.opened,
         sessions, sluice_open.open_cpu_s,
         static_cast<long long>(sluice_open.heartbeat_interval_ms),
@@ -1437,7 +1541,10 @@ int RunOpen() {
         static_cast<unsigned long long>(holds.count),
         static_cast<unsigned long long>(holds.over_1ms), holds.longest_under_s,
         static_cast<unsigned long long>(cpu_holds.over_1ms),
-        cpu_holds.longest_under_s);
+        cpu_holds.longest_under_s, static_cast<long long>(data_server.acks()),
+        absl::ToDoubleMilliseconds(data_server.longest_ack()),
+        absl::ToDoubleMilliseconds(data_server.longest_gap()),
+        absl::ToDoubleMilliseconds(data_server.timeout()));
     std::fflush(stdout);
     absl::StrAppend(
         &json, first ? "" : ",", "{\"sessions\":", sessions,
@@ -1459,7 +1566,14 @@ int RunOpen() {
         ",\"lock_holds_over_1ms\":", holds.over_1ms,
         ",\"longest_lock_hold_under_s\":", holds.longest_under_s,
         ",\"lock_holds_over_1ms_cpu\":", cpu_holds.over_1ms,
-        ",\"longest_lock_hold_cpu_under_s\":", cpu_holds.longest_under_s, "}");
+        ",\"longest_lock_hold_cpu_under_s\":", cpu_holds.longest_under_s,
+        ",\"data_server_acks\":", data_server.acks(),
+        ",\"data_server_longest_ack_ms\":",
+        absl::ToDoubleMilliseconds(data_server.longest_ack()),
+        ",\"data_server_longest_gap_ms\":",
+        absl::ToDoubleMilliseconds(data_server.longest_gap()),
+        ",\"data_server_timeout_ms\":",
+        absl::ToDoubleMilliseconds(data_server.timeout()), "}");
     first = false;
   }
   absl::StrAppend(&json, "],\"worst_open_ratio\":", worst_ratio,
