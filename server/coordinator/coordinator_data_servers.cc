@@ -61,8 +61,7 @@ int64_t CoordinatorService::RegisterDataServer(
   int64_t id;
   {
     ServiceLock lock(this);
-    seen_fence_floor_ = std::max(seen_fence_floor_,
-                                 std::min(max_fence_seen, kMaxFenceSeen) + 1);
+    RaiseSeenFenceFloor(max_fence_seen);
     const bool none_live = !data_servers_.AnyLive();
     if (sink != nullptr) {
       // Under mu_, so the reply precedes any hint for this server.
@@ -83,17 +82,26 @@ int64_t CoordinatorService::RegisterDataServer(
   return id;
 }
 
+void CoordinatorService::RaiseSeenFenceFloor(uint64_t max_fence_seen) {
+  const uint64_t floor = std::min(max_fence_seen, kMaxFenceSeen) + 1;
+  uint64_t now = seen_fence_floor_.load();
+  while (now < floor && !seen_fence_floor_.compare_exchange_weak(now, floor)) {
+  }
+}
+
 void CoordinatorService::DataServerHeartbeat(int64_t id,
                                              uint64_t max_fence_seen) {
+  RaiseSeenFenceFloor(max_fence_seen);
+  bool none_was_live = false;
+  if (!data_servers_.Heartbeat(id, &none_was_live)) return;
+  if (options_.metrics != nullptr)
+    options_.metrics->data_servers.Set(data_servers_.LiveCount());
+  if (!none_was_live) return;
+  // The first live server again: the units waiting for one go out.
   Effects fx;
   {
     ServiceLock lock(this);
-    seen_fence_floor_ = std::max(seen_fence_floor_,
-                                 std::min(max_fence_seen, kMaxFenceSeen) + 1);
-    const bool none_live = !data_servers_.AnyLive();
-    data_servers_.Heartbeat(id);
-    UpdateDataServerMetricLocked();
-    if (none_live && data_servers_.AnyLive()) PumpAllLocked(fx);
+    if (data_servers_.AnyLive()) PumpAllLocked(fx);
     SubmitLocked(fx);
   }
   DeliverReady();

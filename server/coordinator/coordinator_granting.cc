@@ -121,7 +121,11 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
                      reader(), "; waiting for held leases to complete");
     return false;
   }
-  if (std::max(job.next_fence, seen_fence_floor_) >= kFenceLimit) {
+  // Above what the data servers report having seen, too (not journaled: the
+  // grant record carries the fence chosen). Read once: heartbeats raise it
+  // without the state lock.
+  const uint64_t fence = std::max(job.next_fence, seen_fence_floor_.load());
+  if (fence >= kFenceLimit) {
     LogError("job %s: the fence space is used up; no lease is granted",
              job.spec.name());
     return false;  // never reached by counting; refused rather than wrapped
@@ -149,9 +153,6 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
     queue.insert(it, rest);
     piece.end = piece.begin + limit;
   }
-  // Above what the data servers report having seen, too (not journaled: the
-  // grant record carries the fence chosen).
-  const uint64_t fence = std::max(job.next_fence, seen_fence_floor_);
   const std::string lease_id =
       absl::StrCat(job.spec.name(), "/e", job.epoch, "/f", fence);
   JournalRecord record;

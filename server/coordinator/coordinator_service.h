@@ -18,6 +18,7 @@
 #ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -179,6 +180,9 @@ class CoordinatorService {
   int64_t RegisterDataServer(const std::string& address, int32_t capacity,
                              std::shared_ptr<DataServerSink> sink = nullptr,
                              uint64_t max_fence_seen = 0);
+  // Records a heartbeat without the state lock (session work never delays
+  // it); takes the lock only when no data server was live before it, to
+  // feed the sessions waiting for one.
   void DataServerHeartbeat(int64_t id, uint64_t max_fence_seen = 0);
   // INVALID_ARGUMENT naming `field` if a data server claims a fence beyond
   // the fence space (registration and heartbeat).
@@ -421,9 +425,13 @@ class CoordinatorService {
     std::map<int32_t, int32_t> per_slot;  // slot -> how many of `all`
   };
   std::map<std::string, OpenSessions> open_sessions_ ABSL_GUARDED_BY(mu_);
-  DataServerRegistry data_servers_ ABSL_GUARDED_BY(mu_);
-  // One above the newest fence any data server reported having seen.
-  uint64_t seen_fence_floor_ ABSL_GUARDED_BY(mu_) = 1;
+  // Under its own lock: heartbeats are recorded without mu_.
+  DataServerRegistry data_servers_;
+  // One above the newest fence any data server reported having seen (raised
+  // by heartbeats without mu_).
+  std::atomic<uint64_t> seen_fence_floor_{1};
+  // Raises seen_fence_floor_ above `max_fence_seen` (capped).
+  void RaiseSeenFenceFloor(uint64_t max_fence_seen);
   std::map<std::string, int64_t> session_of_trainer_ ABSL_GUARDED_BY(mu_);
   int64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
 

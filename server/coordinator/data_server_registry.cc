@@ -28,6 +28,7 @@ uint64_t Mix64(uint64_t z) {
 
 int64_t DataServerRegistry::Add(const std::string& address, int32_t capacity,
                                 std::shared_ptr<DataServerSink> sink) {
+  absl::MutexLock lock(&mu_);
   const int64_t id = next_id_++;
   Server& s = servers_[id];
   s.address = address;
@@ -38,28 +39,40 @@ int64_t DataServerRegistry::Add(const std::string& address, int32_t capacity,
 }
 
 void DataServerRegistry::MarkAllSeen() {
+  absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   for (auto& [id, server] : servers_) server.last_seen = now;
 }
 
-bool DataServerRegistry::Heartbeat(int64_t id) {
+bool DataServerRegistry::Heartbeat(int64_t id, bool* none_was_live) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  if (none_was_live != nullptr) *none_was_live = !AnyLiveLocked(now);
   auto it = servers_.find(id);
   if (it == servers_.end()) return false;
-  it->second.last_seen = clock_->Now();
+  it->second.last_seen = now;
   return true;
 }
 
-void DataServerRegistry::Remove(int64_t id) { servers_.erase(id); }
+void DataServerRegistry::Remove(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  servers_.erase(id);
+}
 
-bool DataServerRegistry::AnyLive() const {
-  const absl::Time now = clock_->Now();
+bool DataServerRegistry::AnyLiveLocked(absl::Time now) const {
   for (const auto& [id, s] : servers_) {
     if (Live(s, now)) return true;
   }
   return false;
 }
 
+bool DataServerRegistry::AnyLive() const {
+  absl::MutexLock lock(&mu_);
+  return AnyLiveLocked(clock_->Now());
+}
+
 int DataServerRegistry::LiveCount() const {
+  absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   int live = 0;
   for (const auto& [id, s] : servers_) live += Live(s, now);
@@ -67,6 +80,7 @@ int DataServerRegistry::LiveCount() const {
 }
 
 std::vector<std::string> DataServerRegistry::LiveAddresses() const {
+  absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   std::vector<std::string> out;
   for (const auto& [id, s] : servers_) {
@@ -76,6 +90,7 @@ std::vector<std::string> DataServerRegistry::LiveAddresses() const {
 }
 
 void DataServerRegistry::MarkSuspect(const std::string& address) {
+  absl::MutexLock lock(&mu_);
   const absl::Time until = clock_->Now() + timeout_;
   for (auto& [id, s] : servers_) {
     if (s.address == address) s.suspect_until = until;
@@ -86,6 +101,7 @@ void DataServerRegistry::MarkSuspect(const std::string& address) {
 // (server address, shard URL); the top score wins, ties to the smaller
 // address.
 std::string DataServerRegistry::Pick(const std::string& shard_url) const {
+  absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   const uint64_t shard_hash = Mix64(Fnv1a(shard_url));
   std::string best;
@@ -108,6 +124,7 @@ std::string DataServerRegistry::Pick(const std::string& shard_url) const {
 
 std::optional<DataServerRegistry::HintTarget> DataServerRegistry::NoteHint(
     const std::string& address, const std::string& shard_url) {
+  absl::MutexLock lock(&mu_);
   for (auto& [id, s] : servers_) {
     if (s.address != address || s.sink == nullptr) continue;
     if (!s.hinted_set.insert(shard_url).second) return std::nullopt;

@@ -7,7 +7,9 @@
 // A server a trainer reported failing is passed over until `timeout` after
 // the report, unless no other server is live.
 //
-// Thread-safety: none; the coordinator calls it under its own lock.
+// Thread-safe, under a lock of its own: the coordinator records heartbeats
+// without taking its state lock, so no session work can delay them past a
+// server's timeout.
 #ifndef SLUICE_SERVER_COORDINATOR_DATA_SERVER_REGISTRY_H_
 #define SLUICE_SERVER_COORDINATOR_DATA_SERVER_REGISTRY_H_
 
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/common/clock.h"
 #include "sluice/v1/coordinator.pb.h"
@@ -47,14 +50,18 @@ class DataServerRegistry {
   // capacity <= 0 counts as 1.
   int64_t Add(const std::string& address, int32_t capacity,
               std::shared_ptr<DataServerSink> sink);
-  // Marks `id` seen now; false if it is not registered.
-  bool Heartbeat(int64_t id);
+  // Marks `id` seen now; false if it is not registered. `none_was_live`
+  // (optional) tells whether no registration was live just before.
+  bool Heartbeat(int64_t id, bool* none_was_live = nullptr);
   // Marks every registration seen now (after the coordinator itself
   // stalled: their heartbeats could not be read).
   void MarkAllSeen();
   void Remove(int64_t id);
 
-  bool empty() const { return servers_.empty(); }
+  bool empty() const {
+    absl::MutexLock lock(&mu_);
+    return servers_.empty();
+  }
   bool AnyLive() const;
   int LiveCount() const;
   std::vector<std::string> LiveAddresses() const;
@@ -90,11 +97,13 @@ class DataServerRegistry {
   bool Live(const Server& s, absl::Time now) const {
     return now - s.last_seen <= timeout_;
   }
+  bool AnyLiveLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const absl::Duration timeout_;
-  std::map<int64_t, Server> servers_;
-  int64_t next_id_ = 1;
+  mutable absl::Mutex mu_;
+  std::map<int64_t, Server> servers_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace sluice

@@ -1059,7 +1059,7 @@ TEST_F(CoordinatorServiceTest,
 TEST_F(CoordinatorServiceTest, ResumingTwiceFromOneCheckpointRestoresItTwice) {
   Checkpointed run(*service_);
   ASSERT_TRUE(run.ok);
-  SimTrainer &a = *run.a, &b = *run.b;
+  SimTrainer& a = *run.a;
   const v1::Cursor& cursor = run.cursor;
   const auto& before = run.before;
   ASSERT_EQ(a.Consume(2), 2);  // lost with the first crash
@@ -1181,6 +1181,83 @@ TEST(CoordinatorStallTest, AStalledCoordinatorExpiresNothingForTheStall) {
   clock.Advance(absl::Milliseconds(100));
   EXPECT_EQ(service.ExpiryTick(), 1);
   service.UnregisterDataServer(server);
+}
+
+// A fake clock that, armed for one thread, stops that thread in Now() until
+// released: a stand-in for a long operation under the coordinator's lock
+// (CommitLocked reads the clock under it).
+class GateClock final : public Clock {
+ public:
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    if (armed_ && std::this_thread::get_id() == thread_) {
+      armed_ = false;
+      entered_ = true;
+      mu_.Await(absl::Condition(&released_));
+    }
+    return now_;
+  }
+  void ArmForThisThread() {
+    absl::MutexLock lock(&mu_);
+    thread_ = std::this_thread::get_id();
+    armed_ = true;
+  }
+  void WaitEntered() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&entered_));
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'700'000'000);
+  std::thread::id thread_ ABSL_GUARDED_BY(mu_);
+  mutable bool armed_ ABSL_GUARDED_BY(mu_) = false;
+  mutable bool entered_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A data server's heartbeat is recorded while another call holds the
+// coordinator's state lock: session work can never hold it back past the
+// server's timeout.
+TEST(CoordinatorDataServerTest, AHeartbeatDoesNotWaitForTheStateLock) {
+  GateClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  const absl::Duration timeout = service.data_server_timeout();
+  const int64_t server = service.RegisterDataServer("ds:1", 1);
+  clock.Advance(timeout - absl::Seconds(1));
+  // CreateJob stops under the lock, in its journal record's time stamp.
+  std::thread holder([&] {
+    clock.ArmForThisThread();
+    EXPECT_OK(service.CreateJob(Spec("j", {10}, 1, 1)));
+  });
+  clock.WaitEntered();
+  absl::Notification beaten;
+  std::thread beat([&] {
+    service.DataServerHeartbeat(server);
+    beaten.Notify();
+  });
+  // A deadlock detector, not a timing bound: with the lock needed, the
+  // heartbeat returns only after the release below.
+  EXPECT_TRUE(beaten.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  clock.Release();
+  holder.join();
+  beat.join();
+  // Live a whole timeout after the first registration: the heartbeat counted.
+  clock.Advance(absl::Seconds(2));
+  EXPECT_THAT(service.LiveDataServers(), ::testing::ElementsAre("ds:1"));
 }
 
 // A service on a fake clock that grants without data servers.
