@@ -1219,6 +1219,9 @@ struct OpenResult {
   double paced_grants_per_s = 0;
   double cpu_us_per_grant = 0;
   double idle_cores_after = 0;  // the idle rate again, after the paced phase
+  // The same under the coordinator's state lock (its own work).
+  double idle_locked_cores = 0;
+  double locked_cpu_us_per_grant = 0;
   double grant_p50_ms = 0;
   double grant_p99_ms = 0;
 };
@@ -1226,8 +1229,27 @@ struct OpenResult {
 // Opens `ranks` x `workers` sessions of `job` at `address`; with `pid`, the
 // server's CPU and memory are measured while opening and idle, and with
 // `paced` also per grant.
+// The CPU seconds the coordinator's threads spent holding its state lock so
+// far (sluice_coordinator_lock_hold_cpu_seconds_sum), or 0 when
+// `metrics_address` is empty or does not answer.
+double LockedCpuSeconds(const std::string& metrics_address) {
+  if (metrics_address.empty()) return 0;
+  auto page =
+      sluice::testing::HttpGet("http://" + metrics_address + "/metrics");
+  if (!page.ok()) return 0;
+  for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
+    if (!absl::ConsumePrefix(&line,
+                             "sluice_coordinator_lock_hold_cpu_seconds_sum "))
+      continue;
+    double seconds = 0;
+    if (absl::SimpleAtod(line, &seconds)) return seconds;
+  }
+  return 0;
+}
+
 OpenResult OpenAll(const std::string& address, const std::string& job,
-                   int ranks, int workers, pid_t pid, bool paced_grants) {
+                   int ranks, int workers, pid_t pid, bool paced_grants,
+                   const std::string& metrics_address = "") {
   auto stubs = Stubs(address, 8);  // several trainer processes' connections
   OpenResult r;
   const int total = ranks * workers;
@@ -1267,11 +1289,13 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
   r.opened = begun.load();
   if (pid > 0) {
     const double cpu1 = CpuSeconds(pid);
+    const double locked1 = LockedCpuSeconds(metrics_address);
     r.open_cpu_s = cpu1 - cpu0;
     const double idle = absl::GetFlag(FLAGS_idle_seconds);
     const int64_t beats0 = beats_sent.load();
     absl::SleepFor(absl::Seconds(idle));
     r.idle_cpu_per_session_s = (CpuSeconds(pid) - cpu1) / idle / total;
+    r.idle_locked_cores = (LockedCpuSeconds(metrics_address) - locked1) / idle;
     r.heartbeats_per_s = static_cast<double>(beats_sent.load() - beats0) / idle;
     r.heartbeat_interval_ms = interval_ms.load();
     r.rss_kb_per_session =
@@ -1283,6 +1307,7 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
     const double paced = absl::GetFlag(FLAGS_paced_seconds);
     for (auto& session : all) session->TakeLatencies();
     const double cpu2 = CpuSeconds(pid);
+    const double locked2 = LockedCpuSeconds(metrics_address);
     const absl::Time paced_start = absl::Now();
     size_t next = 0;
     double owed = 0;
@@ -1303,19 +1328,29 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
     }
     r.paced_grants_per_s = static_cast<double>(latencies.size()) / paced;
     const double cpu3 = CpuSeconds(pid);
+    const double locked3 = LockedCpuSeconds(metrics_address);
     // The heartbeats' own cost again, after: the paced phase's CPU less
     // the mean of the idle rates before and after it is the grants'. At
     // thousands of sessions the heartbeats cost as much as the grants, and
-    // one idle window alone moves the difference by tens of percent.
+    // one idle window alone moves the difference by tens of percent. The
+    // same for the CPU spent under the state lock (the coordinator's own
+    // work, without gRPC's), where heartbeats cost little.
     const double idle = absl::GetFlag(FLAGS_idle_seconds);
     absl::SleepFor(absl::Seconds(idle));
     const double idle_after = (CpuSeconds(pid) - cpu3) / idle;
+    const double locked_idle_after =
+        (LockedCpuSeconds(metrics_address) - locked3) / idle;
     r.idle_cores_after = idle_after;
     if (!latencies.empty()) {
       const double idle_rate =
           (r.idle_cpu_per_session_s * total + idle_after) / 2;
       r.cpu_us_per_grant = (cpu3 - cpu2 - idle_rate * paced_elapsed) /
                            static_cast<double>(latencies.size()) * 1e6;
+      const double locked_idle_rate =
+          (r.idle_locked_cores + locked_idle_after) / 2;
+      r.locked_cpu_us_per_grant =
+          (locked3 - locked2 - locked_idle_rate * paced_elapsed) /
+          static_cast<double>(latencies.size()) * 1e6;
       std::sort(latencies.begin(), latencies.end());
       r.grant_p50_ms = latencies[latencies.size() / 2] / 1000;
       r.grant_p99_ms = latencies[std::min(latencies.size() - 1,
@@ -1439,6 +1474,7 @@ int RunOpen() {
       "{\"bench\":\"coordinator_open\",\"workers\":" + std::to_string(workers) +
       ",\"sizes\":[";
   double worst_ratio = 0, first_cpu_per_grant = 0, worst_grant_cpu_ratio = 0;
+  double first_locked_per_grant = 0, worst_locked_ratio = 0;
   bool first = true;
   for (const std::string& size : absl::GetFlag(FLAGS_open_sessions)) {
     int sessions = 0;
@@ -1491,7 +1527,7 @@ int RunOpen() {
     }
     const OpenResult sluice_open =
         OpenAll(coordinator->grpc_address, "big", ranks, workers,
-                coordinator->process.pid(), true);
+                coordinator->process.pid(), true, coordinator->metrics_address);
     data_server.Stop();
     const LockHolds holds = HoldsBetween(
         holds_before, ScrapeLockHolds(coordinator->metrics_address, kHold));
@@ -1516,13 +1552,18 @@ int RunOpen() {
     const double grant_cpu_ratio =
         sluice_open.cpu_us_per_grant / std::max(first_cpu_per_grant, 1e-9);
     worst_grant_cpu_ratio = std::max(worst_grant_cpu_ratio, grant_cpu_ratio);
+    if (first) first_locked_per_grant = sluice_open.locked_cpu_us_per_grant;
+    const double locked_ratio = sluice_open.locked_cpu_us_per_grant /
+                                std::max(first_locked_per_grant, 1e-9);
+    worst_locked_ratio = std::max(worst_locked_ratio, locked_ratio);
     std::printf(
         "%6d sessions: open %.2f s (bare gRPC %.2f s, %.1fx), %d of %d "
         "began; coordinator CPU %.2f s while opening; idle: heartbeats "
         "every %lld ms (%.0f/s), %.3f cores (%.1f us per session per s); RSS "
         "%.1f KB per session (bare gRPC %.1f KB); %lld leases expired; paced "
         "%.0f grants/s: "
-        "%.0f us of coordinator CPU per grant (%.2fx the first size), grant "
+        "%.0f us of coordinator CPU per grant (%.2fx the first size), %.1f "
+        "us of it under the state lock (%.2fx the first size), grant "
         "latency p50 %.2f ms p99 %.2f ms; lock held %llu times, %llu of "
         "them over 1 ms, each under %g s (by the holder's CPU time: %llu "
         "over 1 ms, each under %g s); a data server's heartbeats: %lld "
@@ -1537,7 +1578,8 @@ int RunOpen() {
         sluice_open.rss_kb_per_session, bare.rss_kb_per_session,
         static_cast<long long>(sluice_open.expired),
         sluice_open.paced_grants_per_s, sluice_open.cpu_us_per_grant,
-        grant_cpu_ratio, sluice_open.grant_p50_ms, sluice_open.grant_p99_ms,
+        grant_cpu_ratio, sluice_open.locked_cpu_us_per_grant, locked_ratio,
+        sluice_open.grant_p50_ms, sluice_open.grant_p99_ms,
         static_cast<unsigned long long>(holds.count),
         static_cast<unsigned long long>(holds.over_1ms), holds.longest_under_s,
         static_cast<unsigned long long>(cpu_holds.over_1ms),
@@ -1560,6 +1602,7 @@ int RunOpen() {
         ",\"expired\":", sluice_open.expired,
         ",\"paced_grants_per_s\":", sluice_open.paced_grants_per_s,
         ",\"cpu_us_per_grant\":", sluice_open.cpu_us_per_grant,
+        ",\"locked_cpu_us_per_grant\":", sluice_open.locked_cpu_us_per_grant,
         ",\"grant_p50_ms\":", sluice_open.grant_p50_ms,
         ",\"grant_p99_ms\":", sluice_open.grant_p99_ms,
         ",\"lock_holds\":", holds.count,
@@ -1578,6 +1621,7 @@ int RunOpen() {
   }
   absl::StrAppend(&json, "],\"worst_open_ratio\":", worst_ratio,
                   ",\"worst_cpu_per_grant_ratio\":", worst_grant_cpu_ratio,
+                  ",\"worst_locked_cpu_per_grant_ratio\":", worst_locked_ratio,
                   "}");
   std::printf("%s\n", json.c_str());
   return 0;
