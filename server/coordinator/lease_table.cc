@@ -8,12 +8,15 @@ namespace sluice {
 
 void LeaseTable::Schedule(LeaseEntry& lease, absl::Duration ttl) {
   lease.expires_at = clock_->Now() + std::max(ttl, kMinTtl);
+  auto armed = armed_.find(lease.lease_id);
+  // Armed at or before the new expiry: the entry re-arms when it comes due.
+  if (armed != armed_.end() && armed->second.at <= lease.expires_at) return;
   const uint64_t generation = next_generation_++;
-  generation_[lease.lease_id] = generation;
+  armed_[lease.lease_id] = Armed{generation, lease.expires_at};
   heap_.push(HeapEntry{lease.expires_at, lease.lease_id, generation});
-  // Renewals leave stale entries behind, which only leave from the top: past
-  // twice the live leases, rebuild from them (amortised O(1) per renewal,
-  // memory bounded by the live leases whatever the renewal pattern).
+  // Removed leases leave entries behind, which only leave from the top: past
+  // twice the live leases, rebuild from them (memory bounded by the live
+  // leases whatever the pattern of grants and completions).
   if (heap_.size() > 2 * leases_.size() + kHeapSlack) CompactHeap();
 }
 
@@ -21,9 +24,10 @@ void LeaseTable::CompactHeap() {
   std::vector<HeapEntry> live;
   live.reserve(leases_.size());
   for (const auto& [id, lease] : leases_) {
-    auto gen = generation_.find(id);
-    if (gen != generation_.end())
-      live.push_back(HeapEntry{lease.expires_at, id, gen->second});
+    auto armed = armed_.find(id);
+    if (armed == armed_.end()) continue;
+    armed->second.at = lease.expires_at;
+    live.push_back(HeapEntry{lease.expires_at, id, armed->second.generation});
   }
   heap_ = decltype(heap_)(std::greater<HeapEntry>(), std::move(live));
 }
@@ -78,7 +82,7 @@ absl::StatusOr<LeaseEntry> LeaseTable::Remove(const std::string& lease_id) {
   }
   LeaseEntry lease = std::move(it->second);
   leases_.erase(it);
-  generation_.erase(lease_id);  // its heap entries are now stale
+  armed_.erase(lease_id);  // its heap entry is now stale
   auto holder = by_holder_.find(lease.holder);
   if (holder != by_holder_.end()) {
     auto& ids = holder->second;
@@ -111,12 +115,22 @@ void LeaseTable::RefreshAll(absl::Duration ttl) {
   for (auto& [id, lease] : leases_) Schedule(lease, ttl);
 }
 
-void LeaseTable::DropStaleTop() {
+void LeaseTable::SettleTop(absl::Time now) {
   while (!heap_.empty()) {
     const HeapEntry& top = heap_.top();
-    auto gen = generation_.find(top.lease_id);
-    if (gen != generation_.end() && gen->second == top.generation) return;
+    auto armed = armed_.find(top.lease_id);
+    if (armed == armed_.end() || armed->second.generation != top.generation) {
+      heap_.pop();  // a removed lease's
+      continue;
+    }
+    if (top.expires_at > now) return;
+    const absl::Time expires_at = leases_.at(top.lease_id).expires_at;
+    if (expires_at <= now) return;  // due and expired
+    HeapEntry rearmed = top;        // renewed since it was armed
     heap_.pop();
+    rearmed.expires_at = expires_at;
+    armed->second.at = expires_at;
+    heap_.push(std::move(rearmed));
   }
 }
 
@@ -125,7 +139,7 @@ std::vector<std::string> LeaseTable::FindExpired(size_t limit) {
   const absl::Time now = clock_->Now();
   std::vector<HeapEntry> keep;
   while (expired.size() < limit) {
-    DropStaleTop();
+    SettleTop(now);
     if (heap_.empty() || heap_.top().expires_at > now) break;
     expired.push_back(heap_.top().lease_id);
     keep.push_back(heap_.top());
@@ -137,7 +151,8 @@ std::vector<std::string> LeaseTable::FindExpired(size_t limit) {
 }
 
 absl::Time LeaseTable::NextExpiry() {
-  DropStaleTop();
+  SettleTop(clock_->Now());
+  // The earliest armed time: at or before the earliest expiry.
   return heap_.empty() ? absl::InfiniteFuture() : heap_.top().expires_at;
 }
 

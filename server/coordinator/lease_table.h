@@ -7,11 +7,13 @@
 // lease the trainer holds); after recovery RefreshAll gives every lease a
 // fresh TTL.
 //
-// Heap entries are invalidated lazily: each renewal pushes a new entry and
-// bumps the lease's generation; popped entries whose generation is stale are
-// dropped, and the heap is rebuilt from the live leases when stale entries
-// outnumber them (a holder of many leases renewing while another's entry sits
-// at the top must not grow memory).
+// Renewal is in place: each lease has one live heap entry, armed at or
+// before its expiry, and a renewal only moves the lease's expires_at. When
+// an armed time comes and the lease was renewed meanwhile, the entry is
+// re-armed at the lease's expiry (at most once per TTL per lease, however
+// often its holder heartbeats). A removed lease's entry is dropped when it
+// reaches the top, and the heap is rebuilt from the live leases when such
+// entries outnumber them.
 //
 // Not thread-safe: owned by CoordinatorService and used under its mutex.
 #ifndef SLUICE_SERVER_COORDINATOR_LEASE_TABLE_H_
@@ -87,7 +89,9 @@ class LeaseTable {
   // Gives every lease a fresh TTL (after coordinator recovery).
   void RefreshAll(absl::Duration ttl);
 
-  // Earliest expiry among live leases; InfiniteFuture when none.
+  // When to look for expired leases next: at or before the earliest expiry
+  // among live leases (a renewed lease's entry comes due at its old time
+  // once, to re-arm); InfiniteFuture when none.
   absl::Time NextExpiry();
 
   const LeaseEntry* Find(const std::string& lease_id) const;
@@ -100,8 +104,8 @@ class LeaseTable {
     return it == by_holder_.end() ? 0 : it->second.size();
   }
   size_t size() const { return leases_.size(); }
-  // Expiry heap entries, stale ones included (at most 2 * size() + 64 after
-  // any call).
+  // Expiry heap entries, removed leases' included (at most 2 * size() + 64
+  // after any call that adds or renews).
   size_t heap_entries() const { return heap_.size(); }
 
  private:
@@ -114,7 +118,10 @@ class LeaseTable {
     }
   };
   void Schedule(LeaseEntry& lease, absl::Duration ttl);
-  void DropStaleTop();
+  // Drops removed leases' entries from the top and re-arms the entries due
+  // by `now` whose lease was renewed since: then the top, if any, is a live
+  // lease's entry, not due or due and expired.
+  void SettleTop(absl::Time now);
   void CompactHeap();
 
   // Stale heap entries tolerated beyond twice the live leases.
@@ -125,7 +132,13 @@ class LeaseTable {
   // id, and ids share long prefixes ("job/e3/f…"). node_hash_map keeps the
   // entries' addresses stable (Find and HeldBy hand out pointers).
   absl::node_hash_map<std::string, LeaseEntry> leases_;
-  absl::flat_hash_map<std::string, uint64_t> generation_;
+  // Each live lease's heap entry: its generation and when it is armed for
+  // (never after the lease's expires_at).
+  struct Armed {
+    uint64_t generation;
+    absl::Time at;
+  };
+  absl::flat_hash_map<std::string, Armed> armed_;
   absl::flat_hash_map<std::string, std::vector<std::string>> by_holder_;
   std::priority_queue<HeapEntry, std::vector<HeapEntry>,
                       std::greater<HeapEntry>>

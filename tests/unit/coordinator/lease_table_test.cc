@@ -120,6 +120,24 @@ TEST_F(LeaseTableTest, RepeatedRenewalsKeepTheLeaseAlive) {
   EXPECT_EQ(table_.NextExpiry(), clock_.Now() + absl::Seconds(10));
 }
 
+// A renewal moves the lease's expiry without pushing a heap entry: one entry
+// per lease however often its holder heartbeats, and the lease still expires
+// exactly one TTL after its last renewal.
+TEST_F(LeaseTableTest, RenewalIsInPlace) {
+  ASSERT_OK(table_.Add(MakeLease("a", "t1"), absl::Seconds(10)));
+  for (int beat = 0; beat < 95; ++beat) {
+    clock_.Advance(absl::Milliseconds(1300));
+    ASSERT_EQ(table_.RenewHolder("t1", absl::Seconds(10)), 1);
+    ASSERT_THAT(table_.FindExpired(10), IsEmpty());
+    ASSERT_EQ(table_.heap_entries(), 1u) << beat;
+  }
+  clock_.Advance(absl::Seconds(10) - absl::Milliseconds(1));
+  EXPECT_THAT(table_.FindExpired(10), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(table_.FindExpired(10), ElementsAre("a"));
+  EXPECT_EQ(table_.heap_entries(), 1u);
+}
+
 TEST_F(LeaseTableTest, RenewingManyLeasesKeepsTheHeapBoundedAndExpiryExact) {
   // One holder with 2,000 leases heartbeats 500 times while another
   // holder's single lease, older, sits at the top of the heap unrenewed.
