@@ -129,8 +129,9 @@ absl::Duration ThreadCpuTime() {
 }
 }  // namespace
 
-CoordinatorService::ServiceLock::ServiceLock(CoordinatorService* service)
-    : service_(service) {
+CoordinatorService::ServiceLock::ServiceLock(CoordinatorService* service,
+                                             const char* site)
+    : service_(service), site_(site) {
   const absl::Time asked = absl::Now();
   service_->mu_.Lock();
   acquired_ = absl::Now();
@@ -146,9 +147,16 @@ CoordinatorService::ServiceLock::~ServiceLock() {
       m != nullptr ? ThreadCpuTime() - cpu_at_acquire_ : absl::ZeroDuration();
   const absl::Duration held = absl::Now() - acquired_;
   service_->mu_.Unlock();
-  if (m != nullptr) {
-    m->lock_hold.Observe(absl::ToDoubleSeconds(held));
-    m->lock_hold_cpu.Observe(absl::ToDoubleSeconds(cpu));
+  if (m == nullptr) return;
+  m->lock_hold.Observe(absl::ToDoubleSeconds(held));
+  m->lock_hold_cpu.Observe(absl::ToDoubleSeconds(cpu));
+  if (cpu <= kSlowLockHold) return;
+  const int64_t second = absl::ToUnixSeconds(absl::Now());
+  if (service_->slow_hold_second_.exchange(second) != second)
+    service_->slow_holds_logged_ = 0;
+  if (service_->slow_holds_logged_.fetch_add(1) < 10) {
+    LogWarning("%s held the state lock for %s of CPU time (%s in all)", site_,
+               absl::FormatDuration(cpu), absl::FormatDuration(held));
   }
 }
 

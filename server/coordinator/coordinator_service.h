@@ -395,10 +395,14 @@ class CoordinatorService {
   // Takes mu_ for a scope, timing the wait for it, how long it is held and
   // the holding thread's CPU time meanwhile
   // (sluice_coordinator_lock_{wait,hold,hold_cpu}_seconds, when metrics are
-  // on).
+  // on). A hold that used more than kSlowLockHold of CPU is logged with the
+  // function that took the lock (at most 10 such lines a second), as etcd
+  // warns of a slow apply.
+  static constexpr absl::Duration kSlowLockHold = absl::Milliseconds(1);
   class ABSL_SCOPED_LOCKABLE ServiceLock {
    public:
-    explicit ServiceLock(CoordinatorService* service)
+    explicit ServiceLock(CoordinatorService* service,
+                         const char* site = __builtin_FUNCTION())
         ABSL_EXCLUSIVE_LOCK_FUNCTION(service->mu_);
     ~ServiceLock() ABSL_UNLOCK_FUNCTION();
     ServiceLock(const ServiceLock&) = delete;
@@ -406,9 +410,13 @@ class CoordinatorService {
 
    private:
     CoordinatorService* const service_;
+    const char* const site_;
     absl::Time acquired_;
     absl::Duration cpu_at_acquire_;
   };
+  // Slow holds logged in the current second, and which second (unix).
+  std::atomic<int64_t> slow_hold_second_{0};
+  std::atomic<int> slow_holds_logged_{0};
   CoordinatorState state_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);

@@ -1533,6 +1533,22 @@ int RunOpen() {
         holds_before, ScrapeLockHolds(coordinator->metrics_address, kHold));
     const LockHolds cpu_holds = HoldsBetween(
         cpu_before, ScrapeLockHolds(coordinator->metrics_address, kHoldCpu));
+    // Which calls those were: the coordinator logs each hold over 1 ms of
+    // CPU with the function that took the lock.
+    std::map<std::string, int> slow_sites;
+    {
+      std::ifstream log(coordinator->log_path);
+      const std::string marker = " held the state lock for ";
+      for (std::string line; std::getline(log, line);) {
+        const size_t at = line.find(marker);
+        if (at == std::string::npos) continue;
+        const size_t begin = line.rfind(' ', at - 1);
+        ++slow_sites[line.substr(begin + 1, at - begin - 1)];
+      }
+    }
+    std::string slow;
+    for (const auto& [site, n] : slow_sites)
+      absl::StrAppend(&slow, slow.empty() ? "" : ", ", site, " x", n);
     coordinator->process.Signal(SIGKILL);
     (void)coordinator->process.WaitForExit(absl::Seconds(10));
     // A fresh baseline server per size, as the coordinator is: memory a
@@ -1566,7 +1582,7 @@ int RunOpen() {
         "us of it under the state lock (%.2fx the first size), grant "
         "latency p50 %.2f ms p99 %.2f ms; lock held %llu times, %llu of "
         "them over 1 ms, each under %g s (by the holder's CPU time: %llu "
-        "over 1 ms, each under %g s); a data server's heartbeats: %lld "
+        "over 1 ms, each under %g s%s%s); a data server's heartbeats: %lld "
         "acknowledged, longest %.1f ms, longest gap %.0f ms (timeout %.0f "
         "ms)\n",
         sessions, sluice_open.open_s, bare.open_s, ratio, sluice_open.opened,
@@ -1583,7 +1599,9 @@ int RunOpen() {
         static_cast<unsigned long long>(holds.count),
         static_cast<unsigned long long>(holds.over_1ms), holds.longest_under_s,
         static_cast<unsigned long long>(cpu_holds.over_1ms),
-        cpu_holds.longest_under_s, static_cast<long long>(data_server.acks()),
+        cpu_holds.longest_under_s,
+        slow.empty() ? "" : "; logged: ", slow.c_str(),
+        static_cast<long long>(data_server.acks()),
         absl::ToDoubleMilliseconds(data_server.longest_ack()),
         absl::ToDoubleMilliseconds(data_server.longest_gap()),
         absl::ToDoubleMilliseconds(data_server.timeout()));
