@@ -2,13 +2,18 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <netdb.h>
 #include <prometheus/gauge.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -381,7 +386,51 @@ void ServerHost::Shutdown() {
     health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
     health_server_->Wait();
   }
+  StopExposer();
+}
+
+namespace {
+// Opens and closes a TCP connection to host:port (errors ignored).
+void Poke(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) !=
+      0) {
+    return;
+  }
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(found);
+}
+}  // namespace
+
+void ServerHost::StopExposer() {
+  if (!exposer_) return;
+  // civetweb's listening thread polls its sockets with a 2 s timeout and
+  // sees a stop only when a poll returns, so stopping the metrics endpoint
+  // took up to 2 s: a connection while it stops ends that wait.
+  absl::StatusOr<HostPort> listen = ParseHostPort(config_.metrics_listen, "");
+  std::string host = listen.ok() ? listen->host : "";
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::" || host == "[::]") host = "::1";
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  std::atomic<bool> stopped{false};
+  std::thread poke([&] {
+    while (!stopped.load()) {
+      for (int port : ports) Poke(host, port);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
   exposer_.reset();
+  stopped = true;
+  poke.join();
 }
 
 int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {

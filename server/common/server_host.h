@@ -117,6 +117,8 @@ class ServerHost {
  private:
   ServerHost() = default;
   absl::Status WritePortFile() const;
+  // Stops the metrics endpoint (prometheus-cpp's Exposer, on civetweb).
+  void StopExposer();
 
   ServerConfig config_;
   std::unique_ptr<grpc::Server> server_;
