@@ -1389,6 +1389,38 @@ TEST_F(CoordinatorExpiryTest, AGoneSlotsRemainderGoesToAnyoneAfterTheGrace) {
   EXPECT_EQ(b1[0].unit().begin(), a1[0].unit().begin());
 }
 
+// A released unit goes to another session already waiting for work (here a
+// second trainer of the same reader slot), not only to the releasing one.
+TEST_F(CoordinatorExpiryTest, AReleasedUnitFeedsAWaitingSession) {
+  CoordinatorService& service = this->service();
+  v1::JobSpec spec = Spec("j", {5}, 0, 1);
+  spec.set_mode(v1::MODE_DYNAMIC);
+  ASSERT_OK(service.CreateJob(spec));
+  auto a_sink = std::make_shared<RecordingSink>();
+  auto b_sink = std::make_shared<RecordingSink>();
+  const int64_t a = service.OpenSession(a_sink);
+  service.OnMessage(a, Hello("j", 0, "a"));
+  service.OnMessage(a, Want(1));
+  const int64_t b = service.OpenSession(b_sink);
+  service.OnMessage(b, Hello("j", 0, "b"));
+  service.OnMessage(b, Want(1));
+  service.Flush();
+  const std::vector<v1::Lease> a1 = a_sink->TakeGrants();
+  ASSERT_EQ(a1.size(), 1u);
+  ASSERT_TRUE(b_sink->TakeGrants().empty());  // the job's only unit is A's
+  service.OnMessage(a, Want(0));
+  v1::TrainerMessage release;
+  release.mutable_release()->set_lease_id(a1[0].lease_id());
+  release.mutable_release()->set_fence(a1[0].fence());
+  service.OnMessage(a, release);
+  service.Flush();
+  const std::vector<v1::Lease> b1 = b_sink->TakeGrants();
+  ASSERT_EQ(b1.size(), 1u);
+  EXPECT_EQ(b1[0].unit().sequence(), a1[0].unit().sequence());
+  EXPECT_EQ(b1[0].unit().begin(), a1[0].unit().begin());
+  EXPECT_EQ(b1[0].unit().end(), a1[0].unit().end());
+}
+
 // A reader whose lease expired holds fewer leases than its credits: the
 // tick that expired it grants it work again (its own remainder) at once,
 // as any message of its own would.
