@@ -74,7 +74,7 @@ int64_t CoordinatorService::RegisterDataServer(
       sink->Send(reply);
     }
     id = data_servers_.Add(address, capacity, std::move(sink));
-    UpdateDataServerMetricLocked();
+    UpdateDataServerMetric();
     if (none_live) PumpAllLocked(fx);  // units waiting for a data server
     SubmitLocked(fx);
   }
@@ -94,8 +94,7 @@ void CoordinatorService::DataServerHeartbeat(int64_t id,
   RaiseSeenFenceFloor(max_fence_seen);
   bool none_was_live = false;
   if (!data_servers_.Heartbeat(id, &none_was_live)) return;
-  if (options_.metrics != nullptr)
-    options_.metrics->data_servers.Set(data_servers_.LiveCount());
+  UpdateDataServerMetric();
   if (!none_was_live) return;
   // The first live server again: the units waiting for one go out.
   Effects fx;
@@ -110,7 +109,7 @@ void CoordinatorService::DataServerHeartbeat(int64_t id,
 void CoordinatorService::UnregisterDataServer(int64_t id) {
   ServiceLock lock(this);
   data_servers_.Remove(id);
-  UpdateDataServerMetricLocked();
+  UpdateDataServerMetric();
 }
 
 std::vector<std::string> CoordinatorService::LiveDataServers() {
@@ -118,7 +117,7 @@ std::vector<std::string> CoordinatorService::LiveDataServers() {
   return data_servers_.LiveAddresses();
 }
 
-void CoordinatorService::UpdateDataServerMetricLocked() {
+void CoordinatorService::UpdateDataServerMetric() {
   if (options_.metrics == nullptr) return;
   options_.metrics->data_servers.Set(data_servers_.LiveCount());
 }

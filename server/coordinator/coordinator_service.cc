@@ -455,7 +455,7 @@ int CoordinatorService::ExpireLeasesImpl(bool stall_check) {
       if (options_.metrics != nullptr) options_.metrics->stalls.Increment();
       RefreshLiveLocked();
     }
-    UpdateDataServerMetricLocked();  // servers that stopped heartbeating
+    UpdateDataServerMetric();  // servers that stopped heartbeating
     std::set<std::string> jobs;
     const absl::Time look_up =
         stall_check ? options_.stall_clock->Now() : absl::InfinitePast();

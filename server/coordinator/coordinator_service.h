@@ -220,7 +220,9 @@ class CoordinatorService {
   void Flush();
 
  private:
-  void UpdateDataServerMetricLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets sluice_coordinator_data_servers to the live count (the registry
+  // has its own lock: callable with or without mu_).
+  void UpdateDataServerMetric();
 
   struct Session {
     int64_t id = 0;
