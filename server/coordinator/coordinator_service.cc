@@ -161,9 +161,18 @@ CoordinatorService::ServiceLock::~ServiceLock() {
 }
 
 absl::Duration CoordinatorService::TtlLocked(const JobData& job) const {
-  return job.spec.lease_ttl_ms() > 0
-             ? absl::Milliseconds(job.spec.lease_ttl_ms())
-             : options_.default_lease_ttl;
+  if (job.spec.lease_ttl_ms() > 0)
+    return absl::Milliseconds(job.spec.lease_ttl_ms());
+  // Long enough that the job's readers, heartbeating at kHeartbeatShareOfTtl
+  // of it, stay within kHeartbeatsPerSecondPerJob together.
+  const int64_t readers =
+      static_cast<int64_t>(std::max(job.spec.world_size(), 1)) *
+      std::max(job.plan.workers_per_rank, 1);
+  const absl::Duration fits_budget =
+      absl::Seconds(static_cast<double>(readers) / kHeartbeatsPerSecondPerJob /
+                    kHeartbeatShareOfTtl);
+  return std::max(options_.default_lease_ttl,
+                  absl::Ceil(fits_budget, absl::Milliseconds(1)));
 }
 
 absl::Status CoordinatorService::CommitLocked(JournalRecord record,

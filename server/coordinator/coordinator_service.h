@@ -108,8 +108,16 @@ struct CoordinatorOptions {
 inline constexpr absl::Duration kReconnectGrace = absl::Seconds(5);
 
 // The heartbeats per second one job's readers are asked to stay under
-// (all of them at once; a job of 8,192 readers heartbeats every 4 s).
+// (all of them at once; a job of 8,192 readers heartbeats every 4.1 s).
 inline constexpr double kHeartbeatsPerSecondPerJob = 2000;
+// The longest heartbeat interval a reader is asked for, as a share of its
+// lease TTL: a lease survives two lost heartbeats. A job that sets no
+// lease_ttl_ms and has more readers than kHeartbeatsPerSecondPerJob x
+// kHeartbeatShareOfTtl x --default_lease_ttl (8,000 with the defaults) gets a
+// TTL long enough to stay within the budget: readers / 800 s (20.5 s for
+// 16,384 readers), which is then how long a dead reader's leases take to
+// return.
+inline constexpr double kHeartbeatShareOfTtl = 0.4;
 
 class CoordinatorService {
  public:
@@ -365,13 +373,15 @@ class CoordinatorService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Lease LeaseToProtoLocked(const LeaseEntry& lease, const JobData& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's lease_ttl_ms, or --default_lease_ttl stretched for a job too
+  // big for its heartbeats to fit kHeartbeatsPerSecondPerJob.
   absl::Duration TtlLocked(const JobData& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The heartbeat interval a reader of `job` read with `workers` readers
   // per rank is asked for (Welcome): the --heartbeat_interval, longer for a
   // job whose readers would together send more than
-  // kHeartbeatsPerSecondPerJob, and at most 0.4 of its lease TTL (or the
-  // --heartbeat_interval, if that is longer).
+  // kHeartbeatsPerSecondPerJob, and at most kHeartbeatShareOfTtl of its
+  // lease TTL (or the --heartbeat_interval, if that is longer).
   absl::Duration HeartbeatIntervalLocked(const JobData& job,
                                          int32_t workers) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -263,7 +263,9 @@ absl::Duration CoordinatorService::HeartbeatIntervalLocked(
   const absl::Duration budget =
       absl::Seconds(static_cast<double>(readers) / kHeartbeatsPerSecondPerJob);
   const absl::Duration cap =
-      std::max(options_.heartbeat_interval, TtlLocked(job) * 0.4);
+      std::max(options_.heartbeat_interval,
+               absl::Floor(TtlLocked(job) * kHeartbeatShareOfTtl,
+                           absl::Milliseconds(1)));
   return std::min(std::max(options_.heartbeat_interval, budget), cap);
 }
 

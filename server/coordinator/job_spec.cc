@@ -25,8 +25,6 @@
 namespace sluice {
 namespace {
 
-constexpr int64_t kDefaultLeaseTtlMs = 10000;
-
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
@@ -390,7 +388,6 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
     spec.set_remainder(v1::REMAINDER_DROP);
   if (spec.on_corrupt() == v1::CORRUPT_POLICY_UNSPECIFIED)
     spec.set_on_corrupt(v1::CORRUPT_POLICY_SKIP);
-  if (spec.lease_ttl_ms() == 0) spec.set_lease_ttl_ms(kDefaultLeaseTtlMs);
   if (spec.shuffle() && spec.shuffle_window() == 0)
     spec.set_shuffle_window(kDefaultShuffleWindow);
   if (mixed) {

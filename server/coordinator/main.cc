@@ -55,7 +55,9 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "whose readers would together send more than 2,000 heartbeats a "
           "second is asked for fewer (at most every 0.4 of its lease TTL).");
 ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
-          "Lease TTL for jobs that do not set lease_ttl_ms.");
+          "Lease TTL for jobs that do not set lease_ttl_ms; a job with more "
+          "readers (world_size x num_workers) than 800 per second of it gets "
+          "readers / 800 seconds, so that its heartbeats fit 2,000 a second.");
 ABSL_FLAG(int64_t, journal_compact_bytes, 64 << 20,
           "Compact the journal into one snapshot record when it grows past "
           "this many bytes "

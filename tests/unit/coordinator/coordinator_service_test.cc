@@ -1446,8 +1446,8 @@ TEST_F(CoordinatorExpiryTest, AnExpiredHolderIsFedByTheSameTick) {
 
 // A job's readers are asked to heartbeat at most kHeartbeatsPerSecondPerJob
 // times a second together: 1,024 ranks x 8 workers every 4 s (0.4 of the
-// 10 s TTL caps it), a small job at --heartbeat_interval. Opening them
-// sends each session exactly its own Welcome and EpochBegin.
+// 10 s TTL the job sets caps it), a small job at --heartbeat_interval. Opening
+// them sends each session exactly its own Welcome and EpochBegin.
 TEST_F(CoordinatorScaleTest, ABigJobHeartbeatsWithinTheBudgetAndOpensOnce) {
   CoordinatorService& service = this->service();
   v1::JobSpec big = Spec("big", std::vector<int64_t>(64, 100), 1024, 1);
@@ -1475,6 +1475,71 @@ TEST_F(CoordinatorScaleTest, ABigJobHeartbeatsWithinTheBudgetAndOpensOnce) {
   ASSERT_EQ(small->Count(v1::CoordinatorMessage::kWelcome), 1);
   EXPECT_EQ(small->inbox[0].welcome().heartbeat_interval_ms(),
             absl::ToInt64Milliseconds(options.heartbeat_interval));
+}
+
+// A job that sets no lease TTL and has too many readers for the default one
+// gets a TTL long enough for its heartbeats to fit the budget: 2,048 ranks x
+// 8 workers heartbeat every 8.192 s (2,000 a second together) with 20.48 s
+// TTLs, and a silent reader's lease returns exactly when that TTL is up.
+// 1,000 ranks x 8 workers keep the default 10 s (every 4 s, 2,000 a second).
+TEST_F(CoordinatorScaleTest, ABigJobWithoutATtlGetsOneItsHeartbeatsFit) {
+  CoordinatorService& service = this->service();
+  ASSERT_EQ(options.default_lease_ttl, absl::Seconds(10));
+  v1::JobSpec big = Spec("big", std::vector<int64_t>(64, 1000), 2048, 1);
+  big.clear_lease_ttl_ms();
+  ASSERT_OK(service.CreateJob(big));
+  v1::JobSpec fits = Spec("fits", std::vector<int64_t>(64, 100), 1000, 1);
+  fits.clear_lease_ttl_ms();
+  ASSERT_OK(service.CreateJob(fits));
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = service.OpenSession(sink);
+  service.OnMessage(id, WorkerHello("big", 7, 3, 8, "big-7-3"));
+  service.OnMessage(id, Want(1));
+  auto other = std::make_shared<RecordingSink>();
+  service.OnMessage(service.OpenSession(other),
+                    WorkerHello("fits", 0, 0, 8, "fits-0-0"));
+  service.Flush();
+  ASSERT_EQ(sink->Count(v1::CoordinatorMessage::kWelcome), 1);
+  EXPECT_EQ(sink->inbox[0].welcome().heartbeat_interval_ms(), 8192);
+  EXPECT_EQ(sink->inbox[0].welcome().lease_ttl_ms(), 20480);
+  ASSERT_EQ(other->Count(v1::CoordinatorMessage::kWelcome), 1);
+  EXPECT_EQ(other->inbox[0].welcome().heartbeat_interval_ms(), 4000);
+  EXPECT_EQ(other->inbox[0].welcome().lease_ttl_ms(), 10000);
+  const std::vector<v1::Lease> held = sink->TakeGrants();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].expires_at_unix_ms(),
+            absl::ToUnixMillis(clock.Now() + absl::Milliseconds(20480)));
+  clock.Advance(absl::Milliseconds(20479));
+  EXPECT_EQ(service.ExpireLeases(), 0);
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(service.ExpireLeases(), 1);
+}
+
+// A job without a lease TTL of its own follows the coordinator's
+// --default_lease_ttl, in the Welcome and in the leases it is granted.
+TEST(CoordinatorDefaultTtlTest, AJobWithoutATtlUsesTheCoordinatorsDefault) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  options.default_lease_ttl = absl::Seconds(3);
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  v1::JobSpec spec = Spec("j", {10}, 1, 1);
+  spec.clear_lease_ttl_ms();
+  ASSERT_OK((*service)->CreateJob(spec));
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = (*service)->OpenSession(sink);
+  (*service)->OnMessage(id, Hello("j", 0, "t"));
+  (*service)->OnMessage(id, Want(1));
+  (*service)->Flush();
+  ASSERT_EQ(sink->Count(v1::CoordinatorMessage::kWelcome), 1);
+  EXPECT_EQ(sink->inbox[0].welcome().lease_ttl_ms(), 3000);
+  const std::vector<v1::Lease> held = sink->TakeGrants();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].expires_at_unix_ms(),
+            absl::ToUnixMillis(clock.Now() + absl::Seconds(3)));
+  EXPECT_EQ((*service)->GetJob("j", false)->spec().lease_ttl_ms(), 0);
 }
 
 // A data server claims to have seen fences near 2^64 (only a holder of the
