@@ -92,24 +92,19 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
     }
     st->set_num_shards(shards);
   }
-  if (auto rt = runtime_.find(job.spec.name()); rt != runtime_.end()) {
-    *st->mutable_leases() = rt->second.lease_counts;
-  }
-  // Live leases and open sessions per rank, each counted in one pass (a
-  // job of thousands of ranks and sessions answers in milliseconds).
+  const auto rt = runtime_.find(job.spec.name());
+  if (rt != runtime_.end()) *st->mutable_leases() = rt->second.lease_counts;
+  // Live leases and open sessions per rank, from the counts kept as they
+  // change: a report costs O(ranks), not O(leases + sessions).
   const auto ranks = static_cast<size_t>(std::max(job.plan.num_ranks, 0));
   std::vector<int32_t> live(ranks, 0), sessions(ranks, 0);
-  for (const auto& [id, l] : job.leases) {
-    if (l.rank >= 0 && static_cast<size_t>(l.rank) < ranks) ++live[l.rank];
+  for (const auto& [rank, n] : job.live_leases_by_rank) {
+    if (rank >= 0 && static_cast<size_t>(rank) < ranks) live[rank] = n;
   }
   if (auto open = open_sessions_.find(job.spec.name());
       open != open_sessions_.end()) {
-    for (int64_t id : open->second.all) {
-      auto s = sessions_.find(id);
-      if (s != sessions_.end() && s->second.rank >= 0 &&
-          static_cast<size_t>(s->second.rank) < ranks) {
-        ++sessions[s->second.rank];
-      }
+    for (const auto& [rank, n] : open->second.per_rank) {
+      if (rank >= 0 && static_cast<size_t>(rank) < ranks) sessions[rank] = n;
     }
   }
   for (int32_t r = 0; r < job.plan.num_ranks; ++r) {
@@ -121,7 +116,7 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
     rs->set_quota(job.plan.samples_per_rank);
     rs->set_live_leases(live[r]);
     rs->set_sessions(sessions[r]);
-    if (auto rt = runtime_.find(job.spec.name()); rt != runtime_.end()) {
+    if (rt != runtime_.end()) {
       if (auto w = rt->second.input_wait_by_rank.find(r);
           w != rt->second.input_wait_by_rank.end()) {
         rs->set_input_wait_seconds(w->second);

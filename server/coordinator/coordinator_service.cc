@@ -155,8 +155,10 @@ CoordinatorService::ServiceLock::~ServiceLock() {
   if (service_->slow_hold_second_.exchange(second) != second)
     service_->slow_holds_logged_ = 0;
   if (service_->slow_holds_logged_.fetch_add(1) < 10) {
-    LogWarning("%s held the state lock for %s of CPU time (%s in all)", site_,
-               absl::FormatDuration(cpu), absl::FormatDuration(held));
+    LogWarning("%s%s%s held the state lock for %s of CPU time (%s in all)",
+               site_, detail_ != nullptr ? " " : "",
+               detail_ != nullptr ? detail_ : "", absl::FormatDuration(cpu),
+               absl::FormatDuration(held));
   }
 }
 

@@ -419,10 +419,14 @@ class CoordinatorService {
     ~ServiceLock() ABSL_UNLOCK_FUNCTION();
     ServiceLock(const ServiceLock&) = delete;
     ServiceLock& operator=(const ServiceLock&) = delete;
+    // Names what the hold did, in the slow-hold log line (a string that
+    // outlives the lock: a literal or a descriptor's name).
+    void set_detail(const char* detail) { detail_ = detail; }
 
    private:
     CoordinatorService* const service_;
     const char* const site_;
+    const char* detail_ = nullptr;
     absl::Time acquired_;
     absl::Duration cpu_at_acquire_;
   };
@@ -443,6 +447,7 @@ class CoordinatorService {
     // the only ones returned work or a new data server can feed.
     std::set<int64_t> wanting;
     std::map<int32_t, int32_t> per_slot;  // slot -> how many of `all`
+    std::map<int32_t, int32_t> per_rank;  // rank -> how many of `all`
   };
   std::map<std::string, OpenSessions> open_sessions_ ABSL_GUARDED_BY(mu_);
   // Under its own lock: heartbeats are recorded without mu_.

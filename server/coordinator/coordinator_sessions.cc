@@ -1,5 +1,6 @@
 // CoordinatorService: the trainer Session protocol (Hello, resume, workers,
 // heartbeats with input wait, Progress / Complete / Reroute / Release).
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
@@ -72,6 +73,10 @@ void CoordinatorService::ForgetOpenLocked(const Session& s) {
     open->second.per_slot.erase(n);
     slot_left = true;
   }
+  if (auto n = open->second.per_rank.find(s.rank);
+      n != open->second.per_rank.end() && --n->second <= 0) {
+    open->second.per_rank.erase(n);
+  }
   if (open->second.all.empty()) open_sessions_.erase(open);
   const JobData* job = state_.FindJob(s.job);
   if (job == nullptr || job->done || !slot_left) return;
@@ -83,6 +88,12 @@ void CoordinatorService::OnMessage(int64_t session_id,
   Effects fx;
   {
     ServiceLock lock(this);
+    if (const google::protobuf::FieldDescriptor* kind =
+            v1::TrainerMessage::descriptor()->FindFieldByNumber(
+                message.msg_case());
+        kind != nullptr) {
+      lock.set_detail(kind->name().c_str());
+    }
     auto it = sessions_.find(session_id);
     if (it == sessions_.end() || it->second.finished) return;
     Session& s = it->second;
@@ -213,6 +224,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   OpenSessions& open_of_job = open_sessions_[s.job];
   open_of_job.all.insert(s.id);
   ++open_of_job.per_slot[s.slot];
+  ++open_of_job.per_rank[s.rank];
   if (options_.metrics != nullptr)
     options_.metrics->ForJob(s.job).sessions->Increment();
   // Leases follow the trainer within its job: the same trainer_id in

@@ -162,6 +162,7 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
       job.mix != nullptr ? job.mix->sources().size() : 0, 0);
   job.leases.clear();
   job.outstanding.clear();
+  job.live_leases_by_rank.clear();
 }
 
 absl::Status CoordinatorState::Apply(
@@ -466,6 +467,7 @@ absl::Status CoordinatorState::ApplyResume(
   target.plan = std::move(plan);
   target.leases.clear();
   target.outstanding.clear();
+  target.live_leases_by_rank.clear();
   target.acked = std::move(consumed);
   target.consumed_per_slot.assign(target.plan.num_slots(), 0);
   target.consumed_total = 0;

@@ -115,6 +115,9 @@ struct JobData {
   // acknowledged, kept with `leases` (a grant checks a reader's quota
   // without walking every lease of the job).
   std::map<std::pair<int32_t, int32_t>, int64_t> outstanding;
+  // Live leases per rank, kept with `leases` (a job report does not walk
+  // them).
+  std::map<int32_t, int32_t> live_leases_by_rank;
   AckLog ack_log;                     // of `epoch`
   std::vector<EpochHistory> history;  // the epoch before `epoch`, if kept
   // The plan of `epoch` came from a resume with re-balancing, not PlanEpoch:
@@ -145,11 +148,15 @@ struct JobData {
     auto it = outstanding.find({rank, worker});
     return it == outstanding.end() ? 0 : it->second;
   }
-  // Adds (sign 1) or removes (-1) a lease's unacknowledged samples.
+  // Adds (sign 1) or removes (-1) a lease: its unacknowledged samples and
+  // its rank's count of live leases.
   void CountOutstanding(const DurableLease& l, int64_t sign) {
     int64_t& n = outstanding[{l.rank, l.worker}];
     n += sign * ((l.end - l.begin) - l.acked);
     if (n == 0) outstanding.erase({l.rank, l.worker});
+    int32_t& live = live_leases_by_rank[l.rank];
+    live += static_cast<int32_t>(sign);
+    if (live == 0) live_leases_by_rank.erase(l.rank);
   }
 };
 

@@ -21,8 +21,7 @@ void LeaseTable::Schedule(LeaseEntry& lease, absl::Duration ttl) {
 }
 
 void LeaseTable::CompactHeap() {
-  std::vector<HeapEntry> live;
-  live.reserve(leases_.size());
+  std::deque<HeapEntry> live;
   for (const auto& [id, lease] : leases_) {
     auto armed = armed_.find(id);
     if (armed == armed_.end()) continue;

@@ -20,13 +20,13 @@
 #define SLUICE_SERVER_COORDINATOR_LEASE_TABLE_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <queue>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_map.h"
+#include "absl/container/btree_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -128,20 +128,22 @@ class LeaseTable {
   static constexpr size_t kHeapSlack = 64;
 
   Clock* const clock_;
-  // Hash maps: every grant, progress and completion looks a lease up by its
-  // id, and ids share long prefixes ("job/e3/f…"). node_hash_map keeps the
-  // entries' addresses stable (Find and HeldBy hand out pointers).
-  absl::node_hash_map<std::string, LeaseEntry> leases_;
+  // Ordered containers, not hash maps: a hash map that doubles rehashes
+  // every entry under the coordinator's lock (milliseconds at tens of
+  // thousands of leases, in whichever grant crosses the size), a tree adds
+  // one node. std::map keeps the entries' addresses stable (Find and HeldBy
+  // hand out pointers).
+  std::map<std::string, LeaseEntry> leases_;
   // Each live lease's heap entry: its generation and when it is armed for
   // (never after the lease's expires_at).
   struct Armed {
     uint64_t generation;
     absl::Time at;
   };
-  absl::flat_hash_map<std::string, Armed> armed_;
-  absl::flat_hash_map<std::string, std::vector<std::string>> by_holder_;
-  std::priority_queue<HeapEntry, std::vector<HeapEntry>,
-                      std::greater<HeapEntry>>
+  absl::btree_map<std::string, Armed> armed_;
+  absl::btree_map<std::string, std::vector<std::string>> by_holder_;
+  // A deque: growing it never moves the entries it has.
+  std::priority_queue<HeapEntry, std::deque<HeapEntry>, std::greater<HeapEntry>>
       heap_;
   uint64_t next_generation_ = 1;
 };

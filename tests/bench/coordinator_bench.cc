@@ -1544,6 +1544,8 @@ int RunOpen() {
         if (at == std::string::npos) continue;
         const size_t begin = line.rfind(' ', at - 1);
         ++slow_sites[line.substr(begin + 1, at - begin - 1)];
+        std::fprintf(stderr, "  %d sessions, coordinator: %s\n", sessions,
+                     line.c_str());
       }
     }
     std::string slow;
