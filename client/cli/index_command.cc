@@ -5,7 +5,6 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <limits.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,12 +22,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli/cli.h"
 #include "nlohmann/json.hpp"
 #include "server/common/grpc_status.h"
+#include "server/common/sha256.h"
 #include "server/common/status_macros.h"
 #include "server/format/shard_store.h"
 #include "server/format/tar_shard_reader.h"
@@ -75,16 +74,6 @@ absl::StatusOr<v1::Shard> IndexThroughDataServer(v1::DataServer::Stub& stub,
   shard.set_num_samples(index.num_samples());
   shard.set_size_bytes(index.size_bytes());
   return shard;
-}
-
-std::string FileSha256(absl::string_view bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i)
-    absl::StrAppendFormat(&hex, "%02x", digest[i]);
-  return hex;
 }
 
 int IndexCommand(const std::vector<std::string>& args) {
@@ -168,7 +157,7 @@ int IndexCommand(const std::vector<std::string>& args) {
       s->set_num_samples(index.num_samples());
       s->set_size_bytes(index.size_bytes);
       if (absl::GetFlag(FLAGS_checksum))
-        s->set_checksum("sha256:" + FileSha256((*shard)->bytes()));
+        s->set_checksum("sha256:" + Sha256Hex((*shard)->bytes()));
       samples += index.num_samples();
     }
     if (tty) {

@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/common/logging.h"
+#include "server/common/sha256.h"
 #include "server/common/status_macros.h"
 
 namespace sluice::dataserver {
@@ -33,19 +33,6 @@ constexpr int64_t kForeignTempMaxAgeSeconds = 24 * 3600;
 // An entry half installed by another process (.meta renamed, .shard not yet)
 // is left alone this long.
 constexpr int64_t kInstallGraceSeconds = 60;
-
-std::string Sha256Hex(absl::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out.push_back(kDigits[digest[i] >> 4]);
-    out.push_back(kDigits[digest[i] & 15]);
-  }
-  return out;
-}
 
 std::string HostName() {
   char buf[256] = {0};

@@ -1,12 +1,12 @@
 #include "server/dataserver/remote_fetcher.h"
 
 #include <curl/curl.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "server/common/backoff.h"
 #include "server/common/logging.h"
+#include "server/common/sha256.h"
 
 namespace sluice::dataserver {
 namespace {
@@ -39,16 +40,6 @@ void GlobalInit() {
     return true;
   }();
   (void)initialized;
-}
-
-std::string Hex(const unsigned char* data, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[data[i] >> 4];
-    out[2 * i + 1] = kDigits[data[i] & 15];
-  }
-  return out;
 }
 
 // Keeps a short printable excerpt of an error body for messages.
@@ -124,7 +115,7 @@ struct RemoteFetcher::Attempt {
   CURL* curl = nullptr;
   int fd = -1;
   const std::atomic<bool>* cancelled = nullptr;
-  EVP_MD_CTX* sha = nullptr;
+  std::unique_ptr<Sha256> sha;  // when the caller wants the digest
   int64_t written = 0;
   int write_errno = 0;
   std::string error_body;  // the start of a non-2xx body
@@ -139,7 +130,7 @@ struct RemoteFetcher::Attempt {
         a->error_body.append(data, std::min<size_t>(total, 512));
       return total;
     }
-    if (a->sha != nullptr) EVP_DigestUpdate(a->sha, data, total);
+    if (a->sha != nullptr) a->sha->Update(data, total);
     size_t done = 0;
     while (done < total) {
       ssize_t w = write(a->fd, data + done, total - done);
@@ -275,10 +266,7 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
     a.curl = curl;
     a.fd = fd;
     a.cancelled = &cancelled_;
-    if (sha256) {
-      a.sha = EVP_MD_CTX_new();
-      EVP_DigestInit_ex(a.sha, EVP_sha256(), nullptr);
-    }
+    if (sha256) a.sha = std::make_unique<Sha256>();
     char curl_error[CURL_ERROR_SIZE] = {0};
     curl_slist* headers = nullptr;
     curl_easy_setopt(curl, CURLOPT_URL, http_url->c_str());
@@ -326,12 +314,6 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
     curl_off_t content_length = -1;
     curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T,
                       &content_length);
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int digest_len = 0;
-    if (a.sha != nullptr) {
-      EVP_DigestFinal_ex(a.sha, digest, &digest_len);
-      EVP_MD_CTX_free(a.sha);
-    }
     curl_slist_free_all(headers);
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);
     ReleaseHandle(curl);
@@ -348,7 +330,7 @@ absl::StatusOr<FetchResult> RemoteFetcher::Fetch(const std::string& url, int fd,
         FetchResult result;
         result.bytes = a.written;
         result.attempts = attempt;
-        result.sha256 = Hex(digest, digest_len);
+        if (a.sha != nullptr) result.sha256 = a.sha->HexDigest();
         return result;
       }
     } else if (a.write_errno != 0) {

@@ -4,21 +4,12 @@
 #include <openssl/hmac.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace sluice::testing {
 namespace {
-
-std::string Hex(const unsigned char* data, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kDigits[data[i] >> 4]);
-    out.push_back(kDigits[data[i] & 15]);
-  }
-  return out;
-}
 
 std::string Hmac(const std::string& key, const std::string& data) {
   unsigned char out[EVP_MAX_MD_SIZE];
@@ -30,13 +21,6 @@ std::string Hmac(const std::string& key, const std::string& data) {
 }
 
 }  // namespace
-
-std::string Sha256Hex(const std::string& data) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), out, &len, EVP_sha256(), nullptr);
-  return Hex(out, len);
-}
 
 std::string SigV4CanonicalRequest(const SigV4Request& r) {
   std::string headers;
@@ -65,7 +49,7 @@ std::string SigV4Signature(const SigV4Request& r) {
   key = Hmac(key, r.service);
   key = Hmac(key, "aws4_request");
   const std::string sig = Hmac(key, SigV4StringToSign(r));
-  return Hex(reinterpret_cast<const unsigned char*>(sig.data()), sig.size());
+  return absl::BytesToHexString(sig);
 }
 
 }  // namespace sluice::testing

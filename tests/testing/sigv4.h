@@ -8,6 +8,8 @@
 #include <map>
 #include <string>
 
+#include "server/common/sha256.h"
+
 namespace sluice::testing {
 
 struct SigV4Request {
@@ -27,7 +29,7 @@ std::string SigV4CanonicalRequest(const SigV4Request& request);
 std::string SigV4StringToSign(const SigV4Request& request);
 // Lowercase hex signature.
 std::string SigV4Signature(const SigV4Request& request);
-std::string Sha256Hex(const std::string& data);
+using ::sluice::Sha256Hex;
 
 }  // namespace sluice::testing
 
