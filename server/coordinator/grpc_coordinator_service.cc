@@ -77,30 +77,22 @@ class SessionReactor
 
 namespace {
 
-// True when `got` equals `want`, compared in time independent of where the
-// strings differ.
-bool ConstantTimeEquals(absl::string_view got, absl::string_view want) {
-  unsigned char diff = got.size() == want.size() ? 0 : 1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got[i] : 0));
-  }
-  return diff == 0;
-}
-
-// The client certificate's common name and subject alternative names, when
-// the call came over mutual TLS.
-std::vector<std::string> PeerIdentities(
-    const grpc::CallbackServerContext* ctx) {
-  std::vector<std::string> names;
+// What the call presents: its client certificate's common name and subject
+// alternative names (over mutual TLS) and its authorization metadata.
+Peer PeerOf(const grpc::CallbackServerContext* ctx) {
+  Peer peer;
   std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
-  for (const char* property :
-       {"x509_common_name", "x509_subject_alternative_name"}) {
-    for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
-      names.emplace_back(value.data(), value.size());
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const char* property :
+         {"x509_common_name", "x509_subject_alternative_name"}) {
+      for (const grpc::string_ref& value : auth->FindPropertyValues(property))
+        peer.identities.emplace_back(value.data(), value.size());
     }
   }
-  return names;
+  const auto& metadata = ctx->client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end())
+    peer.authorization.emplace(it->second.data(), it->second.size());
+  return peer;
 }
 
 }  // namespace
@@ -375,24 +367,7 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ResetOnce(
 
 grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*
 GrpcCoordinatorService::RegisterDataServer(grpc::CallbackServerContext* ctx) {
-  absl::Status allowed;
-  if (!admin_.data_server_identities.empty()) {
-    const std::vector<std::string> peer = PeerIdentities(ctx);
-    bool listed = false;
-    for (const std::string& name : peer) {
-      for (const std::string& want : admin_.data_server_identities)
-        listed |= name == want;
-    }
-    if (!listed) {
-      allowed = absl::PermissionDeniedError(absl::StrCat(
-          "RegisterDataServer: ",
-          peer.empty()
-              ? std::string("the call carries no client certificate")
-              : absl::StrCat("client certificate ", QuotePrefix(peer.front())),
-          peer.empty() ? "" : " is not a data server identity",
-          " (--data_server_identities)"));
-    }
-  }
+  absl::Status allowed = admin_.AuthorizeDataServer(PeerOf(ctx));
   auto* reactor = new RegistrationReactor(service_, this, std::move(allowed));
   absl::MutexLock lock(&mu_);
   registrations_.insert(reactor);
@@ -406,50 +381,7 @@ void GrpcCoordinatorService::ForgetRegistration(RegistrationReactor* reactor) {
 
 absl::Status GrpcCoordinatorService::AuthorizeAdmin(
     const grpc::CallbackServerContext* ctx, absl::string_view what) const {
-  if (!admin_.enforce) return absl::OkStatus();
-  const std::vector<std::string> peer = PeerIdentities(ctx);
-  for (const std::string& name : peer) {
-    for (const std::string& allowed : admin_.identities) {
-      if (name == allowed) return absl::OkStatus();
-    }
-  }
-  const auto& metadata = ctx->client_metadata();
-  auto it = metadata.find("authorization");
-  if (it != metadata.end() && !admin_.token.empty() &&
-      ConstantTimeEquals(
-          absl::string_view(it->second.data(), it->second.size()),
-          absl::StrCat("Bearer ", admin_.token))) {
-    return absl::OkStatus();
-  }
-  if (admin_.token.empty() && admin_.identities.empty()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(what,
-                     " is refused: this coordinator has TLS or a lease secret "
-                     "but accepts no "
-                     "operator credential (start it with --admin_token_file or "
-                     "--admin_identities, "
-                     "or --allow_unauthenticated_admin)"));
-  }
-  if (it != metadata.end()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        what, ": the authorization metadata is not the operator token"));
-  }
-  if (!peer.empty()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        what, ": client certificate ", QuotePrefix(peer.front()),
-        " is not an operator identity (--admin_identities)",
-        admin_.token.empty() ? "" : ", and no operator token was sent"));
-  }
-  return absl::UnauthenticatedError(absl::StrCat(
-      what, " needs an operator credential: ",
-      admin_.token.empty()
-          ? ""
-          : "the token (metadata \"authorization: Bearer <token>\"; "
-            "sluicectl --admin_token_file)",
-      !admin_.token.empty() && !admin_.identities.empty() ? " or " : "",
-      admin_.identities.empty()
-          ? ""
-          : "a client certificate named in --admin_identities"));
+  return admin_.AuthorizeAdmin(PeerOf(ctx), what);
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(

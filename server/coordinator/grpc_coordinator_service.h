@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "server/coordinator/access_policy.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/once_barrier.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
@@ -19,23 +20,6 @@
 namespace sluice {
 
 class RegistrationReactor;
-
-// Who may call CreateJob and DeleteJob, and RegisterDataServer. Trainers'
-// RPCs are not checked here.
-struct AccessPolicy {
-  // False: anyone who reaches the port administers (the plaintext demo).
-  bool enforce = false;
-  // Non-empty: a call with the metadata "authorization: Bearer <token>" is
-  // an operator's.
-  std::string token;
-  // A call over mutual TLS whose client certificate's common name or a
-  // subject alternative name is in this list is an operator's.
-  std::vector<std::string> identities;
-  // Non-empty: RegisterDataServer only over mutual TLS with a client
-  // certificate named here (PERMISSION_DENIED otherwise), in addition to
-  // the lease secret's credential when a secret is set.
-  std::vector<std::string> data_server_identities;
-};
 
 class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
  public:
