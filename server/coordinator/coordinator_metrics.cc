@@ -1,5 +1,9 @@
 #include "server/coordinator/coordinator_metrics.h"
 
+#include <google/protobuf/descriptor.h>
+
+#include "sluice/v1/coordinator.pb.h"
+
 namespace sluice {
 namespace {
 
@@ -161,7 +165,22 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       source_consumed_(CounterFamily(
           r, "sluice_coordinator_source_samples_consumed_total",
           "Samples of a mixed job's source acknowledged, over all epochs "
-          "(since this coordinator started leading).")) {}
+          "(since this coordinator started leading).")) {
+  auto& by_message = CounterFamily(
+      r, "sluice_coordinator_message_lock_cpu_seconds_total",
+      "CPU time spent under the coordinator's state lock handling session "
+      "messages, by the message's kind (hello, want, progress, complete, "
+      "heartbeat...).");
+  const google::protobuf::OneofDescriptor* kinds =
+      v1::TrainerMessage::descriptor()->FindOneofByName("msg");
+  for (int i = 0; kinds != nullptr && i < kinds->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* kind = kinds->field(i);
+    const auto number = static_cast<size_t>(kind->number());
+    if (message_lock_cpu_.size() <= number)
+      message_lock_cpu_.resize(number + 1, nullptr);
+    message_lock_cpu_[number] = &by_message.Add({{"message", kind->name()}});
+  }
+}
 
 void CoordinatorMetrics::SetSource(const std::string& job,
                                    const std::string& source,

@@ -77,8 +77,19 @@ class CoordinatorMetrics {
   prometheus::Histogram& lock_wait;
   prometheus::Histogram& lock_hold;
   prometheus::Histogram& lock_hold_cpu;
+  // The CPU time under the lock spent handling a session message of the
+  // kind whose TrainerMessage field number is `message_case`
+  // (sluice_coordinator_message_lock_cpu_seconds_total{message}); nullptr
+  // for an unknown kind.
+  prometheus::Counter* message_lock_cpu(int message_case) const {
+    return message_case > 0 &&
+                   static_cast<size_t>(message_case) < message_lock_cpu_.size()
+               ? message_lock_cpu_[static_cast<size_t>(message_case)]
+               : nullptr;
+  }
 
  private:
+  std::vector<prometheus::Counter*> message_lock_cpu_;  // by field number
   prometheus::Family<prometheus::Counter>& granted_;
   prometheus::Family<prometheus::Counter>& completed_;
   prometheus::Family<prometheus::Counter>& expired_;

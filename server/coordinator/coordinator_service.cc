@@ -1,5 +1,6 @@
 #include "server/coordinator/coordinator_service.h"
 
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
@@ -141,6 +142,16 @@ CoordinatorService::ServiceLock::ServiceLock(CoordinatorService* service,
   }
 }
 
+void CoordinatorService::ServiceLock::set_message(int message_case) {
+  if (const google::protobuf::FieldDescriptor* kind =
+          v1::TrainerMessage::descriptor()->FindFieldByNumber(message_case);
+      kind != nullptr) {
+    detail_ = kind->name().c_str();
+  }
+  if (CoordinatorMetrics* m = service_->options_.metrics)
+    message_cpu_ = m->message_lock_cpu(message_case);
+}
+
 CoordinatorService::ServiceLock::~ServiceLock() {
   CoordinatorMetrics* m = service_->options_.metrics;
   const absl::Duration cpu =
@@ -150,6 +161,8 @@ CoordinatorService::ServiceLock::~ServiceLock() {
   if (m == nullptr) return;
   m->lock_hold.Observe(absl::ToDoubleSeconds(held));
   m->lock_hold_cpu.Observe(absl::ToDoubleSeconds(cpu));
+  if (message_cpu_ != nullptr)
+    message_cpu_->Increment(absl::ToDoubleSeconds(cpu));
   if (cpu <= kSlowLockHold) return;
   const int64_t second = absl::ToUnixSeconds(absl::Now());
   if (service_->slow_hold_second_.exchange(second) != second)

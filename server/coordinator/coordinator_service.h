@@ -419,14 +419,16 @@ class CoordinatorService {
     ~ServiceLock() ABSL_UNLOCK_FUNCTION();
     ServiceLock(const ServiceLock&) = delete;
     ServiceLock& operator=(const ServiceLock&) = delete;
-    // Names what the hold did, in the slow-hold log line (a string that
-    // outlives the lock: a literal or a descriptor's name).
-    void set_detail(const char* detail) { detail_ = detail; }
+    // The hold handles a session message of this kind (its TrainerMessage
+    // field number): named in the slow-hold log line, and its CPU time
+    // counted by kind (CoordinatorMetrics::message_lock_cpu).
+    void set_message(int message_case);
 
    private:
     CoordinatorService* const service_;
     const char* const site_;
     const char* detail_ = nullptr;
+    prometheus::Counter* message_cpu_ = nullptr;
     absl::Time acquired_;
     absl::Duration cpu_at_acquire_;
   };

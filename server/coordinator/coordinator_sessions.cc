@@ -1,6 +1,5 @@
 // CoordinatorService: the trainer Session protocol (Hello, resume, workers,
 // heartbeats with input wait, Progress / Complete / Reroute / Release).
-#include <google/protobuf/descriptor.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
@@ -88,12 +87,7 @@ void CoordinatorService::OnMessage(int64_t session_id,
   Effects fx;
   {
     ServiceLock lock(this);
-    if (const google::protobuf::FieldDescriptor* kind =
-            v1::TrainerMessage::descriptor()->FindFieldByNumber(
-                message.msg_case());
-        kind != nullptr) {
-      lock.set_detail(kind->name().c_str());
-    }
+    lock.set_message(message.msg_case());
     auto it = sessions_.find(session_id);
     if (it == sessions_.end() || it->second.finished) return;
     Session& s = it->second;

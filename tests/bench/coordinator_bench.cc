@@ -1219,34 +1219,41 @@ struct OpenResult {
   double paced_grants_per_s = 0;
   double cpu_us_per_grant = 0;
   double idle_cores_after = 0;  // the idle rate again, after the paced phase
-  // The same under the coordinator's state lock (its own work).
-  double idle_locked_cores = 0;
+  // Of it, under the state lock, from the per-message counters.
   double locked_cpu_us_per_grant = 0;
   double grant_p50_ms = 0;
   double grant_p99_ms = 0;
 };
 
-// Opens `ranks` x `workers` sessions of `job` at `address`; with `pid`, the
-// server's CPU and memory are measured while opening and idle, and with
-// `paced` also per grant.
-// The CPU seconds the coordinator's threads spent holding its state lock so
-// far (sluice_coordinator_lock_hold_cpu_seconds_sum), or 0 when
-// `metrics_address` is empty or does not answer.
-double LockedCpuSeconds(const std::string& metrics_address) {
+// CPU seconds the coordinator spent under its state lock handling session
+// messages other than heartbeats
+// (sluice_coordinator_message_lock_cpu_seconds_total): in the paced phase,
+// the Progress and Complete messages and the grants they make room for.
+double MessageLockCpuSeconds(const std::string& metrics_address) {
   if (metrics_address.empty()) return 0;
   auto page =
       sluice::testing::HttpGet("http://" + metrics_address + "/metrics");
   if (!page.ok()) return 0;
+  double total = 0;
   for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
-    if (!absl::ConsumePrefix(&line,
-                             "sluice_coordinator_lock_hold_cpu_seconds_sum "))
+    if (!absl::ConsumePrefix(
+            &line, "sluice_coordinator_message_lock_cpu_seconds_total{") ||
+        absl::StartsWith(line, "message=\"heartbeat\"")) {
       continue;
+    }
+    const size_t space = line.rfind(' ');
     double seconds = 0;
-    if (absl::SimpleAtod(line, &seconds)) return seconds;
+    if (space != absl::string_view::npos &&
+        absl::SimpleAtod(line.substr(space + 1), &seconds)) {
+      total += seconds;
+    }
   }
-  return 0;
+  return total;
 }
 
+// Opens `ranks` x `workers` sessions of `job` at `address`; with `pid`, the
+// server's CPU and memory are measured while opening and idle, and with
+// `paced` also per grant.
 OpenResult OpenAll(const std::string& address, const std::string& job,
                    int ranks, int workers, pid_t pid, bool paced_grants,
                    const std::string& metrics_address = "") {
@@ -1289,13 +1296,11 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
   r.opened = begun.load();
   if (pid > 0) {
     const double cpu1 = CpuSeconds(pid);
-    const double locked1 = LockedCpuSeconds(metrics_address);
     r.open_cpu_s = cpu1 - cpu0;
     const double idle = absl::GetFlag(FLAGS_idle_seconds);
     const int64_t beats0 = beats_sent.load();
     absl::SleepFor(absl::Seconds(idle));
     r.idle_cpu_per_session_s = (CpuSeconds(pid) - cpu1) / idle / total;
-    r.idle_locked_cores = (LockedCpuSeconds(metrics_address) - locked1) / idle;
     r.heartbeats_per_s = static_cast<double>(beats_sent.load() - beats0) / idle;
     r.heartbeat_interval_ms = interval_ms.load();
     r.rss_kb_per_session =
@@ -1307,7 +1312,7 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
     const double paced = absl::GetFlag(FLAGS_paced_seconds);
     for (auto& session : all) session->TakeLatencies();
     const double cpu2 = CpuSeconds(pid);
-    const double locked2 = LockedCpuSeconds(metrics_address);
+    const double messages2 = MessageLockCpuSeconds(metrics_address);
     const absl::Time paced_start = absl::Now();
     size_t next = 0;
     double owed = 0;
@@ -1328,29 +1333,25 @@ OpenResult OpenAll(const std::string& address, const std::string& job,
     }
     r.paced_grants_per_s = static_cast<double>(latencies.size()) / paced;
     const double cpu3 = CpuSeconds(pid);
-    const double locked3 = LockedCpuSeconds(metrics_address);
+    const double messages3 = MessageLockCpuSeconds(metrics_address);
     // The heartbeats' own cost again, after: the paced phase's CPU less
     // the mean of the idle rates before and after it is the grants'. At
     // thousands of sessions the heartbeats cost as much as the grants, and
     // one idle window alone moves the difference by tens of percent. The
-    // same for the CPU spent under the state lock (the coordinator's own
-    // work, without gRPC's), where heartbeats cost little.
+    // CPU spent under the state lock (the coordinator's own work, without
+    // gRPC's) is counted directly, from the coordinator's per-message
+    // counters without the heartbeats'.
     const double idle = absl::GetFlag(FLAGS_idle_seconds);
     absl::SleepFor(absl::Seconds(idle));
     const double idle_after = (CpuSeconds(pid) - cpu3) / idle;
-    const double locked_idle_after =
-        (LockedCpuSeconds(metrics_address) - locked3) / idle;
     r.idle_cores_after = idle_after;
     if (!latencies.empty()) {
       const double idle_rate =
           (r.idle_cpu_per_session_s * total + idle_after) / 2;
       r.cpu_us_per_grant = (cpu3 - cpu2 - idle_rate * paced_elapsed) /
                            static_cast<double>(latencies.size()) * 1e6;
-      const double locked_idle_rate =
-          (r.idle_locked_cores + locked_idle_after) / 2;
       r.locked_cpu_us_per_grant =
-          (locked3 - locked2 - locked_idle_rate * paced_elapsed) /
-          static_cast<double>(latencies.size()) * 1e6;
+          (messages3 - messages2) / static_cast<double>(latencies.size()) * 1e6;
       std::sort(latencies.begin(), latencies.end());
       r.grant_p50_ms = latencies[latencies.size() / 2] / 1000;
       r.grant_p99_ms = latencies[std::min(latencies.size() - 1,

@@ -2070,6 +2070,42 @@ TEST_F(CoordinatorInputWaitTest, EveryLockTakingIsTimed) {
   EXPECT_EQ(count("sluice_coordinator_lock_hold_cpu_seconds"), cpu + 4);
 }
 
+// The CPU time under the lock is counted per session message kind: one
+// series per TrainerMessage kind, and a message adds to its own kind's only.
+TEST_F(CoordinatorInputWaitTest, LockCpuIsCountedPerMessageKind) {
+  auto by_kind = [&] {
+    std::map<std::string, double> out;
+    for (const auto& f : registry_.Collect()) {
+      if (f.name != "sluice_coordinator_message_lock_cpu_seconds_total")
+        continue;
+      for (const auto& m : f.metric) out[m.label[0].value] = m.counter.value;
+    }
+    return out;
+  };
+  std::map<std::string, double> before = by_kind();
+  const auto* kinds = v1::TrainerMessage::descriptor()->FindOneofByName("msg");
+  ASSERT_NE(kinds, nullptr);
+  ASSERT_EQ(before.size(), static_cast<size_t>(kinds->field_count()));
+  for (int i = 0; i < kinds->field_count(); ++i) {
+    EXPECT_EQ(before.count(kinds->field(i)->name()), 1u)
+        << kinds->field(i)->name();
+  }
+  ASSERT_OK(service_->CreateJob(Spec("j", {10}, 1, 1)));
+  auto sink = std::make_shared<RecordingSink>();
+  const int64_t id = service_->OpenSession(sink);
+  service_->OnMessage(id, Hello("j", 0, "t"));
+  std::map<std::string, double> after_hello = by_kind();
+  EXPECT_GT(after_hello["hello"], before["hello"]);
+  after_hello.erase("hello");
+  before.erase("hello");
+  EXPECT_EQ(after_hello, before);
+  service_->OnMessage(id, Beat({1}, 0));
+  std::map<std::string, double> after_beat = by_kind();
+  EXPECT_GT(after_beat["heartbeat"], before["heartbeat"]);
+  EXPECT_EQ(after_beat["want"], before["want"]);
+  EXPECT_EQ(after_beat["complete"], before["complete"]);
+}
+
 // A report that is not one: too many buckets, a negative or non-finite sum,
 // absurd counts. The session ends with INVALID_ARGUMENT naming the field;
 // nothing is recorded.
