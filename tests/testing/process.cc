@@ -1,9 +1,6 @@
 #include "tests/testing/process.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -37,92 +34,23 @@ std::optional<std::string> ReadWholeFile(const std::string& path) {
 
 absl::StatusOr<ChildProcess> ChildProcess::Start(
     const std::vector<std::string>& argv, const std::string& log_path) {
-  std::vector<char*> args;
-  for (const std::string& a : argv)
-    args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  int log_fd = -1;
-  if (!log_path.empty()) {
-    log_fd =
-        open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) return absl::InternalError("cannot open log " + log_path);
-  }
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    // The test process may block signals (servers' own code does); children
-    // start with a clean mask.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (log_fd >= 0) {
-      dup2(log_fd, STDOUT_FILENO);
-      dup2(log_fd, STDERR_FILENO);
-    }
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  if (log_fd >= 0) close(log_fd);
+  absl::StatusOr<cli::Subprocess> process =
+      cli::Subprocess::Spawn(argv, log_path, log_path);
+  if (!process.ok()) return process.status();
   ChildProcess child;
-  child.pid_ = pid;
+  child.process_ = std::move(*process);
   return child;
 }
 
-ChildProcess::ChildProcess(ChildProcess&& other) noexcept
-    : pid_(other.pid_), exit_code_(other.exit_code_) {
-  other.pid_ = -1;
-}
-
-ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
-  if (this != &other) {
-    Kill();
-    pid_ = other.pid_;
-    exit_code_ = other.exit_code_;
-    other.pid_ = -1;
-  }
-  return *this;
-}
-
-ChildProcess::~ChildProcess() { Kill(); }
-
-bool ChildProcess::running() {
-  if (pid_ < 0 || exit_code_.has_value()) return false;
-  int status = 0;
-  const pid_t r = waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
-    exit_code_ =
-        WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return false;
-  }
-  return true;
-}
-
-void ChildProcess::Signal(int signo) {
-  if (running()) kill(pid_, signo);
-}
-
 absl::StatusOr<int> ChildProcess::WaitForExit(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (running()) {
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("pid ", pid_, " still running after ",
-                       absl::FormatDuration(timeout)));
-    }
-    absl::SleepFor(absl::Milliseconds(5));  // polling waitpid, not a sync sleep
-  }
-  if (!exit_code_.has_value())
-    return absl::FailedPreconditionError("not started");
-  return *exit_code_;
+  if (pid() <= 0) return absl::FailedPreconditionError("not started");
+  return process_.Wait(timeout);
 }
 
 void ChildProcess::Kill() {
-  if (running()) {
-    kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    exit_code_ = 128 + SIGKILL;
-  }
+  if (!running()) return;
+  process_.Signal(SIGKILL);
+  (void)process_.Wait(absl::InfiniteDuration());
 }
 
 absl::StatusOr<ServerProcess> ServerProcess::Start(

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/cli/subprocess.h"
 
 namespace sluice::testing {
 
@@ -25,6 +26,8 @@ std::map<std::string, std::string> ParseKeyValueFile(const std::string& text);
 // Reads a whole file; empty optional when it cannot be opened.
 std::optional<std::string> ReadWholeFile(const std::string& path);
 
+// A child process for a test: cli::Subprocess (the one implementation,
+// which sluicectl uses too) with stdout and stderr appended to one log.
 class ChildProcess {
  public:
   // Starts `argv[0]` (a path) with `argv`; stdout and stderr go to
@@ -33,13 +36,13 @@ class ChildProcess {
       const std::vector<std::string>& argv, const std::string& log_path = "");
   // An empty handle (no process).
   ChildProcess() = default;
-  ChildProcess(ChildProcess&& other) noexcept;
-  ChildProcess& operator=(ChildProcess&& other) noexcept;
-  ~ChildProcess();
+  ChildProcess(ChildProcess&& other) noexcept = default;
+  ChildProcess& operator=(ChildProcess&& other) noexcept = default;
+  ~ChildProcess() = default;  // SIGKILLs and reaps a child still running
 
-  pid_t pid() const { return pid_; }
-  bool running();
-  void Signal(int signo);
+  pid_t pid() const { return process_.pid(); }
+  bool running() { return pid() > 0 && !process_.Poll().has_value(); }
+  void Signal(int signo) { process_.Signal(signo); }
   // Waits for exit; returns the exit code, or 128+signal when killed, or
   // DEADLINE_EXCEEDED.
   absl::StatusOr<int> WaitForExit(absl::Duration timeout);
@@ -47,8 +50,7 @@ class ChildProcess {
   void Kill();
 
  private:
-  pid_t pid_ = -1;
-  std::optional<int> exit_code_;
+  cli::Subprocess process_;
 };
 
 // A Sluice server binary started with --listen=127.0.0.1:0,
