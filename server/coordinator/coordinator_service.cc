@@ -292,6 +292,10 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(
   {
     ServiceLock lock(this);
     if (const JobData* existing = state_.FindJob(spec.name())) {
+      // A journal may hold 10,000 ms for a job whose request left the TTL
+      // unset: the same spec.
+      if (spec.lease_ttl_ms() == 0 && existing->spec.lease_ttl_ms() == 10000)
+        spec.set_lease_ttl_ms(10000);
       if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec,
                                                               spec)) {
         return absl::AlreadyExistsError(

@@ -1542,6 +1542,29 @@ TEST(CoordinatorDefaultTtlTest, AJobWithoutATtlUsesTheCoordinatorsDefault) {
   EXPECT_EQ((*service)->GetJob("j", false)->spec().lease_ttl_ms(), 0);
 }
 
+// Creating a job again with the same spec returns it. A TTL left unset
+// matches a job journaled with 10,000 ms for it; another TTL is another spec.
+TEST_F(CoordinatorServiceTest, RecreatingAJobWithoutItsTtlReturnsIt) {
+  v1::JobSpec spec = Spec("j", {10}, 1, 1);
+  spec.set_lease_ttl_ms(10000);
+  ASSERT_OK(service_->CreateJob(spec));
+  spec.clear_lease_ttl_ms();
+  absl::StatusOr<v1::Job> again = service_->CreateJob(spec);
+  ASSERT_OK(again);
+  EXPECT_EQ(again->spec().lease_ttl_ms(), 10000);
+  spec.set_lease_ttl_ms(3000);
+  EXPECT_THAT(service_->CreateJob(spec),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("job j exists with a different spec")));
+  v1::JobSpec unset = Spec("k", {10}, 1, 1);
+  unset.clear_lease_ttl_ms();
+  ASSERT_OK(service_->CreateJob(unset));
+  EXPECT_OK(service_->CreateJob(unset));
+  unset.set_lease_ttl_ms(10000);
+  EXPECT_THAT(service_->CreateJob(unset),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+}
+
 // A data server claims to have seen fences near 2^64 (only a holder of the
 // registration secret can): refused, naming the field. The largest claim
 // accepted still leaves grants distinct, increasing fences.
