@@ -88,6 +88,15 @@ v1::TrainerMessage Want(int n) {
   m.mutable_want()->set_credits(n);
   return m;
 }
+// Opens trainer "t"'s session of rank 0 of job "j" (its messages arrive in
+// `sink`), asks for one lease and returns the session's id.
+int64_t OpenAndWantOne(CoordinatorService& service,
+                       const std::shared_ptr<RecordingSink>& sink) {
+  const int64_t id = service.OpenSession(sink);
+  service.OnMessage(id, Hello("j", 0, "t"));
+  service.OnMessage(id, Want(1));
+  return id;
+}
 v1::TrainerMessage Complete(const v1::Lease& l) {
   v1::TrainerMessage m;
   m.mutable_complete()->set_lease_id(l.lease_id());
@@ -268,9 +277,7 @@ TEST_F(CoordinatorServiceTest, ExpiredLeaseRequeuesOnlyTheRemainder) {
 TEST_F(CoordinatorServiceTest, StaleFenceIsRejectedWithAborted) {
   ASSERT_OK(service_->CreateJob(Spec("j", {10}, 0, 1)));
   auto a = std::make_shared<RecordingSink>();
-  const int64_t id = service_->OpenSession(a);
-  service_->OnMessage(id, Hello("j", 0, "t"));
-  service_->OnMessage(id, Want(1));
+  const int64_t id = OpenAndWantOne(*service_, a);
   v1::Lease lease = a->TakeGrants().at(0);
   lease.set_fence(lease.fence() + 7);
   service_->OnMessage(id, Progress(lease, 1));
@@ -349,9 +356,7 @@ TEST_F(CoordinatorServiceTest,
        ACompleteAfterTheEpochsLastProgressEndsTheLease) {
   ASSERT_OK(service_->CreateJob(Spec("j", {10}, 0, 2)));
   auto a = std::make_shared<RecordingSink>();
-  const int64_t id = service_->OpenSession(a);
-  service_->OnMessage(id, Hello("j", 0, "t"));
-  service_->OnMessage(id, Want(1));
+  const int64_t id = OpenAndWantOne(*service_, a);
   for (int64_t epoch = 0; epoch < 2; ++epoch) {
     std::vector<v1::Lease> grants = a->TakeGrants();
     ASSERT_EQ(grants.size(), 1u) << "epoch " << epoch;
@@ -630,9 +635,7 @@ TEST(CoordinatorRecoveryTest,
     ASSERT_OK(service);
     ASSERT_OK((*service)->CreateJob(spec));
     auto sink = std::make_shared<RecordingSink>();
-    const int64_t id = (*service)->OpenSession(sink);
-    (*service)->OnMessage(id, Hello("j", 0, "t"));
-    (*service)->OnMessage(id, Want(1));
+    OpenAndWantOne(**service, sink);
     (*service)->Flush();
     ASSERT_EQ(sink->TakeGrants().size(), 1u);
   }
@@ -1155,9 +1158,7 @@ TEST(CoordinatorStallTest, AStalledCoordinatorExpiresNothingForTheStall) {
   ASSERT_OK(service.CreateJob(spec));
   const int64_t server = service.RegisterDataServer("ds:1", 1);
   auto sink = std::make_shared<RecordingSink>();
-  const int64_t id = service.OpenSession(sink);
-  service.OnMessage(id, Hello("j", 0, "t"));
-  service.OnMessage(id, Want(1));
+  OpenAndWantOne(service, sink);
   ASSERT_EQ(sink->TakeGrants().size(), 1u);
   EXPECT_EQ(service.ExpiryTick(), 0);
   for (int i = 0; i < 10; ++i) {  // running: ticks every 100 ms
@@ -1529,9 +1530,7 @@ TEST(CoordinatorDefaultTtlTest, AJobWithoutATtlUsesTheCoordinatorsDefault) {
   spec.clear_lease_ttl_ms();
   ASSERT_OK((*service)->CreateJob(spec));
   auto sink = std::make_shared<RecordingSink>();
-  const int64_t id = (*service)->OpenSession(sink);
-  (*service)->OnMessage(id, Hello("j", 0, "t"));
-  (*service)->OnMessage(id, Want(1));
+  OpenAndWantOne(**service, sink);
   (*service)->Flush();
   ASSERT_EQ(sink->Count(v1::CoordinatorMessage::kWelcome), 1);
   EXPECT_EQ(sink->inbox[0].welcome().lease_ttl_ms(), 3000);
@@ -1863,9 +1862,7 @@ TEST(CoordinatorDataServerTest, TheWaitingReasonNamesTheMissingDataServer) {
   ASSERT_OK(created);
   ASSERT_OK((*created)->CreateJob(Spec("j", {5}, 1, 1)));
   auto sink = std::make_shared<RecordingSink>();
-  const int64_t id = (*created)->OpenSession(sink);
-  (*created)->OnMessage(id, Hello("j", 0, "t"));
-  (*created)->OnMessage(id, Want(1));
+  OpenAndWantOne(**created, sink);
   ASSERT_EQ(sink->Count(v1::CoordinatorMessage::kWaiting), 1);
   for (const auto& m : sink->inbox) {
     if (m.has_waiting()) {
