@@ -161,21 +161,6 @@ const char* CodecName(Codec codec) {
   return "raw";
 }
 
-void ResizedSize(int width, int height, int shorter, int* out_width,
-                 int* out_height) {
-  if (width <= height) {
-    *out_width = shorter;
-    *out_height =
-        static_cast<int>(static_cast<int64_t>(shorter) * height / width);
-  } else {
-    *out_height = shorter;
-    *out_width =
-        static_cast<int>(static_cast<int64_t>(shorter) * width / height);
-  }
-  *out_width = std::max(1, *out_width);
-  *out_height = std::max(1, *out_height);
-}
-
 // Whether the JPEG has an Adobe APP14 segment before its scan: Photoshop
 // (and libjpeg, and PIL) store CMYK inverted in such files.
 bool HasAdobeMarker(absl::string_view jpeg) {

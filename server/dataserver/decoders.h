@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/dataserver/decoded_field.h"
 #include "server/dataserver/image_types.h"
 #include "server/format/tar_shard_reader.h"
 #include "sluice/v1/dataserver.pb.h"
@@ -68,17 +69,6 @@ struct ImageSize {
 };
 absl::StatusOr<ImageSize> ReadImageSize(Codec codec, const Payload& data);
 
-struct DecodedField {
-  enum class Kind { kRaw, kTensor, kInt, kText };
-  Kind kind = Kind::kRaw;
-  // kRaw / kText: the bytes; kTensor: the tensor data (little-endian,
-  // C order). May share the input's owner (no copy) or own new memory.
-  Payload bytes;
-  int64_t int_value = 0;
-  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
-  std::vector<int64_t> shape;
-};
-
 // Decodes one field. An error is the data's fault (INVALID_ARGUMENT /
 // DATA_LOSS with the reason); the caller names shard and member.
 absl::StatusOr<DecodedField> DecodeField(Codec codec, const Payload& data,
@@ -90,9 +80,6 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
 absl::StatusOr<DecodedField> DecodePng(const Payload& data,
                                        const ImageOptions& image);
 absl::StatusOr<DecodedField> DecodeNpy(const Payload& data);
-// Size of an image whose shorter side is resized to `shorter`.
-void ResizedSize(int width, int height, int shorter, int* out_width,
-                 int* out_height);
 
 }  // namespace sluice::dataserver
 

@@ -620,6 +620,21 @@ void MatchPilAtEdges(const ImageBuffer& in, ImageBuffer* out) {
 
 }  // namespace
 
+void ResizedSize(int width, int height, int shorter, int* out_width,
+                 int* out_height) {
+  if (width <= height) {
+    *out_width = shorter;
+    *out_height =
+        static_cast<int>(static_cast<int64_t>(shorter) * height / width);
+  } else {
+    *out_height = shorter;
+    *out_width =
+        static_cast<int>(static_cast<int64_t>(shorter) * width / height);
+  }
+  *out_width = std::max(1, *out_width);
+  *out_height = std::max(1, *out_height);
+}
+
 absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
                                         int height, Interpolation interpolation,
                                         bool exact_edges) {

@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/dataserver/augment_random.h"
-#include "server/dataserver/decoders.h"
+#include "server/dataserver/decoded_field.h"
 #include "server/dataserver/image_types.h"
 #include "sluice/v1/dataserver.pb.h"
 
@@ -82,6 +82,10 @@ class ImageTransforms {
   absl::flat_hash_set<std::string> nearest_;
   bool random_ = false;
 };
+
+// Size of an image whose shorter side is resized to `shorter`.
+void ResizedSize(int width, int height, int shorter, int* out_width,
+                 int* out_height);
 
 // Resizes `image` (antialiased bilinear, or nearest) to width x height.
 // Bilinear: the pixels whose filter an edge cuts off are PIL's exactly
