@@ -31,9 +31,60 @@ void CoordinatorService::RebuildQueuesLocked(const std::string& name) {
   JobRuntime& rt = runtime_[name];
   const bool per_rank =
       job->spec.mode() == v1::MODE_STATIC && job->spec.world_size() > 0;
-  rt.queues.assign(per_rank ? job->plan.num_slots() : 1, {});
-  for (const Piece& p : state_.PendingPieces(*job)) {
-    rt.queues[per_rank ? p.slot : 0].push_back(p);
+  auto fresh = rt.fresh_queues.find(job->plan_serial);
+  if (job->plan_serial != 0 && fresh != rt.fresh_queues.end() &&
+      job->acked.empty() && job->leases.empty()) {
+    rt.queues = std::move(fresh->second);
+  } else {
+    rt.queues.assign(per_rank ? job->plan.num_slots() : 1, {});
+    for (const Piece& p : state_.PendingPieces(*job)) {
+      rt.queues[per_rank ? p.slot : 0].push_back(p);
+    }
+  }
+  // Only the queues of plans still on offer are kept.
+  for (auto q = rt.fresh_queues.begin(); q != rt.fresh_queues.end();) {
+    q = state_.HasOfferedSerial(name, q->first) ? std::next(q)
+                                                : rt.fresh_queues.erase(q);
+  }
+  PlanNextEpochAheadLocked(name, *job, rt);
+}
+
+void CoordinatorService::PlanNextEpochAheadLocked(const std::string& name,
+                                                  const JobData& job,
+                                                  JobRuntime& rt) {
+  // The epoch after the last is planned too: a finished job reports its
+  // quotas from it.
+  const int64_t next = job.epoch + 1;
+  if (job.done || (job.spec.num_epochs() > 0 && next > job.spec.num_epochs()))
+    return;
+  if (rt.ahead_epoch == next && rt.ahead_options == job.options) return;
+  if (state_.HasOfferedPlan(name, job.options, next)) return;
+  rt.ahead_epoch = next;
+  rt.ahead_options = job.options;
+  const bool per_rank =
+      job.spec.mode() == v1::MODE_STATIC && job.spec.world_size() > 0;
+  planner_->Schedule([this, name, per_rank,
+                      inputs = job.InputsFor(job.options, next),
+                      serial = next_plan_serial_++] {
+    PlannedAhead planned = PlanAhead(inputs, per_rank, serial);
+    ServiceLock lock(this);
+    OfferPlannedLocked(name, std::move(planned));
+  });
+}
+
+void CoordinatorService::OfferPlannedLocked(const std::string& name,
+                                            PlannedAhead planned) {
+  const JobData* job = state_.FindJob(name);
+  if (job == nullptr || planned.prepared.epoch < job->epoch) return;
+  const uint64_t serial = planned.prepared.serial;
+  state_.OfferPlan(name, std::move(planned.prepared));
+  JobRuntime& rt = runtime_[name];
+  if (state_.HasOfferedSerial(name, serial))
+    rt.fresh_queues[serial] = std::move(planned.queues);
+  // Those of offers the state let go of (it keeps a few per job).
+  for (auto q = rt.fresh_queues.begin(); q != rt.fresh_queues.end();) {
+    q = state_.HasOfferedSerial(name, q->first) ? std::next(q)
+                                                : rt.fresh_queues.erase(q);
   }
 }
 
@@ -201,7 +252,7 @@ const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
     const JobData& job) {
   JobRuntime& rt = runtime_[job.spec.name()];
   if (rt.windows_epoch != job.epoch) {
-    rt.windows = PlanWindows(job.shard_samples, job.options, job.epoch);
+    rt.windows = PlanWindows(*job.shard_samples, job.options, job.epoch);
     rt.windows_epoch = job.epoch;
   }
   return rt.windows;

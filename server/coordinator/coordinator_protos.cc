@@ -61,7 +61,7 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
                                      : job.consumed_total);
   st->set_dropped_per_epoch(job.plan.dropped);
   st->set_total_samples(job.plan.total_samples);
-  st->set_num_shards(static_cast<int32_t>(job.shard_samples.size()));
+  st->set_num_shards(static_cast<int32_t>(job.shard_samples->size()));
   if (job.mix != nullptr) {
     const std::vector<int64_t> counts = job.mix->EpochCounts(job.epoch);
     // REMAINDER_DROP serves the sequence's first served_per_epoch()

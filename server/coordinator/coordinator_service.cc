@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/quote.h"
@@ -23,7 +24,8 @@ using coordinator_internal::LiveLease;
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
     : options_(options),
       leases_(options.clock),
-      data_servers_(options.clock, 3 * options.heartbeat_interval) {}
+      data_servers_(options.clock, 3 * options.heartbeat_interval),
+      planner_(std::make_unique<ThreadPool>(1)) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     const CoordinatorOptions& options) {
@@ -237,7 +239,21 @@ void CoordinatorService::MaybeCompactLocked() {
 
 void CoordinatorService::Flush() { outbox_->Flush(); }
 
+void CoordinatorService::WaitForPlansAhead() {
+  // One thread, first in first out: done once this task runs.
+  absl::Notification reached;
+  planner_->Schedule([&reached] { reached.Notify(); });
+  reached.WaitForNotification();
+}
+
+std::pair<int64_t, int64_t> CoordinatorService::PlansTakenAndComputed() {
+  ServiceLock lock(this);
+  return {state_.plans_offered_taken(), state_.plans_computed()};
+}
+
 CoordinatorService::~CoordinatorService() {
+  // Its tasks take mu_ and offer to state_: finished while both exist.
+  planner_.reset();
   StopExpiryThread();
   // Once/Barrier persist through the outbox: gone first, so nothing it
   // journals can outlive the outbox.

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "server/common/clock.h"
 #include "server/common/path_roots.h"
+#include "server/common/thread_pool.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/data_server_registry.h"
@@ -45,6 +46,7 @@
 #include "server/coordinator/journal.h"
 #include "server/coordinator/lease_table.h"
 #include "server/coordinator/once_barrier.h"
+#include "server/coordinator/plan_ahead.h"
 #include "sluice/v1/coordinator.pb.h"
 
 namespace sluice {
@@ -227,6 +229,13 @@ class CoordinatorService {
   // its sink (tests; messages wait for the journal records they depend on).
   void Flush();
 
+  // Waits until every epoch plan asked of the planning thread so far is on
+  // offer (tests).
+  void WaitForPlansAhead();
+  // Epoch plans installed from a plan made outside the lock, and planned
+  // under it (CoordinatorState::plans_offered_taken, plans_computed).
+  std::pair<int64_t, int64_t> PlansTakenAndComputed();
+
  private:
   // Sets sluice_coordinator_data_servers to the live count (the registry
   // has its own lock: callable with or without mu_).
@@ -267,6 +276,12 @@ class CoordinatorService {
     // them meanwhile: a slot's remainders never exceed what is left of its
     // own quota, so the others' quotas fit in the rest of the queue.
     std::map<int32_t, absl::Time> slot_left_at;
+    // The grant queues of each epoch plan on offer (PlannedAhead), by its
+    // serial, for when that plan is installed.
+    std::map<uint64_t, std::vector<std::deque<Piece>>> fresh_queues;
+    // The epoch and options last asked of the planning thread.
+    int64_t ahead_epoch = -1;
+    PlanOptions ahead_options;
   };
   // Validates a heartbeat's InputWait and records it: the job's
   // sluice_trainer_input_wait_seconds histogram and the rank's total.
@@ -300,7 +315,34 @@ class CoordinatorService {
   void DeliverReady() ABSL_LOCKS_EXCLUDED(mu_) { outbox_->DeliverReady(); }
   // Replaces the journal with a snapshot of state_ when it has grown enough.
   void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's grant queues from its state (the fresh queues planned ahead
+  // when its epoch was installed from that plan and nothing of it is
+  // granted or acknowledged yet), then asks the planning thread for the
+  // job's next epoch.
   void RebuildQueuesLocked(const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the planning thread for `job`'s epoch after its current one,
+  // unless the job is done or that plan is on offer or asked for already.
+  void PlanNextEpochAheadLocked(const std::string& name, const JobData& job,
+                                JobRuntime& rt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Offers a plan made outside the lock: to the state, and its fresh
+  // queues to the job's runtime.
+  void OfferPlannedLocked(const std::string& name, PlannedAhead planned)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OnMessage; a Hello that sets its job's readers per rank has the epoch
+  // planned for them (PlanForHello) before it is handled, when
+  // `may_plan_first`.
+  void HandleMessage(int64_t session_id, const v1::TrainerMessage& message,
+                     bool may_plan_first) ABSL_LOCKS_EXCLUDED(mu_);
+  // Before a Hello is handled: when it will set its job's readers per rank
+  // (no lease out, nothing consumed), plans the epoch for them outside the
+  // lock and offers it, so that handling the Hello installs it. One such
+  // plan at a time (hello_plan_mu_): the other readers' Hellos, arriving
+  // together, find it on offer.
+  void PlanForHello(const v1::Hello& hello) ABSL_LOCKS_EXCLUDED(mu_);
+  // What that plan is made from, if the Hello needs one not on offer.
+  std::optional<PlanInputs> HelloPlanInputsLocked(const v1::Hello& hello)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt,
                                     int32_t slot)
@@ -481,6 +523,10 @@ class CoordinatorService {
   // (InfinitePast before the first).
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread expiry_thread_;
+  // Plans epochs ahead (PlanNextEpochAheadLocked); gone first.
+  std::unique_ptr<ThreadPool> planner_;
+  absl::Mutex hello_plan_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  uint64_t next_plan_serial_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace sluice

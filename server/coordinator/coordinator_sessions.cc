@@ -84,14 +84,24 @@ void CoordinatorService::ForgetOpenLocked(const Session& s) {
 
 void CoordinatorService::OnMessage(int64_t session_id,
                                    const v1::TrainerMessage& message) {
+  HandleMessage(session_id, message, /*may_plan_first=*/true);
+}
+
+void CoordinatorService::HandleMessage(int64_t session_id,
+                                       const v1::TrainerMessage& message,
+                                       bool may_plan_first) {
   Effects fx;
+  bool plan_first = false;
   {
     ServiceLock lock(this);
     lock.set_message(message.msg_case());
     auto it = sessions_.find(session_id);
     if (it == sessions_.end() || it->second.finished) return;
     Session& s = it->second;
-    if (message.has_hello()) {
+    if (may_plan_first && message.has_hello() && !s.hello &&
+        HelloPlanInputsLocked(message.hello()).has_value()) {
+      plan_first = true;  // below, without the lock
+    } else if (message.has_hello()) {
       if (s.hello) {
         FinishSessionLocked(
             s, absl::FailedPreconditionError("session: second Hello"), fx);
@@ -109,8 +119,17 @@ void CoordinatorService::OnMessage(int64_t session_id,
       absl::Status status = HandleLeaseMessageLocked(s, message, fx);
       if (!status.ok()) FinishSessionLocked(s, status, fx);
     }
-    UpdateGaugesLocked();
-    SubmitLocked(fx);
+    if (!plan_first) {
+      UpdateGaugesLocked();
+      SubmitLocked(fx);
+    }
+  }
+  if (plan_first) {
+    // The epoch for the Hello's readers per rank is planned and offered;
+    // the Hello is then handled as if just received (and installs it).
+    PlanForHello(message.hello());
+    HandleMessage(session_id, message, /*may_plan_first=*/false);
+    return;
   }
   DeliverReady();
 }
@@ -371,6 +390,45 @@ void CoordinatorService::RefreshTokensLocked(Session& s, Effects& fx) {
     *grant.mutable_grant()->mutable_lease() = LeaseToProtoLocked(*lease, *job);
     fx.sends.emplace_back(s.sink, std::move(grant));
   }
+}
+
+void CoordinatorService::PlanForHello(const v1::Hello& hello) {
+  absl::MutexLock one_at_a_time(&hello_plan_mu_);
+  std::optional<PlanInputs> inputs;
+  uint64_t serial = 0;
+  bool per_rank = false;
+  {
+    ServiceLock lock(this);
+    inputs = HelloPlanInputsLocked(hello);  // none if planned meanwhile
+    if (!inputs.has_value()) return;
+    const JobData* job = state_.FindJob(hello.job());
+    per_rank =
+        job->spec.mode() == v1::MODE_STATIC && job->spec.world_size() > 0;
+    serial = next_plan_serial_++;
+  }
+  PlannedAhead planned = PlanAhead(*inputs, per_rank, serial);
+  ServiceLock lock(this);
+  OfferPlannedLocked(hello.job(), std::move(planned));
+}
+
+std::optional<PlanInputs> CoordinatorService::HelloPlanInputsLocked(
+    const v1::Hello& hello) {
+  // A resume plans from its cursor; an invalid Hello is refused unplanned.
+  if (hello.has_cursor() || hello.num_workers() < 0 ||
+      hello.num_workers() > kMaxWorkersPerRank)
+    return std::nullopt;
+  const JobData* job = state_.FindJob(hello.job());
+  const int32_t workers = std::max(hello.num_workers(), 1);
+  if (job == nullptr || job->done || job->plan.workers_per_rank == workers ||
+      !job->leases.empty() || job->consumed_total > 0 ||
+      static_cast<int64_t>(workers) * std::max(job->spec.world_size(), 1) >
+          kMaxReadersPerJob)
+    return std::nullopt;
+  PlanOptions options = job->options;
+  options.workers_per_rank = workers;
+  if (state_.HasOfferedPlan(hello.job(), options, job->epoch))
+    return std::nullopt;
+  return job->InputsFor(options, job->epoch);
 }
 
 absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello,

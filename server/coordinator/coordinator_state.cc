@@ -79,9 +79,11 @@ void CountSources(JobData& job, int64_t begin, int64_t end,
 
 // The dataset's shape and plan options from the job's spec.
 void InitShape(JobData& job) {
-  job.shard_samples.clear();
+  auto shard_samples = std::make_shared<std::vector<int64_t>>();
+  shard_samples->reserve(job.spec.manifest().shards_size());
   for (const v1::Shard& s : job.spec.manifest().shards())
-    job.shard_samples.push_back(s.num_samples());
+    shard_samples->push_back(s.num_samples());
+  job.shard_samples = std::move(shard_samples);
   job.options = PlanOptionsFromSpec(job.spec);
   job.mix = MixPlanFromSpec(job.spec, job.options);
   job.consumed_per_source.assign(
@@ -141,6 +143,76 @@ std::vector<SampleRange> Unconsumed(
 
 }  // namespace
 
+EpochPlan PlanInputs::Plan() const {
+  return mix != nullptr
+             ? PlanSequence(mix->EpochSequence(epoch), options, epoch)
+             : PlanEpoch(*shard_samples, options, epoch);
+}
+
+void CoordinatorState::OfferPlan(const std::string& job, PreparedPlan plan) {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end() || plan.epoch < it->second.epoch) return;
+  std::vector<PreparedPlan>& offers = offered_plans_[job];
+  for (PreparedPlan& o : offers) {
+    if (o.epoch == plan.epoch && o.options == plan.options) {
+      o = std::move(plan);
+      return;
+    }
+  }
+  if (offers.size() >= kMaxOfferedPlans) offers.erase(offers.begin());
+  offers.push_back(std::move(plan));
+}
+
+bool CoordinatorState::HasOfferedPlan(const std::string& job,
+                                      const PlanOptions& options,
+                                      int64_t epoch) const {
+  auto it = offered_plans_.find(job);
+  if (it == offered_plans_.end()) return false;
+  for (const PreparedPlan& o : it->second) {
+    if (o.epoch == epoch && o.options == options) return true;
+  }
+  return false;
+}
+
+bool CoordinatorState::HasOfferedSerial(const std::string& job,
+                                        uint64_t serial) const {
+  auto it = offered_plans_.find(job);
+  if (it == offered_plans_.end()) return false;
+  for (const PreparedPlan& o : it->second) {
+    if (o.serial == serial) return true;
+  }
+  return false;
+}
+
+EpochPlan CoordinatorState::TakePlan(JobData& job, const PlanOptions& options,
+                                     int64_t epoch) {
+  std::optional<PreparedPlan> taken;
+  auto it = offered_plans_.find(job.spec.name());
+  if (it != offered_plans_.end()) {
+    std::vector<PreparedPlan> kept;
+    for (PreparedPlan& o : it->second) {
+      if (!taken.has_value() && o.epoch == epoch && o.options == options) {
+        taken = std::move(o);
+      } else if (o.epoch >= epoch) {
+        kept.push_back(std::move(o));  // the epoch's others, later epochs
+      }
+    }
+    if (kept.empty()) {
+      offered_plans_.erase(it);
+    } else {
+      it->second = std::move(kept);
+    }
+  }
+  if (taken.has_value()) {
+    ++plans_offered_taken_;
+    job.plan_serial = taken->serial;
+    return std::move(taken->plan);
+  }
+  ++plans_computed_;
+  job.plan_serial = 0;
+  return job.PlanOf(options, epoch);
+}
+
 void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   // Keep the finished epoch for cursors taken in it (only the latest one).
   job.history.clear();
@@ -153,7 +225,7 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   job.replan_sequence.clear();
   job.epoch = epoch;
   job.done = job.spec.num_epochs() > 0 && epoch >= job.spec.num_epochs();
-  job.plan = job.PlanOf(job.options, epoch);
+  job.plan = TakePlan(job, job.options, epoch);
   job.ack_log.assign(job.plan.num_slots(), {});
   job.acked.clear();
   job.consumed_per_slot.assign(job.plan.num_slots(), 0);
@@ -178,6 +250,7 @@ absl::Status CoordinatorState::Apply(
     case R::kJobDeleted:
       // next_fence_floor_ already covers the job's fences (LeaseGranted).
       jobs_.erase(record.job_deleted().job());
+      offered_plans_.erase(record.job_deleted().job());
       return absl::OkStatus();
     case R::kEpochAdvanced: {
       auto it = jobs_.find(record.epoch_advanced().job());
@@ -465,6 +538,7 @@ absl::Status CoordinatorState::ApplyResume(
   target.replanned = replanned;
   target.replan_sequence = std::move(replan_sequence);
   target.plan = std::move(plan);
+  target.plan_serial = 0;
   target.leases.clear();
   target.outstanding.clear();
   target.live_leases_by_rank.clear();
@@ -506,9 +580,12 @@ absl::Status CoordinatorState::ApplyWorkersSet(
     job.consumed_total = 0;
     job.consumed_per_source.assign(job.consumed_per_source.size(), 0);
   }
-  job.plan = job.replanned
-                 ? PlanSequence(job.replan_sequence, job.options, job.epoch)
-                 : job.PlanOf(job.options, job.epoch);
+  if (job.replanned) {
+    job.plan = PlanSequence(job.replan_sequence, job.options, job.epoch);
+    job.plan_serial = 0;
+  } else {
+    job.plan = TakePlan(job, job.options, job.epoch);
+  }
   job.ack_log.assign(job.plan.num_slots(), {});
   job.consumed_per_slot.assign(job.plan.num_slots(), 0);
   return absl::OkStatus();
@@ -610,6 +687,7 @@ v1::internal::JournalRecord CoordinatorState::Snapshot() const {
 absl::Status CoordinatorState::ApplySnapshot(
     const v1::internal::Snapshot& snap) {
   jobs_.clear();
+  offered_plans_.clear();
   once_finished_.clear();
   next_fence_floor_ = std::max<uint64_t>(1, snap.next_fence_floor());
   for (const v1::internal::JobSnapshot& j : snap.jobs()) {
@@ -655,6 +733,7 @@ absl::Status CoordinatorState::ApplySnapshot(
 }
 
 void CoordinatorState::AddJob(JobData job, int64_t create_time_unix_ms) {
+  offered_plans_.erase(job.spec.name());  // a job of that name before
   InitShape(job);
   job.create_time_unix_ms = create_time_unix_ms;
   job.next_fence = next_fence_floor_;

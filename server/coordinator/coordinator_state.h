@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -91,16 +92,43 @@ struct Piece {
   int64_t size() const { return end - begin; }
 };
 
+// What an epoch's plan is computed from: a job's shape (shared, never
+// changed once the job is created), the options and the epoch. Copied out
+// under the service's lock, planned without it.
+struct PlanInputs {
+  std::shared_ptr<const std::vector<int64_t>> shard_samples;
+  std::shared_ptr<const MixPlan> mix;  // jobs with sources
+  PlanOptions options;
+  int64_t epoch = 0;
+
+  // PlanEpoch over the manifest, or PlanSequence over the mixed sequence's
+  // blocks.
+  EpochPlan Plan() const;
+};
+
+// An epoch's plan computed ahead of the journal record that installs it.
+struct PreparedPlan {
+  PlanOptions options;
+  int64_t epoch = 0;
+  EpochPlan plan;
+  // Chosen by whoever prepared it (> 0): the job's plan_serial once taken.
+  uint64_t serial = 0;
+};
+
 struct JobData {
   v1::JobSpec spec;  // defaults filled, manifest inline
-  std::vector<int64_t> shard_samples;
+  // Per shard of the manifest, its sample count (never null).
+  std::shared_ptr<const std::vector<int64_t>> shard_samples;
   PlanOptions options;
   // Jobs with sources: their epochs (shard_samples is then empty).
   std::shared_ptr<const MixPlan> mix;
   int64_t create_time_unix_ms = 0;
   int64_t epoch = 0;
   bool done = false;
-  EpochPlan plan;                          // of `epoch`
+  EpochPlan plan;  // of `epoch`
+  // The serial of the PreparedPlan `plan` was taken from; 0 when it was
+  // planned here (not journaled).
+  uint64_t plan_serial = 0;
   std::map<int64_t, IntervalSet> acked;    // sequence -> acknowledged ranges
   std::vector<int64_t> consumed_per_slot;  // [rank * workers_per_rank + worker]
   int64_t consumed_total = 0;
@@ -127,11 +155,13 @@ struct JobData {
   // The last cursor applied (a Hello repeating it is a no-op).
   std::optional<v1::internal::JobResumed> last_resume;
 
-  // Epoch `epoch` planned with `options`: PlanEpoch over the manifest, or
-  // PlanSequence over the mixed sequence's blocks.
+  // What epoch `epoch` with `opts` is planned from.
+  PlanInputs InputsFor(const PlanOptions& opts, int64_t epoch) const {
+    return PlanInputs{shard_samples, mix, opts, epoch};
+  }
+  // Epoch `epoch` planned with `options`.
   EpochPlan PlanOf(const PlanOptions& opts, int64_t epoch) const {
-    return mix != nullptr ? PlanSequence(mix->EpochSequence(epoch), opts, epoch)
-                          : PlanEpoch(shard_samples, opts, epoch);
+    return InputsFor(opts, epoch).Plan();
   }
   int64_t served_per_epoch() const {
     return plan.samples_per_rank * plan.num_ranks;
@@ -179,6 +209,23 @@ class CoordinatorState {
   // those the epoch was read with. INVALID_ARGUMENT or FAILED_PRECONDITION
   // naming the field otherwise.
   absl::Status CheckResume(const v1::internal::JobResumed& resume) const;
+  // Offers `plan` (`job`'s, computed from its InputsFor) for the record that
+  // next plans that job's epoch `plan.epoch` with `plan.options`: an epoch
+  // advance, or the readers per rank set. Taken instead of planning again
+  // (the same plan: planning is a pure function of its inputs); dropped
+  // when the job is removed or re-created, or once the job plans a later
+  // epoch. Ignored for a job that does not exist or is past that epoch. A
+  // job keeps its kMaxOfferedPlans latest offers.
+  void OfferPlan(const std::string& job, PreparedPlan plan);
+  static constexpr size_t kMaxOfferedPlans = 4;
+  // Whether a plan for `job`'s epoch `epoch` with `options` is on offer.
+  bool HasOfferedPlan(const std::string& job, const PlanOptions& options,
+                      int64_t epoch) const;
+  // Whether the plan with that serial is on offer for `job`.
+  bool HasOfferedSerial(const std::string& job, uint64_t serial) const;
+  // Plans installed from an offer, and planned by Apply itself.
+  int64_t plans_offered_taken() const { return plans_offered_taken_; }
+  int64_t plans_computed() const { return plans_computed_; }
   // The whole state as one record; Apply(snapshot) on any state rebuilds it.
   v1::internal::JournalRecord Snapshot() const;
   // The finished Once steps of `scope` ("" = all).
@@ -189,12 +236,19 @@ class CoordinatorState {
       const std::string& scope, const std::string& name) const;
 
  private:
-  static void StartEpoch(JobData& job, int64_t epoch);
+  void StartEpoch(JobData& job, int64_t epoch);
+  // The plan of `job`'s epoch `epoch` with `options`: the offered one if it
+  // matches, planned here otherwise.
+  // Sets the job's plan_serial.
+  EpochPlan TakePlan(JobData& job, const PlanOptions& options, int64_t epoch);
   void AddJob(JobData job, int64_t create_time_unix_ms);
   absl::Status ApplyResume(const v1::internal::JobResumed& resume);
   absl::Status ApplyWorkersSet(const v1::internal::WorkersSet& set);
   absl::Status ApplySnapshot(const v1::internal::Snapshot& snapshot);
   std::map<std::string, JobData> jobs_;
+  std::map<std::string, std::vector<PreparedPlan>> offered_plans_;  // by job
+  int64_t plans_offered_taken_ = 0;
+  int64_t plans_computed_ = 0;
   // By (scope, name): "a/b" + "c" and "a" + "b/c" are different steps.
   std::map<std::pair<std::string, std::string>, v1::internal::OnceFinished>
       once_finished_;

@@ -56,6 +56,15 @@ struct PlanOptions {
   // Readers sharing each rank's quota, each with a slot of its own (step
   // 4). Not part of the job spec: set by the sessions (Hello.num_workers).
   int32_t workers_per_rank = 1;
+
+  bool operator==(const PlanOptions& o) const {
+    return seed == o.seed && shuffle == o.shuffle &&
+           world_size == o.world_size && remainder == o.remainder &&
+           max_samples_per_lease == o.max_samples_per_lease &&
+           shuffle_window == o.shuffle_window &&
+           workers_per_rank == o.workers_per_rank;
+  }
+  bool operator!=(const PlanOptions& o) const { return !(*this == o); }
 };
 
 // Samples of slot `worker` when a rank's quota q is split over `workers`.

@@ -102,13 +102,17 @@ struct Trainer {
   bool stuck = false;
 };
 
-void RunTrainer(CoordinatorService* service, int rank, Trainer* out) {
+void RunTrainer(CoordinatorService* service, int rank, Trainer* out, int worker,
+                int num_workers) {
   auto sink = std::make_shared<TrainerSink>();
   const int64_t id = service->OpenSession(sink);
   v1::TrainerMessage hello;
   hello.mutable_hello()->set_job("j");
   hello.mutable_hello()->set_rank(rank);
-  hello.mutable_hello()->set_trainer_id("t" + std::to_string(rank));
+  hello.mutable_hello()->set_worker(worker);
+  hello.mutable_hello()->set_num_workers(num_workers);
+  hello.mutable_hello()->set_trainer_id("t" + std::to_string(rank) + "-" +
+                                        std::to_string(worker));
   service->OnMessage(id, hello);
   v1::TrainerMessage want;
   want.mutable_want()->set_credits(3);
@@ -188,7 +192,7 @@ TEST_F(CoordinatorConcurrencyTest, RankThreadsCoverEverySampleOncePerEpoch) {
   });
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back(RunTrainer, service_.get(), r, &trainers[r]);
+    threads.emplace_back(RunTrainer, service_.get(), r, &trainers[r], 0, 0);
   }
   for (std::thread& t : threads) t.join();
   done = true;
@@ -216,6 +220,44 @@ TEST_F(CoordinatorConcurrencyTest, RankThreadsCoverEverySampleOncePerEpoch) {
   ASSERT_OK(job);
   EXPECT_EQ(job->status().state(), v1::JOB_STATE_DONE);
   EXPECT_EQ(job->status().leases().expired(), 0);
+}
+
+// Two ranks of two DataLoader workers each, one thread per reader, say
+// Hello at once: the first plans the epoch for two readers per rank
+// outside the lock while the others wait for it, and the three epochs are
+// each read exactly once, every reader getting its slot's share.
+TEST_F(CoordinatorConcurrencyTest, WorkerThreadsCoverEverySampleOncePerEpoch) {
+  constexpr int kRanks = 2;
+  constexpr int kWorkers = 2;
+  ASSERT_OK(service_->CreateJob(Spec(kRanks, 3)));
+  std::vector<Trainer> readers(kRanks * kWorkers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    for (int w = 0; w < kWorkers; ++w) {
+      threads.emplace_back(RunTrainer, service_.get(), r,
+                           &readers[r * kWorkers + w], w, kWorkers);
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  std::map<std::pair<int64_t, std::pair<int, int64_t>>, int> all;
+  for (size_t i = 0; i < readers.size(); ++i) {
+    const Trainer& t = readers[i];
+    ASSERT_FALSE(t.stuck) << "reader " << i << " heard nothing for " << kStuck;
+    EXPECT_OK(t.finished) << "reader " << i;
+    // 186 samples, 2 ranks: 93 each per epoch, split 47 + 46.
+    const int64_t share = i % kWorkers == 0 ? 47 : 46;
+    EXPECT_EQ(t.per_epoch,
+              (std::map<int64_t, int64_t>{{0, share}, {1, share}, {2, share}}))
+        << "reader " << i;
+    for (const auto& [sample, n] : t.samples) all[sample] += n;
+  }
+  EXPECT_EQ(all.size(), 3u * 186u);
+  for (const auto& [sample, n] : all) EXPECT_EQ(n, 1);
+  // Epoch 0 for two readers, epochs 1 and 2, and the finished job's 3: all
+  // planned ahead unless an advance came before its plan was ready.
+  const auto [taken, computed] = service_->PlansTakenAndComputed();
+  EXPECT_EQ(taken + computed, 5);
+  EXPECT_GE(taken, 1);  // the Hellos' plan always is
 }
 
 // Four threads meet at ten Barrier generations of one name; each

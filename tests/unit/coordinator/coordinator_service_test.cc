@@ -185,6 +185,74 @@ TEST_F(CoordinatorServiceTest, ThreeEpochsCoverEverySampleOnceWithEqualRanks) {
   EXPECT_EQ(job->status().state(), v1::JOB_STATE_DONE);
 }
 
+// The plan of every epoch after the first, and of the first once the
+// readers per rank are known, is made outside the state lock before the
+// record that installs it; the epochs granted are exactly the plans.
+TEST_F(CoordinatorServiceTest, EpochsArePlannedAheadOfTheirRecords) {
+  v1::JobSpec spec = Spec("j", {7, 0, 1, 13, 5, 9}, 2, 3);
+  spec.set_mode(v1::MODE_STATIC);
+  spec.set_max_samples_per_lease(3);
+  ASSERT_OK(service_->CreateJob(spec));
+  EXPECT_EQ(service_->PlansTakenAndComputed(),
+            (std::pair<int64_t, int64_t>{0, 1}));  // CreateJob's own
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  std::vector<int64_t> ids;
+  for (int r = 0; r < 2; ++r) {
+    for (int w = 0; w < 2; ++w) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      ids.push_back(service_->OpenSession(sinks.back()));
+      v1::TrainerMessage hello = Hello("j", r, absl::StrCat("t", r, "-", w));
+      hello.mutable_hello()->set_worker(w);
+      hello.mutable_hello()->set_num_workers(2);
+      service_->OnMessage(ids.back(), hello);
+      service_->OnMessage(ids.back(), Want(2));
+    }
+  }
+  // The first Hello planned epoch 0 for two readers per rank outside the
+  // lock; the others found the readers set.
+  EXPECT_EQ(service_->PlansTakenAndComputed(),
+            (std::pair<int64_t, int64_t>{1, 1}));
+  using Unit = std::tuple<int64_t, int32_t, int64_t, int64_t, int32_t>;
+  std::map<int64_t, std::vector<Unit>> granted;  // by epoch
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      for (const v1::Lease& lease : sinks[i]->TakeGrants()) {
+        progress = true;
+        granted[lease.epoch()].emplace_back(
+            lease.epoch(), lease.unit().shard_index(), lease.unit().begin(),
+            lease.unit().end(), lease.rank());
+        service_->WaitForPlansAhead();  // the next epoch's plan is on offer
+        service_->OnMessage(ids[i], Complete(lease));
+      }
+    }
+  }
+  // Epochs 1 and 2, and 3, the finished job's.
+  EXPECT_EQ(service_->PlansTakenAndComputed(),
+            (std::pair<int64_t, int64_t>{4, 1}));
+  // What the state plans itself for the same job and readers.
+  auto job = service_->GetJob("j", true);
+  ASSERT_OK(job);
+  CoordinatorState reference;
+  v1::internal::JournalRecord created;
+  *created.mutable_job_created()->mutable_spec() = job->spec();
+  ASSERT_OK(reference.Apply(created));
+  PlanOptions two = reference.FindJob("j")->options;
+  two.workers_per_rank = 2;
+  ASSERT_EQ(granted.size(), 3u);
+  for (auto& [epoch, units] : granted) {
+    std::vector<Unit> planned;
+    for (const PlannedUnit& u :
+         reference.FindJob("j")->PlanOf(two, epoch).units) {
+      planned.emplace_back(epoch, u.shard_index, u.begin, u.end, u.rank);
+    }
+    std::sort(units.begin(), units.end());
+    std::sort(planned.begin(), planned.end());
+    EXPECT_EQ(units, planned) << "epoch " << epoch;
+  }
+}
+
 // A holder that stops heartbeating loses its lease at the TTL, and only the
 // unconsumed remainder (after its last Progress) is granted again (G2, G4).
 // The expiry thread belongs to the service and reads its clock: a lease
@@ -2067,8 +2135,8 @@ TEST_F(CoordinatorInputWaitTest, HeartbeatsFeedTheRankTotalAndTheHistogram) {
 }
 
 // Every call that takes the state lock is timed: one wait, one hold and one
-// hold-CPU observation each (CreateJob, OpenSession, the Hello, a
-// heartbeat).
+// hold-CPU observation each (CreateJob, the planning thread offering the
+// next epoch's plan, OpenSession, the Hello, a heartbeat).
 TEST_F(CoordinatorInputWaitTest, EveryLockTakingIsTimed) {
   auto count = [&](const std::string& name) -> uint64_t {
     for (const auto& f : registry_.Collect()) {
@@ -2081,13 +2149,14 @@ TEST_F(CoordinatorInputWaitTest, EveryLockTakingIsTimed) {
   const uint64_t waits = count("sluice_coordinator_lock_wait_seconds");
   const uint64_t cpu = count("sluice_coordinator_lock_hold_cpu_seconds");
   ASSERT_OK(service_->CreateJob(Spec("j", {10}, 1, 1)));
+  service_->WaitForPlansAhead();
   auto sink = std::make_shared<RecordingSink>();
   const int64_t id = service_->OpenSession(sink);
   service_->OnMessage(id, Hello("j", 0, "t"));
   service_->OnMessage(id, Beat({1}, 0));
-  EXPECT_EQ(count("sluice_coordinator_lock_hold_seconds"), holds + 4);
-  EXPECT_EQ(count("sluice_coordinator_lock_wait_seconds"), waits + 4);
-  EXPECT_EQ(count("sluice_coordinator_lock_hold_cpu_seconds"), cpu + 4);
+  EXPECT_EQ(count("sluice_coordinator_lock_hold_seconds"), holds + 5);
+  EXPECT_EQ(count("sluice_coordinator_lock_wait_seconds"), waits + 5);
+  EXPECT_EQ(count("sluice_coordinator_lock_hold_cpu_seconds"), cpu + 5);
 }
 
 // The CPU time under the lock is counted per session message kind: one
