@@ -36,7 +36,26 @@ DataServerService::DataServerService(DataServerOptions options)
     : options_(std::move(options)),
       index_cache_(options_.index_cache_entries),
       decode_budget_(options_.max_decode_memory),
-      pool_(options_.decode_threads) {}
+      pool_(options_.decode_threads) {
+  stream_context_.pool = &pool_;
+  stream_context_.decode_budget = &decode_budget_;
+  stream_context_.store = options_.store.get();
+  stream_context_.metrics = options_.metrics;
+  stream_context_.prefetch_messages = options_.prefetch_messages;
+  stream_context_.max_sample_bytes = options_.max_sample_bytes;
+  stream_context_.index = [this](const std::shared_ptr<const ShardData>& s) {
+    return GetIndex(s);
+  };
+  stream_context_.before_decode = options_.before_decode;
+  stream_context_.stream_ended = [this] {
+    {
+      absl::MutexLock lock(&mu_);
+      --active_streams_;
+    }
+    if (options_.metrics != nullptr)
+      options_.metrics->active_streams.Decrement();
+  };
+}
 
 std::shared_ptr<const ShardIndex> DataServerService::GetIndex(
     const std::shared_ptr<const ShardData>& shard) {
@@ -234,7 +253,12 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   params.policy = lease.on_corrupt() == v1::CORRUPT_POLICY_FAIL
                       ? v1::CORRUPT_POLICY_FAIL
                       : v1::CORRUPT_POLICY_SKIP;
-  return std::make_shared<SampleStream>(this, std::move(params));
+  {
+    absl::MutexLock lock(&mu_);
+    ++active_streams_;
+  }
+  if (options_.metrics != nullptr) options_.metrics->active_streams.Increment();
+  return std::make_shared<SampleStream>(&stream_context_, std::move(params));
 }
 
 std::shared_ptr<const std::vector<uint16_t>> DataServerService::LabelsFor(

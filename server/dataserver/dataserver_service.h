@@ -100,7 +100,6 @@ class DataServerService {
   const DataServerOptions& options() const { return options_; }
 
  private:
-  friend class SampleStream;
   explicit DataServerService(DataServerOptions options);
   absl::Status CheckFence(const v1::Lease& lease);
   // ABORTED when the lease's signed expiry passed more than lease_clock_skew
@@ -117,7 +116,6 @@ class DataServerService {
   DataServerOptions options_;
   SampleIndexCache index_cache_;
   DecodeMemoryBudget decode_budget_;
-  ThreadPool pool_;
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
@@ -128,6 +126,12 @@ class DataServerService {
       labels_ ABSL_GUARDED_BY(mu_);
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
   FenceTracker fences_ ABSL_GUARDED_BY(mu_);
+
+  // What this server's streams use of it.
+  StreamContext stream_context_;
+  // Last: destroyed first, so that its tasks (and the streams they hold)
+  // finish while everything above is still there.
+  ThreadPool pool_;
 };
 
 }  // namespace sluice::dataserver

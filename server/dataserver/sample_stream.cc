@@ -9,7 +9,6 @@
 #include "server/common/logging.h"
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
-#include "server/dataserver/dataserver_service.h"
 
 namespace sluice::dataserver {
 namespace {
@@ -75,8 +74,8 @@ int64_t EstimateDecodeBytes(const RawSample& raw) {
 
 }  // namespace
 
-SampleStream::SampleStream(DataServerService* service, Params params)
-    : service_(service),
+SampleStream::SampleStream(const StreamContext* context, Params params)
+    : context_(context),
       params_(std::move(params)),
       encoder_(static_cast<size_t>(params_.batch_bytes)) {
   next_ = params_.start;
@@ -85,25 +84,14 @@ SampleStream::SampleStream(DataServerService* service, Params params)
     pieces_[k].shard = params_.pieces[k].shard;
     if (pieces_[k].shard == nullptr) ++pieces_missing_;
   }
-  {
-    absl::MutexLock lock(&service_->mu_);
-    ++service_->active_streams_;
-  }
-  if (service_->metrics() != nullptr)
-    service_->metrics()->active_streams.Increment();
 }
 
 SampleStream::~SampleStream() {
-  {
-    absl::MutexLock lock(&service_->mu_);
-    --service_->active_streams_;
-  }
-  if (service_->metrics() != nullptr)
-    service_->metrics()->active_streams.Decrement();
+  if (context_->stream_ended) context_->stream_ended();
 }
 
 size_t SampleStream::WindowSamples() const {
-  return 4 * static_cast<size_t>(service_->pool().size());
+  return 4 * static_cast<size_t>(context_->pool->size());
 }
 
 SampleStream::NextResult SampleStream::PopReadyLocked() {
@@ -188,17 +176,17 @@ void SampleStream::CheckShardLocked() {
                                 ": ", intact.message()));
   ready_.clear();
   ready_bytes_ = 0;
-  if (service_->metrics() != nullptr)
-    service_->metrics()->shards_changed.Increment();
+  if (context_->metrics != nullptr)
+    context_->metrics->shards_changed.Increment();
   LogWarning("%s", error_.message());
 }
 
 void SampleStream::Deliver(NextCallback callback, NextResult result) {
   if (callback == nullptr) return;
-  if (result.ok() && result->has_value() && service_->metrics() != nullptr) {
-    service_->metrics()->samples_served.Increment(
+  if (result.ok() && result->has_value() && context_->metrics != nullptr) {
+    context_->metrics->samples_served.Increment(
         static_cast<double>((*result)->num_samples()));
-    service_->metrics()->bytes_served.Increment(
+    context_->metrics->bytes_served.Increment(
         static_cast<double>((*result)->size()));
   }
   callback(std::move(result));
@@ -219,14 +207,13 @@ void SampleStream::Cancel() {
 
 size_t SampleStream::RoomLocked() const {
   if (!params_.decode) {
-    return ready_.size() >= service_->options().prefetch_messages
-               ? 0
-               : kMaxSamplesPerStep;
+    return ready_.size() >= context_->prefetch_messages ? 0
+                                                        : kMaxSamplesPerStep;
   }
   // Framed and waiting: about as much as raw mode keeps ready.
   const size_t framed = ready_bytes_ + encoder_.pending_bytes();
-  if (framed >= service_->options().prefetch_messages *
-                    static_cast<size_t>(params_.batch_bytes)) {
+  if (framed >=
+      context_->prefetch_messages * static_cast<size_t>(params_.batch_bytes)) {
     return 0;
   }
   return window_.size() >= WindowSamples() ? 0
@@ -237,7 +224,7 @@ void SampleStream::MaybeProduceLocked() {
   if (producing_ || read_all_ || cancelled_ || !error_.ok()) return;
   if (RoomLocked() == 0) return;
   producing_ = true;
-  service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
+  context_->pool->Schedule([self = shared_from_this()] { self->Produce(); });
 }
 
 absl::Status SampleStream::OpenLocked() {
@@ -256,7 +243,7 @@ absl::Status SampleStream::OpenLocked() {
   for (size_t k = 0; k < pieces_.size(); ++k) {
     PieceState& piece = pieces_[k];
     const Piece& spec = params_.pieces[k];
-    piece.index = service_->GetIndex(piece.shard);
+    piece.index = context_->index(piece.shard);
     const int64_t count = piece.index->num_samples();
     if (piece.index->damage.empty()) {
       if (spec.num_samples < 0 && params_.end > count) {
@@ -275,7 +262,7 @@ absl::Status SampleStream::OpenLocked() {
     if (piece.next < count) {
       ASSIGN_OR_RETURN(piece.reader, TarSampleReader::Open(
                                          piece.shard, piece.index, piece.next,
-                                         service_->options().max_sample_bytes));
+                                         context_->max_sample_bytes));
     }
   }
   opened_ = true;
@@ -306,14 +293,14 @@ void SampleStream::OnShard(
     Fail(opened);
     return;
   }
-  service_->pool().Schedule([self = shared_from_this()] { self->Produce(); });
+  context_->pool->Schedule([self = shared_from_this()] { self->Produce(); });
 }
 
 absl::StatusOr<OutSample> SampleStream::Corrupt(int64_t index,
                                                 const std::string& key,
                                                 const std::string& reason,
                                                 CorruptReason kind) {
-  DataServerMetrics* metrics = service_->metrics();
+  DataServerMetrics* metrics = context_->metrics;
   if (metrics != nullptr) metrics->Corrupt(kind).Increment();
   if (params_.policy == v1::CORRUPT_POLICY_FAIL) {
     return absl::DataLossError(
@@ -352,7 +339,7 @@ void SampleStream::Produce() {
       if (params_.pieces[k].shard == nullptr) to_open.push_back(k);
     }
     for (size_t k : to_open) {
-      service_->options().store->OpenAsync(
+      context_->store->OpenAsync(
           params_.pieces[k].ref,
           [self = shared_from_this(),
            k](absl::StatusOr<std::shared_ptr<const ShardData>> shard) {
@@ -458,10 +445,10 @@ void SampleStream::Produce() {
   // done; Append drains it.
   for (const std::shared_ptr<Slot>& s : to_decode) {
     const int64_t estimate = EstimateDecodeBytes(s->raw);
-    s->budget = &service_->decode_budget();
+    s->budget = context_->decode_budget;
     s->reserved = estimate;
-    service_->decode_budget().Reserve(estimate, [self = shared_from_this(), s] {
-      self->service_->pool().Schedule([self, s] {
+    context_->decode_budget->Reserve(estimate, [self = shared_from_this(), s] {
+      self->context_->pool->Schedule([self, s] {
         // A decode still queued when the client went away is not run.
         if (!self->IsCancelled()) self->DecodeSample(*s);
         self->Done(s);
@@ -499,9 +486,9 @@ bool SampleStream::Append(std::vector<std::shared_ptr<Slot>> slots,
 void SampleStream::Done(const std::shared_ptr<Slot>& slot) {
   NextCallback waiter;
   NextResult result;
-  if (service_->metrics() != nullptr) {
-    service_->metrics()->decode_memory_bytes.Set(
-        static_cast<double>(service_->decode_budget().in_use()));
+  if (context_->metrics != nullptr) {
+    context_->metrics->decode_memory_bytes.Set(
+        static_cast<double>(context_->decode_budget->in_use()));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -551,9 +538,9 @@ void SampleStream::DecodeSample(Slot& slot) {
   out.index = raw.index;
   out.piece = slot.piece;
   out.fields.reserve(raw.fields.size());
-  DataServerMetrics* metrics = service_->metrics();
-  if (params_.decode && service_->options().before_decode) {
-    service_->options().before_decode(raw.index);
+  DataServerMetrics* metrics = context_->metrics;
+  if (params_.decode && context_->before_decode) {
+    context_->before_decode(raw.index);
   }
   // Every image field of the sample gets the geometry planned for the first
   // one (scaled to its own size), from the sample's stateless randomness.

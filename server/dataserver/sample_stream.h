@@ -35,7 +35,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/common/thread_pool.h"
 #include "server/dataserver/dataserver_metrics.h"
+#include "server/dataserver/decode_budget.h"
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/image_transforms.h"
 #include "server/dataserver/sample_encoder.h"
@@ -46,7 +48,26 @@
 
 namespace sluice::dataserver {
 
-class DataServerService;
+// What a stream uses of the server it belongs to, and nothing more: shared
+// by the server's streams, and outliving them.
+struct StreamContext {
+  ThreadPool* pool = nullptr;                   // reading and decoding
+  DecodeMemoryBudget* decode_budget = nullptr;  // across all streams
+  ShardStore* store = nullptr;                  // opens pieces given by ref
+  DataServerMetrics* metrics = nullptr;         // may be null
+  size_t prefetch_messages = 2;
+  // A compressed member larger than this is a corrupt sample.
+  int64_t max_sample_bytes = kDefaultMaxSampleBytes;
+  // A shard's index (the server keeps a cache of them).
+  std::function<std::shared_ptr<const ShardIndex>(
+      const std::shared_ptr<const ShardData>&)>
+      index;
+  // Tests: called on the decoding thread before a sample's fields are
+  // decoded (with the sample's index in its shard). May be empty.
+  std::function<void(int64_t index)> before_decode;
+  // Called once by each stream as it is destroyed. May be empty.
+  std::function<void()> stream_ended;
+};
 
 class SampleStream : public std::enable_shared_from_this<SampleStream> {
  public:
@@ -75,7 +96,8 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
     int64_t first = 0;
     std::optional<uint64_t> augment_seed;
   };
-  // Construction goes through DataServerService::ReadSamples.
+  // What a stream serves (DataServerService::ReadSamples checks a request
+  // and fills them in).
   struct Params {
     // One piece for a plain unit (positions are its sample indexes); a
     // window unit's pieces, in WorkUnit.pieces order.
@@ -97,7 +119,8 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
     int64_t batch_bytes = 0;
     v1::CorruptPolicy policy = v1::CORRUPT_POLICY_SKIP;
   };
-  SampleStream(DataServerService* service, Params params);
+  // `context` outlives the stream.
+  SampleStream(const StreamContext* context, Params params);
   ~SampleStream();
 
  private:
@@ -144,7 +167,7 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
                                     const std::string& reason,
                                     CorruptReason kind);
 
-  DataServerService* const service_;
+  const StreamContext* const context_;
   const Params params_;
 
   // One per piece. `shard` is set once (in the constructor, or by OnShard
