@@ -19,7 +19,7 @@ BUILD_PACKAGES := \
   zlib1g-dev libjemalloc-dev libturbojpeg0-dev libjpeg62-turbo-dev libswscale-dev libyuv-dev \
   librandom123-dev libimath-dev libpng-dev libgtest-dev libgmock-dev \
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev \
-  python3 python3-grpcio python3-protobuf python3-numpy
+  python3 python3-dev pybind11-dev python3-grpcio python3-protobuf python3-numpy
 # TEST: what `make check` and `make test` add: the sanitizer and lint
 # toolchain, PyTorch, the real etcd, Prometheus, nginx, SLURM and Open MPI
 # the suites run against.

@@ -1,0 +1,260 @@
+// sluice._core: the C++ sluice::Reader (client/include/sluice/reader.h) as
+// a Python extension, so that a Python trainer reads through the same
+// session, fetch and report code as a C++ one.
+//
+//   r = _core.Reader(coordinator="head:7070", job="cifar", rank=3,
+//                    decode=spec.SerializeToString())
+//   kind, epoch, payload = r.next()
+//
+// next() blocks without the GIL and returns ("sample", epoch, sample dict),
+// ("epoch_begin", epoch, counts dict), ("epoch_end", epoch, None) or
+// ("done", epoch, message). A sample dict has the sample's place (key,
+// shard_index, shard_url, source, index, data_server, skipped,
+// skip_reason) and "fields": name -> bytes (raw), a read-only numpy array
+// owning the received tensor bytes (no copy), an int or a str. Cursors and
+// DecodeSpecs cross as serialized protos. Errors raise RuntimeError
+// carrying the status (code and message). Not for a process that forks
+// after creating one: gRPC's threads do not survive fork.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "sluice/reader.h"
+#include "sluice/v1/coordinator.pb.h"
+#include "sluice/v1/dataserver.pb.h"
+
+namespace py = pybind11;
+
+namespace sluice {
+namespace {
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  throw std::runtime_error(status.ToString());
+}
+
+// The numpy dtype of a Tensor's DType (uint8 for one this build does not
+// know, as the Python client does).
+py::dtype DtypeOf(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_INT8:
+      return py::dtype::of<int8_t>();
+    case v1::DTYPE_INT16:
+      return py::dtype::of<int16_t>();
+    case v1::DTYPE_UINT16:
+      return py::dtype::of<uint16_t>();
+    case v1::DTYPE_INT32:
+      return py::dtype::of<int32_t>();
+    case v1::DTYPE_UINT32:
+      return py::dtype::of<uint32_t>();
+    case v1::DTYPE_INT64:
+      return py::dtype::of<int64_t>();
+    case v1::DTYPE_UINT64:
+      return py::dtype::of<uint64_t>();
+    case v1::DTYPE_FLOAT16:
+      return py::dtype("float16");
+    case v1::DTYPE_FLOAT32:
+      return py::dtype::of<float>();
+    case v1::DTYPE_FLOAT64:
+      return py::dtype::of<double>();
+    case v1::DTYPE_BOOL:
+      return py::dtype::of<bool>();
+    default:
+      return py::dtype::of<uint8_t>();
+  }
+}
+
+// A read-only array over the tensor's bytes, which it takes over.
+py::object TensorArray(v1::Tensor* tensor) {
+  py::dtype dtype = DtypeOf(tensor->dtype());
+  auto* bytes = new std::string(std::move(*tensor->mutable_data()));
+  py::capsule owner(bytes,
+                    [](void* p) { delete static_cast<std::string*>(p); });
+  const auto itemsize = static_cast<size_t>(dtype.itemsize());
+  if (bytes->size() % itemsize != 0) {
+    throw std::runtime_error(absl::StrCat("tensor of ", bytes->size(),
+                                          " bytes is not a whole number of ",
+                                          itemsize, "-byte elements"));
+  }
+  std::vector<py::ssize_t> shape(tensor->shape().begin(),
+                                 tensor->shape().end());
+  if (shape.empty())
+    shape.push_back(static_cast<py::ssize_t>(bytes->size() / itemsize));
+  py::array array(dtype, shape, bytes->data(), owner);
+  array.attr("setflags")(py::arg("write") = false);
+  return std::move(array);
+}
+
+py::object FieldValue(v1::Field* field) {
+  switch (field->value_case()) {
+    case v1::Field::kRaw:
+      return py::bytes(field->raw());
+    case v1::Field::kTensor:
+      return TensorArray(field->mutable_tensor());
+    case v1::Field::kIntValue:
+      return py::int_(field->int_value());
+    case v1::Field::kText:
+      return py::str(field->text());
+    default:
+      return py::bytes("");
+  }
+}
+
+py::dict SampleDict(Sample* sample) {
+  py::dict fields;
+  for (v1::Field& f : sample->fields)
+    fields[py::str(f.name())] = FieldValue(&f);
+  py::dict out;
+  out["rank"] = sample->rank;
+  out["shard_index"] = sample->shard_index;
+  out["shard_url"] = sample->shard_url;
+  out["source"] = sample->source;
+  out["index"] = sample->index;
+  out["key"] = sample->key;
+  out["data_server"] = sample->data_server;
+  out["skipped"] = sample->skipped;
+  out["skip_reason"] = sample->skip_reason;
+  out["fields"] = std::move(fields);
+  return out;
+}
+
+class PyReader {
+ public:
+  PyReader(const std::string& coordinator, const std::string& job, int32_t rank,
+           int32_t worker, int32_t num_workers, const std::string& trainer_id,
+           int32_t units_in_flight, int32_t buffer_samples,
+           const py::bytes& decode, const std::vector<std::string>& fields,
+           int64_t max_batch_bytes, double progress_interval,
+           double stall_timeout, double reconnect_timeout,
+           const std::optional<py::bytes>& resume_from,
+           const std::string& resume_attempt, const std::string& launch_id) {
+    ReaderOptions o;
+    o.coordinator = coordinator;
+    o.job = job;
+    o.rank = rank;
+    o.worker = worker;
+    o.num_workers = num_workers;
+    o.trainer_id = trainer_id;
+    o.units_in_flight = units_in_flight;
+    o.buffer_samples = buffer_samples;
+    if (!o.decode.ParseFromString(std::string(decode)))
+      throw std::invalid_argument("decode is not a serialized DecodeSpec");
+    o.fields = fields;
+    o.max_batch_bytes = max_batch_bytes;
+    o.progress_interval = absl::Seconds(progress_interval);
+    o.stall_timeout = absl::Seconds(stall_timeout);
+    o.reconnect_timeout = absl::Seconds(reconnect_timeout);
+    if (resume_from.has_value()) {
+      v1::Cursor cursor;
+      if (!cursor.ParseFromString(std::string(*resume_from)))
+        throw std::invalid_argument("resume_from is not a serialized Cursor");
+      o.resume_from = std::move(cursor);
+    }
+    o.resume_attempt = resume_attempt;
+    o.launch_id = launch_id;
+    absl::StatusOr<std::unique_ptr<Reader>> reader;
+    {
+      py::gil_scoped_release unlocked;
+      reader = Reader::Create(std::move(o));
+    }
+    if (!reader.ok()) Raise(reader.status());
+    reader_ = *std::move(reader);
+  }
+
+  py::tuple Next() {
+    absl::StatusOr<ReaderEvent> event;
+    {
+      py::gil_scoped_release unlocked;
+      event = reader_->Next();
+    }
+    if (!event.ok()) Raise(event.status());
+    switch (event->kind) {
+      case ReaderEvent::Kind::kSample:
+        return py::make_tuple("sample", event->epoch,
+                              SampleDict(&event->sample));
+      case ReaderEvent::Kind::kEpochBegin: {
+        py::dict counts;
+        counts["samples_for_rank"] = event->samples_for_rank;
+        counts["already_consumed"] = event->already_consumed;
+        counts["samples_for_worker"] = event->samples_for_worker;
+        counts["already_consumed_by_worker"] =
+            event->already_consumed_by_worker;
+        return py::make_tuple("epoch_begin", event->epoch, counts);
+      }
+      case ReaderEvent::Kind::kEpochEnd:
+        return py::make_tuple("epoch_end", event->epoch, py::none());
+      case ReaderEvent::Kind::kDone:
+        return py::make_tuple("done", event->epoch, event->message);
+    }
+    return py::make_tuple("done", event->epoch, "");
+  }
+
+  py::bytes Cursor() {
+    absl::StatusOr<v1::Cursor> cursor;
+    {
+      py::gil_scoped_release unlocked;
+      cursor = reader_->Cursor();
+    }
+    if (!cursor.ok()) Raise(cursor.status());
+    return py::bytes(cursor->SerializeAsString());
+  }
+
+  py::dict Stats() const {
+    const ReaderStats s = reader_->stats();
+    py::dict out;
+    out["delivered"] = s.delivered;
+    out["units_completed"] = s.units_completed;
+    out["reroutes"] = s.reroutes;
+    out["dropped_units"] = s.dropped_units;
+    out["reconnects"] = s.reconnects;
+    out["input_wait_seconds"] = s.input_wait_seconds;
+    return out;
+  }
+
+  void Close() {
+    py::gil_scoped_release unlocked;
+    reader_->Close();
+  }
+
+ private:
+  std::unique_ptr<Reader> reader_;
+};
+
+}  // namespace
+}  // namespace sluice
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() =
+      "The C++ sluice::Reader for Python (client/include/sluice/reader.h).";
+  py::class_<sluice::PyReader>(m, "Reader")
+      .def(py::init<const std::string&, const std::string&, int32_t, int32_t,
+                    int32_t, const std::string&, int32_t, int32_t,
+                    const py::bytes&, const std::vector<std::string>&, int64_t,
+                    double, double, double, const std::optional<py::bytes>&,
+                    const std::string&, const std::string&>(),
+           py::arg("coordinator"), py::arg("job"), py::arg("rank") = 0,
+           py::arg("worker") = 0, py::arg("num_workers") = 0,
+           py::arg("trainer_id") = "", py::arg("units_in_flight") = 4,
+           py::arg("buffer_samples") = 256, py::arg("decode") = py::bytes(""),
+           py::arg("fields") = std::vector<std::string>{},
+           py::arg("max_batch_bytes") = 0, py::arg("progress_interval") = 0.5,
+           py::arg("stall_timeout") = 60.0,
+           py::arg("reconnect_timeout") = 120.0,
+           py::arg("resume_from") = std::nullopt,
+           py::arg("resume_attempt") = "", py::arg("launch_id") = "")
+      .def("next", &sluice::PyReader::Next,
+           "The next event: (kind, epoch, payload). Blocks without the GIL.")
+      .def("cursor", &sluice::PyReader::Cursor,
+           "The resume cursor (a serialized sluice.v1.Cursor) after the "
+           "samples returned so far.")
+      .def("stats", &sluice::PyReader::Stats)
+      .def("close", &sluice::PyReader::Close);
+}
