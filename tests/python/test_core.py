@@ -6,6 +6,7 @@ read-only numpy arrays), the same epochs, and a cursor a resume accepts.
 """
 import collections
 
+import grpc
 import numpy as np
 import pytest
 
@@ -93,3 +94,37 @@ def test_core_reader_errors_name_the_job(cluster):
         reader.next()
     with pytest.raises(ValueError, match="DecodeSpec"):
         _core.Reader(coordinator=cluster.address, job="x", decode=b"\xff\xff")
+
+
+def test_core_reader_has_the_python_readers_interface(cluster):
+    # sluice.CoreReader over the same job as sluice.Reader over its twin:
+    # the same Sample objects, events and counts; a resume from its cursor.
+    cluster.create_job("iface_py", world_size=1, epochs=1)
+    cluster.create_job("iface_core", world_size=1, epochs=1)
+    with sluice.Reader(cluster.address, "iface_py", progress_interval=0.1) as reader:
+        want = {(s.shard_index, s.index): s for s in reader}
+    with sluice.CoreReader(cluster.address, "iface_core", progress_interval=0.1) as reader:
+        begin = reader.next_event()
+        assert (begin.kind, begin.epoch, begin.samples_for_rank) == ("epoch_begin", 0,
+                                                                     cluster.total)
+        got = {}
+        for s in reader:
+            assert isinstance(s, sluice.Sample)
+            w = want[(s.shard_index, s.index)]
+            assert (s.key, s.shard_url, s.epoch, s["cls"], s["bin"]) == (
+                w.key, w.shard_url, w.epoch, w["cls"], w["bin"])
+            got[(s.shard_index, s.index)] = s
+        assert reader.stats["delivered"] == cluster.total
+    assert set(got) == set(want)
+    # A job already done: JobDoneError, as from sluice.Reader.
+    with pytest.raises(sluice.JobDoneError):
+        with sluice.CoreReader(cluster.address, "iface_core") as reader:
+            list(reader)
+
+
+def test_core_reader_maps_errors_to_reader_errors(cluster):
+    with pytest.raises(sluice.ReaderError) as e:
+        with sluice.CoreReader(cluster.address, "no_such_job") as reader:
+            reader.next_event()
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+    assert "no_such_job" in e.value.message
