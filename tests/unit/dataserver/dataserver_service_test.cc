@@ -19,6 +19,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/unit/dataserver/stream_reading.h"
 
 namespace sluice::dataserver {
 namespace {
@@ -44,24 +45,6 @@ class CountingStore : public ShardStore {
  private:
   std::unique_ptr<ShardStore> inner_;
 };
-
-// The stream's next answer: a message, nullopt at its end, or its error
-// (DEADLINE_EXCEEDED if none comes within 20 s).
-absl::StatusOr<std::optional<EncodedMessage>> NextOf(SampleStream& stream) {
-  absl::Notification done;
-  absl::StatusOr<std::optional<EncodedMessage>> next;
-  stream.Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
-    next = std::move(v);
-    done.Notify();
-  });
-  if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) {
-    // The callback may still run later and write `next`: wait for it, so it
-    // never writes to a dead frame, but report the stall.
-    done.WaitForNotification();
-    return absl::DeadlineExceededError("the stream stalled for 20 s");
-  }
-  return next;
-}
 
 absl::StatusOr<std::vector<v1::SampleBatch>> ReadAll(SampleStream& stream) {
   std::vector<v1::SampleBatch> out;

@@ -15,21 +15,10 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/unit/dataserver/stream_reading.h"
 
 namespace sluice::dataserver {
 namespace {
-
-// Waits for the stream's next answer.
-absl::StatusOr<std::optional<EncodedMessage>> NextOf(SampleStream& stream) {
-  absl::Notification done;
-  absl::StatusOr<std::optional<EncodedMessage>> next;
-  stream.Next([&](absl::StatusOr<std::optional<EncodedMessage>> v) {
-    next = std::move(v);
-    done.Notify();
-  });
-  done.WaitForNotification();
-  return next;
-}
 
 // A stream needs nothing of a server but its StreamContext: it opens its
 // shard through the context's store, indexes it through the context's
