@@ -15,7 +15,7 @@ process involved (the loop, DataLoader workers, coordinator, data server;
 from /proc and getrusage), and the ratios Sluice / baseline. Ends with one
 JSON line.
 
-usage: pipeline_bench.py BIN_DIR [--samples N] [--rounds N]
+usage: pipeline_bench.py BIN_DIR [--samples N] [--rounds N] [--core]
 """
 import argparse
 import io
@@ -145,6 +145,8 @@ def main():
                         help="only these transforms (default: both)")
     parser.add_argument("--pipeline", choices=("sluice", "baseline"), action="append",
                         help="only these pipelines (default: both)")
+    parser.add_argument("--core", action="store_true",
+                        help="Sluice reads through the C++ Reader (ShardLeaseDataset(core=True))")
     args = parser.parse_args()
     os.environ["SLUICE_BIN_DIR"] = os.path.abspath(args.bin_dir)
     sys.path.insert(0, os.path.join(args.bin_dir, "..", "python"))
@@ -197,7 +199,7 @@ def main():
                         capture_output=True, text=True)
                     assert out.returncode == 0, out.stderr
                     ds = ShardLeaseDataset(coordinator=coordinator.address, job=job,
-                                           transform=tf, fields=("jpg", "cls"))
+                                           transform=tf, fields=("jpg", "cls"), core=args.core)
                     opened.append(ds)
 
                     class Batches(IterableDataset):
@@ -246,7 +248,7 @@ def main():
               f"{r['baseline_cpu_s_per_1000']}; throughput x{r['throughput_ratio']}, "
               f"CPU x{r['cpu_ratio']} (targets >= 1.5, <= 0.5)")
     print(json.dumps({"bench": "pipeline", "cores": workers, "jpeg_kb": round(mean_kb, 1),
-                      "samples": args.samples, **results}))
+                      "samples": args.samples, "core": args.core, **results}))
 
 
 if __name__ == "__main__":

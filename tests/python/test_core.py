@@ -128,3 +128,35 @@ def test_core_reader_maps_errors_to_reader_errors(cluster):
             reader.next_event()
     assert e.value.code == grpc.StatusCode.NOT_FOUND
     assert "no_such_job" in e.value.message
+
+
+_LOADER_SCRIPT = r"""
+import collections, json, sys
+import torch
+from torch.utils.data import DataLoader
+from sluice.torch import ShardLeaseDataset
+ds = ShardLeaseDataset(coordinator=sys.argv[1], job=sys.argv[2], core=True)
+loader = DataLoader(ds, batch_size=4, num_workers=2)
+seen = collections.Counter()
+for epoch in range(2):
+    for batch in loader:
+        for shard, index in zip(batch["__shard__"], batch["__index__"].tolist()):
+            seen[(epoch, shard, index)] += 1
+print(json.dumps({"samples": len(seen), "most": max(seen.values())}))
+"""
+
+
+def test_dataloader_workers_read_through_the_core_reader(cluster):
+    # As a trainer runs it: a fresh process whose DataLoader forks two
+    # workers, each of which creates its C++ Reader after the fork.
+    import json
+    import os
+    import subprocess
+    import sys
+    cluster.create_job("core_loader", world_size=1, epochs=2)
+    out = subprocess.run([sys.executable, "-c", _LOADER_SCRIPT, cluster.address, "core_loader"],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # Every sample of both epochs, each exactly once.
+    assert result == {"samples": 2 * cluster.total, "most": 1}
