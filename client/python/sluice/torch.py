@@ -41,6 +41,10 @@ the training loop consumed.
   same num_workers continues every worker exactly; another num_workers or
   world size re-balances the epoch's remaining samples.
 
+core=True reads through the C++ Reader (sluice.CoreReader) instead of the
+Python one: the same items, less of the training process's CPU per sample;
+no TLS there yet.
+
 Items are WebDataset-style dicts: decoded fields by extension (images as
 uint8 HWC tensors sharing memory with the received message: do not modify
 them in place), "__key__", "__shard__", "__index__", "__epoch__", and for a
