@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import subprocess
 
+import grpc
 import pytest
 import torch  # noqa: F401  (DataLoader)
 from torch.utils.data import DataLoader
@@ -35,6 +36,20 @@ def test_reader_reads_over_mutual_tls(tls_cluster):
     with sluice.Reader(tls_cluster.address, "tls-plain", **tls_args(tls_cluster)) as reader:
         keys = collections.Counter(s.key for s in reader)
     assert len(keys) == tls_cluster.total and set(keys.values()) == {1}
+
+
+def test_core_reader_reads_over_mutual_tls(tls_cluster):
+    # The C++ Reader from Python, given the same PEM files; without them it
+    # is told the coordinator speaks TLS.
+    tls_cluster.create_job("tls-core")
+    with sluice.CoreReader(tls_cluster.address, "tls-core", **tls_args(tls_cluster)) as reader:
+        keys = collections.Counter(s.key for s in reader)
+    assert len(keys) == tls_cluster.total and set(keys.values()) == {1}
+    with pytest.raises(sluice.ReaderError) as e:
+        with sluice.CoreReader(tls_cluster.address, "tls-core") as reader:
+            reader.next_event()
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "TLS" in e.value.message
 
 
 def test_dataset_len_asks_the_coordinator_over_the_readers_tls(tls_cluster, monkeypatch):

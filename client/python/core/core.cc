@@ -8,11 +8,12 @@
 //
 // next() blocks without the GIL and returns ("sample", epoch, sample dict),
 // ("epoch_begin", epoch, counts dict), ("epoch_end", epoch, None) or
-// ("done", epoch, message). A sample dict has the sample's place (key,
-// shard_index, shard_url, source, index, data_server, skipped,
-// skip_reason) and "fields": name -> bytes (raw), a read-only numpy array
-// owning the received tensor bytes (no copy), an int or a str. Cursors and
-// DecodeSpecs cross as serialized protos. Errors raise RuntimeError
+// ("done", epoch, message). TLS: PEM file paths (ca_cert, and client_cert
+// with client_key for mutual TLS), or none for plaintext. A sample dict has the
+// sample's place (key, shard_index, shard_url, source, index, data_server,
+// skipped, skip_reason) and "fields": name -> bytes (raw), a read-only numpy
+// array owning the received tensor bytes (no copy), an int or a str. Cursors
+// and DecodeSpecs cross as serialized protos. Errors raise RuntimeError
 // carrying the status (code and message). Not for a process that forks
 // after creating one: gRPC's threads do not survive fork.
 #include <pybind11/numpy.h>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "sluice/reader.h"
+#include "sluice/tls.h"
 #include "sluice/v1/coordinator.pb.h"
 #include "sluice/v1/dataserver.pb.h"
 
@@ -135,8 +137,19 @@ class PyReader {
            int64_t max_batch_bytes, double progress_interval,
            double stall_timeout, double reconnect_timeout,
            const std::optional<py::bytes>& resume_from,
-           const std::string& resume_attempt, const std::string& launch_id) {
+           const std::string& resume_attempt, const std::string& launch_id,
+           const std::string& ca_cert, const std::string& client_cert,
+           const std::string& client_key) {
     ReaderOptions o;
+    if (!ca_cert.empty()) {
+      absl::StatusOr<ClientTls> tls =
+          ReadClientTls(ca_cert, client_cert, client_key);
+      if (!tls.ok()) throw std::invalid_argument(tls.status().ToString());
+      o.tls = *std::move(tls);
+    } else if (!client_cert.empty() || !client_key.empty()) {
+      throw std::invalid_argument(
+          "client_cert (mutual TLS) needs ca_cert to verify the server");
+    }
     o.coordinator = coordinator;
     o.job = job;
     o.rank = rank;
@@ -235,21 +248,23 @@ PYBIND11_MODULE(_core, m) {
   m.doc() =
       "The C++ sluice::Reader for Python (client/include/sluice/reader.h).";
   py::class_<sluice::PyReader>(m, "Reader")
-      .def(py::init<const std::string&, const std::string&, int32_t, int32_t,
-                    int32_t, const std::string&, int32_t, int32_t,
-                    const py::bytes&, const std::vector<std::string>&, int64_t,
-                    double, double, double, const std::optional<py::bytes>&,
-                    const std::string&, const std::string&>(),
-           py::arg("coordinator"), py::arg("job"), py::arg("rank") = 0,
-           py::arg("worker") = 0, py::arg("num_workers") = 0,
-           py::arg("trainer_id") = "", py::arg("units_in_flight") = 4,
-           py::arg("buffer_samples") = 256, py::arg("decode") = py::bytes(""),
-           py::arg("fields") = std::vector<std::string>{},
-           py::arg("max_batch_bytes") = 0, py::arg("progress_interval") = 0.5,
-           py::arg("stall_timeout") = 60.0,
-           py::arg("reconnect_timeout") = 120.0,
-           py::arg("resume_from") = std::nullopt,
-           py::arg("resume_attempt") = "", py::arg("launch_id") = "")
+      .def(
+          py::init<const std::string&, const std::string&, int32_t, int32_t,
+                   int32_t, const std::string&, int32_t, int32_t,
+                   const py::bytes&, const std::vector<std::string>&, int64_t,
+                   double, double, double, const std::optional<py::bytes>&,
+                   const std::string&, const std::string&, const std::string&,
+                   const std::string&, const std::string&>(),
+          py::arg("coordinator"), py::arg("job"), py::arg("rank") = 0,
+          py::arg("worker") = 0, py::arg("num_workers") = 0,
+          py::arg("trainer_id") = "", py::arg("units_in_flight") = 4,
+          py::arg("buffer_samples") = 256, py::arg("decode") = py::bytes(""),
+          py::arg("fields") = std::vector<std::string>{},
+          py::arg("max_batch_bytes") = 0, py::arg("progress_interval") = 0.5,
+          py::arg("stall_timeout") = 60.0, py::arg("reconnect_timeout") = 120.0,
+          py::arg("resume_from") = std::nullopt, py::arg("resume_attempt") = "",
+          py::arg("launch_id") = "", py::arg("ca_cert") = "",
+          py::arg("client_cert") = "", py::arg("client_key") = "")
       .def("next", &sluice::PyReader::Next,
            "The next event: (kind, epoch, payload). Blocks without the GIL.")
       .def("cursor", &sluice::PyReader::Cursor,

@@ -10,13 +10,14 @@ Event, Sample and ReaderError types:
             train(sample["jpg"], sample["cls"])
 
 The same arguments as sluice.Reader for what both do (decoding, fields,
-resume); not supported here: TLS, next_event(timeout=...), want(), and use
-across fork() (create it in the process that reads: a DataLoader worker,
-not its parent).
+resume, TLS from PEM files or the SLUICE_CA_CERT / SLUICE_CLIENT_CERT /
+SLUICE_CLIENT_KEY environment); not supported here: grpc credentials
+objects, next_event(timeout=...), want(), and use across fork() (create it
+in the process that reads: a DataLoader worker, not its parent).
 """
 import grpc
 
-from sluice import _launcher
+from sluice import _launcher, tls
 from sluice._types import DataLossError, Event, JobDoneError, ReaderError, Sample
 from sluice.v1 import common_pb2, dataserver_pb2
 
@@ -40,7 +41,8 @@ class CoreReader:
                  units_in_flight=4, decode=True, resize_shorter_side=0, crop=(0, 0),
                  transform=None, fields=(), max_batch_bytes=0, progress_interval=0.5,
                  stall_timeout=60.0, reconnect_timeout=120.0, resume_from=None,
-                 resume_attempt=None, launch_id=None):
+                 resume_attempt=None, launch_id=None, ca_cert=None, client_cert=None,
+                 client_key=None):
         if transform is not None:
             if resize_shorter_side or any(crop):
                 raise ValueError("give transform or resize_shorter_side/crop, not both "
@@ -50,6 +52,7 @@ class CoreReader:
             spec = dataserver_pb2.DecodeSpec(decode=decode,
                                              resize_shorter_side=resize_shorter_side,
                                              crop_height=crop[0], crop_width=crop[1])
+        ca_cert, client_cert, client_key = tls.tls_settings(ca_cert, client_cert, client_key)
         self._began = False  # an epoch began for this reader
         try:
             from sluice import _core
@@ -68,7 +71,9 @@ class CoreReader:
                              if resume_from is not None else None),
                 resume_attempt=(_launcher.restart_id() if resume_attempt is None
                                 else resume_attempt),
-                launch_id=launch_id or _launcher.new_launch_id())
+                launch_id=launch_id or _launcher.new_launch_id(),
+                ca_cert=ca_cert or "", client_cert=client_cert or "",
+                client_key=client_key or "")
         except RuntimeError as e:
             raise _reader_error(e) from None
 

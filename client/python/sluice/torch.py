@@ -42,8 +42,8 @@ the training loop consumed.
   world size re-balances the epoch's remaining samples.
 
 core=True reads through the C++ Reader (sluice.CoreReader) instead of the
-Python one: the same items, less of the training process's CPU per sample;
-no TLS there yet.
+Python one: the same items, less of the training process's CPU per sample
+(TLS from PEM files, not grpc credentials objects).
 
 Items are WebDataset-style dicts: decoded fields by extension (images as
 uint8 HWC tensors sharing memory with the received message: do not modify
