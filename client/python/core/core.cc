@@ -90,6 +90,20 @@ py::object TensorArray(v1::Tensor* tensor) {
                                  tensor->shape().end());
   if (shape.empty())
     shape.push_back(static_cast<py::ssize_t>(bytes->size() / itemsize));
+  // The shape must cover exactly the bytes received: numpy would read past
+  // them otherwise.
+  size_t elements = 1;
+  for (py::ssize_t d : shape) {
+    if (d < 0 || (d > 0 && elements > bytes->size() / static_cast<size_t>(d)))
+      throw std::runtime_error(
+          "DATA_LOSS: tensor shape does not fit its bytes");
+    elements *= static_cast<size_t>(d);
+  }
+  if (elements * itemsize != bytes->size()) {
+    throw std::runtime_error(absl::StrCat(
+        "DATA_LOSS: tensor shape has ", elements, " elements of ", itemsize,
+        " bytes, but ", bytes->size(), " bytes were received"));
+  }
   py::array array(dtype, shape, bytes->data(), owner);
   array.attr("setflags")(py::arg("write") = false);
   return std::move(array);
