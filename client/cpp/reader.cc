@@ -14,15 +14,40 @@
 namespace sluice {
 namespace client_internal {
 
-absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
+void ReaderImpl::Want(int32_t units) {
+  TrainerMessage want;
+  {
+    absl::MutexLock lock(&mu_);
+    credits_ = std::max(0, units);
+    want.mutable_want()->set_credits(credits_);
+  }
+  Send(want);
+}
+
+absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
+  const absl::Time deadline = timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + timeout;
   // The input wait of the sample this call returns: 0 unless it blocks,
-  // timed from its first wait (no clock read on the buffered path).
-  absl::Time waiting_since = absl::InfinitePast();
-  bool waited = false;
+  // timed from its first wait (no clock read on the buffered path); a wait
+  // that timed out goes on in the next call.
   auto start_waiting = [&] {
-    if (!waited) waiting_since = absl::Now();
-    waited = true;
+    if (!waiting_) waiting_since_ = absl::Now();
+    waiting_ = true;
   };
+  // Waits for news until the deadline; false when it has passed.
+  auto wait = [&](absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (deadline != absl::InfiniteFuture() && absl::Now() >= deadline)
+      return false;
+    if (until == absl::InfiniteFuture() && deadline == absl::InfiniteFuture()) {
+      data_cv_.Wait(&mu_);
+    } else {
+      data_cv_.WaitWithDeadline(&mu_, std::min(until, deadline));
+    }
+    return true;
+  };
+  const absl::Status timed_out =
+      absl::DeadlineExceededError("no event within the timeout");
   while (true) {
     ReaderEvent event;
     bool flush = false;
@@ -34,7 +59,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
         if (closed_) return absl::CancelledError("reader closed");
         if (entries_.empty()) {
           start_waiting();
-          data_cv_.Wait(&mu_);
+          if (!wait(absl::InfiniteFuture())) return timed_out;
           continue;
         }
         Entry& e = entries_.front();
@@ -61,7 +86,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           // Our leases may have expired at the coordinator (and been
           // granted to others): deliver nothing until it confirms them.
           start_waiting();
-          data_cv_.WaitWithDeadline(&mu_, absl::Now() + absl::Milliseconds(50));
+          if (!wait(absl::Now() + absl::Milliseconds(50))) return timed_out;
           continue;
         }
         if (!u.buffer.empty()) {
@@ -78,7 +103,8 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           ++u.delivered;
           ++stats_.delivered;
           const double wait =
-              waited ? absl::ToDoubleSeconds(absl::Now() - waiting_since) : 0;
+              waiting_ ? absl::ToDoubleSeconds(absl::Now() - waiting_since_)
+                       : 0;
           input_wait_.Observe(wait);
           stats_.input_wait_seconds += wait;
           have_event = true;
@@ -109,11 +135,12 @@ absl::StatusOr<ReaderEvent> ReaderImpl::Next() {
           break;
         }
         start_waiting();
-        data_cv_.Wait(&mu_);
+        if (!wait(absl::InfiniteFuture())) return timed_out;
       }
     }
     if (flush) FlushReports(false);
     if (have_event) {
+      waiting_ = false;
       if (event.kind == ReaderEvent::Kind::kEpochBegin) {
         position_epoch_ = event.epoch;
         position_consumed_ = options_.num_workers > 1

@@ -147,6 +147,7 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
   absl::MutexLock lock(&mu_);
   u.op_pending = false;
   u.last_activity = absl::Now();
+  ++stats_.batches;
   if (u.dropped || closing_) {
     u.ctx->TryCancel();
     BeginFinishLocked(u);

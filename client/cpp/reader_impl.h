@@ -64,6 +64,7 @@ class ReaderImpl final : public Reader {
           absl::Hex(absl::Uniform<uint64_t>(bits), absl::kZeroPad16));
     }
     if (options_.units_in_flight < 1) options_.units_in_flight = 1;
+    credits_ = options_.units_in_flight;
     if (options_.buffer_samples < 1) options_.buffer_samples = 1;
     // gRPC's own reconnect backoff (up to 120 s) must not outlast a lease
     // TTL: a restarted coordinator keeps our leases only that long. (Not
@@ -86,7 +87,8 @@ class ReaderImpl final : public Reader {
     maintenance_thread_ = std::thread([this] { RunMaintenance(); });
   }
 
-  absl::StatusOr<ReaderEvent> Next() override;
+  absl::StatusOr<ReaderEvent> NextWithin(absl::Duration timeout) override;
+  void Want(int32_t units) override;
   ReaderStats stats() const override {
     absl::MutexLock lock(&mu_);
     return stats_;
@@ -339,6 +341,8 @@ class ReaderImpl final : public Reader {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;
+  // The Want credits: units_in_flight, or what Want() set since.
+  int32_t credits_ ABSL_GUARDED_BY(mu_) = 0;
   // A job with sources: their names as its leases named them ("" = not
   // seen yet), for cursors.
   std::vector<std::string> source_names_ ABSL_GUARDED_BY(mu_);
@@ -348,6 +352,9 @@ class ReaderImpl final : public Reader {
   // Consumer-side position (the thread calling Next()).
   int64_t position_epoch_ = -1;
   int64_t position_consumed_ = 0;
+  // Whether Next() has been waiting for an event, and since when.
+  bool waiting_ = false;
+  absl::Time waiting_since_;
   // One flush at a time, so reports of one lease never overtake each other.
   absl::Mutex flush_mu_;
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);

@@ -151,7 +151,10 @@ void ReaderImpl::RunSession() {
       }
     }
     TrainerMessage want;
-    want.mutable_want()->set_credits(options_.units_in_flight);
+    {
+      absl::MutexLock lock(&mu_);
+      want.mutable_want()->set_credits(credits_);
+    }
     bool welcomed = false;
     if (started_ok) {
       // A write fails when the coordinator has already ended the stream (a

@@ -156,6 +156,8 @@ struct ReaderStats {
   int64_t reroutes = 0;
   int64_t dropped_units = 0;
   int64_t reconnects = 0;
+  // Batches (ReadSamples responses) received.
+  int64_t batches = 0;
   // Seconds Next() blocked before returning a sample (the consumer's input
   // wait; also reported to the coordinator in heartbeats).
   double input_wait_seconds = 0;
@@ -169,7 +171,16 @@ class Reader {
   // The next event; blocks. An error is final: the job does not exist, the
   // coordinator stayed unreachable past reconnect_timeout, a DATA_LOSS under
   // on_corrupt=fail, or the reader was closed (CANCELLED).
-  virtual absl::StatusOr<ReaderEvent> Next() = 0;
+  absl::StatusOr<ReaderEvent> Next() {
+    return NextWithin(absl::InfiniteDuration());
+  }
+  // Next() waiting at most `timeout`: DEADLINE_EXCEEDED when no event came
+  // in time (not final: call again).
+  virtual absl::StatusOr<ReaderEvent> NextWithin(absl::Duration timeout) = 0;
+  // Changes how many units this reader holds at once (the Want credits;
+  // 0 = take no new work, the units held are still delivered). Kept across
+  // reconnects. May be called from any thread.
+  virtual void Want(int32_t units) = 0;
   virtual ReaderStats stats() const = 0;
   // The resume cursor after the last event Next() returned: this rank's
   // count of consumed samples in the current epoch, -1 for the other ranks
