@@ -117,22 +117,23 @@ test-fuzz fuzz: deps
 # ranks for 2 epochs with a trainer and a data server SIGKILLed mid-epoch,
 # then the verification (exit 0 only if it holds). `sluicectl up` runs a
 # cluster in the foreground instead. Installs and builds only what it needs
-# (the servers, sluicectl and the Python package), not the tests.
+# (the servers, sluicectl and the Python package with its extension), not
+# the tests.
 run: deps-build $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target sluicectl sluice-coordinator sluice-dataserver \
-	  python_client
+	  sluice_core_py
 	./$(BUILD_DIR)/bin/sluicectl demo --dir=.sluice
 
 # A contributor's loop before each commit (a few minutes from a warm
 # build): the unit tests, the in-process and single-host integration tests
-# (real servers on 127.0.0.1), the Python client's rules and formatting.
+# (real servers on 127.0.0.1) and formatting.
 # `make test` runs everything else too (chaos, Python and PyTorch suites,
 # launchers, monitoring, deploy, clang-tidy, sanitizers, fuzzing).
 check: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 300 -L 'unit|integration' \
 	  -LE chaos
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) \
-	  -R '^(style\.clang_format|style\.include_boundaries|style\.doc_links|python\.test_rules.*)$$'
+	  -R '^(style\.clang_format|style\.include_boundaries|style\.doc_links)$$'
 
 # Every benchmark; each prints its figure next to a baseline measured in the
 # same run and ends with one line of JSON. Not part of `make test`.

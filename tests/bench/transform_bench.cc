@@ -10,10 +10,21 @@
 // image_transforms_test.cc); the ratio is images/s of the window decode
 // over the full decode. Ends with one JSON line.
 //
-// usage: transform_bench [--seconds=S]
+// With --floor_dir=DIR it measures only the floor pipeline_bench compares
+// the data server's CPU per sample with: a bare TurboJPEG decode
+// (tjDecompress2 to RGB, full size) of every .jpg in DIR, on one thread,
+// as CPU milliseconds per image.
+//
+// usage: transform_bench [--seconds=S] [--floor_dir=DIR]
+#include <turbojpeg.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -26,6 +37,8 @@
 #include "tests/bench/bench_util.h"
 
 ABSL_FLAG(double, seconds, 3.0, "Seconds per measurement.");
+ABSL_FLAG(std::string, floor_dir, "",
+          "Only measure a bare TurboJPEG decode of the .jpg files here.");
 
 namespace sluice::dataserver {
 namespace {
@@ -95,11 +108,67 @@ double Rate(const std::vector<std::string>& jpegs, bool train, bool window,
   return n / elapsed;
 }
 
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// CPU milliseconds per full-size RGB decode of `jpegs` with tjDecompress2.
+double FloorCpuMs(const std::vector<std::string>& jpegs, double seconds) {
+  tjhandle handle = tjInitDecompress();
+  if (handle == nullptr) std::abort();
+  std::vector<unsigned char> pixels;
+  int64_t n = 0;
+  const double start = ThreadCpuSeconds();
+  double used = 0;
+  while (used < seconds) {
+    const std::string& jpeg = jpegs[n % jpegs.size()];
+    const auto* bytes = reinterpret_cast<const unsigned char*>(jpeg.data());
+    int width = 0, height = 0, subsamp = 0, colorspace = 0;
+    if (tjDecompressHeader3(handle, bytes, jpeg.size(), &width, &height,
+                            &subsamp, &colorspace) != 0)
+      std::abort();
+    pixels.resize(static_cast<size_t>(width) * height * 3);
+    if (tjDecompress2(handle, bytes, jpeg.size(), pixels.data(), width, 0,
+                      height, TJPF_RGB, 0) != 0)
+      std::abort();
+    ++n;
+    used = ThreadCpuSeconds() - start;
+  }
+  tjDestroy(handle);
+  return 1000 * used / static_cast<double>(n);
+}
+
+int FloorMain(const std::string& dir, double seconds) {
+  std::vector<std::string> jpegs;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".jpg") continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    jpegs.emplace_back(std::istreambuf_iterator<char>(in),
+                       std::istreambuf_iterator<char>());
+  }
+  if (jpegs.empty()) {
+    std::fprintf(stderr, "transform_bench: no .jpg files in %s\n", dir.c_str());
+    return 2;
+  }
+  const double ms = FloorCpuMs(jpegs, seconds);
+  std::printf("bare TurboJPEG decode: %.3f CPU-ms per image (%zu images)\n", ms,
+              jpegs.size());
+  std::printf("{\"bench\": \"transform_floor\", \"cpu_ms_per_image\": %.4f}\n",
+              ms);
+  return 0;
+}
+
 }  // namespace
 }  // namespace sluice::dataserver
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_floor_dir).empty()) {
+    return sluice::dataserver::FloorMain(absl::GetFlag(FLAGS_floor_dir),
+                                         absl::GetFlag(FLAGS_seconds));
+  }
   // The data server's malloc settings (--tune_malloc): without them glibc's
   // dynamic mmap threshold makes the decoded frames' cost depend on what
   // the process allocated before.

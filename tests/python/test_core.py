@@ -1,10 +1,11 @@
-"""sluice._core, the C++ Reader as a Python extension, against the real servers.
-
-It must give a Python trainer what sluice.Reader gives it: the same samples
-of the same job, field for field (raw bytes, decoded ints, tensors as
-read-only numpy arrays), the same epochs, and a cursor a resume accepts.
+"""sluice._core, the C++ Reader as the Python extension under sluice.Reader,
+against the real servers: its raw events carry every field as sluice.Reader
+hands it on (raw bytes, ints, tensors as read-only numpy arrays), its cursor
+resumes, its errors name what failed, and want()/next(timeout) do what the
+Python API promises.
 """
 import collections
+import signal
 
 import grpc
 import numpy as np
@@ -24,7 +25,7 @@ def _core_events(reader):
             return out
 
 
-def test_core_reader_gives_the_python_readers_samples(cluster):
+def test_the_binding_gives_the_readers_samples_field_for_field(cluster):
     cluster.create_job("core_same", world_size=1, epochs=2)
     expected = collections.Counter()
     fields = {}
@@ -67,7 +68,7 @@ def test_core_reader_gives_the_python_readers_samples(cluster):
     assert stats["delivered"] == 2 * cluster.total
 
 
-def test_core_reader_resumes_from_its_cursor(cluster):
+def test_the_binding_resumes_from_its_cursor(cluster):
     cluster.create_job("core_resume", world_size=1, epochs=1)
     first = _core.Reader(coordinator=cluster.address, job="core_resume", progress_interval=0.1)
     seen = []
@@ -88,7 +89,7 @@ def test_core_reader_resumes_from_its_cursor(cluster):
     assert len(set(seen) | set(rest)) == cluster.total
 
 
-def test_core_reader_errors_name_the_job(cluster):
+def test_the_bindings_errors_name_the_job(cluster):
     with pytest.raises(RuntimeError, match="no_such_job"):
         reader = _core.Reader(coordinator=cluster.address, job="no_such_job")
         reader.next()
@@ -96,67 +97,54 @@ def test_core_reader_errors_name_the_job(cluster):
         _core.Reader(coordinator=cluster.address, job="x", decode=b"\xff\xff")
 
 
-def test_core_reader_has_the_python_readers_interface(cluster):
-    # sluice.CoreReader over the same job as sluice.Reader over its twin:
-    # the same Sample objects, events and counts; a resume from its cursor.
-    cluster.create_job("iface_py", world_size=1, epochs=1)
-    cluster.create_job("iface_core", world_size=1, epochs=1)
-    with sluice.Reader(cluster.address, "iface_py", progress_interval=0.1) as reader:
-        want = {(s.shard_index, s.index): s for s in reader}
-    with sluice.CoreReader(cluster.address, "iface_core", progress_interval=0.1) as reader:
-        begin = reader.next_event()
-        assert (begin.kind, begin.epoch, begin.samples_for_rank) == ("epoch_begin", 0,
-                                                                     cluster.total)
-        got = {}
-        for s in reader:
-            assert isinstance(s, sluice.Sample)
-            w = want[(s.shard_index, s.index)]
-            assert (s.key, s.shard_url, s.epoch, s["cls"], s["bin"]) == (
-                w.key, w.shard_url, w.epoch, w["cls"], w["bin"])
-            got[(s.shard_index, s.index)] = s
-        assert reader.stats["delivered"] == cluster.total
-    assert set(got) == set(want)
-    # A job already done: JobDoneError, as from sluice.Reader.
-    with pytest.raises(sluice.JobDoneError):
-        with sluice.CoreReader(cluster.address, "iface_core") as reader:
-            list(reader)
-
-
-def test_core_reader_maps_errors_to_reader_errors(cluster):
+def test_the_readers_errors_carry_the_status_code(cluster):
     with pytest.raises(sluice.ReaderError) as e:
-        with sluice.CoreReader(cluster.address, "no_such_job") as reader:
+        with sluice.Reader(cluster.address, "no_such_job") as reader:
             reader.next_event()
     assert e.value.code == grpc.StatusCode.NOT_FOUND
     assert "no_such_job" in e.value.message
 
 
-_LOADER_SCRIPT = r"""
-import collections, json, sys
-import torch
-from torch.utils.data import DataLoader
-from sluice.torch import ShardLeaseDataset
-ds = ShardLeaseDataset(coordinator=sys.argv[1], job=sys.argv[2], core=True)
-loader = DataLoader(ds, batch_size=4, num_workers=2)
-seen = collections.Counter()
-for epoch in range(2):
-    for batch in loader:
-        for shard, index in zip(batch["__shard__"], batch["__index__"].tolist()):
-            seen[(epoch, shard, index)] += 1
-print(json.dumps({"samples": len(seen), "most": max(seen.values())}))
-"""
+def test_want_zero_takes_no_new_work_until_asked_again(cluster):
+    # One unit per shard; one held at a time. After want(0) the units held
+    # are still delivered, then nothing more is granted (the coordinator
+    # counts the leases) until want(2).
+    cluster.create_job("want", world_size=1, epochs=1, shuffle_window=1)
+    with sluice.Reader(cluster.address, "want", units_in_flight=1) as reader:
+        reader.want(0)
+        first = []
+        with pytest.raises(TimeoutError):
+            while True:
+                e = reader.next_event(timeout=1.0)
+                if e.kind == "sample":
+                    first.append((e.sample.shard_index, e.sample.index))
+        per_shard = cluster.total // len(cluster.urls)
+        assert len(first) in (0, per_shard), first
+        granted = cluster.lease_counts("want")["granted"]
+        assert granted == len(first) // per_shard
+        reader.want(2)
+        rest = [(s.shard_index, s.index) for s in reader]
+    assert sorted(first + rest) == sorted(set(first + rest))
+    assert len(first + rest) == cluster.total
 
 
-def test_dataloader_workers_read_through_the_core_reader(cluster):
-    # As a trainer runs it: a fresh process whose DataLoader forks two
-    # workers, each of which creates its C++ Reader after the fork.
-    import json
-    import os
-    import subprocess
-    import sys
-    cluster.create_job("core_loader", world_size=1, epochs=2)
-    out = subprocess.run([sys.executable, "-c", _LOADER_SCRIPT, cluster.address, "core_loader"],
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    # Every sample of both epochs, each exactly once.
-    assert result == {"samples": 2 * cluster.total, "most": 1}
+def test_a_timed_out_wait_is_not_final_and_counts_as_input_wait(cluster):
+    # next_event(timeout) while the only data server is stopped: the epoch
+    # begins, then TimeoutError; the reader goes on once the server does,
+    # and the time spent waiting is the loop's input wait.
+    cluster.create_job("timeouts", world_size=1, epochs=1)
+    server = cluster.data[0].proc
+    server.send_signal(signal.SIGSTOP)
+    try:
+        with sluice.Reader(cluster.address, "timeouts") as reader:
+            kinds = []
+            with pytest.raises(TimeoutError):
+                for _ in range(10):
+                    kinds.append(reader.next_event(timeout=0.5).kind)
+            assert kinds == ["epoch_begin"]
+            server.send_signal(signal.SIGCONT)
+            got = [s.key for s in reader]
+            assert len(got) == len(set(got)) == cluster.total
+            assert reader.stats["input_wait_seconds"] >= 0.5, reader.stats
+    finally:
+        server.send_signal(signal.SIGCONT)

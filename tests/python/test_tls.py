@@ -38,15 +38,10 @@ def test_reader_reads_over_mutual_tls(tls_cluster):
     assert len(keys) == tls_cluster.total and set(keys.values()) == {1}
 
 
-def test_core_reader_reads_over_mutual_tls(tls_cluster):
-    # The C++ Reader from Python, given the same PEM files; without them it
-    # is told the coordinator speaks TLS.
-    tls_cluster.create_job("tls-core")
-    with sluice.CoreReader(tls_cluster.address, "tls-core", **tls_args(tls_cluster)) as reader:
-        keys = collections.Counter(s.key for s in reader)
-    assert len(keys) == tls_cluster.total and set(keys.values()) == {1}
+def test_a_reader_without_certificates_is_told_the_coordinator_speaks_tls(tls_cluster):
+    tls_cluster.create_job("tls-none")
     with pytest.raises(sluice.ReaderError) as e:
-        with sluice.CoreReader(tls_cluster.address, "tls-core") as reader:
+        with sluice.Reader(tls_cluster.address, "tls-none") as reader:
             reader.next_event()
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "TLS" in e.value.message

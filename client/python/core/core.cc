@@ -20,6 +20,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -144,6 +145,9 @@ py::dict SampleDict(Sample* sample) {
 
 class PyReader {
  public:
+  static constexpr absl::Duration kSignalCheckInterval =
+      absl::Milliseconds(100);
+
   PyReader(const std::string& coordinator, const std::string& job, int32_t rank,
            int32_t worker, int32_t num_workers, const std::string& trainer_id,
            int32_t units_in_flight, int32_t buffer_samples,
@@ -196,11 +200,27 @@ class PyReader {
     reader_ = *std::move(reader);
   }
 
-  py::tuple Next() {
+  // timeout: seconds, or None to wait for as long as it takes.
+  // The wait is cut into slices with a look at Python's signal handlers in
+  // between, so Ctrl-C reaches a loop waiting on a stalled stream.
+  py::tuple Next(std::optional<double> timeout) {
+    const absl::Time deadline =
+        timeout.has_value()
+            ? absl::Now() + absl::Seconds(std::max(0.0, *timeout))
+            : absl::InfiniteFuture();
     absl::StatusOr<ReaderEvent> event;
-    {
-      py::gil_scoped_release unlocked;
-      event = reader_->Next();
+    while (true) {
+      {
+        py::gil_scoped_release unlocked;
+        event = reader_->NextWithin(
+            std::min(kSignalCheckInterval, deadline - absl::Now()));
+      }
+      if (event.ok() || !absl::IsDeadlineExceeded(event.status())) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (absl::Now() >= deadline) {
+        PyErr_SetString(PyExc_TimeoutError, "no event within the timeout");
+        throw py::error_already_set();
+      }
     }
     if (!event.ok()) Raise(event.status());
     switch (event->kind) {
@@ -242,8 +262,14 @@ class PyReader {
     out["reroutes"] = s.reroutes;
     out["dropped_units"] = s.dropped_units;
     out["reconnects"] = s.reconnects;
+    out["batches"] = s.batches;
     out["input_wait_seconds"] = s.input_wait_seconds;
     return out;
+  }
+
+  void Want(int32_t units) {
+    py::gil_scoped_release unlocked;
+    reader_->Want(units);
   }
 
   void Close() {
@@ -254,6 +280,20 @@ class PyReader {
  private:
   std::unique_ptr<Reader> reader_;
 };
+
+// MergeCursors over serialized cursors; ValueError on a mismatch.
+py::bytes MergeSerializedCursors(const std::vector<py::bytes>& serialized) {
+  std::vector<v1::Cursor> cursors(serialized.size());
+  for (size_t i = 0; i < serialized.size(); ++i) {
+    if (!cursors[i].ParseFromString(std::string(serialized[i])))
+      throw std::invalid_argument(
+          absl::StrCat("cursor ", i, " is not a serialized Cursor"));
+  }
+  absl::StatusOr<v1::Cursor> merged = MergeCursors(cursors);
+  if (!merged.ok())
+    throw std::invalid_argument(std::string(merged.status().message()));
+  return py::bytes(merged->SerializeAsString());
+}
 
 }  // namespace
 }  // namespace sluice
@@ -279,11 +319,21 @@ PYBIND11_MODULE(_core, m) {
           py::arg("resume_from") = std::nullopt, py::arg("resume_attempt") = "",
           py::arg("launch_id") = "", py::arg("ca_cert") = "",
           py::arg("client_cert") = "", py::arg("client_key") = "")
-      .def("next", &sluice::PyReader::Next,
-           "The next event: (kind, epoch, payload). Blocks without the GIL.")
+      .def("next", &sluice::PyReader::Next, py::arg("timeout") = std::nullopt,
+           "The next event: (kind, epoch, payload). Blocks without the GIL, "
+           "for at most `timeout` seconds (TimeoutError after) unless None.")
+      .def("want", &sluice::PyReader::Want, py::arg("units"),
+           "Changes how many units the reader holds at once (0 = no new "
+           "work).")
       .def("cursor", &sluice::PyReader::Cursor,
            "The resume cursor (a serialized sluice.v1.Cursor) after the "
            "samples returned so far.")
       .def("stats", &sluice::PyReader::Stats)
       .def("close", &sluice::PyReader::Close);
+  m.def("merge_cursors", &sluice::MergeSerializedCursors, py::arg("cursors"),
+        "sluice::MergeCursors over serialized Cursors: the merged one, "
+        "serialized. ValueError on a mismatch.");
+  m.def("tune_malloc", &sluice::TuneMallocForStreaming,
+        "sluice::TuneMallocForStreaming(): glibc malloc settings for "
+        "streaming; False where the allocator refuses them.");
 }

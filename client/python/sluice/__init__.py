@@ -23,9 +23,8 @@ _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 _os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
 
 from sluice.coordination import BarrierTimeout, OnceFailed, barrier, once
-from sluice.core import CoreReader
 from sluice.reader import (DataLossError, Event, JobDoneError, Reader, ReaderError, Sample,
                            merge_cursors, tune_malloc)
 
-__all__ = ["Reader", "CoreReader", "Event", "Sample", "ReaderError", "DataLossError", "JobDoneError",
+__all__ = ["Reader", "Event", "Sample", "ReaderError", "DataLossError", "JobDoneError",
            "merge_cursors", "once", "barrier", "BarrierTimeout", "OnceFailed", "tune_malloc"]

@@ -30,8 +30,19 @@ import warnings
 import grpc
 
 from sluice import _launcher, tls
-from sluice._fetch import CHANNEL_OPTIONS
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Keepalive: a stopped or silently cut-off coordinator fails the calls
+    # within about 4 s (as the C++ client's SetStreamKeepalive); the servers
+    # accept pings this often.
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 class OnceFailed(Exception):

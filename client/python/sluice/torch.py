@@ -41,10 +41,6 @@ the training loop consumed.
   same num_workers continues every worker exactly; another num_workers or
   world size re-balances the epoch's remaining samples.
 
-core=True reads through the C++ Reader (sluice.CoreReader) instead of the
-Python one: the same items, less of the training process's CPU per sample
-(TLS from PEM files, not grpc credentials objects).
-
 Items are WebDataset-style dicts: decoded fields by extension (images as
 uint8 HWC tensors sharing memory with the received message: do not modify
 them in place), "__key__", "__shard__", "__index__", "__epoch__", and for a
@@ -67,7 +63,6 @@ import grpc
 import numpy as np
 
 from sluice import _launcher, tls
-from sluice.core import CoreReader
 from sluice.reader import JobDoneError, Reader, ReaderError, merge_cursors
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -120,12 +115,9 @@ def _watch_parent(reader, parent):
 class ShardLeaseDataset(IterableDataset):
     def __init__(self, coordinator, job, *, rank=None, decode=True, resize_shorter_side=0,
                  crop=(0, 0), transform=None, fields=(), to_tensor=True, units_in_flight=4,
-                 resume_attempt=None, core=False, **reader_options):
+                 resume_attempt=None, **reader_options):
         super().__init__()
         self.coordinator, self.job = coordinator, job
-        # core=True: read through the C++ Reader (sluice.CoreReader), made in
-        # the process that iterates (each DataLoader worker after its fork).
-        self._core = core
         self._rank = rank
         self._reader_options = dict(decode=decode, resize_shorter_side=resize_shorter_side,
                                     crop=tuple(crop), transform=transform, fields=tuple(fields),
@@ -175,8 +167,8 @@ class ShardLeaseDataset(IterableDataset):
         """Samples this rank gets per epoch (from the coordinator)."""
         if self._samples_per_rank is None:
             o = self._reader_options  # the Reader's TLS settings
-            credentials = o.get("credentials") or tls.channel_credentials(
-                o.get("ca_cert"), o.get("client_cert"), o.get("client_key"))
+            credentials = tls.channel_credentials(o.get("ca_cert"), o.get("client_cert"),
+                                                  o.get("client_key"))
             with tls.coordinator_channel(self.coordinator, credentials) as channel:
                 job = coordinator_pb2_grpc.CoordinatorStub(channel).GetJob(
                     coordinator_pb2.GetJobRequest(name=self.job), timeout=30)
@@ -357,11 +349,10 @@ class ShardLeaseDataset(IterableDataset):
         info = get_worker_info()
         worker = info.id if info is not None else 0
         num_workers = info.num_workers if info is not None else 0
-        reader_class = CoreReader if self._core else Reader
-        self._reader = reader_class(self.coordinator, self.job, self.rank, worker,
-                                    num_workers=num_workers, resume_from=self._resume_from,
-                                    resume_attempt=self._resume_attempt,
-                                    launch_id=self._launch_id, **self._reader_options)
+        self._reader = Reader(self.coordinator, self.job, self.rank, worker,
+                              num_workers=num_workers, resume_from=self._resume_from,
+                              resume_attempt=self._resume_attempt,
+                              launch_id=self._launch_id, **self._reader_options)
         self._reader_pid = os.getpid()
         # Give leases back when a DataLoader worker process exits.
         multiprocessing.util.Finalize(self._reader, self._reader.close, exitpriority=10)
