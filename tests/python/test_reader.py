@@ -406,6 +406,56 @@ def test_a_fork_while_a_reader_streams_leaves_the_child_and_the_reader_working(t
         c.stop()
 
 
+_FORKED_COPY = r"""
+import gc, os, sys
+import sluice
+
+# A process that read (and closed, or still holds) a Reader, then forks: a
+# DataLoader starting its workers. The child drops its copy of the parent's
+# objects, and uses it by mistake.
+reader = sluice.Reader(sys.argv[1], sys.argv[2])
+print(sum(1 for _ in zip(range(5), reader)), flush=True)
+if sys.argv[3] == "closed":
+    reader.close()
+pid = os.fork()
+if pid == 0:
+    try:
+        reader.next_event()
+        code = 1
+    except sluice.ReaderError as e:
+        code = 3 if e.code.name == "FAILED_PRECONDITION" and str(os.getppid()) in e.message else 2
+    reader = None
+    gc.collect()
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), flush=True)
+print(sum(1 for _ in reader) if sys.argv[3] == "open" else 0, flush=True)
+"""
+
+
+@pytest.mark.parametrize("state", ["open", "closed"])
+def test_a_forked_child_drops_its_copy_of_the_parents_reader(cluster, state):
+    # The child's copy of a Reader has no threads behind it: using it is
+    # FAILED_PRECONDITION naming the parent, and freeing it must not wait for
+    # threads that only the parent has (it used to hang the DataLoader
+    # workers forked after a Reader). The parent's Reader reads on.
+    job = f"forked-copy-{state}"
+    cluster.create_job(job)
+    proc = subprocess.Popen([sys.executable, "-c", _FORKED_COPY, cluster.address, job, state],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child too
+        out, err = proc.communicate()
+        pytest.fail(f"the fork did not finish within 60 s; it printed {out.split()}")
+    assert proc.returncode == 0, err
+    first, child, rest = (int(x) for x in out.split())
+    assert (first, child) == (5, 3)
+    assert rest == (cluster.total - 5 if state == "open" else 0)
+
+
 _INTERRUPTED = r"""
 import sys
 import sluice

@@ -19,6 +19,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -200,10 +201,20 @@ class PyReader {
     reader_ = *std::move(reader);
   }
 
+  // In a forked child (a DataLoader worker holding a copy of its parent's
+  // objects) the Reader's threads and gRPC's do not exist: closing it there
+  // would wait for them forever, so the child's copy is left alone.
+  ~PyReader() {
+    if (getpid() != owner_) new std::shared_ptr<Reader>(std::move(reader_));
+  }
+  PyReader(const PyReader&) = delete;
+  PyReader& operator=(const PyReader&) = delete;
+
   // timeout: seconds, or None to wait for as long as it takes.
   // The wait is cut into slices with a look at Python's signal handlers in
   // between, so Ctrl-C reaches a loop waiting on a stalled stream.
   py::tuple Next(std::optional<double> timeout) {
+    const std::shared_ptr<Reader> reader = Open();
     const absl::Time deadline =
         timeout.has_value()
             ? absl::Now() + absl::Seconds(std::max(0.0, *timeout))
@@ -212,7 +223,7 @@ class PyReader {
     while (true) {
       {
         py::gil_scoped_release unlocked;
-        event = reader_->NextWithin(
+        event = reader->NextWithin(
             std::min(kSignalCheckInterval, deadline - absl::Now()));
       }
       if (event.ok() || !absl::IsDeadlineExceeded(event.status())) break;
@@ -245,17 +256,19 @@ class PyReader {
   }
 
   py::bytes Cursor() {
+    const std::shared_ptr<Reader> reader = Open();
     absl::StatusOr<v1::Cursor> cursor;
     {
       py::gil_scoped_release unlocked;
-      cursor = reader_->Cursor();
+      cursor = reader->Cursor();
     }
     if (!cursor.ok()) Raise(cursor.status());
     return py::bytes(cursor->SerializeAsString());
   }
 
   py::dict Stats() const {
-    const ReaderStats s = reader_->stats();
+    CheckOwner();
+    const ReaderStats s = reader_ != nullptr ? reader_->stats() : closed_stats_;
     py::dict out;
     out["delivered"] = s.delivered;
     out["units_completed"] = s.units_completed;
@@ -268,17 +281,49 @@ class PyReader {
   }
 
   void Want(int32_t units) {
+    const std::shared_ptr<Reader> reader = Open();
     py::gil_scoped_release unlocked;
-    reader_->Want(units);
+    reader->Want(units);
   }
 
+  // Closes the Reader and frees it (its threads, channels and buffers) once
+  // no other call uses it; the stats stay readable. Members change only
+  // under the GIL; the C++ Reader's calls run without it.
   void Close() {
-    py::gil_scoped_release unlocked;
-    reader_->Close();
+    if (getpid() != owner_ || closed_) return;
+    closed_ = true;
+    const std::shared_ptr<Reader> reader = reader_;
+    {
+      py::gil_scoped_release unlocked;
+      reader->Close();
+    }
+    closed_stats_ = reader->stats();
+    reader_.reset();
   }
 
  private:
-  std::unique_ptr<Reader> reader_;
+  // For every call but stats() and close(): the Reader, this process's and
+  // open (held by the call, so that a close() from another thread does not
+  // free it under the call).
+  std::shared_ptr<Reader> Open() const {
+    CheckOwner();
+    if (closed_) throw std::runtime_error("CANCELLED: reader closed");
+    return reader_;
+  }
+
+  void CheckOwner() const {
+    if (getpid() != owner_) {
+      throw std::runtime_error(
+          absl::StrCat("FAILED_PRECONDITION: this Reader belongs to process ",
+                       owner_, " (this is a forked child, ", getpid(),
+                       "); create a Reader in the process that reads"));
+    }
+  }
+
+  const pid_t owner_ = getpid();
+  std::shared_ptr<Reader> reader_;  // null once closed
+  bool closed_ = false;
+  ReaderStats closed_stats_;
 };
 
 // MergeCursors over serialized cursors; ValueError on a mismatch.
