@@ -60,6 +60,8 @@ absl::StatusOr<OnceOutcome> RunOnce(
       options.coordinator, client_internal::ChannelCredentials(options.tls),
       StreamChannelArgs()));
   grpc::ClientContext ctx;
+  if (options.timeout != absl::InfiniteDuration())
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
   auto stream = stub->Once(&ctx);
   absl::Mutex write_mu;
   auto write = [&](const v1::OnceRequest& m) {
@@ -100,6 +102,7 @@ absl::StatusOr<OnceOutcome> RunOnce(
       if (r.has_run()) {
         outcome.ran = true;
         outcome.run = r.run().run();
+        if (options.on_run) options.on_run(outcome.run);
         // Heartbeat while the step runs: the execution lease.
         absl::Notification stepped;
         const absl::Duration interval = absl::Milliseconds(

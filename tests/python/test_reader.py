@@ -194,6 +194,28 @@ def test_barrier_waits_for_everyone_and_names_the_missing(cluster):
     assert err.value.missing == ["rank-1"]
 
 
+def test_a_once_block_that_raises_is_run_again_or_fails_everyone_after(cluster):
+    # The block's own exception reaches its caller unchanged. By default the
+    # next caller runs the step again; under fail_all it hears the failure,
+    # naming the run and the error.
+    for fail_all in (False, True):
+        name = f"py-raises-{fail_all}"
+        with pytest.raises(RuntimeError, match="disk full"):
+            with sluice.once(name, coordinator=cluster.address, fail_all=fail_all) as step:
+                assert step.should_run
+                raise RuntimeError("disk full")
+        if not fail_all:
+            with sluice.once(name, coordinator=cluster.address) as step:
+                assert step.should_run and step.run == 2
+                step.result = "ok"
+            with sluice.once(name, coordinator=cluster.address) as step:
+                assert (step.should_run, step.result, step.run) == (False, "ok", 2)
+        else:
+            with pytest.raises(sluice.OnceFailed, match=r"run 1 failed: RuntimeError: disk full"):
+                with sluice.once(name, coordinator=cluster.address, fail_all=True):
+                    pass
+
+
 def test_barrier_still_takes_id_with_a_deprecation_warning(cluster):
     with pytest.warns(DeprecationWarning, match=r"pass participant=\.\.\., as to sluice.once"):
         arrived = sluice.barrier("py-old-id", participants=1, id="rank-0",

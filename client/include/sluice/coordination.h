@@ -42,6 +42,10 @@ struct OnceOptions {
   std::optional<ClientTls> tls;
   // Called when this caller starts waiting (for logs).
   std::function<void(const std::string& runner, int64_t run)> on_wait;
+  // Called when this caller is chosen, just before `step` runs.
+  std::function<void(int64_t run)> on_run;
+  // Gives up (DEADLINE_EXCEEDED) after this long, waiting included.
+  absl::Duration timeout = absl::InfiniteDuration();
 };
 
 struct OnceOutcome {

@@ -25,14 +25,20 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/common/grpc_status.h"
+#include "sluice/coordination.h"
 #include "sluice/reader.h"
 #include "sluice/tls.h"
+#include "sluice/v1/common.pb.h"
 #include "sluice/v1/coordinator.pb.h"
 #include "sluice/v1/dataserver.pb.h"
 
@@ -144,6 +150,23 @@ py::dict SampleDict(Sample* sample) {
   return out;
 }
 
+// TLS from PEM file paths: none without ca_cert (plaintext).
+std::optional<ClientTls> TlsFromFiles(const std::string& ca_cert,
+                                      const std::string& client_cert,
+                                      const std::string& client_key) {
+  if (ca_cert.empty()) {
+    if (!client_cert.empty() || !client_key.empty()) {
+      throw std::invalid_argument(
+          "client_cert (mutual TLS) needs ca_cert to verify the server");
+    }
+    return std::nullopt;
+  }
+  absl::StatusOr<ClientTls> tls =
+      ReadClientTls(ca_cert, client_cert, client_key);
+  if (!tls.ok()) throw std::invalid_argument(tls.status().ToString());
+  return *std::move(tls);
+}
+
 class PyReader {
  public:
   static constexpr absl::Duration kSignalCheckInterval =
@@ -160,15 +183,7 @@ class PyReader {
            const std::string& ca_cert, const std::string& client_cert,
            const std::string& client_key) {
     ReaderOptions o;
-    if (!ca_cert.empty()) {
-      absl::StatusOr<ClientTls> tls =
-          ReadClientTls(ca_cert, client_cert, client_key);
-      if (!tls.ok()) throw std::invalid_argument(tls.status().ToString());
-      o.tls = *std::move(tls);
-    } else if (!client_cert.empty() || !client_key.empty()) {
-      throw std::invalid_argument(
-          "client_cert (mutual TLS) needs ca_cert to verify the server");
-    }
+    o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
     o.coordinator = coordinator;
     o.job = job;
     o.rank = rank;
@@ -326,6 +341,166 @@ class PyReader {
   ReaderStats closed_stats_;
 };
 
+// Once for a Python `with` block: RunOnce on a thread of its own whose
+// step is the block. Begin() returns when this caller is to run the block
+// (("run", run, "")) or the step is over (("done", run, result)); Finish()
+// ends a run with its result or error once the coordinator confirmed it.
+// Errors raise RuntimeError("CODE: message").
+class PyOnce {
+ public:
+  PyOnce(const std::string& coordinator, const std::string& scope,
+         const std::string& name, const std::string& participant, double ttl,
+         bool fail_all, std::optional<double> timeout,
+         const std::string& ca_cert, const std::string& client_cert,
+         const std::string& client_key) {
+    options_.coordinator = coordinator;
+    options_.scope = scope;
+    options_.name = name;
+    options_.participant = participant;
+    options_.ttl = absl::Seconds(ttl);
+    options_.fail_all = fail_all;
+    if (timeout.has_value()) options_.timeout = absl::Seconds(*timeout);
+    options_.tls = TlsFromFiles(ca_cert, client_cert, client_key);
+    options_.on_run = [this](int64_t run) {
+      absl::MutexLock lock(&mu_);
+      run_ = run;
+    };
+  }
+
+  ~PyOnce() {
+    if (!thread_.joinable()) return;
+    {
+      absl::MutexLock lock(&mu_);
+      // A block that never finished (its process is ending): a failed run.
+      if (!step_result_.has_value())
+        step_result_ = absl::AbortedError("the block was abandoned");
+    }
+    py::gil_scoped_release unlocked;
+    thread_.join();
+  }
+  PyOnce(const PyOnce&) = delete;
+  PyOnce& operator=(const PyOnce&) = delete;
+
+  py::tuple Begin() {
+    if (thread_.joinable()) throw std::logic_error("Once.begin() called twice");
+    bool chosen = false;
+    int64_t run = 0;
+    {
+      py::gil_scoped_release unlocked;
+      thread_ = std::thread([this] {
+        absl::StatusOr<OnceOutcome> outcome =
+            RunOnce(options_, [this]() -> absl::StatusOr<std::string> {
+              absl::MutexLock lock(&mu_);
+              chosen_ = true;
+              mu_.Await(absl::Condition(
+                  +[](std::optional<absl::StatusOr<std::string>>* r) {
+                    return r->has_value();
+                  },
+                  &step_result_));
+              return *step_result_;
+            });
+        absl::MutexLock lock(&mu_);
+        outcome_ = std::move(outcome);
+        over_ = true;
+      });
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](PyOnce* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+              return self->chosen_ || self->over_;
+            },
+            this));
+        chosen = chosen_;
+        run = run_;
+      }
+      if (!chosen) thread_.join();  // the step is over without this caller
+    }
+    if (chosen) return py::make_tuple("run", run, py::str(""));
+    const OnceOutcome& o = Outcome();
+    return py::make_tuple("done", o.run, py::str(o.result));
+  }
+
+  void Finish(bool ok, const std::string& text) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!chosen_ || step_result_.has_value())
+        throw std::logic_error("Once.finish() without a run to finish");
+      step_result_ = ok ? absl::StatusOr<std::string>(text)
+                        : absl::StatusOr<std::string>(absl::AbortedError(text));
+    }
+    {
+      py::gil_scoped_release unlocked;
+      thread_.join();
+    }
+    Outcome();
+  }
+
+ private:
+  // The finished call's outcome; raises for a transport error or a failed
+  // run.
+  const OnceOutcome& Outcome() {
+    if (!outcome_.ok()) Raise(outcome_.status());
+    if (outcome_->failed) {
+      Raise(absl::AbortedError(
+          absl::StrCat("run ", outcome_->run, " failed: ", outcome_->error)));
+    }
+    return *outcome_;
+  }
+
+  OnceOptions options_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool chosen_ ABSL_GUARDED_BY(mu_) = false;
+  bool over_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t run_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<absl::StatusOr<std::string>> step_result_ ABSL_GUARDED_BY(mu_);
+  absl::StatusOr<OnceOutcome> outcome_;  // set by the thread, read after join
+};
+
+// WaitBarrier: ("OK", arrived, []) or ("DEADLINE_EXCEEDED: message",
+// arrived, missing); any other error raises RuntimeError("CODE: message").
+py::tuple Barrier(const std::string& coordinator, const std::string& scope,
+                  const std::string& name, const std::string& participant,
+                  int32_t participants, double timeout,
+                  const std::string& ca_cert, const std::string& client_cert,
+                  const std::string& client_key) {
+  BarrierOptions o;
+  o.coordinator = coordinator;
+  o.scope = scope;
+  o.name = name;
+  o.participant = participant;
+  o.participants = participants;
+  o.timeout = absl::Seconds(timeout);
+  o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
+  absl::StatusOr<v1::BarrierResponse> response;
+  {
+    py::gil_scoped_release unlocked;
+    response = WaitBarrier(o);
+  }
+  std::vector<std::string> arrived, missing;
+  if (response.ok()) {
+    arrived.assign(response->arrived().begin(), response->arrived().end());
+    return py::make_tuple("OK", arrived, missing);
+  }
+  if (!absl::IsDeadlineExceeded(response.status())) Raise(response.status());
+  // Who arrived and who did not, from the status details.
+  if (absl::optional<absl::Cord> details =
+          response.status().GetPayload(kGrpcDetailsPayloadUrl)) {
+    v1::RpcStatus status;
+    if (status.ParseFromString(std::string(*details))) {
+      for (const v1::AnyDetail& any : status.details()) {
+        v1::BarrierTimeout t;
+        if (absl::EndsWith(any.type_url(), "/sluice.v1.BarrierTimeout") &&
+            t.ParseFromString(any.value())) {
+          arrived.assign(t.arrived().begin(), t.arrived().end());
+          missing.assign(t.missing().begin(), t.missing().end());
+        }
+      }
+    }
+  }
+  return py::make_tuple(response.status().ToString(), arrived, missing);
+}
+
 // MergeCursors over serialized cursors; ValueError on a mismatch.
 py::bytes MergeSerializedCursors(const std::vector<py::bytes>& serialized) {
   std::vector<v1::Cursor> cursors(serialized.size());
@@ -375,6 +550,26 @@ PYBIND11_MODULE(_core, m) {
            "samples returned so far.")
       .def("stats", &sluice::PyReader::Stats)
       .def("close", &sluice::PyReader::Close);
+  py::class_<sluice::PyOnce>(m, "Once")
+      .def(py::init<const std::string&, const std::string&, const std::string&,
+                    const std::string&, double, bool, std::optional<double>,
+                    const std::string&, const std::string&,
+                    const std::string&>(),
+           py::arg("coordinator"), py::arg("scope"), py::arg("name"),
+           py::arg("participant"), py::arg("ttl") = 10.0,
+           py::arg("fail_all") = false, py::arg("timeout") = std::nullopt,
+           py::arg("ca_cert") = "", py::arg("client_cert") = "",
+           py::arg("client_key") = "")
+      .def("begin", &sluice::PyOnce::Begin,
+           "Joins: ('run', run, '') when this caller runs the step, or "
+           "('done', run, result). Blocks without the GIL.")
+      .def("finish", &sluice::PyOnce::Finish, py::arg("ok"), py::arg("text"),
+           "Reports this caller's run: its result (ok) or error.");
+  m.def("barrier", &sluice::Barrier, py::arg("coordinator"), py::arg("scope"),
+        py::arg("name"), py::arg("participant"), py::arg("participants"),
+        py::arg("timeout") = 60.0, py::arg("ca_cert") = "",
+        py::arg("client_cert") = "", py::arg("client_key") = "",
+        "sluice::WaitBarrier: (status, arrived, missing).");
   m.def("merge_cursors", &sluice::MergeSerializedCursors, py::arg("cursors"),
         "sluice::MergeCursors over serialized Cursors: the merged one, "
         "serialized. ValueError on a mismatch.");
