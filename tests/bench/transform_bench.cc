@@ -6,6 +6,9 @@
 //   eval:  Resize(256) + CenterCrop(224) -- the rows and columns the crop
 //          needs against a full decode, then the same resize and crop.
 //
+// and the transform alone on full decodes made beforehand (CPU-ms per
+// image on this thread): what crop, resize and flip cost.
+//
 // Both sides produce the same pixels (tests/unit/dataserver/
 // image_transforms_test.cc); the ratio is images/s of the window decode
 // over the full decode. Ends with one JSON line.
@@ -140,6 +143,34 @@ double FloorCpuMs(const std::vector<std::string>& jpegs, double seconds) {
   return 1000 * used / static_cast<double>(n);
 }
 
+// CPU milliseconds per image of the transform alone (crop, resize, flip)
+// on full decodes made beforehand: what the resize costs.
+double TransformCpuMs(const std::vector<std::string>& jpegs, bool train,
+                      double seconds) {
+  auto transforms = ImageTransforms::FromSpec(Spec(train));
+  if (!transforms.ok()) std::abort();
+  std::vector<ImageBuffer> images;
+  for (const std::string& jpeg : jpegs) {
+    auto full = DecodeJpeg(Payload{jpeg, nullptr}, {});
+    if (!full.ok()) std::abort();
+    ImageBuffer image = AllocateImage(500, 375, 3, 1);
+    std::memcpy(image.owner.get(), full->bytes.bytes.data(), 500 * 375 * 3);
+    images.push_back(image);
+  }
+  int64_t n = 0;
+  const double start = ThreadCpuSeconds();
+  double used = 0;
+  while (used < seconds) {
+    Geometry g = transforms->Plan(500, 375, SampleRandom(1, 0, 0, n));
+    auto out = transforms->Finish(images[n % images.size()], g, 0,
+                                  Interpolation::kBilinear);
+    if (!out.ok()) std::abort();
+    ++n;
+    used = ThreadCpuSeconds() - start;
+  }
+  return 1000 * used / static_cast<double>(n);
+}
+
 int FloorMain(const std::string& dir, double seconds) {
   std::vector<std::string> jpegs;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
@@ -180,17 +211,21 @@ int main(int argc, char** argv) {
     const char* name = train ? "train" : "eval";
     const double full = sluice::dataserver::Rate(jpegs, train, false, seconds);
     const double window = sluice::dataserver::Rate(jpegs, train, true, seconds);
+    const double transform_ms =
+        sluice::dataserver::TransformCpuMs(jpegs, train, seconds);
+    std::printf("%s: the transform alone (crop, resize, flip): %.3f CPU-ms\n",
+                name, transform_ms);
     std::printf(
         "%s: window decode %.0f images/s, full decode + the same transform "
         "%.0f "
         "images/s: x%.2f\n",
         name, window, full, window / full);
-    char part[200];
+    char part[256];
     std::snprintf(part, sizeof(part),
                   ", \"%s\": {\"window_images_per_s\": %.1f, "
                   "\"full_images_per_s\": %.1f, "
-                  "\"ratio\": %.3f}",
-                  name, window, full, window / full);
+                  "\"ratio\": %.3f, \"transform_cpu_ms\": %.4f}",
+                  name, window, full, window / full, transform_ms);
     json += part;
   }
   std::printf("%s}\n", json.c_str());
