@@ -1,7 +1,11 @@
 #include "server/common/malloc_tuning.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__GLIBC__)
@@ -24,7 +28,37 @@ std::string MallocProvider() {
   return slash == nullptr ? info.dli_fname : slash + 1;
 }
 
-bool GlibcMallocInUse() { return MallocProvider().rfind("libc.so", 0) == 0; }
+namespace {
+
+// Whether `address` lies in the main program (not a shared library).
+bool InMainProgram(void* address) {
+  Dl_info info;
+  if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) return false;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return false;
+  exe[n] = '\0';
+  char* resolved = realpath(info.dli_fname, nullptr);
+  if (resolved == nullptr) return false;
+  const bool same = std::strcmp(resolved, exe) == 0;
+  std::free(resolved);
+  return same;
+}
+
+}  // namespace
+
+bool GlibcMallocInUse() {
+  if (MallocProvider().rfind("libc.so", 0) == 0) return true;
+  // A program built without PIE that takes malloc's address (Debian's
+  // python3) makes its own PLT entry the address every lookup sees. Its
+  // malloc is glibc's unless another allocator or a sanitizer is loaded.
+  if (!InMainProgram(dlsym(RTLD_DEFAULT, "malloc"))) return false;
+  for (const char* marker : {"mallctl", "tc_malloc", "mi_malloc", "__asan_init",
+                             "__tsan_init", "__msan_init", "__hwasan_init"}) {
+    if (dlsym(RTLD_DEFAULT, marker) != nullptr) return false;
+  }
+  return true;
+}
 
 bool TuneMallocForStreaming() {
 #if defined(__GLIBC__)

@@ -30,7 +30,9 @@ inline constexpr int64_t kTunedTrimThreshold = int64_t{64} << 20;
 // see the top-level CMakeLists.txt), the executable itself when a malloc is
 // linked in statically, or "" if the dynamic linker cannot tell.
 std::string MallocProvider();
-// Whether that malloc is glibc's (the one TuneMallocForStreaming tunes).
+// Whether that malloc is glibc's (the one TuneMallocForStreaming tunes):
+// the provider is libc, or the main program's own PLT entry (a program
+// built without PIE) while no other allocator or sanitizer is loaded.
 bool GlibcMallocInUse();
 
 // Sets glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD to the values above for
