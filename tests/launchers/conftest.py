@@ -104,16 +104,32 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
         self._start("slurmctld", ["slurmctld", "-D", "-f", self.conf])
         self._start("slurmd", ["slurmd", "-D", "-f", self.conf])
 
-        def idle():
-            out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env, capture_output=True,
-                                 text=True)
-            return out.returncode == 0 and out.stdout.strip() == "idle"
-        wait_for(idle, 60, "the SLURM node to be idle (logs in " + d + ")")
+        wait_for(self.idle, 60, "the SLURM node to be idle (logs in " + d + ")")
+
+    def idle(self):
+        """Whether the node runs nothing (a job's cleanup included)."""
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env, capture_output=True,
+                             text=True)
+        return out.returncode == 0 and out.stdout.strip() == "idle"
 
     def _start(self, name, argv):
         log = open(os.path.join(self.dir, f"{name}.out"), "wb")
         self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
         log.close()
+
+    def log_lines(self, job):
+        """The lines of slurmctld's and slurmd's logs that name `job`, for a
+        failure message."""
+        out = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            try:
+                with open(os.path.join(self.dir, name), errors="replace") as f:
+                    out += [f"{name}: {line.rstrip()}" for line in f
+                            if re.search(rf"(JobId={job}\b|job {job}\b|StepId={job}\.|"
+                                         rf"job_id {job}\b|JOB {job}\b)", line)]
+            except OSError as e:
+                out.append(f"{name}: {e}")
+        return "\n".join(out[-80:])
 
     def run(self, argv, timeout=300, **kw):
         env = dict(self.env, **kw.pop("env", {}))

@@ -3,6 +3,7 @@ each failure as users write it today, then the Sluice version passing."""
 import collections
 import os
 import re
+import time
 
 import pytest
 
@@ -71,17 +72,24 @@ def test_a_requeued_job_resumes_from_its_checkpoint_exactly(slurm, tmp_path):
                        env=env_all, cwd=os.path.join(EXAMPLES, "slurm"))
     checkpoint = os.path.join(data, "checkpoints", job, "checkpoint.pt")
     wait_for(lambda: os.path.exists(checkpoint), 300, "the job's first checkpoint")
+    requeued_at = time.time()
     requeued = slurm.run(["scontrol", "requeue", job])
     assert requeued.returncode == 0, requeued.stdout + requeued.stderr
     # SLURM holds a requeued batch job back for a while (BeginTime); let it
-    # start as soon as its node is free.
+    # start as soon as its node is free. Not sooner: slurmd refuses to launch
+    # a job whose credential dates from the second in which the previous
+    # run's was revoked ("Job credential revoked"), and the job then fails.
     wait_for(lambda: "JobState=PENDING" in slurm.run(["scontrol", "show", "job", job]).stdout,
              120, "the job to be pending again")
+    wait_for(lambda: slurm.idle() and time.time() >= int(requeued_at) + 2, 120,
+             "the node to be idle after the first run, in a later second")
     slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     code, info = slurm.wait(job)
     with open(os.path.join(tmp_path, f"job-{job}.out")) as f:
         job_out = f.read()
-    assert code == 0, info + job_out
+    up_log = os.path.join(data, ".sluice", job, "up.log")
+    up = open(up_log).read() if os.path.exists(up_log) else "(no up.log)"
+    assert code == 0, "\n".join([info, job_out, "up.log:", up, slurm.log_lines(job)])
     assert re.search(r"\bRestarts=1\b", info), info
     keys, steps = keys_by_epoch(data, 4)
     for epoch in (0, 1):
