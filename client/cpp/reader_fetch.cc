@@ -192,8 +192,10 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
   u.call_done = true;
   const absl::Status status = FromGrpcStatus(u.status);
   const std::string& address = u.lease.data_server();
-  if (u.dropped || closing_) {
-    // Nothing more to deliver or report.
+  if (u.dropped || closing_ || closed_ || u.final_report.has_value()) {
+    // Nothing more to deliver or report: the unit was dropped, or given
+    // back (a Release on Close, after which the data server may cancel the
+    // stream), or the reader is closing.
   } else if (!u.protocol_error.empty()) {
     SetFetchStateLocked(u, Unit::Fetch::kFailed, u.protocol_error);
   } else if (u.next_fetch == u.lease.unit().end()) {
