@@ -392,11 +392,9 @@ def test_a_stalled_data_server_is_cut_after_stall_timeout(tmp_path):
 
 
 def test_a_fork_while_a_reader_streams_leaves_the_child_and_the_reader_working(tmp_path):
-    # A process forks (a DataLoader starting fork workers, say) while its own
-    # Reader is mid-stream. The Reader's streams are cut before the fork and
-    # reopened after it from the next sample: the child starts (grpcio's
-    # fork handler there would otherwise wait forever on a call only the
-    # parent can read), and the parent's epoch is still exactly once.
+    # A process forks (a subprocess launcher, say) while its own Reader is
+    # mid-stream: the child starts and exits, and the parent's Reader reads
+    # on, its epoch exactly once with nothing re-routed.
     c = Cluster(tmp_path, shards=2, per_shard=300, bin_repeat=50_000)
     try:
         c.create_job("fork-open", shuffle=False)
@@ -476,6 +474,60 @@ def test_a_forked_child_drops_its_copy_of_the_parents_reader(cluster, state):
     first, child, rest = (int(x) for x in out.split())
     assert (first, child) == (5, 3)
     assert rest == (cluster.total - 5 if state == "open" else 0)
+
+
+_LOADER_BESIDE_A_READER = r"""
+import sys
+from torch.utils.data import DataLoader
+import sluice, sluice.torch
+from sluice.torch import ShardLeaseDataset
+
+# The training process reads through a Reader of its own (open), then
+# starts DataLoader workers over another job.
+address, job_a, job_b, which = sys.argv[1:5]
+reader = sluice.Reader(address, job_a)
+it = iter(reader)
+first = [next(it).key for _ in range(5)]
+ds = ShardLeaseDataset(coordinator=address, job=job_b)
+loader_class = sluice.torch.DataLoader if which == "sluice" else DataLoader
+try:
+    keys = [k for batch in loader_class(ds, batch_size=4, num_workers=2)
+            for k in batch["__key__"]]
+    print(len(keys), len(set(keys)))
+except RuntimeError as e:
+    print("error", str(e).replace("\n", " "))
+print(len(first) + sum(1 for _ in it))
+reader.close()
+"""
+
+
+@pytest.mark.parametrize("loader", ["sluice", "torch"])
+def test_dataloader_workers_beside_an_open_reader(cluster, loader):
+    # Workers forked while the process has a Reader open could not start
+    # gRPC (its threads were busy at the fork): a Reader made there would
+    # wait forever. sluice.torch.DataLoader starts them with forkserver
+    # then; under torch's own DataLoader each worker fails at once, saying
+    # why and what to do. The process's own Reader reads on either way.
+    job_a, job_b = f"beside-{loader}-a", f"beside-{loader}-b"
+    cluster.create_job(job_a)
+    cluster.create_job(job_b)
+    proc = subprocess.Popen([sys.executable, "-c", _LOADER_BESIDE_A_READER, cluster.address,
+                             job_a, job_b, loader], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the loader did not finish within 120 s; it printed {out!r}")
+    assert proc.returncode == 0, err[-3000:]
+    lines = out.strip().splitlines()
+    if loader == "sluice":
+        assert lines[0] == f"{cluster.total} {cluster.total}"
+    else:
+        assert lines[0].startswith("error") and "forked from process" in lines[0], lines
+        assert "'spawn' or 'forkserver'" in lines[0], lines
+    assert lines[1] == str(cluster.total)
 
 
 _INTERRUPTED = r"""

@@ -65,8 +65,9 @@ def _tls(ca_cert, client_cert, client_key):
                                         tls.tls_settings(ca_cert, client_cert, client_key))}
 
 
-def _core():
-    from sluice import reader  # the extension, with its import error explained
+def _core(what):
+    from sluice import _lifecycle, reader  # the extension, with its import error explained
+    _lifecycle.check_forked_child(what)
     return reader._core()
 
 
@@ -97,7 +98,7 @@ class once:  # noqa: N801 (used as a context manager: `with sluice.once(...)`)
         self.step = None
 
     def __enter__(self):
-        self._once = _core().Once(coordinator=self._address, scope=self._scope, name=self._name,
+        self._once = _core(f"once {self._scope}/{self._name}").Once(coordinator=self._address, scope=self._scope, name=self._name,
                                   participant=self._participant, ttl=self._ttl,
                                   fail_all=self._fail_all, timeout=self._timeout, **self._tls)
         try:
@@ -143,7 +144,7 @@ def barrier(name, *, participants, participant=None, coordinator=None, scope=Non
     address = _address(coordinator)
     scope = scope or _launcher.default_scope()
     try:
-        status, arrived, missing = _core().barrier(
+        status, arrived, missing = _core(f"barrier {scope}/{name}").barrier(
             coordinator=address, scope=scope, name=name, participant=_participant(participant),
             participants=participants, timeout=timeout,
             **_tls(ca_cert, client_cert, client_key))

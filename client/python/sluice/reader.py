@@ -28,7 +28,10 @@ ReaderError objects.
 
 Thread-safety: iterate (or call next_event/cursor) from one thread; close()
 and want() from any. fork(): a Reader belongs to the process that made it;
-a forked child (a DataLoader worker) makes its own.
+a forked child (a DataLoader worker) makes its own, which needs the parent
+to have had no Reader open at the fork (gRPC cannot start in the child
+otherwise: FAILED_PRECONDITION saying so; use the spawn or forkserver
+start method then).
 """
 import os
 import socket
@@ -127,6 +130,10 @@ class Reader:
                                              resize_shorter_side=resize_shorter_side,
                                              crop_height=crop[0], crop_width=crop[1])
         ca_cert, client_cert, client_key = tls.tls_settings(ca_cert, client_cert, client_key)
+        try:
+            _lifecycle.check_forked_child("a Reader")
+        except RuntimeError as e:
+            raise ReaderError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
         core = _core()
         if os.environ.get("SLUICE_TUNE_MALLOC") == "1":
             core.tune_malloc()

@@ -25,8 +25,13 @@ the training loop consumed.
   the worker (or the main process with num_workers=0), and importing sluice
   turns on gRPC's fork support (GRPC_ENABLE_FORK_SUPPORT, poll strategy), so
   workers forked from a process that already used gRPC get a working gRPC.
-  Both the "fork" and "spawn" start methods work. A worker whose parent
-  died hands its leases back and exits within about a second.
+  Both the "fork" and "spawn" start methods work. The exception: a process
+  with a Reader open (a ShardLeaseDataset iterated with num_workers=0, a
+  sluice.Reader) cannot fork workers that read, since gRPC's threads are
+  busy at the fork; sluice.torch.DataLoader then starts its workers with
+  "forkserver", and under torch's own DataLoader each worker fails at once
+  saying so. A worker whose parent died hands its leases back and exits
+  within about a second.
 * One __iter__ call yields one epoch's share (the coordinator's next epoch),
   then returns; the Reader stays for the next epoch while the process lives.
   On a job that has served all its epochs, __iter__ raises JobDoneError.
@@ -62,7 +67,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 import grpc
 import numpy as np
 
-from sluice import _launcher, tls
+from sluice import _launcher, _lifecycle, tls
 from sluice.reader import JobDoneError, Reader, ReaderError, merge_cursors
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -429,9 +434,18 @@ class DataLoader(torch.utils.data.DataLoader):
             collate_fn = (torch.utils.data.default_collate if batched
                           else torch.utils.data.default_convert)
         dataset._mark_skipped = True
+        # Workers forked while this process has a Reader open could not
+        # read (gRPC cannot start in them): unless told otherwise, they are
+        # then started with forkserver.
+        self._context_given = kwargs.get("multiprocessing_context") is not None
         super().__init__(dataset, collate_fn=_TaggingCollate(collate_fn, batched), **kwargs)
 
     def __iter__(self):
+        if (self.num_workers > 0 and not self._context_given and
+                self.multiprocessing_context is None and _lifecycle.has_open_readers()):
+            _log.info("sluice: this process has a Reader open; DataLoader workers start "
+                      "with 'forkserver' instead of fork")
+            self.multiprocessing_context = "forkserver"
         for tagged in super().__iter__():
             if tagged.where:
                 self.dataset._take(tagged.where)
