@@ -47,6 +47,18 @@ grpc::ChannelArguments StreamChannelArgs() {
 
 }  // namespace
 
+void OnceCancel::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (call_ != nullptr) call_->TryCancel();
+}
+
+bool OnceCancel::Attach(grpc::ClientContext* call) {
+  absl::MutexLock lock(&mu_);
+  call_ = call;
+  return !cancelled_;
+}
+
 absl::StatusOr<OnceOutcome> RunOnce(
     const OnceOptions& options,
     const std::function<absl::StatusOr<std::string>()>& step) {
@@ -62,6 +74,18 @@ absl::StatusOr<OnceOutcome> RunOnce(
   grpc::ClientContext ctx;
   if (options.timeout != absl::InfiniteDuration())
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+  // Detached before ctx goes: a Cancel() after this call returns touches
+  // nothing.
+  struct Detach {
+    OnceCancel* cancel;
+    ~Detach() {
+      if (cancel != nullptr) cancel->Attach(nullptr);
+    }
+  } detach{options.cancel};
+  if (options.cancel != nullptr && !options.cancel->Attach(&ctx)) {
+    return absl::CancelledError(
+        absl::StrCat("once ", options.scope, "/", options.name, ": cancelled"));
+  }
   auto stream = stub->Once(&ctx);
   absl::Mutex write_mu;
   auto write = [&](const v1::OnceRequest& m) {

@@ -216,6 +216,64 @@ def test_a_once_block_that_raises_is_run_again_or_fails_everyone_after(cluster):
                     pass
 
 
+_ONCE_PARTICIPANT = r"""
+import sys
+import sluice
+
+address, scope = sys.argv[1], sys.argv[2]
+try:
+    with sluice.once("held", coordinator=address, scope=scope) as step:
+        print("ran" if step.should_run else f"done {step.result}", flush=True)
+        if step.should_run:
+            sys.stdin.readline()  # holds the step until told
+            step.result = "made"
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_ends_a_once_wait_and_the_step_goes_on(cluster):
+    # A caller waiting on a step another process runs is interrupted: it
+    # leaves at once with KeyboardInterrupt (no longer counted as waiting),
+    # and the runner's result still reaches the next caller.
+    scope = "py-ctrl-c"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", _ONCE_PARTICIPANT, cluster.address, scope],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env=env)
+
+    def waiting():
+        out = subprocess.run([os.path.join(BIN, "sluicectl"), "once", "--list", scope,
+                              f"--coordinator={cluster.address}", "--json"],
+                             capture_output=True, text=True, timeout=30)
+        steps = json.loads(out.stdout or "{}").get("steps", [])
+        return int(steps[0].get("waiting", 0)) if steps else 0
+
+    runner = start()
+    waiter = None
+    try:
+        assert runner.stdout.readline().strip() == "ran"
+        waiter = start()
+        _wait_for(lambda: waiting() == 1, 30, "the second caller to wait")
+        waiter.send_signal(signal.SIGINT)
+        out, _ = waiter.communicate(timeout=10)
+        assert out.strip() == "interrupted" and waiter.returncode == 0
+        _wait_for(lambda: waiting() == 0, 30, "the interrupted caller to leave")
+        runner.stdin.write("\n")
+        runner.stdin.flush()
+        assert runner.wait(timeout=30) == 0
+        late = start()
+        out, _ = late.communicate(timeout=30)
+        assert out.strip() == "done made"
+    finally:
+        for p in (runner, waiter):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_barrier_still_takes_id_with_a_deprecation_warning(cluster):
     with pytest.warns(DeprecationWarning, match=r"pass participant=\.\.\., as to sluice.once"):
         arrived = sluice.barrier("py-old-id", participants=1, id="rank-0",

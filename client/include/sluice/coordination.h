@@ -21,12 +21,36 @@
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "sluice/tls.h"
 #include "sluice/v1/coordinator.pb.h"
 
+namespace grpc {
+class ClientContext;
+}  // namespace grpc
+
 namespace sluice {
+
+// Ends a RunOnce in progress from another thread (say, on Ctrl-C): its
+// wait stops and RunOnce returns CANCELLED. A step already running is not
+// interrupted. Give it to one RunOnce at a time through
+// OnceOptions::cancel; it must outlive that call.
+class OnceCancel {
+ public:
+  void Cancel();
+
+  // For RunOnce: the call to cancel while it runs (null when it ends).
+  // Returns false if Cancel() came first.
+  bool Attach(grpc::ClientContext* call);
+
+ private:
+  absl::Mutex mu_;
+  grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 struct OnceOptions {
   std::string coordinator;
@@ -46,6 +70,8 @@ struct OnceOptions {
   std::function<void(int64_t run)> on_run;
   // Gives up (DEADLINE_EXCEEDED) after this long, waiting included.
   absl::Duration timeout = absl::InfiniteDuration();
+  // Optional: lets another thread end the call (see OnceCancel).
+  OnceCancel* cancel = nullptr;
 };
 
 struct OnceOutcome {

@@ -361,6 +361,7 @@ class PyOnce {
     options_.fail_all = fail_all;
     if (timeout.has_value()) options_.timeout = absl::Seconds(*timeout);
     options_.tls = TlsFromFiles(ca_cert, client_cert, client_key);
+    options_.cancel = &cancel_;
     options_.on_run = [this](int64_t run) {
       absl::MutexLock lock(&mu_);
       run_ = run;
@@ -384,6 +385,7 @@ class PyOnce {
   py::tuple Begin() {
     if (thread_.joinable()) throw std::logic_error("Once.begin() called twice");
     bool chosen = false;
+    bool interrupted = false;
     int64_t run = 0;
     {
       py::gil_scoped_release unlocked;
@@ -403,18 +405,42 @@ class PyOnce {
         outcome_ = std::move(outcome);
         over_ = true;
       });
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](PyOnce* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-              return self->chosen_ || self->over_;
-            },
-            this));
-        chosen = chosen_;
-        run = run_;
+      // Waits in slices with a look at Python's signal handlers in between:
+      // Ctrl-C ends the wait (the call is cancelled) and raises.
+      while (true) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (mu_.AwaitWithTimeout(
+                  absl::Condition(
+                      +[](PyOnce* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                           self->mu_) { return self->chosen_ || self->over_; },
+                      this),
+                  PyReader::kSignalCheckInterval)) {
+            chosen = chosen_;
+            run = run_;
+            break;
+          }
+        }
+        py::gil_scoped_acquire locked;
+        if (PyErr_CheckSignals() != 0) {
+          interrupted = true;
+          break;
+        }
       }
-      if (!chosen) thread_.join();  // the step is over without this caller
+      if (interrupted) {
+        cancel_.Cancel();
+        {
+          absl::MutexLock lock(&mu_);
+          // Chosen meanwhile: the step is reported failed.
+          if (chosen_ && !step_result_.has_value())
+            step_result_ = absl::CancelledError("interrupted");
+        }
+        thread_.join();
+      } else if (!chosen) {
+        thread_.join();  // the step is over without this caller
+      }
     }
+    if (interrupted) throw py::error_already_set();
     if (chosen) return py::make_tuple("run", run, py::str(""));
     const OnceOutcome& o = Outcome();
     return py::make_tuple("done", o.run, py::str(o.result));
@@ -448,6 +474,7 @@ class PyOnce {
   }
 
   OnceOptions options_;
+  OnceCancel cancel_;
   std::thread thread_;
   absl::Mutex mu_;
   bool chosen_ ABSL_GUARDED_BY(mu_) = false;
