@@ -222,7 +222,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   if (!CommitLocked(std::move(record), fx).ok()) return false;
   LeaseEntry entry =
       LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
-  entry.data_server = RouteLocked(job, piece.shard_index);
+  entry.data_server = RouteLocked(job, piece.shard_index, &s);
   if (absl::Status added = leases_.Add(std::move(entry), TtlLocked(job));
       !added.ok()) {
     // Lease ids carry their fence, which only grows: a clash is a bug.
@@ -259,7 +259,17 @@ const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
 }
 
 std::string CoordinatorService::RouteLocked(const JobData& job,
-                                            int32_t shard_index) {
+                                            int32_t shard_index,
+                                            const Session* reader) {
+  const absl::Time now = options_.clock->Now();
+  const auto pick = [&](const std::string& url) -> std::string {
+    if (reader == nullptr || reader->unreachable.empty()) {
+      return data_servers_.Pick(url);
+    }
+    return data_servers_.Pick(url, [&](const std::string& address) {
+      return reader->unreachable.Avoids(address, now);
+    });
+  };
   if (job.mix != nullptr) {
     // By the shard the block's first position reads (remembered per block).
     JobRuntime& rt = runtime_[job.spec.name()];
@@ -279,13 +289,13 @@ std::string CoordinatorService::RouteLocked(const JobData& job,
                          .url();
       }
     }
-    return data_servers_.Pick(it->second);
+    return pick(it->second);
   }
   if (!UsesWindows(job.options))
-    return data_servers_.Pick(job.spec.manifest().shards(shard_index).url());
+    return pick(job.spec.manifest().shards(shard_index).url());
   const ShuffleWindow& window = WindowsLocked(job).at(shard_index);
-  if (window.shards.empty()) return data_servers_.Pick("");
-  return data_servers_.Pick(job.spec.manifest().shards(window.shards[0]).url());
+  if (window.shards.empty()) return pick("");
+  return pick(job.spec.manifest().shards(window.shards[0]).url());
 }
 
 void CoordinatorService::HintUpcomingLocked(const JobData& job,

@@ -47,6 +47,7 @@
 #include "server/coordinator/lease_table.h"
 #include "server/coordinator/once_barrier.h"
 #include "server/coordinator/plan_ahead.h"
+#include "server/coordinator/unreachable_servers.h"
 #include "sluice/v1/coordinator.pb.h"
 
 namespace sluice {
@@ -255,6 +256,9 @@ class CoordinatorService {
     int64_t announced_epoch = -1;
     std::string waiting;
     bool finished = false;
+    // Data servers this session's reader reported it cannot reach: its
+    // grants are routed elsewhere while any other server is live.
+    UnreachableServers unreachable;
   };
   // Runtime (derived) per-job data: queues of unassigned pieces.
   struct JobRuntime {
@@ -291,8 +295,10 @@ class CoordinatorService {
   const std::vector<ShuffleWindow>& WindowsLocked(const JobData& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where a unit's shard (or window) is read: rendezvous over the data
-  // servers by the shard's URL, or a window's first shard's URL.
-  std::string RouteLocked(const JobData& job, int32_t shard_index)
+  // servers by the shard's URL, or a window's first shard's URL; for
+  // `reader` (when given), passing over the servers it cannot reach.
+  std::string RouteLocked(const JobData& job, int32_t shard_index,
+                          const Session* reader = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues PrefetchHints for the units at the front of `queue`.
   void HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue,

@@ -608,6 +608,8 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
         ack->set_lease_id(lease_id);
         RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
         RETURN_IF_ERROR(leases_.SetProgress(lease_id, fence, consumed));
+        // Samples read from the lease's server: this reader reaches it.
+        if (!s.unreachable.empty()) s.unreachable.Reached(lease.data_server);
       }
       if (complete) {
         // Checked live above, under the same lock.
@@ -619,6 +621,8 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
       } else if (m.has_release() || m.has_reroute()) {
         if (m.has_reroute() && !m.reroute().failed_data_server().empty()) {
           data_servers_.MarkSuspect(m.reroute().failed_data_server());
+          s.unreachable.Failed(m.reroute().failed_data_server(),
+                               options_.clock->Now());
         }
         EndLeaseLocked(lease.job, lease_id,
                        m.has_release() ? "released" : "rerouted", fx);

@@ -97,19 +97,27 @@ void DataServerRegistry::MarkSuspect(const std::string& address) {
   }
 }
 
+std::string DataServerRegistry::Pick(const std::string& shard_url) const {
+  return Pick(shard_url, [](const std::string&) { return false; });
+}
+
 // Each live server scores -capacity / ln(u), u in (0, 1) from a hash of
 // (server address, shard URL); the top score wins, ties to the smaller
 // address.
-std::string DataServerRegistry::Pick(const std::string& shard_url) const {
+std::string DataServerRegistry::Pick(
+    const std::string& shard_url,
+    absl::FunctionRef<bool(const std::string&)> avoid) const {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   const uint64_t shard_hash = Mix64(Fnv1a(shard_url));
   std::string best;
   double best_score = -1;
-  for (int pass = 0; pass < 2 && best.empty(); ++pass) {
+  // Pass 0: live, not suspect, not avoided; 1: live, not avoided; 2: live.
+  for (int pass = 0; pass < 3 && best.empty(); ++pass) {
     for (const auto& [id, s] : servers_) {
       if (!Live(s, now)) continue;
-      if (pass == 0 && now < s.suspect_until) continue;  // pass 1: all live
+      if (pass == 0 && now < s.suspect_until) continue;
+      if (pass < 2 && avoid(s.address)) continue;
       const uint64_t h = Mix64(Fnv1a(s.address) ^ shard_hash);
       const double u = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
       const double score = -static_cast<double>(s.capacity) / std::log(u);

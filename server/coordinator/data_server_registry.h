@@ -5,7 +5,8 @@
 // capacity, so a shard keeps going to the same server while the set of
 // servers is stable, and removing a server moves only the shards it had.
 // A server a trainer reported failing is passed over until `timeout` after
-// the report, unless no other server is live.
+// the report, unless no other server is live; for that trainer's own
+// grants, as long as its UnreachableServers says.
 //
 // Thread-safe, under a lock of its own: the coordinator records heartbeats
 // without taking its state lock, so no session work can delay them past a
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/common/clock.h"
@@ -72,6 +74,11 @@ class DataServerRegistry {
   // The live server for `shard_url` (the best one not suspect, else the best
   // live one); empty when none is live.
   std::string Pick(const std::string& shard_url) const;
+  // The same for a reader that cannot reach the servers `avoid` returns
+  // true for: the best live server neither suspect nor avoided, else the
+  // best one not avoided, else the best live one.
+  std::string Pick(const std::string& shard_url,
+                   absl::FunctionRef<bool(const std::string&)> avoid) const;
 
   // Records that `shard_url` is hinted to the server registered at
   // `address`: returns that registration's id and sink the first time

@@ -124,6 +124,30 @@ TEST(DataServerRegistryTest,
   EXPECT_EQ(r.Pick(Shard(on_a)), "a:1");
 }
 
+TEST(DataServerRegistryTest,
+     AServerOneReaderAvoidsIsPassedOverForItAloneUnlessNoOtherIsLive) {
+  FakeClock clock;
+  DataServerRegistry r(&clock, kTimeout);
+  r.Add("a:1", 1, nullptr);
+  const int64_t b = r.Add("b:1", 1, nullptr);
+  int on_a = -1;
+  for (int i = 0; i < 100 && on_a < 0; ++i) {
+    if (r.Pick(Shard(i)) == "a:1") on_a = i;
+  }
+  ASSERT_GE(on_a, 0);
+  const auto avoid_a = [](const std::string& address) {
+    return address == "a:1";
+  };
+  EXPECT_EQ(r.Pick(Shard(on_a), avoid_a), "b:1");
+  EXPECT_EQ(r.Pick(Shard(on_a)), "a:1");  // everyone else's route
+  // A suspect server the reader can reach beats one it cannot.
+  r.MarkSuspect("b:1");
+  EXPECT_EQ(r.Pick(Shard(on_a), avoid_a), "b:1");
+  // Alone, an avoided server is still better than none.
+  r.Remove(b);
+  EXPECT_EQ(r.Pick(Shard(on_a), avoid_a), "a:1");
+}
+
 TEST(DataServerRegistryTest, EachShardIsHintedOnceToAServerWithASink) {
   FakeClock clock;
   DataServerRegistry r(&clock, kTimeout);
