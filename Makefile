@@ -28,7 +28,8 @@ TEST_PACKAGES := \
   python3-pytest python3-torch python3-torchvision \
   etcd-server etcd-client \
   prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel \
-  slurm-wlm munge openmpi-bin python3-mpi4py
+  slurm-wlm munge openmpi-bin python3-mpi4py \
+  iproute2 nftables
 DEB_PACKAGES := $(BUILD_PACKAGES) $(TEST_PACKAGES)
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
