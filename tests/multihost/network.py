@@ -138,7 +138,15 @@ class Network:
 
     def drop_share(self, percent):
         """Drops `percent` % of the frames on every link, at random."""
-        self._nft(f"add rule bridge faults cuts numgen random mod 100 < {int(percent)} drop")
+        self._nft(f"add rule bridge faults cuts numgen random mod 100 < {int(percent)} "
+                  "counter drop")
+
+    def dropped_at_random(self):
+        """Frames `drop_share` has dropped so far."""
+        listed = subprocess.run(["ip", "netns", "exec", self.bridge_ns, "nft", "list", "chain",
+                                 "bridge", "faults", "cuts"], check=True, capture_output=True,
+                                text=True).stdout
+        return sum(int(n) for n in re.findall(r"numgen random.*counter packets (\d+)", listed))
 
     def heal(self):
         """Removes every cut and drop rule."""

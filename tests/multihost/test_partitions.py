@@ -22,12 +22,17 @@ def _gaps(reading):
     return [b - a for a, b in zip(times, times[1:])] or [0.0]
 
 
-def _rerouted(reading):
-    """The units a `sluicectl read` re-routed (its closing line)."""
+def _summary(reading, what):
+    """A count from a `sluicectl read`'s closing line: "re-routed",
+    "reconnects"."""
     last = "".join(reading.err).strip().splitlines()[-1]
-    m = re.search(r"(\d+) re-routed", last)
+    m = re.search(rf"(\d+) {what}", last)
     assert m, last
     return int(m.group(1))
+
+
+def _rerouted(reading):
+    return _summary(reading, "re-routed")
 
 
 def test_a_trainer_cut_from_one_data_server_reads_from_the_other(hosts):
@@ -49,3 +54,85 @@ def test_a_trainer_cut_from_one_data_server_reads_from_the_other(hosts):
     assert c.data[0].metric("sluice_dataserver_samples_served_total") > served_at_cut
     # Each reader's longest wait for a sample: t1's is the failover's.
     assert max(_gaps(readers[0])) < 10
+
+
+def _cut_trainer_from_head(c):
+    c.net.cut(c.trainers[0], c.head)
+
+
+def _cut_data_host_from_head(c):
+    c.net.cut(c.data_hosts[0], c.head)
+
+
+def _isolate_head(c):
+    c.net.cut(c.head)
+
+
+def _lose_data_host(c):
+    c.net.cut(c.data_hosts[0])
+
+
+def _data_servers_registered(c):
+    return c.coordinator.metric("sluice_coordinator_data_servers ")
+
+
+# name: (fault, seconds it lasts, what the fault is seen to do while it
+# lasts (or None), what it is seen to have done at the end (or None)).
+# Each starts once rank 0 has read 30 samples and is healed after its time.
+PARTITIONS = {
+    # Shorter than the TTL: the session may not even notice.
+    "trainer-head-under-ttl": (_cut_trainer_from_head, TTL / 2, None, None),
+    # Three TTLs: rank 0's leases expire at the coordinator and its reader
+    # stops delivering their samples at half a TTL without renewal; its
+    # session breaks (keepalive) and reconnects after the heal.
+    "trainer-head-over-ttl": (_cut_trainer_from_head, 3 * TTL, None,
+                              lambda c, readers: _summary(readers[0], "reconnects") >= 1),
+    # The coordinator drops ds1 (no heartbeats) and routes to ds2; readers
+    # finish what they hold on ds1.
+    "data-server-head": (_cut_data_host_from_head, 2 * TTL,
+                         lambda c: _data_servers_registered(c) == 1, None),
+    # Everyone loses the coordinator for 1.5 TTLs.
+    "head-from-everything": (_isolate_head, 1.5 * TTL, None,
+                             lambda c, readers: all(_summary(r, "reconnects") >= 1
+                                                    for r in readers)),
+    # ds1 vanishes without a reset: the coordinator drops it, readers' streams
+    # to it fail by keepalive and their units are re-routed.
+    "data-server-lost": (_lose_data_host, 4 * TTL,
+                         lambda c: _data_servers_registered(c) == 1, None),
+}
+
+
+@pytest.mark.parametrize("partition", sorted(PARTITIONS))
+def test_a_job_through_a_partition_delivers_every_epoch_exactly_once(hosts, partition):
+    # 4 epochs of 100 samples per rank at 40/s: 10 s of reading, the fault
+    # for its time, and at most 30 s more to finish.
+    fault, seconds, during, after = PARTITIONS[partition]
+    c = hosts(name=partition[:8])
+    c.create_job("j", world_size=2, epochs=4, extra=["--noshuffle"])
+    readers = [c.read(c.trainers[r], "j", rank=r, epochs=4, rate=40) for r in range(2)]
+    wait_for(lambda: len(readers[0].samples) >= 30, 30, "30 samples read")
+    started = time.monotonic()
+    fault(c)
+    if during is not None:
+        wait_for(lambda: during(c), seconds, f"{partition} to show", interval=0.2)
+    time.sleep(max(0.0, started + seconds - time.monotonic()))  # the fault lasts this long
+    c.net.heal()
+    ranks = [r.finish(10 + seconds + 30) for r in readers]
+    assert_exactly_once_and_equal(ranks, c.total, epochs=4)
+    assert time.monotonic() - started < 10 + seconds + 30
+    if after is not None:
+        assert after(c, readers), [r.err[-1] for r in readers]
+
+
+def test_a_job_over_lossy_links_delivers_every_epoch_exactly_once(hosts):
+    # 2 % of the frames on every link dropped at random for the whole job:
+    # TCP retransmits; nothing is lost or doubled, and the ranks stay equal.
+    c = hosts(name="lossy")
+    c.create_job("j", world_size=2, epochs=4, extra=["--noshuffle"])
+    c.net.drop_share(2)
+    started = time.monotonic()
+    readers = [c.read(c.trainers[r], "j", rank=r, epochs=4, rate=40) for r in range(2)]
+    ranks = [r.finish(60) for r in readers]
+    assert_exactly_once_and_equal(ranks, c.total, epochs=4)
+    assert time.monotonic() - started < 40
+    assert c.net.dropped_at_random() > 0
