@@ -265,6 +265,7 @@ absl::Status EtcdJournal::Campaign(
   etcdserverpb::LeaseGrantRequest grant;
   grant.set_ttl(ttl_s);
   etcdserverpb::LeaseGrantResponse granted;
+  lease_renewed_at_ = absl::Now();
   {
     auto ctx = Context(kRpcTimeout);
     grpc::Status s = lease_->LeaseGrant(ctx.get(), grant, &granted);
@@ -313,6 +314,7 @@ absl::Status EtcdJournal::Campaign(
     }
     // Our own lease must outlive the wait.
     if (absl::Now() - last_keepalive > options_.election_ttl / 3) {
+      const absl::Time sent = absl::Now();
       auto ctx = Context(kRpcTimeout);
       auto stream = lease_->LeaseKeepAlive(ctx.get());
       etcdserverpb::LeaseKeepAliveRequest ka;
@@ -320,6 +322,7 @@ absl::Status EtcdJournal::Campaign(
       etcdserverpb::LeaseKeepAliveResponse kr;
       if (stream->Write(ka) && stream->Read(&kr) && kr.ttl() > 0) {
         last_keepalive = absl::Now();
+        lease_renewed_at_ = sent;
       }
       stream->WritesDone();
       ctx->TryCancel();
@@ -335,11 +338,32 @@ absl::Status EtcdJournal::Campaign(
   }
 }
 
+// Each renewal is a short keep-alive stream whose deadline is when the
+// lease may lapse: a silent partition from etcd cannot hold a read past it.
+// Leadership is given up `margin` before the lease can lapse at etcd (the
+// last acknowledged request's send time plus the TTL), so a standby, which
+// can win only once etcd has expired the lease, never finds this
+// coordinator still serving.
 void EtcdJournal::KeepAlive() {
-  absl::Time last_ok = absl::Now();
   const absl::Duration interval = options_.election_ttl / 3;
+  const absl::Duration margin =
+      std::min(options_.election_ttl / 10, absl::Milliseconds(250));
+  absl::Time expires = lease_renewed_at_ + options_.election_ttl;
   while (!stopping_.load()) {
+    const absl::Time sent = absl::Now();
+    const absl::Time step_down_at = expires - margin;
+    if (sent >= step_down_at) {
+      if (leadership().ok()) {
+        LoseLeadership(absl::UnavailableError(
+            absl::StrCat("no etcd keep-alive of ", Key("leader"),
+                         " acknowledged within the election TTL (",
+                         absl::FormatDuration(options_.election_ttl),
+                         "): stepping down before the lease can lapse")));
+      }
+      return;
+    }
     grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(step_down_at));
     {
       absl::MutexLock lock(&keepalive_mu_);
       if (stopping_.load()) return;
@@ -349,35 +373,31 @@ void EtcdJournal::KeepAlive() {
     etcdserverpb::LeaseKeepAliveRequest req;
     req.set_id(lease_id_);
     etcdserverpb::LeaseKeepAliveResponse resp;
-    while (!stopping_.load() && stream->Write(req) && stream->Read(&resp)) {
-      if (resp.ttl() <= 0) {
-        LoseLeadership(absl::UnavailableError(absl::StrCat(
-            "etcd lease ", absl::Hex(lease_id_), " of ", Key("leader"),
-            " expired: another coordinator may lead now")));
-        break;
-      }
-      last_ok = absl::Now();
-      const absl::Time next = last_ok + interval;
-      while (!stopping_.load() && absl::Now() < next) {
-        absl::SleepFor(std::min(interval, absl::Milliseconds(50)));
-      }
-    }
+    const bool acked = stream->Write(req) && stream->Read(&resp);
+    stream->WritesDone();
     ctx.TryCancel();
     stream->Finish().ok();
     {
       absl::MutexLock lock(&keepalive_mu_);
       keepalive_ctx_ = nullptr;
     }
-    if (stopping_.load()) return;
-    if (!leadership().ok()) return;
-    if (absl::Now() - last_ok > options_.election_ttl) {
-      LoseLeadership(absl::UnavailableError(
-          absl::StrCat("no etcd keep-alive for ", Key("leader"), " in ",
-                       absl::FormatDuration(options_.election_ttl),
-                       " (the election TTL): stepping down")));
-      return;
+    if (stopping_.load() || !leadership().ok()) return;
+    absl::Time next = sent + absl::Milliseconds(100);  // retry a failure
+    if (acked) {
+      if (resp.ttl() <= 0) {
+        LoseLeadership(absl::UnavailableError(absl::StrCat(
+            "etcd lease ", absl::Hex(lease_id_), " of ", Key("leader"),
+            " expired: another coordinator may lead now")));
+        return;
+      }
+      expires =
+          sent + std::min(absl::Seconds(resp.ttl()), options_.election_ttl);
+      next = sent + interval;
     }
-    absl::SleepFor(absl::Milliseconds(100));
+    while (!stopping_.load() &&
+           absl::Now() < std::min(next, expires - margin)) {
+      absl::SleepFor(std::min(interval, absl::Milliseconds(50)));
+    }
   }
 }
 

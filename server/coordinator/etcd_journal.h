@@ -152,6 +152,10 @@ class EtcdJournal final : public Journal {
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
   int64_t lease_id_ = 0;
+  // When the request that last extended the lease was sent (its grant or
+  // an acknowledged keep-alive): etcd received it no earlier, so the lease
+  // lasts at least the election TTL from then.
+  absl::Time lease_renewed_at_;
   int64_t leader_revision_ = 0;
   // What CatchUp applied: records, the snapshot generation, the last log
   // sequence, their bytes (only Open's thread touches these).

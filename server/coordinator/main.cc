@@ -44,7 +44,11 @@ ABSL_FLAG(std::string, etcd_cert, "",
 ABSL_FLAG(std::string, etcd_key, "", "Private key (PEM) for --etcd_cert.");
 ABSL_FLAG(absl::Duration, election_ttl, absl::Seconds(2),
           "With an etcd journal: the leader's etcd lease TTL. A standby takes "
-          "over this long after the leader's last keep-alive.");
+          "over this long after the leader's last keep-alive; a leader whose "
+          "keep-alives go unanswered this long steps down. For an etcd "
+          "member's death to be only latency, it must outlast etcd's own "
+          "leader election (etcd's default election timeout is 1 s, "
+          "randomized up to 2 s) plus a third of itself: e.g. 5s.");
 ABSL_FLAG(std::string, advertise, "",
           "With an etcd journal: the address written as the leader's "
           "address, given to clients in the UNAVAILABLE a standby answers "

@@ -419,9 +419,14 @@ TEST(CoordinatorEtcdTest, AnEtcdMemberDyingMidEpochIsOnlyLatency) {
   ASSERT_TRUE(members.ok()) << members.status();
   const v1::JobSpec spec = WriteShards(dir, "three");
   // The coordinator talks to the first member that accepts: member 0.
-  auto c =
-      StartCoordinator(dir.path(), {ClusterJournal(*members, "/sluice/three"),
-                                    "--heartbeat_interval=200ms"});
+  // Killing it may take etcd's raft leader, and the new one is elected
+  // after etcd's election timeout (1 s, randomized up to 2 s): no
+  // keep-alive is answered meanwhile, so the election TTL must outlast
+  // that plus a keep-alive interval (a third of the TTL), or the leader
+  // steps down before its lease could lapse.
+  auto c = StartCoordinator(
+      dir.path(), {ClusterJournal(*members, "/sluice/three"),
+                   "--heartbeat_interval=200ms", "--election_ttl=5s"});
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE(
       testing::WaitForReadiness(c->grpc_address, true, absl::Seconds(30)).ok());
