@@ -44,11 +44,11 @@ BIN, write_shards = _fixtures.BIN, _fixtures.write_shards
 class Node:
     """One Sluice server on a host."""
 
-    def __init__(self, host, binary, workdir, args):
+    def __init__(self, host, binary, workdir, args, port=0):
         self.host, self.binary = host, binary
         self.port_file = os.path.join(workdir, f"{binary}-{host.name}-{time.monotonic_ns()}.ports")
         with open(os.path.join(workdir, f"{binary}-{host.name}.log"), "ab") as log:
-            self.proc = host.popen([os.path.join(BIN, binary), f"--listen={host.ip}:0",
+            self.proc = host.popen([os.path.join(BIN, binary), f"--listen={host.ip}:{port}",
                                     f"--metrics_listen={host.ip}:0",
                                     f"--port_file={self.port_file}", *args],
                                    stdout=log, stderr=subprocess.STDOUT)
@@ -104,24 +104,57 @@ class Reading:
         return self.samples
 
 
+def start_etcd(host, workdir):
+    """A one-member etcd on `host`'s address; its client endpoint."""
+    url = lambda port: f"http://{host.ip}:{port}"  # noqa: E731
+    with open(os.path.join(workdir, "etcd.log"), "ab") as log:
+        host.popen(["/usr/bin/etcd", "--name", "head", "--data-dir",
+                    os.path.join(workdir, "etcd-data"), "--listen-client-urls", url(2379),
+                    "--advertise-client-urls", url(2379), "--listen-peer-urls", url(2380),
+                    "--initial-advertise-peer-urls", url(2380), "--initial-cluster",
+                    f"head={url(2380)}"], stdout=log, stderr=subprocess.STDOUT)
+    wait_for(lambda: host.run(["/usr/bin/etcdctl", f"--endpoints={url(2379)}",
+                               "endpoint", "health"]).returncode == 0,
+             30, "etcd to serve", interval=0.2)
+    return f"{host.ip}:2379"
+
+
 class HostCluster:
+    """`coordinators=2`: two coordinators on hosts c1 and c2 sharing a
+    journal in etcd on the head (election TTL 2 s), c1 leading first;
+    data servers and readers are given both."""
+
     def __init__(self, tmp, name="cluster", data_hosts=2, trainer_hosts=2, shards=8,
-                 per_shard=25, bin_repeat=50, coordinator_flags=(), data_flags=()):
+                 per_shard=25, bin_repeat=50, coordinators=1, coordinator_flags=(),
+                 data_flags=()):
         self.tmp = str(tmp)
+        os.makedirs(self.tmp, exist_ok=True)
         self.net = Network(name)
         try:
             self.head = self.net.host("head")
-            self.data_hosts = [self.net.host(f"ds{i + 1}") for i in range(data_hosts)]
-            self.trainers = [self.net.host(f"t{i + 1}") for i in range(trainer_hosts)]
             self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard,
                                      bin_repeat)
             self.total = shards * per_shard
-            self.coordinator = Node(self.head, "sluice-coordinator", self.tmp,
-                                    [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
-                                     *coordinator_flags])
+            if coordinators == 1:
+                self.coordinators = [Node(self.head, "sluice-coordinator", self.tmp,
+                                          [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
+                                           *coordinator_flags])]
+            else:
+                etcd = start_etcd(self.head, self.tmp)
+                self.coordinator_flags = [f"--journal=etcd://{etcd}/sluice/ha",
+                                          "--election_ttl=2s", *coordinator_flags]
+                self.coordinators = []
+                for i in range(coordinators):
+                    host = self.net.host(f"c{i + 1}")
+                    self.coordinators.append(self.start_coordinator(host))
+                    if i == 0:
+                        wait_for(lambda: self.ready(self.coordinators[0]), 30,
+                                 "the first coordinator to lead", interval=0.2)
+            self.data_hosts = [self.net.host(f"ds{i + 1}") for i in range(data_hosts)]
+            self.trainers = [self.net.host(f"t{i + 1}") for i in range(trainer_hosts)]
             self.data = [Node(h, "sluice-dataserver", self.tmp,
                               [f"--roots={os.path.join(self.tmp, 'shards')}",
-                               f"--coordinator={self.coordinator.address}", *data_flags])
+                               f"--coordinator={self.address}", *data_flags])
                          for h in self.data_hosts]
             wait_for(lambda: self.coordinator.metric("sluice_coordinator_data_servers ")
                      == len(self.data), 30, "data servers to register")
@@ -129,9 +162,23 @@ class HostCluster:
             self.net.close()
             raise
 
+    def start_coordinator(self, host):
+        """A coordinator of the etcd-journaled pair on `host`, port 7070."""
+        return Node(host, "sluice-coordinator", self.tmp, self.coordinator_flags, port=7070)
+
+    def ready(self, node, from_host=None):
+        """Whether `node` answers readiness (leads and serves), asked from
+        `from_host` (default: its own host)."""
+        return self.sluicectl(from_host or node.host, "health", node.address,
+                              "--service=readiness", "--timeout=1s").returncode == 0
+
+    @property
+    def coordinator(self):
+        return self.coordinators[0]
+
     @property
     def address(self):
-        return self.coordinator.address
+        return ",".join(c.address for c in self.coordinators)
 
     def sluicectl(self, host, *args):
         return host.run([os.path.join(BIN, "sluicectl"), *args])

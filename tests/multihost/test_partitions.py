@@ -136,3 +136,29 @@ def test_a_job_over_lossy_links_delivers_every_epoch_exactly_once(hosts):
     assert_exactly_once_and_equal(ranks, c.total, epochs=4)
     assert time.monotonic() - started < 40
     assert c.net.dropped_at_random() > 0
+
+
+def test_a_leader_cut_from_etcd_stops_serving_before_the_standby_leads(hosts):
+    # Coordinators c1 (leading) and c2 share a journal in etcd on the head;
+    # c1 is cut from the head (etcd) but not from the trainers or data
+    # servers. Its election lease lapses: it must stop answering as leader
+    # before c2 starts, seen from a trainer host that reaches both, and the
+    # job goes on through c2 with every epoch exactly once.
+    c = hosts(name="ha", coordinators=2)
+    c.create_job("j", world_size=2, epochs=4, extra=["--noshuffle"])
+    readers = [c.read(c.trainers[r], "j", rank=r, epochs=4, rate=40) for r in range(2)]
+    wait_for(lambda: len(readers[0].samples) >= 30, 30, "30 samples read")
+    leader, standby = c.coordinators
+    watcher = c.trainers[1]
+    c.net.cut(leader.host, c.head)
+    seen = []  # (leader ready, standby ready), polled in turn
+
+    def standby_leads():
+        seen.append((c.ready(leader, watcher), c.ready(standby, watcher)))
+        return seen[-1][1]
+    wait_for(standby_leads, 30, "the standby to lead", interval=0.05)
+    assert (True, True) not in seen, seen
+    assert leader.proc.wait(timeout=10) == 75  # deposed: exits for its supervisor
+    c.net.heal()
+    ranks = [r.finish(60) for r in readers]
+    assert_exactly_once_and_equal(ranks, c.total, epochs=4)
