@@ -35,6 +35,7 @@
 #include "client/cpp/reroute_backoff.h"
 #include "server/common/clock.h"
 #include "server/common/grpc_target.h"
+#include "server/common/node_name.h"
 #include "sluice/reader.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
@@ -56,6 +57,7 @@ class ReaderImpl final : public Reader {
       options_.trainer_id = absl::StrCat(host, "-", getpid(), "-r",
                                          options_.rank, "-w", options_.worker);
     }
+    if (options_.node.empty()) options_.node = NodeName();
     if (options_.launch_id.empty()) {
       // A new launch: a resume from this Reader is a restart of its own.
       absl::BitGen bits;

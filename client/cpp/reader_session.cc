@@ -143,6 +143,7 @@ void ReaderImpl::RunSession() {
     hello.mutable_hello()->set_num_workers(options_.num_workers);
     hello.mutable_hello()->set_trainer_id(options_.trainer_id);
     hello.mutable_hello()->set_launch_id(options_.launch_id);
+    hello.mutable_hello()->set_node(options_.node);
     {
       absl::MutexLock lock(&mu_);
       if (options_.resume_from.has_value() && !resume_done_) {

@@ -36,6 +36,11 @@ absl::Status CoordinatorService::CheckRegistration(
         absl::StrCat(QuotePrefix(r.address()), " is not host:port (at most ",
                      kMaxIdBytes, " bytes)"));
   }
+  if (r.node().size() > kMaxIdBytes) {
+    return Invalid("register.node",
+                   absl::StrCat(QuotePrefix(r.node()), " is longer than ",
+                                kMaxIdBytes, " bytes"));
+  }
   if (r.capacity() < 0 || r.capacity() > kMaxDataServerCapacity) {
     return Invalid("register.capacity",
                    absl::StrCat(r.capacity(), " is outside [0, ",
@@ -56,7 +61,8 @@ absl::Status CoordinatorService::CheckFenceSeen(absl::string_view field,
 
 int64_t CoordinatorService::RegisterDataServer(
     const std::string& address, int32_t capacity,
-    std::shared_ptr<DataServerSink> sink, uint64_t max_fence_seen) {
+    std::shared_ptr<DataServerSink> sink, uint64_t max_fence_seen,
+    const std::string& node) {
   Effects fx;
   int64_t id;
   {
@@ -73,7 +79,7 @@ int64_t CoordinatorService::RegisterDataServer(
       reply.mutable_registered()->set_acks_heartbeats(true);
       sink->Send(reply);
     }
-    id = data_servers_.Add(address, capacity, std::move(sink));
+    id = data_servers_.Add(address, capacity, std::move(sink), node);
     UpdateDataServerMetric();
     if (none_live) PumpAllLocked(fx);  // units waiting for a data server
     SubmitLocked(fx);

@@ -222,7 +222,8 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   if (!CommitLocked(std::move(record), fx).ok()) return false;
   LeaseEntry entry =
       LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
-  entry.data_server = RouteLocked(job, piece.shard_index, &s);
+  bool same_node = false;
+  entry.data_server = RouteLocked(job, piece.shard_index, &s, &same_node);
   if (absl::Status added = leases_.Add(std::move(entry), TtlLocked(job));
       !added.ok()) {
     // Lease ids carry their fence, which only grows: a clash is a bug.
@@ -234,8 +235,15 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   fx.sends.emplace_back(s.sink, std::move(grant));
   v1::LeaseCounts& counts = runtime_[job.spec.name()].lease_counts;
   counts.set_granted(counts.granted() + 1);
-  if (options_.metrics)
-    options_.metrics->ForJob(job.spec.name()).granted->Increment();
+  if (options_.metrics) {
+    const CoordinatorMetrics::Job& m =
+        options_.metrics->ForJob(job.spec.name());
+    m.granted->Increment();
+    (s.node.empty() ? m.granted_unknown_node
+     : same_node    ? m.granted_same_node
+                    : m.granted_other_node)
+        ->Increment(static_cast<double>(piece.size()));
+  }
   HintUpcomingLocked(job, queue, fx);
   return true;
 }
@@ -260,15 +268,17 @@ const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
 
 std::string CoordinatorService::RouteLocked(const JobData& job,
                                             int32_t shard_index,
-                                            const Session* reader) {
+                                            const Session* reader,
+                                            bool* same_node) {
   const absl::Time now = options_.clock->Now();
   const auto pick = [&](const std::string& url) -> std::string {
-    if (reader == nullptr || reader->unreachable.empty()) {
-      return data_servers_.Pick(url);
-    }
-    return data_servers_.Pick(url, [&](const std::string& address) {
-      return reader->unreachable.Avoids(address, now);
-    });
+    if (reader == nullptr) return data_servers_.Pick(url);
+    return data_servers_.Pick(
+        url,
+        [&](const std::string& address) {
+          return reader->unreachable.Avoids(address, now);
+        },
+        reader->node, same_node);
   };
   if (job.mix != nullptr) {
     // By the shard the block's first position reads (remembered per block).

@@ -123,6 +123,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                         .Add({}, LockBounds())),
       granted_(CounterFamily(r, "sluice_coordinator_leases_granted_total",
                              "Leases granted.")),
+      granted_samples_(CounterFamily(
+          r, "sluice_coordinator_granted_samples_total",
+          "Samples granted, by where they are read against the reader's "
+          "node (locality: same_node, other_node; unknown when the reader "
+          "named no node).")),
       completed_(CounterFamily(r, "sluice_coordinator_leases_completed_total",
                                "Leases completed by their holder.")),
       expired_(CounterFamily(
@@ -211,17 +216,17 @@ const CoordinatorMetrics::Job& CoordinatorMetrics::ForJob(
   if (it != jobs_.end()) return it->second;
   // Not "job": Prometheus attaches its own job label to every scraped series.
   const prometheus::Labels labels = {{"sluice_job", job}};
-  Job series{&granted_.Add(labels),
-             &completed_.Add(labels),
-             &expired_.Add(labels),
-             &released_.Add(labels),
-             &resumes_.Add(labels),
-             &epoch_total_.Add(labels),
-             &epoch_done_.Add(labels),
-             &epoch_.Add(labels),
-             &sessions_.Add(labels),
-             &rank_skew_.Add(labels),
-             &input_wait_.Add(labels, kInputWaitBounds)};
+  auto locality = [&](const char* where) {
+    return &granted_samples_.Add({{"sluice_job", job}, {"locality", where}});
+  };
+  Job series{
+      &granted_.Add(labels),     locality("same_node"),
+      locality("other_node"),    locality("unknown"),
+      &completed_.Add(labels),   &expired_.Add(labels),
+      &released_.Add(labels),    &resumes_.Add(labels),
+      &epoch_total_.Add(labels), &epoch_done_.Add(labels),
+      &epoch_.Add(labels),       &sessions_.Add(labels),
+      &rank_skew_.Add(labels),   &input_wait_.Add(labels, kInputWaitBounds)};
   return jobs_.emplace(job, series).first->second;
 }
 
@@ -230,6 +235,9 @@ void CoordinatorMetrics::RemoveJob(const std::string& job) {
   if (it == jobs_.end()) return;
   const Job& s = it->second;
   granted_.Remove(s.granted);
+  granted_samples_.Remove(s.granted_same_node);
+  granted_samples_.Remove(s.granted_other_node);
+  granted_samples_.Remove(s.granted_unknown_node);
   completed_.Remove(s.completed);
   expired_.Remove(s.expired);
   released_.Remove(s.released);

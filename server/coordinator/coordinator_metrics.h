@@ -25,6 +25,11 @@ class CoordinatorMetrics {
   // hashes a label map: too slow for every lease operation).
   struct Job {
     prometheus::Counter* granted;
+    // Samples granted by where the unit is read, against the reader's node
+    // (Hello.node): on its node, on another, or the reader named none.
+    prometheus::Counter* granted_same_node;
+    prometheus::Counter* granted_other_node;
+    prometheus::Counter* granted_unknown_node;
     prometheus::Counter* completed;
     prometheus::Counter* expired;
     prometheus::Counter* released;
@@ -91,6 +96,7 @@ class CoordinatorMetrics {
  private:
   std::vector<prometheus::Counter*> message_lock_cpu_;  // by field number
   prometheus::Family<prometheus::Counter>& granted_;
+  prometheus::Family<prometheus::Counter>& granted_samples_;
   prometheus::Family<prometheus::Counter>& completed_;
   prometheus::Family<prometheus::Counter>& expired_;
   prometheus::Family<prometheus::Counter>& released_;

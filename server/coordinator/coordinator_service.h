@@ -190,7 +190,8 @@ class CoordinatorService {
   absl::Status CheckRegistration(const v1::RegisterDataServer& r) const;
   int64_t RegisterDataServer(const std::string& address, int32_t capacity,
                              std::shared_ptr<DataServerSink> sink = nullptr,
-                             uint64_t max_fence_seen = 0);
+                             uint64_t max_fence_seen = 0,
+                             const std::string& node = "");
   // Records a heartbeat without the state lock (session work never delays
   // it); takes the lock only when no data server was live before it, to
   // feed the sessions waiting for one.
@@ -250,6 +251,7 @@ class CoordinatorService {
     int32_t rank = 0;
     int32_t worker = 0;
     int32_t num_workers = 1;  // readers per rank this session reads with
+    std::string node;         // the reader's node (Hello.node), "" = unknown
     int32_t slot = 0;         // its reader slot in the job's plan (at Hello)
     std::string trainer_id;   // "job/trainer_id": the holder of its leases
     int32_t credits = 0;
@@ -297,8 +299,10 @@ class CoordinatorService {
   // Where a unit's shard (or window) is read: rendezvous over the data
   // servers by the shard's URL, or a window's first shard's URL; for
   // `reader` (when given), passing over the servers it cannot reach.
+  // `*same_node` (optional): whether the server is on the reader's node.
   std::string RouteLocked(const JobData& job, int32_t shard_index,
-                          const Session* reader = nullptr)
+                          const Session* reader = nullptr,
+                          bool* same_node = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues PrefetchHints for the units at the front of `queue`.
   void HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue,

@@ -138,15 +138,17 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
                                            Effects& fx) {
   if (hello.trainer_id().size() > kMaxIdBytes ||
       hello.resume_attempt().size() > kMaxIdBytes ||
-      hello.launch_id().size() > kMaxIdBytes) {
+      hello.launch_id().size() > kMaxIdBytes ||
+      hello.node().size() > kMaxIdBytes) {
     const char* field =
         hello.trainer_id().size() > kMaxIdBytes       ? "hello.trainer_id"
         : hello.resume_attempt().size() > kMaxIdBytes ? "hello.resume_attempt"
-                                                      : "hello.launch_id";
+        : hello.launch_id().size() > kMaxIdBytes      ? "hello.launch_id"
+                                                      : "hello.node";
     FinishSessionLocked(
         s,
-        Invalid(field, absl::StrCat("trainer_id, resume_attempt "
-                                    "and launch_id are limited "
+        Invalid(field, absl::StrCat("trainer_id, resume_attempt, "
+                                    "launch_id and node are limited "
                                     "to ",
                                     kMaxIdBytes, " bytes")),
         fx);
@@ -233,6 +235,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   s.rank = hello.rank();
   s.worker = hello.worker();
   s.num_workers = workers;
+  s.node = hello.node();
   s.slot = job->plan.SlotOf(s.rank, s.worker);
   OpenSessions& open_of_job = open_sessions_[s.job];
   open_of_job.all.insert(s.id);

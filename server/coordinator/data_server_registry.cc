@@ -27,11 +27,13 @@ uint64_t Mix64(uint64_t z) {
 }  // namespace
 
 int64_t DataServerRegistry::Add(const std::string& address, int32_t capacity,
-                                std::shared_ptr<DataServerSink> sink) {
+                                std::shared_ptr<DataServerSink> sink,
+                                const std::string& node) {
   absl::MutexLock lock(&mu_);
   const int64_t id = next_id_++;
   Server& s = servers_[id];
   s.address = address;
+  s.node = node;
   s.capacity = capacity > 0 ? capacity : 1;
   s.last_seen = clock_->Now();
   s.sink = std::move(sink);
@@ -106,28 +108,35 @@ std::string DataServerRegistry::Pick(const std::string& shard_url) const {
 // address.
 std::string DataServerRegistry::Pick(
     const std::string& shard_url,
-    absl::FunctionRef<bool(const std::string&)> avoid) const {
+    absl::FunctionRef<bool(const std::string&)> avoid, const std::string& node,
+    bool* same_node) const {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   const uint64_t shard_hash = Mix64(Fnv1a(shard_url));
-  std::string best;
+  const Server* best = nullptr;
   double best_score = -1;
-  // Pass 0: live, not suspect, not avoided; 1: live, not avoided; 2: live.
-  for (int pass = 0; pass < 3 && best.empty(); ++pass) {
+  // Pass 0: on the reader's node, live, not suspect, not avoided; 1: live,
+  // not suspect, not avoided; 2: live, not avoided; 3: live.
+  for (int pass = node.empty() ? 1 : 0; pass < 4 && best == nullptr; ++pass) {
     for (const auto& [id, s] : servers_) {
       if (!Live(s, now)) continue;
-      if (pass == 0 && now < s.suspect_until) continue;
-      if (pass < 2 && avoid(s.address)) continue;
+      if (pass == 0 && s.node != node) continue;
+      if (pass <= 1 && now < s.suspect_until) continue;
+      if (pass <= 2 && avoid(s.address)) continue;
       const uint64_t h = Mix64(Fnv1a(s.address) ^ shard_hash);
       const double u = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
       const double score = -static_cast<double>(s.capacity) / std::log(u);
-      if (score > best_score || (score == best_score && s.address < best)) {
+      if (score > best_score ||
+          (score == best_score && s.address < best->address)) {
         best_score = score;
-        best = s.address;
+        best = &s;
       }
     }
   }
-  return best;
+  if (same_node != nullptr) {
+    *same_node = best != nullptr && !node.empty() && best->node == node;
+  }
+  return best == nullptr ? std::string() : best->address;
 }
 
 std::optional<DataServerRegistry::HintTarget> DataServerRegistry::NoteHint(

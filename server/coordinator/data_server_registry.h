@@ -6,7 +6,9 @@
 // servers is stable, and removing a server moves only the shards it had.
 // A server a trainer reported failing is passed over until `timeout` after
 // the report, unless no other server is live; for that trainer's own
-// grants, as long as its UnreachableServers says.
+// grants, as long as its UnreachableServers says. A reader that names its
+// node gets a server registered on the same node when one is live (the
+// node-local layout: its bytes stay on the node), by rendezvous among them.
 //
 // Thread-safe, under a lock of its own: the coordinator records heartbeats
 // without taking its state lock, so no session work can delay them past a
@@ -51,7 +53,8 @@ class DataServerRegistry {
   // A new registration, live from now; returns its id (never 0). A
   // capacity <= 0 counts as 1.
   int64_t Add(const std::string& address, int32_t capacity,
-              std::shared_ptr<DataServerSink> sink);
+              std::shared_ptr<DataServerSink> sink,
+              const std::string& node = "");
   // Marks `id` seen now; false if it is not registered. `none_was_live`
   // (optional) tells whether no registration was live just before.
   bool Heartbeat(int64_t id, bool* none_was_live = nullptr);
@@ -74,11 +77,15 @@ class DataServerRegistry {
   // The live server for `shard_url` (the best one not suspect, else the best
   // live one); empty when none is live.
   std::string Pick(const std::string& shard_url) const;
-  // The same for a reader that cannot reach the servers `avoid` returns
-  // true for: the best live server neither suspect nor avoided, else the
-  // best one not avoided, else the best live one.
+  // The same for a reader on `node` ("" = unknown) that cannot reach the
+  // servers `avoid` returns true for: the best live server on `node`
+  // neither suspect nor avoided, else the best live server neither suspect
+  // nor avoided, else the best one not avoided, else the best live one.
+  // `*same_node` (optional) tells whether the pick is on `node`.
   std::string Pick(const std::string& shard_url,
-                   absl::FunctionRef<bool(const std::string&)> avoid) const;
+                   absl::FunctionRef<bool(const std::string&)> avoid,
+                   const std::string& node = "",
+                   bool* same_node = nullptr) const;
 
   // Records that `shard_url` is hinted to the server registered at
   // `address`: returns that registration's id and sink the first time
@@ -94,6 +101,7 @@ class DataServerRegistry {
  private:
   struct Server {
     std::string address;
+    std::string node;
     int32_t capacity = 1;
     absl::Time last_seen;
     absl::Time suspect_until = absl::InfinitePast();

@@ -146,9 +146,9 @@ class RegistrationReactor
         return;
       }
       if (id_ == 0) {
-        id_ = service_->RegisterDataServer(in_.register_().address(),
-                                           in_.register_().capacity(), sink_,
-                                           in_.register_().max_fence_seen());
+        id_ = service_->RegisterDataServer(
+            in_.register_().address(), in_.register_().capacity(), sink_,
+            in_.register_().max_fence_seen(), in_.register_().node());
       }
     } else if (in_.has_heartbeat()) {
       if (id_ == 0) {

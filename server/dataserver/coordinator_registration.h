@@ -29,6 +29,7 @@ class CoordinatorRegistration {
     std::string coordinator;  // "host:port"
     std::string advertise;    // address trainers use for this server
     int32_t capacity = 1;
+    std::string node;  // RegisterDataServer.node
     std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
     std::function<int()> active_streams;                    // for heartbeats
     std::function<uint64_t()> max_fence_seen;               // may be empty

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
+#include "server/common/node_name.h"
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
@@ -120,6 +121,10 @@ ABSL_FLAG(std::string, advertise, "",
           "Address trainers use to reach this server. Default: the --listen "
           "host and bound port (the hostname when listening on 0.0.0.0/::).");
 ABSL_FLAG(int, capacity, 1, "Relative routing weight sent to the coordinator.");
+ABSL_FLAG(std::string, node, "",
+          "The node (host) this server runs on, sent to the coordinator: "
+          "readers on the same node read from it first. Default: "
+          "$SLUICE_NODE, else $SLURMD_NODENAME, else the host name.");
 
 namespace {
 
@@ -256,6 +261,9 @@ class DataServerServices : public sluice::ServiceSet {
       options.advertise = absl::StrCat(host, ":", bound.port);
     }
     options.capacity = absl::GetFlag(FLAGS_capacity);
+    options.node = absl::GetFlag(FLAGS_node).empty()
+                       ? sluice::NodeName()
+                       : absl::GetFlag(FLAGS_node);
     // Null = plaintext (what the registration's error messages go by).
     if (!absl::GetFlag(FLAGS_coordinator_ca).empty()) {
       options.credentials = coordinator_credentials_;

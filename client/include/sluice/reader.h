@@ -78,6 +78,10 @@ struct ReaderOptions {
   // Identifies this trainer across reconnects. Default:
   // "<hostname>-<pid>-r<rank>-w<worker>".
   std::string trainer_id;
+  // The node (host) this reader runs on, for locality: a lease is read
+  // from a data server on the same node when one is live. Default:
+  // $SLUICE_NODE, else $SLURMD_NODENAME, else the host name.
+  std::string node;
   // Units held (and buffered) at once: the Want credits.
   int32_t units_in_flight = 4;
   // Samples buffered per unit ahead of delivery (a stream stops reading

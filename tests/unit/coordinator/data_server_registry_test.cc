@@ -148,6 +148,48 @@ TEST(DataServerRegistryTest,
   EXPECT_EQ(r.Pick(Shard(on_a), avoid_a), "a:1");
 }
 
+TEST(DataServerRegistryTest, AReaderOnANodeGetsAServerOnTheSameNodeFirst) {
+  FakeClock clock;
+  DataServerRegistry r(&clock, kTimeout);
+  r.Add("a:1", 1, nullptr, "node-a");
+  r.Add("a:2", 1, nullptr, "node-a");
+  r.Add("b:1", 1, nullptr, "node-b");
+  r.Add("none:1", 1, nullptr);
+  const auto none = [](const std::string&) { return false; };
+  std::map<std::string, int> on_a;
+  for (int i = 0; i < 200; ++i) {
+    bool same = false;
+    const std::string picked = r.Pick(Shard(i), none, "node-a", &same);
+    EXPECT_TRUE(same);
+    ++on_a[picked];
+  }
+  // Both of node-a's servers, by rendezvous between them.
+  EXPECT_EQ(on_a.size(), 2u);
+  EXPECT_GT(on_a["a:1"], 60);
+  EXPECT_GT(on_a["a:2"], 60);
+  // A node with no server of its own (or a reader naming none): by hash
+  // over all of them, and not on the reader's node.
+  std::map<std::string, int> elsewhere;
+  for (int i = 0; i < 200; ++i) {
+    bool same = true;
+    ++elsewhere[r.Pick(Shard(i), none, "node-c", &same)];
+    EXPECT_FALSE(same);
+    EXPECT_EQ(r.Pick(Shard(i), none, "node-c"), r.Pick(Shard(i)));
+  }
+  EXPECT_EQ(elsewhere.size(), 4u);
+  // The node's servers suspect or unreachable: another node's.
+  r.MarkSuspect("a:1");
+  const auto not_a2 = [](const std::string& address) {
+    return address == "a:2";
+  };
+  for (int i = 0; i < 50; ++i) {
+    bool same = true;
+    const std::string picked = r.Pick(Shard(i), not_a2, "node-a", &same);
+    EXPECT_TRUE(picked == "b:1" || picked == "none:1") << picked;
+    EXPECT_FALSE(same);
+  }
+}
+
 TEST(DataServerRegistryTest, EachShardIsHintedOnceToAServerWithASink) {
   FakeClock clock;
   DataServerRegistry r(&clock, kTimeout);
