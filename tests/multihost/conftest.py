@@ -122,11 +122,13 @@ def start_etcd(host, workdir):
 class HostCluster:
     """`coordinators=2`: two coordinators on hosts c1 and c2 sharing a
     journal in etcd on the head (election TTL 2 s), c1 leading first;
-    data servers and readers are given both."""
+    data servers and readers are given both. `node_local`: a data server on
+    every trainer host instead of hosts of their own (the node-local
+    layout). Every process knows its host by $SLUICE_NODE."""
 
     def __init__(self, tmp, name="cluster", data_hosts=2, trainer_hosts=2, shards=8,
                  per_shard=25, bin_repeat=50, coordinators=1, coordinator_flags=(),
-                 data_flags=()):
+                 data_flags=(), node_local=False):
         self.tmp = str(tmp)
         os.makedirs(self.tmp, exist_ok=True)
         self.net = Network(name)
@@ -150,8 +152,9 @@ class HostCluster:
                     if i == 0:
                         wait_for(lambda: self.ready(self.coordinators[0]), 30,
                                  "the first coordinator to lead", interval=0.2)
-            self.data_hosts = [self.net.host(f"ds{i + 1}") for i in range(data_hosts)]
             self.trainers = [self.net.host(f"t{i + 1}") for i in range(trainer_hosts)]
+            self.data_hosts = (list(self.trainers) if node_local else
+                               [self.net.host(f"ds{i + 1}") for i in range(data_hosts)])
             self.data = [Node(h, "sluice-dataserver", self.tmp,
                               [f"--roots={os.path.join(self.tmp, 'shards')}",
                                f"--coordinator={self.address}", *data_flags])

@@ -71,9 +71,15 @@ class Host:
     def argv(self, argv):
         return ["ip", "netns", "exec", self.ns, *argv]
 
+    def env(self):
+        """The environment of processes on this host: the machine's, with
+        $SLUICE_NODE naming the host (the namespaces share one host name)."""
+        return dict(os.environ, SLUICE_NODE=self.name)
+
     def popen(self, argv, **kwargs):
         """A process on this host (`ip netns exec` execs it: same PID);
         stopped by `Network.close` if still running."""
+        kwargs.setdefault("env", self.env())
         proc = subprocess.Popen(self.argv(argv), **kwargs)
         self.procs.append(proc)
         return proc
@@ -81,6 +87,7 @@ class Host:
     def run(self, argv, **kwargs):
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
+        kwargs.setdefault("env", self.env())
         return subprocess.run(self.argv(argv), **kwargs)
 
     def fetch(self, url, timeout=5):
