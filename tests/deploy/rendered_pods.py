@@ -6,6 +6,7 @@ tests that run the manifests' own arguments (test_tls_layout.py,
 test_image.py)."""
 import os
 import re
+import socket
 import subprocess
 
 import yaml
@@ -80,6 +81,8 @@ class Pod:
                 env[e["name"]] = pod_name
             elif source.get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
                 env[e["name"]] = NAMESPACE
+            elif source.get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+                env[e["name"]] = socket.gethostname()  # every local "pod" runs here
             else:
                 env[e["name"]] = e["value"]
         self.grace_seconds = spec.get("terminationGracePeriodSeconds", 30)
