@@ -369,6 +369,17 @@ int StatusCommand(const std::vector<std::string>& args) {
         static_cast<long long>(leases.completed()),
         static_cast<long long>(leases.expired()),
         static_cast<long long>(leases.returned()));
+    const int64_t named =
+        leases.samples_same_node() + leases.samples_other_node();
+    if (named > 0) {
+      std::printf(
+          "  locality: %.1f%% of the samples granted are read on their "
+          "trainer's node (%lld same node, %lld other)\n",
+          100.0 * static_cast<double>(leases.samples_same_node()) /
+              static_cast<double>(named),
+          static_cast<long long>(leases.samples_same_node()),
+          static_cast<long long>(leases.samples_other_node()));
+    }
     // A rank's lag: samples behind the most advanced rank this epoch.
     int64_t most = 0;
     for (const v1::RankStatus& r : job.status().ranks()) {

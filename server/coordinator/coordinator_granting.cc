@@ -223,7 +223,8 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   LeaseEntry entry =
       LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
   bool same_node = false;
-  entry.data_server = RouteLocked(job, piece.shard_index, &s, &same_node);
+  entry.data_server =
+      RouteLocked(job, piece.shard_index, piece.sequence, &s, &same_node);
   if (absl::Status added = leases_.Add(std::move(entry), TtlLocked(job));
       !added.ok()) {
     // Lease ids carry their fence, which only grows: a clash is a bug.
@@ -235,6 +236,14 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   fx.sends.emplace_back(s.sink, std::move(grant));
   v1::LeaseCounts& counts = runtime_[job.spec.name()].lease_counts;
   counts.set_granted(counts.granted() + 1);
+  if (s.node.empty()) {
+    counts.set_samples_unknown_node(counts.samples_unknown_node() +
+                                    piece.size());
+  } else if (same_node) {
+    counts.set_samples_same_node(counts.samples_same_node() + piece.size());
+  } else {
+    counts.set_samples_other_node(counts.samples_other_node() + piece.size());
+  }
   if (options_.metrics) {
     const CoordinatorMetrics::Job& m =
         options_.metrics->ForJob(job.spec.name());
@@ -248,14 +257,6 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   return true;
 }
 
-namespace {
-bool IsRemoteShardUrl(const std::string& url) {
-  return absl::StartsWith(url, "http://") ||
-         absl::StartsWith(url, "https://") || absl::StartsWith(url, "s3://");
-}
-
-}  // namespace
-
 const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
     const JobData& job) {
   JobRuntime& rt = runtime_[job.spec.name()];
@@ -266,8 +267,17 @@ const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
   return rt.windows;
 }
 
+namespace {
+bool IsRemoteShardUrl(const std::string& url) {
+  return absl::StartsWith(url, "http://") ||
+         absl::StartsWith(url, "https://") || absl::StartsWith(url, "s3://");
+}
+
+}  // namespace
+
 std::string CoordinatorService::RouteLocked(const JobData& job,
                                             int32_t shard_index,
+                                            int64_t sequence,
                                             const Session* reader,
                                             bool* same_node) {
   const absl::Time now = options_.clock->Now();
@@ -305,7 +315,9 @@ std::string CoordinatorService::RouteLocked(const JobData& job,
     return pick(job.spec.manifest().shards(shard_index).url());
   const ShuffleWindow& window = WindowsLocked(job).at(shard_index);
   if (window.shards.empty()) return pick("");
-  return pick(job.spec.manifest().shards(window.shards[0]).url());
+  const std::string& first = job.spec.manifest().shards(window.shards[0]).url();
+  if (IsRemoteShardUrl(first)) return pick(first);
+  return pick(absl::StrCat(first, "#", sequence));
 }
 
 void CoordinatorService::HintUpcomingLocked(const JobData& job,
@@ -319,11 +331,13 @@ void CoordinatorService::HintUpcomingLocked(const JobData& job,
     if (++looked > options_.prefetch_hint_units) break;
     // Remote shards of mixed jobs are fetched when a unit is read.
     if (job.mix != nullptr) break;
-    // A window's shards all go to the server its units are routed to.
+    // A window of remote shards: all its units, so all its shards, go to
+    // one server (RouteLocked).
     std::vector<int32_t> shards{piece.shard_index};
     if (UsesWindows(job.options))
       shards = WindowsLocked(job).at(piece.shard_index).shards;
-    const std::string server = RouteLocked(job, piece.shard_index);
+    const std::string server =
+        RouteLocked(job, piece.shard_index, piece.sequence);
     for (int32_t index : shards) {
       const v1::Shard& shard = job.spec.manifest().shards(index);
       if (!IsRemoteShardUrl(shard.url())) continue;

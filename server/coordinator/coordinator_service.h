@@ -296,12 +296,15 @@ class CoordinatorService {
   // The shuffle windows of the job's current epoch (empty without them).
   const std::vector<ShuffleWindow>& WindowsLocked(const JobData& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Where a unit's shard (or window) is read: rendezvous over the data
-  // servers by the shard's URL, or a window's first shard's URL; for
-  // `reader` (when given), passing over the servers it cannot reach.
+  // Where unit `sequence` of a shard (or window) is read: rendezvous over
+  // the data servers by the shard's URL; a window's units by its first
+  // shard's URL when its shards are remote (each is then downloaded by one
+  // server), else each unit by that URL and its sequence (the window's
+  // units spread over the servers). For `reader` (when given), a server on
+  // its node first, passing over the servers it cannot reach;
   // `*same_node` (optional): whether the server is on the reader's node.
   std::string RouteLocked(const JobData& job, int32_t shard_index,
-                          const Session* reader = nullptr,
+                          int64_t sequence, const Session* reader = nullptr,
                           bool* same_node = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues PrefetchHints for the units at the front of `queue`.

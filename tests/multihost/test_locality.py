@@ -24,6 +24,10 @@ def test_each_trainer_reads_from_the_data_server_on_its_own_node(hosts):
     assert [d.metric(SERVED) for d in c.data] == [len(r) for r in ranks]
     assert _granted(c, "same_node") == 2 * c.total
     assert _granted(c, "other_node") == 0
+    status = c.sluicectl(c.head, "status", f"--coordinator={c.address}", "j")
+    assert status.returncode == 0, status.stderr
+    assert (f"locality: 100.0% of the samples granted are read on their trainer's node "
+            f"({2 * c.total} same node, 0 other)") in status.stdout, status.stdout
 
 
 def test_a_node_local_server_that_dies_moves_its_trainers_work_elsewhere(hosts):

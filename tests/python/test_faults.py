@@ -349,8 +349,8 @@ def test_a_stopped_data_server_is_left_within_twice_the_stall_timeout(two_server
         parse = _py
     lines = _Lines(proc, lambda line: (time.monotonic(), parse(line)))
     _wait_for(lambda: len(lines.lines) >= 40, 60, "40 samples read")
-    # The server the job reads from (a shuffle window's units all go to the
-    # server its first shard is routed to).
+    # A server the job reads from (a window of local shards spreads its
+    # units over both).
     serving = [d for d, b in zip(two_servers.data, served_before) if _samples_served(d) > b]
     assert len(serving) >= 1
     stopped = serving[0].proc.pid

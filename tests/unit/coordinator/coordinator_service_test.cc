@@ -826,7 +826,8 @@ TEST_F(CoordinatorServiceTest, GrantsNameDataServersByRendezvousHashing) {
 
 // With shuffle windows, a grant names the window's shards (in the plan's
 // order) and its interleave seed; the unit counts window positions, and
-// all units of a window go to the data server of its first shard.
+// the units of a window of local shards spread over the data servers
+// (reader_routing_test.cc).
 TEST_F(CoordinatorServiceTest, WindowGrantsCarryTheWindowsShards) {
   service_->RegisterDataServer("a:1", 1);
   service_->RegisterDataServer("b:1", 1);
@@ -869,8 +870,8 @@ TEST_F(CoordinatorServiceTest, WindowGrantsCarryTheWindowsShards) {
   }
   EXPECT_EQ(covered[0], windows[0].samples);
   EXPECT_EQ(covered[1], windows[1].samples);
-  EXPECT_EQ(servers[0].size(), 1u);
-  EXPECT_EQ(servers[1].size(), 1u);
+  EXPECT_EQ(servers[0].size(), 2u);
+  EXPECT_EQ(servers[1].size(), 2u);
   service_->CloseSession(id);
 }
 

@@ -172,5 +172,50 @@ TEST_F(ReaderRoutingTest, AfterTheWaitTheServerIsTriedAgainAndSamplesClearIt) {
   EXPECT_GT(rank0.count("a:1") ? rank0.at("a:1") : 0, 3);
 }
 
+// One shuffle window (8 shards, fewer than the window of 32): its units
+// spread over both servers when the shards are local files, and all go to
+// one server when they are remote (each shard downloaded once).
+TEST_F(ReaderRoutingTest, AWindowsUnitsSpreadOverTheServersUnlessRemote) {
+  for (const std::string& prefix : {"/data/w-", "https://host/w-"}) {
+    v1::JobSpec spec;
+    spec.set_name(prefix[0] == '/' ? "local" : "remote");
+    for (int i = 0; i < 8; ++i) {
+      auto* shard = spec.mutable_manifest()->add_shards();
+      shard->set_url(prefix + std::to_string(i) + ".tar");
+      shard->set_num_samples(25);
+    }
+    spec.set_world_size(0);
+    spec.set_num_epochs(1);
+    spec.set_mode(v1::MODE_DYNAMIC);
+    spec.set_shuffle(true);
+    spec.set_max_samples_per_lease(5);
+    ASSERT_OK(service_->CreateJob(spec));
+    auto inbox = std::make_shared<Inbox>();
+    const int64_t id = service_->OpenSession(inbox);
+    v1::TrainerMessage hello;
+    hello.mutable_hello()->set_job(spec.name());
+    hello.mutable_hello()->set_trainer_id("w");
+    service_->OnMessage(id, hello);
+    v1::TrainerMessage want;
+    want.mutable_want()->set_credits(40);
+    service_->OnMessage(id, want);
+    service_->Flush();
+    std::map<std::string, int> servers;
+    for (const v1::Lease& l : inbox->grants) {
+      EXPECT_EQ(l.unit().pieces_size(), 8);  // one window of all 8 shards
+      ++servers[l.data_server()];
+    }
+    ASSERT_EQ(inbox->grants.size(), 40u);
+    if (spec.name() == "local") {
+      ASSERT_EQ(servers.size(), 2u);
+      EXPECT_GT(servers["a:1"], 8);
+      EXPECT_GT(servers["b:1"], 8);
+    } else {
+      EXPECT_EQ(servers.size(), 1u);
+    }
+    service_->CloseSession(id);
+  }
+}
+
 }  // namespace
 }  // namespace sluice
