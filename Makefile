@@ -29,7 +29,7 @@ TEST_PACKAGES := \
   etcd-server etcd-client \
   prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel \
   slurm-wlm munge openmpi-bin python3-mpi4py \
-  iproute2 nftables
+  iproute2 nftables iperf3
 DEB_PACKAGES := $(BUILD_PACKAGES) $(TEST_PACKAGES)
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
@@ -164,6 +164,7 @@ bench: build
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=open)
 	@$(call BENCH,/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin)
 	@$(call BENCH,/usr/bin/python3 tests/bench/pipeline_bench.py $(BUILD_DIR)/bin)
+	@$(call BENCH,/usr/bin/python3 tests/bench/multihost_bench.py $(BUILD_DIR)/bin)
 	@echo "make bench: figures collected in $(BENCH_RESULTS)"
 
 # dashboards/sluice-overview.png: the monitoring test with three minutes of
