@@ -339,6 +339,13 @@ int StatusCommand(const std::vector<std::string>& args) {
               ? "none live"
               : absl::StrJoin(response.live_data_servers(), ", ").c_str());
     }
+    if (response.desired_data_servers() >= 0 && !absl::GetFlag(FLAGS_json)) {
+      std::printf(
+          "data servers wanted: %d (%d live; trainers waiting for input "
+          "%.0f%% of the time)\n",
+          response.desired_data_servers(), response.live_data_servers_size(),
+          100 * response.input_wait_share());
+    }
   } else {
     for (const std::string& name : args) {
       v1::GetJobRequest request;

@@ -95,11 +95,11 @@ void CoordinatorService::RaiseSeenFenceFloor(uint64_t max_fence_seen) {
   }
 }
 
-void CoordinatorService::DataServerHeartbeat(int64_t id,
-                                             uint64_t max_fence_seen) {
+void CoordinatorService::DataServerHeartbeat(
+    int64_t id, uint64_t max_fence_seen, const DataServerRegistry::Load* load) {
   RaiseSeenFenceFloor(max_fence_seen);
   bool none_was_live = false;
-  if (!data_servers_.Heartbeat(id, &none_was_live)) return;
+  if (!data_servers_.Heartbeat(id, &none_was_live, load)) return;
   UpdateDataServerMetric();
   if (!none_was_live) return;
   // The first live server again: the units waiting for one go out.

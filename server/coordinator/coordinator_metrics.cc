@@ -58,6 +58,18 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       data_servers(GaugeFamily(r, "sluice_coordinator_data_servers",
                                "Data servers registered and heartbeating.")
                        .Add({})),
+      desired_data_servers(
+          GaugeFamily(r, "sluice_coordinator_desired_data_servers",
+                      "The data servers the jobs need: from the trainers' "
+                      "input-wait share and consumption and the servers' "
+                      "measured capacity (FleetSizer); what an autoscaler "
+                      "follows.")
+              .Add({})),
+      input_wait_share(
+          GaugeFamily(r, "sluice_coordinator_input_wait_share",
+                      "Share of the trainers' time spent waiting for input, "
+                      "over FleetSizer's window (all jobs).")
+              .Add({})),
       grant_latency(
           prometheus::BuildHistogram()
               .Name("sluice_coordinator_lease_grant_latency_seconds")

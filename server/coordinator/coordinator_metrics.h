@@ -62,6 +62,9 @@ class CoordinatorMetrics {
   prometheus::Gauge& journal_bytes;
   prometheus::Counter& compactions;
   prometheus::Gauge& data_servers;
+  // FleetSizer's answer, and the trainers' input-wait share it is based on.
+  prometheus::Gauge& desired_data_servers;
+  prometheus::Gauge& input_wait_share;
   // From the trainer message that made a grant possible (Want, Complete,
   // Release ...) to the durable Grant handed to the stream.
   prometheus::Histogram& grant_latency;

@@ -25,6 +25,7 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
     : options_(options),
       leases_(options.clock),
       data_servers_(options.clock, 3 * options.heartbeat_interval),
+      fleet_sizer_(options.fleet),
       planner_(std::make_unique<ThreadPool>(1)) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
@@ -467,7 +468,58 @@ int CoordinatorService::ExpireLeases() {
 int CoordinatorService::ExpiryTick() {
   const int expired = ExpireLeasesImpl(/*stall_check=*/true);
   once_barrier_->Tick();
+  const absl::Time now = options_.clock->Now();
+  if (options_.fleet_interval > absl::ZeroDuration() && now >= next_sizing_) {
+    next_sizing_ = now + options_.fleet_interval;
+    SizeFleet();
+  }
   return expired;
+}
+
+void CoordinatorService::SizeFleet() {
+  ServiceLock lock(this);
+  const absl::Time now = options_.clock->Now();
+  if (last_sizing_ == absl::InfinitePast()) {
+    // The first call only starts the counts (and the servers' baselines).
+    last_sizing_ = now;
+    consumed_since_sizing_ = 0;
+    wait_since_sizing_ = 0;
+    data_servers_.TakeLoad();
+    return;
+  }
+  int32_t readers = 0;
+  for (const auto& [job, open] : open_sessions_)
+    readers += static_cast<int32_t>(open.all.size());
+  const DataServerRegistry::Load load = data_servers_.TakeLoad();
+  FleetSample s;
+  s.time = now;
+  s.consumed = consumed_since_sizing_;
+  s.wait_seconds = wait_since_sizing_;
+  s.reader_seconds = readers * absl::ToDoubleSeconds(now - last_sizing_);
+  s.served = load.samples_served;
+  s.server_cpu_seconds = load.cpu_seconds;
+  s.cores_per_server = load.cores;
+  s.live_servers = data_servers_.LiveCount();
+  s.readers = readers;
+  const int32_t desired = fleet_sizer_.Update(s);
+  last_sizing_ = now;
+  consumed_since_sizing_ = 0;
+  wait_since_sizing_ = 0;
+  const double share = fleet_sizer_.measures().wait_share;
+  if (desired != desired_data_servers_.load()) {
+    const FleetSizer::Measures& m = fleet_sizer_.measures();
+    LogInfo(
+        "data servers wanted: %d (%d live; trainers wait %.0f%% of the time, "
+        "consume %.0f samples/s; one server serves %.0f/s)",
+        desired, s.live_servers, 100 * share, m.consumed_per_second,
+        m.server_capacity);
+  }
+  desired_data_servers_.store(desired);
+  input_wait_share_.store(share);
+  if (options_.metrics != nullptr) {
+    options_.metrics->desired_data_servers.Set(desired);
+    options_.metrics->input_wait_share.Set(share);
+  }
 }
 
 void CoordinatorService::RefreshLiveLocked() {

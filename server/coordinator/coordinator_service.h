@@ -42,6 +42,7 @@
 #include "server/coordinator/data_server_registry.h"
 #include "server/coordinator/durable_outbox.h"
 #include "server/coordinator/etcd_journal.h"
+#include "server/coordinator/fleet_sizer.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/journal.h"
 #include "server/coordinator/lease_table.h"
@@ -59,6 +60,10 @@ struct CoordinatorOptions {
   // Upcoming units looked at after each grant for data servers' prefetch
   // hints; 0 = no hints.
   int prefetch_hint_units = 8;
+  // How the data servers the jobs need is estimated (fleet_sizer.h),
+  // every `fleet_interval`.
+  FleetSizerOptions fleet;
+  absl::Duration fleet_interval = absl::Seconds(5);
   // Journal directory; empty = in memory (tests only).
   std::string journal_dir;
   // Tests: makes the journal (one that decides when writes are durable);
@@ -195,7 +200,15 @@ class CoordinatorService {
   // Records a heartbeat without the state lock (session work never delays
   // it); takes the lock only when no data server was live before it, to
   // feed the sessions waiting for one.
-  void DataServerHeartbeat(int64_t id, uint64_t max_fence_seen = 0);
+  void DataServerHeartbeat(int64_t id, uint64_t max_fence_seen = 0,
+                           const DataServerRegistry::Load* load = nullptr);
+  // FleetSizer's answer (-1 before its first) and the trainers' wait share
+  // it used.
+  int32_t desired_data_servers() const { return desired_data_servers_.load(); }
+  double input_wait_share() const { return input_wait_share_.load(); }
+  // Feeds FleetSizer what happened since its last call (the expiry thread
+  // calls it every fleet_interval; tests call it directly).
+  void SizeFleet();
   // INVALID_ARGUMENT naming `field` if a data server claims a fence beyond
   // the fence space (registration and heartbeat).
   static absl::Status CheckFenceSeen(absl::string_view field,
@@ -457,6 +470,15 @@ class CoordinatorService {
   std::unique_ptr<Journal> journal_;
   int64_t recovered_records_ = 0;
   int64_t last_snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // FleetSizer's inputs: samples acknowledged and input-wait seconds
+  // reported, all jobs, since the last SizeFleet.
+  int64_t consumed_since_sizing_ ABSL_GUARDED_BY(mu_) = 0;
+  double wait_since_sizing_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_sizing_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  FleetSizer fleet_sizer_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int32_t> desired_data_servers_{-1};
+  absl::Time next_sizing_ = absl::InfinitePast();  // the expiry thread's
+  std::atomic<double> input_wait_share_{0};
 
   absl::Mutex mu_;
   // Takes mu_ for a scope, timing the wait for it, how long it is held and

@@ -46,14 +46,39 @@ void DataServerRegistry::MarkAllSeen() {
   for (auto& [id, server] : servers_) server.last_seen = now;
 }
 
-bool DataServerRegistry::Heartbeat(int64_t id, bool* none_was_live) {
+bool DataServerRegistry::Heartbeat(int64_t id, bool* none_was_live,
+                                   const Load* load) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   if (none_was_live != nullptr) *none_was_live = !AnyLiveLocked(now);
   auto it = servers_.find(id);
   if (it == servers_.end()) return false;
   it->second.last_seen = now;
+  if (load != nullptr) it->second.reported = *load;
   return true;
+}
+
+DataServerRegistry::Load DataServerRegistry::TakeLoad() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  Load total;
+  int64_t cores = 0;
+  int reporting = 0;
+  for (auto& [id, s] : servers_) {
+    if (!Live(s, now) || !s.reported.has_value()) continue;
+    const Load& r = *s.reported;
+    cores += r.cores;
+    ++reporting;
+    // A count that went back is a server restarted under its address.
+    if (s.taken.has_value() && r.samples_served >= s.taken->samples_served &&
+        r.cpu_seconds >= s.taken->cpu_seconds) {
+      total.samples_served += r.samples_served - s.taken->samples_served;
+      total.cpu_seconds += r.cpu_seconds - s.taken->cpu_seconds;
+    }
+    s.taken = r;
+  }
+  total.cores = reporting > 0 ? static_cast<int32_t>(cores / reporting) : 0;
+  return total;
 }
 
 void DataServerRegistry::Remove(int64_t id) {

@@ -55,9 +55,21 @@ class DataServerRegistry {
   int64_t Add(const std::string& address, int32_t capacity,
               std::shared_ptr<DataServerSink> sink,
               const std::string& node = "");
+  // What a server reports of its load (DataServerHeartbeat), cumulative.
+  struct Load {
+    int64_t samples_served = 0;
+    double cpu_seconds = 0;
+    int32_t cores = 0;
+  };
   // Marks `id` seen now; false if it is not registered. `none_was_live`
-  // (optional) tells whether no registration was live just before.
-  bool Heartbeat(int64_t id, bool* none_was_live = nullptr);
+  // (optional) tells whether no registration was live just before; `load`
+  // (optional) is the server's report.
+  bool Heartbeat(int64_t id, bool* none_was_live = nullptr,
+                 const Load* load = nullptr);
+  // The live servers' load since the previous call: samples served and CPU
+  // seconds summed (a server counts from its second report on), and their
+  // mean cores (0 when none reported).
+  Load TakeLoad();
   // Marks every registration seen now (after the coordinator itself
   // stalled: their heartbeats could not be read).
   void MarkAllSeen();
@@ -106,6 +118,8 @@ class DataServerRegistry {
     absl::Time last_seen;
     absl::Time suspect_until = absl::InfinitePast();
     std::shared_ptr<DataServerSink> sink;
+    std::optional<Load> reported;  // the latest load report
+    std::optional<Load> taken;     // the report TakeLoad last counted to
     std::deque<std::string> hinted;
     std::set<std::string> hinted_set;
   };

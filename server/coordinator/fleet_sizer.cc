@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 
 namespace sluice {
 
 FleetSizer::FleetSizer(FleetSizerOptions options)
-    : options_(std::move(options)) {
+    : options_(options) {
   options_.min_servers = std::max(options_.min_servers, 0);
   options_.max_servers = std::max(options_.max_servers, options_.min_servers);
 }

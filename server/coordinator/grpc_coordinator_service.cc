@@ -1,6 +1,7 @@
 #include "server/coordinator/grpc_coordinator_service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <string>
 #include <tuple>
@@ -162,7 +163,14 @@ class RegistrationReactor
         sink_->Finish(fence);
         return;
       }
-      service_->DataServerHeartbeat(id_, in_.heartbeat().max_fence_seen());
+      const v1::DataServerHeartbeat& beat = in_.heartbeat();
+      DataServerRegistry::Load load;
+      load.samples_served = std::max<int64_t>(beat.samples_served(), 0);
+      load.cpu_seconds = std::isfinite(beat.cpu_seconds())
+                             ? std::max(beat.cpu_seconds(), 0.0)
+                             : 0.0;
+      load.cores = std::max(beat.cores(), 0);
+      service_->DataServerHeartbeat(id_, beat.max_fence_seen(), &load);
       v1::CoordinatorToDataServer ack;
       ack.mutable_heartbeat_ack();
       sink_->Send(ack);
@@ -412,6 +420,8 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
   for (v1::Job& job : *jobs) *resp->add_jobs() = std::move(job);
   for (std::string& address : service_->LiveDataServers())
     resp->add_live_data_servers(std::move(address));
+  resp->set_desired_data_servers(service_->desired_data_servers());
+  resp->set_input_wait_share(service_->input_wait_share());
   return Done(ctx, absl::OkStatus());
 }
 

@@ -2,6 +2,7 @@
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 
@@ -14,6 +15,16 @@
 
 namespace sluice::dataserver {
 namespace {
+
+// User and system CPU time of this process so far.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  const auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
 // Longest wait between registration attempts (the coordinator's default
 // heartbeat interval).
 constexpr absl::Duration kMaxRetry = absl::Seconds(1);
@@ -152,6 +163,12 @@ void CoordinatorRegistration::Run() {
           beat.mutable_heartbeat()->set_max_fence_seen(
               options_.max_fence_seen());
         }
+        if (options_.samples_served) {
+          beat.mutable_heartbeat()->set_samples_served(
+              options_.samples_served());
+        }
+        beat.mutable_heartbeat()->set_cpu_seconds(ProcessCpuSeconds());
+        beat.mutable_heartbeat()->set_cores(options_.cores);
         if (!stream->Write(beat)) break;
       }
       context.TryCancel();

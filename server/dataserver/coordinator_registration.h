@@ -33,6 +33,8 @@ class CoordinatorRegistration {
     std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
     std::function<int()> active_streams;                    // for heartbeats
     std::function<uint64_t()> max_fence_seen;               // may be empty
+    std::function<int64_t()> samples_served;                // may be empty
+    int32_t cores = 1;  // that the server decodes on (heartbeat load)
     std::function<void(const v1::PrefetchHint&)> on_prefetch;  // may be empty
     // RegisterDataServer.credential (SignRegistration of `advertise`);
     // empty when no lease secret is set.

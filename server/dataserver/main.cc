@@ -275,6 +275,12 @@ class DataServerServices : public sluice::ServiceSet {
     DataServerService* logic = logic_.get();
     options.active_streams = [logic] { return logic->active_streams(); };
     options.max_fence_seen = [logic] { return logic->max_fence_seen(); };
+    if (logic->metrics() != nullptr) {
+      options.samples_served = [logic] {
+        return static_cast<int64_t>(logic->metrics()->samples_served.Value());
+      };
+    }
+    options.cores = static_cast<int32_t>(logic->pool().size());
     if (cache_ != nullptr && absl::GetFlag(FLAGS_prefetch) > 0) {
       ShardCache* cache = cache_;
       options.on_prefetch = [cache](const sluice::v1::PrefetchHint& hint) {
