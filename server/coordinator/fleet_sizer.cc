@@ -5,8 +5,7 @@
 
 namespace sluice {
 
-FleetSizer::FleetSizer(FleetSizerOptions options)
-    : options_(options) {
+FleetSizer::FleetSizer(FleetSizerOptions options) : options_(options) {
   options_.min_servers = std::max(options_.min_servers, 0);
   options_.max_servers = std::max(options_.max_servers, options_.min_servers);
 }
