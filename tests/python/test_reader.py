@@ -35,6 +35,24 @@ def test_reader_reads_every_sample_once_per_epoch(cluster):
     assert set(seen.values()) == {1}
 
 
+@pytest.mark.parametrize("node", [None, "another-node"])
+def test_a_reader_names_its_node_and_the_coordinator_counts_locality(cluster, node):
+    # The cluster's data server runs on this host and names it (the host
+    # name); a Reader names the same node by default, or the one given.
+    job = f"node-{node or 'default'}"
+    cluster.create_job(job, world_size=1, epochs=1)
+    with sluice.Reader(cluster.address, job, node=node) as reader:
+        while reader.next_event(timeout=60).kind != "done":
+            pass
+    out = subprocess.run([os.path.join(BIN, "sluicectl"), "status", "--json",
+                          f"--coordinator={cluster.address}", job],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    leases = json.loads(out.stdout)["status"]["leases"]
+    where = "samples_other_node" if node else "samples_same_node"
+    assert int(leases.get(where, 0)) == cluster.total, leases
+
+
 def test_reader_without_decode_gives_the_members_bytes(cluster):
     cluster.create_job("raw", world_size=1, epochs=1)
     with sluice.Reader(cluster.address, "raw", decode=False) as reader:

@@ -181,8 +181,9 @@ class PyReader {
            const std::optional<py::bytes>& resume_from,
            const std::string& resume_attempt, const std::string& launch_id,
            const std::string& ca_cert, const std::string& client_cert,
-           const std::string& client_key) {
+           const std::string& client_key, const std::string& node) {
     ReaderOptions o;
+    o.node = node;
     o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
     o.coordinator = coordinator;
     o.job = job;
@@ -549,23 +550,25 @@ PYBIND11_MODULE(_core, m) {
   m.doc() =
       "The C++ sluice::Reader for Python (client/include/sluice/reader.h).";
   py::class_<sluice::PyReader>(m, "Reader")
-      .def(
-          py::init<const std::string&, const std::string&, int32_t, int32_t,
-                   int32_t, const std::string&, int32_t, int32_t,
-                   const py::bytes&, const std::vector<std::string>&, int64_t,
-                   double, double, double, const std::optional<py::bytes>&,
-                   const std::string&, const std::string&, const std::string&,
-                   const std::string&, const std::string&>(),
-          py::arg("coordinator"), py::arg("job"), py::arg("rank") = 0,
-          py::arg("worker") = 0, py::arg("num_workers") = 0,
-          py::arg("trainer_id") = "", py::arg("units_in_flight") = 4,
-          py::arg("buffer_samples") = 256, py::arg("decode") = py::bytes(""),
-          py::arg("fields") = std::vector<std::string>{},
-          py::arg("max_batch_bytes") = 0, py::arg("progress_interval") = 0.5,
-          py::arg("stall_timeout") = 60.0, py::arg("reconnect_timeout") = 120.0,
-          py::arg("resume_from") = std::nullopt, py::arg("resume_attempt") = "",
-          py::arg("launch_id") = "", py::arg("ca_cert") = "",
-          py::arg("client_cert") = "", py::arg("client_key") = "")
+      .def(py::init<const std::string&, const std::string&, int32_t, int32_t,
+                    int32_t, const std::string&, int32_t, int32_t,
+                    const py::bytes&, const std::vector<std::string>&, int64_t,
+                    double, double, double, const std::optional<py::bytes>&,
+                    const std::string&, const std::string&, const std::string&,
+                    const std::string&, const std::string&,
+                    const std::string&>(),
+           py::arg("coordinator"), py::arg("job"), py::arg("rank") = 0,
+           py::arg("worker") = 0, py::arg("num_workers") = 0,
+           py::arg("trainer_id") = "", py::arg("units_in_flight") = 4,
+           py::arg("buffer_samples") = 256, py::arg("decode") = py::bytes(""),
+           py::arg("fields") = std::vector<std::string>{},
+           py::arg("max_batch_bytes") = 0, py::arg("progress_interval") = 0.5,
+           py::arg("stall_timeout") = 60.0,
+           py::arg("reconnect_timeout") = 120.0,
+           py::arg("resume_from") = std::nullopt,
+           py::arg("resume_attempt") = "", py::arg("launch_id") = "",
+           py::arg("ca_cert") = "", py::arg("client_cert") = "",
+           py::arg("client_key") = "", py::arg("node") = "")
       .def("next", &sluice::PyReader::Next, py::arg("timeout") = std::nullopt,
            "The next event: (kind, epoch, payload). Blocks without the GIL, "
            "for at most `timeout` seconds (TimeoutError after) unless None.")

@@ -103,6 +103,9 @@ class Reader:
     reconnect_timeout: seconds the coordinator may stay unreachable.
     resume_from: a merged Cursor to continue after (G7); resume_attempt names
     the restart (default: the launcher's restart id), launch_id this launch.
+    node: the node this reader runs on, for locality (default: $SLUICE_NODE,
+    else $SLURMD_NODENAME, else the host name); a data server registered on
+    the same node serves its leases first.
     """
 
     def __init__(self, coordinator, job, rank=0, worker=0, *, num_workers=0, trainer_id=None,
@@ -110,7 +113,7 @@ class Reader:
                  transform=None, fields=(), max_batch_bytes=0, progress_interval=0.5,
                  stall_timeout=60.0, reconnect_timeout=120.0, resume_from=None,
                  resume_attempt=None, launch_id=None, ca_cert=None, client_cert=None,
-                 client_key=None):
+                 client_key=None, node=None):
         if not coordinator:
             raise ValueError("coordinator is empty")
         if not job:
@@ -156,7 +159,7 @@ class Reader:
                                 else resume_attempt),
                 launch_id=launch_id or _launcher.new_launch_id(),
                 ca_cert=ca_cert or "", client_cert=client_cert or "",
-                client_key=client_key or "")
+                client_key=client_key or "", node=node or "")
         except RuntimeError as e:
             raise _reader_error(e) from None
         _lifecycle.opened(self)
