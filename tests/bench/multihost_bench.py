@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -112,12 +113,12 @@ def main():
         print("multihost_bench.py: skipped: network namespaces need root", file=sys.stderr)
         print(json.dumps({"bench": "multihost", "skipped": "network namespaces need root"}))
         return
-    tmp = f"/tmp/sluice-multihost-bench-{os.getpid()}"
-    sluice, tcp = link_rounds(tmp, a.rate, a.rounds)
-    print(f"one trainer host over a {a.rate} link: Sluice {sluice / 1e6:.0f} MB/s, "
-          f"iperf3 {tcp / 1e6:.0f} MB/s, ratio {sluice / tcp:.2f} (target >= 0.9)")
-    local_bps, local_share = locality_run(tmp, a.rate, a.hosts, True)
-    hash_bps, hash_share = locality_run(tmp, a.rate, a.hosts, False)
+    with tempfile.TemporaryDirectory(prefix="sluice-multihost-bench-") as tmp:
+        sluice, tcp = link_rounds(tmp, a.rate, a.rounds)
+        print(f"one trainer host over a {a.rate} link: Sluice {sluice / 1e6:.0f} MB/s, "
+              f"iperf3 {tcp / 1e6:.0f} MB/s, ratio {sluice / tcp:.2f} (target >= 0.9)")
+        local_bps, local_share = locality_run(tmp, a.rate, a.hosts, True)
+        hash_bps, hash_share = locality_run(tmp, a.rate, a.hosts, False)
     print(f"{a.hosts} trainer hosts, node-local data servers, {a.rate} links: "
           f"{local_share:.1%} of samples read on the trainer's node (target >= 95 %), "
           f"{local_bps / 1e6:.0f} MB/s; by shard hash alone: {hash_share:.1%}, "
