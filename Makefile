@@ -11,13 +11,14 @@ JOBS ?= $(shell nproc)
 # The Debian bookworm packages, in three groups.
 # BUILD: compile the servers, sluicectl and the Python package (enough for
 # `make run`: the demo is C++ end to end); the etcd sources are the etcd
-# client's protos, GoogleTest is found at configure time.
+# client's protos, GoogleTest and libnetfilter-queue (a test tool) are found
+# at configure time.
 BUILD_PACKAGES := \
   build-essential cmake ninja-build pkg-config git ca-certificates openssl curl \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev grpc-proto \
   libabsl-dev libarchive-dev prometheus-cpp-dev libssl-dev libcurl4-openssl-dev nlohmann-json3-dev \
   zlib1g-dev libjemalloc-dev libturbojpeg0-dev libjpeg62-turbo-dev libswscale-dev libyuv-dev \
-  librandom123-dev libimath-dev libpng-dev libgtest-dev libgmock-dev \
+  librandom123-dev libimath-dev libpng-dev libgtest-dev libgmock-dev libnetfilter-queue-dev \
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev \
   python3 python3-dev pybind11-dev python3-grpcio python3-protobuf python3-numpy
 # TEST: what `make check` and `make test` add: the sanitizer and lint
@@ -29,7 +30,7 @@ TEST_PACKAGES := \
   etcd-server etcd-client \
   prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel \
   slurm-wlm munge openmpi-bin python3-mpi4py \
-  iproute2 nftables iperf3
+  iproute2 nftables iptables iperf3
 DEB_PACKAGES := $(BUILD_PACKAGES) $(TEST_PACKAGES)
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)

@@ -56,6 +56,14 @@
 // open time and its RSS growth per session (what gRPC's own per-stream
 // state costs).
 //
+// --mode=remote_grants --coordinator=ADDR --baseline=ADDR: the leases
+// mode's paced load (--sessions, --paced_ops_per_s, --seconds, --rounds)
+// against a coordinator that runs elsewhere (another host: what a trainer
+// across a network sees), and against the same bare gRPC server as leases
+// mode in a process of its own at ADDR (--mode=grant_echo_server
+// --listen=HOST:0 --port_file=F), on the same hosts and links: grant latency
+// p50/p99 of each, alternating rounds, medians.
+//
 // Each mode ends with one JSON line.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -101,7 +109,14 @@ ABSL_FLAG(std::string, mode, "leases",
           "leases | plan | etcd | open (echo_server: open's baseline server, "
           "started by open mode itself)");
 ABSL_FLAG(std::string, port_file, "",
-          "echo_server mode: where to write grpc=ADDRESS once listening.");
+          "echo_server and grant_echo_server modes: where to write "
+          "grpc=ADDRESS once listening.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "grant_echo_server mode: the address to listen on (port 0: any).");
+ABSL_FLAG(std::string, coordinator, "",
+          "remote_grants mode: a running sluice-coordinator's address.");
+ABSL_FLAG(std::string, baseline, "",
+          "remote_grants mode: a grant_echo_server's address.");
 ABSL_FLAG(int, sessions, 256, "Concurrent sessions (leases mode).");
 ABSL_FLAG(double, seconds, 5, "Measured seconds per round (leases mode).");
 ABSL_FLAG(int, rounds, 3,
@@ -472,18 +487,37 @@ class EchoService : public sluice::v1::Coordinator::CallbackService {
   const CoordinatorMessage grant_;
 };
 
-// A baseline server in this process on a loopback port of its choosing;
-// `address` gets "127.0.0.1:PORT".
+// A baseline server in this process on `listen` (HOST:PORT, port 0 for one
+// of its choosing); `address` gets "HOST:PORT".
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service,
-                                    std::string* address) {
+                                    std::string* address,
+                                    const std::string& listen = "127.0.0.1:0") {
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  *address = absl::StrCat("127.0.0.1:", port);
+  if (server == nullptr) return nullptr;
+  *address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   return server;
+}
+
+// The Grant the baseline answers with: one 1-sample lease, the size of the
+// coordinator's.
+CoordinatorMessage CannedGrant() {
+  CoordinatorMessage sample_grant;
+  sluice::v1::Lease* lease = sample_grant.mutable_grant()->mutable_lease();
+  lease->set_lease_id("bench/e0/f123456");
+  lease->set_fence(123456);
+  lease->set_job("bench");
+  lease->set_rank(-1);
+  lease->mutable_unit()->set_shard_url("/data/bench/shard-517.tar");
+  lease->mutable_unit()->set_shard_index(517);
+  lease->mutable_unit()->set_begin(611);
+  lease->mutable_unit()->set_end(612);
+  lease->mutable_unit()->set_sequence(517611);
+  lease->set_expires_at_unix_ms(absl::ToUnixMillis(absl::Now()));
+  return sample_grant;
 }
 
 // `spec`'s shards as `sources` sources of about equal size, equal weights,
@@ -529,7 +563,6 @@ int RunLeases() {
   auto coordinator = StartCoordinator(dir);
   if (!coordinator.ok()) return 1;
   // An endless job of 1-sample units, no quotas: any session takes any unit.
-  CoordinatorMessage sample_grant;
   {
     sluice::v1::JobSpec spec;
     spec.set_name("bench");
@@ -558,19 +591,8 @@ int RunLeases() {
       std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
       return 1;
     }
-    sluice::v1::Lease* lease = sample_grant.mutable_grant()->mutable_lease();
-    lease->set_lease_id("bench/e0/f123456");
-    lease->set_fence(123456);
-    lease->set_job("bench");
-    lease->set_rank(-1);
-    lease->mutable_unit()->set_shard_url("/data/bench/shard-517.tar");
-    lease->mutable_unit()->set_shard_index(517);
-    lease->mutable_unit()->set_begin(611);
-    lease->mutable_unit()->set_end(612);
-    lease->mutable_unit()->set_sequence(517611);
-    lease->set_expires_at_unix_ms(absl::ToUnixMillis(absl::Now()));
   }
-  EchoService echo(sample_grant);
+  EchoService echo(CannedGrant());
   std::string echo_address;
   std::unique_ptr<grpc::Server> echo_server = Serve(&echo, &echo_address);
 
@@ -949,6 +971,62 @@ int RunEtcd() {
     c->process.Signal(SIGTERM);
     (void)c->process.WaitForExit(absl::Seconds(20));
   }
+  return 0;
+}
+
+// ---------------------------------------------------- remote_grants mode
+
+int RunRemoteGrants() {
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  const std::string baseline = absl::GetFlag(FLAGS_baseline);
+  if (coordinator.empty() || baseline.empty()) {
+    std::fprintf(stderr,
+                 "remote_grants: --coordinator and --baseline are required\n");
+    return 2;
+  }
+  if (absl::Status created = CreateBenchJob(coordinator); !created.ok()) {
+    std::fprintf(stderr, "CreateJob: %s\n", created.ToString().c_str());
+    return 1;
+  }
+  const int sessions = absl::GetFlag(FLAGS_sessions);
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  const double paced = absl::GetFlag(FLAGS_paced_ops_per_s);
+  std::vector<LeaseRate> sluice_paced, bare_paced;
+  for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+    bare_paced.push_back(Drive(baseline, "bench", sessions, seconds, paced));
+    sluice_paced.push_back(
+        Drive(coordinator, "bench", sessions, seconds, paced));
+    std::fprintf(stderr,
+                 "round %d: paced %.0f ops/s: grant p50/p99 sluice %.2f/%.2f "
+                 "ms, bare gRPC %.2f/%.2f ms\n",
+                 r, paced, sluice_paced.back().p50_us / 1000,
+                 sluice_paced.back().p99_us / 1000,
+                 bare_paced.back().p50_us / 1000,
+                 bare_paced.back().p99_us / 1000);
+  }
+  auto median = [](std::vector<LeaseRate> v, bool by_p99) {
+    std::sort(v.begin(), v.end(), [&](const LeaseRate& a, const LeaseRate& b) {
+      return by_p99 ? a.p99_us < b.p99_us : a.p50_us < b.p50_us;
+    });
+    return v[v.size() / 2];
+  };
+  const double p50 = median(sluice_paced, false).p50_us / 1000;
+  const double p99 = median(sluice_paced, true).p99_us / 1000;
+  const double bare_p50 = median(bare_paced, false).p50_us / 1000;
+  const double bare_p99 = median(bare_paced, true).p99_us / 1000;
+  std::printf(
+      "grant latency across hosts (%d sessions, paced %.0f ops/s): p50 %.2f "
+      "ms p99 %.2f ms; bare gRPC on the same hosts p50 %.2f ms p99 %.2f ms; "
+      "ratio p50 %.2f p99 %.2f\n",
+      sessions, paced, p50, p99, bare_p50, bare_p99, p50 / bare_p50,
+      p99 / bare_p99);
+  std::printf(
+      "{\"bench\":\"coordinator_remote_grants\",\"sessions\":%d,"
+      "\"paced_ops_per_s\":%.0f,\"grant_p50_ms\":%.3f,\"grant_p99_ms\":%.3f,"
+      "\"baseline_grant_p50_ms\":%.3f,\"baseline_grant_p99_ms\":%.3f,"
+      "\"ratio_p50\":%.2f,\"ratio_p99\":%.2f}\n",
+      sessions, paced, p50, p99, bare_p50, bare_p99, p50 / bare_p50,
+      p99 / bare_p99);
   return 0;
 }
 
@@ -1422,12 +1500,16 @@ LockHolds HoldsBetween(const HoldBuckets& before, const HoldBuckets& after) {
   return holds;
 }
 
-// The open mode's baseline server, in a process of its own so that its CPU
-// and memory are measured apart from the load generator's.
-int RunEchoServer() {
-  OpenEchoService echo;
+// Serves `service` on --listen until killed, its address in --port_file.
+int ServeUntilKilled(grpc::Service* service) {
   std::string address;
-  std::unique_ptr<grpc::Server> server = Serve(&echo, &address);
+  std::unique_ptr<grpc::Server> server =
+      Serve(service, &address, absl::GetFlag(FLAGS_listen));
+  if (server == nullptr) {
+    std::fprintf(stderr, "cannot listen on %s\n",
+                 absl::GetFlag(FLAGS_listen).c_str());
+    return 1;
+  }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   const std::string tmp = port_file + ".tmp";
   {
@@ -1435,12 +1517,25 @@ int RunEchoServer() {
     out << "grpc=" << address << "\n";
   }
   if (port_file.empty() || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-    std::fprintf(stderr, "echo_server: cannot write --port_file %s\n",
-                 port_file.c_str());
+    std::fprintf(stderr, "cannot write --port_file %s\n", port_file.c_str());
     return 1;
   }
   server->Wait();  // until killed
   return 0;
+}
+
+// The open mode's baseline server, in a process of its own so that its CPU
+// and memory are measured apart from the load generator's.
+int RunEchoServer() {
+  OpenEchoService echo;
+  return ServeUntilKilled(&echo);
+}
+
+// The leases mode's baseline server (a canned Grant for every Want credit
+// and Complete), for remote_grants on another host.
+int RunGrantEchoServer() {
+  EchoService echo(CannedGrant());
+  return ServeUntilKilled(&echo);
 }
 
 // Starts this binary as the echo server, with the coordinator's malloc
@@ -1656,7 +1751,11 @@ int main(int argc, char** argv) {
   if (mode == "etcd") return RunEtcd();
   if (mode == "open") return RunOpen();
   if (mode == "echo_server") return RunEchoServer();
-  std::fprintf(stderr, "--mode must be leases, plan, etcd or open, not %s\n",
+  if (mode == "grant_echo_server") return RunGrantEchoServer();
+  if (mode == "remote_grants") return RunRemoteGrants();
+  std::fprintf(stderr,
+               "--mode must be leases, plan, etcd, open or remote_grants, not "
+               "%s\n",
                mode.c_str());
   return 2;
 }

@@ -131,7 +131,7 @@ class HostCluster:
                  data_flags=(), node_local=False):
         self.tmp = str(tmp)
         os.makedirs(self.tmp, exist_ok=True)
-        self.net = Network(name)
+        self.net = Network(name, bin_dir=BIN)
         try:
             self.head = self.net.host("head")
             self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard,

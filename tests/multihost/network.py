@@ -6,6 +6,7 @@
     net.cut(head, ds)      # silent: packets dropped, no RST, no ICMP
     net.heal()             # every cut gone
     net.limit(ds, "2gbit") # token-bucket rate limit on the link to ds
+    net.delay(ds, 5)       # every packet ds sends leaves 5 ms later
     net.close()            # stops its processes by PID, deletes the namespaces
 
 Every host is a namespace with one interface, eth0, at 10.77.0.N/24 and its
@@ -18,8 +19,11 @@ connections stay open until a timeout says otherwise. Needs root (CI runs
 as root), iproute2 and nftables.
 
 This kernel has no sch_netem, so there is no delay or loss qdisc: `limit`
-is `tbf` (a rate limit), and a lossy link is `Network.drop_share`, an
-nftables `numgen random` rule dropping that share of the frames.
+is `tbf` (a rate limit), a lossy link is `Network.drop_share`, an nftables
+`numgen random` rule dropping that share of the frames, and a delay is
+`Network.delay`: an iptables NFQUEUE rule on a host's way out, whose
+packets the `netdelay` tool (tests/multihost/netdelay.cc) holds for the
+delay before letting them go.
 """
 import itertools
 import os
@@ -56,7 +60,7 @@ def remove_stale_namespaces():
 
 class Host:
     def __init__(self, net, name, index):
-        self.net, self.name = net, name
+        self.net, self.name, self.index = net, name, index
         self.ns = f"{net.prefix}{name}"
         self.ip = f"{_SUBNET}.{index}"
         self.procs = []
@@ -104,8 +108,10 @@ class Host:
 
 
 class Network:
-    def __init__(self, name="net"):
+    def __init__(self, name="net", bin_dir=None):
+        """`bin_dir` holds the test tools (`netdelay`); needed by `delay`."""
         remove_stale_namespaces()
+        self.bin_dir = bin_dir
         self.prefix = f"{_PREFIX}{os.getpid()}-{name[:8]}-"
         self.bridge_ns = f"{self.prefix}br"
         self.hosts = []
@@ -159,6 +165,33 @@ class Network:
         """Removes every cut and drop rule."""
         self._nft("flush chain bridge faults cuts")
         self._cuts.clear()
+
+    def delay(self, host, ms):
+        """Delays every packet `host` sends by `ms` milliseconds (one way;
+        on every host, a round trip between two of them takes 2 x `ms`
+        more). `netdelay` runs on the host, holding what an iptables
+        NFQUEUE rule on eth0's way out queues to it."""
+        queue = host.index
+        tool = subprocess.Popen(host.argv([os.path.join(self.bin_dir, "netdelay"),
+                                           f"--queue={queue}", f"--delay_us={int(ms * 1000)}"]),
+                                stdout=subprocess.PIPE, text=True)
+        host.procs.append(tool)
+        if tool.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"netdelay on {host.name} did not start")
+        subprocess.run(host.argv(["iptables-legacy", "-A", "OUTPUT", "-o", "eth0", "-j",
+                                  "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]),
+                       check=True, capture_output=True, text=True)
+
+    def delayed(self, host):
+        """Packets `host` has sent through its `delay` rule so far."""
+        listed = subprocess.run(host.argv(["iptables-legacy", "-L", "OUTPUT", "-v", "-n", "-x"]),
+                                check=True, capture_output=True, text=True).stdout
+        return sum(int(line.split()[0]) for line in listed.splitlines() if "NFQUEUE" in line)
+
+    def delay_everywhere(self, ms):
+        """`delay` on every host: each link adds `ms` each way."""
+        for h in self.hosts:
+            self.delay(h, ms)
 
     def limit(self, host, rate):
         """A token-bucket rate limit (tc's syntax: "2gbit") on the bridge's
