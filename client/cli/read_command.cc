@@ -189,11 +189,12 @@ int ReadCommand(const std::vector<std::string>& args) {
   ReaderStats stats = (*reader)->stats();
   (*reader)->Close();
   std::fprintf(stderr,
-               "read %lld samples (%lld units, %lld re-routed, %lld dropped, "
-               "%lld reconnects)\n",
+               "read %lld samples (%lld units, %lld re-routed, %lld handed "
+               "back, %lld dropped, %lld reconnects)\n",
                static_cast<long long>(stats.delivered),
                static_cast<long long>(stats.units_completed),
                static_cast<long long>(stats.reroutes),
+               static_cast<long long>(stats.handed_back),
                static_cast<long long>(stats.dropped_units),
                static_cast<long long>(stats.reconnects));
   return kOk;

@@ -119,6 +119,20 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           }
           break;
         }
+        if (u.fetch == Unit::Fetch::kFailed && u.handed_back) {
+          // A draining data server ended the stream: give the rest back,
+          // counting exactly what was consumed; the coordinator grants it
+          // again on another server.
+          TrainerMessage m;
+          m.mutable_release()->set_lease_id(u.lease.lease_id());
+          m.mutable_release()->set_fence(u.lease.fence());
+          m.mutable_release()->set_consumed(u.delivered);
+          u.final_report = m;
+          ++stats_.handed_back;
+          entries_.pop_front();
+          flush = true;
+          break;
+        }
         if (u.fetch == Unit::Fetch::kFailed) {
           // Everything fetched has been delivered: hand the rest back for a
           // re-route, counting exactly what was consumed.

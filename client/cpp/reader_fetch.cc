@@ -4,12 +4,15 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cpp/reader_impl.h"
 #include "server/common/grpc_status.h"
 #include "server/common/logging.h"
+#include "sluice/v1/common.pb.h"
 
 namespace sluice::client_internal {
 namespace {
@@ -18,6 +21,22 @@ namespace {
 // window's first shard.
 const std::string& UnitKey(const v1::WorkUnit& unit) {
   return unit.pieces_size() > 0 ? unit.pieces(0).url() : unit.shard_url();
+}
+
+// Whether a stream's status is a draining data server's (UNAVAILABLE with a
+// sluice.v1.HandedBack detail): it is leaving, not failing.
+bool HandedBack(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kUnavailable) return false;
+  absl::optional<absl::Cord> details =
+      status.GetPayload(kGrpcDetailsPayloadUrl);
+  v1::RpcStatus rpc;
+  if (!details.has_value() || !rpc.ParseFromString(std::string(*details))) {
+    return false;
+  }
+  for (const v1::AnyDetail& any : rpc.details()) {
+    if (absl::EndsWith(any.type_url(), "/sluice.v1.HandedBack")) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -204,6 +223,15 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
     SetFetchStateLocked(u, Unit::Fetch::kDone, "");
   } else if (status.ok()) {
     SetFetchStateLocked(u, Unit::Fetch::kFailed, "stream ended early");
+  } else if (HandedBack(status)) {
+    // The server drains: what it sent is good, the rest goes back.
+    u.handed_back = true;
+    SetFetchStateLocked(u, Unit::Fetch::kFailed,
+                        absl::StrCat(address, ": ", status.message()));
+    HandBackUnopenedLocked(address, absl::StrCat(address,
+                                                 ": draining (another stream "
+                                                 "of the server was handed "
+                                                 "back)"));
   } else if (status.code() == absl::StatusCode::kAborted) {
     DropLocked(u);  // a newer grant of the unit exists: deliver nothing more
   } else if (status.code() == absl::StatusCode::kDataLoss ||
@@ -277,6 +305,24 @@ void ReaderImpl::FailSiblingsLocked(const Unit& failed,
       o->stalled = true;
       CancelFetchLocked(*o);
     }
+  }
+}
+
+void ReaderImpl::HandBackUnopenedLocked(const std::string& address,
+                                        const std::string& why) {
+  // The server is leaving: the units held on it that wait for their turn go
+  // back without opening a stream (it may be gone when their turn comes);
+  // open streams end with their own HandedBack.
+  for (auto& [id, o] : units_) {
+    if (o->dropped || o->lease.data_server() != address ||
+        o->fetch != Unit::Fetch::kRunning || o->retry_alarm != nullptr ||
+        o->fetch_started) {
+      continue;
+    }
+    o->fetch_started = true;  // never opened
+    o->call_done = true;
+    o->handed_back = true;
+    SetFetchStateLocked(*o, Unit::Fetch::kFailed, why);
   }
 }
 

@@ -129,6 +129,9 @@ class ReaderImpl final : public Reader {
     int64_t last_batch_samples = 0;  // size of the newest batch received
     enum class Fetch { kRunning, kDone, kFailed } fetch = Fetch::kRunning;
     std::string fetch_error;
+    // The stream ended because its data server drains (sluice.v1.HandedBack):
+    // the rest is given back with a Release, not re-routed as a failure.
+    bool handed_back = false;
     bool dropped = false;
     int64_t delivered = 0;
     int64_t reported = 0;
@@ -248,6 +251,11 @@ class ReaderImpl final : public Reader {
     CancelFetchLocked(u);
     NotifyAllLocked();
   }
+  // Gives back (Release), unopened, the units held on the draining data
+  // server at `address`.
+  void HandBackUnopenedLocked(const std::string& address,
+                              const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails every other unit held on `failed`'s data server (reader_fetch.cc).
   void FailSiblingsLocked(const Unit& failed, const std::string& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

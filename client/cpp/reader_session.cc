@@ -355,6 +355,11 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
       case CoordinatorMessage::kRevoke:
         RetireLocked(m.revoke().lease_id());
         break;
+      case CoordinatorMessage::kLeaving:
+        HandBackUnopenedLocked(
+            m.leaving().data_server(),
+            absl::StrCat(m.leaving().data_server(), ": draining"));
+        break;
       case CoordinatorMessage::kRejected:
         RetireLocked(m.rejected().lease_id());
         break;

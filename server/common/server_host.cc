@@ -355,7 +355,8 @@ void ServerHost::SetReady(bool ready) {
   }
 }
 
-void ServerHost::RunUntilSignal(const std::function<void()>& on_drain) {
+void ServerHost::RunUntilSignal(
+    const std::function<void(absl::Duration)>& on_drain) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -366,18 +367,21 @@ void ServerHost::RunUntilSignal(const std::function<void()>& on_drain) {
   LogInfo("received %s; draining (up to %s)", strsignal(signal_number),
           absl::FormatDuration(config_.drain_timeout));
   SetReady(false);
-  if (on_drain) on_drain();
-  Shutdown();
+  const absl::Time deadline = absl::Now() + config_.drain_timeout;
+  if (on_drain) on_drain(config_.drain_timeout);
+  Shutdown(deadline);
   LogInfo("stopped");
 }
 
-void ServerHost::Shutdown() {
+void ServerHost::Shutdown() { Shutdown(absl::Now() + config_.drain_timeout); }
+
+void ServerHost::Shutdown(absl::Time deadline) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   SetReady(false);
   // Health watchers see NOT_SERVING for everything from here on.
   if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + config_.drain_timeout));
+  server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
   if (health_server_) {
     if (auto* health = health_server_->GetHealthCheckService()) {
@@ -490,7 +494,8 @@ int RunServerMain(int argc, char** argv, const ServerMainOptions& options) {
     return started.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   if ((*services)->ReadyWhenStarted()) (*host)->SetReady(true);
-  (*host)->RunUntilSignal([&] { (*services)->Drain(); });
+  (*host)->RunUntilSignal(
+      [&](absl::Duration timeout) { (*services)->Drain(timeout); });
   return 0;
 }
 

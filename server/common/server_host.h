@@ -101,13 +101,15 @@ class ServerHost {
   void SetReady(bool ready);
 
   // Blocks until SIGTERM or SIGINT, then drains: readiness NOT_SERVING,
-  // `on_drain` (ends long-lived streams), Shutdown. Returns when the gRPC
-  // server has stopped.
-  void RunUntilSignal(const std::function<void()>& on_drain);
+  // `on_drain` (ends long-lived streams, given the drain timeout), Shutdown
+  // with what is left of the drain timeout. Returns when the gRPC server has
+  // stopped.
+  void RunUntilSignal(const std::function<void(absl::Duration)>& on_drain);
 
-  // Stops accepting calls and waits for live calls up to the drain timeout,
-  // then cancels the rest. Idempotent.
+  // Stops accepting calls and waits for live calls up to the drain timeout
+  // (or `deadline`), then cancels the rest. Idempotent.
   void Shutdown();
+  void Shutdown(absl::Time deadline);
 
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
@@ -136,9 +138,10 @@ class ServiceSet {
  public:
   virtual ~ServiceSet() = default;
   virtual std::vector<grpc::Service*> services() = 0;
-  // Called once on SIGTERM/SIGINT before gRPC shutdown; ends streams that
-  // would otherwise run until the drain deadline.
-  virtual void Drain() {}
+  // Called once on SIGTERM/SIGINT before gRPC shutdown, with the drain
+  // timeout (--drain_timeout) it may take; ends streams that would otherwise
+  // run until the drain deadline, when gRPC cancels what is left.
+  virtual void Drain(absl::Duration timeout) { (void)timeout; }
   // Called once the server listens, before it is marked ready, with the
   // address it bound (the real port when --listen asked for port 0).
   virtual absl::Status Started(const HostPort& bound) {

@@ -118,6 +118,29 @@ void CoordinatorService::UnregisterDataServer(int64_t id) {
   UpdateDataServerMetric();
 }
 
+void CoordinatorService::DataServerDraining(int64_t id) {
+  const std::optional<std::string> address = data_servers_.SetDraining(id);
+  if (!address.has_value()) return;
+  UpdateDataServerMetric();
+  LogInfo("data server %s is draining: routing it nothing new", *address);
+  // Its leases' holders give back the ones they have not started reading.
+  Effects fx;
+  {
+    ServiceLock lock(this);
+    v1::CoordinatorMessage leaving;
+    leaving.mutable_leaving()->set_data_server(*address);
+    for (const std::string& holder : leases_.HoldersOn(*address)) {
+      auto owner = session_of_trainer_.find(holder);
+      if (owner == session_of_trainer_.end()) continue;
+      auto session = sessions_.find(owner->second);
+      if (session == sessions_.end() || session->second.finished) continue;
+      fx.sends.emplace_back(session->second.sink, leaving);
+    }
+    SubmitLocked(fx);
+  }
+  DeliverReady();
+}
+
 std::vector<std::string> CoordinatorService::LiveDataServers() {
   ServiceLock lock(this);
   return data_servers_.LiveAddresses();
@@ -126,6 +149,7 @@ std::vector<std::string> CoordinatorService::LiveDataServers() {
 void CoordinatorService::UpdateDataServerMetric() {
   if (options_.metrics == nullptr) return;
   options_.metrics->data_servers.Set(data_servers_.LiveCount());
+  options_.metrics->draining_data_servers.Set(data_servers_.DrainingCount());
 }
 
 }  // namespace sluice

@@ -58,6 +58,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       data_servers(GaugeFamily(r, "sluice_coordinator_data_servers",
                                "Data servers registered and heartbeating.")
                        .Add({})),
+      draining_data_servers(
+          GaugeFamily(r, "sluice_coordinator_draining_data_servers",
+                      "Data servers leaving: registered, finishing or "
+                      "handing back their streams, routed no new unit.")
+              .Add({})),
       desired_data_servers(
           GaugeFamily(r, "sluice_coordinator_desired_data_servers",
                       "The data servers the jobs need: from the trainers' "

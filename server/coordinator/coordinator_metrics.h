@@ -62,6 +62,8 @@ class CoordinatorMetrics {
   prometheus::Gauge& journal_bytes;
   prometheus::Counter& compactions;
   prometheus::Gauge& data_servers;
+  // Registered, leaving (DataServerDraining), routed nothing new.
+  prometheus::Gauge& draining_data_servers;
   // FleetSizer's answer, and the trainers' input-wait share it is based on.
   prometheus::Gauge& desired_data_servers;
   prometheus::Gauge& input_wait_share;

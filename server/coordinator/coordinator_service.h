@@ -214,6 +214,9 @@ class CoordinatorService {
   static absl::Status CheckFenceSeen(absl::string_view field,
                                      uint64_t max_fence_seen);
   void UnregisterDataServer(int64_t id);
+  // The server registered as `id` is leaving (DataServerDraining): no new
+  // unit goes to it; the leases it serves stay valid.
+  void DataServerDraining(int64_t id);
   std::vector<std::string> LiveDataServers();
 
   // Once steps: journal a finished step (returns once durable), and look one

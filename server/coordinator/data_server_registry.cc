@@ -86,6 +86,21 @@ void DataServerRegistry::Remove(int64_t id) {
   servers_.erase(id);
 }
 
+std::optional<std::string> DataServerRegistry::SetDraining(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = servers_.find(id);
+  if (it == servers_.end()) return std::nullopt;
+  it->second.draining = true;
+  return it->second.address;
+}
+
+int DataServerRegistry::DrainingCount() const {
+  absl::MutexLock lock(&mu_);
+  int draining = 0;
+  for (const auto& [id, s] : servers_) draining += s.draining;
+  return draining;
+}
+
 bool DataServerRegistry::AnyLiveLocked(absl::Time now) const {
   for (const auto& [id, s] : servers_) {
     if (Live(s, now)) return true;

@@ -74,6 +74,12 @@ class DataServerRegistry {
   // stalled: their heartbeats could not be read).
   void MarkAllSeen();
   void Remove(int64_t id);
+  // `id` is leaving (DataServerDraining): not live from now on, so nothing
+  // new is routed to it; it stays registered until Remove. Its address, or
+  // nullopt if it is not registered.
+  std::optional<std::string> SetDraining(int64_t id);
+  // Registrations draining now.
+  int DrainingCount() const;
 
   bool empty() const {
     absl::MutexLock lock(&mu_);
@@ -117,6 +123,7 @@ class DataServerRegistry {
     int32_t capacity = 1;
     absl::Time last_seen;
     absl::Time suspect_until = absl::InfinitePast();
+    bool draining = false;
     std::shared_ptr<DataServerSink> sink;
     std::optional<Load> reported;  // the latest load report
     std::optional<Load> taken;     // the report TakeLoad last counted to
@@ -124,7 +131,7 @@ class DataServerRegistry {
     std::set<std::string> hinted_set;
   };
   bool Live(const Server& s, absl::Time now) const {
-    return now - s.last_seen <= timeout_;
+    return !s.draining && now - s.last_seen <= timeout_;
   }
   bool AnyLiveLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -174,6 +174,13 @@ class RegistrationReactor
       v1::CoordinatorToDataServer ack;
       ack.mutable_heartbeat_ack();
       sink_->Send(ack);
+    } else if (in_.has_draining()) {
+      if (id_ == 0) {
+        sink_->Finish(absl::FailedPreconditionError(
+            "data server sent draining before registering"));
+        return;
+      }
+      service_->DataServerDraining(id_);
     }
     StartRead(&in_);
   }

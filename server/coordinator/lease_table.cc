@@ -169,4 +169,13 @@ std::vector<const LeaseEntry*> LeaseTable::HeldBy(
   return result;
 }
 
+std::set<std::string> LeaseTable::HoldersOn(
+    const std::string& data_server) const {
+  std::set<std::string> holders;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.data_server == data_server) holders.insert(lease.holder);
+  }
+  return holders;
+}
+
 }  // namespace sluice

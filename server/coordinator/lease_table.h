@@ -23,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <queue>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,9 @@ class LeaseTable {
   // Records the expiry of the token last sent for the lease (no-op if gone).
   void SetTokenExpiry(const std::string& lease_id, absl::Time at);
   std::vector<const LeaseEntry*> HeldBy(const std::string& holder) const;
+  // The holders of leases read from `data_server` (a walk of every lease:
+  // for rare events, a data server leaving).
+  std::set<std::string> HoldersOn(const std::string& data_server) const;
   // HeldBy(holder).size(), without building it.
   size_t CountHeldBy(const std::string& holder) const {
     auto it = by_holder_.find(holder);

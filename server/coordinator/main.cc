@@ -320,7 +320,7 @@ class CoordinatorServices : public sluice::ServiceSet {
     return absl::OkStatus();
   }
 
-  void Drain() override {
+  void Drain(absl::Duration /*timeout*/) override {
     StopCampaign();
     absl::MutexLock lock(&mu_);
     if (grpc_ != nullptr) grpc_->Drain();

@@ -39,6 +39,11 @@ void CoordinatorRegistration::Start() {
   thread_ = std::thread([this] { Run(); });
 }
 
+void CoordinatorRegistration::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
 void CoordinatorRegistration::Stop() {
   {
     absl::MutexLock lock(&mu_);
@@ -57,7 +62,7 @@ bool CoordinatorRegistration::Sleep(absl::Duration d) {
   absl::MutexLock lock(&mu_);
   auto wake = [this] {
     mu_.AssertHeld();
-    return stopping_ || stream_broken_;
+    return stopping_ || stream_broken_ || (draining_ && !draining_sent_);
   };
   mu_.AwaitWithTimeout(absl::Condition(&wake), d);
   return !stopping_;
@@ -156,6 +161,19 @@ void CoordinatorRegistration::Run() {
             break;
           }
         }
+        bool send_draining = false;
+        {
+          absl::MutexLock lock(&mu_);
+          send_draining = draining_ && !draining_sent_;
+          draining_sent_ = draining_;
+        }
+        if (send_draining) {
+          v1::DataServerMessage draining;
+          draining.mutable_draining();
+          if (!stream->Write(draining)) break;
+          LogInfo("draining: told coordinator %s to route nothing new here",
+                  options_.coordinator);
+        }
         v1::DataServerMessage beat;
         beat.mutable_heartbeat()->set_active_streams(
             options_.active_streams ? options_.active_streams() : 0);
@@ -176,6 +194,7 @@ void CoordinatorRegistration::Run() {
       {
         absl::MutexLock lock(&mu_);
         stream_broken_ = false;
+        draining_sent_ = false;  // a new stream is told again
       }
       fresh_channel = silent;
     } else if (replied) {

@@ -45,13 +45,18 @@ class CoordinatorRegistration {
   ~CoordinatorRegistration();
 
   void Start();
+  // Tells the coordinator this server is leaving (DataServerDraining, on
+  // this stream and on any registration after it): nothing new is routed
+  // here. Heartbeats go on until Stop(), which deregisters.
+  void Drain();
   void Stop();
   // Registrations acknowledged by a coordinator so far (tests, logs).
   int registrations() const;
 
  private:
   void Run();
-  // Waits `d` or until Stop() or the stream breaks; false when stopping.
+  // Waits `d` or until Stop(), Drain() or the stream breaks; false when
+  // stopping.
   bool Sleep(absl::Duration d);
 
   const Options options_;
@@ -59,6 +64,8 @@ class CoordinatorRegistration {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_sent_ ABSL_GUARDED_BY(mu_) = false;  // on the current stream
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   int registrations_ ABSL_GUARDED_BY(mu_) = 0;
 };

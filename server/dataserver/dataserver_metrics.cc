@@ -32,6 +32,12 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
           Counters(r, "sluice_dataserver_samples_served_total",
                    "Samples sent to trainers (skipped ones included).")
               .Add({})),
+      streams_handed_back(
+          Counters(r, "sluice_dataserver_streams_handed_back_total",
+                   "Streams ended early or refused while the server drained: "
+                   "the rest of each lease went back to the coordinator "
+                   "(not errors).")
+              .Add({})),
       images_transformed(
           Counters(r, "sluice_dataserver_images_transformed_total",
                    "Image fields that went through DecodeSpec transforms.")

@@ -35,6 +35,8 @@ class DataServerMetrics {
   prometheus::Counter& DownloadFailures(const std::string& reason);
 
   prometheus::Counter& samples_served;
+  // Streams ended or refused while draining, their leases handed back.
+  prometheus::Counter& streams_handed_back;
   // Image fields that went through DecodeSpec transforms.
   prometheus::Counter& images_transformed;
   prometheus::Counter& bytes_served;

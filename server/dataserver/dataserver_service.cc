@@ -6,11 +6,13 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/common/grpc_status.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/quote.h"
@@ -110,7 +112,10 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   {
     absl::MutexLock lock(&mu_);
     if (draining_) {
-      return absl::UnavailableError("data server is shutting down");
+      return HandedBackStatus(absl::StrCat(
+          "data server draining (shutting down): lease ",
+          QuotePrefix(request.lease().lease_id()), " of job ",
+          QuotePrefix(request.lease().job()), " handed back unread"));
     }
   }
   const v1::Lease& lease = request.lease();
@@ -344,6 +349,43 @@ absl::StatusOr<v1::ShardIndex> DataServerService::IndexOf(
 void DataServerService::Drain() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
+}
+
+void DataServerService::HandBack() { handing_back_.store(true); }
+
+bool DataServerService::AwaitNoStreams(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto none = [this] {
+    mu_.AssertHeld();
+    return active_streams_ == 0;
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&none), deadline);
+}
+
+bool DataServerService::IsHandedBack(const absl::Status& status) {
+  absl::optional<absl::Cord> details =
+      status.GetPayload(kGrpcDetailsPayloadUrl);
+  v1::RpcStatus rpc;
+  if (!details.has_value() || !rpc.ParseFromString(std::string(*details))) {
+    return false;
+  }
+  for (const v1::AnyDetail& any : rpc.details()) {
+    if (absl::EndsWith(any.type_url(), "/sluice.v1.HandedBack")) return true;
+  }
+  return false;
+}
+
+absl::Status DataServerService::HandedBackStatus(absl::string_view what) {
+  v1::RpcStatus rpc;
+  rpc.set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
+  rpc.set_message(std::string(what));
+  v1::AnyDetail* any = rpc.add_details();
+  any->set_type_url("type.googleapis.com/sluice.v1.HandedBack");
+  any->set_value(v1::HandedBack().SerializeAsString());
+  absl::Status status = absl::UnavailableError(what);
+  status.SetPayload(kGrpcDetailsPayloadUrl,
+                    absl::Cord(rpc.SerializeAsString()));
+  return status;
 }
 
 int DataServerService::active_streams() const {

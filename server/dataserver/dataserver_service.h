@@ -5,6 +5,7 @@
 #ifndef SLUICE_SERVER_DATASERVER_DATASERVER_SERVICE_H_
 #define SLUICE_SERVER_DATASERVER_DATASERVER_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -16,7 +17,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/common/thread_pool.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/decode_budget.h"
@@ -28,6 +31,7 @@
 #include "server/format/sample_index.h"
 #include "server/format/shard_store.h"
 #include "server/format/tar_shard_reader.h"
+#include "sluice/v1/common.pb.h"
 #include "sluice/v1/dataserver.pb.h"
 
 namespace sluice::dataserver {
@@ -85,9 +89,20 @@ class DataServerService {
   std::shared_ptr<const ShardIndex> GetIndex(
       const std::shared_ptr<const ShardData>& shard);
 
-  // New streams are refused (UNAVAILABLE) from now on.
+  // New streams are refused from now on, with HandedBackStatus.
   void Drain();
+  // Open streams end at their next batch from now on, with
+  // HandedBackStatus: the rest of their leases goes back to the coordinator.
+  void HandBack();
+  bool handing_back() const {
+    return handing_back_.load(std::memory_order_relaxed);
+  }
+  // Waits until no stream is open or `deadline`; true when none is.
+  bool AwaitNoStreams(absl::Time deadline) const;
   int active_streams() const;
+  // UNAVAILABLE with a sluice.v1.HandedBack detail, saying `what`.
+  static absl::Status HandedBackStatus(absl::string_view what);
+  static bool IsHandedBack(const absl::Status& status);
   // Sample ranges whose newest fence is remembered (tests: the memory
   // bound).
   size_t fence_units() const;
@@ -119,6 +134,7 @@ class DataServerService {
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> handing_back_{false};
   // Most recently used first; keyed by the window's order seed and piece
   // sizes.
   std::list<

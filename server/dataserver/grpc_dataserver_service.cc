@@ -1,5 +1,6 @@
 #include "server/dataserver/grpc_dataserver_service.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,10 @@ void ReleaseOwner(void* owner) {
 
 void CountError(DataServerService* service, const absl::Status& status) {
   if (status.ok() || service->metrics() == nullptr) return;
+  if (DataServerService::IsHandedBack(status)) {
+    service->metrics()->streams_handed_back.Increment();
+    return;
+  }
   service->metrics()
       ->StreamErrors(absl::StatusCodeToString(status.code()))
       .Increment();
@@ -25,9 +30,10 @@ void CountError(DataServerService* service, const absl::Status& status) {
 // Pumps one SampleStream into a server stream.
 class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  ReadReactor(DataServerService* service,
+  ReadReactor(DataServerService* service, GrpcDataServerService* owner,
               absl::StatusOr<std::shared_ptr<SampleStream>> stream)
-      : service_(service) {
+      : service_(service), owner_(owner) {
+    owner_->CallStarted();
     if (!stream.ok()) {
       CountError(service_, stream.status());
       FinishOnce(stream.status());
@@ -50,7 +56,10 @@ class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (stream_ != nullptr) stream_->Cancel();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    owner_->CallDone();
+    delete this;
+  }
 
  private:
   void Pump() {
@@ -63,6 +72,17 @@ class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
       if (!next->has_value()) {
         FinishOnce(absl::OkStatus());
+        return;
+      }
+      if (service_->handing_back()) {
+        // Draining: this batch is not sent; the reader gives back the rest
+        // of the lease from the last sample it received.
+        stream_->Cancel();
+        const absl::Status handed_back = DataServerService::HandedBackStatus(
+            "data server draining (shutting down): the rest of this stream's "
+            "lease handed back");
+        CountError(service_, handed_back);
+        FinishOnce(handed_back);
         return;
       }
       buffer_ = ToByteBuffer(**next);
@@ -80,6 +100,7 @@ class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   DataServerService* const service_;
+  GrpcDataServerService* const owner_;
   std::shared_ptr<SampleStream> stream_;
   grpc::ByteBuffer buffer_;
   absl::Mutex mu_;
@@ -111,9 +132,44 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcDataServerService::ReadSamples(
   }
   if (!parsed.ParseFromString(bytes)) {
     return new ReadReactor(
-        service_, absl::InvalidArgumentError("ReadRequest does not parse"));
+        service_, this,
+        absl::InvalidArgumentError("ReadRequest does not parse"));
   }
-  return new ReadReactor(service_, service_->ReadSamples(parsed));
+  return new ReadReactor(service_, this, service_->ReadSamples(parsed));
+}
+
+void GrpcDataServerService::CallStarted() {
+  absl::MutexLock lock(&mu_);
+  ++open_calls_;
+}
+
+void GrpcDataServerService::CallDone() {
+  absl::MutexLock lock(&mu_);
+  --open_calls_;
+  last_call_done_ = absl::Now();
+}
+
+bool GrpcDataServerService::AwaitQuiet(absl::Duration quiet,
+                                       absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this] {
+    mu_.AssertHeld();
+    return open_calls_ == 0;
+  };
+  auto busy = [this] {
+    mu_.AssertHeld();
+    return open_calls_ > 0;
+  };
+  while (true) {
+    if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) return false;
+    const absl::Time quiet_from = last_call_done_ + quiet;
+    if (absl::Now() >= quiet_from) return true;
+    // A call that opens meanwhile starts the wait over.
+    if (!mu_.AwaitWithDeadline(absl::Condition(&busy),
+                               std::min(quiet_from, deadline))) {
+      return absl::Now() >= quiet_from;
+    }
+  }
 }
 
 grpc::ServerUnaryReactor* GrpcDataServerService::IndexShard(

@@ -8,6 +8,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/dataserver/dataserver_service.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 
@@ -30,8 +32,26 @@ class GrpcDataServerService final
                                        const v1::IndexShardRequest* request,
                                        v1::ShardIndex* response) override;
 
+  // Waits until no ReadSamples call has been open for `quiet` (a call is
+  // open until its status has gone out, after its last sample), or until
+  // `deadline`; true when quiet. While draining, the calls that arrive are
+  // refused at once (HandedBack) and start the wait over: readers whose
+  // next unit was routed here learn of the drain before the server goes.
+  bool AwaitQuiet(absl::Duration quiet, absl::Time deadline);
+  int open_calls() const {
+    absl::MutexLock lock(&mu_);
+    return open_calls_;
+  }
+
+  // The reactor's bookkeeping.
+  void CallStarted();
+  void CallDone();
+
  private:
   DataServerService* const service_;
+  mutable absl::Mutex mu_;
+  int open_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_call_done_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace sluice::dataserver

@@ -2,6 +2,7 @@
 #include <prometheus/registry.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -235,8 +236,34 @@ class DataServerServices : public sluice::ServiceSet {
   }
 
   std::vector<grpc::Service*> services() override { return {grpc_.get()}; }
-  void Drain() override {
+  // Leaving without loss: the coordinator routes nothing new here, and new
+  // reads are refused (HandedBack: the reader gives the lease back). Open
+  // streams finish for up to half the drain timeout; then each ends at its
+  // next batch handing the rest of its lease back. The registration ends
+  // once no call has been open for kDrainQuiet (a reader's next unit may
+  // still arrive here, and learns of the drain) or at 90 % of the drain
+  // timeout; gRPC cancels what is left at the timeout.
+  void Drain(absl::Duration timeout) override {
+    constexpr absl::Duration kDrainQuiet = absl::Milliseconds(250);
+    const absl::Time start = absl::Now();
+    if (registration_ != nullptr) registration_->Drain();
     logic_->Drain();
+    const int open = grpc_->open_calls();
+    const absl::Duration quiet = std::min(kDrainQuiet, timeout / 4);
+    if (!grpc_->AwaitQuiet(quiet, start + timeout / 2)) {
+      sluice::LogInfo(
+          "draining: %d of %d streams still open after %s; handing the rest "
+          "of their leases back",
+          grpc_->open_calls(), open, absl::FormatDuration(absl::Now() - start));
+      logic_->HandBack();
+      if (!grpc_->AwaitQuiet(quiet, start + timeout * 0.9) &&
+          grpc_->open_calls() > 0) {
+        sluice::LogWarning(
+            "draining: %d streams still open after %s; cancelled at the drain "
+            "timeout",
+            grpc_->open_calls(), absl::FormatDuration(absl::Now() - start));
+      }
+    }
     if (registration_ != nullptr) registration_->Stop();
   }
 

@@ -45,7 +45,8 @@ class ReaderTest : public ::testing::Test {
   // `shards` shards of `per_shard` samples; a coordinator and `servers` data
   // servers registered with it.
   void StartCluster(int shards, int per_shard, int servers,
-                    size_t sample_bytes = 200) {
+                    size_t sample_bytes = 200,
+                    std::vector<std::string> data_server_flags = {}) {
     for (int s = 0; s < shards; ++s) {
       urls_.push_back(cluster_.WriteShard(
           std::to_string(s), per_shard, [&](testing::TarWriter& tar, int i) {
@@ -56,7 +57,8 @@ class ReaderTest : public ::testing::Test {
     }
     per_shard_ = per_shard;
     ASSERT_TRUE(cluster_.StartCoordinator().ok());
-    const absl::Status started = cluster_.StartDataServers(servers);
+    const absl::Status started =
+        cluster_.StartDataServers(servers, std::move(data_server_flags));
     ASSERT_TRUE(started.ok()) << started;
   }
 
@@ -208,6 +210,47 @@ TEST_F(ReaderTest, HungAndDeadDataServersAreRoutedAround) {
   for (auto& [k, c] : all)
     EXPECT_EQ(c, 1) << k.first << "/" << k.second;  // nothing twice
   EXPECT_GE(reader->stats().reroutes, 1);
+}
+
+// A data server stopped with SIGTERM leaves without a failed stream: the
+// coordinator routes it nothing new, its open stream ends handing the rest
+// of its lease back (the reader Releases it), and the rest is read from the
+// other server. Nothing is re-routed, nothing read twice or lost.
+TEST_F(ReaderTest, ADrainingDataServerHandsItsUnitsBackWithoutAReroute) {
+  // 400 KB samples: more than gRPC's flow-control windows hold, so a unit's
+  // stream stays open while the reader consumes it. Half of the 400 ms drain
+  // timeout, 200 ms, is less than the 45 samples x 8 ms left of the unit
+  // being read when the server is stopped: that stream is handed back.
+  StartCluster(8, 50, 2, 400 << 10, {"--drain_timeout=400ms"});
+  CreateJob("drain", 1, 1);
+  auto reader = MakeReader("drain", 0, /*buffer=*/4);
+  const std::string leaving = data_[0].grpc_address;
+  bool stopped = false;
+  Seen seen = ReadAll(*reader, [&](int64_t, const Sample& sample) {
+    if (!stopped && sample.data_server == leaving && sample.index == 4) {
+      data_[0].process.Signal(SIGTERM);
+      stopped = true;
+    }
+    absl::SleepFor(absl::Milliseconds(8));  // a training step
+  });
+  ASSERT_TRUE(stopped) << "no unit was read from " << leaving;
+  ASSERT_TRUE(seen.status.ok()) << seen.status;
+  std::map<std::pair<int, int64_t>, int> all = seen.samples[0];
+  EXPECT_EQ(all.size(), 400u);
+  for (auto& [k, c] : all) EXPECT_EQ(c, 1) << k.first << "/" << k.second;
+  EXPECT_EQ(reader->stats().reroutes, 0);
+  EXPECT_GE(reader->stats().handed_back, 1);
+  absl::StatusOr<int> exit_code =
+      data_[0].process.WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  const std::string log =
+      testing::ReadWholeFile(data_[0].log_path).value_or("");
+  EXPECT_THAT(log,
+              ::testing::HasSubstr("handing the rest of their leases back"));
+  EXPECT_THAT(log,
+              ::testing::Not(::testing::HasSubstr("cancelled at the drain")));
+  if (HasFailure()) std::cerr << "--- leaving data server's log\n" << log;
 }
 
 // A unit waiting behind another for longer than the stall timeout is not

@@ -44,12 +44,12 @@ absl::Status TestCluster::RestartCoordinator() {
   return absl::OkStatus();
 }
 
-absl::Status TestCluster::StartDataServers(int n) {
+absl::Status TestCluster::StartDataServers(int n,
+                                           std::vector<std::string> extra) {
+  extra.push_back("--roots=" + shards_dir());
+  extra.push_back("--coordinator=" + coordinator_.grpc_address);
   for (int i = 0; i < n; ++i) {
-    auto ds =
-        ServerProcess::Start("sluice-dataserver", dir_,
-                             {"--roots=" + shards_dir(),
-                              "--coordinator=" + coordinator_.grpc_address});
+    auto ds = ServerProcess::Start("sluice-dataserver", dir_, extra);
     if (!ds.ok()) return ds.status();
     data_.push_back(std::move(*ds));
   }

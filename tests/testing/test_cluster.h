@@ -35,9 +35,9 @@ class TestCluster {
   // Kills the coordinator unless it is down already and starts it again on
   // the same address and journal: what a supervisor's restart does.
   absl::Status RestartCoordinator();
-  // Starts `n` more data servers registered with the coordinator and waits
-  // until it counts every one live.
-  absl::Status StartDataServers(int n);
+  // Starts `n` more data servers (with `extra` flags) registered with the
+  // coordinator and waits until it counts every one live.
+  absl::Status StartDataServers(int n, std::vector<std::string> extra = {});
 
   ServerProcess& coordinator() { return coordinator_; }
   std::vector<ServerProcess>& data_servers() { return data_; }

@@ -158,6 +158,10 @@ struct ReaderStats {
   int64_t delivered = 0;
   int64_t units_completed = 0;
   int64_t reroutes = 0;
+  // Units a draining data server handed back (its stream ended early, not
+  // failed): the rest went back to the coordinator with a Release and was
+  // granted again elsewhere. Not re-routes.
+  int64_t handed_back = 0;
   int64_t dropped_units = 0;
   int64_t reconnects = 0;
   // Batches (ReadSamples responses) received.

@@ -289,6 +289,7 @@ class PyReader {
     out["delivered"] = s.delivered;
     out["units_completed"] = s.units_completed;
     out["reroutes"] = s.reroutes;
+    out["handed_back"] = s.handed_back;
     out["dropped_units"] = s.dropped_units;
     out["reconnects"] = s.reconnects;
     out["batches"] = s.batches;

@@ -84,6 +84,31 @@ TEST(DataServerRegistryTest, RemovingAServerMovesOnlyTheShardsItHad) {
   EXPECT_EQ(moved, count["b:1"]);
 }
 
+TEST(DataServerRegistryTest, ADrainingServerIsRoutedNothingAndNotCountedLive) {
+  FakeClock clock;
+  DataServerRegistry r(&clock, kTimeout);
+  const int64_t a = r.Add("a:1", 1, nullptr, "node-a");
+  r.Add("b:1", 1, nullptr, "node-b");
+  EXPECT_EQ(r.SetDraining(a), "a:1");
+  EXPECT_EQ(r.SetDraining(a + 100), std::nullopt);
+  EXPECT_EQ(r.LiveCount(), 1);
+  EXPECT_EQ(r.DrainingCount(), 1);
+  EXPECT_THAT(r.LiveAddresses(), ElementsAre("b:1"));
+  // Not even for a reader on its own node, nor as a last resort.
+  bool same_node = true;
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(r.Pick(
+                  Shard(i), [](const std::string&) { return false; }, "node-a",
+                  &same_node),
+              "b:1");
+    EXPECT_FALSE(same_node);
+  }
+  EXPECT_TRUE(r.Heartbeat(a));  // heartbeats go on; still draining
+  EXPECT_EQ(r.LiveCount(), 1);
+  r.Remove(a);
+  EXPECT_EQ(r.DrainingCount(), 0);
+}
+
 TEST(DataServerRegistryTest, CapacityWeighsTheShareOfShards) {
   FakeClock clock;
   DataServerRegistry r(&clock, kTimeout);
