@@ -12,12 +12,15 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -29,6 +32,7 @@
 #include "client/cli/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "server/common/grpc_status.h"
+#include "server/common/grpc_target.h"
 #include "server/common/status_macros.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
@@ -39,6 +43,14 @@ ABSL_FLAG(
     std::string, shards, "",
     "up: directory of shards the data servers serve (default DIR/shards).");
 ABSL_FLAG(int, data_servers, 2, "up: data servers to start.");
+ABSL_FLAG(std::vector<std::string>, data_server_flags, {},
+          "up: flags for every data server, comma-separated (e.g. "
+          "--data_server_flags=--decode_threads=1,--capacity=2).");
+ABSL_FLAG(std::string, autoscale, "",
+          "up: MIN:MAX -- start MIN data servers, then start and stop (drain: "
+          "SIGTERM) local data servers every second to follow the "
+          "coordinator's estimate of the servers the jobs need "
+          "(sluice_coordinator_desired_data_servers), within [MIN, MAX].");
 ABSL_FLAG(std::string, listen_host, "",
           "up: the host every server binds to (default: --coordinator's "
           "host). 0.0.0.0 serves other nodes: the coordinator listens on it "
@@ -129,6 +141,9 @@ struct LocalCluster {
   std::string leader_grpc, standby_grpc;
   std::vector<Subprocess> data;
   std::vector<std::string> data_grpc;
+  std::vector<Subprocess> leaving;  // drained, not yet exited
+  std::string shards_dir, data_host = "127.0.0.1";
+  int next_data_index = 0;
 
   // Servers bind to `host` (data servers and the standby on port 0; the
   // coordinator on `listen`).
@@ -191,29 +206,9 @@ struct LocalCluster {
       standby_grpc = (*standby_started)["grpc"];
       coordinator_grpc = leader_grpc + "," + standby_grpc;
     }
-    for (int i = 0; i < servers; ++i) {
-      std::string p = absl::StrCat(dir, "/dataserver-", i, ".ports");
-      unlink(p.c_str());
-      ASSIGN_OR_RETURN(
-          Subprocess s,
-          Subprocess::Spawn(
-              {bin + "/sluice-dataserver", "--listen=" + JoinHostPort(host, 0),
-               "--metrics_listen=127.0.0.1:0", "--port_file=" + p,
-               "--roots=" + shards,
-               absl::StrCat("--cache_dir=", dir, "/cache-", i),
-               "--coordinator=" + coordinator_grpc},
-              "", absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
-      data.push_back(std::move(s));
-      absl::StatusOr<std::map<std::string, std::string>> data_started =
-          WaitForPortFile(p, data.back(), absl::Seconds(20));
-      if (!data_started.ok()) {
-        return WithLastLogLine(
-            data_started.status(),
-            absl::StrCat(dir, "/logs/dataserver-", i, ".log"));
-      }
-      auto& dkv = *data_started;
-      data_grpc.push_back(dkv["grpc"]);
-    }
+    shards_dir = shards;
+    data_host = host;
+    for (int i = 0; i < servers; ++i) RETURN_IF_ERROR(AddDataServer());
     // Until every data server has registered, grants would name none: ask
     // the (leading) coordinator which are live.
     auto stub = v1::Coordinator::NewStub(
@@ -233,11 +228,114 @@ struct LocalCluster {
         "data servers did not register with the coordinator");
   }
 
+  // Starts one more data server (on the shards and host Start was given)
+  // and waits until it listens.
+  absl::Status AddDataServer() {
+    const int i = next_data_index++;
+    std::string p = absl::StrCat(dir, "/dataserver-", i, ".ports");
+    unlink(p.c_str());
+    std::vector<std::string> argv = {
+        SelfDir() + "/sluice-dataserver",
+        "--listen=" + JoinHostPort(data_host, 0),
+        "--metrics_listen=127.0.0.1:0",
+        "--port_file=" + p,
+        "--roots=" + shards_dir,
+        absl::StrCat("--cache_dir=", dir, "/cache-", i),
+        "--coordinator=" + coordinator_grpc};
+    for (const std::string& f : absl::GetFlag(FLAGS_data_server_flags)) {
+      argv.push_back(f);
+    }
+    ASSIGN_OR_RETURN(
+        Subprocess s,
+        Subprocess::Spawn(argv, "",
+                          absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
+    data.push_back(std::move(s));
+    absl::StatusOr<std::map<std::string, std::string>> data_started =
+        WaitForPortFile(p, data.back(), absl::Seconds(20));
+    if (!data_started.ok()) {
+      return WithLastLogLine(data_started.status(),
+                             absl::StrCat(dir, "/logs/dataserver-", i, ".log"));
+    }
+    data_grpc.push_back((*data_started)["grpc"]);
+    return absl::OkStatus();
+  }
+
+  // Drains the newest data server (SIGTERM: it hands back what its readers
+  // have not read, then exits); it is reaped by Reap(). Its address.
+  std::string DrainDataServer() {
+    data.back().Signal(SIGTERM);
+    leaving.push_back(std::move(data.back()));
+    data.pop_back();
+    std::string address = std::move(data_grpc.back());
+    data_grpc.pop_back();
+    return address;
+  }
+
+  // Collects the drained servers that have exited.
+  void Reap() {
+    for (auto it = leaving.begin(); it != leaving.end();) {
+      it = it->Poll().has_value() ? leaving.erase(it) : it + 1;
+    }
+  }
+
   void Stop() {
+    for (Subprocess& s : leaving) s.Stop(absl::Seconds(15));
     for (Subprocess& s : data) s.Stop(absl::Seconds(15));
     if (standby.pid() > 0) standby.Stop(absl::Seconds(15));
     coordinator.Stop(absl::Seconds(15));
     if (etcd.pid() > 0) etcd.Stop(absl::Seconds(15));
+  }
+};
+
+// Follows the coordinator's estimate of the data servers the jobs need
+// (ListJobsResponse.desired_data_servers): starts servers up to it, drains
+// the newest ones down to it, within [min, max]. The estimate already waits
+// out bursts and lulls (fleet_sizer.h).
+struct Autoscaler {
+  int min = 0, max = 0;
+  std::unique_ptr<v1::Coordinator::Stub> stub;
+  absl::Time next_check = absl::InfinitePast();
+
+  // False when a server could not be started (the reason printed).
+  bool Tick(LocalCluster& cluster) {
+    cluster.Reap();
+    const absl::Time now = absl::Now();
+    if (now < next_check) return true;
+    next_check = now + absl::Seconds(1);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(now + absl::Seconds(2)));
+    v1::ListJobsResponse listed;
+    if (!stub->ListJobs(&ctx, v1::ListJobsRequest(), &listed).ok() ||
+        listed.desired_data_servers() < 0) {
+      return true;  // no estimate (yet): keep what runs
+    }
+    const int target =
+        std::clamp(static_cast<int>(listed.desired_data_servers()), min, max);
+    const int running = static_cast<int>(cluster.data.size());
+    if (target == running) return true;
+    std::printf(
+        "autoscale: the coordinator wants %d data servers (trainers' input "
+        "wait %.0f%%); ",
+        listed.desired_data_servers(), 100 * listed.input_wait_share());
+    if (target > running) {
+      std::printf("starting %d\n", target - running);
+      std::fflush(stdout);
+      while (static_cast<int>(cluster.data.size()) < target) {
+        if (absl::Status added = cluster.AddDataServer(); !added.ok()) {
+          std::fprintf(stderr, "sluicectl up: %s\n", added.ToString().c_str());
+          return false;
+        }
+        std::printf("data server %s\n", cluster.data_grpc.back().c_str());
+      }
+    } else {
+      std::printf("draining %d\n", running - target);
+      while (static_cast<int>(cluster.data.size()) > target) {
+        std::printf("data server %s draining\n",
+                    cluster.DrainDataServer().c_str());
+      }
+    }
+    std::fflush(stdout);
+    return true;
   }
 };
 
@@ -333,7 +431,24 @@ std::vector<Delivery> ReadLedger(const std::string& path) {
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& args) {
-  if (!args.empty()) return Usage("up takes no positional arguments");
+  // After "--": the coordinator's own flags.
+  for (const std::string& a : args) {
+    if (a.rfind("--", 0) != 0) {
+      return Usage(
+          "up takes no positional arguments (coordinator flags go "
+          "after --: sluicectl up -- --fleet_interval=1s)");
+    }
+  }
+  std::optional<Autoscaler> autoscaler;
+  if (const std::string spec = absl::GetFlag(FLAGS_autoscale); !spec.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(spec, ':');
+    Autoscaler a;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a.min) ||
+        !absl::SimpleAtoi(parts[1], &a.max) || a.min < 1 || a.max < a.min) {
+      return Usage("--autoscale must be MIN:MAX with 1 <= MIN <= MAX");
+    }
+    autoscaler = std::move(a);
+  }
   const std::string dir = absl::GetFlag(FLAGS_dir);
   std::string shards = absl::GetFlag(FLAGS_shards);
   if (shards.empty()) shards = dir + "/shards";
@@ -359,8 +474,11 @@ int UpCommand(const std::vector<std::string>& args) {
   if (host.empty()) host = coordinator.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
-  absl::Status s = cluster.Start(dir, real, absl::GetFlag(FLAGS_data_servers),
-                                 JoinHostPort(host, port), {}, ha, host);
+  const int servers = autoscaler.has_value()
+                          ? autoscaler->min
+                          : absl::GetFlag(FLAGS_data_servers);
+  absl::Status s = cluster.Start(dir, real, servers, JoinHostPort(host, port),
+                                 args, ha, host);
   if (!s.ok()) {
     cluster.Stop();
     return Fail(s);
@@ -393,6 +511,14 @@ int UpCommand(const std::vector<std::string>& args) {
   }
   std::printf("shards from %s; logs in %s/logs; Ctrl-C stops everything\n",
               real, dir.c_str());
+  if (autoscaler.has_value()) {
+    autoscaler->stub = v1::Coordinator::NewStub(CoordinatorChannel(
+        cluster.coordinator_grpc, grpc::InsecureChannelCredentials()));
+    std::printf(
+        "autoscale: %d to %d data servers, following the coordinator's "
+        "estimate\n",
+        autoscaler->min, autoscaler->max);
+  }
   std::fflush(stdout);
   bool leader_gone = false;
   while (!g_stop) {
@@ -412,6 +538,7 @@ int UpCommand(const std::vector<std::string>& args) {
                    cluster.standby_grpc.c_str());
       break;
     }
+    if (autoscaler.has_value() && !autoscaler->Tick(cluster)) break;
     absl::SleepFor(absl::Milliseconds(100));  // wait for Ctrl-C
   }
   cluster.Stop();

@@ -96,14 +96,19 @@ const std::vector<CommandHelp>& Commands() {
        "epoch was read exactly once.",
        {"dir", "demo_samples", "demo_shards"}},
       {"up",
-       "sluicectl up [--dir DIR] [--shards DIR] [--data_servers N] [--ha] "
-       "[--coordinator LISTEN] [--listen_host HOST]\n  A local cluster in the "
+       "sluicectl up [--dir DIR] [--shards DIR] [--data_servers N | "
+       "--autoscale MIN:MAX] [--ha] [--coordinator LISTEN] [--listen_host "
+       "HOST] [--data_server_flags F,...] [-- COORDINATOR_FLAGS]\n  A local "
+       "cluster in the "
        "foreground: a coordinator (--coordinator is its listen address) and "
        "data servers\n  serving --shards; --ha: two coordinators on a local "
        "etcd, one leading. --listen_host=0.0.0.0\n  serves other nodes (every "
        "server binds to it; the coordinator with --coordinator's port). "
-       "Ctrl-C stops every child.",
-       {"dir", "shards", "data_servers", "ha", "listen_host"}},
+       "--autoscale: start and\n  drain data servers to follow the "
+       "coordinator's estimate of what the jobs need. Ctrl-C stops every "
+       "child.",
+       {"dir", "shards", "data_servers", "autoscale", "data_server_flags", "ha",
+        "listen_host"}},
       {"index",
        "sluicectl index DIR|GLOB [-o FILE] [--url_prefix URL] [--checksum]\n"
        "sluicectl index --data_server HOST:PORT URL... [-o FILE]\n  Scans "

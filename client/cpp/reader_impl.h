@@ -190,6 +190,9 @@ class ReaderImpl final : public Reader {
       absl::MutexLock state(&mu_);
       sync.mutable_sync()->set_id(ledger_.NextSyncId());
       hold_.SyncSent(sync.sync().id());
+      if (v1::InputWait wait; input_wait_.Take(&wait)) {
+        *sync.mutable_sync()->mutable_input_wait() = std::move(wait);
+      }
     }
     WaitTag written;
     stream_->Write(sync, TagOf(&written));

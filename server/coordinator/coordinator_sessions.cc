@@ -531,6 +531,9 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
       if (!m.heartbeat().has_input_wait()) return absl::OkStatus();
       return RecordInputWaitLocked(s, m.heartbeat().input_wait());
     case v1::TrainerMessage::kSync: {
+      if (m.sync().has_input_wait()) {
+        RETURN_IF_ERROR(RecordInputWaitLocked(s, m.sync().input_wait()));
+      }
       // Messages of one stream are handled in order, each made durable
       // before the next is read: everything before this Sync already is.
       CoordinatorMessage synced;

@@ -27,10 +27,13 @@ int32_t FleetSizer::Recommend(const FleetSample& now) {
   // The first sample's increments happened before the window's start.
   m.consumed_per_second =
       static_cast<double>(consumed - window_.front().consumed) / seconds;
-  m.server_capacity = cpu >= options_.min_cpu_seconds && served > 0
-                          ? static_cast<double>(served) / cpu *
-                                std::max(now.cores_per_server, 1.0)
-                          : 0;
+  // A lightly loaded fleet uses too little CPU to measure itself: the
+  // capacity measured last holds until the next measure.
+  if (cpu >= options_.min_cpu_seconds && served > 0) {
+    capacity_ =
+        static_cast<double>(served) / cpu * std::max(now.cores_per_server, 1.0);
+  }
+  m.server_capacity = capacity_;
   const int32_t live = now.live_servers;
   const auto servers_for = [&](double rate) {
     return static_cast<int32_t>(

@@ -15,9 +15,10 @@
 // consume r / (1 - w) with input free (w capped at max_wait_share), and
 // the recommendation is ceil(that x headroom / c), never fewer servers than
 // are live. While w <= scale_down_wait, the recommendation is
-// ceil(r x headroom / c), never more than are live. In between, or without
-// a measure of c (under min_cpu_seconds of server CPU in the window), it is
-// the live count. Idle (no reader) it is min_servers. Always within
+// ceil(r x headroom / c), never more than are live. A window with under
+// min_cpu_seconds of server CPU (a lightly loaded fleet) does not measure c:
+// the last measure holds. In between, or before any measure of c, it is the
+// live count. Idle (no reader) it is min_servers. Always within
 // [min_servers, max_servers].
 //
 // The answer follows the recommendation up at most once per up_cooldown,
@@ -87,6 +88,7 @@ class FleetSizer {
   std::deque<FleetSample> window_;
   std::deque<std::pair<absl::Time, int32_t>> recommendations_;
   Measures measures_;
+  double capacity_ = 0;   // c, as last measured (0 = never)
   int32_t desired_ = -1;  // none yet
   absl::Time last_change_ = absl::InfinitePast();
 };

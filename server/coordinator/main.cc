@@ -62,6 +62,20 @@ ABSL_FLAG(absl::Duration, default_lease_ttl, absl::Seconds(10),
           "Lease TTL for jobs that do not set lease_ttl_ms; a job with more "
           "readers (world_size x num_workers) than 800 per second of it gets "
           "readers / 800 seconds, so that its heartbeats fit 2,000 a second.");
+ABSL_FLAG(absl::Duration, fleet_interval, absl::Seconds(5),
+          "How often the coordinator re-estimates the data servers the jobs "
+          "need (sluice_coordinator_desired_data_servers); 0 = never.");
+ABSL_FLAG(absl::Duration, fleet_window, absl::Seconds(30),
+          "The span of trainer input wait, consumption and server load that "
+          "estimate is taken over.");
+ABSL_FLAG(absl::Duration, fleet_up_cooldown, absl::Seconds(30),
+          "The estimate rises at most once per this long.");
+ABSL_FLAG(absl::Duration, fleet_down_stabilization, absl::Minutes(2),
+          "The estimate falls only to the highest recommendation of this "
+          "long, at most once per this long (as Kubernetes' HPA stabilises "
+          "scale-down).");
+ABSL_FLAG(int32_t, fleet_max_servers, 64,
+          "The most data servers the estimate asks for.");
 ABSL_FLAG(int64_t, journal_compact_bytes, 64 << 20,
           "Compact the journal into one snapshot record when it grows past "
           "this many bytes "
@@ -230,6 +244,22 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.journal_dir = absl::GetFlag(FLAGS_journal_dir);
     ASSIGN_OR_RETURN(options.etcd_journal, EtcdJournalFromFlags());
     options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+    options.fleet_interval = absl::GetFlag(FLAGS_fleet_interval);
+    options.fleet.window = absl::GetFlag(FLAGS_fleet_window);
+    options.fleet.up_cooldown = absl::GetFlag(FLAGS_fleet_up_cooldown);
+    options.fleet.down_stabilization =
+        absl::GetFlag(FLAGS_fleet_down_stabilization);
+    options.fleet.max_servers = absl::GetFlag(FLAGS_fleet_max_servers);
+    if (options.fleet_interval < absl::ZeroDuration() ||
+        options.fleet.window <= absl::ZeroDuration() ||
+        options.fleet.up_cooldown < absl::ZeroDuration() ||
+        options.fleet.down_stabilization < absl::ZeroDuration() ||
+        options.fleet.max_servers < options.fleet.min_servers) {
+      return absl::InvalidArgumentError(
+          "--fleet_interval, --fleet_up_cooldown and "
+          "--fleet_down_stabilization must not be negative, --fleet_window "
+          "must be positive and --fleet_max_servers at least 1");
+    }
     options.journal_compact_bytes = absl::GetFlag(FLAGS_journal_compact_bytes);
     options.wait_for_data_servers = absl::GetFlag(FLAGS_wait_for_data_servers);
     options.default_lease_ttl = absl::GetFlag(FLAGS_default_lease_ttl);

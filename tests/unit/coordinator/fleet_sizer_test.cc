@@ -103,6 +103,28 @@ TEST(FleetSizerTest, BetweenTheThresholdsOrUnmeasuredTheLiveCountStays) {
   EXPECT_EQ(g.measures().server_capacity, 0);
 }
 
+TEST(FleetSizerTest, ALightlyLoadedFleetShrinksOnTheCapacityMeasuredLast) {
+  FleetSizer f;
+  absl::Time at = kT0;
+  // Measured busy: 4 servers of 2,000 samples/s each.
+  EXPECT_EQ(Feed(f, &at, 10, 4, 6000, 0.1), 4);
+  EXPECT_NEAR(f.measures().server_capacity, 2000, 1e-6);
+  // Then 100 samples/s with too little server CPU (0.1 s a tick, 0.6 s in
+  // the window) to measure anything: the last capacity holds, and step by
+  // step (one change per stabilisation window) 100 x 1.25 / 2,000 rounds
+  // up to one server.
+  for (int i = 0; i < 80; ++i) {
+    FleetSample s = Tick(at, 4, 100, 0);
+    s.server_cpu_seconds = 0.1;
+    f.Update(s);
+    at += kTick;
+  }
+  // (The last measure came from a window of busy and light ticks.)
+  EXPECT_GE(f.measures().server_capacity, 2000);
+  EXPECT_LT(f.measures().server_capacity, 2500);
+  EXPECT_EQ(f.desired(), 1);
+}
+
 TEST(FleetSizerTest, IdleFleetsShrinkToTheMinimumAndAllStaysInBounds) {
   FleetSizerOptions o;
   o.min_servers = 2;

@@ -25,8 +25,10 @@ class Discard : public SessionSink {
 
 // One trainer reading 1,000 samples/s and waiting `wait` of its time; one
 // data server serving them on 2 cores at 1,000 samples per CPU second.
-// Returns the coordinator's answer after `seconds`, sized every 5 s.
-int32_t Sized(double wait, int seconds) {
+// Returns the coordinator's answer after `seconds`, sized every 5 s. The
+// waits come in heartbeats, or (`in_sync`) in the Syncs a reader with
+// reports to confirm sends instead.
+int32_t Sized(double wait, int seconds, bool in_sync = false) {
   FakeClock clock;
   CoordinatorOptions options;
   options.clock = &clock;
@@ -73,8 +75,12 @@ int32_t Sized(double wait, int seconds) {
     m.mutable_progress()->set_consumed(1000 * t);
     service.OnMessage(session, m);
     m.Clear();
-    m.mutable_heartbeat()->mutable_input_wait()->add_bucket_counts(5000);
-    m.mutable_heartbeat()->mutable_input_wait()->set_sum_seconds(5 * wait);
+    v1::InputWait* input_wait =
+        in_sync ? m.mutable_sync()->mutable_input_wait()
+                : m.mutable_heartbeat()->mutable_input_wait();
+    if (in_sync) m.mutable_sync()->set_id(static_cast<uint64_t>(t));
+    input_wait->add_bucket_counts(5000);
+    input_wait->set_sum_seconds(5 * wait);
     service.OnMessage(session, m);
     service.SizeFleet();
   }
@@ -87,6 +93,10 @@ TEST(FleetSizingTest, AnInputBoundTrainerMakesTheCoordinatorWantMoreServers) {
   // server: 2, once the 30 s cool-down has passed.
   EXPECT_EQ(Sized(0.6, 25), 1);
   EXPECT_EQ(Sized(0.6, 35), 2);
+}
+
+TEST(FleetSizingTest, ABusyReadersWaitCountsWhenItComesInItsSyncs) {
+  EXPECT_EQ(Sized(0.6, 35, /*in_sync=*/true), 2);
 }
 
 TEST(FleetSizingTest, ATrainerThatDoesNotWaitWantsNoMore) {
