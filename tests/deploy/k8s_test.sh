@@ -26,7 +26,7 @@ for dir in "$src"/k8s/overlays/*/; do
   [ "$objects" -ge 10 ] || { echo "overlay $name rendered only $objects objects"; exit 1; }
   overlays+=("$out/$name.yaml")
 done
-[ "${#overlays[@]}" -eq 4 ] || { echo "expected overlays dev, ha, prod, node-local"; exit 1; }
+[ "${#overlays[@]}" -eq 5 ] || { echo "expected overlays autoscaling, dev, ha, prod, node-local"; exit 1; }
 node validate.mjs "${overlays[@]}"
 node consistency.mjs "$bin" "${overlays[@]}"
 
@@ -36,6 +36,9 @@ sed 's/periodSeconds: 5$/periodSeconds: "5s"/' "$out/dev.yaml" > "$out/type.yaml
 sed 's/--journal_dir=/--journal_dirr=/' "$out/dev.yaml" > "$out/flag.yaml"
 if node validate.mjs "$out/typo.yaml" > "$out/log" 2>&1; then echo "validate.mjs accepted replicass"; exit 1; fi
 grep -q "'\"replicass\"' does not exist" "$out/log" || { cat "$out/log"; exit 1; }
+sed 's/averageValue: "1"$/averageValu: "1"/' "$out/autoscaling.yaml" > "$out/hpa.yaml"
+if node validate.mjs "$out/hpa.yaml" > "$out/log" 2>&1; then echo "validate.mjs accepted averageValu"; exit 1; fi
+grep -q "averageValu" "$out/log" || { cat "$out/log"; exit 1; }
 if node validate.mjs "$out/type.yaml" > "$out/log" 2>&1; then echo "validate.mjs accepted a string periodSeconds"; exit 1; fi
 grep -q "periodSeconds must be integer" "$out/log" || { cat "$out/log"; exit 1; }
 if node consistency.mjs "$bin" "$out/flag.yaml" > "$out/log" 2>&1; then echo "consistency.mjs accepted --journal_dirr"; exit 1; fi

@@ -35,6 +35,7 @@ import urllib.request
 import zlib
 
 import pytest
+import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -520,6 +521,33 @@ def test_the_input_panel_sees_the_trainers_waits(live):
         values = [float(r["value"][1]) for r in result]
         return values and all(0 <= v <= 1 for v in values)
     wait_for(share, QUERY_DEADLINE_S, "the input-wait share to be a fraction", interval=1)
+
+
+def test_the_autoscaler_reads_the_coordinators_estimate(live):
+    # The HPA of k8s/components/autoscaling scales the data servers to the
+    # external metric prometheus-adapter serves with this rule: its query,
+    # with the adapter's template filled in as for a metric that is not
+    # namespaced, returns the coordinator's estimate from the live
+    # Prometheus.
+    path = os.path.join(ROOT, "k8s", "components", "autoscaling",
+                        "prometheus-adapter-rules.yaml")
+    with open(path) as f:
+        config = yaml.safe_load(yaml.safe_load(f)["data"]["config.yaml"])
+    (rule,) = config["externalRules"]
+    expr = (rule["metricsQuery"].replace("<<.Series>>", rule["seriesQuery"])
+            .replace("<<.LabelMatchers>>", "").replace("<<.GroupBy>>", ""))
+
+    def estimate():
+        result = live.query(expr)
+        return result and float(result[0]["value"][1]) >= 1 and result
+    (sample,) = wait_for(estimate, QUERY_DEADLINE_S, "the coordinator's estimate", interval=1)
+    direct = live.query("sluice_coordinator_desired_data_servers")
+    assert float(sample["value"][1]) == max(float(r["value"][1]) for r in direct)
+    with open(os.path.join(ROOT, "k8s", "components", "autoscaling", "hpa.yaml")) as f:
+        hpa = yaml.safe_load(f)
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"]["name"] == rule["name"]["as"]
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
 
 
 def test_kubernetes_forms_are_in_sync():
