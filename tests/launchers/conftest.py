@@ -9,11 +9,17 @@ daemons and jobs run as the current user (root in CI), and the node claims 8
 CPUs (SlurmdParameters=config_overrides) so 4-task jobs fit on 2 cores.
 munged runs with --force: it refuses to run as root otherwise.
 """
+import collections
+import io
+import json
 import os
+import random
 import re
 import signal
 import socket
 import subprocess
+import tarfile
+import threading
 import time
 
 import pytest
@@ -177,15 +183,17 @@ def slurm(tmp_path_factory):
 
 
 class LocalSluice:
-    """`sluicectl up` over `shards`: a coordinator and one data server."""
+    """`sluicectl up` over `shards`: a coordinator (with
+    `coordinator_flags`) and `data_servers` data servers."""
 
-    def __init__(self, d, shards):
+    def __init__(self, d, shards, data_servers=1, coordinator_flags=()):
         os.makedirs(shards, exist_ok=True)
         self.log = os.path.join(d, "up.log")
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [os.path.join(BIN, "sluicectl"), "up", f"--dir={d}/up", f"--shards={shards}",
-                 "--data_servers=1", "--coordinator=127.0.0.1:0"],
+                 f"--data_servers={data_servers}", "--coordinator=127.0.0.1:0",
+                 "--", *coordinator_flags],
                 stdout=log, stderr=subprocess.STDOUT)
 
         def address():
@@ -238,3 +246,105 @@ http {{
     def stop(self):
         stop(self.proc)
 
+
+# ---------------------------------------------------------------- autoscaling
+
+def write_jpeg_shards(directory, shards, per_shard):
+    """Shards of noisy 320x240 JPEGs (slow to decode: a data server with one
+    decode thread is the bottleneck of a trainer with no step)."""
+    from PIL import Image
+    os.makedirs(directory, exist_ok=True)
+    rng = random.Random(7)
+    for s in range(shards):
+        with tarfile.open(os.path.join(directory, f"shard-{s:03d}.tar"), "w") as tar:
+            for i in range(per_shard):
+                image = Image.effect_noise((320, 240), 30 + rng.randrange(20)).convert("RGB")
+                jpeg = io.BytesIO()
+                image.save(jpeg, "JPEG", quality=90)
+                for ext, data in (("jpg", jpeg.getvalue()), ("cls", str(i).encode())):
+                    info = tarfile.TarInfo(f"s{s}_{i}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+
+
+class Reading:
+    """`sluicectl read` of decoded samples at most `rate` a second (0: no
+    step); (epoch, shard, index) of each."""
+
+    def __init__(self, coordinator, job, epochs, rate):
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "sluicectl"), "read", f"--coordinator={coordinator}",
+             f"--job={job}", "--rank=0", f"--read_epochs={epochs}", f"--rate={rate}",
+             "--decode"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.samples, self.err = [], []
+        self._threads = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._errors, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            d = json.loads(line)
+            self.samples.append((d["epoch"], d["shard"], d["index"]))
+
+    def _errors(self):
+        for line in self.proc.stderr:
+            self.err.append(line)
+
+    def finish(self, timeout):
+        """Waits for the exit; the closing summary line."""
+        code = self.proc.wait(timeout=timeout)
+        for t in self._threads:
+            t.join(timeout=10)
+        assert code == 0, "".join(self.err)[-3000:]
+        return self.err[-1].strip()
+
+
+def find_line(lines, pattern, start=0):
+    """The first match of `pattern` in `lines` from `start` on, or None."""
+    for line in lines[start:]:
+        m = re.search(pattern, line)
+        if m:
+            return m
+    return None
+
+
+def follow_the_need(coordinator, shards_dir, work, lines, started, drained):
+    """A load step under an autoscaler of `coordinator`'s data servers (one
+    running, with one decode thread, over `shards_dir`), whose output lines
+    so far `lines()` returns. A trainer with no step waits for input: the
+    autoscaler must print a line matching `started` (one more server) while
+    it reads. Then a trainer with a 10 ms step does not wait: it must print
+    one matching `drained` (a server drained) while that trainer reads.
+    Every epoch exactly once across both changes, and no stream failed
+    (nothing re-routed)."""
+    ctl = os.path.join(BIN, "sluicectl")
+    manifest = os.path.join(work, "manifest.json")
+    subprocess.run([ctl, "index", shards_dir, "-o", manifest], check=True, capture_output=True)
+    listed = json.load(open(manifest))["shards"]
+    total = sum(int(s["num_samples"]) for s in listed)
+    subprocess.run([ctl, "job", "create", f"--coordinator={coordinator}", "--name=need",
+                    f"--manifest={manifest}", "--world_size=1", "--epochs=0", "--mode=dynamic",
+                    "--max_samples_per_lease=20"], check=True, capture_output=True)
+    fast = Reading(coordinator, "need", epochs=24, rate=0)
+    wait_for(lambda: find_line(lines(), started), 60, "a second data server to be started")
+    assert fast.proc.poll() is None, "the trainer finished before the fleet grew"
+    summaries = [fast.finish(180)]
+
+    mark = len(lines())
+    slow = Reading(coordinator, "need", epochs=6, rate=100)
+    wait_for(lambda: find_line(lines(), drained, mark), 60, "a data server to be drained")
+    status = subprocess.run([ctl, "status", f"--coordinator={coordinator}"],
+                            capture_output=True, text=True).stdout
+    share = re.search(r"waiting for input (\d+)%", status)
+    assert share and int(share.group(1)) < 10, status
+    assert slow.proc.poll() is None, "the trainer finished before the fleet shrank"
+    summaries.append(slow.finish(180))
+
+    seen = collections.Counter(fast.samples + slow.samples)
+    assert max(seen.values()) == 1, [s for s, n in seen.items() if n > 1][:5]
+    per_epoch = collections.Counter(e for e, _, _ in seen)
+    assert per_epoch == {e: total for e in range(30)}, per_epoch
+    for summary in summaries:
+        assert " 0 re-routed," in summary, summary
