@@ -83,6 +83,7 @@ void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
   for (const std::string& f : options_.fields) u.request.add_fields(f);
   u.request.set_max_batch_bytes(options_.max_batch_bytes);
   u.request.set_start(u.next_fetch);
+  u.request.set_node(options_.node);
   u.ctx = std::make_unique<grpc::ClientContext>();
   u.last_activity = absl::Now();
   u.stream = stub->PrepareAsyncReadSamples(u.ctx.get(), u.request, loop_.cq());

@@ -42,9 +42,7 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
           Counters(r, "sluice_dataserver_images_transformed_total",
                    "Image fields that went through DecodeSpec transforms.")
               .Add({})),
-      bytes_served(Counters(r, "sluice_dataserver_bytes_served_total",
-                            "Bytes of SampleBatch messages sent to trainers.")
-                       .Add({})),
+
       active_streams(prometheus::BuildGauge()
                          .Name("sluice_dataserver_active_streams")
                          .Help("ReadSamples streams in progress.")
@@ -126,7 +124,15 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
       download_failures_(
           Counters(r, "sluice_dataserver_cache_download_failures_total",
                    "Shard downloads that failed (after retries), by "
-                   "reason.")) {
+                   "reason.")),
+      bytes_served_(Counters(
+          r, "sluice_dataserver_bytes_served_total",
+          "Bytes of SampleBatch messages sent to trainers, by locality: "
+          "same_node (the reader named this server's node), other_node, or "
+          "unknown (either did not name one).")),
+      bytes_same_node_(bytes_served_.Add({{"locality", "same_node"}})),
+      bytes_other_node_(bytes_served_.Add({{"locality", "other_node"}})),
+      bytes_unknown_node_(bytes_served_.Add({{"locality", "unknown"}})) {
   // Bounded label sets exported from start-up at 0, so a rate or an alert
   // sees the first occurrence as an increase (and dashboards have series).
   for (CorruptReason reason :
@@ -138,6 +144,25 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
   for (int code = 1; code <= 16; ++code) {
     StreamErrors(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
   }
+}
+
+prometheus::Counter& DataServerMetrics::BytesServed(Locality locality) {
+  switch (locality) {
+    case Locality::kSameNode:
+      return bytes_same_node_;
+    case Locality::kOtherNode:
+      return bytes_other_node_;
+    case Locality::kUnknown:
+      break;
+  }
+  return bytes_unknown_node_;
+}
+
+Locality LocalityOf(absl::string_view server_node,
+                    absl::string_view reader_node) {
+  if (server_node.empty() || reader_node.empty()) return Locality::kUnknown;
+  return server_node == reader_node ? Locality::kSameNode
+                                    : Locality::kOtherNode;
 }
 
 prometheus::Counter& DataServerMetrics::DownloadFailures(

@@ -10,11 +10,19 @@
 
 #include <string>
 
+#include "absl/strings/string_view.h"
+
 namespace sluice::dataserver {
 
 // Bounded set of reasons for skipped / corrupt samples.
 enum class CorruptReason { kDamagedTar, kDuplicateField, kUndecodable, kLost };
 const char* CorruptReasonLabel(CorruptReason reason);
+
+// Whether a reader is on the server's node (both named: RegisterDataServer
+// and ReadRequest's node).
+enum class Locality { kSameNode, kOtherNode, kUnknown };
+Locality LocalityOf(absl::string_view server_node,
+                    absl::string_view reader_node);
 
 class DataServerMetrics {
  public:
@@ -39,7 +47,9 @@ class DataServerMetrics {
   prometheus::Counter& streams_handed_back;
   // Image fields that went through DecodeSpec transforms.
   prometheus::Counter& images_transformed;
-  prometheus::Counter& bytes_served;
+  // Bytes of SampleBatch messages sent, by whether the reader is on this
+  // server's node.
+  prometheus::Counter& BytesServed(Locality locality);
   prometheus::Gauge& active_streams;
   // Estimated bytes of samples being decoded (--max_decode_memory).
   prometheus::Gauge& decode_memory_bytes;
@@ -62,6 +72,10 @@ class DataServerMetrics {
   prometheus::Family<prometheus::Counter>& corrupt_;
   prometheus::Family<prometheus::Counter>& stream_errors_;
   prometheus::Family<prometheus::Counter>& download_failures_;
+  prometheus::Family<prometheus::Counter>& bytes_served_;
+  prometheus::Counter& bytes_same_node_;
+  prometheus::Counter& bytes_other_node_;
+  prometheus::Counter& bytes_unknown_node_;
 };
 
 }  // namespace sluice::dataserver

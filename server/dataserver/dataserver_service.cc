@@ -255,6 +255,7 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
       request.max_batch_bytes() == 0
           ? options_.default_batch_bytes
           : std::min(request.max_batch_bytes(), options_.max_batch_bytes);
+  params.locality = LocalityOf(options_.node, request.node());
   params.policy = lease.on_corrupt() == v1::CORRUPT_POLICY_FAIL
                       ? v1::CORRUPT_POLICY_FAIL
                       : v1::CORRUPT_POLICY_SKIP;

@@ -38,6 +38,9 @@ namespace sluice::dataserver {
 
 struct DataServerOptions {
   std::unique_ptr<ShardStore> store;
+  // The node this server runs on (RegisterDataServer.node); with the
+  // readers' (ReadRequest.node), the bytes served are counted by locality.
+  std::string node;
   // Lease-token secret shared with the coordinator; empty = tokens are not
   // checked (only lease.unit is used).
   std::string lease_secret;

@@ -230,6 +230,9 @@ class DataServerServices : public sluice::ServiceSet {
           "--default_batch_bytes and --max_batch_bytes must be positive");
     }
     options.metrics = s->metrics_.get();
+    options.node = absl::GetFlag(FLAGS_node).empty()
+                       ? sluice::NodeName()
+                       : absl::GetFlag(FLAGS_node);
     ASSIGN_OR_RETURN(s->logic_, DataServerService::Create(std::move(options)));
     s->grpc_ = std::make_unique<GrpcDataServerService>(s->logic_.get());
     return s;
@@ -288,9 +291,7 @@ class DataServerServices : public sluice::ServiceSet {
       options.advertise = absl::StrCat(host, ":", bound.port);
     }
     options.capacity = absl::GetFlag(FLAGS_capacity);
-    options.node = absl::GetFlag(FLAGS_node).empty()
-                       ? sluice::NodeName()
-                       : absl::GetFlag(FLAGS_node);
+    options.node = logic_->options().node;
     // Null = plaintext (what the registration's error messages go by).
     if (!absl::GetFlag(FLAGS_coordinator_ca).empty()) {
       options.credentials = coordinator_credentials_;

@@ -186,8 +186,8 @@ void SampleStream::Deliver(NextCallback callback, NextResult result) {
   if (result.ok() && result->has_value() && context_->metrics != nullptr) {
     context_->metrics->samples_served.Increment(
         static_cast<double>((*result)->num_samples()));
-    context_->metrics->bytes_served.Increment(
-        static_cast<double>((*result)->size()));
+    context_->metrics->BytesServed(params_.locality)
+        .Increment(static_cast<double>((*result)->size()));
   }
   callback(std::move(result));
 }

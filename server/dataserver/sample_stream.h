@@ -118,6 +118,9 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
     absl::flat_hash_set<std::string> fields;  // empty = all
     int64_t batch_bytes = 0;
     v1::CorruptPolicy policy = v1::CORRUPT_POLICY_SKIP;
+    // Whether the reader is on this server's node, for the bytes-served
+    // count.
+    Locality locality = Locality::kUnknown;
   };
   // `context` outlives the stream.
   SampleStream(const StreamContext* context, Params params);

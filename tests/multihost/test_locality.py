@@ -7,6 +7,7 @@ from conftest import assert_exactly_once_and_equal
 from network import wait_for
 
 SERVED = "sluice_dataserver_samples_served_total"
+BYTES = "sluice_dataserver_bytes_served_total"
 
 
 def _granted(c, locality):
@@ -24,6 +25,11 @@ def test_each_trainer_reads_from_the_data_server_on_its_own_node(hosts):
     assert [d.metric(SERVED) for d in c.data] == [len(r) for r in ranks]
     assert _granted(c, "same_node") == 2 * c.total
     assert _granted(c, "other_node") == 0
+    # The data servers' count of bytes: all sent to a reader on their node.
+    for d in c.data:
+        assert d.metric(f'{BYTES}{{locality="same_node"}}') > 0
+        assert d.metric(f'{BYTES}{{locality="other_node"}}') == 0
+        assert d.metric(f'{BYTES}{{locality="unknown"}}') == 0
     status = c.sluicectl(c.head, "status", f"--coordinator={c.address}", "j")
     assert status.returncode == 0, status.stderr
     assert (f"locality: 100.0% of the samples granted are read on their trainer's node "
@@ -42,3 +48,5 @@ def test_a_node_local_server_that_dies_moves_its_trainers_work_elsewhere(hosts):
     assert_exactly_once_and_equal(ranks, c.total, epochs=2)
     assert _granted(c, "other_node") > 0
     assert _granted(c, "same_node") + _granted(c, "other_node") >= 2 * c.total
+    # t2's server sent t1's units across the network.
+    assert c.data[1].metric(f'{BYTES}{{locality="other_node"}}') > 0
