@@ -4,15 +4,14 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/cord.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cpp/reader_impl.h"
 #include "server/common/grpc_status.h"
 #include "server/common/logging.h"
-#include "sluice/v1/common.pb.h"
+#include "server/common/status_details.h"
+#include "sluice/v1/dataserver.pb.h"
 
 namespace sluice::client_internal {
 namespace {
@@ -26,17 +25,8 @@ const std::string& UnitKey(const v1::WorkUnit& unit) {
 // Whether a stream's status is a draining data server's (UNAVAILABLE with a
 // sluice.v1.HandedBack detail): it is leaving, not failing.
 bool HandedBack(const absl::Status& status) {
-  if (status.code() != absl::StatusCode::kUnavailable) return false;
-  absl::optional<absl::Cord> details =
-      status.GetPayload(kGrpcDetailsPayloadUrl);
-  v1::RpcStatus rpc;
-  if (!details.has_value() || !rpc.ParseFromString(std::string(*details))) {
-    return false;
-  }
-  for (const v1::AnyDetail& any : rpc.details()) {
-    if (absl::EndsWith(any.type_url(), "/sluice.v1.HandedBack")) return true;
-  }
-  return false;
+  return status.code() == absl::StatusCode::kUnavailable &&
+         HasStatusDetail(status, v1::HandedBack::descriptor()->full_name());
 }
 
 }  // namespace

@@ -6,17 +6,16 @@
 #include <optional>
 
 #include "absl/status/status.h"
-#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/common/grpc_status.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/quote.h"
 #include "server/common/shuffle_window.h"
+#include "server/common/status_details.h"
 #include "server/common/status_macros.h"
 #include "server/dataserver/mixed_unit.h"
 
@@ -364,29 +363,12 @@ bool DataServerService::AwaitNoStreams(absl::Time deadline) const {
 }
 
 bool DataServerService::IsHandedBack(const absl::Status& status) {
-  absl::optional<absl::Cord> details =
-      status.GetPayload(kGrpcDetailsPayloadUrl);
-  v1::RpcStatus rpc;
-  if (!details.has_value() || !rpc.ParseFromString(std::string(*details))) {
-    return false;
-  }
-  for (const v1::AnyDetail& any : rpc.details()) {
-    if (absl::EndsWith(any.type_url(), "/sluice.v1.HandedBack")) return true;
-  }
-  return false;
+  return HasStatusDetail(status, v1::HandedBack::descriptor()->full_name());
 }
 
 absl::Status DataServerService::HandedBackStatus(absl::string_view what) {
-  v1::RpcStatus rpc;
-  rpc.set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
-  rpc.set_message(std::string(what));
-  v1::AnyDetail* any = rpc.add_details();
-  any->set_type_url("type.googleapis.com/sluice.v1.HandedBack");
-  any->set_value(v1::HandedBack().SerializeAsString());
-  absl::Status status = absl::UnavailableError(what);
-  status.SetPayload(kGrpcDetailsPayloadUrl,
-                    absl::Cord(rpc.SerializeAsString()));
-  return status;
+  return StatusWithDetail(absl::StatusCode::kUnavailable, what,
+                          v1::HandedBack());
 }
 
 int DataServerService::active_streams() const {

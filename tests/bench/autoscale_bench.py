@@ -24,38 +24,33 @@ autoscaled fleet reaches against the fleet an operator would start.
 Prints a line per round, a summary, and one JSON line last.
 """
 import argparse
-import io
+import importlib.util
 import json
 import os
-import random
 import re
 import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The launchers tests' shards: the closed-loop test's load, benchmarked.
+launchers = _load("sluice_launchers_fixtures", os.path.join(HERE, "..", "launchers", "conftest.py"))
+
 FLEET = ["--fleet_interval=1s", "--fleet_window=4s", "--fleet_up_cooldown=1s",
          "--fleet_down_stabilization=5s"]
-
-
-def write_shards(directory, shards=8, per_shard=60):
-    from PIL import Image
-    os.makedirs(directory)
-    rng = random.Random(7)
-    for s in range(shards):
-        with tarfile.open(os.path.join(directory, f"shard-{s:03d}.tar"), "w") as tar:
-            for i in range(per_shard):
-                image = Image.effect_noise((320, 240), 30 + rng.randrange(20)).convert("RGB")
-                jpeg = io.BytesIO()
-                image.save(jpeg, "JPEG", quality=90)
-                for ext, data in (("jpg", jpeg.getvalue()), ("cls", str(i).encode())):
-                    info = tarfile.TarInfo(f"s{s}_{i}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
 
 
 class Up:
@@ -173,7 +168,7 @@ def main():
     bin_dir = os.path.abspath(a.bin_dir)
     with tempfile.TemporaryDirectory(prefix="sluice-autoscale-bench-") as tmp:
         shards = os.path.join(tmp, "shards")
-        write_shards(shards)
+        launchers.write_jpeg_shards(shards, 8, 60)
         manifest = os.path.join(tmp, "manifest.json")
         ctl(bin_dir, "index", shards, "-o", manifest)
         auto, hand = [], []
