@@ -1,12 +1,11 @@
 #include "server/common/thread_pool.h"
 
+#include "server/common/usable_cores.h"
+
 namespace sluice {
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) {
-    threads = static_cast<int>(std::thread::hardware_concurrency());
-    if (threads <= 0) threads = 1;
-  }
+  if (threads <= 0) threads = UsableCores();
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
 }
 

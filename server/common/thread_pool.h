@@ -14,7 +14,8 @@ namespace sluice {
 
 class ThreadPool {
  public:
-  // 0 threads = one per core.
+  // 0 threads = one per usable core (UsableCores: the affinity mask and the
+  // cgroup CPU quota).
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
