@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/grpc_status.h"
+#include "server/common/status_details.h"
 
 namespace sluice {
 namespace {
@@ -39,14 +41,8 @@ grpc::Status CoordinatorFrontDoor::NotLeaderStatus() const {
                 "retry")
           : absl::StrCat("standby coordinator: ", details.leader(),
                          " leads; call it");
-  v1::RpcStatus rpc;
-  rpc.set_code(grpc::StatusCode::UNAVAILABLE);
-  rpc.set_message(message);
-  v1::AnyDetail* any = rpc.add_details();
-  any->set_type_url("type.googleapis.com/sluice.v1.NotLeader");
-  any->set_value(details.SerializeAsString());
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE, message,
-                      rpc.SerializeAsString());
+  return ToGrpcStatus(
+      StatusWithDetail(absl::StatusCode::kUnavailable, message, details));
 }
 
 grpc::ServerUnaryReactor* CoordinatorFrontDoor::Refuse(

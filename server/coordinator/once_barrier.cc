@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/common/grpc_status.h"
+#include "server/common/status_details.h"
 
 namespace sluice {
 namespace {
@@ -405,16 +405,8 @@ absl::Status OnceBarrier::BarrierTimeoutStatus(const std::string& key,
       details.missing_size() > 0
           ? absl::StrCat(": ", absl::StrJoin(details.missing(), ", "))
           : "");
-  v1::RpcStatus rpc;
-  rpc.set_code(static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded));
-  rpc.set_message(message);
-  v1::AnyDetail* any = rpc.add_details();
-  any->set_type_url("type.googleapis.com/sluice.v1.BarrierTimeout");
-  any->set_value(details.SerializeAsString());
-  absl::Status status = absl::DeadlineExceededError(message);
-  status.SetPayload(kGrpcDetailsPayloadUrl,
-                    absl::Cord(rpc.SerializeAsString()));
-  return status;
+  return StatusWithDetail(absl::StatusCode::kDeadlineExceeded, message,
+                          details);
 }
 
 void OnceBarrier::ReportWaitingLocked() {

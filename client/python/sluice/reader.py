@@ -220,9 +220,10 @@ class Reader:
 
     @property
     def stats(self):
-        """delivered, units_completed, reroutes, dropped_units, reconnects,
-        batches (received) and input_wait_seconds (next_event blocked before
-        returning a sample)."""
+        """delivered, units_completed, reroutes, handed_back (units a
+        draining data server gave back, read again elsewhere: not failures),
+        dropped_units, reconnects, batches (received) and input_wait_seconds
+        (next_event blocked before returning a sample)."""
         return self._reader.stats()
 
     def close(self):
