@@ -254,10 +254,12 @@ class DataServerServices : public sluice::ServiceSet {
     const int open = grpc_->open_calls();
     const absl::Duration quiet = std::min(kDrainQuiet, timeout / 4);
     if (!grpc_->AwaitQuiet(quiet, start + timeout / 2)) {
-      sluice::LogInfo(
-          "draining: %d of %d streams still open after %s; handing the rest "
-          "of their leases back",
-          grpc_->open_calls(), open, absl::FormatDuration(absl::Now() - start));
+      if (const int left = grpc_->open_calls(); left > 0) {
+        sluice::LogInfo(
+            "draining: %d of %d streams still open after %s; handing the "
+            "rest of their leases back",
+            left, open, absl::FormatDuration(absl::Now() - start));
+      }
       logic_->HandBack();
       if (!grpc_->AwaitQuiet(quiet, start + timeout * 0.9) &&
           grpc_->open_calls() > 0) {

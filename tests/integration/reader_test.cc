@@ -217,19 +217,31 @@ TEST_F(ReaderTest, HungAndDeadDataServersAreRoutedAround) {
 // of its lease back (the reader Releases it), and the rest is read from the
 // other server. Nothing is re-routed, nothing read twice or lost.
 TEST_F(ReaderTest, ADrainingDataServerHandsItsUnitsBackWithoutAReroute) {
-  // 400 KB samples: more than gRPC's flow-control windows hold, so a unit's
-  // stream stays open while the reader consumes it. Half of the 400 ms drain
-  // timeout, 200 ms, is less than the 45 samples x 8 ms left of the unit
-  // being read when the server is stopped: that stream is handed back.
-  StartCluster(8, 50, 2, 400 << 10, {"--drain_timeout=400ms"});
+  // 400 KB samples: a unit's stream stays open while the reader consumes
+  // it, its samples more than the transport buffers.
+  StartCluster(8, 50, 2, 400 << 10, {"--drain_timeout=2s"});
   CreateJob("drain", 1, 1);
   auto reader = MakeReader("drain", 0, /*buffer=*/4);
   const std::string leaving = data_[0].grpc_address;
   bool stopped = false;
+  std::map<int, int> read_there;  // samples of each unit read from it
   Seen seen = ReadAll(*reader, [&](int64_t, const Sample& sample) {
-    if (!stopped && sample.data_server == leaving && sample.index == 4) {
+    // At the second sample of a unit read from the server, with 48 x 400 KB
+    // of it still to come (more than the transport buffers), the server is
+    // stopped, and the trainer takes no sample until half the drain timeout
+    // has passed: the stream is still open then, and is handed back.
+    if (!stopped && sample.data_server == leaving &&
+        ++read_there[sample.shard_index] == 2) {
       data_[0].process.Signal(SIGTERM);
       stopped = true;
+      EXPECT_TRUE(testing::WaitUntil(
+          [&] {
+            return testing::ReadWholeFile(data_[0].log_path)
+                       .value_or("")
+                       .find("handing the rest of their leases back") !=
+                   std::string::npos;
+          },
+          absl::Seconds(10)));
     }
     absl::SleepFor(absl::Milliseconds(8));  // a training step
   });
