@@ -64,7 +64,11 @@ class Up:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.lines = []
         threading.Thread(target=self._read, daemon=True).start()
-        self.coordinator = self.wait(r"^coordinator (\S+)", 60)[0].group(1)
+        try:
+            self.coordinator = self.wait(r"^coordinator (\S+)", 60)[0].group(1)
+        except BaseException:
+            self.stop()
+            raise
 
     def _read(self):
         for line in self.proc.stdout:
