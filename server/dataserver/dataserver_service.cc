@@ -353,15 +353,6 @@ void DataServerService::Drain() {
 
 void DataServerService::HandBack() { handing_back_.store(true); }
 
-bool DataServerService::AwaitNoStreams(absl::Time deadline) const {
-  absl::MutexLock lock(&mu_);
-  auto none = [this] {
-    mu_.AssertHeld();
-    return active_streams_ == 0;
-  };
-  return mu_.AwaitWithDeadline(absl::Condition(&none), deadline);
-}
-
 bool DataServerService::IsHandedBack(const absl::Status& status) {
   return HasStatusDetail(status, v1::HandedBack::descriptor()->full_name());
 }

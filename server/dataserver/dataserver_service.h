@@ -100,8 +100,6 @@ class DataServerService {
   bool handing_back() const {
     return handing_back_.load(std::memory_order_relaxed);
   }
-  // Waits until no stream is open or `deadline`; true when none is.
-  bool AwaitNoStreams(absl::Time deadline) const;
   int active_streams() const;
   // UNAVAILABLE with a sluice.v1.HandedBack detail, saying `what`.
   static absl::Status HandedBackStatus(absl::string_view what);
