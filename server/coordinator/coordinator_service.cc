@@ -23,9 +23,9 @@ using coordinator_internal::LiveLease;
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
     : options_(options),
+      fleet_sizer_(options.fleet),
       leases_(options.clock),
       data_servers_(options.clock, 3 * options.heartbeat_interval),
-      fleet_sizer_(options.fleet),
       planner_(std::make_unique<ThreadPool>(1)) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
@@ -339,6 +339,24 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(
           result.spec().name(), result.status().num_shards(),
           result.status().samples_per_epoch(), result.spec().world_size());
   return result;
+}
+
+absl::StatusOr<v1::Job> CoordinatorService::CopyJob(const std::string& source,
+                                                    const std::string& name,
+                                                    int32_t world_size) {
+  v1::JobSpec spec;
+  {
+    ServiceLock lock(this);
+    const JobData* job = state_.FindJob(source);
+    if (job == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("copy_of: job ", QuotePrefix(source), " not found"));
+    }
+    spec = job->spec;
+  }
+  spec.set_name(name);
+  spec.set_world_size(world_size);
+  return CreateJob(spec);
 }
 
 absl::StatusOr<v1::Job> CoordinatorService::GetJob(const std::string& name,

@@ -176,7 +176,7 @@ TEST_F(ReaderRoutingTest, AfterTheWaitTheServerIsTriedAgainAndSamplesClearIt) {
 // spread over both servers when the shards are local files, and all go to
 // one server when they are remote (each shard downloaded once).
 TEST_F(ReaderRoutingTest, AWindowsUnitsSpreadOverTheServersUnlessRemote) {
-  for (const std::string& prefix : {"/data/w-", "https://host/w-"}) {
+  for (const char* prefix : {"/data/w-", "https://host/w-"}) {
     v1::JobSpec spec;
     spec.set_name(prefix[0] == '/' ? "local" : "remote");
     for (int i = 0; i < 8; ++i) {
