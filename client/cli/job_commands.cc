@@ -31,6 +31,10 @@ ABSL_FLAG(std::string, name, "", "job create: job name.");
 ABSL_FLAG(std::string, manifest, "",
           "job create: manifest JSON file (see `sluicectl index`).");
 ABSL_FLAG(int32_t, world_size, 1, "job create: ranks (0 = no quotas).");
+ABSL_FLAG(std::string, copy_of, "",
+          "job create: copy this job's spec for --world_size ranks (the same "
+          "data in the same order; its cursors resume the copy). Default "
+          "name: <JOB>.w<world_size>.");
 ABSL_FLAG(int64_t, epochs, 1, "job create: epochs (0 = endless).");
 ABSL_FLAG(std::string, mode, "static", "job create: static | dynamic.");
 ABSL_FLAG(std::string, remainder, "drop", "job create: drop | pad.");
@@ -194,6 +198,24 @@ int JobCommand(const std::vector<std::string>& args) {
     v1::CreateJobRequest request;
     v1::JobSpec* spec = request.mutable_spec();
     spec->set_name(absl::GetFlag(FLAGS_name));
+    const std::string copy_of = absl::GetFlag(FLAGS_copy_of);
+    if (!copy_of.empty()) {
+      if (!absl::GetFlag(FLAGS_manifest).empty() || !SourceArgs().empty()) {
+        return Usage(
+            "job create: --copy_of takes the data from that job; give no "
+            "--manifest or --source");
+      }
+      request.set_copy_of(copy_of);
+      spec->set_world_size(absl::GetFlag(FLAGS_world_size));
+      if (spec->name().empty())
+        spec->set_name(absl::StrCat(copy_of, ".w", spec->world_size()));
+      v1::Job job;
+      absl::Status s =
+          Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
+      if (!s.ok()) return Fail(s);
+      PrintJobOrJson(job);
+      return kOk;
+    }
     if (spec->name().empty()) return Usage("job create: --name is required");
     const std::string manifest = absl::GetFlag(FLAGS_manifest);
     if (manifest.empty() == SourceArgs().empty()) {

@@ -47,6 +47,8 @@ Commands:
              --seed --[no]shuffle --shuffle_window --lease_ttl --on_corrupt]
   job create --name N --source name=A,manifest=FILE,weight=0.7 --source ...
              --samples_per_epoch N      a job mixing several datasets
+  job create --copy_of JOB --world_size N [--name N]
+                            the same data and order for N ranks
   job get NAME | job list | job delete NAME
   status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
                             live data servers
@@ -123,12 +125,15 @@ const std::vector<CommandHelp>& Commands() {
        "--source name=B,manifest=FILE,weight=W[,on_exhausted=stop] "
        "--samples_per_epoch N [...]\n"
        "  (a source takes weight= or samples=; on_exhausted=repeat|stop)\n"
+       "sluicectl job create --copy_of JOB --world_size N [--name NAME]\n"
+       "  (JOB's data and order for N ranks; default name JOB.wN)\n"
        "sluicectl job get NAME | job list | job delete NAME\n  Creates, shows "
        "and deletes jobs (create and delete need --admin_token_file on a "
        "secured coordinator).",
        {"name", "manifest", "world_size", "epochs", "mode", "remainder", "seed",
         "shuffle", "lease_ttl", "on_corrupt", "max_samples_per_lease",
-        "shuffle_window", "samples_per_epoch", "source", "admin_token_file"}},
+        "shuffle_window", "samples_per_epoch", "source", "copy_of",
+        "admin_token_file"}},
       {"status",
        "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "
        "lag behind the most advanced rank, leases, sessions, live data "

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/quote.h"
 #include "server/common/sha256.h"
+#include "server/coordinator/job_spec.h"
 
 namespace sluice {
 namespace {
@@ -60,6 +61,16 @@ absl::Status AccessPolicy::AuthorizeAdmin(const Peer& peer,
       !token.empty() && !identities.empty() ? " or " : "",
       identities.empty() ? ""
                          : "a client certificate named in --admin_identities"));
+}
+
+absl::Status AccessPolicy::AuthorizeCreateJob(
+    const Peer& peer, const v1::CreateJobRequest& request) const {
+  if (!request.copy_of().empty() &&
+      request.spec().name() ==
+          CopyJobName(request.copy_of(), request.spec().world_size())) {
+    return absl::OkStatus();
+  }
+  return AuthorizeAdmin(peer, "CreateJob");
 }
 
 absl::Status AccessPolicy::AuthorizeDataServer(const Peer& peer) const {

@@ -1,7 +1,8 @@
 // AccessPolicy: who may administer the coordinator (CreateJob, DeleteJob,
-// ResetOnce) and who may register as a data server, decided from what the
-// call carries (a Peer) alone. The gRPC adapter only extracts the Peer from
-// its call context; no transport type appears here.
+// ResetOnce), who may copy a job for another world size, and who may register
+// as a data server, decided from what the call carries (a Peer) alone. The gRPC
+// adapter only extracts the Peer from its call context; no transport type
+// appears here.
 #ifndef SLUICE_SERVER_COORDINATOR_ACCESS_POLICY_H_
 #define SLUICE_SERVER_COORDINATOR_ACCESS_POLICY_H_
 
@@ -11,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "sluice/v1/coordinator.pb.h"
 
 namespace sluice {
 
@@ -43,6 +45,13 @@ struct AccessPolicy {
   // operator's, and PERMISSION_DENIED for everyone when neither a token nor
   // identities are configured. The token is compared in constant time.
   absl::Status AuthorizeAdmin(const Peer& peer, absl::string_view what) const;
+  // OK for a CreateJob of `request`: an operator's call (AuthorizeAdmin), or
+  // anyone's copy of a job for another world size under its canonical name
+  // (copy_of set and spec.name == CopyJobName(copy_of, spec.world_size)),
+  // which reads nothing the job does not: what a trainer whose world size
+  // changed creates.
+  absl::Status AuthorizeCreateJob(const Peer& peer,
+                                  const v1::CreateJobRequest& request) const;
   // OK for a RegisterDataServer call from `peer`: always, unless
   // data_server_identities is set and names none of the peer's identities
   // (PERMISSION_DENIED, quoting the certificate's first name).

@@ -136,6 +136,11 @@ class CoordinatorService {
   ~CoordinatorService();
 
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  // Creates `name` as job `source`'s stored spec with `world_size`: the same
+  // data in the same order over another number of ranks (CreateJob's
+  // idempotence and errors; NOT_FOUND naming `source`).
+  absl::StatusOr<v1::Job> CopyJob(const std::string& source,
+                                  const std::string& name, int32_t world_size);
   const CoordinatorOptions& options() const { return options_; }
   // GetJob and ListJobs report state only once it is durable: they wait
   // (no lock held) for the journal records the state includes, UNAVAILABLE

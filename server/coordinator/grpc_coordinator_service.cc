@@ -10,6 +10,7 @@
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_stream_writer.h"
 #include "server/common/quote.h"
+#include "server/coordinator/job_spec.h"
 
 namespace sluice {
 namespace {
@@ -402,10 +403,20 @@ absl::Status GrpcCoordinatorService::AuthorizeAdmin(
 grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(
     grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
     v1::Job* resp) {
-  if (absl::Status allowed = AuthorizeAdmin(ctx, "CreateJob"); !allowed.ok()) {
+  if (absl::Status allowed = admin_.AuthorizeCreateJob(PeerOf(ctx), *req);
+      !allowed.ok()) {
     return Done(ctx, allowed);
   }
-  absl::StatusOr<v1::Job> job = service_->CreateJob(req->spec());
+  if (!req->copy_of().empty()) {
+    if (absl::Status shape = CheckCopyRequest(*req); !shape.ok()) {
+      return Done(ctx, shape);
+    }
+  }
+  absl::StatusOr<v1::Job> job =
+      req->copy_of().empty()
+          ? service_->CreateJob(req->spec())
+          : service_->CopyJob(req->copy_of(), req->spec().name(),
+                              req->spec().world_size());
   if (job.ok()) *resp = std::move(*job);
   return Done(ctx, job.status());
 }

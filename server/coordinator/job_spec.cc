@@ -1,6 +1,8 @@
 #include "server/coordinator/job_spec.h"
 
 #include <fcntl.h>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
 #include <google/protobuf/util/json_util.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
@@ -413,6 +416,28 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
     RETURN_IF_ERROR(CheckStoppingSources(spec, shares));
   }
   return spec;
+}
+
+std::string CopyJobName(absl::string_view job, int32_t world_size) {
+  return absl::StrCat(job, ".w", world_size);
+}
+
+absl::Status CheckCopyRequest(const v1::CreateJobRequest& request) {
+  if (request.spec().name().empty()) {
+    return Invalid("spec.name", "the copy's name is required");
+  }
+  v1::JobSpec rest = request.spec();
+  rest.clear_name();
+  rest.clear_world_size();
+  std::vector<const google::protobuf::FieldDescriptor*> set;
+  rest.GetReflection()->ListFields(rest, &set);
+  if (!set.empty()) {
+    return Invalid(
+        absl::StrCat("spec.", set.front()->name()),
+        absl::StrCat("a copy of job ", QuotePrefix(request.copy_of()),
+                     " takes every field from it but name and world_size"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sluice

@@ -5,8 +5,10 @@
 #define SLUICE_SERVER_COORDINATOR_JOB_SPEC_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/common/path_roots.h"
 #include "sluice/v1/coordinator.pb.h"
 
@@ -37,6 +39,15 @@ struct ManifestFiles {
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& spec,
                                              const ManifestFiles& files = {},
                                              const JobLimits& limits = {});
+
+// The name of job `job`'s copy for `world_size` ranks
+// (CreateJobRequest.copy_of): "<job>.w<world_size>".
+std::string CopyJobName(absl::string_view job, int32_t world_size);
+
+// A CreateJobRequest with copy_of: OK when its spec holds nothing but name
+// and world_size (INVALID_ARGUMENT naming the first other field set, or an
+// empty name).
+absl::Status CheckCopyRequest(const v1::CreateJobRequest& request);
 
 }  // namespace sluice
 

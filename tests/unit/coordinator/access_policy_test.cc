@@ -90,6 +90,36 @@ TEST(AccessPolicyTest, NothingToAcceptRefusesEveryone) {
               StatusIs(absl::StatusCode::kPermissionDenied));
 }
 
+v1::CreateJobRequest Copy(const std::string& of, const std::string& name,
+                          int32_t world_size) {
+  v1::CreateJobRequest request;
+  request.set_copy_of(of);
+  request.mutable_spec()->set_name(name);
+  request.mutable_spec()->set_world_size(world_size);
+  return request;
+}
+
+// A job's copy for another world size under its canonical name reads
+// nothing new: any caller (a trainer whose world size changed) makes it.
+// Every other CreateJob needs the operator's credential.
+TEST(AccessPolicyTest, AnyoneCopiesAJobForAnotherWorldSizeUnderItsName) {
+  const AccessPolicy policy = Enforced("s3cret", {});
+  EXPECT_OK(
+      policy.AuthorizeCreateJob(Peer{}, Copy("imagenet", "imagenet.w3", 3)));
+  EXPECT_THAT(
+      policy.AuthorizeCreateJob(Peer{}, Copy("imagenet", "imagenet.w2", 3)),
+      StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("CreateJob")));
+  EXPECT_THAT(policy.AuthorizeCreateJob(Peer{}, Copy("imagenet", "mine", 3)),
+              StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_OK(policy.AuthorizeCreateJob(WithToken("Bearer s3cret"),
+                                      Copy("imagenet", "mine", 3)));
+  v1::CreateJobRequest fresh;
+  fresh.mutable_spec()->set_name("imagenet.w3");
+  EXPECT_THAT(policy.AuthorizeCreateJob(Peer{}, fresh),
+              StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_OK(policy.AuthorizeCreateJob(WithToken("Bearer s3cret"), fresh));
+}
+
 TEST(AccessPolicyTest, DataServersNeedAListedCertificateOnlyWhenListed) {
   AccessPolicy policy;
   EXPECT_OK(policy.AuthorizeDataServer(Peer{}));

@@ -1757,6 +1757,80 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
   EXPECT_EQ(after.status().DebugString(), before.status().DebugString());
 }
 
+// An elastic run: 4 ranks, then 3 (a node left: the job's copy for 3 ranks
+// resumes from the 4-rank checkpoint), then 4 again (the job itself resumes
+// from the copy's checkpoint). Every sample of the epoch is trained at most
+// once, and only each re-plan's remainder (under world size) is left out.
+TEST(CoordinatorResumeTest, AJobAndItsCopyResumeEachOtherBothWays) {
+  testing::TempDir dir;
+  FakeClock clock;
+  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  v1::JobSpec four = Spec("four", {11, 3, 17, 8, 0, 12}, 4, 2);  // q = 12
+  four.set_max_samples_per_lease(5);
+  ASSERT_OK(service.CreateJob(four));
+  std::vector<std::unique_ptr<SimTrainer>> old;
+  const std::vector<int64_t> at_four = {3, 12, 0, 7};
+  std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>> trained;
+  for (int r = 0; r < 4; ++r) {
+    old.push_back(std::make_unique<SimTrainer>(service, "four", r,
+                                               "a" + std::to_string(r)));
+    ASSERT_EQ(old[r]->Consume(at_four[r]), at_four[r]);
+    trained.push_back(old[r]->consumed);
+  }
+
+  absl::StatusOr<v1::Job> copy = service.CopyJob("four", "four.w3", 3);
+  ASSERT_OK(copy);
+  v1::JobSpec expected = *service.GetJob("four", true).value().mutable_spec();
+  expected.set_name("four.w3");
+  expected.set_world_size(3);
+  EXPECT_EQ(service.GetJob("four.w3", true)->spec().DebugString(),
+            expected.DebugString());
+  EXPECT_OK(service.CopyJob("four", "four.w3", 3));  // idempotent
+  EXPECT_THAT(service.CopyJob("four", "four.w3", 2),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("four.w3")));
+  EXPECT_THAT(service.CopyJob("five", "five.w3", 3),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("five")));
+
+  const v1::Cursor from_four = MakeCursor("four", 0, 4, at_four);
+  std::vector<std::unique_ptr<SimTrainer>> three;
+  const std::vector<int64_t> at_three = {5, 2, 8};
+  for (int r = 0; r < 3; ++r) {
+    three.push_back(std::make_unique<SimTrainer>(service, "four.w3", r,
+                                                 "b" + std::to_string(r),
+                                                 &from_four, "", 0, 0, "b"));
+    // 48 planned, 22 trained: 26 left -> 8 per rank (2 left out).
+    ASSERT_FALSE(three[r]->begins.empty());
+    EXPECT_EQ(three[r]->begins[0].samples_for_rank(), 8);
+    ASSERT_EQ(three[r]->Consume(at_three[r]), at_three[r]);
+    trained.push_back(three[r]->consumed);
+  }
+
+  const v1::Cursor from_three = MakeCursor("four.w3", 0, 3, at_three);
+  std::vector<std::unique_ptr<SimTrainer>> again;
+  for (int r = 0; r < 4; ++r) {
+    again.push_back(std::make_unique<SimTrainer>(service, "four", r,
+                                                 "c" + std::to_string(r),
+                                                 &from_three, "", 0, 0, "c"));
+    // 24 planned, 15 trained: 9 left -> 2 per rank (1 left out).
+    ASSERT_FALSE(again[r]->begins.empty());
+    EXPECT_EQ(again[r]->begins[0].epoch(), 0);
+    EXPECT_EQ(again[r]->begins[0].samples_for_rank(), 2);
+    ASSERT_EQ(again[r]->Consume(2), 2);
+    trained.push_back(again[r]->consumed);
+  }
+  auto seen = Tally(trained);
+  EXPECT_EQ(seen.size(), 22u + 15u + 8u);
+  for (const auto& [sample, n] : seen) EXPECT_EQ(n, 1);
+  // Epoch 1 of "four" is a normal 4-rank epoch.
+  EXPECT_EQ(again[0]->Consume(1), 1);
+  ASSERT_EQ(again[0]->begins.size(), 2u);
+  EXPECT_EQ(again[0]->begins[1].epoch(), 1);
+  EXPECT_EQ(again[0]->begins[1].samples_for_rank(), 12);
+}
+
 TEST_F(CoordinatorServiceTest, BadCursorsGetTheDocumentedCodes) {
   ASSERT_OK(service_->CreateJob(Spec("j", {10, 10}, 2, 0)));
   ASSERT_OK(service_->CreateJob(Spec("other", {10, 11}, 2, 0)));

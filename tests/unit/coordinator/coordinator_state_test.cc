@@ -351,6 +351,29 @@ TEST(CoordinatorStateRecordTest, ARefusedRecordChangesNothing) {
   }
 }
 
+// A copy takes every field from the job it copies but its name and world
+// size: anything else in the request is refused, naming the field.
+TEST(CopyJobRequestTest, OnlyTheNameAndWorldSizeMayBeGiven) {
+  v1::CreateJobRequest request;
+  request.set_copy_of("imagenet");
+  request.mutable_spec()->set_world_size(3);
+  EXPECT_THAT(CheckCopyRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.name: the copy's name is required")));
+  request.mutable_spec()->set_name(CopyJobName("imagenet", 3));
+  EXPECT_EQ(request.spec().name(), "imagenet.w3");
+  EXPECT_OK(CheckCopyRequest(request));
+  request.mutable_spec()->set_seed(7);
+  EXPECT_THAT(CheckCopyRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.seed: a copy of job \"imagenet\"")));
+  request.mutable_spec()->clear_seed();
+  request.mutable_spec()->mutable_manifest()->add_shards()->set_url("/x.tar");
+  EXPECT_THAT(
+      CheckCopyRequest(request),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.manifest")));
+}
+
 TEST(CoordinatorStateRecordTest, AnEmptyRecordIsRefused) {
   CoordinatorState state;
   EXPECT_THAT(state.Apply(JournalRecord()),
