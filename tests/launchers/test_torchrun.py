@@ -4,13 +4,14 @@ hanging DDP, then Sluice's equal steps; a rank SIGKILLed mid-epoch and the
 run restarted by --max_restarts resuming exactly."""
 import collections
 import os
+import re
 import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import BIN, EXAMPLES, LocalSluice, wait_for
+from conftest import BIN, EXAMPLES, LocalSluice, free_port, wait_for
 
 PYTHON = "/usr/bin/python3"
 TRAIN = os.path.join(EXAMPLES, "common", "train.py")
@@ -259,3 +260,112 @@ def test_relaunched_by_hand_twice_from_one_checkpoint_with_a_fixed_rdzv_id(clust
                        {"SLUICE_COORDINATOR": cluster.address}, 300)
     assert code == 0, out
     assert os.path.exists(os.path.join(fresh, "checkpoint.pt"))
+
+
+def node_pids(node):
+    """The PIDs of every process of elastic node `node` (its agent and its
+    worker), found by the SLUICE_TEST_NODE each was started with."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"SLUICE_TEST_NODE={node}".encode() in f.read().split(b"\0"):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def test_elastic_torchrun_shrinks_and_grows_and_every_epoch_stays_exact(cluster, tmp_path):
+    # torchrun --nnodes=1:3, three nodes (agent processes) of one worker
+    # each. Node c is SIGKILLed after the first checkpoint: the other two
+    # restart as 2 ranks (a failure restart) and resume from the checkpoint
+    # through the job's copy for 2 ranks. A new node d then joins: they
+    # restart as 3 ranks (a membership change) and resume the job itself from
+    # the 2-rank checkpoint. The final model trained on every sample of each
+    # epoch at most once, all but each re-plan's remainder (under its world
+    # size), with equal steps on every rank of each launch.
+    data = os.path.join(cluster.root, "elastic")
+    subprocess.run([PYTHON, PREPARE, data, "--shards", "24", "--per_shard", "50"], check=True)
+    create_job(cluster, "elastic", data, 3, 3)
+    ckpt = os.path.join(data, "ckpt")
+    record = str(tmp_path / "elastic-{rank}.txt")
+    port = free_port()
+    logs = {}
+
+    def node(name, host):
+        # The c10d store lives in node a (is_host): the nodes that leave
+        # never take it with them. A dead node leaves the rendezvous after
+        # torch's keep-alive (3 beats of 5 s); a membership completes 5 s
+        # after its first 2 nodes arrived, at once with all 3.
+        logs[name] = str(tmp_path / f"node-{name}.log")
+        with open(logs[name], "w") as log:
+            return subprocess.Popen(
+                [PYTHON, "-m", "sluice.torchrun", "--nnodes=1:3", "--nproc_per_node=1",
+                 "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                 "--rdzv_id=elastic", f"--rdzv_conf=is_host={int(host)},last_call_timeout=5",
+                 "--max_restarts=3", "--monitor_interval=1",
+                 TRAIN, "--job=elastic", f"--checkpoint_dir={ckpt}", "--epochs=3",
+                 "--checkpoint_every=5", "--step_seconds=0.1", f"--record={record}"],
+                env=dict(os.environ, SLUICE_COORDINATOR=cluster.address,
+                         SLUICE_TEST_NODE=name, PYTHONFAULTHANDLER="1"),
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def checkpoints():
+        """(world size, launch) of every checkpoint written so far, in order."""
+        seen = []
+        for path in logs.values():
+            for line in open(path):
+                m = re.search(r"rank 0/(\d+): checkpoint \S+ \(launch (\d+)\)", line)
+                if m:
+                    seen.append((int(m.group(1)), int(m.group(2))))
+        return sorted(seen, key=lambda c: c[1])
+
+    nodes = {"a": node("a", True), "b": node("b", False), "c": node("c", False)}
+    try:
+        wait_for(lambda: any(w == 3 for w, _ in checkpoints()), 180, "a checkpoint of 3 ranks")
+        for pid in node_pids("c"):
+            os.kill(pid, signal.SIGKILL)
+        nodes["c"].wait()
+        wait_for(lambda: any(w == 2 for w, _ in checkpoints()), 180, "a checkpoint of 2 ranks")
+        nodes["d"] = node("d", False)
+        for name in ("a", "b", "d"):
+            nodes[name].wait(timeout=300)
+    finally:
+        for name, proc in nodes.items():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for name in ("a", "b", "d"):
+        assert nodes[name].returncode == 0, open(logs[name]).read()
+    worlds = {}
+    for world, launch in checkpoints():
+        worlds.setdefault(launch, world)
+    memberships = [worlds[launch] for launch in sorted(worlds)]
+    assert memberships[0] == 3 and memberships[-1] == 3 and 2 in memberships, memberships
+
+    # epoch -> key -> times trained; (epoch, launch) -> rank -> samples.
+    keys = collections.defaultdict(collections.Counter)
+    per_launch = collections.defaultdict(collections.Counter)
+    for rank in range(3):
+        with open(record.format(rank=rank)) as f:
+            for line in f:
+                epoch, key, *rest = line.split()
+                if key == "steps":
+                    continue
+                launch, trained_by = int(rest[0]), int(rest[1])
+                keys[int(epoch)][key] += 1
+                per_launch[int(epoch), launch][trained_by] += 1
+    for epoch in range(3):
+        assert set(keys[epoch].values()) == {1}, (epoch, keys[epoch].most_common(3))
+        launches = {launch for e, launch in per_launch if e == epoch}
+        # A launch that resumed mid-epoch with another world size re-planned
+        # the rest over its ranks, leaving out fewer samples than it has ranks.
+        assert 1200 - 2 * (len(launches) - 1) <= len(keys[epoch]) <= 1200, \
+            (epoch, len(keys[epoch]), sorted(launches))
+    for (epoch, launch), by_rank in per_launch.items():
+        world = worlds.get(launch, len(by_rank))
+        assert sorted(by_rank) == list(range(world)), (epoch, launch, by_rank)
+        assert len(set(by_rank.values())) == 1, (epoch, launch, by_rank)

@@ -354,3 +354,52 @@ def test_a_job_over_two_sources_tags_every_item_with_its_source(cluster, tmp_pat
         if epoch == 0:  # within each source's first pass: no sample twice
             assert set(seen.values()) == {1}
     ds.close()
+
+
+def test_a_run_of_another_world_size_reads_the_jobs_copy_for_it(cluster):
+    import grpc
+    from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
+    # A job of 2 ranks read by a run of 1 (an elastic run that shrank):
+    # the dataset reads the job's copy for 1 rank, which it creates, and
+    # that one rank gets the whole epoch.
+    cluster.create_job("wide", world_size=2, epochs=1, max_samples_per_lease=5)
+    ds = ShardLeaseDataset(coordinator=cluster.address, job="wide", rank=0, world_size=1,
+                           decode=False)
+    assert ds.reading_job == "wide.w1"
+    keys = [s["__key__"] for s in ds]
+    assert len(keys) == cluster.total and len(set(keys)) == cluster.total
+    ds.close()
+    with grpc.insecure_channel(cluster.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        job = stub.GetJob(coordinator_pb2.GetJobRequest(name="wide"))
+        copy = stub.GetJob(coordinator_pb2.GetJobRequest(name="wide.w1"))
+        assert copy.spec.world_size == 1 and job.spec.world_size == 2
+        job.spec.name, job.spec.world_size = "wide.w1", 1
+        assert copy.spec == job.spec
+        # A copy takes nothing but its name and world size.
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.CreateJob(coordinator_pb2.CreateJobRequest(
+                copy_of="wide", spec=coordinator_pb2.JobSpec(name="wide.w3", world_size=3,
+                                                             seed=1)))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "spec.seed" in bad.value.details()
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.CreateJob(coordinator_pb2.CreateJobRequest(
+                copy_of="narrow", spec=coordinator_pb2.JobSpec(name="narrow.w3", world_size=3)))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "narrow" in missing.value.details()
+    # The same run at the job's own world size reads the job.
+    assert ShardLeaseDataset(coordinator=cluster.address, job="wide", rank=1,
+                             world_size=2).reading_job == "wide"
+    # sluicectl makes the same copies, named JOB.wN by default.
+    out = subprocess.run([os.path.join(os.environ["SLUICE_BIN_DIR"], "sluicectl"), "job", "create",
+                          f"--coordinator={cluster.address}", "--copy_of=wide", "--world_size=3",
+                          "--json", *cluster.client_tls, *cluster.admin_token],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    made = json.loads(out.stdout)
+    assert made["spec"]["name"] == "wide.w3" and made["spec"]["world_size"] == 3, made
+    out = subprocess.run([os.path.join(os.environ["SLUICE_BIN_DIR"], "sluicectl"), "job", "create",
+                          f"--coordinator={cluster.address}", "--copy_of=wide", "--world_size=3",
+                          "--manifest=x.json"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--copy_of takes the data from that job" in out.stderr

@@ -1,7 +1,12 @@
 """What the launcher says about this run: which restart of it this process
 belongs to, and the default scope of Once and Barrier names.
 
-    torchrun   TORCHELASTIC_RUN_ID (the rendezvous id), TORCHELASTIC_RESTART_COUNT
+    torchrun   TORCHELASTIC_RUN_ID (the rendezvous id) and MASTER_ADDR:MASTER_PORT
+               (chosen afresh for every rendezvous round by the c10d and etcd
+               backends; an elastic run that grows restarts its workers
+               without counting a restart), with TORCHELASTIC_RESTART_COUNT
+               on a single node (every agent counts its own restarts, and an
+               agent that joins later starts at 0)
     SLURM      SLURM_JOB_ID, SLURM_RESTART_COUNT (a requeued job keeps its id)
     mpirun     Open MPI's job id (OMPI_MCA_ess_base_jobid, or PMIX_NAMESPACE),
                new for every mpirun
@@ -20,7 +25,10 @@ def restart_id(env=None):
     launcher that names one."""
     env = os.environ if env is None else env
     if env.get("TORCHELASTIC_RUN_ID"):
-        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        single_node = env.get("LOCAL_WORLD_SIZE", "1") == env.get("WORLD_SIZE", "1")
+        count = env.get("TORCHELASTIC_RESTART_COUNT", "0") if single_node else "nodes"
+        return (f"torchrun-{env['TORCHELASTIC_RUN_ID']}-{env.get('MASTER_ADDR', '')}:"
+                f"{env.get('MASTER_PORT', '')}-{count}")
     if env.get("SLURM_JOB_ID"):
         return f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURM_RESTART_COUNT', '0')}"
     job = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE")

@@ -13,8 +13,13 @@ the training loop consumed.
             checkpoint["data"] = ds.state_dict()   # exact, also with workers
 
 * Rank and world size come from torch.distributed when it is initialised
-  (or the `rank` argument); every rank gets the same number of samples per
-  epoch, so DDP never hangs on an uneven last step.
+  (or the `rank` and `world_size` arguments); every rank gets the same
+  number of samples per epoch, so DDP never hangs on an uneven last step.
+* A run with another number of ranks than the job's world_size (an elastic
+  torchrun that lost or gained a node) reads the job's copy for its world
+  size, "<job>.w<N>", created on first use (the same data in the same order;
+  reading_job names it). A checkpoint's cursor of the job or of any copy
+  resumes it: the rest of the epoch is re-balanced over the new ranks.
 * DataLoader workers: each worker runs its own session under the rank and
   reads a fixed slot of the rank's quota (the coordinator splits it into
   num_workers slots of equal size, give or take one sample, the same on every
@@ -118,12 +123,16 @@ def _watch_parent(reader, parent):
 
 
 class ShardLeaseDataset(IterableDataset):
-    def __init__(self, coordinator, job, *, rank=None, decode=True, resize_shorter_side=0,
-                 crop=(0, 0), transform=None, fields=(), to_tensor=True, units_in_flight=4,
-                 resume_attempt=None, **reader_options):
+    def __init__(self, coordinator, job, *, rank=None, world_size=None, decode=True,
+                 resize_shorter_side=0, crop=(0, 0), transform=None, fields=(), to_tensor=True,
+                 units_in_flight=4, resume_attempt=None, **reader_options):
         super().__init__()
         self.coordinator, self.job = coordinator, job
         self._rank = rank
+        self._world_size = world_size
+        # The job the readers open: `job`, or its copy for this run's world
+        # size (_reading_job).
+        self._reading = None
         self._reader_options = dict(decode=decode, resize_shorter_side=resize_shorter_side,
                                     crop=tuple(crop), transform=transform, fields=tuple(fields),
                                     units_in_flight=units_in_flight, **reader_options)
@@ -161,6 +170,51 @@ class ShardLeaseDataset(IterableDataset):
             return dist.get_rank()
         return 0
 
+    @property
+    def world_size(self):
+        """The run's number of ranks: the `world_size` argument, else
+        torch.distributed's when it is initialised, else None (unknown)."""
+        if self._world_size is not None:
+            return self._world_size
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        return None
+
+    @property
+    def reading_job(self):
+        """The job this dataset's readers open: `job`, or, when the run has
+        another number of ranks than the job's world_size (an elastic run
+        that shrank or grew), the job's copy for this world size,
+        "<job>.w<N>" (created when missing: the same data in the same order,
+        and a cursor of either job resumes the other)."""
+        return self._reading_job()
+
+    def _coordinator_stub(self):
+        o = self._reader_options  # the Reader's TLS settings
+        credentials = tls.channel_credentials(o.get("ca_cert"), o.get("client_cert"),
+                                              o.get("client_key"))
+        channel = tls.coordinator_channel(self.coordinator, credentials)
+        return channel, coordinator_pb2_grpc.CoordinatorStub(channel)
+
+    def _reading_job(self):
+        if self._reading is not None:
+            return self._reading
+        world = self.world_size
+        reading = self.job
+        if world is not None:
+            channel, stub = self._coordinator_stub()
+            with channel:
+                spec = stub.GetJob(coordinator_pb2.GetJobRequest(name=self.job), timeout=30).spec
+                if spec.world_size > 0 and spec.world_size != world:
+                    reading = f"{self.job}.w{world}"
+                    stub.CreateJob(coordinator_pb2.CreateJobRequest(
+                        spec=coordinator_pb2.JobSpec(name=reading, world_size=world),
+                        copy_of=self.job), timeout=60)
+                    _log.info("sluice job %s has world_size %d and this run %d ranks: "
+                              "reading its copy %s", self.job, spec.world_size, world, reading)
+        self._reading = reading
+        return reading
+
     def set_epoch(self, epoch):
         """Records the epoch the caller expects (workers see it too); the
         coordinator decides the order of epochs (all ranks move together), so
@@ -171,12 +225,10 @@ class ShardLeaseDataset(IterableDataset):
     def __len__(self):
         """Samples this rank gets per epoch (from the coordinator)."""
         if self._samples_per_rank is None:
-            o = self._reader_options  # the Reader's TLS settings
-            credentials = tls.channel_credentials(o.get("ca_cert"), o.get("client_cert"),
-                                                  o.get("client_key"))
-            with tls.coordinator_channel(self.coordinator, credentials) as channel:
-                job = coordinator_pb2_grpc.CoordinatorStub(channel).GetJob(
-                    coordinator_pb2.GetJobRequest(name=self.job), timeout=30)
+            reading = self._reading_job()
+            channel, stub = self._coordinator_stub()
+            with channel:
+                job = stub.GetJob(coordinator_pb2.GetJobRequest(name=reading), timeout=30)
             self._samples_per_rank = job.status.samples_per_rank
         return self._samples_per_rank
 
@@ -354,7 +406,7 @@ class ShardLeaseDataset(IterableDataset):
         info = get_worker_info()
         worker = info.id if info is not None else 0
         num_workers = info.num_workers if info is not None else 0
-        self._reader = Reader(self.coordinator, self.job, self.rank, worker,
+        self._reader = Reader(self.coordinator, self._reading_job(), self.rank, worker,
                               num_workers=num_workers, resume_from=self._resume_from,
                               resume_attempt=self._resume_attempt,
                               launch_id=self._launch_id, **self._reader_options)
@@ -374,6 +426,10 @@ class ShardLeaseDataset(IterableDataset):
 
     def __getstate__(self):
         state = self.__dict__.copy()
+        # Workers read under the parent's rank and world size, also when
+        # started with "spawn" (where torch.distributed is not set up).
+        state["_rank"] = self.rank
+        state["_world_size"] = self.world_size
         state["_reader"] = None  # never pickled into spawned workers
         state["_reader_pid"] = None
         state["_taken"] = None
