@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, name, "", "job create: job name.");
 ABSL_FLAG(std::string, manifest, "",
           "job create: manifest JSON file (see `sluicectl index`).");
 ABSL_FLAG(int32_t, world_size, 1, "job create: ranks (0 = no quotas).");
+ABSL_FLAG(std::string, pool, "",
+          "job create: the data-server pool the job reads from (servers "
+          "started with --pool=NAME); default: the default pool.");
 ABSL_FLAG(std::string, copy_of, "",
           "job create: copy this job's spec for --world_size ranks (the same "
           "data in the same order; its cursors resume the copy). Default "
@@ -257,6 +260,7 @@ int JobCommand(const std::vector<std::string>& args) {
         absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_lease_ttl)));
     spec->set_max_samples_per_lease(absl::GetFlag(FLAGS_max_samples_per_lease));
     spec->set_shuffle_window(absl::GetFlag(FLAGS_shuffle_window));
+    spec->set_pool(absl::GetFlag(FLAGS_pool));
     v1::Job job;
     absl::Status s =
         Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
@@ -367,6 +371,19 @@ int StatusCommand(const std::vector<std::string>& args) {
           "%.0f%% of the time)\n",
           response.desired_data_servers(), response.live_data_servers_size(),
           100 * response.input_wait_share());
+      // Per pool when there is more than the default pool.
+      const bool pools =
+          response.pools_size() > 1 ||
+          (response.pools_size() == 1 && !response.pools(0).pool().empty());
+      for (const v1::PoolFleet& pool : response.pools()) {
+        if (!pools || pool.desired_data_servers() < 0) continue;
+        std::printf(
+            "  pool %s: data servers wanted: %d (%d live, %d draining; "
+            "trainers waiting for input %.0f%% of the time)\n",
+            pool.pool().empty() ? "(default)" : pool.pool().c_str(),
+            pool.desired_data_servers(), pool.live_data_servers(),
+            pool.draining_data_servers(), 100 * pool.input_wait_share());
+      }
     }
   } else {
     for (const std::string& name : args) {

@@ -44,7 +44,7 @@ Commands:
   index --data_server=HOST:PORT URL... [-o FILE]
                             index (remote) shards through a data server
   job create --name N --manifest FILE [--world_size --epochs --mode --remainder
-             --seed --[no]shuffle --shuffle_window --lease_ttl --on_corrupt]
+             --seed --[no]shuffle --shuffle_window --lease_ttl --on_corrupt --pool]
   job create --name N --source name=A,manifest=FILE,weight=0.7 --source ...
              --samples_per_epoch N      a job mixing several datasets
   job create --copy_of JOB --world_size N [--name N]
@@ -120,7 +120,7 @@ const std::vector<CommandHelp>& Commands() {
       {"job",
        "sluicectl job create --name N --manifest FILE [--world_size --epochs "
        "--mode --remainder --seed --[no]shuffle --lease_ttl --on_corrupt "
-       "--max_samples_per_lease --shuffle_window]\n"
+       "--max_samples_per_lease --shuffle_window --pool]\n"
        "sluicectl job create --name N --source name=A,manifest=FILE,weight=W "
        "--source name=B,manifest=FILE,weight=W[,on_exhausted=stop] "
        "--samples_per_epoch N [...]\n"
@@ -132,7 +132,7 @@ const std::vector<CommandHelp>& Commands() {
        "secured coordinator).",
        {"name", "manifest", "world_size", "epochs", "mode", "remainder", "seed",
         "shuffle", "lease_ttl", "on_corrupt", "max_samples_per_lease",
-        "shuffle_window", "samples_per_epoch", "source", "copy_of",
+        "shuffle_window", "samples_per_epoch", "source", "copy_of", "pool",
         "admin_token_file"}},
       {"status",
        "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "

@@ -14,6 +14,7 @@
 #include "server/common/status_macros.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/coordinator_service_internal.h"
+#include "server/coordinator/job_spec.h"
 
 namespace sluice {
 
@@ -41,6 +42,11 @@ absl::Status CoordinatorService::CheckRegistration(
                    absl::StrCat(QuotePrefix(r.node()), " is longer than ",
                                 kMaxIdBytes, " bytes"));
   }
+  if (!ValidPoolName(r.pool())) {
+    return Invalid("register.pool", absl::StrCat(QuotePrefix(r.pool()),
+                                                 " must be 0-64 characters of "
+                                                 "[A-Za-z0-9._-]"));
+  }
   if (r.capacity() < 0 || r.capacity() > kMaxDataServerCapacity) {
     return Invalid("register.capacity",
                    absl::StrCat(r.capacity(), " is outside [0, ",
@@ -62,13 +68,13 @@ absl::Status CoordinatorService::CheckFenceSeen(absl::string_view field,
 int64_t CoordinatorService::RegisterDataServer(
     const std::string& address, int32_t capacity,
     std::shared_ptr<DataServerSink> sink, uint64_t max_fence_seen,
-    const std::string& node) {
+    const std::string& node, const std::string& pool) {
   Effects fx;
   int64_t id;
   {
     ServiceLock lock(this);
     RaiseSeenFenceFloor(max_fence_seen);
-    const bool none_live = !data_servers_.AnyLive();
+    const bool none_live = !data_servers_.AnyLiveIn(pool);
     if (sink != nullptr) {
       // Under mu_, so the reply precedes any hint for this server.
       v1::CoordinatorToDataServer reply;
@@ -79,7 +85,7 @@ int64_t CoordinatorService::RegisterDataServer(
       reply.mutable_registered()->set_acks_heartbeats(true);
       sink->Send(reply);
     }
-    id = data_servers_.Add(address, capacity, std::move(sink), node);
+    id = data_servers_.Add(address, capacity, std::move(sink), node, pool);
     UpdateDataServerMetric();
     if (none_live) PumpAllLocked(fx);  // units waiting for a data server
     SubmitLocked(fx);
@@ -106,7 +112,7 @@ void CoordinatorService::DataServerHeartbeat(
   Effects fx;
   {
     ServiceLock lock(this);
-    if (data_servers_.AnyLive()) PumpAllLocked(fx);
+    PumpAllLocked(fx);
     SubmitLocked(fx);
   }
   DeliverReady();

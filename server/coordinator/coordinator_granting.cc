@@ -282,13 +282,17 @@ std::string CoordinatorService::RouteLocked(const JobData& job,
                                             bool* same_node) {
   const absl::Time now = options_.clock->Now();
   const auto pick = [&](const std::string& url) -> std::string {
-    if (reader == nullptr) return data_servers_.Pick(url);
+    if (reader == nullptr) {
+      return data_servers_.Pick(
+          url, [](const std::string&) { return false; }, "", nullptr,
+          job.spec.pool());
+    }
     return data_servers_.Pick(
         url,
         [&](const std::string& address) {
           return reader->unreachable.Avoids(address, now);
         },
-        reader->node, same_node);
+        reader->node, same_node, job.spec.pool());
   };
   if (job.mix != nullptr) {
     // By the shard the block's first position reads (remembered per block).
@@ -416,11 +420,18 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
     int32_t held = static_cast<int32_t>(leases_.CountHeldBy(s.trainer_id));
     std::string why_not;
     v1::WaitingKind why_kind = v1::WAITING_KIND_UNSPECIFIED;
-    if (options_.wait_for_data_servers && !data_servers_.AnyLive()) {
+    if (options_.wait_for_data_servers &&
+        !data_servers_.AnyLiveIn(job->spec.pool())) {
       // A grant must name a server to read from: the units wait.
       why_not =
-          "no live data server: units wait until one registers with the "
-          "coordinator";
+          job->spec.pool().empty()
+              ? std::string(
+                    "no live data server: units wait until one "
+                    "registers with the coordinator")
+              : absl::StrCat("no live data server of pool ", job->spec.pool(),
+                             ": units wait until one registers with the "
+                             "coordinator (sluice-dataserver --pool=",
+                             job->spec.pool(), ")");
       why_kind = v1::WAITING_NO_DATA_SERVER;
     } else {
       const int32_t before = held;

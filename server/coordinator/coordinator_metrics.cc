@@ -187,7 +187,12 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       source_consumed_(CounterFamily(
           r, "sluice_coordinator_source_samples_consumed_total",
           "Samples of a mixed job's source acknowledged, over all epochs "
-          "(since this coordinator started leading).")) {
+          "(since this coordinator started leading).")),
+      pool_desired_(GaugeFamily(
+          r, "sluice_coordinator_pool_desired_data_servers",
+          "The data servers one pool's jobs need (label pool; \"\" = the "
+          "default pool): what the autoscaler of that pool's data servers "
+          "follows. sluice_coordinator_desired_data_servers is their sum.")) {
   auto& by_message = CounterFamily(
       r, "sluice_coordinator_message_lock_cpu_seconds_total",
       "CPU time spent under the coordinator's state lock handling session "

@@ -66,6 +66,11 @@ class CoordinatorMetrics {
   prometheus::Gauge& draining_data_servers;
   // FleetSizer's answer, and the trainers' input-wait share it is based on.
   prometheus::Gauge& desired_data_servers;
+  // The same for one data-server pool (label `pool`, "" = the default):
+  // desired_data_servers is their sum. Pools are few (operators name them).
+  prometheus::Gauge& PoolDesiredDataServers(const std::string& pool) {
+    return pool_desired_.Add({{"pool", pool}});
+  }
   prometheus::Gauge& input_wait_share;
   // From the trainer message that made a grant possible (Want, Complete,
   // Release ...) to the durable Grant handed to the stream.
@@ -115,6 +120,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& source_epoch_total_;
   prometheus::Family<prometheus::Gauge>& source_epoch_done_;
   prometheus::Family<prometheus::Counter>& source_consumed_;
+  prometheus::Family<prometheus::Gauge>& pool_desired_;
   std::map<std::string, Job> jobs_;
   struct Source {
     prometheus::Gauge* epoch_samples;

@@ -23,7 +23,6 @@ using coordinator_internal::LiveLease;
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
     : options_(options),
-      fleet_sizer_(options.fleet),
       leases_(options.clock),
       data_servers_(options.clock, 3 * options.heartbeat_interval),
       planner_(std::make_unique<ThreadPool>(1)) {}
@@ -494,50 +493,108 @@ int CoordinatorService::ExpiryTick() {
   return expired;
 }
 
+CoordinatorService::PoolSizing& CoordinatorService::PoolSizingLocked(
+    const std::string& pool) {
+  auto it = pool_sizing_.find(pool);
+  if (it == pool_sizing_.end())
+    it = pool_sizing_.emplace(pool, PoolSizing(options_.fleet)).first;
+  return it->second;
+}
+
 void CoordinatorService::SizeFleet() {
   ServiceLock lock(this);
   const absl::Time now = options_.clock->Now();
+  // Every pool with a job or a registered server is sized.
+  for (const auto& [name, job] : state_.jobs())
+    PoolSizingLocked(job.spec.pool());
+  const std::map<std::string, DataServerRegistry::PoolCounts> counts =
+      data_servers_.CountsByPool();
+  for (const auto& [pool, c] : counts) PoolSizingLocked(pool);
+  const std::map<std::string, DataServerRegistry::Load> loads =
+      data_servers_.TakeLoadByPool();
   if (last_sizing_ == absl::InfinitePast()) {
     // The first call only starts the counts (and the servers' baselines).
     last_sizing_ = now;
-    consumed_since_sizing_ = 0;
-    wait_since_sizing_ = 0;
-    data_servers_.TakeLoad();
+    for (auto& [pool, sizing] : pool_sizing_) {
+      sizing.consumed = 0;
+      sizing.wait_seconds = 0;
+    }
     return;
   }
-  int32_t readers = 0;
-  for (const auto& [job, open] : open_sessions_)
-    readers += static_cast<int32_t>(open.all.size());
-  const DataServerRegistry::Load load = data_servers_.TakeLoad();
-  FleetSample s;
-  s.time = now;
-  s.consumed = consumed_since_sizing_;
-  s.wait_seconds = wait_since_sizing_;
-  s.reader_seconds = readers * absl::ToDoubleSeconds(now - last_sizing_);
-  s.served = load.samples_served;
-  s.server_cpu_seconds = load.cpu_seconds;
-  s.cores_per_server = load.cores;
-  s.live_servers = data_servers_.LiveCount();
-  s.readers = readers;
-  const int32_t desired = fleet_sizer_.Update(s);
-  last_sizing_ = now;
-  consumed_since_sizing_ = 0;
-  wait_since_sizing_ = 0;
-  const double share = fleet_sizer_.measures().wait_share;
-  if (desired != desired_data_servers_.load()) {
-    const FleetSizer::Measures& m = fleet_sizer_.measures();
-    LogInfo(
-        "data servers wanted: %d (%d live; trainers wait %.0f%% of the time, "
-        "consume %.0f samples/s; one server serves %.0f/s)",
-        desired, s.live_servers, 100 * share, m.consumed_per_second,
-        m.server_capacity);
+  std::map<std::string, int32_t> readers;
+  for (const auto& [job, open] : open_sessions_) {
+    const JobData* data = state_.FindJob(job);
+    if (data != nullptr)
+      readers[data->spec.pool()] += static_cast<int32_t>(open.all.size());
   }
-  desired_data_servers_.store(desired);
+  int32_t desired_total = 0;
+  double wait_total = 0, reader_seconds_total = 0;
+  for (auto& [pool, sizing] : pool_sizing_) {
+    const auto load = loads.find(pool);
+    const auto count = counts.find(pool);
+    FleetSample s;
+    s.time = now;
+    s.consumed = sizing.consumed;
+    s.wait_seconds = sizing.wait_seconds;
+    s.readers = readers[pool];
+    s.reader_seconds = s.readers * absl::ToDoubleSeconds(now - last_sizing_);
+    if (load != loads.end()) {
+      s.served = load->second.samples_served;
+      s.server_cpu_seconds = load->second.cpu_seconds;
+      s.cores_per_server = load->second.cores;
+    }
+    s.live_servers = count != counts.end() ? count->second.live : 0;
+    const int32_t desired = sizing.sizer.Update(s);
+    const FleetSizer::Measures& m = sizing.sizer.measures();
+    if (desired != sizing.desired) {
+      LogInfo(
+          "data servers wanted%s%s: %d (%d live; trainers wait %.0f%% of the "
+          "time, consume %.0f samples/s; one server serves %.0f/s)",
+          pool.empty() ? "" : " in pool ", pool, desired, s.live_servers,
+          100 * m.wait_share, m.consumed_per_second, m.server_capacity);
+    }
+    sizing.desired = desired;
+    sizing.wait_share = m.wait_share;
+    sizing.consumed = 0;
+    sizing.wait_seconds = 0;
+    desired_total += desired;
+    wait_total += m.wait_share * s.readers;
+    reader_seconds_total += s.readers;
+    if (options_.metrics != nullptr)
+      options_.metrics->PoolDesiredDataServers(pool).Set(desired);
+  }
+  last_sizing_ = now;
+  const double share =
+      reader_seconds_total > 0 ? wait_total / reader_seconds_total : 0;
+  desired_data_servers_.store(desired_total);
   input_wait_share_.store(share);
   if (options_.metrics != nullptr) {
-    options_.metrics->desired_data_servers.Set(desired);
+    options_.metrics->desired_data_servers.Set(desired_total);
     options_.metrics->input_wait_share.Set(share);
   }
+}
+
+std::vector<v1::PoolFleet> CoordinatorService::PoolFleets() {
+  const std::map<std::string, DataServerRegistry::PoolCounts> counts =
+      data_servers_.CountsByPool();
+  ServiceLock lock(this);
+  std::map<std::string, v1::PoolFleet> out;
+  for (const auto& [name, job] : state_.jobs()) out[job.spec.pool()];
+  for (const auto& [pool, c] : counts) {
+    out[pool].set_live_data_servers(c.live);
+    out[pool].set_draining_data_servers(c.draining);
+  }
+  std::vector<v1::PoolFleet> fleets;
+  for (auto& [pool, fleet] : out) {
+    fleet.set_pool(pool);
+    auto sizing = pool_sizing_.find(pool);
+    fleet.set_desired_data_servers(
+        sizing != pool_sizing_.end() ? sizing->second.desired : -1);
+    fleet.set_input_wait_share(
+        sizing != pool_sizing_.end() ? sizing->second.wait_share : 0);
+    fleets.push_back(std::move(fleet));
+  }
+  return fleets;
 }
 
 void CoordinatorService::RefreshLiveLocked() {

@@ -195,13 +195,14 @@ class CoordinatorService {
   // would otherwise start over at 1 and be refused as stale).
   // OK when `r` may register: its credential proves the lease secret (when
   // this coordinator has one; UNAUTHENTICATED otherwise), its address is
-  // host:port of at most 256 bytes and its capacity in [0, 1024]
-  // (INVALID_ARGUMENT naming the field).
+  // host:port of at most 256 bytes, its capacity in [0, 1024] and its pool
+  // a valid pool name (INVALID_ARGUMENT naming the field).
   absl::Status CheckRegistration(const v1::RegisterDataServer& r) const;
   int64_t RegisterDataServer(const std::string& address, int32_t capacity,
                              std::shared_ptr<DataServerSink> sink = nullptr,
                              uint64_t max_fence_seen = 0,
-                             const std::string& node = "");
+                             const std::string& node = "",
+                             const std::string& pool = "");
   // Records a heartbeat without the state lock (session work never delays
   // it); takes the lock only when no data server was live before it, to
   // feed the sessions waiting for one.
@@ -211,6 +212,9 @@ class CoordinatorService {
   // it used.
   int32_t desired_data_servers() const { return desired_data_servers_.load(); }
   double input_wait_share() const { return input_wait_share_.load(); }
+  // The same per data-server pool (every pool with a job or a registered
+  // server), with its live and draining servers.
+  std::vector<v1::PoolFleet> PoolFleets();
   // Feeds FleetSizer what happened since its last call (the expiry thread
   // calls it every fleet_interval; tests call it directly).
   void SizeFleet();
@@ -273,6 +277,7 @@ class CoordinatorService {
     int32_t worker = 0;
     int32_t num_workers = 1;  // readers per rank this session reads with
     std::string node;         // the reader's node (Hello.node), "" = unknown
+    std::string pool;         // the job's data-server pool (JobSpec.pool)
     int32_t slot = 0;         // its reader slot in the job's plan (at Hello)
     std::string trainer_id;   // "job/trainer_id": the holder of its leases
     int32_t credits = 0;
@@ -478,12 +483,21 @@ class CoordinatorService {
   std::unique_ptr<Journal> journal_;
   int64_t recovered_records_ = 0;
   int64_t last_snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // FleetSizer's inputs: samples acknowledged and input-wait seconds
-  // reported, all jobs, since the last SizeFleet.
-  int64_t consumed_since_sizing_ ABSL_GUARDED_BY(mu_) = 0;
-  double wait_since_sizing_ ABSL_GUARDED_BY(mu_) = 0;
+  // One data-server pool's sizing: FleetSizer's inputs since the last
+  // SizeFleet (samples acknowledged and input-wait seconds reported by its
+  // jobs' readers) and its answer.
+  struct PoolSizing {
+    explicit PoolSizing(const FleetSizerOptions& options) : sizer(options) {}
+    int64_t consumed = 0;
+    double wait_seconds = 0;
+    FleetSizer sizer;
+    int32_t desired = -1;
+    double wait_share = 0;
+  };
+  PoolSizing& PoolSizingLocked(const std::string& pool)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<std::string, PoolSizing> pool_sizing_ ABSL_GUARDED_BY(mu_);
   absl::Time last_sizing_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  FleetSizer fleet_sizer_ ABSL_GUARDED_BY(mu_);
   std::atomic<int32_t> desired_data_servers_{-1};
   absl::Time next_sizing_ = absl::InfinitePast();  // the expiry thread's
   std::atomic<double> input_wait_share_{0};

@@ -236,6 +236,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   s.worker = hello.worker();
   s.num_workers = workers;
   s.node = hello.node();
+  s.pool = job->spec.pool();
   s.slot = job->plan.SlotOf(s.rank, s.worker);
   OpenSessions& open_of_job = open_sessions_[s.job];
   open_of_job.all.insert(s.id);
@@ -504,7 +505,7 @@ absl::Status CoordinatorService::RecordInputWaitLocked(const Session& s,
   }
   if (count == 0 && w.sum_seconds() == 0) return absl::OkStatus();
   runtime_[s.job].input_wait_by_rank[s.rank] += w.sum_seconds();
-  wait_since_sizing_ += w.sum_seconds();
+  PoolSizingLocked(s.pool).wait_seconds += w.sum_seconds();
   if (options_.metrics != nullptr) {
     std::vector<double> increments(buckets, 0);
     for (int i = 0; i < w.bucket_counts_size(); ++i) {
@@ -614,7 +615,8 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
         ack->set_fence(lease.fence);
         ack->set_lease_id(lease_id);
         RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
-        consumed_since_sizing_ += consumed - lease.consumed;
+        PoolSizingLocked(lease_job->spec.pool()).consumed +=
+            consumed - lease.consumed;
         RETURN_IF_ERROR(leases_.SetProgress(lease_id, fence, consumed));
         // Samples read from the lease's server: this reader reaches it.
         if (!s.unreachable.empty()) s.unreachable.Reached(lease.data_server);

@@ -28,12 +28,14 @@ uint64_t Mix64(uint64_t z) {
 
 int64_t DataServerRegistry::Add(const std::string& address, int32_t capacity,
                                 std::shared_ptr<DataServerSink> sink,
-                                const std::string& node) {
+                                const std::string& node,
+                                const std::string& pool) {
   absl::MutexLock lock(&mu_);
   const int64_t id = next_id_++;
   Server& s = servers_[id];
   s.address = address;
   s.node = node;
+  s.pool = pool;
   s.capacity = capacity > 0 ? capacity : 1;
   s.last_seen = clock_->Now();
   s.sink = std::move(sink);
@@ -50,34 +52,58 @@ bool DataServerRegistry::Heartbeat(int64_t id, bool* none_was_live,
                                    const Load* load) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
-  if (none_was_live != nullptr) *none_was_live = !AnyLiveLocked(now);
   auto it = servers_.find(id);
   if (it == servers_.end()) return false;
+  if (none_was_live != nullptr)
+    *none_was_live = !AnyLiveLocked(now, &it->second.pool);
   it->second.last_seen = now;
   if (load != nullptr) it->second.reported = *load;
   return true;
 }
 
-DataServerRegistry::Load DataServerRegistry::TakeLoad() {
+std::map<std::string, DataServerRegistry::Load>
+DataServerRegistry::TakeLoadByPool() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
-  Load total;
-  int64_t cores = 0;
-  int reporting = 0;
+  struct Sum {
+    Load load;
+    int64_t cores = 0;
+    int reporting = 0;
+  };
+  std::map<std::string, Sum> sums;
   for (auto& [id, s] : servers_) {
     if (!Live(s, now) || !s.reported.has_value()) continue;
     const Load& r = *s.reported;
-    cores += r.cores;
-    ++reporting;
+    Sum& sum = sums[s.pool];
+    sum.cores += r.cores;
+    ++sum.reporting;
     // A count that went back is a server restarted under its address.
     if (s.taken.has_value() && r.samples_served >= s.taken->samples_served &&
         r.cpu_seconds >= s.taken->cpu_seconds) {
-      total.samples_served += r.samples_served - s.taken->samples_served;
-      total.cpu_seconds += r.cpu_seconds - s.taken->cpu_seconds;
+      sum.load.samples_served += r.samples_served - s.taken->samples_served;
+      sum.load.cpu_seconds += r.cpu_seconds - s.taken->cpu_seconds;
     }
     s.taken = r;
   }
-  total.cores = reporting > 0 ? static_cast<int32_t>(cores / reporting) : 0;
+  std::map<std::string, Load> out;
+  for (auto& [pool, sum] : sums) {
+    sum.load.cores = static_cast<int32_t>(sum.cores / sum.reporting);
+    out[pool] = sum.load;
+  }
+  return out;
+}
+
+DataServerRegistry::Load DataServerRegistry::TakeLoad() {
+  Load total;
+  int64_t cores = 0;
+  int pools = 0;
+  for (const auto& [pool, load] : TakeLoadByPool()) {
+    total.samples_served += load.samples_served;
+    total.cpu_seconds += load.cpu_seconds;
+    cores += load.cores;
+    ++pools;
+  }
+  total.cores = pools > 0 ? static_cast<int32_t>(cores / pools) : 0;
   return total;
 }
 
@@ -101,16 +127,35 @@ int DataServerRegistry::DrainingCount() const {
   return draining;
 }
 
-bool DataServerRegistry::AnyLiveLocked(absl::Time now) const {
+bool DataServerRegistry::AnyLiveLocked(absl::Time now,
+                                       const std::string* pool) const {
   for (const auto& [id, s] : servers_) {
-    if (Live(s, now)) return true;
+    if (Live(s, now) && (pool == nullptr || s.pool == *pool)) return true;
   }
   return false;
 }
 
 bool DataServerRegistry::AnyLive() const {
   absl::MutexLock lock(&mu_);
-  return AnyLiveLocked(clock_->Now());
+  return AnyLiveLocked(clock_->Now(), nullptr);
+}
+
+bool DataServerRegistry::AnyLiveIn(const std::string& pool) const {
+  absl::MutexLock lock(&mu_);
+  return AnyLiveLocked(clock_->Now(), &pool);
+}
+
+std::map<std::string, DataServerRegistry::PoolCounts>
+DataServerRegistry::CountsByPool() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  std::map<std::string, PoolCounts> out;
+  for (const auto& [id, s] : servers_) {
+    PoolCounts& c = out[s.pool];
+    c.live += Live(s, now);
+    c.draining += s.draining;
+  }
+  return out;
 }
 
 int DataServerRegistry::LiveCount() const {
@@ -149,7 +194,7 @@ std::string DataServerRegistry::Pick(const std::string& shard_url) const {
 std::string DataServerRegistry::Pick(
     const std::string& shard_url,
     absl::FunctionRef<bool(const std::string&)> avoid, const std::string& node,
-    bool* same_node) const {
+    bool* same_node, const std::string& pool) const {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   const uint64_t shard_hash = Mix64(Fnv1a(shard_url));
@@ -159,7 +204,7 @@ std::string DataServerRegistry::Pick(
   // not suspect, not avoided; 2: live, not avoided; 3: live.
   for (int pass = node.empty() ? 1 : 0; pass < 4 && best == nullptr; ++pass) {
     for (const auto& [id, s] : servers_) {
-      if (!Live(s, now)) continue;
+      if (!Live(s, now) || s.pool != pool) continue;
       if (pass == 0 && s.node != node) continue;
       if (pass <= 1 && now < s.suspect_until) continue;
       if (pass <= 2 && avoid(s.address)) continue;

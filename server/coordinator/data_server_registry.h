@@ -9,6 +9,8 @@
 // grants, as long as its UnreachableServers says. A reader that names its
 // node gets a server registered on the same node when one is live (the
 // node-local layout: its bytes stay on the node), by rendezvous among them.
+// Every server serves one pool ("" = the default pool); a pick is among the
+// servers of the job's pool only.
 //
 // Thread-safe, under a lock of its own: the coordinator records heartbeats
 // without taking its state lock, so no session work can delay them past a
@@ -54,7 +56,7 @@ class DataServerRegistry {
   // capacity <= 0 counts as 1.
   int64_t Add(const std::string& address, int32_t capacity,
               std::shared_ptr<DataServerSink> sink,
-              const std::string& node = "");
+              const std::string& node = "", const std::string& pool = "");
   // What a server reports of its load (DataServerHeartbeat), cumulative.
   struct Load {
     int64_t samples_served = 0;
@@ -62,7 +64,8 @@ class DataServerRegistry {
     int32_t cores = 0;
   };
   // Marks `id` seen now; false if it is not registered. `none_was_live`
-  // (optional) tells whether no registration was live just before; `load`
+  // (optional) tells whether no registration of its pool was live just
+  // before; `load`
   // (optional) is the server's report.
   bool Heartbeat(int64_t id, bool* none_was_live = nullptr,
                  const Load* load = nullptr);
@@ -70,6 +73,8 @@ class DataServerRegistry {
   // seconds summed (a server counts from its second report on), and their
   // mean cores (0 when none reported).
   Load TakeLoad();
+  // The same per pool (every pool with a live server that reported).
+  std::map<std::string, Load> TakeLoadByPool();
   // Marks every registration seen now (after the coordinator itself
   // stalled: their heartbeats could not be read).
   void MarkAllSeen();
@@ -86,24 +91,33 @@ class DataServerRegistry {
     return servers_.empty();
   }
   bool AnyLive() const;
+  // Whether a server of `pool` is live.
+  bool AnyLiveIn(const std::string& pool) const;
   int LiveCount() const;
+  // Live and draining servers per pool (every pool with a registration).
+  struct PoolCounts {
+    int32_t live = 0;
+    int32_t draining = 0;
+  };
+  std::map<std::string, PoolCounts> CountsByPool() const;
   std::vector<std::string> LiveAddresses() const;
 
   // Passes over every registration at `address` until `timeout` from now.
   void MarkSuspect(const std::string& address);
 
   // The live server for `shard_url` (the best one not suspect, else the best
-  // live one); empty when none is live.
+  // live one) of the default pool; empty when none is live.
   std::string Pick(const std::string& shard_url) const;
   // The same for a reader on `node` ("" = unknown) that cannot reach the
   // servers `avoid` returns true for: the best live server on `node`
   // neither suspect nor avoided, else the best live server neither suspect
   // nor avoided, else the best one not avoided, else the best live one.
-  // `*same_node` (optional) tells whether the pick is on `node`.
+  // `*same_node` (optional) tells whether the pick is on `node`. Only
+  // servers of `pool` are considered.
   std::string Pick(const std::string& shard_url,
                    absl::FunctionRef<bool(const std::string&)> avoid,
-                   const std::string& node = "",
-                   bool* same_node = nullptr) const;
+                   const std::string& node = "", bool* same_node = nullptr,
+                   const std::string& pool = "") const;
 
   // Records that `shard_url` is hinted to the server registered at
   // `address`: returns that registration's id and sink the first time
@@ -120,6 +134,7 @@ class DataServerRegistry {
   struct Server {
     std::string address;
     std::string node;
+    std::string pool;
     int32_t capacity = 1;
     absl::Time last_seen;
     absl::Time suspect_until = absl::InfinitePast();
@@ -133,7 +148,9 @@ class DataServerRegistry {
   bool Live(const Server& s, absl::Time now) const {
     return !s.draining && now - s.last_seen <= timeout_;
   }
-  bool AnyLiveLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Any live server (of `*pool` when not null).
+  bool AnyLiveLocked(absl::Time now, const std::string* pool) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const absl::Duration timeout_;

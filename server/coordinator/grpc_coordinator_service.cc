@@ -150,7 +150,8 @@ class RegistrationReactor
       if (id_ == 0) {
         id_ = service_->RegisterDataServer(
             in_.register_().address(), in_.register_().capacity(), sink_,
-            in_.register_().max_fence_seen(), in_.register_().node());
+            in_.register_().max_fence_seen(), in_.register_().node(),
+            in_.register_().pool());
       }
     } else if (in_.has_heartbeat()) {
       if (id_ == 0) {
@@ -440,6 +441,8 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
     resp->add_live_data_servers(std::move(address));
   resp->set_desired_data_servers(service_->desired_data_servers());
   resp->set_input_wait_share(service_->input_wait_share());
+  for (v1::PoolFleet& pool : service_->PoolFleets())
+    *resp->add_pools() = std::move(pool);
   return Done(ctx, absl::OkStatus());
 }
 

@@ -305,6 +305,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
                    absl::StrCat(QuotePrefix(spec.name()),
                                 " must be 1-128 characters of [A-Za-z0-9._-]"));
   }
+  if (!ValidPoolName(spec.pool())) {
+    return Invalid("spec.pool",
+                   absl::StrCat(QuotePrefix(spec.pool()),
+                                " must be 0-64 characters of [A-Za-z0-9._-]"));
+  }
   const bool mixed = spec.sources_size() > 0;
   int64_t total = 0;
   if (mixed) {
@@ -416,6 +421,13 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
     RETURN_IF_ERROR(CheckStoppingSources(spec, shares));
   }
   return spec;
+}
+
+bool ValidPoolName(absl::string_view pool) {
+  return pool.size() <= 64 && std::all_of(pool.begin(), pool.end(), [](char c) {
+           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+         });
 }
 
 std::string CopyJobName(absl::string_view job, int32_t world_size) {

@@ -102,6 +102,7 @@ void CoordinatorRegistration::Run() {
     hello.mutable_register_()->set_address(options_.advertise);
     hello.mutable_register_()->set_capacity(options_.capacity);
     hello.mutable_register_()->set_node(options_.node);
+    hello.mutable_register_()->set_pool(options_.pool);
     hello.mutable_register_()->set_credential(options_.credential);
     if (options_.max_fence_seen) {
       hello.mutable_register_()->set_max_fence_seen(options_.max_fence_seen());

@@ -30,6 +30,7 @@ class CoordinatorRegistration {
     std::string advertise;    // address trainers use for this server
     int32_t capacity = 1;
     std::string node;  // RegisterDataServer.node
+    std::string pool;  // RegisterDataServer.pool ("" = the default pool)
     std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
     std::function<int()> active_streams;                    // for heartbeats
     std::function<uint64_t()> max_fence_seen;               // may be empty

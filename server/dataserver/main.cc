@@ -126,6 +126,11 @@ ABSL_FLAG(std::string, node, "",
           "The node (host) this server runs on, sent to the coordinator: "
           "readers on the same node read from it first. Default: "
           "$SLUICE_NODE, else $SLURMD_NODENAME, else the host name.");
+ABSL_FLAG(std::string, pool, "",
+          "The data-server pool this server serves (JobSpec.pool; 0-64 "
+          "characters of [A-Za-z0-9._-]): only jobs of that pool are routed "
+          "to it, and the coordinator sizes each pool apart. Default: the "
+          "default pool.");
 
 namespace {
 
@@ -294,6 +299,7 @@ class DataServerServices : public sluice::ServiceSet {
     }
     options.capacity = absl::GetFlag(FLAGS_capacity);
     options.node = logic_->options().node;
+    options.pool = absl::GetFlag(FLAGS_pool);
     // Null = plaintext (what the registration's error messages go by).
     if (!absl::GetFlag(FLAGS_coordinator_ca).empty()) {
       options.credentials = coordinator_credentials_;

@@ -533,16 +533,25 @@ def test_the_autoscaler_reads_the_coordinators_estimate(live):
                         "prometheus-adapter-rules.yaml")
     with open(path) as f:
         config = yaml.safe_load(yaml.safe_load(f)["data"]["config.yaml"])
-    (rule,) = config["externalRules"]
-    expr = (rule["metricsQuery"].replace("<<.Series>>", rule["seriesQuery"])
-            .replace("<<.LabelMatchers>>", "").replace("<<.GroupBy>>", ""))
+    rule, pool_rule = config["externalRules"]
 
-    def estimate():
+    def query(r, matchers=""):
+        return (r["metricsQuery"].replace("<<.Series>>", r["seriesQuery"])
+                .replace("<<.LabelMatchers>>", matchers).replace("<<.GroupBy>>", ""))
+
+    def estimate(expr):
         result = live.query(expr)
         return result and float(result[0]["value"][1]) >= 1 and result
-    (sample,) = wait_for(estimate, QUERY_DEADLINE_S, "the coordinator's estimate", interval=1)
+    (sample,) = wait_for(lambda: estimate(query(rule)), QUERY_DEADLINE_S,
+                         "the coordinator's estimate", interval=1)
     direct = live.query("sluice_coordinator_desired_data_servers")
     assert float(sample["value"][1]) == max(float(r["value"][1]) for r in direct)
+    # The default pool's estimate, as an HPA selecting {pool: ""} reads it:
+    # the one pool here, so the whole estimate.
+    (pooled,) = wait_for(lambda: estimate(query(pool_rule, 'pool=""')), QUERY_DEADLINE_S,
+                         "the default pool's estimate", interval=1)
+    assert pooled["metric"].get("pool", "") == ""
+    assert float(pooled["value"][1]) == float(sample["value"][1])
     with open(os.path.join(ROOT, "k8s", "components", "autoscaling", "hpa.yaml")) as f:
         hpa = yaml.safe_load(f)
     (metric,) = hpa["spec"]["metrics"]

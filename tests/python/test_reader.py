@@ -772,3 +772,32 @@ def test_sluicectl_reads_report_their_input_wait_too(cluster):
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.splitlines()) == cluster.total
     assert _input_wait_count(cluster, "input-wait-cpp") == cluster.total
+
+
+def _served(server):
+    """Samples a data server served, summed over its series."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in server.metric_text().splitlines()
+               if line.startswith("sluice_dataserver_samples_served_total"))
+
+
+def test_a_job_of_a_pool_reads_only_from_that_pools_servers(cluster):
+    from conftest import Server
+    gpu = Server("sluice-dataserver", os.path.join(cluster.tmp, "gpu"),
+                 [f"--roots={os.path.join(cluster.tmp, 'shards')}",
+                  f"--coordinator={cluster.address}", "--pool=gpu"])
+    try:
+        cluster.create_job("pooled", world_size=1, epochs=1, extra=["--pool=gpu"])
+        before = _served(cluster.data[0])
+        with sluice.Reader(cluster.address, "pooled") as reader:
+            keys = [s.key for s in reader]
+        assert len(keys) == cluster.total and len(set(keys)) == cluster.total
+        assert _served(gpu) == cluster.total
+        assert _served(cluster.data[0]) == before
+        out = subprocess.run([os.path.join(BIN, "sluicectl"), "job", "create",
+                              f"--coordinator={cluster.address}", "--name=badpool",
+                              f"--manifest={os.path.join(cluster.tmp, 'pooled.json')}",
+                              "--pool=no spaces"], capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0
+        assert "INVALID_ARGUMENT" in out.stderr and "spec.pool" in out.stderr, out.stderr
+    finally:
+        gpu.stop()

@@ -57,6 +57,51 @@ TEST(DataServerRegistryTest,
   EXPECT_THAT(r.LiveAddresses(), IsEmpty());
 }
 
+// Servers serve one pool each: a pick is among its pool's servers only,
+// liveness and load are told per pool, and a heartbeat reports "none was
+// live" for its own pool.
+TEST(DataServerRegistryTest, APickIsAmongThePoolsServersOnly) {
+  FakeClock clock;
+  DataServerRegistry r(&clock, kTimeout);
+  const int64_t a = r.Add("a:1", 1, nullptr);
+  const int64_t g = r.Add("g:1", 1, nullptr, "", "gpu");
+  const auto none = [](const std::string&) { return false; };
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(r.Pick(Shard(i)), "a:1");
+    EXPECT_EQ(r.Pick(Shard(i), none, "", nullptr, "gpu"), "g:1");
+    EXPECT_EQ(r.Pick(Shard(i), none, "", nullptr, "cpu"), "");
+  }
+  EXPECT_TRUE(r.AnyLiveIn("gpu"));
+  EXPECT_FALSE(r.AnyLiveIn("cpu"));
+  r.SetDraining(g);
+  EXPECT_FALSE(r.AnyLiveIn("gpu"));
+  EXPECT_TRUE(r.AnyLiveIn(""));
+  const auto counts = r.CountsByPool();
+  ASSERT_EQ(counts.size(), 2u);
+  EXPECT_EQ(counts.at("").live, 1);
+  EXPECT_EQ(counts.at("gpu").live, 0);
+  EXPECT_EQ(counts.at("gpu").draining, 1);
+  const int64_t g2 = r.Add("g:2", 1, nullptr, "", "gpu");
+  clock.Advance(kTimeout + absl::Nanoseconds(1));
+  bool none_was_live = false;
+  EXPECT_TRUE(r.Heartbeat(a, &none_was_live));
+  EXPECT_TRUE(none_was_live);
+  EXPECT_TRUE(r.Heartbeat(g2, &none_was_live));
+  EXPECT_TRUE(none_was_live);  // "a:1" is live, but of another pool
+  DataServerRegistry::Load load;
+  load.cores = 4;
+  r.Heartbeat(g2, nullptr, &load);
+  load.samples_served = 100;
+  load.cpu_seconds = 2;
+  r.TakeLoadByPool();  // the baseline
+  r.Heartbeat(g2, nullptr, &load);
+  const auto loads = r.TakeLoadByPool();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads.at("gpu").samples_served, 100);
+  EXPECT_EQ(loads.at("gpu").cpu_seconds, 2);
+  EXPECT_EQ(loads.at("gpu").cores, 4);
+}
+
 TEST(DataServerRegistryTest, RemovingAServerMovesOnlyTheShardsItHad) {
   FakeClock clock;
   DataServerRegistry r(&clock, kTimeout);

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/coordinator/coordinator_service.h"
 #include "tests/testing/fake_clock.h"
@@ -101,6 +102,149 @@ TEST(FleetSizingTest, ABusyReadersWaitCountsWhenItComesInItsSyncs) {
 
 TEST(FleetSizingTest, ATrainerThatDoesNotWaitWantsNoMore) {
   EXPECT_EQ(Sized(0.0, 60), 1);
+}
+
+// A job reading 1,000 samples/s from pool `pool`, waiting `wait` of its
+// time, and the one data server of that pool serving it (2 cores, 1,000
+// samples per CPU second).
+struct PoolLoad {
+  PoolLoad(CoordinatorService& service, const std::string& pool, double wait)
+      : service(service), wait(wait), sink(std::make_shared<Discard>()) {
+    server = service.RegisterDataServer(
+        (pool.empty() ? "default" : pool) + "-server:1", 1, nullptr, 0, "",
+        pool);
+    v1::JobSpec spec;
+    spec.set_name("job-of-" + pool);
+    spec.set_pool(pool);
+    auto* shard = spec.mutable_manifest()->add_shards();
+    shard->set_url("/data/" + pool + "-0.tar");
+    shard->set_num_samples(1000000);
+    spec.set_world_size(1);
+    spec.set_num_epochs(1);
+    spec.set_mode(v1::MODE_DYNAMIC);
+    spec.set_max_samples_per_lease(1000000);
+    spec.set_lease_ttl_ms(60000);
+    EXPECT_OK(service.CreateJob(spec));
+    session = service.OpenSession(sink);
+    v1::TrainerMessage m;
+    m.mutable_hello()->set_job(spec.name());
+    m.mutable_hello()->set_trainer_id("t");
+    service.OnMessage(session, m);
+    m.Clear();
+    m.mutable_want()->set_credits(1);
+    service.OnMessage(session, m);
+    service.Flush();
+    load.cores = 2;
+    service.DataServerHeartbeat(server, 0, &load);
+  }
+  // `seconds` more of reading and serving.
+  void Run(int seconds) {
+    t += seconds;
+    load.samples_served += 1000 * seconds;
+    load.cpu_seconds += seconds;
+    service.DataServerHeartbeat(server, 0, &load);
+    v1::TrainerMessage m;
+    m.mutable_progress()->set_lease_id(sink->lease.lease_id());
+    m.mutable_progress()->set_fence(sink->lease.fence());
+    m.mutable_progress()->set_consumed(1000 * t);
+    service.OnMessage(session, m);
+    m.Clear();
+    m.mutable_heartbeat()->mutable_input_wait()->add_bucket_counts(1000 *
+                                                                   seconds);
+    m.mutable_heartbeat()->mutable_input_wait()->set_sum_seconds(seconds *
+                                                                 wait);
+    service.OnMessage(session, m);
+  }
+  CoordinatorService& service;
+  double wait;
+  std::shared_ptr<Discard> sink;
+  int64_t server = 0;
+  int64_t session = 0;
+  DataServerRegistry::Load load;
+  int t = 0;
+};
+
+// Each pool is sized for its own jobs on its own servers' capacity, its
+// grants name only its own servers, and the overall answer is the sum.
+TEST(FleetSizingTest, EachPoolIsSizedForItsOwnJobs) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  PoolLoad gpu(service, "gpu", 0.6);
+  PoolLoad plain(service, "", 0.0);
+  EXPECT_EQ(gpu.sink->lease.data_server(), "gpu-server:1");
+  EXPECT_EQ(plain.sink->lease.data_server(), "default-server:1");
+  service.SizeFleet();  // starts the counts
+  for (int t = 5; t <= 35; t += 5) {
+    clock.Advance(absl::Seconds(5));
+    gpu.Run(5);
+    plain.Run(5);
+    service.SizeFleet();
+  }
+  const std::vector<v1::PoolFleet> pools = service.PoolFleets();
+  ASSERT_EQ(pools.size(), 2u);
+  EXPECT_EQ(pools[0].pool(), "");
+  EXPECT_EQ(pools[0].desired_data_servers(), 1);
+  EXPECT_EQ(pools[0].live_data_servers(), 1);
+  EXPECT_NEAR(pools[0].input_wait_share(), 0.0, 1e-9);
+  EXPECT_EQ(pools[1].pool(), "gpu");
+  EXPECT_EQ(pools[1].desired_data_servers(), 2);
+  EXPECT_EQ(pools[1].live_data_servers(), 1);
+  EXPECT_NEAR(pools[1].input_wait_share(), 0.6, 1e-9);
+  EXPECT_EQ(service.desired_data_servers(), 3);
+  EXPECT_NEAR(service.input_wait_share(), 0.3, 1e-9);
+}
+
+// A job whose pool has no live server waits, told which pool it needs,
+// even while other pools' servers are live.
+TEST(FleetSizingTest, AJobWaitsForAServerOfItsPool) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  service.RegisterDataServer("a:1", 1);
+  v1::JobSpec spec;
+  spec.set_name("j");
+  spec.set_pool("gpu");
+  auto* shard = spec.mutable_manifest()->add_shards();
+  shard->set_url("/data/0.tar");
+  shard->set_num_samples(10);
+  spec.set_world_size(1);
+  spec.set_num_epochs(1);
+  ASSERT_OK(service.CreateJob(spec));
+  class Waits : public SessionSink {
+   public:
+    void Send(v1::CoordinatorMessage m) override {
+      if (m.has_waiting()) waiting = m.waiting();
+      if (m.has_grant()) lease = m.grant().lease();
+    }
+    void Finish(const absl::Status&) override {}
+    v1::Waiting waiting;
+    v1::Lease lease;
+  };
+  auto sink = std::make_shared<Waits>();
+  const int64_t session = service.OpenSession(sink);
+  v1::TrainerMessage m;
+  m.mutable_hello()->set_job("j");
+  m.mutable_hello()->set_trainer_id("t");
+  service.OnMessage(session, m);
+  m.Clear();
+  m.mutable_want()->set_credits(1);
+  service.OnMessage(session, m);
+  service.Flush();
+  EXPECT_EQ(sink->waiting.kind(), v1::WAITING_NO_DATA_SERVER);
+  EXPECT_NE(sink->waiting.reason().find("no live data server of pool gpu"),
+            std::string::npos)
+      << sink->waiting.reason();
+  EXPECT_TRUE(sink->lease.lease_id().empty());
+  service.RegisterDataServer("g:1", 1, nullptr, 0, "", "gpu");
+  service.Flush();
+  EXPECT_EQ(sink->lease.data_server(), "g:1");
 }
 
 }  // namespace
