@@ -45,7 +45,7 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   }
   out.set_create_time_unix_ms(job.create_time_unix_ms);
   v1::JobStatus* st = out.mutable_status();
-  for (std::string& address : data_servers_.LiveAddresses())
+  for (std::string& address : data_servers_.LiveAddressesIn(job.spec.pool()))
     st->add_live_data_servers(std::move(address));
   st->set_state(job.done ? v1::JOB_STATE_DONE
                          : (job.epoch == 0 && job.consumed_total == 0 &&

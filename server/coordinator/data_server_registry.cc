@@ -176,6 +176,17 @@ std::vector<std::string> DataServerRegistry::LiveAddresses() const {
   return out;
 }
 
+std::vector<std::string> DataServerRegistry::LiveAddressesIn(
+    const std::string& pool) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> out;
+  for (const auto& [id, s] : servers_) {
+    if (s.pool == pool && Live(s, now)) out.push_back(s.address);
+  }
+  return out;
+}
+
 void DataServerRegistry::MarkSuspect(const std::string& address) {
   absl::MutexLock lock(&mu_);
   const absl::Time until = clock_->Now() + timeout_;

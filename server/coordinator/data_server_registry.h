@@ -101,6 +101,8 @@ class DataServerRegistry {
   };
   std::map<std::string, PoolCounts> CountsByPool() const;
   std::vector<std::string> LiveAddresses() const;
+  // The live servers of `pool`.
+  std::vector<std::string> LiveAddressesIn(const std::string& pool) const;
 
   // Passes over every registration at `address` until `timeout` from now.
   void MarkSuspect(const std::string& address);

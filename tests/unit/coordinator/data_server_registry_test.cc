@@ -73,6 +73,8 @@ TEST(DataServerRegistryTest, APickIsAmongThePoolsServersOnly) {
   }
   EXPECT_TRUE(r.AnyLiveIn("gpu"));
   EXPECT_FALSE(r.AnyLiveIn("cpu"));
+  EXPECT_THAT(r.LiveAddressesIn("gpu"), ElementsAre("g:1"));
+  EXPECT_THAT(r.LiveAddressesIn(""), ElementsAre("a:1"));
   r.SetDraining(g);
   EXPECT_FALSE(r.AnyLiveIn("gpu"));
   EXPECT_TRUE(r.AnyLiveIn(""));
