@@ -299,7 +299,8 @@ def test_elastic_torchrun_shrinks_and_grows_and_every_epoch_stays_exact(cluster,
         # The c10d store lives in node a (is_host): the nodes that leave
         # never take it with them. A dead node leaves the rendezvous after
         # torch's keep-alive (3 beats of 5 s); a membership completes 5 s
-        # after its first 2 nodes arrived, at once with all 3.
+        # after its first 2 nodes arrived, at once with all 3. Steps of
+        # 0.2 s make the 2-rank run outlast a new node's start and join.
         logs[name] = str(tmp_path / f"node-{name}.log")
         with open(logs[name], "w") as log:
             return subprocess.Popen(
@@ -308,7 +309,7 @@ def test_elastic_torchrun_shrinks_and_grows_and_every_epoch_stays_exact(cluster,
                  "--rdzv_id=elastic", f"--rdzv_conf=is_host={int(host)},last_call_timeout=5",
                  "--max_restarts=3", "--monitor_interval=1",
                  TRAIN, "--job=elastic", f"--checkpoint_dir={ckpt}", "--epochs=3",
-                 "--checkpoint_every=5", "--step_seconds=0.1", f"--record={record}"],
+                 "--checkpoint_every=5", "--step_seconds=0.2", f"--record={record}"],
                 env=dict(os.environ, SLUICE_COORDINATOR=cluster.address,
                          SLUICE_TEST_NODE=name, PYTHONFAULTHANDLER="1"),
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
