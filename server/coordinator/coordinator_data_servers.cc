@@ -10,11 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
+#include "server/common/pool_name.h"
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/coordinator_service_internal.h"
-#include "server/coordinator/job_spec.h"
 
 namespace sluice {
 

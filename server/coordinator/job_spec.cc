@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/common/mix_order.h"
+#include "server/common/pool_name.h"
 #include "server/common/quote.h"
 #include "server/common/shuffle_window.h"
 #include "server/common/status_macros.h"
@@ -421,13 +422,6 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
     RETURN_IF_ERROR(CheckStoppingSources(spec, shares));
   }
   return spec;
-}
-
-bool ValidPoolName(absl::string_view pool) {
-  return pool.size() <= 64 && std::all_of(pool.begin(), pool.end(), [](char c) {
-           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-         });
 }
 
 std::string CopyJobName(absl::string_view job, int32_t world_size) {

@@ -40,10 +40,6 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& spec,
                                              const ManifestFiles& files = {},
                                              const JobLimits& limits = {});
 
-// A data-server pool's name (JobSpec.pool, RegisterDataServer.pool): 0-64
-// characters of [A-Za-z0-9._-]; "" is the default pool.
-bool ValidPoolName(absl::string_view pool);
-
 // The name of job `job`'s copy for `world_size` ranks
 // (CreateJobRequest.copy_of): "<job>.w<world_size>".
 std::string CopyJobName(absl::string_view job, int32_t world_size);

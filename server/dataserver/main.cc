@@ -13,6 +13,7 @@
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
 #include "server/common/node_name.h"
+#include "server/common/pool_name.h"
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
@@ -300,6 +301,11 @@ class DataServerServices : public sluice::ServiceSet {
     options.capacity = absl::GetFlag(FLAGS_capacity);
     options.node = logic_->options().node;
     options.pool = absl::GetFlag(FLAGS_pool);
+    if (!sluice::ValidPoolName(options.pool)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pool=", options.pool,
+                       ": a pool name is 0-64 characters of [A-Za-z0-9._-]"));
+    }
     // Null = plaintext (what the registration's error messages go by).
     if (!absl::GetFlag(FLAGS_coordinator_ca).empty()) {
       options.credentials = coordinator_credentials_;

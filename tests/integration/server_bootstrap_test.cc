@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <string>
+#include <vector>
+
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/testing/http.h"
@@ -195,6 +198,39 @@ std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address,
     options.pem_private_key = *ReadWholeFile(pki.client_key);
   }
   return grpc::CreateChannel(address, grpc::SslCredentials(options));
+}
+
+// Out-of-range fleet sizing flags and a bad pool name are a bad command
+// line: exit 2 naming the flag, before anything is served.
+TEST(ServerFlagsTest, BadFleetAndPoolFlagsExitTwoNamingThem) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> argv;
+    std::string named;
+  };
+  const std::vector<Case> cases = {
+      {{"sluice-coordinator", "--fleet_window=0s"}, "--fleet_window"},
+      {{"sluice-coordinator", "--fleet_interval=-1s"}, "--fleet_interval"},
+      {{"sluice-coordinator", "--fleet_max_servers=0"}, "--fleet_max_servers"},
+      {{"sluice-dataserver", "--pool=no spaces", "--coordinator=127.0.0.1:1"},
+       "--pool=no spaces"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = c.argv;
+    argv[0] = testing::BinDir() + "/" + argv[0];
+    argv.push_back("--listen=127.0.0.1:0");
+    argv.push_back("--metrics_listen=127.0.0.1:0");
+    argv.push_back("--journal_dir=" + dir.File("journal" + std::to_string(n)));
+    if (c.argv[0] == "sluice-dataserver") argv.back() = "--roots=" + dir.path();
+    const std::string log = dir.File("flags" + std::to_string(n++) + ".log");
+    auto child = ChildProcess::Start(argv, log);
+    ASSERT_TRUE(child.ok());
+    auto exit_code = child->WaitForExit(absl::Seconds(10));
+    ASSERT_TRUE(exit_code.ok()) << c.named;
+    EXPECT_EQ(*exit_code, 2) << c.named;
+    EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr(c.named));
+  }
 }
 
 TEST(ServerTlsTest, TlsAcceptsTrustingClientsAndRefusesPlaintext) {
