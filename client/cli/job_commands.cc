@@ -202,6 +202,14 @@ int JobCommand(const std::vector<std::string>& args) {
     v1::JobSpec* spec = request.mutable_spec();
     spec->set_name(absl::GetFlag(FLAGS_name));
     const std::string copy_of = absl::GetFlag(FLAGS_copy_of);
+    const auto create = [&] {
+      v1::Job job;
+      absl::Status s =
+          Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
+      if (!s.ok()) return Fail(s);
+      PrintJobOrJson(job);
+      return static_cast<int>(kOk);
+    };
     if (!copy_of.empty()) {
       if (!absl::GetFlag(FLAGS_manifest).empty() || !SourceArgs().empty()) {
         return Usage(
@@ -212,12 +220,7 @@ int JobCommand(const std::vector<std::string>& args) {
       spec->set_world_size(absl::GetFlag(FLAGS_world_size));
       if (spec->name().empty())
         spec->set_name(absl::StrCat(copy_of, ".w", spec->world_size()));
-      v1::Job job;
-      absl::Status s =
-          Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
-      if (!s.ok()) return Fail(s);
-      PrintJobOrJson(job);
-      return kOk;
+      return create();
     }
     if (spec->name().empty()) return Usage("job create: --name is required");
     const std::string manifest = absl::GetFlag(FLAGS_manifest);
@@ -261,12 +264,7 @@ int JobCommand(const std::vector<std::string>& args) {
     spec->set_max_samples_per_lease(absl::GetFlag(FLAGS_max_samples_per_lease));
     spec->set_shuffle_window(absl::GetFlag(FLAGS_shuffle_window));
     spec->set_pool(absl::GetFlag(FLAGS_pool));
-    v1::Job job;
-    absl::Status s =
-        Rpc(stub->CreateJob(Deadline().get(), request, &job), "job create");
-    if (!s.ok()) return Fail(s);
-    PrintJobOrJson(job);
-    return kOk;
+    return create();
   }
   if (verb == "get" || verb == "delete") {
     if (args.size() != 2) return Usage("job " + verb + ": give one job name");

@@ -24,92 +24,17 @@ class Discard : public SessionSink {
   v1::Lease lease;
 };
 
-// One trainer reading 1,000 samples/s and waiting `wait` of its time; one
-// data server serving them on 2 cores at 1,000 samples per CPU second.
-// Returns the coordinator's answer after `seconds`, sized every 5 s. The
-// waits come in heartbeats, or (`in_sync`) in the Syncs a reader with
-// reports to confirm sends instead.
-int32_t Sized(double wait, int seconds, bool in_sync = false) {
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.wait_for_data_servers = false;
-  auto created = CoordinatorService::Create(options);
-  EXPECT_OK(created);
-  CoordinatorService& service = **created;
-  const int64_t server = service.RegisterDataServer("a:1", 1);
-  v1::JobSpec spec;
-  spec.set_name("j");
-  auto* shard = spec.mutable_manifest()->add_shards();
-  shard->set_url("/data/shard-0.tar");
-  shard->set_num_samples(1000000);
-  spec.set_world_size(1);
-  spec.set_num_epochs(1);
-  spec.set_mode(v1::MODE_DYNAMIC);
-  spec.set_max_samples_per_lease(1000000);
-  spec.set_lease_ttl_ms(60000);
-  EXPECT_OK(service.CreateJob(spec));
-  auto sink = std::make_shared<Discard>();
-  const int64_t session = service.OpenSession(sink);
-  v1::TrainerMessage m;
-  m.mutable_hello()->set_job("j");
-  m.mutable_hello()->set_trainer_id("t");
-  service.OnMessage(session, m);
-  m.Clear();
-  m.mutable_want()->set_credits(1);
-  service.OnMessage(session, m);
-  service.Flush();
-  EXPECT_FALSE(sink->lease.lease_id().empty());
-  EXPECT_EQ(service.desired_data_servers(), -1);
-  DataServerRegistry::Load load;
-  load.cores = 2;
-  service.DataServerHeartbeat(server, 0, &load);
-  service.SizeFleet();  // starts the counts
-  for (int t = 5; t <= seconds; t += 5) {
-    clock.Advance(absl::Seconds(5));
-    load.samples_served += 5000;
-    load.cpu_seconds += 5.0;
-    service.DataServerHeartbeat(server, 0, &load);
-    m.Clear();
-    m.mutable_progress()->set_lease_id(sink->lease.lease_id());
-    m.mutable_progress()->set_fence(sink->lease.fence());
-    m.mutable_progress()->set_consumed(1000 * t);
-    service.OnMessage(session, m);
-    m.Clear();
-    v1::InputWait* input_wait =
-        in_sync ? m.mutable_sync()->mutable_input_wait()
-                : m.mutable_heartbeat()->mutable_input_wait();
-    if (in_sync) m.mutable_sync()->set_id(static_cast<uint64_t>(t));
-    input_wait->add_bucket_counts(5000);
-    input_wait->set_sum_seconds(5 * wait);
-    service.OnMessage(session, m);
-    service.SizeFleet();
-  }
-  EXPECT_NEAR(service.input_wait_share(), wait, 1e-9);
-  return service.desired_data_servers();
-}
-
-TEST(FleetSizingTest, AnInputBoundTrainerMakesTheCoordinatorWantMoreServers) {
-  // 1,000/s at a 0.6 wait share: 2,500/s wanted, x 1.25 over 2,000/s per
-  // server: 2, once the 30 s cool-down has passed.
-  EXPECT_EQ(Sized(0.6, 25), 1);
-  EXPECT_EQ(Sized(0.6, 35), 2);
-}
-
-TEST(FleetSizingTest, ABusyReadersWaitCountsWhenItComesInItsSyncs) {
-  EXPECT_EQ(Sized(0.6, 35, /*in_sync=*/true), 2);
-}
-
-TEST(FleetSizingTest, ATrainerThatDoesNotWaitWantsNoMore) {
-  EXPECT_EQ(Sized(0.0, 60), 1);
-}
-
 // A job reading 1,000 samples/s from pool `pool`, waiting `wait` of its
 // time, and the one data server of that pool serving it (2 cores, 1,000
-// samples per CPU second).
+// samples per CPU second). The waits come in heartbeats, or (`in_sync`) in
+// the Syncs a reader with reports to confirm sends instead.
 struct PoolLoad {
-  PoolLoad(CoordinatorService& service, const std::string& pool, double wait)
-      : service(service), wait(wait), sink(std::make_shared<Discard>()) {
+  PoolLoad(CoordinatorService& service, const std::string& pool, double wait,
+           bool in_sync = false)
+      : service(service),
+        wait(wait),
+        in_sync(in_sync),
+        sink(std::make_shared<Discard>()) {
     server = service.RegisterDataServer(
         (pool.empty() ? "default" : pool) + "-server:1", 1, nullptr, 0, "",
         pool);
@@ -149,20 +74,60 @@ struct PoolLoad {
     m.mutable_progress()->set_consumed(1000 * t);
     service.OnMessage(session, m);
     m.Clear();
-    m.mutable_heartbeat()->mutable_input_wait()->add_bucket_counts(1000 *
-                                                                   seconds);
-    m.mutable_heartbeat()->mutable_input_wait()->set_sum_seconds(seconds *
-                                                                 wait);
+    v1::InputWait* input_wait =
+        in_sync ? m.mutable_sync()->mutable_input_wait()
+                : m.mutable_heartbeat()->mutable_input_wait();
+    if (in_sync) m.mutable_sync()->set_id(static_cast<uint64_t>(t));
+    input_wait->add_bucket_counts(1000 * seconds);
+    input_wait->set_sum_seconds(seconds * wait);
     service.OnMessage(session, m);
   }
   CoordinatorService& service;
   double wait;
+  bool in_sync;
   std::shared_ptr<Discard> sink;
   int64_t server = 0;
   int64_t session = 0;
   DataServerRegistry::Load load;
   int t = 0;
 };
+
+// One trainer and one data server (PoolLoad, the default pool): the
+// coordinator's answer after `seconds`, sized every 5 s.
+int32_t Sized(double wait, int seconds, bool in_sync = false) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  auto created = CoordinatorService::Create(options);
+  EXPECT_OK(created);
+  CoordinatorService& service = **created;
+  PoolLoad load(service, "", wait, in_sync);
+  EXPECT_FALSE(load.sink->lease.lease_id().empty());
+  EXPECT_EQ(service.desired_data_servers(), -1);
+  service.SizeFleet();  // starts the counts
+  for (int t = 5; t <= seconds; t += 5) {
+    clock.Advance(absl::Seconds(5));
+    load.Run(5);
+    service.SizeFleet();
+  }
+  EXPECT_NEAR(service.input_wait_share(), wait, 1e-9);
+  return service.desired_data_servers();
+}
+
+TEST(FleetSizingTest, AnInputBoundTrainerMakesTheCoordinatorWantMoreServers) {
+  // 1,000/s at a 0.6 wait share: 2,500/s wanted, x 1.25 over 2,000/s per
+  // server: 2, once the 30 s cool-down has passed.
+  EXPECT_EQ(Sized(0.6, 25), 1);
+  EXPECT_EQ(Sized(0.6, 35), 2);
+}
+
+TEST(FleetSizingTest, ABusyReadersWaitCountsWhenItComesInItsSyncs) {
+  EXPECT_EQ(Sized(0.6, 35, /*in_sync=*/true), 2);
+}
+
+TEST(FleetSizingTest, ATrainerThatDoesNotWaitWantsNoMore) {
+  EXPECT_EQ(Sized(0.0, 60), 1);
+}
 
 // Each pool is sized for its own jobs on its own servers' capacity, its
 // grants name only its own servers, and the overall answer is the sum.
