@@ -112,22 +112,27 @@ def test_an_uneven_shard_split_hangs_ddp_where_sluice_gives_equal_steps(cluster,
     assert len(keys[0]) == 249 and set(keys[0].values()) == {1}
 
 
-def worker_pid(rank, attempt):
-    """The PID of torchrun's worker `rank` in restart `attempt`, or None."""
+def processes():
+    """(pid, command line, environment) of every process that can be read."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"train.py" not in f.read():
-                    continue
+                cmdline = f.read()
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
         except OSError:
             continue
-        if env.get(b"RANK") == str(rank).encode() and \
+        yield int(pid), cmdline, env
+
+
+def worker_pid(rank, attempt):
+    """The PID of torchrun's worker `rank` in restart `attempt`, or None."""
+    for pid, cmdline, env in processes():
+        if b"train.py" in cmdline and env.get(b"RANK") == str(rank).encode() and \
                 env.get(b"TORCHELASTIC_RESTART_COUNT") == str(attempt).encode():
-            return int(pid)
+            return pid
     return None
 
 
@@ -265,17 +270,7 @@ def test_relaunched_by_hand_twice_from_one_checkpoint_with_a_fixed_rdzv_id(clust
 def node_pids(node):
     """The PIDs of every process of elastic node `node` (its agent and its
     worker), found by the SLUICE_TEST_NODE each was started with."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"SLUICE_TEST_NODE={node}".encode() in f.read().split(b"\0"):
-                    pids.append(int(pid))
-        except OSError:
-            continue
-    return pids
+    return [pid for pid, _, env in processes() if env.get(b"SLUICE_TEST_NODE") == node.encode()]
 
 
 def test_elastic_torchrun_shrinks_and_grows_and_every_epoch_stays_exact(cluster, tmp_path):

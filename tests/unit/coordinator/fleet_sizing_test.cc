@@ -129,15 +129,25 @@ TEST(FleetSizingTest, ATrainerThatDoesNotWaitWantsNoMore) {
   EXPECT_EQ(Sized(0.0, 60), 1);
 }
 
+// A coordinator on a fake clock.
+class PoolSizingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions options;
+    options.clock = &clock_;
+    auto created = CoordinatorService::Create(options);
+    ASSERT_OK(created);
+    service_ = std::move(*created);
+  }
+  FakeClock clock_;
+  std::unique_ptr<CoordinatorService> service_;
+};
+
 // Each pool is sized for its own jobs on its own servers' capacity, its
 // grants name only its own servers, and the overall answer is the sum.
-TEST(FleetSizingTest, EachPoolIsSizedForItsOwnJobs) {
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  auto created = CoordinatorService::Create(options);
-  ASSERT_OK(created);
-  CoordinatorService& service = **created;
+TEST_F(PoolSizingTest, EachPoolIsSizedForItsOwnJobs) {
+  FakeClock& clock = clock_;
+  CoordinatorService& service = *service_;
   PoolLoad gpu(service, "gpu", 0.6);
   PoolLoad plain(service, "", 0.0);
   EXPECT_EQ(gpu.sink->lease.data_server(), "gpu-server:1");
@@ -165,13 +175,8 @@ TEST(FleetSizingTest, EachPoolIsSizedForItsOwnJobs) {
 
 // A job whose pool has no live server waits, told which pool it needs,
 // even while other pools' servers are live.
-TEST(FleetSizingTest, AJobWaitsForAServerOfItsPool) {
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  auto created = CoordinatorService::Create(options);
-  ASSERT_OK(created);
-  CoordinatorService& service = **created;
+TEST_F(PoolSizingTest, AJobWaitsForAServerOfItsPool) {
+  CoordinatorService& service = *service_;
   service.RegisterDataServer("a:1", 1);
   v1::JobSpec spec;
   spec.set_name("j");
