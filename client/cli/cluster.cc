@@ -24,6 +24,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -50,7 +51,8 @@ ABSL_FLAG(std::string, autoscale, "",
           "up: MIN:MAX -- start MIN data servers, then start and stop (drain: "
           "SIGTERM) local data servers every second to follow the "
           "coordinator's estimate of the servers the jobs need "
-          "(sluice_coordinator_desired_data_servers), within [MIN, MAX].");
+          "(sluice_coordinator_desired_data_servers; with "
+          "--data_server_flags=--pool=NAME, that pool's), within [MIN, MAX].");
 ABSL_FLAG(std::string, listen_host, "",
           "up: the host every server binds to (default: --coordinator's "
           "host). 0.0.0.0 serves other nodes: the coordinator listens on it "
@@ -288,11 +290,14 @@ struct LocalCluster {
 };
 
 // Follows the coordinator's estimate of the data servers the jobs need
-// (ListJobsResponse.desired_data_servers): starts servers up to it, drains
-// the newest ones down to it, within [min, max]. The estimate already waits
-// out bursts and lulls (fleet_sizer.h).
+// (ListJobsResponse.desired_data_servers; that of the local servers' pool,
+// given with --data_server_flags=--pool=NAME, when the coordinator sizes
+// pools): starts servers up to it, drains the newest ones down to it,
+// within [min, max]. The estimate already waits out bursts and lulls
+// (fleet_sizer.h).
 struct Autoscaler {
   int min = 0, max = 0;
+  std::string pool;  // the local servers' pool ("" = the default pool)
   std::unique_ptr<v1::Coordinator::Stub> stub;
   absl::Time next_check = absl::InfinitePast();
 
@@ -305,18 +310,28 @@ struct Autoscaler {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(now + absl::Seconds(2)));
     v1::ListJobsResponse listed;
-    if (!stub->ListJobs(&ctx, v1::ListJobsRequest(), &listed).ok() ||
-        listed.desired_data_servers() < 0) {
-      return true;  // no estimate (yet): keep what runs
+    if (!stub->ListJobs(&ctx, v1::ListJobsRequest(), &listed).ok()) {
+      return true;  // no answer: keep what runs
     }
-    const int target =
-        std::clamp(static_cast<int>(listed.desired_data_servers()), min, max);
+    int32_t desired = listed.desired_data_servers();
+    double wait_share = listed.input_wait_share();
+    if (listed.pools_size() > 0) {
+      desired = -1;
+      for (const v1::PoolFleet& p : listed.pools()) {
+        if (p.pool() != pool) continue;
+        desired = p.desired_data_servers();
+        wait_share = p.input_wait_share();
+      }
+    }
+    if (desired < 0) return true;  // no estimate (yet): keep what runs
+    const int target = std::clamp(static_cast<int>(desired), min, max);
     const int running = static_cast<int>(cluster.data.size());
     if (target == running) return true;
     std::printf(
-        "autoscale: the coordinator wants %d data servers (trainers' input "
-        "wait %.0f%%); ",
-        listed.desired_data_servers(), 100 * listed.input_wait_share());
+        "autoscale: the coordinator wants %d data servers%s%s (trainers' "
+        "input wait %.0f%%); ",
+        desired, pool.empty() ? "" : " in pool ", pool.c_str(),
+        100 * wait_share);
     if (target > running) {
       std::printf("starting %d\n", target - running);
       std::fflush(stdout);
@@ -446,6 +461,9 @@ int UpCommand(const std::vector<std::string>& args) {
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a.min) ||
         !absl::SimpleAtoi(parts[1], &a.max) || a.min < 1 || a.max < a.min) {
       return Usage("--autoscale must be MIN:MAX with 1 <= MIN <= MAX");
+    }
+    for (const std::string& f : absl::GetFlag(FLAGS_data_server_flags)) {
+      if (absl::StartsWith(f, "--pool=")) a.pool = f.substr(7);
     }
     autoscaler = std::move(a);
   }
