@@ -618,6 +618,50 @@ TEST_F(ReaderTest, CloseGivesEveryLeaseBack) {
   EXPECT_EQ(job.status().ranks(0).consumed(), 70);
 }
 
+// Want(0) takes no new work: the units already held are delivered, then
+// NextWithin times out (DEADLINE_EXCEEDED, not final) and the coordinator
+// counts every delivered sample and no live lease. Want(2) takes work again
+// and the epoch completes, each sample once.
+TEST_F(ReaderTest, WantZeroStopsNewWorkAndNextWithinTimesOut) {
+  StartCluster(12, 10, 1);
+  CreateJob("want", 1, 1);
+  ReaderOptions o;
+  o.coordinator = coordinator_.grpc_address;
+  o.job = "want";
+  o.units_in_flight = 1;
+  o.progress_interval = absl::Milliseconds(100);
+  auto created = Reader::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Reader& reader = **created;
+  reader.Want(0);
+  std::map<std::pair<int32_t, int64_t>, int> seen;
+  absl::StatusOr<ReaderEvent> e;
+  while ((e = reader.NextWithin(absl::Seconds(3))).ok()) {
+    if (e->kind == ReaderEvent::Kind::kSample)
+      ++seen[{e->sample.shard_index, e->sample.index}];
+  }
+  ASSERT_EQ(e.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << e.status();
+  const size_t held = seen.size();
+  EXPECT_LT(held, 120u);  // at most the units granted before Want(0)
+  EXPECT_EQ(held % 10, 0u);
+  // The cursor waits for the reports: the coordinator then counts them.
+  auto cursor = reader.Cursor();
+  ASSERT_TRUE(cursor.ok()) << cursor.status();
+  EXPECT_EQ(cursor->consumed_per_rank(0), static_cast<int64_t>(held));
+  reader.Want(2);
+  bool ended = false;
+  while (!ended) {
+    e = reader.NextWithin(absl::Seconds(30));
+    ASSERT_TRUE(e.ok()) << e.status();
+    if (e->kind == ReaderEvent::Kind::kSample)
+      ++seen[{e->sample.shard_index, e->sample.index}];
+    ended = e->kind == ReaderEvent::Kind::kEpochEnd;
+  }
+  EXPECT_EQ(seen.size(), 120u);
+  for (const auto& [sample, n] : seen) EXPECT_EQ(n, 1);
+}
+
 TEST_F(ReaderTest, UnknownJobIsAFinalError) {
   StartCluster(1, 5, 1);
   auto reader = MakeReader("nope", 0);
