@@ -7,9 +7,13 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "sluice/coordination.h"
 #include "tests/testing/http.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
@@ -86,6 +90,66 @@ TEST_F(OnceBarrierTest, EightRanksRacingOnMakedirsRunItExactlyOnce) {
         << "rank " << r << " saw a partial file";
   }
   EXPECT_EQ(Read("ran.log"), "ran\n");
+}
+
+// OnceCancel ends a waiter's RunOnce from another thread (what Ctrl-C in
+// the Python client does): it returns CANCELLED while the runner's step goes
+// on, and the runner's outcome is unchanged. A cancel that comes before the
+// call makes it return at once.
+TEST_F(OnceBarrierTest, OnceCancelEndsAWaitAndTheStepGoesOn) {
+  OnceOptions options;
+  options.coordinator = coordinator_.grpc_address;
+  options.name = "cancel";
+  absl::Notification running, finish;
+  absl::StatusOr<OnceOutcome> runner;
+  std::thread runner_thread([&] {
+    OnceOptions mine = options;
+    mine.participant = "runner";
+    runner = RunOnce(mine, [&]() -> absl::StatusOr<std::string> {
+      running.Notify();
+      finish.WaitForNotification();
+      return std::string("done");
+    });
+  });
+  running.WaitForNotification();
+  OnceCancel cancel;
+  absl::Notification waiting;
+  OnceOptions waiter = options;
+  waiter.participant = "waiter";
+  waiter.cancel = &cancel;
+  waiter.on_wait = [&](const std::string&, int64_t) { waiting.Notify(); };
+  absl::StatusOr<OnceOutcome> waited;
+  std::thread waiter_thread([&] {
+    waited = RunOnce(waiter, []() -> absl::StatusOr<std::string> {
+      return std::string("the waiter ran it");
+    });
+  });
+  waiting.WaitForNotification();
+  cancel.Cancel();
+  waiter_thread.join();
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kCancelled)
+      << waited.status();
+  finish.Notify();
+  runner_thread.join();
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_TRUE(runner->ran);
+  EXPECT_EQ(runner->result, "done");
+  // Cancelled before the call: no wait at all.
+  OnceCancel early;
+  early.Cancel();
+  OnceOptions late = options;
+  late.name = "cancel-early";
+  late.participant = "late";
+  late.cancel = &early;
+  bool ran = false;
+  absl::StatusOr<OnceOutcome> none =
+      RunOnce(late, [&]() -> absl::StatusOr<std::string> {
+        ran = true;
+        return std::string();
+      });
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kCancelled)
+      << none.status();
+  EXPECT_FALSE(ran);
 }
 
 TEST_F(OnceBarrierTest, ARunnerThatDiesIsReplacedByAWaiter) {
