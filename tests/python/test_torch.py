@@ -391,6 +391,11 @@ def test_a_run_of_another_world_size_reads_the_jobs_copy_for_it(cluster):
     # The same run at the job's own world size reads the job.
     assert ShardLeaseDataset(coordinator=cluster.address, job="wide", rank=1,
                              world_size=2).reading_job == "wide"
+    # An unknown job is the Reader's final error, naming it.
+    with pytest.raises(sluice.ReaderError) as unknown:
+        ShardLeaseDataset(coordinator=cluster.address, job="absent", rank=0,
+                          world_size=2).reading_job
+    assert unknown.value.code == grpc.StatusCode.NOT_FOUND and "absent" in str(unknown.value)
     # sluicectl makes the same copies, named JOB.wN by default.
     out = subprocess.run([os.path.join(os.environ["SLUICE_BIN_DIR"], "sluicectl"), "job", "create",
                           f"--coordinator={cluster.address}", "--copy_of=wide", "--world_size=3",

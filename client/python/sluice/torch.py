@@ -202,16 +202,25 @@ class ShardLeaseDataset(IterableDataset):
         world = self.world_size
         reading = self.job
         if world is not None:
+            # As patient as a Reader with a coordinator that is starting or
+            # failing over: the calls wait for the channel to be ready.
+            timeout = self._reader_options.get("reconnect_timeout", 120.0)
             channel, stub = self._coordinator_stub()
-            with channel:
-                spec = stub.GetJob(coordinator_pb2.GetJobRequest(name=self.job), timeout=30).spec
-                if spec.world_size > 0 and spec.world_size != world:
-                    reading = f"{self.job}.w{world}"
-                    stub.CreateJob(coordinator_pb2.CreateJobRequest(
-                        spec=coordinator_pb2.JobSpec(name=reading, world_size=world),
-                        copy_of=self.job), timeout=60)
-                    _log.info("sluice job %s has world_size %d and this run %d ranks: "
-                              "reading its copy %s", self.job, spec.world_size, world, reading)
+            try:
+                with channel:
+                    spec = stub.GetJob(coordinator_pb2.GetJobRequest(name=self.job),
+                                       timeout=timeout, wait_for_ready=True).spec
+                    if spec.world_size > 0 and spec.world_size != world:
+                        reading = f"{self.job}.w{world}"
+                        stub.CreateJob(coordinator_pb2.CreateJobRequest(
+                            spec=coordinator_pb2.JobSpec(name=reading, world_size=world),
+                            copy_of=self.job), timeout=timeout, wait_for_ready=True)
+                        _log.info("sluice job %s has world_size %d and this run %d ranks: "
+                                  "reading its copy %s", self.job, spec.world_size, world,
+                                  reading)
+            except grpc.RpcError as e:
+                raise ReaderError(e.code(), f"sluice job {self.job} for a run of {world} ranks: "
+                                  f"{e.details()}") from None
         self._reading = reading
         return reading
 
