@@ -71,6 +71,10 @@ class CoordinatorMetrics {
   prometheus::Gauge& PoolDesiredDataServers(const std::string& pool) {
     return pool_desired_.Add({{"pool", pool}});
   }
+  // Drops a pool's series (a pool with no job and no server left).
+  void RemovePool(const std::string& pool) {
+    pool_desired_.Remove(&pool_desired_.Add({{"pool", pool}}));
+  }
   prometheus::Gauge& input_wait_share;
   // From the trainer message that made a grant possible (Want, Complete,
   // Release ...) to the durable Grant handed to the stream.

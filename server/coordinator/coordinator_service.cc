@@ -504,12 +504,23 @@ CoordinatorService::PoolSizing& CoordinatorService::PoolSizingLocked(
 void CoordinatorService::SizeFleet() {
   ServiceLock lock(this);
   const absl::Time now = options_.clock->Now();
-  // Every pool with a job or a registered server is sized.
-  for (const auto& [name, job] : state_.jobs())
-    PoolSizingLocked(job.spec.pool());
+  // Every pool with a job or a registered server is sized; a pool left
+  // with neither (its jobs deleted, its servers gone) is forgotten, so it
+  // no longer adds its minimum to the total.
+  std::set<std::string> pools;
+  for (const auto& [name, job] : state_.jobs()) pools.insert(job.spec.pool());
   const std::map<std::string, DataServerRegistry::PoolCounts> counts =
       data_servers_.CountsByPool();
-  for (const auto& [pool, c] : counts) PoolSizingLocked(pool);
+  for (const auto& [pool, c] : counts) pools.insert(pool);
+  for (auto it = pool_sizing_.begin(); it != pool_sizing_.end();) {
+    if (pools.count(it->first) > 0) {
+      ++it;
+      continue;
+    }
+    if (options_.metrics != nullptr) options_.metrics->RemovePool(it->first);
+    it = pool_sizing_.erase(it);
+  }
+  for (const std::string& pool : pools) PoolSizingLocked(pool);
   const std::map<std::string, DataServerRegistry::Load> loads =
       data_servers_.TakeLoadByPool();
   if (last_sizing_ == absl::InfinitePast()) {
@@ -528,7 +539,8 @@ void CoordinatorService::SizeFleet() {
       readers[data->spec.pool()] += static_cast<int32_t>(open.all.size());
   }
   int32_t desired_total = 0;
-  double wait_total = 0, reader_seconds_total = 0;
+  double wait_total = 0;
+  int32_t readers_total = 0;
   for (auto& [pool, sizing] : pool_sizing_) {
     const auto load = loads.find(pool);
     const auto count = counts.find(pool);
@@ -559,13 +571,12 @@ void CoordinatorService::SizeFleet() {
     sizing.wait_seconds = 0;
     desired_total += desired;
     wait_total += m.wait_share * s.readers;
-    reader_seconds_total += s.readers;
+    readers_total += s.readers;
     if (options_.metrics != nullptr)
       options_.metrics->PoolDesiredDataServers(pool).Set(desired);
   }
   last_sizing_ = now;
-  const double share =
-      reader_seconds_total > 0 ? wait_total / reader_seconds_total : 0;
+  const double share = readers_total > 0 ? wait_total / readers_total : 0;
   desired_data_servers_.store(desired_total);
   input_wait_share_.store(share);
   if (options_.metrics != nullptr) {

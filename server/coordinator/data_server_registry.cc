@@ -93,20 +93,6 @@ DataServerRegistry::TakeLoadByPool() {
   return out;
 }
 
-DataServerRegistry::Load DataServerRegistry::TakeLoad() {
-  Load total;
-  int64_t cores = 0;
-  int pools = 0;
-  for (const auto& [pool, load] : TakeLoadByPool()) {
-    total.samples_served += load.samples_served;
-    total.cpu_seconds += load.cpu_seconds;
-    cores += load.cores;
-    ++pools;
-  }
-  total.cores = pools > 0 ? static_cast<int32_t>(cores / pools) : 0;
-  return total;
-}
-
 void DataServerRegistry::Remove(int64_t id) {
   absl::MutexLock lock(&mu_);
   servers_.erase(id);

@@ -65,15 +65,13 @@ class DataServerRegistry {
   };
   // Marks `id` seen now; false if it is not registered. `none_was_live`
   // (optional) tells whether no registration of its pool was live just
-  // before; `load`
-  // (optional) is the server's report.
+  // before; `load` (optional) is the server's report.
   bool Heartbeat(int64_t id, bool* none_was_live = nullptr,
                  const Load* load = nullptr);
-  // The live servers' load since the previous call: samples served and CPU
-  // seconds summed (a server counts from its second report on), and their
-  // mean cores (0 when none reported).
-  Load TakeLoad();
-  // The same per pool (every pool with a live server that reported).
+  // Per pool (every pool with a live server that reported), its live
+  // servers' load since the previous call: samples served and CPU seconds
+  // summed (a server counts from its second report on), and their mean
+  // cores.
   std::map<std::string, Load> TakeLoadByPool();
   // Marks every registration seen now (after the coordinator itself
   // stalled: their heartbeats could not be read).

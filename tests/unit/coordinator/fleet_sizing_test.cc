@@ -173,6 +173,34 @@ TEST_F(PoolSizingTest, EachPoolIsSizedForItsOwnJobs) {
   EXPECT_NEAR(service.input_wait_share(), 0.3, 1e-9);
 }
 
+// A pool left with no job and no server is forgotten: it no longer adds
+// its minimum of 1 to the total.
+TEST_F(PoolSizingTest, APoolWithNoJobAndNoServerIsForgotten) {
+  CoordinatorService& service = *service_;
+  PoolLoad plain(service, "", 0.0);
+  v1::JobSpec spec;
+  spec.set_name("gone");
+  spec.set_pool("gpu");
+  auto* shard = spec.mutable_manifest()->add_shards();
+  shard->set_url("/data/0.tar");
+  shard->set_num_samples(10);
+  spec.set_world_size(1);
+  spec.set_num_epochs(1);
+  ASSERT_OK(service.CreateJob(spec));
+  service.SizeFleet();  // starts the counts
+  clock_.Advance(absl::Seconds(5));
+  service.SizeFleet();
+  EXPECT_EQ(service.PoolFleets().size(), 2u);
+  EXPECT_EQ(service.desired_data_servers(), 2);
+  ASSERT_OK(service.DeleteJob("gone"));
+  clock_.Advance(absl::Seconds(5));
+  service.SizeFleet();
+  const std::vector<v1::PoolFleet> pools = service.PoolFleets();
+  ASSERT_EQ(pools.size(), 1u);
+  EXPECT_EQ(pools[0].pool(), "");
+  EXPECT_EQ(service.desired_data_servers(), 1);
+}
+
 // A job whose pool has no live server waits, told which pool it needs,
 // even while other pools' servers are live.
 TEST_F(PoolSizingTest, AJobWaitsForAServerOfItsPool) {
