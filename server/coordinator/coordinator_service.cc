@@ -16,6 +16,7 @@
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/coordinator/coordinator_service_internal.h"
+#include "server/coordinator/file_journal.h"
 
 namespace sluice {
 
@@ -25,7 +26,8 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
     : options_(options),
       leases_(options.clock),
       data_servers_(options.clock, 3 * options.heartbeat_interval),
-      planner_(std::make_unique<ThreadPool>(1)) {}
+      planner_(std::make_unique<ThreadPool>(1)),
+      compactor_(std::make_unique<ThreadPool>(1)) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     const CoordinatorOptions& options) {
@@ -212,29 +214,46 @@ absl::Status CoordinatorService::CommitLocked(JournalRecord record,
 
 void CoordinatorService::MaybeCompactLocked() {
   const int64_t size = journal_->bytes_written();
-  if (options_.journal_compact_bytes <= 0 ||
+  if (compacting_ || options_.journal_compact_bytes <= 0 ||
       size < options_.journal_compact_bytes ||
       size < 2 * last_snapshot_bytes_) {
     return;
   }
+  // The snapshot is of the state after every record enqueued so far: taken
+  // here, under the lock, with the journal's mark. Serialising and writing
+  // it happens on the compactor's thread while the service goes on.
+  compacting_ = true;
   const absl::Time start = absl::Now();
-  const JournalRecord snapshot = [&] {
-    JournalRecord r = state_.Snapshot();
-    r.set_time_unix_ms(absl::ToUnixMillis(options_.clock->Now()));
-    return r;
-  }();
-  absl::Status status = journal_->Compact(snapshot);
-  if (!status.ok()) {
-    // Not fatal: the journal keeps growing and compaction is retried later.
-    LogWarning("journal compaction failed (the journal is unchanged): %s",
-               status.message());
-    last_snapshot_bytes_ = size;
-    return;
-  }
-  last_snapshot_bytes_ = journal_->bytes_written();
-  LogInfo("journal compacted: %d -> %d bytes in %s", size, last_snapshot_bytes_,
-          absl::FormatDuration(absl::Now() - start));
-  if (options_.metrics != nullptr) options_.metrics->compactions.Increment();
+  journal_->BeginCompaction();
+  auto snapshot = std::make_shared<JournalRecord>(state_.Snapshot());
+  snapshot->set_time_unix_ms(absl::ToUnixMillis(options_.clock->Now()));
+  compactor_->Schedule([this, snapshot, size, start] {
+    absl::Status status = journal_->FinishCompaction(*snapshot);
+    const int64_t after = journal_->bytes_written();
+    ServiceLock lock(this);
+    compacting_ = false;
+    ++compactions_finished_;
+    if (!status.ok()) {
+      // Not fatal: the journal keeps growing and compaction is retried
+      // once it has grown as much again.
+      LogWarning("journal compaction failed (the journal is unchanged): %s",
+                 status.message());
+      last_snapshot_bytes_ = size;
+      return;
+    }
+    last_snapshot_bytes_ = after;
+    LogInfo("journal compacted: %d -> %d bytes in %s", size, after,
+            absl::FormatDuration(absl::Now() - start));
+    if (options_.metrics != nullptr) options_.metrics->compactions.Increment();
+  });
+}
+
+int64_t CoordinatorService::WaitForCompactions() {
+  absl::Notification reached;
+  compactor_->Schedule([&reached] { reached.Notify(); });
+  reached.WaitForNotification();
+  ServiceLock lock(this);
+  return compactions_finished_;
 }
 
 void CoordinatorService::Flush() { outbox_->Flush(); }
@@ -252,8 +271,10 @@ std::pair<int64_t, int64_t> CoordinatorService::PlansTakenAndComputed() {
 }
 
 CoordinatorService::~CoordinatorService() {
-  // Its tasks take mu_ and offer to state_: finished while both exist.
+  // Their tasks take mu_ and use state_ and the journal: finished while
+  // those exist.
   planner_.reset();
+  compactor_.reset();
   StopExpiryThread();
   // Once/Barrier persist through the outbox: gone first, so nothing it
   // journals can outlive the outbox.

@@ -259,6 +259,10 @@ class CoordinatorService {
   // Waits until every epoch plan asked of the planning thread so far is on
   // offer (tests).
   void WaitForPlansAhead();
+  // Waits until every journal compaction begun so far has ended (tests);
+  // returns how many have ended since start-up, failed or not.
+  int64_t WaitForCompactions();
+
   // Epoch plans installed from a plan made outside the lock, and planned
   // under it (CoordinatorState::plans_offered_taken, plans_computed).
   std::pair<int64_t, int64_t> PlansTakenAndComputed();
@@ -352,7 +356,9 @@ class CoordinatorService {
     outbox_->Submit(std::move(fx));
   }
   void DeliverReady() ABSL_LOCKS_EXCLUDED(mu_) { outbox_->DeliverReady(); }
-  // Replaces the journal with a snapshot of state_ when it has grown enough.
+  // When the journal has grown enough: takes a snapshot of state_ and has
+  // the compactor write it in place of the journal (Journal::
+  // BeginCompaction/FinishCompaction), unless a compaction is under way.
   void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's grant queues from its state (the fresh queues planned ahead
   // when its epoch was installed from that plan and nothing of it is
@@ -583,6 +589,10 @@ class CoordinatorService {
   // Plans epochs ahead (PlanNextEpochAheadLocked); gone first.
   std::unique_ptr<ThreadPool> planner_;
   absl::Mutex hello_plan_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Writes journal compactions (MaybeCompactLocked); gone with planner_.
+  std::unique_ptr<ThreadPool> compactor_;
+  bool compacting_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t compactions_finished_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_plan_serial_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

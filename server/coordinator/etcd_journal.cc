@@ -173,7 +173,9 @@ absl::StatusOr<EtcdJournalOptions> ParseEtcdJournalUrl(absl::string_view url,
 }
 
 EtcdJournal::EtcdJournal(EtcdJournalOptions options)
-    : options_(std::move(options)), prefix_(options_.prefix + "/") {
+    : GroupCommitJournal(&Frame),
+      options_(std::move(options)),
+      prefix_(options_.prefix + "/") {
   endpoints_text_ = absl::StrJoin(options_.endpoints, ",");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
@@ -406,10 +408,10 @@ void EtcdJournal::LoseLeadership(const absl::Status& why) {
   {
     absl::MutexLock lock(&mu_);
     if (leadership_.ok()) leadership_ = why;
-    if (write_status_.ok()) write_status_ = why;
     report = !lost_reported_;
     lost_reported_ = true;
   }
+  Fail(why);
   if (report) {
     LogError("etcd journal %s%s: %s", endpoints_text_, options_.prefix,
              why.message());
@@ -664,24 +666,9 @@ absl::Status EtcdJournal::CatchUp(
   }
   absl::MutexLock lock(&mu_);
   next_log_seq_ = std::max({gen, last_seq + 1, replayed_seq_ + 1});
-  bytes_written_ = replayed_bytes_;
+  snap_gen_ = gen;
+  set_bytes_written(replayed_bytes_);
   return absl::OkStatus();
-}
-
-uint64_t EtcdJournal::Enqueue(const std::vector<JournalRecord>& records) {
-  std::string framed;
-  for (const JournalRecord& r : records) Frame(r, &framed);
-  absl::MutexLock lock(&mu_);
-  pending_.append(framed);
-  return ++queued_seq_;
-}
-
-uint64_t EtcdJournal::Enqueue(const JournalRecord& record) {
-  std::string framed;
-  Frame(record, &framed);
-  absl::MutexLock lock(&mu_);
-  pending_.append(framed);
-  return ++queued_seq_;
 }
 
 absl::Status EtcdJournal::WriteChunks(const std::string& framed,
@@ -705,92 +692,62 @@ absl::Status EtcdJournal::WriteChunks(const std::string& framed,
   return absl::OkStatus();
 }
 
-absl::Status EtcdJournal::WaitDurable(uint64_t my_seq) {
-  absl::MutexLock lock(&mu_);
-  // Group commit, as in FileJournal: whoever finds no write in progress
-  // writes everything queued so far; the others wait for it.
-  while (synced_seq_ < my_seq && write_status_.ok()) {
-    if (writing_) {
-      auto done = [this, my_seq] {
-        mu_.AssertHeld();
-        return !writing_ || synced_seq_ >= my_seq || !write_status_.ok();
-      };
-      mu_.Await(absl::Condition(&done));
-      continue;
-    }
-    writing_ = true;
-    std::string batch;
-    batch.swap(pending_);
-    const uint64_t batch_seq = queued_seq_;
-    uint64_t seq = next_log_seq_;
-    mu_.Unlock();
-    absl::Status status;
-    if (!batch.empty()) status = WriteChunks(batch, Key("log/"), &seq, false);
-    mu_.Lock();
-    writing_ = false;
-    if (!status.ok()) {
-      // The log's tail is unknown after a failed transaction: refuse
-      // further appends rather than acknowledge what may not be durable.
-      if (write_status_.ok()) write_status_ = status;
-    } else {
-      next_log_seq_ = seq;
-      bytes_written_ += static_cast<int64_t>(batch.size());
-      synced_seq_ = batch_seq;
-    }
+absl::Status EtcdJournal::WriteBatch(const std::string& frames) {
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    seq = next_log_seq_;
   }
-  return write_status_;
-}
-
-uint64_t EtcdJournal::LastTicket() const {
+  RETURN_IF_ERROR(WriteChunks(frames, Key("log/"), &seq, false));
   absl::MutexLock lock(&mu_);
-  return queued_seq_;
-}
-
-bool EtcdJournal::IsDurable(uint64_t ticket) const {
-  absl::MutexLock lock(&mu_);
-  return synced_seq_ >= ticket;
-}
-
-int64_t EtcdJournal::bytes_written() const {
-  absl::MutexLock lock(&mu_);
-  return bytes_written_;
-}
-
-absl::Status EtcdJournal::Compact(const JournalRecord& snapshot) {
-  std::string framed;
-  Frame(snapshot, &framed);
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](bool* writing) { return !*writing; }, &writing_));
-  if (!write_status_.ok()) return write_status_;
-  // The snapshot's generation: the first log sequence it does not cover.
-  const uint64_t gen = next_log_seq_;
-  const std::string dir = Key(absl::StrCat("snapdata/", Seq20(gen), "/"));
-  // Writers wait for writing_; the chunks go out without mu_ held.
-  writing_ = true;
-  mu_.Unlock();
-  uint64_t chunk = 0;
-  absl::Status status = WriteChunks(framed, dir, &chunk, true);
-  if (status.ok()) {
-    // One transaction switches to the new snapshot and drops what it
-    // supersedes: the whole log so far and older snapshots.
-    status =
-        FencedTxn({PutOp(Key("snap"), absl::StrCat(gen)),
-                   DeleteOp(Key("log/"), Key(absl::StrCat("log/", Seq20(gen)))),
-                   DeleteOp(Key("snapdata/"), dir)});
-  }
-  if (!status.ok()) {
-    // The old snapshot and log stay in force; remove the partial one.
-    FencedTxn({DeleteOp(dir, PrefixEnd(dir))}).IgnoreError();
-  }
-  mu_.Lock();
-  writing_ = false;
-  if (!status.ok()) return status;
-  // Records queued but not written are contained in the snapshot.
-  pending_.clear();
-  synced_seq_ = queued_seq_;
-  bytes_written_ = static_cast<int64_t>(framed.size());
+  next_log_seq_ = seq;
   return absl::OkStatus();
+}
+
+std::string EtcdJournal::StagedDir() const {
+  return Key(absl::StrCat("snapdata/", Seq20(staged_gen_), "/"));
+}
+
+absl::Status EtcdJournal::StageCompacted(const std::string& frames) {
+  {
+    absl::MutexLock lock(&mu_);
+    // Above the snapshot in force, so that writing it never touches that
+    // snapshot's chunks, and the older snapshots sort before it.
+    staged_gen_ = std::max(next_log_seq_, snap_gen_ + 1);
+  }
+  staged_chunks_ = 0;
+  return WriteChunks(frames, StagedDir(), &staged_chunks_, true);
+}
+
+absl::Status EtcdJournal::InstallCompacted(const std::string& tail) {
+  if (!tail.empty()) {
+    RETURN_IF_ERROR(WriteChunks(tail, StagedDir(), &staged_chunks_, true));
+  }
+  uint64_t log_end = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    log_end = next_log_seq_;
+  }
+  // One transaction switches to the new snapshot and drops what it
+  // supersedes: the whole log written so far (its records are in the
+  // snapshot or its tail) and the older snapshots.
+  const std::string dir = StagedDir();
+  RETURN_IF_ERROR(FencedTxn(
+      {PutOp(Key("snap"), absl::StrCat(staged_gen_)),
+       DeleteOp(Key("log/"), Key(absl::StrCat("log/", Seq20(log_end)))),
+       DeleteOp(Key("snapdata/"), dir)}));
+  absl::MutexLock lock(&mu_);
+  snap_gen_ = staged_gen_;
+  staged_gen_ = 0;
+  return absl::OkStatus();
+}
+
+void EtcdJournal::DiscardCompacted() {
+  if (staged_gen_ == 0) return;
+  // The snapshot in force stays; remove the partial one.
+  const std::string dir = StagedDir();
+  FencedTxn({DeleteOp(dir, PrefixEnd(dir))}).IgnoreError();
+  staged_gen_ = 0;
 }
 
 }  // namespace sluice

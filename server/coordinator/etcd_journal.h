@@ -15,7 +15,13 @@
 //                              over 1.5 MiB): a group commit is one
 //                              transaction unless it is larger.
 //   PREFIX/snap                "<gen>": the snapshot in force
-//   PREFIX/snapdata/<gen:%020d>/<i:%06d>  its chunks, frames as above
+//   PREFIX/snapdata/<gen:%020d>/<i:%06d>  its chunks, frames as above: the
+//                              Snapshot record, then the records appended
+//                              while it was written
+// A compaction writes snapdata/<gen>/ (gen above every log sequence written
+// so far and the snapshot in force) beside the appends, then, in one
+// transaction, points snap at it and deletes the whole log (the records
+// appended meanwhile are in snapdata too) and the older snapshots.
 //
 // Fencing: Open campaigns for PREFIX/leader (a transaction creating it only
 // if absent) and blocks while another coordinator holds it. Every write
@@ -51,7 +57,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
-#include "server/coordinator/journal.h"
+#include "server/coordinator/group_commit_journal.h"
 
 namespace sluice {
 
@@ -84,7 +90,7 @@ struct EtcdJournalOptions {
 absl::StatusOr<EtcdJournalOptions> ParseEtcdJournalUrl(absl::string_view url,
                                                        absl::string_view flag);
 
-class EtcdJournal final : public Journal {
+class EtcdJournal final : public GroupCommitJournal {
  public:
   // Replays into `apply` while waiting as a standby (a warm standby: the
   // leader's commits are applied as they land, every few hundred ms), then
@@ -99,14 +105,6 @@ class EtcdJournal final : public Journal {
   // once.
   ~EtcdJournal() override;
 
-  uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
-  uint64_t Enqueue(const JournalRecord& record) override;
-  absl::Status WaitDurable(uint64_t ticket) override;
-  uint64_t LastTicket() const override;
-  bool IsDurable(uint64_t ticket) const override;
-  int64_t bytes_written() const override;
-  absl::Status Compact(const JournalRecord& snapshot) override;
-
   int64_t replayed_records() const { return replayed_; }
   // The leader key's creation revision: every write is conditioned on it.
   int64_t leader_revision() const { return leader_revision_; }
@@ -119,6 +117,8 @@ class EtcdJournal final : public Journal {
   std::string Key(absl::string_view rest) const {
     return absl::StrCat(prefix_, rest);
   }
+  // snapdata/<staged_gen_>/
+  std::string StagedDir() const;
   // Blocks until leading, calling `while_waiting` between attempts.
   absl::Status Campaign(const std::function<absl::Status()>& while_waiting);
   // Refuses a prefix holding another format or foreign keys; `found`: the
@@ -139,6 +139,10 @@ class EtcdJournal final : public Journal {
   // Writes `framed` as the chunks of one commit under log/ (or `dir`).
   absl::Status WriteChunks(const std::string& framed, const std::string& dir,
                            uint64_t* next_seq, bool numbered_by_six);
+  absl::Status WriteBatch(const std::string& frames) override;
+  absl::Status StageCompacted(const std::string& frames) override;
+  absl::Status InstallCompacted(const std::string& tail) override;
+  void DiscardCompacted() override;
   void KeepAlive();
   void LoseLeadership(const absl::Status& why);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;
@@ -169,15 +173,17 @@ class EtcdJournal final : public Journal {
   grpc::ClientContext* keepalive_ctx_ ABSL_GUARDED_BY(keepalive_mu_) = nullptr;
 
   mutable absl::Mutex mu_;
-  std::string pending_ ABSL_GUARDED_BY(mu_);  // framed, not yet written
-  uint64_t queued_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t synced_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status write_status_ ABSL_GUARDED_BY(mu_);
   absl::Status leadership_ ABSL_GUARDED_BY(mu_);
   bool lost_reported_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
+  // The next log sequence to write (the writer role's; read by a staging
+  // compaction).
   uint64_t next_log_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // The generation of the snapshot in force (0 = none).
+  uint64_t snap_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  // A staged compaction: its generation and the chunks written so far (0
+  // when none is staged). Only the compacting thread touches these.
+  uint64_t staged_gen_ = 0;
+  uint64_t staged_chunks_ = 0;
 };
 
 }  // namespace sluice

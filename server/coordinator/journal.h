@@ -18,7 +18,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/common/dir_lock.h"
 #include "sluice/v1/journal.pb.h"
 
 namespace sluice {
@@ -48,81 +47,26 @@ class Journal {
   }
   // Size of the journal in bytes (for metrics and compaction).
   virtual int64_t bytes_written() const = 0;
-  // Replaces the whole journal with `snapshot` (a Snapshot record holding
-  // the state after every record enqueued so far, which it supersedes):
-  // written to a temp file, fsync'd, renamed over the journal. The caller
-  // must not Enqueue concurrently. On error the journal is unchanged.
-  virtual absl::Status Compact(const JournalRecord& snapshot) = 0;
+  // Compaction replaces the journal with one Snapshot record and the records
+  // after it. BeginCompaction marks the point the snapshot describes: call
+  // it where Enqueue calls are ordered with the state (under the caller's
+  // state lock), together with taking the snapshot of the state after
+  // every record enqueued so far. FinishCompaction(snapshot) may then run
+  // on any thread, without that lock, while records are enqueued and made
+  // durable: it writes the snapshot, then every record enqueued since the
+  // mark, in place of the journal. On error the journal is unchanged. One
+  // compaction at a time.
+  virtual void BeginCompaction() = 0;
+  virtual absl::Status FinishCompaction(const JournalRecord& snapshot) = 0;
+  // Both at once, for a caller that enqueues nothing meanwhile.
+  absl::Status Compact(const JournalRecord& snapshot) {
+    BeginCompaction();
+    return FinishCompaction(snapshot);
+  }
 };
 
 // Observes each fsync's duration in seconds (for a metrics histogram).
 using FsyncObserver = std::function<void(double seconds)>;
-
-// File layout: `<dir>/journal.log`, a sequence of frames (after a
-// compaction the first is a Snapshot)
-//   [u32 little-endian payload length][u32 little-endian CRC-32 of payload]
-//   [payload: serialized JournalRecord]
-class FileJournal final : public Journal {
- public:
-  // Replays `<dir>/journal.log` into `apply`, then opens it for appending.
-  // A torn tail (incomplete or bad last frame) is truncated away with a log
-  // line; a bad frame followed by more data is DATA_LOSS naming its offset.
-  // NOT_FOUND if `dir` does not exist and `create` is false;
-  // FAILED_PRECONDITION naming the holder's PID if another process has it
-  // open (the directory is locked for the journal's life, DirLock).
-  static absl::StatusOr<std::unique_ptr<FileJournal>> Open(
-      const std::string& dir, bool create,
-      const std::function<absl::Status(const JournalRecord&)>& apply,
-      FsyncObserver on_fsync = nullptr);
-
-  ~FileJournal() override;
-
-  uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
-  uint64_t Enqueue(const JournalRecord& record) override;
-  absl::Status WaitDurable(uint64_t ticket) override;
-  uint64_t LastTicket() const override;
-  bool IsDurable(uint64_t ticket) const override;
-  int64_t bytes_written() const override;
-  absl::Status Compact(const JournalRecord& snapshot) override;
-
-  // Called once, by the thread whose write or fsync failed first (with the
-  // journal's lock held: it must not call the journal). From then on every
-  // WaitDurable fails with that status.
-  void set_on_failure(std::function<void(const absl::Status&)> on_failure) {
-    on_failure_ = std::move(on_failure);
-  }
-
-  // Records replayed at Open.
-  int64_t replayed_records() const { return replayed_; }
-  // Bytes cut off a torn tail at Open (0 when the file was whole).
-  int64_t truncated_bytes() const { return truncated_; }
-
- private:
-  FileJournal(DirLock lock, int fd, std::string path, FsyncObserver on_fsync)
-      : lock_(std::move(lock)),
-        fd_(fd),
-        path_(std::move(path)),
-        on_fsync_(std::move(on_fsync)) {}
-
-  static void Frame(const JournalRecord& record, std::string* out);
-  uint64_t EnqueueFramed(std::string framed);
-
-  DirLock lock_;  // held while the journal is open
-  int fd_;        // replaced only by Compact, while no write is in progress
-  const std::string path_;
-  const FsyncObserver on_fsync_;
-  std::function<void(const absl::Status&)> on_failure_;
-  int64_t replayed_ = 0;
-  int64_t truncated_ = 0;
-
-  mutable absl::Mutex mu_;
-  std::string pending_ ABSL_GUARDED_BY(mu_);  // framed, not yet written
-  uint64_t queued_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t synced_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status write_status_ ABSL_GUARDED_BY(mu_);
-  int64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 // In-memory Journal for unit tests of the coordinator logic.
 class MemoryJournal final : public Journal {
@@ -133,13 +77,17 @@ class MemoryJournal final : public Journal {
   uint64_t LastTicket() const override;
   bool IsDurable(uint64_t) const override { return true; }
   int64_t bytes_written() const override;
-  absl::Status Compact(const JournalRecord& snapshot) override;
+  void BeginCompaction() override;
+  absl::Status FinishCompaction(const JournalRecord& snapshot) override;
   std::vector<JournalRecord> records() const;
 
  private:
   mutable absl::Mutex mu_;
   std::vector<JournalRecord> records_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The records before this index are the ones a compaction's snapshot
+  // replaces (-1: none begun).
+  int64_t compaction_mark_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace sluice

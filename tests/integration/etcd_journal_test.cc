@@ -214,6 +214,37 @@ TEST_F(EtcdJournalTest, CompactReplacesTheLogWithTheSnapshot) {
   EXPECT_THAT(seen, ElementsAre("snapshot-2", "d"));
 }
 
+// Records appended by another thread while the snapshot is written follow
+// it, in order, each once; the log they were written to goes with the
+// switch.
+TEST_F(EtcdJournalTest, AppendsDuringACompactionFollowTheSnapshot) {
+  constexpr int kConcurrent = 50;
+  {
+    std::vector<std::string> seen;
+    auto j = Open(&seen);
+    ASSERT_OK(j);
+    EtcdJournal& journal = **j;
+    ASSERT_OK(journal.Append({Deleted("a")}));
+    journal.BeginCompaction();
+    ASSERT_OK(journal.Append({Deleted("b")}));
+    std::thread appender([&journal] {
+      for (int i = 0; i < kConcurrent; ++i) {
+        ASSERT_OK(journal.Append({Deleted(absl::StrCat("c", i))}));
+      }
+    });
+    ASSERT_OK(journal.FinishCompaction(Deleted("snapshot")));
+    appender.join();
+    ASSERT_OK(journal.Append({Deleted("d")}));
+    EXPECT_FALSE(Keys("snapdata/").empty());
+  }
+  std::vector<std::string> want = {"snapshot", "b"};
+  for (int i = 0; i < kConcurrent; ++i) want.push_back(absl::StrCat("c", i));
+  want.push_back("d");
+  std::vector<std::string> seen;
+  ASSERT_OK(Open(&seen));
+  EXPECT_EQ(seen, want);
+}
+
 TEST_F(EtcdJournalTest, ATornLastCommitIsDeletedAndTheRestReplayed) {
   {
     std::vector<std::string> seen;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <deque>
 #include <limits>
 #include <map>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
 #include "server/common/lease_token.h"
 #include "server/coordinator/coordinator_metrics.h"
@@ -1966,6 +1968,98 @@ TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
   SimTrainer retry(**reopened, "j", 1, "b3", &cursor, "restart-2");
   EXPECT_FALSE(retry.sink->finished.has_value());
   EXPECT_EQ((*reopened)->GetJob("j", false)->status().epoch(), 0);
+}
+
+// A Journal over a MemoryJournal whose compactions wait in FinishCompaction
+// until the test lets them go.
+class HeldCompactionJournal final : public Journal {
+ public:
+  explicit HeldCompactionJournal(MemoryJournal* records) : records_(records) {}
+  uint64_t Enqueue(const std::vector<JournalRecord>& r) override {
+    return records_->Enqueue(r);
+  }
+  uint64_t Enqueue(const JournalRecord& r) override {
+    return records_->Enqueue(r);
+  }
+  absl::Status WaitDurable(uint64_t t) override {
+    return records_->WaitDurable(t);
+  }
+  uint64_t LastTicket() const override { return records_->LastTicket(); }
+  bool IsDurable(uint64_t t) const override { return records_->IsDurable(t); }
+  int64_t bytes_written() const override { return records_->bytes_written(); }
+  void BeginCompaction() override {
+    mark = records_->LastTicket();
+    records_->BeginCompaction();
+    begun.store(true);
+  }
+  absl::Status FinishCompaction(const JournalRecord& snapshot) override {
+    started.Notify();
+    release.WaitForNotification();
+    return records_->FinishCompaction(snapshot);
+  }
+  std::atomic<bool> begun{false};
+  absl::Notification started, release;
+  uint64_t mark = 0;  // records before the compaction's snapshot
+
+ private:
+  MemoryJournal* const records_;
+};
+
+// The state the records give when replayed from the start.
+std::string Replayed(const std::vector<JournalRecord>& records) {
+  CoordinatorState state;
+  for (const JournalRecord& r : records) EXPECT_OK(state.Apply(r));
+  JournalRecord snapshot = state.Snapshot();
+  return snapshot.SerializeAsString();
+}
+
+// The snapshot is written while the service goes on: trainers consume and
+// jobs report while the compaction is held in FinishCompaction; the
+// compacted journal (the snapshot, then exactly the records enqueued after
+// its mark) replays to the same state as the whole history.
+TEST(CoordinatorCompactionTest, TheServiceGoesOnWhileTheSnapshotIsWritten) {
+  FakeClock clock;
+  MemoryJournal records;
+  auto* held = new HeldCompactionJournal(&records);
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  options.journal_compact_bytes = 8192;  // in the first epoch
+  options.journal_for_testing = [held] {
+    return std::unique_ptr<Journal>(held);
+  };
+  auto created = CoordinatorService::Create(options);
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  v1::JobSpec spec = Spec("j", {400, 300}, 1, 2);
+  spec.set_max_samples_per_lease(5);
+  ASSERT_OK(service.CreateJob(spec));
+  // Whatever ends the test, the held compaction ends before the service.
+  absl::Cleanup release = [held] {
+    if (!held->release.HasBeenNotified()) held->release.Notify();
+  };
+  SimTrainer t(service, "j", 0, "t");
+  int64_t consumed = 0;
+  while (!held->begun.load() && consumed < 700) consumed += t.Consume(1);
+  ASSERT_TRUE(held->begun.load()) << consumed;
+  EXPECT_GT(consumed, 0);
+  held->started.WaitForNotification();
+  ASSERT_EQ(t.Consume(60), 60);
+  EXPECT_EQ(service.GetJob("j", false)->status().ranks(0).consumed(),
+            consumed + 60);
+  const std::vector<JournalRecord> history = records.records();
+  ASSERT_GT(history.size(), held->mark + 12);  // 60 samples, 12 leases
+  held->release.Notify();
+  EXPECT_EQ(service.WaitForCompactions(), 1);
+  const std::vector<JournalRecord> compacted = records.records();
+  ASSERT_EQ(compacted.size(), 1 + history.size() - held->mark);
+  EXPECT_TRUE(compacted[0].has_snapshot());
+  for (size_t i = 1; i < compacted.size(); ++i) {
+    EXPECT_EQ(compacted[i].SerializeAsString(),
+              history[held->mark + i - 1].SerializeAsString())
+        << i;
+  }
+  EXPECT_EQ(Replayed(compacted), Replayed(history));
 }
 
 }  // namespace

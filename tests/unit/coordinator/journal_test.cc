@@ -1,14 +1,14 @@
-#include "server/coordinator/journal.h"
-
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "server/coordinator/file_journal.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
@@ -258,6 +258,72 @@ TEST(FileJournalTest, CompactReplacesTheJournalWithTheSnapshot) {
   ASSERT_OK(j);
   EXPECT_EQ(seen, (std::vector<std::string>{"snapshot", "d"}));
   EXPECT_NE(access((dir.path() + "/journal.log.compact").c_str(), F_OK), 0);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Records enqueued after BeginCompaction, written to the old file or not
+// yet, and appended by another thread while FinishCompaction writes, all
+// follow the snapshot in the compacted journal, in order, each once.
+TEST(FileJournalTest, AppendsDuringACompactionFollowTheSnapshot) {
+  TempDir dir;
+  constexpr int kConcurrent = 200;
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK(j);
+    FileJournal& journal = **j;
+    ASSERT_OK(journal.Append({Deleted("a", 1), Deleted("b", 2)}));
+    journal.BeginCompaction();
+    ASSERT_OK(journal.Append({Deleted("c", 3)}));         // in the old file
+    const uint64_t d = journal.Enqueue(Deleted("d", 4));  // not written yet
+    std::thread appender([&journal] {
+      for (int i = 0; i < kConcurrent; ++i) {
+        ASSERT_OK(journal.Append({Deleted(absl::StrCat("e", i), 5)}));
+      }
+    });
+    ASSERT_OK(journal.FinishCompaction(Deleted("snapshot", 6)));
+    appender.join();
+    ASSERT_OK(journal.WaitDurable(d));
+    ASSERT_OK(journal.Append({Deleted("f", 7)}));
+    EXPECT_EQ(journal.bytes_written(), FileSize(dir.path() + "/journal.log"));
+  }
+  std::vector<std::string> want = {"snapshot", "c", "d"};
+  for (int i = 0; i < kConcurrent; ++i) want.push_back(absl::StrCat("e", i));
+  want.push_back("f");
+  std::vector<std::string> seen;
+  ASSERT_OK(OpenCollect(dir.path(), &seen));
+  EXPECT_EQ(seen, want);
+}
+
+// A compaction that cannot stage its file leaves the journal as it was:
+// the records enqueued meanwhile are written to it, and it keeps taking
+// appends.
+TEST(FileJournalTest, AFailedCompactionLeavesTheJournalAsItWas) {
+  TempDir dir;
+  {
+    std::vector<std::string> seen;
+    auto j = OpenCollect(dir.path(), &seen);
+    ASSERT_OK(j);
+    ASSERT_OK((*j)->Append({Deleted("a", 1)}));
+    ASSERT_EQ(mkdir((dir.path() + "/journal.log.compact").c_str(), 0755), 0);
+    (*j)->BeginCompaction();
+    const uint64_t b = (*j)->Enqueue(Deleted("b", 2));
+    EXPECT_THAT((*j)->FinishCompaction(Deleted("snapshot", 3)),
+                StatusIs(absl::StatusCode::kInternal,
+                         HasSubstr("journal.log.compact")));
+    ASSERT_OK((*j)->WaitDurable(b));
+    ASSERT_OK((*j)->Append({Deleted("c", 4)}));
+    EXPECT_EQ((*j)->bytes_written(), FileSize(dir.path() + "/journal.log"));
+  }
+  ASSERT_EQ(rmdir((dir.path() + "/journal.log.compact").c_str()), 0);
+  std::vector<std::string> seen;
+  ASSERT_OK(OpenCollect(dir.path(), &seen));
+  EXPECT_EQ(seen, (std::vector<std::string>{"a", "b", "c"}));
 }
 
 }  // namespace
