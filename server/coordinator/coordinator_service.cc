@@ -16,7 +16,6 @@
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/coordinator/coordinator_service_internal.h"
-#include "server/coordinator/file_journal.h"
 
 namespace sluice {
 
@@ -30,7 +29,7 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
       compactor_(std::make_unique<ThreadPool>(1)) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
-    const CoordinatorOptions& options) {
+    const CoordinatorOptions& options, RecoveredJournal recovered) {
   std::unique_ptr<CoordinatorService> service(new CoordinatorService(options));
   if (!options.manifest_roots.empty()) {
     ASSIGN_OR_RETURN(PathRoots roots, PathRoots::Create(options.manifest_roots,
@@ -38,53 +37,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     service->manifest_roots_.emplace(std::move(roots));
   }
   absl::MutexLock lock(&service->mu_);
-  if (options.journal_for_testing) {
-    service->journal_ = options.journal_for_testing();
-  } else if (options.etcd_journal.has_value()) {
-    EtcdJournalOptions etcd = *options.etcd_journal;
-    if (options.metrics != nullptr && !etcd.on_commit) {
-      etcd.on_commit = [m = options.metrics](double s) {
-        m->fsync_latency.Observe(s);
-        m->etcd_request_latency.Observe(s);
-      };
-    }
-    CoordinatorState* state = &service->state_;
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<EtcdJournal> journal,
-        EtcdJournal::Open(
-            std::move(etcd),
-            [state](const JournalRecord& r)
-                ABSL_NO_THREAD_SAFETY_ANALYSIS { return state->Apply(r); },
-            // The leader compacted while this one waited as a standby.
-            [state]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              *state = CoordinatorState();
-            }));
-    service->recovered_records_ = journal->replayed_records();
-    service->last_snapshot_bytes_ = journal->bytes_written();
-    service->journal_ = std::move(journal);
-  } else if (options.journal_dir.empty()) {
-    service->journal_ = std::make_unique<MemoryJournal>();
-  } else {
-    FsyncObserver observer;
-    if (options.metrics != nullptr) {
-      observer = [m = options.metrics](double s) {
-        m->fsync_latency.Observe(s);
-      };
-    }
-    CoordinatorState* state = &service->state_;
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<FileJournal> journal,
-        FileJournal::Open(
-            options.journal_dir, /*create=*/true,
-            [state](const JournalRecord& r)
-                ABSL_NO_THREAD_SAFETY_ANALYSIS { return state->Apply(r); },
-            std::move(observer)));
-    journal->set_on_failure(options.on_journal_failure);
-    service->recovered_records_ = journal->replayed_records();
-    // The next compaction waits until the journal has doubled.
-    service->last_snapshot_bytes_ = journal->bytes_written();
-    service->journal_ = std::move(journal);
+  if (recovered.journal == nullptr) {
+    recovered.journal = std::make_unique<MemoryJournal>();
   }
+  service->journal_ = std::move(recovered.journal);
+  service->state_ = std::move(recovered.state);
+  service->recovered_records_ = recovered.replayed_records;
+  // The next compaction waits until the journal has doubled.
+  service->last_snapshot_bytes_ = service->journal_->bytes_written();
   // Recovered leases get a fresh TTL (as etcd does) and the grace to
   // reconnect: their holders may be noticing only now that the coordinator
   // they held them from is gone.

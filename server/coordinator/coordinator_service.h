@@ -41,13 +41,13 @@
 #include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/data_server_registry.h"
 #include "server/coordinator/durable_outbox.h"
-#include "server/coordinator/etcd_journal.h"
 #include "server/coordinator/fleet_sizer.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/journal.h"
 #include "server/coordinator/lease_table.h"
 #include "server/coordinator/once_barrier.h"
 #include "server/coordinator/plan_ahead.h"
+#include "server/coordinator/recovered_journal.h"
 #include "server/coordinator/unreachable_servers.h"
 #include "sluice/v1/coordinator.pb.h"
 
@@ -64,14 +64,6 @@ struct CoordinatorOptions {
   // every `fleet_interval`.
   FleetSizerOptions fleet;
   absl::Duration fleet_interval = absl::Seconds(5);
-  // Journal directory; empty = in memory (tests only).
-  std::string journal_dir;
-  // Tests: makes the journal (one that decides when writes are durable);
-  // takes precedence over journal_dir and etcd_journal.
-  std::function<std::unique_ptr<Journal>()> journal_for_testing;
-  // When set, the journal lives in etcd instead (see etcd_journal.h), and
-  // Create blocks until this coordinator leads.
-  std::optional<EtcdJournalOptions> etcd_journal;
   // Compact the journal into one snapshot once it is larger than this and
   // than twice the last snapshot. 0 = never.
   int64_t journal_compact_bytes = 64 << 20;
@@ -103,11 +95,6 @@ struct CoordinatorOptions {
   // reached by a running coordinator.
   Clock* stall_clock = Clock::Real();
   absl::Duration stall_bound = absl::Milliseconds(500);
-  // Called once when a write or fsync of the journal directory fails (a full
-  // or failing disk): from then on nothing more can be acknowledged. The
-  // coordinator binary exits 74 here (main.cc), so that a supervisor starts
-  // it again from what the journal holds.
-  std::function<void(const absl::Status&)> on_journal_failure;
 };
 
 // How long a client may take to leave a coordinator that stopped answering
@@ -129,10 +116,11 @@ inline constexpr double kHeartbeatShareOfTtl = 0.4;
 
 class CoordinatorService {
  public:
-  // Opens (or creates) the journal, replays it and gives every recovered
-  // lease a fresh TTL.
+  // A service over `recovered` (the journal and the state it replayed to,
+  // open_journal.h; no journal = one in memory): every recovered lease gets
+  // a fresh TTL.
   static absl::StatusOr<std::unique_ptr<CoordinatorService>> Create(
-      const CoordinatorOptions& options);
+      const CoordinatorOptions& options, RecoveredJournal recovered = {});
   ~CoordinatorService();
 
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);

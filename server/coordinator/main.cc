@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/etcd_journal.h"
 #include "server/coordinator/grpc_coordinator_service.h"
+#include "server/coordinator/open_journal.h"
 
 ABSL_FLAG(std::string, journal_dir, "sluice-journal",
           "Directory of the coordinator's journal (created if missing). Jobs, "
@@ -241,8 +243,8 @@ class CoordinatorServices : public sluice::ServiceSet {
     services->metrics_ =
         std::make_unique<sluice::CoordinatorMetrics>(*registry);
     sluice::CoordinatorOptions& options = services->options_;
-    options.journal_dir = absl::GetFlag(FLAGS_journal_dir);
-    ASSIGN_OR_RETURN(options.etcd_journal, EtcdJournalFromFlags());
+    services->journal_dir_ = absl::GetFlag(FLAGS_journal_dir);
+    ASSIGN_OR_RETURN(services->etcd_, EtcdJournalFromFlags());
     options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
     options.fleet_interval = absl::GetFlag(FLAGS_fleet_interval);
     options.fleet.window = absl::GetFlag(FLAGS_fleet_window);
@@ -269,7 +271,7 @@ class CoordinatorServices : public sluice::ServiceSet {
     // the journal. Exit so that the supervisor (systemd, the kubelet) starts
     // a coordinator from what the journal holds; readiness goes with the
     // process, and trainers reconnect to the new one.
-    options.on_journal_failure = [](const absl::Status& why) {
+    services->on_journal_failure_ = [](const absl::Status& why) {
       sluice::LogError(
           "journal write failed (%s); exiting with status 74 so that a "
           "supervisor restarts the coordinator from its journal",
@@ -301,12 +303,12 @@ class CoordinatorServices : public sluice::ServiceSet {
     }
     ASSIGN_OR_RETURN(services->admin_,
                      AccessPolicyFromFlags(!options.lease_secret.empty()));
-    if (options.etcd_journal.has_value()) {
+    if (services->etcd_.has_value()) {
       sluice::CoordinatorFrontDoor* door = &services->front_door_;
-      options.etcd_journal->on_standby = [door](const std::string& leader) {
+      services->etcd_->on_standby = [door](const std::string& leader) {
         door->SetLeader(leader == "?" ? "" : leader);
       };
-      options.etcd_journal->cancel = &services->cancel_;
+      services->etcd_->cancel = &services->cancel_;
       return services;
     }
     RETURN_IF_ERROR(services->StartLeading());
@@ -334,8 +336,7 @@ class CoordinatorServices : public sluice::ServiceSet {
         gethostname(name, sizeof(name) - 1);
         host = name;
       }
-      options_.etcd_journal->identity =
-          sluice::HostPort{host, bound.port}.ToString();
+      etcd_->identity = sluice::HostPort{host, bound.port}.ToString();
     }
     metrics_->is_leader.Set(0);
     campaign_ = std::thread([this] {
@@ -359,13 +360,20 @@ class CoordinatorServices : public sluice::ServiceSet {
  private:
   CoordinatorServices() = default;
 
-  bool standby_first() const { return options_.etcd_journal.has_value(); }
+  bool standby_first() const { return etcd_.has_value(); }
 
   // Opens the journal (with etcd: blocks until this coordinator leads),
   // then serves.
   absl::Status StartLeading() {
-    ASSIGN_OR_RETURN(std::unique_ptr<sluice::CoordinatorService> logic,
-                     sluice::CoordinatorService::Create(options_));
+    absl::StatusOr<sluice::RecoveredJournal> journal =
+        etcd_.has_value()
+            ? sluice::OpenEtcdJournal(*etcd_, metrics_.get())
+            : sluice::OpenFileJournal(journal_dir_, metrics_.get(),
+                                      on_journal_failure_);
+    if (!journal.ok()) return journal.status();
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<sluice::CoordinatorService> logic,
+        sluice::CoordinatorService::Create(options_, *std::move(journal)));
     absl::MutexLock lock(&mu_);
     if (cancel_.load()) return absl::CancelledError("draining");
     logic_ = std::move(logic);
@@ -385,6 +393,11 @@ class CoordinatorServices : public sluice::ServiceSet {
   }
 
   sluice::CoordinatorOptions options_;
+  // The journal: in etcd when set, else in journal_dir_.
+  std::optional<sluice::EtcdJournalOptions> etcd_;
+  std::string journal_dir_;
+  // A write or fsync of the journal directory failed.
+  std::function<void(const absl::Status&)> on_journal_failure_;
   sluice::AccessPolicy admin_;
   std::unique_ptr<sluice::CoordinatorMetrics> metrics_;
   std::atomic<bool> cancel_{false};

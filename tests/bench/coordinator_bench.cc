@@ -98,6 +98,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/open_journal.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "tests/testing/coordinator_client.h"
 #include "tests/testing/etcd.h"
@@ -743,9 +744,10 @@ int RunPlan() {
   }
   const double parse_s = absl::ToDoubleSeconds(absl::Now() - parse_start);
 
-  sluice::CoordinatorOptions options;
-  options.journal_dir = dir.File("journal");
-  auto service = sluice::CoordinatorService::Create(options);
+  auto journal = sluice::OpenFileJournal(dir.File("journal"));
+  if (!journal.ok()) return 1;
+  auto service = sluice::CoordinatorService::Create(
+      sluice::CoordinatorOptions(), *std::move(journal));
   if (!service.ok()) return 1;
   const int64_t rss_before_kb = ProcStatusKb("VmRSS:");
   ResetPeakRss();
@@ -785,9 +787,10 @@ int RunPlan() {
       sluice::v1::JobSpec parsed;
       if (!parsed.ParseFromString(mixed.SerializeAsString())) return 1;
     }
-    sluice::CoordinatorOptions mix_options;
-    mix_options.journal_dir = dir.File("journal-mix");
-    auto mix_service = sluice::CoordinatorService::Create(mix_options);
+    auto mix_journal = sluice::OpenFileJournal(dir.File("journal-mix"));
+    if (!mix_journal.ok()) return 1;
+    auto mix_service = sluice::CoordinatorService::Create(
+        sluice::CoordinatorOptions(), *std::move(mix_journal));
     if (!mix_service.ok()) return 1;
     const int64_t mix_rss_before_kb = ProcStatusKb("VmRSS:");
     ResetPeakRss();

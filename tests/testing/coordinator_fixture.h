@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/open_journal.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
@@ -111,14 +112,21 @@ inline v1::TrainerMessage Progress(const v1::Lease& l, int64_t consumed) {
   return m;
 }
 
-// A service on a fake clock with a journal in `dir`, for restart tests.
-inline CoordinatorOptions JournaledOptions(FakeClock* clock,
-                                           const std::string& dir) {
+// Options of a service on a fake clock whose trainers are scripted (they
+// read nothing), for tests that restart it over a journal (CreateJournaled).
+inline CoordinatorOptions JournaledOptions(FakeClock* clock) {
   CoordinatorOptions options;
   options.clock = clock;
   options.wait_for_data_servers = false;  // scripted trainers read nothing
-  options.journal_dir = dir;
   return options;
+}
+
+// A service over the file journal in `dir`, replayed (as after a restart).
+inline absl::StatusOr<std::unique_ptr<CoordinatorService>> CreateJournaled(
+    const CoordinatorOptions& options, const std::string& dir) {
+  absl::StatusOr<RecoveredJournal> journal = OpenFileJournal(dir);
+  if (!journal.ok()) return journal.status();
+  return CoordinatorService::Create(options, *std::move(journal));
 }
 
 class CoordinatorServiceTest : public ::testing::Test {

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/open_journal.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -160,8 +161,10 @@ class CoordinatorConcurrencyTest : public ::testing::Test {
     CoordinatorOptions options;
     options.clock = &clock_;
     options.wait_for_data_servers = false;  // these trainers read nothing
-    options.journal_dir = dir_.path();      // group commits, outbox thread
-    auto service = CoordinatorService::Create(options);
+    // A file journal: group commits, the outbox's flusher thread.
+    auto journal = OpenFileJournal(dir_.path());
+    ASSERT_OK(journal);
+    auto service = CoordinatorService::Create(options, *std::move(journal));
     ASSERT_OK(service);
     service_ = std::move(*service);
     service_->StartExpiryThread();

@@ -29,6 +29,7 @@ namespace {
 
 using ::sluice::testing::Complete;
 using ::sluice::testing::CoordinatorServiceTest;
+using ::sluice::testing::CreateJournaled;
 using ::sluice::testing::FakeClock;
 using ::sluice::testing::Hello;
 using ::sluice::testing::JournaledOptions;
@@ -52,12 +53,10 @@ TEST(CoordinatorDurabilityTest, JobReportsWaitForTheRecordsTheyInclude) {
   CoordinatorOptions options;
   options.clock = &clock;
   options.wait_for_data_servers = false;
-  options.journal_for_testing = [&journal] {
-    auto j = std::make_unique<testing::GatedJournal>();
-    journal = j.get();
-    return j;
-  };
-  auto created = CoordinatorService::Create(options);
+  RecoveredJournal gated;
+  gated.journal = std::make_unique<testing::GatedJournal>();
+  journal = static_cast<testing::GatedJournal*>(gated.journal.get());
+  auto created = CoordinatorService::Create(options, std::move(gated));
   ASSERT_OK(created);
   std::unique_ptr<CoordinatorService> service = std::move(*created);
   journal->MakeDurable(1);  // the job's creation
@@ -108,12 +107,12 @@ TEST(CoordinatorRecoveryTest,
      ARecoveredLeaseWaitsTheReconnectGraceForItsHolder) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
+  CoordinatorOptions options = JournaledOptions(&clock);
   options.wait_for_data_servers = false;
   v1::JobSpec spec = Spec("j", {5, 5}, 1, 1);
   spec.set_lease_ttl_ms(2000);
   {
-    auto service = CoordinatorService::Create(options);
+    auto service = CreateJournaled(options, dir.path());
     ASSERT_OK(service);
     ASSERT_OK((*service)->CreateJob(spec));
     auto sink = std::make_shared<RecordingSink>();
@@ -121,7 +120,7 @@ TEST(CoordinatorRecoveryTest,
     (*service)->Flush();
     ASSERT_EQ(sink->TakeGrants().size(), 1u);
   }
-  auto service = CoordinatorService::Create(options);
+  auto service = CreateJournaled(options, dir.path());
   ASSERT_OK(service);
   clock.Advance(absl::Seconds(2) + kReconnectGrace - absl::Milliseconds(1));
   EXPECT_EQ((*service)->ExpireLeases(), 0);
@@ -133,11 +132,11 @@ TEST(CoordinatorRecoveryTest,
 TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
+  CoordinatorOptions options = JournaledOptions(&clock);
   v1::Job before;
   std::string held_lease;
   {
-    auto service = CoordinatorService::Create(options);
+    auto service = CreateJournaled(options, dir.path());
     ASSERT_OK(service);
     v1::JobSpec spec = Spec("j", {5, 5, 5}, 3, 2);
     spec.set_max_samples_per_lease(2);
@@ -158,7 +157,7 @@ TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
     before.mutable_status()->mutable_ranks(1)->clear_sessions();
     before.mutable_status()->clear_leases();
   }
-  auto service = CoordinatorService::Create(options);
+  auto service = CreateJournaled(options, dir.path());
   ASSERT_OK(service);
   EXPECT_GT((*service)->recovered_records(), 0);
   v1::Job after = *(*service)->GetJob("j", false);
@@ -188,12 +187,12 @@ TEST(CoordinatorRecoveryTest, ReplayEqualsLiveState) {
 TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
+  CoordinatorOptions options = JournaledOptions(&clock);
   options.journal_compact_bytes = 4096;
   std::string before;
   std::set<std::string> held;
   {
-    auto created = CoordinatorService::Create(options);
+    auto created = CreateJournaled(options, dir.path());
     ASSERT_OK(created);
     CoordinatorService& service = **created;
     v1::JobSpec spec = Spec("j", {40, 25, 35}, 2, 4);  // q = 50
@@ -220,7 +219,7 @@ TEST(CoordinatorCompactionTest, SnapshotsKeepTheJournalSmallAndReplayExactly) {
   struct stat st;
   ASSERT_EQ(stat((dir.path() + "/journal.log").c_str(), &st), 0);
   EXPECT_LT(st.st_size, 3 * 4096);
-  auto reopened = CoordinatorService::Create(options);
+  auto reopened = CreateJournaled(options, dir.path());
   ASSERT_OK(reopened);
   v1::Job after = *(*reopened)->GetJob("j", false);
   for (auto& r : *after.mutable_status()->mutable_ranks())
@@ -300,10 +299,9 @@ TEST(CoordinatorCompactionTest, TheServiceGoesOnWhileTheSnapshotIsWritten) {
   options.clock = &clock;
   options.wait_for_data_servers = false;
   options.journal_compact_bytes = 8192;  // in the first epoch
-  options.journal_for_testing = [held] {
-    return std::unique_ptr<Journal>(held);
-  };
-  auto created = CoordinatorService::Create(options);
+  RecoveredJournal journal;
+  journal.journal.reset(held);
+  auto created = CoordinatorService::Create(options, std::move(journal));
   ASSERT_OK(created);
   CoordinatorService& service = **created;
   v1::JobSpec spec = Spec("j", {400, 300}, 1, 2);

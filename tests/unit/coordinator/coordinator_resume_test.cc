@@ -29,6 +29,7 @@ namespace {
 
 using ::sluice::testing::Complete;
 using ::sluice::testing::CoordinatorServiceTest;
+using ::sluice::testing::CreateJournaled;
 using ::sluice::testing::FakeClock;
 using ::sluice::testing::Hello;
 using ::sluice::testing::JournaledOptions;
@@ -171,10 +172,10 @@ TEST_F(CoordinatorServiceTest, ResumingTwiceFromOneCheckpointRestoresItTwice) {
 TEST(CoordinatorResumeTest, LaunchesOfTheLastResumeSurviveARestart) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
+  CoordinatorOptions options = JournaledOptions(&clock);
   const v1::Cursor cursor = MakeCursor("j", 0, 2, {4, 3});
   {
-    auto created = CoordinatorService::Create(options);
+    auto created = CreateJournaled(options, dir.path());
     ASSERT_OK(created);
     v1::JobSpec spec = Spec("j", {10, 10}, 2, 2);  // q = 10
     spec.set_max_samples_per_lease(3);
@@ -187,7 +188,7 @@ TEST(CoordinatorResumeTest, LaunchesOfTheLastResumeSurviveARestart) {
     ASSERT_EQ(a2.Consume(5), 5);
     ASSERT_EQ(b2.Consume(5), 5);
   }
-  auto reopened = CoordinatorService::Create(options);
+  auto reopened = CreateJournaled(options, dir.path());
   ASSERT_OK(reopened);
   EXPECT_EQ((*reopened)->GetJob("j", false)->status().ranks(0).consumed(), 9);
   SimTrainer same(**reopened, "j", 1, "b2", &cursor, "", 0, 0, "one-b");
@@ -236,10 +237,10 @@ TEST_F(CoordinatorServiceTest, ResumeIntoThePreviousEpoch) {
 TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
+  CoordinatorOptions options = JournaledOptions(&clock);
   v1::Job before;
   {
-    auto created = CoordinatorService::Create(options);
+    auto created = CreateJournaled(options, dir.path());
     ASSERT_OK(created);
     CoordinatorService& service = **created;
     v1::JobSpec four =
@@ -287,7 +288,7 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
     EXPECT_EQ(fresh[0]->begins[1].samples_for_rank(), 17);
     before = *service.GetJob("three", false);
   }
-  auto service = CoordinatorService::Create(options);
+  auto service = CreateJournaled(options, dir.path());
   ASSERT_OK(service);
   v1::Job after = *(*service)->GetJob("three", false);
   for (int r = 0; r < 3; ++r)
@@ -304,8 +305,8 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
 TEST(CoordinatorResumeTest, AJobAndItsCopyResumeEachOtherBothWays) {
   testing::TempDir dir;
   FakeClock clock;
-  CoordinatorOptions options = JournaledOptions(&clock, dir.path());
-  auto created = CoordinatorService::Create(options);
+  CoordinatorOptions options = JournaledOptions(&clock);
+  auto created = CreateJournaled(options, dir.path());
   ASSERT_OK(created);
   CoordinatorService& service = **created;
   v1::JobSpec four = Spec("four", {11, 3, 17, 8, 0, 12}, 4, 2);  // q = 12
