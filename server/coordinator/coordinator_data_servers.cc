@@ -136,11 +136,9 @@ void CoordinatorService::DataServerDraining(int64_t id) {
     v1::CoordinatorMessage leaving;
     leaving.mutable_leaving()->set_data_server(*address);
     for (const std::string& holder : leases_.HoldersOn(*address)) {
-      auto owner = session_of_trainer_.find(holder);
-      if (owner == session_of_trainer_.end()) continue;
-      auto session = sessions_.find(owner->second);
-      if (session == sessions_.end() || session->second.finished) continue;
-      fx.sends.emplace_back(session->second.sink, leaving);
+      if (Session* session = sessions_.SessionOf(holder); session != nullptr) {
+        fx.sends.emplace_back(session->sink, leaving);
+      }
     }
     SubmitLocked(fx);
   }

@@ -98,10 +98,7 @@ std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job,
 
 bool CoordinatorService::SlotHasOpenSessionLocked(const JobData& job,
                                                   int32_t slot) {
-  auto open = open_sessions_.find(job.spec.name());
-  if (open == open_sessions_.end()) return false;
-  auto n = open->second.per_slot.find(slot);
-  return n != open->second.per_slot.end() && n->second > 0;
+  return sessions_.SlotHasOpenSession(job.spec.name(), slot);
 }
 
 bool CoordinatorService::SlotKeepsRemaindersLocked(const JobData& job,
@@ -119,13 +116,9 @@ void CoordinatorService::PumpAllLocked(Effects& fx) {
 }
 
 void CoordinatorService::NoteHolderWantsLocked(const std::string& holder) {
-  auto owner = session_of_trainer_.find(holder);
-  if (owner == session_of_trainer_.end()) return;
-  auto s = sessions_.find(owner->second);
-  if (s == sessions_.end() || !s->second.hello || s->second.finished) return;
-  auto open = open_sessions_.find(s->second.job);
-  if (open != open_sessions_.end() && open->second.all.count(s->first) > 0)
-    open->second.wanting.insert(s->first);
+  if (Session* s = sessions_.SessionOf(holder); s != nullptr) {
+    sessions_.SetWanting(*s, true);
+  }
 }
 
 bool CoordinatorService::MaybeAdvanceEpochLocked(const std::string& name,
@@ -363,21 +356,17 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
   JobRuntime& rt = runtime_[name];
   // The sessions to visit (copied: a session may finish on the way).
   std::vector<int64_t> ids;
-  if (auto open = open_sessions_.find(name); open != open_sessions_.end()) {
-    if (scope == PumpScope::kAll) {
-      ids.assign(open->second.all.begin(), open->second.all.end());
-    } else if (scope == PumpScope::kWanting) {
-      ids.assign(open->second.wanting.begin(), open->second.wanting.end());
-    }
+  if (scope != PumpScope::kOne) {
+    ids = sessions_.OpenIds(name, /*wanting=*/scope == PumpScope::kWanting);
   }
   if (only != nullptr && scope != PumpScope::kAll &&
       std::find(ids.begin(), ids.end(), only->id) == ids.end()) {
     ids.push_back(only->id);
   }
   for (int64_t id : ids) {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) continue;
-    Session& s = it->second;
+    Session* found = sessions_.Find(id);
+    if (found == nullptr) continue;
+    Session& s = *found;
     if (!s.hello || s.finished || s.job != name) continue;
     if (s.announced_epoch != job->epoch) {
       if (s.announced_epoch >= 0) {
@@ -451,16 +440,8 @@ void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,
     } else if (held >= s.credits) {
       s.waiting.clear();
     }
-    // Looked up again: a session finished on the way may have taken the
-    // job's entry with it.
-    if (auto open = open_sessions_.find(name);
-        open != open_sessions_.end() && !s.finished) {
-      if (held < s.credits) {
-        open->second.wanting.insert(s.id);
-      } else {
-        open->second.wanting.erase(s.id);
-      }
-    }
+    // A session that finished on the way is no longer open: left alone.
+    sessions_.SetWanting(s, held < s.credits);
   }
 }
 

@@ -101,9 +101,9 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   for (const auto& [rank, n] : job.live_leases_by_rank) {
     if (rank >= 0 && static_cast<size_t>(rank) < ranks) live[rank] = n;
   }
-  if (auto open = open_sessions_.find(job.spec.name());
-      open != open_sessions_.end()) {
-    for (const auto& [rank, n] : open->second.per_rank) {
+  if (const SessionTable::Open* open = sessions_.OpenOf(job.spec.name());
+      open != nullptr) {
+    for (const auto& [rank, n] : open->per_rank) {
       if (rank >= 0 && static_cast<size_t>(rank) < ranks) sessions[rank] = n;
     }
   }

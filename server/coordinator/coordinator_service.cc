@@ -398,12 +398,10 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
     record.mutable_job_deleted()->set_job(name);
     RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
     runtime_.erase(name);
-    for (auto& [id, s] : sessions_) {
-      if (s.hello && s.job == name) {
-        FinishSessionLocked(
-            s, absl::NotFoundError(absl::StrCat("job ", name, " was deleted")),
-            fx);
-      }
+    for (int64_t id : sessions_.OpenIds(name, /*wanting=*/false)) {
+      FinishSessionLocked(
+          *sessions_.Find(id),
+          absl::NotFoundError(absl::StrCat("job ", name, " was deleted")), fx);
     }
     if (options_.metrics != nullptr) options_.metrics->RemoveJob(name);
     UpdateGaugesLocked();
@@ -514,10 +512,10 @@ void CoordinatorService::SizeFleet() {
     return;
   }
   std::map<std::string, int32_t> readers;
-  for (const auto& [job, open] : open_sessions_) {
+  for (const auto& [job, open] : sessions_.OpenCounts()) {
     const JobData* data = state_.FindJob(job);
     if (data != nullptr)
-      readers[data->spec.pool()] += static_cast<int32_t>(open.all.size());
+      readers[data->spec.pool()] += static_cast<int32_t>(open);
   }
   int32_t desired_total = 0;
   double wait_total = 0;
@@ -684,9 +682,10 @@ void CoordinatorService::Drain() {
   Effects fx;
   {
     ServiceLock lock(this);
-    for (auto& [id, s] : sessions_) {
+    for (int64_t id : sessions_.Ids()) {
       FinishSessionLocked(
-          s, absl::UnavailableError("coordinator is shutting down; reconnect"),
+          *sessions_.Find(id),
+          absl::UnavailableError("coordinator is shutting down; reconnect"),
           fx);
     }
     SubmitLocked(fx);

@@ -48,6 +48,7 @@
 #include "server/coordinator/once_barrier.h"
 #include "server/coordinator/plan_ahead.h"
 #include "server/coordinator/recovered_journal.h"
+#include "server/coordinator/session_table.h"
 #include "server/coordinator/unreachable_servers.h"
 #include "sluice/v1/coordinator.pb.h"
 
@@ -260,26 +261,6 @@ class CoordinatorService {
   // has its own lock: callable with or without mu_).
   void UpdateDataServerMetric();
 
-  struct Session {
-    int64_t id = 0;
-    std::shared_ptr<SessionSink> sink;
-    bool hello = false;
-    std::string job;
-    int32_t rank = 0;
-    int32_t worker = 0;
-    int32_t num_workers = 1;  // readers per rank this session reads with
-    std::string node;         // the reader's node (Hello.node), "" = unknown
-    std::string pool;         // the job's data-server pool (JobSpec.pool)
-    int32_t slot = 0;         // its reader slot in the job's plan (at Hello)
-    std::string trainer_id;   // "job/trainer_id": the holder of its leases
-    int32_t credits = 0;
-    int64_t announced_epoch = -1;
-    std::string waiting;
-    bool finished = false;
-    // Data servers this session's reader reported it cannot reach: its
-    // grants are routed elsewhere while any other server is live.
-    UnreachableServers unreachable;
-  };
   // Runtime (derived) per-job data: queues of unassigned pieces.
   struct JobRuntime {
     std::vector<std::deque<Piece>> queues;  // static: per slot; else [0]
@@ -441,9 +422,12 @@ class CoordinatorService {
   bool SlotKeepsRemaindersLocked(const JobData& job, const JobRuntime& rt,
                                  int32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the session from open_sessions_ (finished or closed) and notes
-  // when its slot was left without one.
+  // Drops the session from its job's open sessions (finished or closed)
+  // and notes when its slot was left without one.
   void ForgetOpenLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slot `slot` of job `job` has no open session left since now.
+  void NoteSlotLeftLocked(const std::string& job, int32_t slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Job JobToProtoLocked(const JobData& job, bool include_manifest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Lease LeaseToProtoLocked(const LeaseEntry& lease, const JobData& job)
@@ -531,20 +515,7 @@ class CoordinatorService {
   CoordinatorState state_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
-  // A job's sessions past Hello and not finished: what a pump of the job
-  // walks and Hello's session limit counts, without visiting every session
-  // of every job.
-  struct OpenSessions {
-    std::set<int64_t> all;
-    // Those whose last pump left them holding fewer leases than their
-    // credits, and those a lease ended for without a message of their own:
-    // the only ones returned work or a new data server can feed.
-    std::set<int64_t> wanting;
-    std::map<int32_t, int32_t> per_slot;  // slot -> how many of `all`
-    std::map<int32_t, int32_t> per_rank;  // rank -> how many of `all`
-  };
-  std::map<std::string, OpenSessions> open_sessions_ ABSL_GUARDED_BY(mu_);
+  SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   // Under its own lock: heartbeats are recorded without mu_.
   DataServerRegistry data_servers_;
   // One above the newest fence any data server reported having seen (raised
@@ -552,8 +523,6 @@ class CoordinatorService {
   std::atomic<uint64_t> seen_fence_floor_{1};
   // Raises seen_fence_floor_ above `max_fence_seen` (capped).
   void RaiseSeenFenceFloor(uint64_t max_fence_seen);
-  std::map<std::string, int64_t> session_of_trainer_ ABSL_GUARDED_BY(mu_);
-  int64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   // Created once the journal is replayed; gone before the journal.
   std::unique_ptr<DurableOutbox> outbox_;

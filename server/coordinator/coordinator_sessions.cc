@@ -26,28 +26,22 @@ using v1::CoordinatorMessage;
 
 int64_t CoordinatorService::OpenSession(std::shared_ptr<SessionSink> sink) {
   ServiceLock lock(this);
-  const int64_t id = next_session_id_++;
-  Session& s = sessions_[id];
-  s.id = id;
-  s.sink = std::move(sink);
+  const int64_t id = sessions_.Add(std::move(sink)).id;
   UpdateGaugesLocked();
   return id;
 }
 
 void CoordinatorService::CloseSession(int64_t session_id) {
   ServiceLock lock(this);
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) return;
-  auto owner = session_of_trainer_.find(it->second.trainer_id);
-  if (owner != session_of_trainer_.end() && owner->second == session_id) {
-    session_of_trainer_.erase(owner);
+  Session* s = sessions_.Find(session_id);
+  if (s == nullptr) return;
+  if (s->hello && options_.metrics != nullptr &&
+      state_.FindJob(s->job) != nullptr) {
+    options_.metrics->ForJob(s->job).sessions->Decrement();
   }
-  if (it->second.hello && options_.metrics != nullptr &&
-      state_.FindJob(it->second.job) != nullptr) {
-    options_.metrics->ForJob(it->second.job).sessions->Decrement();
-  }
-  ForgetOpenLocked(it->second);
-  sessions_.erase(it);
+  const std::string job = s->job;
+  const int32_t slot = s->slot;
+  if (sessions_.Remove(session_id)) NoteSlotLeftLocked(job, slot);
   UpdateGaugesLocked();
 }
 
@@ -61,25 +55,14 @@ void CoordinatorService::FinishSessionLocked(Session& s,
 }
 
 void CoordinatorService::ForgetOpenLocked(const Session& s) {
-  if (!s.hello) return;
-  auto open = open_sessions_.find(s.job);
-  if (open == open_sessions_.end()) return;
-  if (open->second.all.erase(s.id) == 0) return;
-  open->second.wanting.erase(s.id);
-  bool slot_left = false;
-  if (auto n = open->second.per_slot.find(s.slot);
-      n != open->second.per_slot.end() && --n->second <= 0) {
-    open->second.per_slot.erase(n);
-    slot_left = true;
-  }
-  if (auto n = open->second.per_rank.find(s.rank);
-      n != open->second.per_rank.end() && --n->second <= 0) {
-    open->second.per_rank.erase(n);
-  }
-  if (open->second.all.empty()) open_sessions_.erase(open);
-  const JobData* job = state_.FindJob(s.job);
-  if (job == nullptr || job->done || !slot_left) return;
-  runtime_[s.job].slot_left_at[s.slot] = options_.clock->Now();
+  if (sessions_.Leave(s)) NoteSlotLeftLocked(s.job, s.slot);
+}
+
+void CoordinatorService::NoteSlotLeftLocked(const std::string& job,
+                                            int32_t slot) {
+  const JobData* data = state_.FindJob(job);
+  if (data == nullptr || data->done) return;
+  runtime_[job].slot_left_at[slot] = options_.clock->Now();
 }
 
 void CoordinatorService::OnMessage(int64_t session_id,
@@ -95,9 +78,9 @@ void CoordinatorService::HandleMessage(int64_t session_id,
   {
     ServiceLock lock(this);
     lock.set_message(message.msg_case());
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end() || it->second.finished) return;
-    Session& s = it->second;
+    Session* found = sessions_.Find(session_id);
+    if (found == nullptr || found->finished) return;
+    Session& s = *found;
     if (may_plan_first && message.has_hello() && !s.hello &&
         HelloPlanInputsLocked(message.hello()).has_value()) {
       plan_first = true;  // below, without the lock
@@ -162,9 +145,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
                         fx);
     return;
   }
-  auto open = open_sessions_.find(hello.job());
-  const int64_t open_sessions =
-      open == open_sessions_.end() ? 0 : open->second.all.size();
+  const int64_t open_sessions = sessions_.OpenCount(hello.job());
   if (open_sessions >= options_.max_sessions_per_job) {
     FinishSessionLocked(
         s,
@@ -238,10 +219,6 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
   s.node = hello.node();
   s.pool = job->spec.pool();
   s.slot = job->plan.SlotOf(s.rank, s.worker);
-  OpenSessions& open_of_job = open_sessions_[s.job];
-  open_of_job.all.insert(s.id);
-  ++open_of_job.per_slot[s.slot];
-  ++open_of_job.per_rank[s.rank];
   if (options_.metrics != nullptr)
     options_.metrics->ForJob(s.job).sessions->Increment();
   // Leases follow the trainer within its job: the same trainer_id in
@@ -251,17 +228,12 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
                    hello.trainer_id().empty() ? absl::StrCat("session-", s.id)
                                               : hello.trainer_id());
   // One live session per trainer: a reconnect replaces the old stream.
-  auto [owner, inserted] = session_of_trainer_.emplace(s.trainer_id, s.id);
-  if (!inserted && owner->second != s.id) {
-    auto old = sessions_.find(owner->second);
-    if (old != sessions_.end()) {
-      FinishSessionLocked(
-          old->second,
-          absl::AbortedError(absl::StrCat("trainer ", s.trainer_id,
-                                          " reconnected on a new session")),
-          fx);
-    }
-    owner->second = s.id;
+  if (Session* old = sessions_.Join(s); old != nullptr) {
+    FinishSessionLocked(
+        *old,
+        absl::AbortedError(absl::StrCat("trainer ", s.trainer_id,
+                                        " reconnected on a new session")),
+        fx);
   }
   CoordinatorMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_ms(
@@ -355,10 +327,10 @@ absl::Status CoordinatorService::ResumeLocked(const v1::Hello& hello,
   // Sessions open before the resume belong to the run before the restart:
   // end them (FAILED_PRECONDITION, so a surviving Reader stops instead of
   // competing for the restored work).
-  for (auto& [id, other] : sessions_) {
-    if (other.hello && other.job == hello.job()) {
+  for (int64_t id : sessions_.OpenIds(hello.job(), /*wanting=*/false)) {
+    if (Session* other = sessions_.Find(id); other != nullptr) {
       FinishSessionLocked(
-          other,
+          *other,
           absl::FailedPreconditionError(absl::StrCat(
               why, " (attempt \"", hello.resume_attempt(),
               "\"); this session belongs to the run before that restart")),
@@ -462,15 +434,16 @@ absl::Status CoordinatorService::UseWorkersLocked(const v1::Hello& hello,
       "left)",
       hello.job(), job->epoch, workers, job->plan.samples_per_rank);
   // Sessions that said another number read slots that no longer exist.
-  for (auto& [id, other] : sessions_) {
-    if (other.hello && !other.finished && other.job == hello.job() &&
-        other.num_workers != workers) {
+  for (int64_t id : sessions_.OpenIds(hello.job(), /*wanting=*/false)) {
+    Session* other = sessions_.Find(id);
+    if (other != nullptr && other->num_workers != workers) {
       FinishSessionLocked(
-          other,
-          absl::FailedPreconditionError(absl::StrCat(
-              "job ", hello.job(), " is now read with ", workers,
-              " reader(s) per rank (a session said num_workers=",
-              hello.num_workers(), "); this session said ", other.num_workers)),
+          *other,
+          absl::FailedPreconditionError(
+              absl::StrCat("job ", hello.job(), " is now read with ", workers,
+                           " reader(s) per rank (a session said num_workers=",
+                           hello.num_workers(), "); this session said ",
+                           other->num_workers)),
           fx);
     }
   }
@@ -699,14 +672,12 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name,
 void CoordinatorService::RevokeLocked(const std::string& holder,
                                       const std::string& lease_id,
                                       const std::string& why, Effects& fx) {
-  auto owner = session_of_trainer_.find(holder);
-  if (owner == session_of_trainer_.end()) return;
-  auto session = sessions_.find(owner->second);
-  if (session == sessions_.end() || session->second.finished) return;
+  Session* session = sessions_.SessionOf(holder);
+  if (session == nullptr) return;
   CoordinatorMessage revoke;
   revoke.mutable_revoke()->set_lease_id(lease_id);
   revoke.mutable_revoke()->set_why(why);
-  fx.sends.emplace_back(session->second.sink, std::move(revoke));
+  fx.sends.emplace_back(session->sink, std::move(revoke));
 }
 
 }  // namespace sluice
