@@ -190,6 +190,9 @@ void CoordinatorService::MaybeCompactLocked() {
   compactor_->Schedule([this, snapshot, size, start] {
     absl::Status status = journal_->FinishCompaction(*snapshot);
     const int64_t after = journal_->bytes_written();
+    // The compaction made the records it wrote durable: what waits for
+    // them goes out now.
+    DeliverReady();
     ServiceLock lock(this);
     compacting_ = false;
     ++compactions_finished_;
@@ -274,20 +277,35 @@ void CoordinatorService::RunExpiry() {
   }
 }
 
-absl::StatusOr<v1::Job> CoordinatorService::CreateJob(
-    const v1::JobSpec& request) {
-  ASSIGN_OR_RETURN(
-      v1::JobSpec spec,
-      NormalizeJobSpec(
-          request,
-          ManifestFiles{manifest_roots_ ? &*manifest_roots_ : nullptr,
-                        options_.max_manifest_bytes},
-          options_.job_limits));
-  Effects fx;
-  uint64_t ticket = 0;
-  v1::Job result;
+namespace {
+
+// Calls `call` with a reply function and waits for its reply.
+template <typename T>
+T AwaitReply(const std::function<void(std::function<void(T)>)>& call) {
+  absl::Notification replied;
+  std::optional<T> result;
+  call([&](T r) {
+    result.emplace(std::move(r));
+    replied.Notify();
+  });
+  replied.WaitForNotification();
+  return *std::move(result);
+}
+
+}  // namespace
+
+void CoordinatorService::CreateJob(const v1::JobSpec& request, JobReply done) {
+  absl::StatusOr<v1::JobSpec> normalized = NormalizeJobSpec(
+      request,
+      ManifestFiles{manifest_roots_ ? &*manifest_roots_ : nullptr,
+                    options_.max_manifest_bytes},
+      options_.job_limits);
+  if (!normalized.ok()) return done(normalized.status());
+  v1::JobSpec spec = *std::move(normalized);
+  absl::Status refused;
   {
     ServiceLock lock(this);
+    Effects fx;
     if (const JobData* existing = state_.FindJob(spec.name())) {
       // A journal may hold 10,000 ms for a job whose request left the TTL
       // unset: the same spec.
@@ -295,123 +313,171 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(
         spec.set_lease_ttl_ms(10000);
       if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec,
                                                               spec)) {
-        return absl::AlreadyExistsError(
+        refused = absl::AlreadyExistsError(
             absl::StrCat("job ", spec.name(), " exists with a different spec"));
+      } else {
+        // The same job again: answered once what it reports is durable.
+        fx.replies.push_back([done, job = JobToProtoLocked(*existing, false)](
+                                 const absl::Status& durable) mutable {
+          if (!durable.ok()) return done(durable);
+          done(std::move(job));
+        });
+        SubmitLocked(fx);
       }
-      return JobToProtoLocked(*existing, false);
+    } else {
+      const std::string name = spec.name();
+      JournalRecord record;
+      *record.mutable_job_created()->mutable_spec() =
+          std::move(spec);  // moved, not copied
+      refused = CommitLocked(std::move(record), fx);
+      if (refused.ok()) {
+        RebuildQueuesLocked(name);
+        UpdateGaugesLocked();
+        // The reply depends on the record: it leaves once that is durable.
+        fx.replies.push_back([done, job = JobToProtoLocked(
+                                        *state_.FindJob(name), false)](
+                                 const absl::Status& durable) mutable {
+          if (!durable.ok()) return done(durable);
+          LogInfo("created job %s: %d shards, %d samples/epoch, world_size %d",
+                  job.spec().name(), job.status().num_shards(),
+                  job.status().samples_per_epoch(), job.spec().world_size());
+          done(std::move(job));
+        });
+        SubmitLocked(fx);
+      }
     }
-    const std::string name = spec.name();
-    JournalRecord record;
-    *record.mutable_job_created()->mutable_spec() =
-        std::move(spec);  // moved, not copied
-    RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
-    RebuildQueuesLocked(name);
-    result = JobToProtoLocked(*state_.FindJob(name), false);
-    UpdateGaugesLocked();
-    ticket = fx.ticket;
-    SubmitLocked(fx);
   }
-  // The reply depends on the record: it waits until the record is durable.
-  absl::Status durable = journal_->WaitDurable(ticket);
+  if (!refused.ok()) return done(refused);
   DeliverReady();
-  RETURN_IF_ERROR(durable);
-  LogInfo("created job %s: %d shards, %d samples/epoch, world_size %d",
-          result.spec().name(), result.status().num_shards(),
-          result.status().samples_per_epoch(), result.spec().world_size());
-  return result;
+}
+
+absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& spec) {
+  return AwaitReply<absl::StatusOr<v1::Job>>(
+      [&](JobReply done) { CreateJob(spec, std::move(done)); });
+}
+
+void CoordinatorService::CopyJob(const std::string& source,
+                                 const std::string& name, int32_t world_size,
+                                 JobReply done) {
+  v1::JobSpec spec;
+  {
+    ServiceLock lock(this);
+    const JobData* job = state_.FindJob(source);
+    if (job != nullptr) spec = job->spec;
+  }
+  if (spec.name().empty()) {
+    return done(absl::NotFoundError(
+        absl::StrCat("copy_of: job ", QuotePrefix(source), " not found")));
+  }
+  spec.set_name(name);
+  spec.set_world_size(world_size);
+  CreateJob(spec, std::move(done));
 }
 
 absl::StatusOr<v1::Job> CoordinatorService::CopyJob(const std::string& source,
                                                     const std::string& name,
                                                     int32_t world_size) {
-  v1::JobSpec spec;
+  return AwaitReply<absl::StatusOr<v1::Job>>([&](JobReply done) {
+    CopyJob(source, name, world_size, std::move(done));
+  });
+}
+
+void CoordinatorService::GetJob(const std::string& name, bool include_manifest,
+                                JobReply done) {
+  bool found = false;
   {
     ServiceLock lock(this);
-    const JobData* job = state_.FindJob(source);
-    if (job == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("copy_of: job ", QuotePrefix(source), " not found"));
+    if (const JobData* job = state_.FindJob(name)) {
+      found = true;
+      // The state takes a record before the journal has it: a report waits
+      // for the records it includes, so nothing it shows (an acknowledged
+      // count, a lease) can be undone by a crash.
+      Effects fx;
+      fx.replies.push_back(
+          [done, report = JobToProtoLocked(*job, include_manifest)](
+              const absl::Status& durable) mutable {
+            if (!durable.ok()) return done(durable);
+            done(std::move(report));
+          });
+      SubmitLocked(fx);
     }
-    spec = job->spec;
   }
-  spec.set_name(name);
-  spec.set_world_size(world_size);
-  return CreateJob(spec);
+  if (!found) {
+    return done(absl::NotFoundError(
+        absl::StrCat("job ", QuotePrefix(name), " not found")));
+  }
+  DeliverReady();
 }
 
 absl::StatusOr<v1::Job> CoordinatorService::GetJob(const std::string& name,
                                                    bool include_manifest) {
-  absl::StatusOr<v1::Job> result;
-  uint64_t ticket = 0;
+  return AwaitReply<absl::StatusOr<v1::Job>>(
+      [&](JobReply done) { GetJob(name, include_manifest, std::move(done)); });
+}
+
+void CoordinatorService::ListJobs(JobsReply done) {
   {
     ServiceLock lock(this);
-    const JobData* job = state_.FindJob(name);
-    if (job == nullptr)
-      return absl::NotFoundError(
-          absl::StrCat("job ", QuotePrefix(name), " not found"));
-    result = JobToProtoLocked(*job, include_manifest);
-    ticket = journal_->LastTicket();
+    std::vector<v1::Job> jobs;
+    for (const auto& [name, job] : state_.jobs())
+      jobs.push_back(JobToProtoLocked(job, false));
+    Effects fx;
+    fx.replies.push_back(
+        [done, jobs = std::move(jobs)](const absl::Status& durable) mutable {
+          if (!durable.ok()) return done(durable);
+          done(std::move(jobs));
+        });
+    SubmitLocked(fx);
   }
-  RETURN_IF_ERROR(ReportedStateDurable(ticket));
-  return result;
+  DeliverReady();
 }
 
 absl::StatusOr<std::vector<v1::Job>> CoordinatorService::ListJobs() {
-  std::vector<v1::Job> jobs;
-  uint64_t ticket = 0;
-  {
-    ServiceLock lock(this);
-    for (const auto& [name, job] : state_.jobs())
-      jobs.push_back(JobToProtoLocked(job, false));
-    ticket = journal_->LastTicket();
-  }
-  RETURN_IF_ERROR(ReportedStateDurable(ticket));
-  return jobs;
+  return AwaitReply<absl::StatusOr<std::vector<v1::Job>>>(
+      [&](JobsReply done) { ListJobs(std::move(done)); });
 }
 
-absl::Status CoordinatorService::ReportedStateDurable(uint64_t ticket) {
-  // The state takes a record before the journal has it: a reply reporting
-  // it waits for the records it includes, so nothing it shows (an acked
-  // count, a lease) can be undone by a crash.
-  absl::Status durable = journal_->WaitDurable(ticket);
-  if (durable.ok()) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat("coordinator journal failed: ", durable.message()));
-}
-
-absl::Status CoordinatorService::DeleteJob(const std::string& name) {
-  Effects fx;
-  uint64_t ticket = 0;
+void CoordinatorService::DeleteJob(const std::string& name, StatusReply done) {
+  absl::Status refused;
   {
     ServiceLock lock(this);
     const JobData* job = state_.FindJob(name);
-    if (job == nullptr)
-      return absl::NotFoundError(
+    if (job == nullptr) {
+      refused = absl::NotFoundError(
           absl::StrCat("job ", QuotePrefix(name), " not found"));
-    for (const auto& [id, lease] : job->leases) {
-      if (auto removed = leases_.Remove(id); !removed.ok()) {
-        LogError("lease table out of step with the journal: %s",
-                 removed.status().ToString());
+    } else {
+      for (const auto& [id, lease] : job->leases) {
+        if (auto removed = leases_.Remove(id); !removed.ok()) {
+          LogError("lease table out of step with the journal: %s",
+                   removed.status().ToString());
+        }
+      }
+      Effects fx;
+      JournalRecord record;
+      record.mutable_job_deleted()->set_job(name);
+      refused = CommitLocked(std::move(record), fx);
+      if (refused.ok()) {
+        runtime_.erase(name);
+        for (int64_t id : sessions_.OpenIds(name, /*wanting=*/false)) {
+          FinishSessionLocked(
+              *sessions_.Find(id),
+              absl::NotFoundError(absl::StrCat("job ", name, " was deleted")),
+              fx);
+        }
+        if (options_.metrics != nullptr) options_.metrics->RemoveJob(name);
+        UpdateGaugesLocked();
+        fx.replies.push_back(done);
+        SubmitLocked(fx);
       }
     }
-    JournalRecord record;
-    record.mutable_job_deleted()->set_job(name);
-    RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
-    runtime_.erase(name);
-    for (int64_t id : sessions_.OpenIds(name, /*wanting=*/false)) {
-      FinishSessionLocked(
-          *sessions_.Find(id),
-          absl::NotFoundError(absl::StrCat("job ", name, " was deleted")), fx);
-    }
-    if (options_.metrics != nullptr) options_.metrics->RemoveJob(name);
-    UpdateGaugesLocked();
-    ticket = fx.ticket;
-    SubmitLocked(fx);
   }
-  absl::Status durable = journal_->WaitDurable(ticket);
+  if (!refused.ok()) return done(refused);
   DeliverReady();
-  RETURN_IF_ERROR(durable);
-  return absl::OkStatus();
+}
+
+absl::Status CoordinatorService::DeleteJob(const std::string& name) {
+  return AwaitReply<absl::Status>(
+      [&](StatusReply done) { DeleteJob(name, std::move(done)); });
 }
 
 absl::Status CoordinatorService::PersistOnceFinished(
@@ -432,21 +498,34 @@ std::vector<v1::internal::OnceFinished> CoordinatorService::ListOnceFinished(
   return state_.OnceFinishedIn(scope);
 }
 
-absl::Status CoordinatorService::ResetOnce(const std::string& scope,
-                                           const std::string& name) {
-  Effects fx;
+void CoordinatorService::ResetOnce(const std::string& scope,
+                                   const std::string& name, StatusReply done) {
+  absl::Status refused;
   {
     ServiceLock lock(this);
     if (state_.FindOnceFinished(scope, name) == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
+      refused = absl::NotFoundError(absl::StrCat(
           "once ", scope, "/", name, " has not finished: nothing to reset"));
+    } else {
+      Effects fx;
+      JournalRecord record;
+      record.mutable_once_reset()->set_scope(scope);
+      record.mutable_once_reset()->set_name(name);
+      refused = CommitLocked(std::move(record), fx);
+      if (refused.ok()) {
+        fx.replies.push_back(done);
+        SubmitLocked(fx);
+      }
     }
-    JournalRecord record;
-    record.mutable_once_reset()->set_scope(scope);
-    record.mutable_once_reset()->set_name(name);
-    RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
   }
-  return journal_->WaitDurable(fx.ticket);  // nothing to send
+  if (!refused.ok()) return done(refused);
+  DeliverReady();
+}
+
+absl::Status CoordinatorService::ResetOnce(const std::string& scope,
+                                           const std::string& name) {
+  return AwaitReply<absl::Status>(
+      [&](StatusReply done) { ResetOnce(scope, name, std::move(done)); });
 }
 
 std::optional<v1::internal::OnceFinished> CoordinatorService::FindOnceFinished(

@@ -124,19 +124,36 @@ class CoordinatorService {
       const CoordinatorOptions& options, RecoveredJournal recovered = {});
   ~CoordinatorService();
 
+  // The calls that answer one caller (operators, tools) answer through
+  // `done`, called exactly once: at once when refused, else when the
+  // journal records the answer depends on (or reports) are durable, from
+  // the thread that finds them durable. No lock is held and the caller's
+  // thread never waits for the disk. Each also has a form that blocks until
+  // the answer (tests, tools).
+  using JobReply = std::function<void(absl::StatusOr<v1::Job>)>;
+  using JobsReply = std::function<void(absl::StatusOr<std::vector<v1::Job>>)>;
+  using StatusReply = std::function<void(absl::Status)>;
+
+  // Creates a job (NormalizeJobSpec's errors; ALREADY_EXISTS for a name
+  // taken by another spec; the same spec again is answered with the job).
+  void CreateJob(const v1::JobSpec& spec, JobReply done);
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   // Creates `name` as job `source`'s stored spec with `world_size`: the same
   // data in the same order over another number of ranks (CreateJob's
   // idempotence and errors; NOT_FOUND naming `source`).
+  void CopyJob(const std::string& source, const std::string& name,
+               int32_t world_size, JobReply done);
   absl::StatusOr<v1::Job> CopyJob(const std::string& source,
                                   const std::string& name, int32_t world_size);
   const CoordinatorOptions& options() const { return options_; }
-  // GetJob and ListJobs report state only once it is durable: they wait
-  // (no lock held) for the journal records the state includes, UNAVAILABLE
-  // when the journal failed.
+  // GetJob and ListJobs report state only once it is durable (UNAVAILABLE
+  // when the journal failed).
+  void GetJob(const std::string& name, bool include_manifest, JobReply done);
   absl::StatusOr<v1::Job> GetJob(const std::string& name,
                                  bool include_manifest);
+  void ListJobs(JobsReply done);
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
+  void DeleteJob(const std::string& name, StatusReply done);
   absl::Status DeleteJob(const std::string& name);
 
   // A new Session stream. Returns its id for OnMessage/CloseSession.
@@ -225,8 +242,10 @@ class CoordinatorService {
   // The finished steps of `scope` ("" = all), by scope and name.
   std::vector<v1::internal::OnceFinished> ListOnceFinished(
       const std::string& scope);
-  // Forgets a finished step (journaled; returns once durable), so that its
+  // Forgets a finished step (journaled; answered once durable), so that its
   // next caller runs it again. NOT_FOUND when it has not finished.
+  void ResetOnce(const std::string& scope, const std::string& name,
+                 StatusReply done);
   absl::Status ResetOnce(const std::string& scope, const std::string& name);
   absl::Duration data_server_timeout() const {
     return 3 * options_.heartbeat_interval;
@@ -315,9 +334,6 @@ class CoordinatorService {
   // Journals and applies one record (under mu_).
   absl::Status CommitLocked(v1::internal::JournalRecord record, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // OK once journal ticket `ticket` is durable; UNAVAILABLE naming the
-  // journal's error otherwise.
-  absl::Status ReportedStateDurable(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // Effects leave in the order they were decided (durable_outbox.h):
   // SubmitLocked queues them under mu_, DeliverReady (after releasing mu_)
   // sends those already durable.

@@ -34,7 +34,8 @@ void DurableOutbox::Submit(Effects fx) {
   if (!journaled) fx.ticket = journal_->LastTicket();
   // Records with nothing to send still go through the flusher, so they are
   // written within one group commit rather than whenever the next reply is.
-  if (fx.sends.empty() && fx.finishes.empty() && fx.hints.empty() && !journaled)
+  if (fx.sends.empty() && fx.finishes.empty() && fx.hints.empty() &&
+      fx.replies.empty() && !journaled)
     return;
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(fx));  // the flusher's Await sees it
@@ -42,13 +43,13 @@ void DurableOutbox::Submit(Effects fx) {
 
 void DurableOutbox::Send(Effects& fx, const absl::Status& durable) {
   if (!durable.ok()) {
+    const absl::Status failed = absl::UnavailableError(
+        absl::StrCat("coordinator journal failed: ", durable.message()));
     std::set<SessionSink*> done;
     for (auto& [sink, msg] : fx.sends) {
-      if (done.insert(sink.get()).second) {
-        sink->Finish(absl::UnavailableError(
-            absl::StrCat("coordinator journal failed: ", durable.message())));
-      }
+      if (done.insert(sink.get()).second) sink->Finish(failed);
     }
+    for (auto& reply : fx.replies) reply(failed);
     return;
   }
   int grants = 0;
@@ -58,6 +59,7 @@ void DurableOutbox::Send(Effects& fx, const absl::Status& durable) {
   }
   for (auto& [sink, msg] : fx.hints) sink->Send(msg);
   for (auto& [sink, status] : fx.finishes) sink->Finish(status);
+  for (auto& reply : fx.replies) reply(absl::OkStatus());
   if (metrics_ != nullptr && grants > 0) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - fx.started);
     for (int i = 0; i < grants; ++i) metrics_->grant_latency.Observe(seconds);

@@ -1,5 +1,6 @@
 // The coordinator's outbox: what a state change sends (messages to trainer
-// sessions, prefetch hints to data servers, stream ends), held until the
+// sessions, prefetch hints to data servers, stream ends, the answers to
+// unary calls such as CreateJob and GetJob), held until the
 // journal records it depends on are durable, then delivered in the order
 // the changes were decided.
 //
@@ -16,6 +17,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -51,6 +53,10 @@ struct Effects {
   std::vector<
       std::pair<std::shared_ptr<DataServerSink>, v1::CoordinatorToDataServer>>
       hints;
+  // Answers to unary calls (job create, get, delete ...): each is called
+  // once, with OK when the records are durable, or UNAVAILABLE naming the
+  // journal's failure.
+  std::vector<std::function<void(const absl::Status&)>> replies;
   uint64_t ticket = 0;
   absl::Time started = absl::Now();  // for the grant latency histogram
 };

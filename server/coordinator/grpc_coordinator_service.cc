@@ -25,6 +25,17 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
+// A reply that fills `resp` and finishes the call (from whichever thread
+// the service answers on; the call and `resp` live until Finish).
+CoordinatorService::JobReply JobInto(grpc::ServerUnaryReactor* reactor,
+                                     v1::Job* resp) {
+  return [reactor, resp](absl::StatusOr<v1::Job> job) {
+    if (!job.ok()) return reactor->Finish(ToGrpcStatus(job.status()));
+    *resp = *std::move(job);
+    reactor->Finish(grpc::Status::OK);
+  };
+}
+
 // One Session stream. The service talks to it through Sink, which outlives
 // the reactor: after OnDone, messages for the stream are dropped.
 class SessionReactor
@@ -379,7 +390,11 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ResetOnce(
                  step.runner().empty() ? "none yet" : step.runner(), ", ",
                  step.waiting(), " waiting): reset it once no one is in it")));
   }
-  return Done(ctx, service_->ResetOnce(req->scope(), req->name()));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  service_->ResetOnce(req->scope(), req->name(), [reactor](absl::Status s) {
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
 }
 
 grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*
@@ -413,37 +428,45 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(
       return Done(ctx, shape);
     }
   }
-  absl::StatusOr<v1::Job> job =
-      req->copy_of().empty()
-          ? service_->CreateJob(req->spec())
-          : service_->CopyJob(req->copy_of(), req->spec().name(),
-                              req->spec().world_size());
-  if (job.ok()) *resp = std::move(*job);
-  return Done(ctx, job.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  CoordinatorService::JobReply done = JobInto(reactor, resp);
+  if (req->copy_of().empty()) {
+    service_->CreateJob(req->spec(), std::move(done));
+  } else {
+    service_->CopyJob(req->copy_of(), req->spec().name(),
+                      req->spec().world_size(), std::move(done));
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::GetJob(
     grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
     v1::Job* resp) {
-  absl::StatusOr<v1::Job> job =
-      service_->GetJob(req->name(), req->include_manifest());
-  if (job.ok()) *resp = std::move(*job);
-  return Done(ctx, job.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  service_->GetJob(req->name(), req->include_manifest(),
+                   JobInto(reactor, resp));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
     grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
     v1::ListJobsResponse* resp) {
-  absl::StatusOr<std::vector<v1::Job>> jobs = service_->ListJobs();
-  if (!jobs.ok()) return Done(ctx, jobs.status());
-  for (v1::Job& job : *jobs) *resp->add_jobs() = std::move(job);
+  // The fleet's figures are soft state (never journaled): read now.
   for (std::string& address : service_->LiveDataServers())
     resp->add_live_data_servers(std::move(address));
   resp->set_desired_data_servers(service_->desired_data_servers());
   resp->set_input_wait_share(service_->input_wait_share());
   for (v1::PoolFleet& pool : service_->PoolFleets())
     *resp->add_pools() = std::move(pool);
-  return Done(ctx, absl::OkStatus());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  service_->ListJobs(
+      [reactor, resp](absl::StatusOr<std::vector<v1::Job>> jobs) {
+        if (jobs.ok()) {
+          for (v1::Job& job : *jobs) *resp->add_jobs() = std::move(job);
+        }
+        reactor->Finish(ToGrpcStatus(jobs.status()));
+      });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::DeleteJob(
@@ -452,7 +475,11 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::DeleteJob(
   if (absl::Status allowed = AuthorizeAdmin(ctx, "DeleteJob"); !allowed.ok()) {
     return Done(ctx, allowed);
   }
-  return Done(ctx, service_->DeleteJob(req->name()));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  service_->DeleteJob(req->name(), [reactor](absl::Status s) {
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
 }
 
 grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage>*
