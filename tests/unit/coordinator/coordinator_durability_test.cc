@@ -28,7 +28,6 @@ namespace sluice {
 namespace {
 
 using ::sluice::testing::Complete;
-using ::sluice::testing::CoordinatorServiceTest;
 using ::sluice::testing::CreateJournaled;
 using ::sluice::testing::FakeClock;
 using ::sluice::testing::Hello;
@@ -40,7 +39,6 @@ using ::sluice::testing::RecordingSink;
 using ::sluice::testing::SimTrainer;
 using ::sluice::testing::Spec;
 using ::sluice::testing::StatusIs;
-using ::sluice::testing::Tally;
 using ::sluice::testing::Want;
 using ::testing::HasSubstr;
 

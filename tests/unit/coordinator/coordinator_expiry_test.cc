@@ -31,17 +31,11 @@ using ::sluice::testing::Complete;
 using ::sluice::testing::CoordinatorServiceTest;
 using ::sluice::testing::FakeClock;
 using ::sluice::testing::Hello;
-using ::sluice::testing::JournaledOptions;
-using ::sluice::testing::MakeCursor;
 using ::sluice::testing::OpenAndWantOne;
 using ::sluice::testing::Progress;
 using ::sluice::testing::RecordingSink;
-using ::sluice::testing::SimTrainer;
 using ::sluice::testing::Spec;
-using ::sluice::testing::StatusIs;
-using ::sluice::testing::Tally;
 using ::sluice::testing::Want;
-using ::testing::HasSubstr;
 
 // A holder that stops heartbeating loses its lease at the TTL, and only the
 // unconsumed remainder (after its last Progress) is granted again (G2, G4).

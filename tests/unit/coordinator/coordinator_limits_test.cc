@@ -27,20 +27,14 @@
 namespace sluice {
 namespace {
 
-using ::sluice::testing::Complete;
 using ::sluice::testing::CoordinatorServiceTest;
 using ::sluice::testing::FakeClock;
 using ::sluice::testing::Hello;
-using ::sluice::testing::JournaledOptions;
-using ::sluice::testing::MakeCursor;
 using ::sluice::testing::OpenAndWantOne;
-using ::sluice::testing::Progress;
 using ::sluice::testing::RecordingSink;
 using ::sluice::testing::SimTrainer;
 using ::sluice::testing::Spec;
 using ::sluice::testing::StatusIs;
-using ::sluice::testing::Tally;
-using ::sluice::testing::Want;
 using ::testing::HasSubstr;
 
 // The planning limits are the operator's (flags): lowered, they apply.

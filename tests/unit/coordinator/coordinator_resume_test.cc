@@ -27,21 +27,15 @@
 namespace sluice {
 namespace {
 
-using ::sluice::testing::Complete;
 using ::sluice::testing::CoordinatorServiceTest;
 using ::sluice::testing::CreateJournaled;
 using ::sluice::testing::FakeClock;
-using ::sluice::testing::Hello;
 using ::sluice::testing::JournaledOptions;
 using ::sluice::testing::MakeCursor;
-using ::sluice::testing::OpenAndWantOne;
-using ::sluice::testing::Progress;
-using ::sluice::testing::RecordingSink;
 using ::sluice::testing::SimTrainer;
 using ::sluice::testing::Spec;
 using ::sluice::testing::StatusIs;
 using ::sluice::testing::Tally;
-using ::sluice::testing::Want;
 using ::testing::HasSubstr;
 
 // Job "j" (35 samples over 2 ranks, q = 17, units of 4): rank 0 reads 6

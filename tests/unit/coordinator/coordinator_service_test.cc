@@ -29,10 +29,7 @@ namespace {
 
 using ::sluice::testing::Complete;
 using ::sluice::testing::CoordinatorServiceTest;
-using ::sluice::testing::FakeClock;
 using ::sluice::testing::Hello;
-using ::sluice::testing::JournaledOptions;
-using ::sluice::testing::MakeCursor;
 using ::sluice::testing::OpenAndWantOne;
 using ::sluice::testing::Progress;
 using ::sluice::testing::RecordingSink;
