@@ -161,6 +161,7 @@ bench: build
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases --shuffle_window=32)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=leases --sources=10)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=plan --sources=10)
+	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=compaction --shards=200000)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=etcd)
 	@$(call BENCH,./$(BUILD_DIR)/bin/coordinator_bench --mode=open)
 	@$(call BENCH,/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin)

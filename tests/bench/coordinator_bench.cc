@@ -107,7 +107,7 @@
 #include "tests/testing/temp_dir.h"
 
 ABSL_FLAG(std::string, mode, "leases",
-          "leases | plan | etcd | open (echo_server: open's baseline server, "
+          "leases | plan | compaction | etcd | open (echo_server: open's baseline server, "
           "started by open mode itself)");
 ABSL_FLAG(std::string, port_file, "",
           "echo_server and grant_echo_server modes: where to write "
@@ -718,6 +718,67 @@ void ResetPeakRss() {
   if (fd < 0) return;
   if (write(fd, "5", 1) != 1) std::perror("clear_refs");
   close(fd);
+}
+
+// Compaction of a journal holding a job of --shards shards: how long the
+// coordinator's lock is held for it (BeginCompaction and the snapshot's copy
+// of the state) against the whole compaction (that, then serialising,
+// writing and fsyncing the snapshot and renaming it over the journal), all
+// of which a compaction under the lock held. Median of --rounds.
+int RunCompaction() {
+  const int shards = absl::GetFlag(FLAGS_shards);
+  const int rounds = std::max(absl::GetFlag(FLAGS_rounds), 1);
+  sluice::testing::TempDir dir;
+  sluice::v1::JobSpec spec;
+  spec.set_name("big");
+  spec.set_world_size(64);
+  spec.set_shuffle(true);
+  spec.set_seed(7);
+  for (int s = 0; s < shards; ++s) {
+    auto* shard = spec.mutable_manifest()->add_shards();
+    shard->set_url(
+        absl::StrCat("/data/imagenet/train/shard-", 1000000 + s, ".tar"));
+    shard->set_num_samples(1000 + s % 300);
+    shard->set_size_bytes(100 << 20);
+  }
+  {
+    auto journal = sluice::OpenFileJournal(dir.File("journal"));
+    if (!journal.ok()) return 1;
+    auto service = sluice::CoordinatorService::Create(
+        sluice::CoordinatorOptions(), *std::move(journal));
+    if (!service.ok() || !(*service)->CreateJob(spec).ok()) return 1;
+  }
+  auto recovered = sluice::OpenFileJournal(dir.File("journal"));
+  if (!recovered.ok()) return 1;
+  std::vector<double> held, whole;
+  int64_t bytes = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const absl::Time start = absl::Now();
+    recovered->journal->BeginCompaction();
+    const sluice::JournalRecord snapshot = recovered->state.Snapshot();
+    const absl::Time copied = absl::Now();
+    if (!recovered->journal->FinishCompaction(snapshot).ok()) return 1;
+    const absl::Time end = absl::Now();
+    held.push_back(absl::ToDoubleSeconds(copied - start));
+    whole.push_back(absl::ToDoubleSeconds(end - start));
+    bytes = recovered->journal->bytes_written();
+  }
+  std::sort(held.begin(), held.end());
+  std::sort(whole.begin(), whole.end());
+  const double held_s = held[held.size() / 2];
+  const double whole_s = whole[whole.size() / 2];
+  const double ratio = held_s / whole_s;
+  std::printf(
+      "coordinator compaction: %d shards, snapshot %lld bytes; lock held "
+      "%.3f s   baseline (the whole compaction, as held under the lock): "
+      "%.3f s   ratio %.3f\n",
+      shards, static_cast<long long>(bytes), held_s, whole_s, ratio);
+  std::printf(
+      "{\"bench\":\"coordinator_compaction\",\"shards\":%d,"
+      "\"snapshot_bytes\":%lld,\"lock_held_s\":%.4f,"
+      "\"baseline_whole_compaction_s\":%.4f,\"ratio\":%.3f}\n",
+      shards, static_cast<long long>(bytes), held_s, whole_s, ratio);
+  return 0;
 }
 
 int RunPlan() {
@@ -1751,6 +1812,7 @@ int main(int argc, char** argv) {
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "leases") return RunLeases();
   if (mode == "plan") return RunPlan();
+  if (mode == "compaction") return RunCompaction();
   if (mode == "etcd") return RunEtcd();
   if (mode == "open") return RunOpen();
   if (mode == "echo_server") return RunEchoServer();
