@@ -16,6 +16,7 @@
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/coordinator/coordinator_service_internal.h"
+#include "server/coordinator/memory_journal.h"
 
 namespace sluice {
 

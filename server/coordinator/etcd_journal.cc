@@ -57,21 +57,9 @@ std::string PrefixEnd(std::string prefix) {
   return std::string(1, '\0');  // every key
 }
 
-void PutU32(std::string* out, uint32_t v) {
-  char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8),
-               static_cast<char>(v >> 16), static_cast<char>(v >> 24)};
-  out->append(b, 4);
-}
-
-uint32_t GetU32(const char* p) {
-  const auto* u = reinterpret_cast<const unsigned char*>(p);
-  return u[0] | (u[1] << 8) | (u[2] << 16) |
-         (static_cast<uint32_t>(u[3]) << 24);
-}
-
 void Frame(const JournalRecord& record, std::string* out) {
   const size_t size = record.ByteSizeLong();
-  PutU32(out, static_cast<uint32_t>(size));
+  PutU32LE(out, static_cast<uint32_t>(size));
   const size_t at = out->size();
   out->resize(at + size);
   record.SerializeWithCachedSizesToArray(
@@ -90,7 +78,7 @@ absl::Status ApplyFrames(
           "etcd journal: a frame header is cut short in the commit ending at ",
           key));
     }
-    const uint32_t length = GetU32(bytes.data() + at);
+    const uint32_t length = GetU32LE(bytes.data() + at);
     if (length == 0 || length > kMaxRecordBytes ||
         length > bytes.size() - at - 4) {
       return absl::DataLossError(

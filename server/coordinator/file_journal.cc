@@ -27,30 +27,18 @@ uint32_t Crc(const char* data, size_t n) {
       crc32(0L, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n)));
 }
 
-void PutU32(std::string* out, uint32_t v) {
-  char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8),
-               static_cast<char>(v >> 16), static_cast<char>(v >> 24)};
-  out->append(b, 4);
-}
-
-uint32_t GetU32(const char* p) {
-  const auto* u = reinterpret_cast<const unsigned char*>(p);
-  return u[0] | (u[1] << 8) | (u[2] << 16) |
-         (static_cast<uint32_t>(u[3]) << 24);
-}
-
 // The offset of the first whole, valid record at or after `from` (non-empty
 // payload within the file, CRC matching, parsing as a JournalRecord), if any.
 // Zeros (a preallocated or zero-filled tail) never count as one.
 std::optional<size_t> FindValidFrame(const std::string& data, size_t from) {
   for (size_t p = from; p + kHeaderBytes < data.size(); ++p) {
-    const uint32_t length = GetU32(data.data() + p);
+    const uint32_t length = GetU32LE(data.data() + p);
     if (length == 0 || length > kMaxRecordBytes ||
         length > data.size() - p - kHeaderBytes) {
       continue;
     }
     if (Crc(data.data() + p + kHeaderBytes, length) !=
-        GetU32(data.data() + p + 4))
+        GetU32LE(data.data() + p + 4))
       continue;
     v1::internal::JournalRecord record;
     if (record.ParseFromArray(data.data() + p + kHeaderBytes,
@@ -132,8 +120,8 @@ absl::StatusOr<std::unique_ptr<FileJournal>> FileJournal::Open(
     if (left < kHeaderBytes) {
       bad = true;
     } else {
-      length = GetU32(data->data() + offset);
-      const uint32_t crc = GetU32(data->data() + offset + 4);
+      length = GetU32LE(data->data() + offset);
+      const uint32_t crc = GetU32LE(data->data() + offset + 4);
       // No record is empty: a zero length is a zero-filled tail or damage.
       if (length == 0 || length > kMaxRecordBytes ||
           left - kHeaderBytes < length) {
@@ -217,8 +205,8 @@ void FileJournal::Frame(const JournalRecord& record, std::string* out) {
   record.AppendToString(out);
   const size_t length = out->size() - header - kHeaderBytes;
   std::string fields;
-  PutU32(&fields, static_cast<uint32_t>(length));
-  PutU32(&fields, Crc(out->data() + header + kHeaderBytes, length));
+  PutU32LE(&fields, static_cast<uint32_t>(length));
+  PutU32LE(&fields, Crc(out->data() + header + kHeaderBytes, length));
   out->replace(header, kHeaderBytes, fields);
 }
 

@@ -30,6 +30,18 @@
 
 namespace sluice {
 
+// The little-endian u32 fields of the storages' frame headers.
+inline void PutU32LE(std::string* out, uint32_t v) {
+  const char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8),
+                     static_cast<char>(v >> 16), static_cast<char>(v >> 24)};
+  out->append(b, 4);
+}
+inline uint32_t GetU32LE(const char* p) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  return u[0] | (u[1] << 8) | (u[2] << 16) |
+         (static_cast<uint32_t>(u[3]) << 24);
+}
+
 class GroupCommitJournal : public Journal {
  public:
   uint64_t Enqueue(const std::vector<JournalRecord>& records) final;

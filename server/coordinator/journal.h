@@ -1,11 +1,12 @@
-// The coordinator's journal: an append-only log of JournalRecords.
+// Journal: the coordinator's journal interface, an append-only log of
+// JournalRecords (see journal.proto). Durable state changes only through
+// it: validate, Apply, Enqueue, then answer once WaitDurable says the
+// records are written and fsync'd. Replay at start-up hands every record
+// back in order (open_journal.h). Implementations: FileJournal and
+// EtcdJournal (over GroupCommitJournal), MemoryJournal.
 //
-// Durable state changes only through it (see journal.proto): validate, Append
-// (returns once the records are fsync'd), then Apply. Replay hands every
-// record back in order at start-up.
-//
-// Thread-safe: Append may be called from many threads at once; concurrent
-// appends are group-committed (one write + one fsync for all of them).
+// Thread-safe: Enqueue and WaitDurable may be called from many threads at
+// once; a durable journal group-commits concurrent appends.
 #ifndef SLUICE_SERVER_COORDINATOR_JOURNAL_H_
 #define SLUICE_SERVER_COORDINATOR_JOURNAL_H_
 
@@ -67,28 +68,6 @@ class Journal {
 
 // Observes each fsync's duration in seconds (for a metrics histogram).
 using FsyncObserver = std::function<void(double seconds)>;
-
-// In-memory Journal for unit tests of the coordinator logic.
-class MemoryJournal final : public Journal {
- public:
-  uint64_t Enqueue(const std::vector<JournalRecord>& records) override;
-  uint64_t Enqueue(const JournalRecord& record) override;
-  absl::Status WaitDurable(uint64_t) override { return absl::OkStatus(); }
-  uint64_t LastTicket() const override;
-  bool IsDurable(uint64_t) const override { return true; }
-  int64_t bytes_written() const override;
-  void BeginCompaction() override;
-  absl::Status FinishCompaction(const JournalRecord& snapshot) override;
-  std::vector<JournalRecord> records() const;
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<JournalRecord> records_ ABSL_GUARDED_BY(mu_);
-  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // The records before this index are the ones a compaction's snapshot
-  // replaces (-1: none begun).
-  int64_t compaction_mark_ ABSL_GUARDED_BY(mu_) = -1;
-};
 
 }  // namespace sluice
 

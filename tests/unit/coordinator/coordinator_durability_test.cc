@@ -17,6 +17,7 @@
 #include "server/common/lease_token.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/memory_journal.h"
 #include "tests/testing/coordinator_fixture.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/gated_journal.h"

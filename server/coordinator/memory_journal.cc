@@ -1,4 +1,4 @@
-#include "server/coordinator/journal.h"
+#include "server/coordinator/memory_journal.h"
 
 namespace sluice {
 
