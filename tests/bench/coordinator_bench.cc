@@ -107,7 +107,8 @@
 #include "tests/testing/temp_dir.h"
 
 ABSL_FLAG(std::string, mode, "leases",
-          "leases | plan | compaction | etcd | open (echo_server: open's baseline server, "
+          "leases | plan | compaction | etcd | open (echo_server: open's "
+          "baseline server, "
           "started by open mode itself)");
 ABSL_FLAG(std::string, port_file, "",
           "echo_server and grant_echo_server modes: where to write "
