@@ -721,15 +721,9 @@ void ResetPeakRss() {
   close(fd);
 }
 
-// Compaction of a journal holding a job of --shards shards: how long the
-// coordinator's lock is held for it (BeginCompaction and the snapshot's copy
-// of the state) against the whole compaction (that, then serialising,
-// writing and fsyncing the snapshot and renaming it over the journal), all
-// of which a compaction under the lock held. Median of --rounds.
-int RunCompaction() {
-  const int shards = absl::GetFlag(FLAGS_shards);
-  const int rounds = std::max(absl::GetFlag(FLAGS_rounds), 1);
-  sluice::testing::TempDir dir;
+// Job "big": `shards` ImageNet-like shards of 1,000-1,299 samples, 64
+// ranks, shuffled.
+sluice::v1::JobSpec BigJobSpec(int shards) {
   sluice::v1::JobSpec spec;
   spec.set_name("big");
   spec.set_world_size(64);
@@ -742,6 +736,19 @@ int RunCompaction() {
     shard->set_num_samples(1000 + s % 300);
     shard->set_size_bytes(100 << 20);
   }
+  return spec;
+}
+
+// Compaction of a journal holding a job of --shards shards: how long the
+// coordinator's lock is held for it (BeginCompaction and the snapshot's copy
+// of the state) against the whole compaction (that, then serialising,
+// writing and fsyncing the snapshot and renaming it over the journal), all
+// of which a compaction under the lock held. Median of --rounds.
+int RunCompaction() {
+  const int shards = absl::GetFlag(FLAGS_shards);
+  const int rounds = std::max(absl::GetFlag(FLAGS_rounds), 1);
+  sluice::testing::TempDir dir;
+  const sluice::v1::JobSpec spec = BigJobSpec(shards);
   {
     auto journal = sluice::OpenFileJournal(dir.File("journal"));
     if (!journal.ok()) return 1;
@@ -785,18 +792,7 @@ int RunCompaction() {
 int RunPlan() {
   const int shards = absl::GetFlag(FLAGS_shards);
   sluice::testing::TempDir dir;
-  sluice::v1::JobSpec spec;
-  spec.set_name("big");
-  spec.set_world_size(64);
-  spec.set_shuffle(true);
-  spec.set_seed(7);
-  for (int s = 0; s < shards; ++s) {
-    auto* shard = spec.mutable_manifest()->add_shards();
-    shard->set_url(
-        absl::StrCat("/data/imagenet/train/shard-", 1000000 + s, ".tar"));
-    shard->set_num_samples(1000 + s % 300);
-    shard->set_size_bytes(100 << 20);
-  }
+  const sluice::v1::JobSpec spec = BigJobSpec(shards);
   // Baseline: what arrives over the wire, parsed once.
   const std::string wire = spec.SerializeAsString();
   const absl::Time parse_start = absl::Now();
