@@ -1,5 +1,5 @@
-// CoordinatorService: work queues, granting, routing and prefetch hints,
-// epoch advance.
+// CoordinatorService: granting (from WorkQueues), routing and prefetch
+// hints, epoch advance.
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
@@ -25,28 +25,14 @@ using v1::CoordinatorMessage;
 void CoordinatorService::RebuildQueuesLocked(const std::string& name) {
   const JobData* job = state_.FindJob(name);
   if (job == nullptr) {
+    queues_.Erase(name);
     runtime_.erase(name);
     return;
   }
-  JobRuntime& rt = runtime_[name];
-  const bool per_rank =
-      job->spec.mode() == v1::MODE_STATIC && job->spec.world_size() > 0;
-  auto fresh = rt.fresh_queues.find(job->plan_serial);
-  if (job->plan_serial != 0 && fresh != rt.fresh_queues.end() &&
-      job->acked.empty() && job->leases.empty()) {
-    rt.queues = std::move(fresh->second);
-  } else {
-    rt.queues.assign(per_rank ? job->plan.num_slots() : 1, {});
-    for (const Piece& p : state_.PendingPieces(*job)) {
-      rt.queues[per_rank ? p.slot : 0].push_back(p);
-    }
-  }
-  // Only the queues of plans still on offer are kept.
-  for (auto q = rt.fresh_queues.begin(); q != rt.fresh_queues.end();) {
-    q = state_.HasOfferedSerial(name, q->first) ? std::next(q)
-                                                : rt.fresh_queues.erase(q);
-  }
-  PlanNextEpochAheadLocked(name, *job, rt);
+  queues_.Rebuild(
+      *job, [&] { return state_.PendingPieces(*job); },
+      [&](uint64_t serial) { return state_.HasOfferedSerial(name, serial); });
+  PlanNextEpochAheadLocked(name, *job, runtime_[name]);
 }
 
 void CoordinatorService::PlanNextEpochAheadLocked(const std::string& name,
@@ -78,22 +64,11 @@ void CoordinatorService::OfferPlannedLocked(const std::string& name,
   if (job == nullptr || planned.prepared.epoch < job->epoch) return;
   const uint64_t serial = planned.prepared.serial;
   state_.OfferPlan(name, std::move(planned.prepared));
-  JobRuntime& rt = runtime_[name];
-  if (state_.HasOfferedSerial(name, serial))
-    rt.fresh_queues[serial] = std::move(planned.queues);
-  // Those of offers the state let go of (it keeps a few per job).
-  for (auto q = rt.fresh_queues.begin(); q != rt.fresh_queues.end();) {
-    q = state_.HasOfferedSerial(name, q->first) ? std::next(q)
-                                                : rt.fresh_queues.erase(q);
-  }
-}
-
-std::deque<Piece>& CoordinatorService::QueueForLocked(const JobData& job,
-                                                      JobRuntime& rt,
-                                                      int32_t slot) {
-  const bool per_rank =
-      job.spec.mode() == v1::MODE_STATIC && job.spec.world_size() > 0;
-  return rt.queues[per_rank ? slot : 0];
+  // The state keeps a few offers per job: the queues of those it let go of
+  // go too.
+  queues_.Offer(name, serial, std::move(planned.queues), [&](uint64_t offered) {
+    return state_.HasOfferedSerial(name, offered);
+  });
 }
 
 bool CoordinatorService::SlotHasOpenSessionLocked(const JobData& job,
@@ -139,7 +114,6 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
                                         std::string* why_not,
                                         v1::WaitingKind* why_kind) {
   const int32_t slot = job.plan.SlotOf(s.rank, s.worker);
-  std::deque<Piece>& queue = QueueForLocked(job, rt, slot);
   // Named only when the grant is refused.
   auto reader = [&] {
     return job.plan.workers_per_rank > 1
@@ -158,13 +132,6 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
                             "; waiting for the other readers to finish it");
     return false;
   }
-  if (queue.empty()) {
-    *why_kind = v1::WAITING_NO_WORK_LEFT;
-    *why_not =
-        absl::StrCat("no unassigned work left in epoch ", job.epoch, " for ",
-                     reader(), "; waiting for held leases to complete");
-    return false;
-  }
   // Above what the data servers report having seen, too (not journaled: the
   // grant record carries the fence chosen). Read once: heartbeats raise it
   // without the state lock.
@@ -176,27 +143,22 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   }
   // The first piece this reader may take: an expired lease's remainder goes
   // back to its own slot while that slot keeps it.
-  auto it = queue.begin();
-  while (it != queue.end() && it->returned_to >= 0 && it->returned_to != slot &&
-         SlotKeepsRemaindersLocked(job, rt, it->returned_to)) {
-    ++it;
-  }
-  if (it == queue.end()) {
+  WorkQueues::Shortage shortage = WorkQueues::Shortage::kNone;
+  const std::optional<Piece> taken = queues_.Take(
+      job, slot, limit,
+      [&](int32_t other) { return SlotKeepsRemaindersLocked(job, rt, other); },
+      &shortage);
+  if (!taken.has_value()) {
     *why_kind = v1::WAITING_NO_WORK_LEFT;
     *why_not = absl::StrCat(
         "no unassigned work left in epoch ", job.epoch, " for ", reader(),
-        "; waiting for other readers to re-read what their expired leases "
-        "returned");
+        shortage == WorkQueues::Shortage::kEmpty
+            ? "; waiting for held leases to complete"
+            : "; waiting for other readers to re-read what their expired "
+              "leases returned");
     return false;
   }
-  Piece piece = *it;
-  it = queue.erase(it);
-  if (piece.size() > limit) {
-    Piece rest = piece;
-    rest.begin = piece.begin + limit;
-    queue.insert(it, rest);
-    piece.end = piece.begin + limit;
-  }
+  const Piece& piece = *taken;
   const std::string lease_id =
       absl::StrCat(job.spec.name(), "/e", job.epoch, "/f", fence);
   JournalRecord record;
@@ -246,18 +208,8 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
                     : m.granted_other_node)
         ->Increment(static_cast<double>(piece.size()));
   }
-  HintUpcomingLocked(job, queue, fx);
+  HintUpcomingLocked(job, queues_.Upcoming(job, slot), fx);
   return true;
-}
-
-const std::vector<ShuffleWindow>& CoordinatorService::WindowsLocked(
-    const JobData& job) {
-  JobRuntime& rt = runtime_[job.spec.name()];
-  if (rt.windows_epoch != job.epoch) {
-    rt.windows = PlanWindows(*job.shard_samples, job.options, job.epoch);
-    rt.windows_epoch = job.epoch;
-  }
-  return rt.windows;
 }
 
 namespace {
@@ -288,29 +240,12 @@ std::string CoordinatorService::RouteLocked(const JobData& job,
         reader->node, same_node, job.spec.pool());
   };
   if (job.mix != nullptr) {
-    // By the shard the block's first position reads (remembered per block).
-    JobRuntime& rt = runtime_[job.spec.name()];
-    if (rt.routes_epoch != job.epoch) {
-      rt.block_routes.clear();
-      rt.routes_epoch = job.epoch;
-    }
-    auto [it, added] = rt.block_routes.try_emplace(shard_index);
-    if (added) {
-      const int64_t at = shard_index * job.mix->block_samples();
-      const std::vector<MixPlan::Segment> first =
-          job.mix->Segments(job.epoch, at, at + 1);
-      if (!first.empty() && !first[0].window->shards.empty()) {
-        it->second = job.spec.sources(first[0].source)
-                         .manifest()
-                         .shards(first[0].window->shards[0])
-                         .url();
-      }
-    }
-    return pick(it->second);
+    // By the shard the block's first position reads.
+    return pick(queues_.BlockRoute(job, shard_index));
   }
   if (!UsesWindows(job.options))
     return pick(job.spec.manifest().shards(shard_index).url());
-  const ShuffleWindow& window = WindowsLocked(job).at(shard_index);
+  const ShuffleWindow& window = queues_.Windows(job).at(shard_index);
   if (window.shards.empty()) return pick("");
   const std::string& first = job.spec.manifest().shards(window.shards[0]).url();
   if (IsRemoteShardUrl(first)) return pick(first);
@@ -332,7 +267,7 @@ void CoordinatorService::HintUpcomingLocked(const JobData& job,
     // one server (RouteLocked).
     std::vector<int32_t> shards{piece.shard_index};
     if (UsesWindows(job.options))
-      shards = WindowsLocked(job).at(piece.shard_index).shards;
+      shards = queues_.Windows(job).at(piece.shard_index).shards;
     const std::string server =
         RouteLocked(job, piece.shard_index, piece.sequence);
     for (int32_t index : shards) {

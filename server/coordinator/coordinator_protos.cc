@@ -140,7 +140,7 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
     MixUnitToProto(*job.mix, job.spec, lease.epoch, lease.begin, lease.end,
                    unit);
   } else if (UsesWindows(job.options)) {
-    const ShuffleWindow& window = WindowsLocked(job).at(lease.shard_index);
+    const ShuffleWindow& window = queues_.Windows(job).at(lease.shard_index);
     unit->set_window_order(window.order_seed);
     for (int32_t index : window.shards)
       AddPiece(job.spec.manifest().shards(index), index, unit);

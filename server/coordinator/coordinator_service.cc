@@ -458,6 +458,7 @@ void CoordinatorService::DeleteJob(const std::string& name, StatusReply done) {
       record.mutable_job_deleted()->set_job(name);
       refused = CommitLocked(std::move(record), fx);
       if (refused.ok()) {
+        queues_.Erase(name);
         runtime_.erase(name);
         for (int64_t id : sessions_.OpenIds(name, /*wanting=*/false)) {
           FinishSessionLocked(

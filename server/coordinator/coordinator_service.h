@@ -50,6 +50,7 @@
 #include "server/coordinator/recovered_journal.h"
 #include "server/coordinator/session_table.h"
 #include "server/coordinator/unreachable_servers.h"
+#include "server/coordinator/work_queues.h"
 #include "sluice/v1/coordinator.pb.h"
 
 namespace sluice {
@@ -280,15 +281,8 @@ class CoordinatorService {
   // has its own lock: callable with or without mu_).
   void UpdateDataServerMetric();
 
-  // Runtime (derived) per-job data: queues of unassigned pieces.
+  // Runtime per-job data, not journaled (the grant queues are queues_).
   struct JobRuntime {
-    std::vector<std::deque<Piece>> queues;  // static: per slot; else [0]
-    // The shuffle windows of epoch `windows_epoch` (PlanWindows).
-    int64_t windows_epoch = -1;
-    std::vector<ShuffleWindow> windows;
-    // Mixed jobs: the URL each block of epoch `routes_epoch` is routed by.
-    int64_t routes_epoch = -1;
-    std::map<int32_t, std::string> block_routes;
     // Seconds each rank's readers' consumers waited for samples (reported
     // in heartbeats; not journaled).
     std::map<int32_t, double> input_wait_by_rank;
@@ -300,9 +294,6 @@ class CoordinatorService {
     // them meanwhile: a slot's remainders never exceed what is left of its
     // own quota, so the others' quotas fit in the rest of the queue.
     std::map<int32_t, absl::Time> slot_left_at;
-    // The grant queues of each epoch plan on offer (PlannedAhead), by its
-    // serial, for when that plan is installed.
-    std::map<uint64_t, std::vector<std::deque<Piece>>> fresh_queues;
     // The epoch and options last asked of the planning thread.
     int64_t ahead_epoch = -1;
     PlanOptions ahead_options;
@@ -310,9 +301,6 @@ class CoordinatorService {
   // Validates a heartbeat's InputWait and records it: the job's
   // sluice_trainer_input_wait_seconds histogram and the rank's total.
   absl::Status RecordInputWaitLocked(const Session& s, const v1::InputWait& w)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The shuffle windows of the job's current epoch (empty without them).
-  const std::vector<ShuffleWindow>& WindowsLocked(const JobData& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where unit `sequence` of a shard (or window) is read: rendezvous over
   // the data servers by the shard's URL; a window's units by its first
@@ -373,9 +361,6 @@ class CoordinatorService {
   void PlanForHello(const v1::Hello& hello) ABSL_LOCKS_EXCLUDED(mu_);
   // What that plan is made from, if the Hello needs one not on offer.
   std::optional<PlanInputs> HelloPlanInputsLocked(const v1::Hello& hello)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::deque<Piece>& QueueForLocked(const JobData& job, JobRuntime& rt,
-                                    int32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Which of a job's sessions a pump visits.
   enum class PumpScope {
@@ -530,6 +515,7 @@ class CoordinatorService {
   std::atomic<int> slow_holds_logged_{0};
   CoordinatorState state_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
+  WorkQueues queues_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRuntime> runtime_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   // Under its own lock: heartbeats are recorded without mu_.

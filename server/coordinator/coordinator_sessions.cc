@@ -655,7 +655,7 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name,
         lease->sequence, lease->shard_index, lease->begin + lease->consumed,
         lease->end,      lease->rank,        slot};
     if (reason == "expired") piece.returned_to = slot;
-    QueueForLocked(*job, runtime_[job_name], slot).push_front(piece);
+    queues_.Return(*job, slot, piece);
   }
   v1::LeaseCounts& counts = runtime_[job_name].lease_counts;
   if (reason == "expired") {
