@@ -36,6 +36,17 @@ CoordinatorService::JobReply JobInto(grpc::ServerUnaryReactor* reactor,
   };
 }
 
+// A stream refused before it starts (a standby's): finishes with `status`
+// at once.
+template <typename Request, typename Response>
+class RefusedStream final : public grpc::ServerBidiReactor<Request, Response> {
+ public:
+  explicit RefusedStream(const absl::Status& status) {
+    this->Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+};
+
 // One Session stream. The service talks to it through Sink, which outlives
 // the reactor: after OnDone, messages for the stream are dropped.
 class SessionReactor
@@ -274,13 +285,24 @@ class OnceReactor
 
 GrpcCoordinatorService::GrpcCoordinatorService(CoordinatorService* service,
                                                AccessPolicy access)
-    : service_(service), admin_(std::move(access)) {}
+    : owned_gate_(service), gate_(&owned_gate_), admin_(std::move(access)) {}
+
+GrpcCoordinatorService::GrpcCoordinatorService(const LeadershipGate* gate,
+                                               AccessPolicy access)
+    : gate_(gate), admin_(std::move(access)) {}
 
 GrpcCoordinatorService::~GrpcCoordinatorService() = default;
 
+grpc::ServerUnaryReactor* GrpcCoordinatorService::Refuse(
+    grpc::CallbackServerContext* ctx) const {
+  return Done(ctx, gate_->NotLeaderStatus());
+}
+
 void GrpcCoordinatorService::Drain() {
-  service_->Drain();
-  service_->once_barrier().Drain();
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return;
+  service->Drain();
+  service->once_barrier().Drain();
   std::vector<std::shared_ptr<RegistrationReactor::Sink>> registrations;
   {
     absl::MutexLock lock(
@@ -295,7 +317,12 @@ void GrpcCoordinatorService::Drain() {
 
 grpc::ServerBidiReactor<v1::OnceRequest, v1::OnceResponse>*
 GrpcCoordinatorService::Once(grpc::CallbackServerContext*) {
-  return new OnceReactor(&service_->once_barrier());
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) {
+    return new RefusedStream<v1::OnceRequest, v1::OnceResponse>(
+        gate_->NotLeaderStatus());
+  }
+  return new OnceReactor(&service->once_barrier());
 }
 
 namespace {
@@ -329,22 +356,26 @@ class BarrierReactor : public grpc::ServerUnaryReactor {
 }  // namespace
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::Barrier(
-    grpc::CallbackServerContext*, const v1::BarrierRequest* req,
+    grpc::CallbackServerContext* ctx, const v1::BarrierRequest* req,
     v1::BarrierResponse* resp) {
-  return new BarrierReactor(&service_->once_barrier(), *req, resp);
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return Refuse(ctx);
+  return new BarrierReactor(&service->once_barrier(), *req, resp);
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::ListOnce(
     grpc::CallbackServerContext* ctx, const v1::ListOnceRequest* req,
     v1::ListOnceResponse* resp) {
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return Refuse(ctx);
   if (req->scope().size() > kMaxKeyBytes) {
     return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
                          "scope is longer than ", kMaxKeyBytes, " bytes")));
   }
   std::vector<v1::OnceStep> steps =
-      service_->once_barrier().Running(req->scope());
+      service->once_barrier().Running(req->scope());
   for (const v1::internal::OnceFinished& f :
-       service_->ListOnceFinished(req->scope())) {
+       service->ListOnceFinished(req->scope())) {
     v1::OnceStep& step = steps.emplace_back();
     step.set_scope(f.scope());
     step.set_name(f.name());
@@ -369,6 +400,8 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ListOnce(
 grpc::ServerUnaryReactor* GrpcCoordinatorService::ResetOnce(
     grpc::CallbackServerContext* ctx, const v1::ResetOnceRequest* req,
     v1::ResetOnceResponse*) {
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return Refuse(ctx);
   if (absl::Status allowed = AuthorizeAdmin(ctx, "ResetOnce"); !allowed.ok()) {
     return Done(ctx, allowed);
   }
@@ -381,7 +414,7 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ResetOnce(
                                       kMaxKeyBytes, " bytes")));
   }
   for (const v1::OnceStep& step :
-       service_->once_barrier().Running(req->scope())) {
+       service->once_barrier().Running(req->scope())) {
     if (step.name() != req->name()) continue;
     return Done(
         ctx, absl::FailedPreconditionError(absl::StrCat(
@@ -391,7 +424,7 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ResetOnce(
                  step.waiting(), " waiting): reset it once no one is in it")));
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  service_->ResetOnce(req->scope(), req->name(), [reactor](absl::Status s) {
+  service->ResetOnce(req->scope(), req->name(), [reactor](absl::Status s) {
     reactor->Finish(ToGrpcStatus(s));
   });
   return reactor;
@@ -399,8 +432,14 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ResetOnce(
 
 grpc::ServerBidiReactor<v1::DataServerMessage, v1::CoordinatorToDataServer>*
 GrpcCoordinatorService::RegisterDataServer(grpc::CallbackServerContext* ctx) {
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) {
+    return new RefusedStream<v1::DataServerMessage,
+                             v1::CoordinatorToDataServer>(
+        gate_->NotLeaderStatus());
+  }
   absl::Status allowed = admin_.AuthorizeDataServer(PeerOf(ctx));
-  auto* reactor = new RegistrationReactor(service_, this, std::move(allowed));
+  auto* reactor = new RegistrationReactor(service, this, std::move(allowed));
   absl::MutexLock lock(&mu_);
   registrations_.insert(reactor);
   return reactor;
@@ -419,6 +458,8 @@ absl::Status GrpcCoordinatorService::AuthorizeAdmin(
 grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(
     grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
     v1::Job* resp) {
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return Refuse(ctx);
   if (absl::Status allowed = admin_.AuthorizeCreateJob(PeerOf(ctx), *req);
       !allowed.ok()) {
     return Done(ctx, allowed);
@@ -431,10 +472,10 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   CoordinatorService::JobReply done = JobInto(reactor, resp);
   if (req->copy_of().empty()) {
-    service_->CreateJob(req->spec(), std::move(done));
+    service->CreateJob(req->spec(), std::move(done));
   } else {
-    service_->CopyJob(req->copy_of(), req->spec().name(),
-                      req->spec().world_size(), std::move(done));
+    service->CopyJob(req->copy_of(), req->spec().name(),
+                     req->spec().world_size(), std::move(done));
   }
   return reactor;
 }
@@ -442,41 +483,45 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::CreateJob(
 grpc::ServerUnaryReactor* GrpcCoordinatorService::GetJob(
     grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
     v1::Job* resp) {
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return Refuse(ctx);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  service_->GetJob(req->name(), req->include_manifest(),
-                   JobInto(reactor, resp));
+  service->GetJob(req->name(), req->include_manifest(), JobInto(reactor, resp));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
     grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
     v1::ListJobsResponse* resp) {
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return Refuse(ctx);
   // The fleet's figures are soft state (never journaled): read now.
-  for (std::string& address : service_->LiveDataServers())
+  for (std::string& address : service->LiveDataServers())
     resp->add_live_data_servers(std::move(address));
-  resp->set_desired_data_servers(service_->desired_data_servers());
-  resp->set_input_wait_share(service_->input_wait_share());
-  for (v1::PoolFleet& pool : service_->PoolFleets())
+  resp->set_desired_data_servers(service->desired_data_servers());
+  resp->set_input_wait_share(service->input_wait_share());
+  for (v1::PoolFleet& pool : service->PoolFleets())
     *resp->add_pools() = std::move(pool);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  service_->ListJobs(
-      [reactor, resp](absl::StatusOr<std::vector<v1::Job>> jobs) {
-        if (jobs.ok()) {
-          for (v1::Job& job : *jobs) *resp->add_jobs() = std::move(job);
-        }
-        reactor->Finish(ToGrpcStatus(jobs.status()));
-      });
+  service->ListJobs([reactor, resp](absl::StatusOr<std::vector<v1::Job>> jobs) {
+    if (jobs.ok()) {
+      for (v1::Job& job : *jobs) *resp->add_jobs() = std::move(job);
+    }
+    reactor->Finish(ToGrpcStatus(jobs.status()));
+  });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::DeleteJob(
     grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* req,
     v1::DeleteJobResponse*) {
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return Refuse(ctx);
   if (absl::Status allowed = AuthorizeAdmin(ctx, "DeleteJob"); !allowed.ok()) {
     return Done(ctx, allowed);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  service_->DeleteJob(req->name(), [reactor](absl::Status s) {
+  service->DeleteJob(req->name(), [reactor](absl::Status s) {
     reactor->Finish(ToGrpcStatus(s));
   });
   return reactor;
@@ -484,7 +529,12 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::DeleteJob(
 
 grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage>*
 GrpcCoordinatorService::Session(grpc::CallbackServerContext*) {
-  return new SessionReactor(service_);
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) {
+    return new RefusedStream<TrainerMessage, CoordinatorMessage>(
+        gate_->NotLeaderStatus());
+  }
+  return new SessionReactor(service);
 }
 
 }  // namespace sluice

@@ -1,6 +1,7 @@
 // GrpcCoordinatorService: the gRPC adapter over CoordinatorService. Converts
 // protos and statuses, runs Session, Once, Barrier and registration streams
-// as callback reactors, and authorizes operators. No coordination logic (and
+// as callback reactors, authorizes operators, and refuses every call while
+// its LeadershipGate has no service (a standby). No coordination logic (and
 // no thread of its own) lives here.
 #ifndef SLUICE_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
 #define SLUICE_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/coordinator/access_policy.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/leadership_gate.h"
 #include "server/coordinator/once_barrier.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
@@ -29,6 +31,10 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
   // PERMISSION_DENIED with one that is not an operator's; with nothing
   // configured to accept, they are PERMISSION_DENIED for everyone.
   explicit GrpcCoordinatorService(CoordinatorService* service,
+                                  AccessPolicy access = {});
+  // Serving whichever service `gate` leads, refusing calls while it leads
+  // none (`gate` outlives this).
+  explicit GrpcCoordinatorService(const LeadershipGate* gate,
                                   AccessPolicy access = {});
 
   const AccessPolicy& access() const { return admin_; }
@@ -65,7 +71,7 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
                                       v1::ResetOnceResponse* resp) override;
 
   // Ends every session, Once stream and registration (UNAVAILABLE); the
-  // service stops its expiry thread.
+  // service stops its expiry thread. Nothing while standing by.
   void Drain();
   // Called by a registration stream when it is done.
   void ForgetRegistration(RegistrationReactor* reactor);
@@ -75,7 +81,11 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
   absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* ctx,
                               absl::string_view what) const;
 
-  CoordinatorService* const service_;
+  // A standby's refusal of a unary call.
+  grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx) const;
+
+  const LeadershipGate owned_gate_;  // when built over one service
+  const LeadershipGate* const gate_;
   const AccessPolicy admin_;
   absl::Mutex mu_;
   absl::flat_hash_set<RegistrationReactor*> registrations_ ABSL_GUARDED_BY(mu_);

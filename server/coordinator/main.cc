@@ -20,7 +20,6 @@
 #include "server/common/server_host.h"
 #include "server/common/status_macros.h"
 #include "server/common/tls_files.h"
-#include "server/coordinator/coordinator_front_door.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/etcd_journal.h"
 #include "server/coordinator/grpc_coordinator_service.h"
@@ -303,10 +302,12 @@ class CoordinatorServices : public sluice::ServiceSet {
     }
     ASSIGN_OR_RETURN(services->admin_,
                      AccessPolicyFromFlags(!options.lease_secret.empty()));
+    services->grpc_ = std::make_unique<sluice::GrpcCoordinatorService>(
+        &services->gate_, services->admin_);
     if (services->etcd_.has_value()) {
-      sluice::CoordinatorFrontDoor* door = &services->front_door_;
-      services->etcd_->on_standby = [door](const std::string& leader) {
-        door->SetLeader(leader == "?" ? "" : leader);
+      sluice::LeadershipGate* gate = &services->gate_;
+      services->etcd_->on_standby = [gate](const std::string& leader) {
+        gate->SetLeader(leader == "?" ? "" : leader);
       };
       services->etcd_->cancel = &services->cancel_;
       return services;
@@ -318,11 +319,7 @@ class CoordinatorServices : public sluice::ServiceSet {
   ~CoordinatorServices() override { StopCampaign(); }
 
   // Called before Started, on one thread.
-  std::vector<grpc::Service*> services() override
-      ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (standby_first()) return {&front_door_};
-    return {grpc_.get()};
-  }
+  std::vector<grpc::Service*> services() override { return {grpc_.get()}; }
   bool ReadyWhenStarted() const override { return !standby_first(); }
 
   absl::Status Started(const sluice::HostPort& bound) override {
@@ -353,8 +350,8 @@ class CoordinatorServices : public sluice::ServiceSet {
 
   void Drain(absl::Duration /*timeout*/) override {
     StopCampaign();
-    absl::MutexLock lock(&mu_);
-    if (grpc_ != nullptr) grpc_->Drain();
+    absl::MutexLock lock(&mu_);  // not while StartLeading installs the logic
+    grpc_->Drain();
   }
 
  private:
@@ -378,9 +375,7 @@ class CoordinatorServices : public sluice::ServiceSet {
     if (cancel_.load()) return absl::CancelledError("draining");
     logic_ = std::move(logic);
     logic_->StartExpiryThread();
-    grpc_ =
-        std::make_unique<sluice::GrpcCoordinatorService>(logic_.get(), admin_);
-    front_door_.Lead(grpc_.get());
+    gate_.Lead(logic_.get());
     metrics_->is_leader.Set(1);
     metrics_->leader_changes.Increment();
     set_ready(true);
@@ -402,10 +397,12 @@ class CoordinatorServices : public sluice::ServiceSet {
   std::unique_ptr<sluice::CoordinatorMetrics> metrics_;
   std::atomic<bool> cancel_{false};
   std::thread campaign_;
+  // Standing by (etcd) until StartLeading has the logic lead.
+  sluice::LeadershipGate gate_;
   absl::Mutex mu_;
   std::unique_ptr<sluice::CoordinatorService> logic_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<sluice::GrpcCoordinatorService> grpc_ ABSL_GUARDED_BY(mu_);
-  sluice::CoordinatorFrontDoor front_door_;
+  // Built with the services, before the server starts.
+  std::unique_ptr<sluice::GrpcCoordinatorService> grpc_;
 };
 
 }  // namespace
