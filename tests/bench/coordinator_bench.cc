@@ -52,9 +52,11 @@
 // it for dead). Baseline, same run: a bare gRPC server
 // (this binary, --mode=echo_server, in its own process with the
 // coordinator's jemalloc) that answers each Hello with Welcome and
-// EpochBegin (no state, no journal), opened by the same load generator: its
-// open time and its RSS growth per session (what gRPC's own per-stream
-// state costs).
+// EpochBegin and each Want credit and Complete with a canned Grant (no
+// state, no journal), under the same load generator, heartbeats and paced
+// phase: its open time, its RSS growth per session (what gRPC's own
+// per-stream state costs) and its CPU per grant against its own at the
+// first size (how much of the growth with the job is gRPC's alone).
 //
 // --mode=remote_grants --coordinator=ADDR --baseline=ADDR: the leases
 // mode's paced load (--sessions, --paced_ops_per_s, --seconds, --rounds)
@@ -150,6 +152,14 @@ ABSL_FLAG(double, open_paced_grants_per_s, 300,
           "session completes one of its leases (Progress + Complete) and gets "
           "the next (open mode).");
 ABSL_FLAG(double, paced_seconds, 10, "Seconds of the paced phase (open mode).");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
+          "echo_server mode: the heartbeat interval its Welcome asks for "
+          "(open mode passes the coordinator's, so that both carry the same "
+          "heartbeats).");
+ABSL_FLAG(int, echo_servers, 1,
+          "open mode: run its bare gRPC baseline as this many gRPC servers "
+          "on one port (SO_REUSEPORT; the kernel spreads the connections), "
+          "each with its own callback completion queue.");
 ABSL_FLAG(bool, progress, true,
           "Leases mode: a Progress before every Complete (Grant -> Progress -> "
           "Complete).");
@@ -1177,42 +1187,76 @@ class OpenSession : public QueuedSession {
   std::vector<double> latencies_us_ ABSL_GUARDED_BY(mu_);
 };
 
-// Bare gRPC: each Hello answered with Welcome and EpochBegin.
+// Bare gRPC: each Hello answered with Welcome and EpochBegin, each Want
+// credit and each Complete with a Grant of a 100-sample unit (no state, no
+// journal): the gRPC work of the coordinator's paced phase without the
+// coordinator.
 class OpenEchoSession
     : public grpc::ServerBidiReactor<TrainerMessage, CoordinatorMessage> {
  public:
   OpenEchoSession() {
-    welcome_.mutable_welcome()->set_heartbeat_interval_ms(1000);
-    welcome_.mutable_welcome()->set_lease_ttl_ms(10000);
+    const int64_t interval = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+    welcome_.mutable_welcome()->set_heartbeat_interval_ms(interval);
+    welcome_.mutable_welcome()->set_lease_ttl_ms(interval * 10);
     begin_.mutable_epoch_begin()->set_samples_for_rank(1000);
+    sluice::v1::Lease* lease = grant_.mutable_grant()->mutable_lease();
+    lease->set_lease_id("big/e0/f123456");
+    lease->set_fence(123456);
+    lease->set_job("big");
+    lease->mutable_unit()->set_shard_url("/data/big/shard-517.tar");
+    lease->mutable_unit()->set_shard_index(517);
+    lease->mutable_unit()->set_begin(0);
+    lease->mutable_unit()->set_end(100);
+    lease->set_expires_at_unix_ms(absl::ToUnixMillis(absl::Now()));
     StartRead(&in_);
   }
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status::OK);
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+      if (!writing_) Finish(grpc::Status::OK);
       return;
     }
     if (in_.has_hello()) {
-      StartWrite(&welcome_);
-      return;  // the next read after both writes
+      Send(&welcome_);
+      Send(&begin_);
+    } else if (in_.has_want()) {
+      for (int i = 0; i < in_.want().credits(); ++i) Send(&grant_);
+    } else if (in_.has_complete()) {
+      Send(&grant_);
     }
     StartRead(&in_);
   }
   void OnWriteDone(bool ok) override {
-    if (!ok) return;
-    if (!begun_) {
-      begun_ = true;
-      StartWrite(&begin_);
-      return;
+    absl::MutexLock lock(&mu_);
+    if (ok && !queue_.empty()) {
+      StartWrite(queue_.front());
+      queue_.pop_front();
+    } else {
+      writing_ = false;
+      queue_.clear();
+      if (closing_) Finish(grpc::Status::OK);
     }
-    StartRead(&in_);
   }
   void OnDone() override { delete this; }
 
  private:
+  void Send(const CoordinatorMessage* m) {
+    absl::MutexLock lock(&mu_);
+    if (writing_) {
+      queue_.push_back(m);
+    } else {
+      writing_ = true;
+      StartWrite(m);
+    }
+  }
+
   TrainerMessage in_;
-  CoordinatorMessage welcome_, begin_;
-  bool begun_ = false;
+  CoordinatorMessage welcome_, begin_, grant_;
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the trainer's side closed
+  std::deque<const CoordinatorMessage*> queue_ ABSL_GUARDED_BY(mu_);
 };
 
 class OpenEchoService : public sluice::v1::Coordinator::CallbackService {
@@ -1561,6 +1605,21 @@ LockHolds HoldsBetween(const HoldBuckets& before, const HoldBuckets& after) {
   return holds;
 }
 
+// Writes grpc=ADDRESS to --port_file (atomically).
+bool WritePortFile(const std::string& address) {
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  const std::string tmp = port_file + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << "grpc=" << address << "\n";
+  }
+  if (port_file.empty() || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+    std::fprintf(stderr, "cannot write --port_file %s\n", port_file.c_str());
+    return false;
+  }
+  return true;
+}
+
 // Serves `service` on --listen until killed, its address in --port_file.
 int ServeUntilKilled(grpc::Service* service) {
   std::string address;
@@ -1571,16 +1630,7 @@ int ServeUntilKilled(grpc::Service* service) {
                  absl::GetFlag(FLAGS_listen).c_str());
     return 1;
   }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  const std::string tmp = port_file + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << "grpc=" << address << "\n";
-  }
-  if (port_file.empty() || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-    std::fprintf(stderr, "cannot write --port_file %s\n", port_file.c_str());
-    return 1;
-  }
+  if (!WritePortFile(address)) return 1;
   server->Wait();  // until killed
   return 0;
 }
@@ -1588,8 +1638,31 @@ int ServeUntilKilled(grpc::Service* service) {
 // The open mode's baseline server, in a process of its own so that its CPU
 // and memory are measured apart from the load generator's.
 int RunEchoServer() {
-  OpenEchoService echo;
-  return ServeUntilKilled(&echo);
+  const int n = std::max(1, absl::GetFlag(FLAGS_echo_servers));
+  if (n == 1) {
+    OpenEchoService echo;
+    return ServeUntilKilled(&echo);
+  }
+  // The first server picks the port; the others share it.
+  std::vector<std::unique_ptr<OpenEchoService>> services;
+  std::vector<std::unique_ptr<grpc::Server>> servers;
+  std::string address;
+  for (int i = 0; i < n; ++i) {
+    services.push_back(std::make_unique<OpenEchoService>());
+    std::string listening;
+    servers.push_back(Serve(services.back().get(), &listening,
+                            i == 0 ? absl::GetFlag(FLAGS_listen) : address));
+    if (servers.back() == nullptr) {
+      std::fprintf(
+          stderr, "cannot listen on %s\n",
+          i == 0 ? absl::GetFlag(FLAGS_listen).c_str() : address.c_str());
+      return 1;
+    }
+    if (i == 0) address = listening;
+  }
+  if (!WritePortFile(address)) return 1;
+  servers[0]->Wait();  // until killed
+  return 0;
 }
 
 // The leases mode's baseline server (a canned Grant for every Want credit
@@ -1602,7 +1675,8 @@ int RunGrantEchoServer() {
 // Starts this binary as the echo server, with the coordinator's malloc
 // (jemalloc, preloaded) so that memory per session compares like for like.
 absl::StatusOr<sluice::testing::ChildProcess> StartEchoServer(
-    const sluice::testing::TempDir& dir, std::string* address) {
+    const sluice::testing::TempDir& dir, int64_t heartbeat_interval_ms,
+    std::string* address) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return absl::InternalError("cannot read /proc/self/exe");
@@ -1610,7 +1684,9 @@ absl::StatusOr<sluice::testing::ChildProcess> StartEchoServer(
   const std::string port_file = dir.File("echo.ports");
   setenv("LD_PRELOAD", "libjemalloc.so.2", 1);
   auto child = sluice::testing::ChildProcess::Start(
-      {self, "--mode=echo_server", "--port_file=" + port_file},
+      {self, "--mode=echo_server", "--port_file=" + port_file,
+       absl::StrCat("--heartbeat_interval_ms=", heartbeat_interval_ms),
+       absl::StrCat("--echo_servers=", absl::GetFlag(FLAGS_echo_servers))},
       dir.File("echo.log"));
   unsetenv("LD_PRELOAD");
   if (!child.ok()) return child.status();
@@ -1632,6 +1708,7 @@ int RunOpen() {
       ",\"sizes\":[";
   double worst_ratio = 0, first_cpu_per_grant = 0, worst_grant_cpu_ratio = 0;
   double first_locked_per_grant = 0, worst_locked_ratio = 0;
+  double first_bare_per_grant = 0, worst_bare_ratio = 0;
   bool first = true;
   for (const std::string& size : absl::GetFlag(FLAGS_open_sessions)) {
     int sessions = 0;
@@ -1713,13 +1790,14 @@ int RunOpen() {
     // A fresh baseline server per size, as the coordinator is: memory a
     // process kept from an earlier size would hide the next one's growth.
     std::string echo_address;
-    auto echo = StartEchoServer(dir, &echo_address);
+    auto echo =
+        StartEchoServer(dir, sluice_open.heartbeat_interval_ms, &echo_address);
     if (!echo.ok()) {
       std::fprintf(stderr, "%s\n", echo.status().ToString().c_str());
       return 1;
     }
     const OpenResult bare =
-        OpenAll(echo_address, "big", ranks, workers, echo->pid(), false);
+        OpenAll(echo_address, "big", ranks, workers, echo->pid(), true);
     echo->Kill();
     const double ratio = sluice_open.open_s / std::max(bare.open_s, 1e-3);
     worst_ratio = std::max(worst_ratio, ratio);
@@ -1731,6 +1809,12 @@ int RunOpen() {
     const double locked_ratio = sluice_open.locked_cpu_us_per_grant /
                                 std::max(first_locked_per_grant, 1e-9);
     worst_locked_ratio = std::max(worst_locked_ratio, locked_ratio);
+    // The same growth in bare gRPC: what the cost per grant gains with the
+    // number of open streams when nothing but gRPC runs.
+    if (first) first_bare_per_grant = bare.cpu_us_per_grant;
+    const double bare_ratio =
+        bare.cpu_us_per_grant / std::max(first_bare_per_grant, 1e-9);
+    worst_bare_ratio = std::max(worst_bare_ratio, bare_ratio);
     std::printf(
         "%6d sessions: open %.2f s (bare gRPC %.2f s, %.1fx), %d of %d "
         "began; coordinator CPU %.2f s while opening; idle: heartbeats "
@@ -1738,7 +1822,8 @@ int RunOpen() {
         "%.1f KB per session (bare gRPC %.1f KB); %lld leases expired; paced "
         "%.0f grants/s: "
         "%.0f us of coordinator CPU per grant (%.2fx the first size), %.1f "
-        "us of it under the state lock (%.2fx the first size), grant "
+        "us of it under the state lock (%.2fx the first size), bare gRPC "
+        "%.0f us per grant (%.2fx its first size), grant "
         "latency p50 %.2f ms p99 %.2f ms; lock held %llu times, %llu of "
         "them over 1 ms, each under %g s (by the holder's CPU time: %llu "
         "over 1 ms, each under %g s%s%s); a data server's heartbeats: %lld "
@@ -1754,8 +1839,8 @@ int RunOpen() {
         static_cast<long long>(sluice_open.expired),
         sluice_open.paced_grants_per_s, sluice_open.cpu_us_per_grant,
         grant_cpu_ratio, sluice_open.locked_cpu_us_per_grant, locked_ratio,
-        sluice_open.grant_p50_ms, sluice_open.grant_p99_ms,
-        static_cast<unsigned long long>(holds.count),
+        bare.cpu_us_per_grant, bare_ratio, sluice_open.grant_p50_ms,
+        sluice_open.grant_p99_ms, static_cast<unsigned long long>(holds.count),
         static_cast<unsigned long long>(holds.over_1ms), holds.longest_under_s,
         static_cast<unsigned long long>(cpu_holds.over_1ms),
         cpu_holds.longest_under_s,
@@ -1780,6 +1865,7 @@ int RunOpen() {
         ",\"paced_grants_per_s\":", sluice_open.paced_grants_per_s,
         ",\"cpu_us_per_grant\":", sluice_open.cpu_us_per_grant,
         ",\"locked_cpu_us_per_grant\":", sluice_open.locked_cpu_us_per_grant,
+        ",\"bare_cpu_us_per_grant\":", bare.cpu_us_per_grant,
         ",\"grant_p50_ms\":", sluice_open.grant_p50_ms,
         ",\"grant_p99_ms\":", sluice_open.grant_p99_ms,
         ",\"lock_holds\":", holds.count,
@@ -1799,12 +1885,19 @@ int RunOpen() {
   absl::StrAppend(&json, "],\"worst_open_ratio\":", worst_ratio,
                   ",\"worst_cpu_per_grant_ratio\":", worst_grant_cpu_ratio,
                   ",\"worst_locked_cpu_per_grant_ratio\":", worst_locked_ratio,
+                  ",\"worst_bare_cpu_per_grant_ratio\":", worst_bare_ratio,
                   "}");
   std::printf("%s\n", json.c_str());
   return 0;
 }
 
 int main(int argc, char** argv) {
+  // As the servers run (RunServerMain): without Abseil's mutex deadlock
+  // detection, which Debian's Abseil leaves on. Its lock graph's lookups
+  // grow with the number of live mutexes (a baseline server's per-stream
+  // ones, gRPC's own), so a baseline with it would grow with the sessions
+  // where the coordinator does not.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::ParseCommandLine(argc, argv);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "leases") return RunLeases();
