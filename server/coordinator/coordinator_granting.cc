@@ -1,5 +1,5 @@
-// CoordinatorService: granting (from WorkQueues), routing and prefetch
-// hints, epoch advance.
+// CoordinatorService: the queues' rebuilds and plans made ahead, pumping
+// sessions with the Granter's grants, epoch advance.
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
@@ -18,7 +18,6 @@
 namespace sluice {
 
 using coordinator_internal::JobDoneMessage;
-using coordinator_internal::kFenceLimit;
 using coordinator_internal::LiveLease;
 using v1::CoordinatorMessage;
 
@@ -113,175 +112,53 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
                                         JobRuntime& rt, Effects& fx,
                                         std::string* why_not,
                                         v1::WaitingKind* why_kind) {
-  const int32_t slot = job.plan.SlotOf(s.rank, s.worker);
-  // Named only when the grant is refused.
-  auto reader = [&] {
-    return job.plan.workers_per_rank > 1
-               ? absl::StrCat("rank ", s.rank, " worker ", s.worker)
-               : absl::StrCat("rank ", s.rank);
-  };
-  // Every reader takes at most its slot of the rank's quota (dynamic mode;
-  // in static mode its queue holds just that), so a DataLoader worker's
-  // pass ends with its own slot and never waits on another worker's.
-  const int64_t assigned =
-      job.consumed_per_slot[slot] + job.outstanding_of(s.rank, s.worker);
-  const int64_t limit = job.plan.slot_quota(slot) - assigned;
-  if (limit <= 0) {
-    *why_kind = v1::WAITING_QUOTA_REACHED;
-    *why_not = absl::StrCat(reader(), " has its quota for epoch ", job.epoch,
-                            "; waiting for the other readers to finish it");
+  // Read once: heartbeats raise the floor without the state lock.
+  std::variant<Granter::Grant, Granter::Wait> next = granter_.Next(
+      s, job, seen_fence_floor_.load(),
+      [&](int32_t slot) { return SlotKeepsRemaindersLocked(job, rt, slot); });
+  if (const auto* wait = std::get_if<Granter::Wait>(&next)) {
+    if (!wait->reason.empty()) {
+      *why_kind = wait->kind;
+      *why_not = wait->reason;
+    }
     return false;
   }
-  // Above what the data servers report having seen, too (not journaled: the
-  // grant record carries the fence chosen). Read once: heartbeats raise it
-  // without the state lock.
-  const uint64_t fence = std::max(job.next_fence, seen_fence_floor_.load());
-  if (fence >= kFenceLimit) {
-    LogError("job %s: the fence space is used up; no lease is granted",
-             job.spec.name());
-    return false;  // never reached by counting; refused rather than wrapped
-  }
-  // The first piece this reader may take: an expired lease's remainder goes
-  // back to its own slot while that slot keeps it.
-  WorkQueues::Shortage shortage = WorkQueues::Shortage::kNone;
-  const std::optional<Piece> taken = queues_.Take(
-      job, slot, limit,
-      [&](int32_t other) { return SlotKeepsRemaindersLocked(job, rt, other); },
-      &shortage);
-  if (!taken.has_value()) {
-    *why_kind = v1::WAITING_NO_WORK_LEFT;
-    *why_not = absl::StrCat(
-        "no unassigned work left in epoch ", job.epoch, " for ", reader(),
-        shortage == WorkQueues::Shortage::kEmpty
-            ? "; waiting for held leases to complete"
-            : "; waiting for other readers to re-read what their expired "
-              "leases returned");
-    return false;
-  }
-  const Piece& piece = *taken;
-  const std::string lease_id =
-      absl::StrCat(job.spec.name(), "/e", job.epoch, "/f", fence);
-  JournalRecord record;
-  auto* g = record.mutable_lease_granted();
-  g->set_job(job.spec.name());
-  g->set_epoch(job.epoch);
-  g->set_rank(s.rank);
-  g->set_worker(s.worker);
-  g->set_sequence(piece.sequence);
-  g->set_shard_index(piece.shard_index);
-  g->set_begin(piece.begin);
-  g->set_end(piece.end);
-  g->set_fence(fence);
-  g->set_lease_id(lease_id);
-  g->set_holder(s.trainer_id);
-  if (!CommitLocked(std::move(record), fx).ok()) return false;
+  Granter::Grant& grant = std::get<Granter::Grant>(next);
+  const std::string lease_id = grant.record.lease_granted().lease_id();
+  const int64_t samples = grant.piece.size();
+  if (!CommitLocked(std::move(grant.record), fx).ok()) return false;
   LeaseEntry entry =
       LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
-  bool same_node = false;
-  entry.data_server =
-      RouteLocked(job, piece.shard_index, piece.sequence, &s, &same_node);
+  entry.data_server = std::move(grant.data_server);
   if (absl::Status added = leases_.Add(std::move(entry), TtlLocked(job));
       !added.ok()) {
     // Lease ids carry their fence, which only grows: a clash is a bug.
     LogError("lease table out of step with the journal: %s", added.ToString());
   }
-  CoordinatorMessage grant;
-  *grant.mutable_grant()->mutable_lease() =
+  CoordinatorMessage message;
+  *message.mutable_grant()->mutable_lease() =
       LeaseToProtoLocked(*leases_.Find(lease_id), job);
-  fx.sends.emplace_back(s.sink, std::move(grant));
+  fx.sends.emplace_back(s.sink, std::move(message));
   v1::LeaseCounts& counts = runtime_[job.spec.name()].lease_counts;
   counts.set_granted(counts.granted() + 1);
   if (s.node.empty()) {
-    counts.set_samples_unknown_node(counts.samples_unknown_node() +
-                                    piece.size());
-  } else if (same_node) {
-    counts.set_samples_same_node(counts.samples_same_node() + piece.size());
+    counts.set_samples_unknown_node(counts.samples_unknown_node() + samples);
+  } else if (grant.same_node) {
+    counts.set_samples_same_node(counts.samples_same_node() + samples);
   } else {
-    counts.set_samples_other_node(counts.samples_other_node() + piece.size());
+    counts.set_samples_other_node(counts.samples_other_node() + samples);
   }
   if (options_.metrics) {
     const CoordinatorMetrics::Job& m =
         options_.metrics->ForJob(job.spec.name());
     m.granted->Increment();
-    (s.node.empty() ? m.granted_unknown_node
-     : same_node    ? m.granted_same_node
-                    : m.granted_other_node)
-        ->Increment(static_cast<double>(piece.size()));
+    (s.node.empty()    ? m.granted_unknown_node
+     : grant.same_node ? m.granted_same_node
+                       : m.granted_other_node)
+        ->Increment(static_cast<double>(samples));
   }
-  HintUpcomingLocked(job, queues_.Upcoming(job, slot), fx);
+  granter_.Hints(job, job.plan.SlotOf(s.rank, s.worker), fx);
   return true;
-}
-
-namespace {
-bool IsRemoteShardUrl(const std::string& url) {
-  return absl::StartsWith(url, "http://") ||
-         absl::StartsWith(url, "https://") || absl::StartsWith(url, "s3://");
-}
-
-}  // namespace
-
-std::string CoordinatorService::RouteLocked(const JobData& job,
-                                            int32_t shard_index,
-                                            int64_t sequence,
-                                            const Session* reader,
-                                            bool* same_node) {
-  const absl::Time now = options_.clock->Now();
-  const auto pick = [&](const std::string& url) -> std::string {
-    if (reader == nullptr) {
-      return data_servers_.Pick(
-          url, [](const std::string&) { return false; }, "", nullptr,
-          job.spec.pool());
-    }
-    return data_servers_.Pick(
-        url,
-        [&](const std::string& address) {
-          return reader->unreachable.Avoids(address, now);
-        },
-        reader->node, same_node, job.spec.pool());
-  };
-  if (job.mix != nullptr) {
-    // By the shard the block's first position reads.
-    return pick(queues_.BlockRoute(job, shard_index));
-  }
-  if (!UsesWindows(job.options))
-    return pick(job.spec.manifest().shards(shard_index).url());
-  const ShuffleWindow& window = queues_.Windows(job).at(shard_index);
-  if (window.shards.empty()) return pick("");
-  const std::string& first = job.spec.manifest().shards(window.shards[0]).url();
-  if (IsRemoteShardUrl(first)) return pick(first);
-  return pick(absl::StrCat(first, "#", sequence));
-}
-
-void CoordinatorService::HintUpcomingLocked(const JobData& job,
-                                            const std::deque<Piece>& queue,
-                                            Effects& fx) {
-  if (options_.prefetch_hint_units <= 0 || data_servers_.empty()) return;
-  std::map<int64_t, DataServerRegistry::HintTarget> targets;
-  std::map<int64_t, v1::CoordinatorToDataServer> hints;
-  int looked = 0;
-  for (const Piece& piece : queue) {
-    if (++looked > options_.prefetch_hint_units) break;
-    // Remote shards of mixed jobs are fetched when a unit is read.
-    if (job.mix != nullptr) break;
-    // A window of remote shards: all its units, so all its shards, go to
-    // one server (RouteLocked).
-    std::vector<int32_t> shards{piece.shard_index};
-    if (UsesWindows(job.options))
-      shards = queues_.Windows(job).at(piece.shard_index).shards;
-    const std::string server =
-        RouteLocked(job, piece.shard_index, piece.sequence);
-    for (int32_t index : shards) {
-      const v1::Shard& shard = job.spec.manifest().shards(index);
-      if (!IsRemoteShardUrl(shard.url())) continue;
-      std::optional<DataServerRegistry::HintTarget> target =
-          data_servers_.NoteHint(server, shard.url());
-      if (!target.has_value()) continue;
-      *hints[target->id].mutable_prefetch()->add_shards() = shard;
-      targets.emplace(target->id, std::move(*target));
-    }
-  }
-  for (auto& [id, msg] : hints)
-    fx.hints.emplace_back(targets.at(id).sink, std::move(msg));
 }
 
 void CoordinatorService::PumpLocked(const std::string& name, Effects& fx,

@@ -26,6 +26,8 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
     : options_(options),
       leases_(options.clock),
       data_servers_(options.clock, 3 * options.heartbeat_interval),
+      granter_(&queues_, &data_servers_, options.clock,
+               options.prefetch_hint_units),
       planner_(std::make_unique<ThreadPool>(1)),
       compactor_(std::make_unique<ThreadPool>(1)) {}
 

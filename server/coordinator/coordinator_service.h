@@ -42,6 +42,7 @@
 #include "server/coordinator/data_server_registry.h"
 #include "server/coordinator/durable_outbox.h"
 #include "server/coordinator/fleet_sizer.h"
+#include "server/coordinator/granter.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/journal.h"
 #include "server/coordinator/lease_table.h"
@@ -302,21 +303,6 @@ class CoordinatorService {
   // sluice_trainer_input_wait_seconds histogram and the rank's total.
   absl::Status RecordInputWaitLocked(const Session& s, const v1::InputWait& w)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Where unit `sequence` of a shard (or window) is read: rendezvous over
-  // the data servers by the shard's URL; a window's units by its first
-  // shard's URL when its shards are remote (each is then downloaded by one
-  // server), else each unit by that URL and its sequence (the window's
-  // units spread over the servers). For `reader` (when given), a server on
-  // its node first, passing over the servers it cannot reach;
-  // `*same_node` (optional): whether the server is on the reader's node.
-  std::string RouteLocked(const JobData& job, int32_t shard_index,
-                          int64_t sequence, const Session* reader = nullptr,
-                          bool* same_node = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues PrefetchHints for the units at the front of `queue`.
-  void HintUpcomingLocked(const JobData& job, const std::deque<Piece>& queue,
-                          Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   explicit CoordinatorService(const CoordinatorOptions& options);
 
   // Journals and applies one record (under mu_).
@@ -379,6 +365,9 @@ class CoordinatorService {
   // its leases ended without a message of its own, so it may take more.
   void NoteHolderWantsLocked(const std::string& holder)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Grants `s` the Granter's next lease: commits its record, adds it to the
+  // lease table, sends it and hints what follows. False, with why the
+  // reader waits (when it is told), if there is none.
   bool GrantOneLocked(Session& s, const JobData& job, JobRuntime& rt,
                       Effects& fx, std::string* why_not,
                       v1::WaitingKind* why_kind)
@@ -520,6 +509,8 @@ class CoordinatorService {
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   // Under its own lock: heartbeats are recorded without mu_.
   DataServerRegistry data_servers_;
+  // Decides grants from queues_ and routes them over data_servers_.
+  Granter granter_ ABSL_GUARDED_BY(mu_);
   // One above the newest fence any data server reported having seen (raised
   // by heartbeats without mu_).
   std::atomic<uint64_t> seen_fence_floor_{1};
