@@ -1,8 +1,4 @@
 // sluicectl once / barrier.
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 
@@ -13,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/cli.h"
+#include "client/cli/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "sluice/coordination.h"
 
@@ -42,23 +39,19 @@ ABSL_FLAG(bool, reset, false,
 namespace sluice::cli {
 namespace {
 
-// Runs argv, returning its exit status (128+signal when killed). The child
-// dies with us (PR_SET_PDEATHSIG), so a killed runner leaves nothing behind.
+// Runs argv in the foreground, returning its exit status (128+signal when
+// killed; 127 when it cannot be run). The child dies with us, so a killed
+// runner leaves nothing behind.
 int RunCommand(const std::vector<std::string>& argv) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    std::vector<char*> args;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    std::fprintf(stderr, "sluicectl once: cannot run %s\n", argv[0].c_str());
-    _exit(127);
+  absl::StatusOr<Subprocess> child =
+      Subprocess::Spawn(argv, "", "", /*die_with_parent=*/true);
+  if (!child.ok()) {
+    std::fprintf(stderr, "sluicectl once: cannot run %s: %s\n", argv[0].c_str(),
+                 child.status().ToString().c_str());
+    return 127;
   }
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) != pid) return 1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  absl::StatusOr<int> code = child->Wait(absl::InfiniteDuration());
+  return code.ok() ? *code : 1;
 }
 
 }  // namespace

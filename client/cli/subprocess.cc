@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,7 +20,8 @@ namespace sluice::cli {
 
 absl::StatusOr<Subprocess> Subprocess::Spawn(
     const std::vector<std::string>& argv, const std::string& stdout_path,
-    const std::string& stderr_path) {
+    const std::string& stderr_path, bool die_with_parent) {
+  if (argv.empty()) return absl::InvalidArgumentError("no command to run");
   std::vector<char*> args;
   for (const std::string& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
@@ -34,15 +36,19 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(
     return absl::InternalError(
         absl::StrCat("cannot open ", stdout_path, " / ", stderr_path));
   }
+  // Written by the child if exec fails (only async-signal-safe calls there).
+  const std::string cannot_run = absl::StrCat("cannot run ", argv[0], "\n");
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
+    if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (out >= 0) dup2(out, STDOUT_FILENO);
     if (err >= 0) dup2(err, STDERR_FILENO);
-    execv(args[0], args.data());
+    execvp(args[0], args.data());
+    (void)!write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
     _exit(127);
   }
   if (out >= 0) close(out);

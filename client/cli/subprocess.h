@@ -18,10 +18,15 @@ namespace sluice::cli {
 class Subprocess {
  public:
   // stdout to `stdout_path`, stderr to `stderr_path` (either may be empty =
-  // inherit). Starts with an empty signal mask.
+  // inherit). Starts with an empty signal mask. argv[0] without a '/' is
+  // looked up in PATH; a command that cannot be run exits 127, saying so on
+  // its stderr. With `die_with_parent`, the child is SIGKILLed when the
+  // thread that spawned it ends (PR_SET_PDEATHSIG): for a command run in
+  // the foreground, from the main thread.
   static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
                                           const std::string& stdout_path,
-                                          const std::string& stderr_path);
+                                          const std::string& stderr_path,
+                                          bool die_with_parent = false);
   Subprocess() = default;
   Subprocess(Subprocess&& o) noexcept { *this = std::move(o); }
   Subprocess& operator=(Subprocess&& o) noexcept;
