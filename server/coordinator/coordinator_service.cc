@@ -16,6 +16,7 @@
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/coordinator/coordinator_service_internal.h"
+#include "server/coordinator/job_report.h"
 #include "server/coordinator/memory_journal.h"
 
 namespace sluice {
@@ -798,6 +799,35 @@ void CoordinatorService::UpdateGaugesLocked() {
       }
     }
   }
+}
+
+v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
+                                             bool include_manifest) {
+  JobSoftState soft;
+  soft.live_data_servers = data_servers_.LiveAddressesIn(job.spec.pool());
+  if (auto rt = runtime_.find(job.spec.name()); rt != runtime_.end()) {
+    soft.lease_counts = &rt->second.lease_counts;
+    soft.input_wait_by_rank = &rt->second.input_wait_by_rank;
+  }
+  if (const SessionTable::Open* open = sessions_.OpenOf(job.spec.name());
+      open != nullptr) {
+    soft.sessions_per_rank = &open->per_rank;
+  }
+  return JobToProto(job, include_manifest, soft);
+}
+
+v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
+                                                 const JobData& job) {
+  v1::Lease out =
+      LeaseToProto(lease, job,
+                   UsesWindows(job.options) ? queues_.Windows(job)
+                                            : std::vector<ShuffleWindow>{});
+  if (!options_.lease_secret.empty()) {
+    out.set_token(SignLease(out, options_.lease_secret));
+    leases_.SetTokenExpiry(lease.lease_id,
+                           lease.expires_at);  // sent to the holder
+  }
+  return out;
 }
 
 }  // namespace sluice

@@ -1,7 +1,7 @@
-// Helpers the translation units of CoordinatorService share (the service's
-// files: coordinator_service.cc, coordinator_sessions.cc,
-// coordinator_granting.cc, coordinator_data_servers.cc,
-// coordinator_protos.cc). Not for use outside them.
+// Limits and helpers the coordinator's logic shares: CoordinatorService's
+// files (coordinator_service.cc, coordinator_sessions.cc,
+// coordinator_granting.cc, coordinator_data_servers.cc) and the Granter.
+// Not for use outside the coordinator.
 #ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_INTERNAL_H_
 #define SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_INTERNAL_H_
 

@@ -1,52 +1,62 @@
-// CoordinatorService: jobs and leases as the API shows them (Job with its
-// status, Lease with its signed token).
-#include <google/protobuf/util/message_differencer.h>
+#include "server/coordinator/job_report.h"
+
+#include <google/protobuf/field_mask.pb.h>
+#include <google/protobuf/util/field_mask_util.h>
 
 #include <algorithm>
-#include <cmath>
-#include <set>
-#include <vector>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
-#include "server/common/lease_token.h"
-#include "server/common/logging.h"
-#include "server/common/quote.h"
-#include "server/common/status_macros.h"
-#include "server/coordinator/coordinator_service.h"
-#include "server/coordinator/coordinator_service_internal.h"
+#include "absl/strings/string_view.h"
+#include "server/coordinator/mix_plan.h"
 
 namespace sluice {
+namespace {
 
-v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
-                                             bool include_manifest) {
+using google::protobuf::FieldMask;
+using google::protobuf::util::FieldMaskUtil;
+
+// The paths of `message`'s fields but `skip` (top level only).
+template <typename Message>
+FieldMask AllFieldsBut(std::initializer_list<absl::string_view> skip) {
+  FieldMask mask;
+  const google::protobuf::Descriptor* d = Message::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const std::string& name = d->field(i)->name();
+    if (std::find(skip.begin(), skip.end(), name) == skip.end())
+      mask.add_paths(name);
+  }
+  return mask;
+}
+
+// `spec` without its manifests (its sources' too), which may hold a million
+// shards: every other field is copied, the manifests never are.
+void CopyWithoutManifests(const v1::JobSpec& spec, v1::JobSpec* out) {
+  static const FieldMask* const kSpec =
+      new FieldMask(AllFieldsBut<v1::JobSpec>({"manifest", "sources"}));
+  static const FieldMask* const kSource =
+      new FieldMask(AllFieldsBut<v1::Source>({"manifest"}));
+  const FieldMaskUtil::MergeOptions merge;
+  FieldMaskUtil::MergeMessageTo(spec, *kSpec, merge, out);
+  for (const v1::Source& source : spec.sources())
+    FieldMaskUtil::MergeMessageTo(source, *kSource, merge, out->add_sources());
+}
+
+}  // namespace
+
+v1::Job JobToProto(const JobData& job, bool include_manifest,
+                   const JobSoftState& soft) {
   v1::Job out;
   if (include_manifest) {
     *out.mutable_spec() = job.spec;
   } else {
-    // Copy everything but the (possibly million-shard) manifests: move
-    // them aside for the copy (O(1) swaps; state_ is ours under mu_).
-    v1::JobSpec& spec = const_cast<v1::JobSpec&>(job.spec);
-    v1::Manifest manifest;
-    std::vector<v1::Manifest> sources(static_cast<size_t>(spec.sources_size()));
-    const bool inline_manifest = spec.has_manifest();
-    if (inline_manifest) spec.mutable_manifest()->Swap(&manifest);
-    for (int i = 0; i < spec.sources_size(); ++i)
-      spec.mutable_sources(i)->mutable_manifest()->Swap(&sources[i]);
-    *out.mutable_spec() = spec;
-    if (inline_manifest) {
-      out.mutable_spec()->clear_manifest();
-      spec.mutable_manifest()->Swap(&manifest);
-    }
-    for (int i = 0; i < spec.sources_size(); ++i) {
-      out.mutable_spec()->mutable_sources(i)->clear_manifest();
-      spec.mutable_sources(i)->mutable_manifest()->Swap(&sources[i]);
-    }
+    CopyWithoutManifests(job.spec, out.mutable_spec());
   }
   out.set_create_time_unix_ms(job.create_time_unix_ms);
   v1::JobStatus* st = out.mutable_status();
-  for (std::string& address : data_servers_.LiveAddressesIn(job.spec.pool()))
-    st->add_live_data_servers(std::move(address));
+  for (const std::string& address : soft.live_data_servers)
+    st->add_live_data_servers(address);
   st->set_state(job.done ? v1::JOB_STATE_DONE
                          : (job.epoch == 0 && job.consumed_total == 0 &&
                                     job.leases.empty()
@@ -92,8 +102,7 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
     }
     st->set_num_shards(shards);
   }
-  const auto rt = runtime_.find(job.spec.name());
-  if (rt != runtime_.end()) *st->mutable_leases() = rt->second.lease_counts;
+  if (soft.lease_counts != nullptr) *st->mutable_leases() = *soft.lease_counts;
   // Live leases and open sessions per rank, from the counts kept as they
   // change: a report costs O(ranks), not O(leases + sessions).
   const auto ranks = static_cast<size_t>(std::max(job.plan.num_ranks, 0));
@@ -101,9 +110,8 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   for (const auto& [rank, n] : job.live_leases_by_rank) {
     if (rank >= 0 && static_cast<size_t>(rank) < ranks) live[rank] = n;
   }
-  if (const SessionTable::Open* open = sessions_.OpenOf(job.spec.name());
-      open != nullptr) {
-    for (const auto& [rank, n] : open->per_rank) {
+  if (soft.sessions_per_rank != nullptr) {
+    for (const auto& [rank, n] : *soft.sessions_per_rank) {
       if (rank >= 0 && static_cast<size_t>(rank) < ranks) sessions[rank] = n;
     }
   }
@@ -116,9 +124,9 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
     rs->set_quota(job.plan.samples_per_rank);
     rs->set_live_leases(live[r]);
     rs->set_sessions(sessions[r]);
-    if (rt != runtime_.end()) {
-      if (auto w = rt->second.input_wait_by_rank.find(r);
-          w != rt->second.input_wait_by_rank.end()) {
+    if (soft.input_wait_by_rank != nullptr) {
+      if (auto w = soft.input_wait_by_rank->find(r);
+          w != soft.input_wait_by_rank->end()) {
         rs->set_input_wait_seconds(w->second);
       }
     }
@@ -126,8 +134,8 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
   return out;
 }
 
-v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
-                                                 const JobData& job) {
+v1::Lease LeaseToProto(const LeaseEntry& lease, const JobData& job,
+                       const std::vector<ShuffleWindow>& windows) {
   v1::Lease out;
   out.set_lease_id(lease.lease_id);
   out.set_fence(lease.fence);
@@ -140,7 +148,7 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
     MixUnitToProto(*job.mix, job.spec, lease.epoch, lease.begin, lease.end,
                    unit);
   } else if (UsesWindows(job.options)) {
-    const ShuffleWindow& window = queues_.Windows(job).at(lease.shard_index);
+    const ShuffleWindow& window = windows.at(lease.shard_index);
     unit->set_window_order(window.order_seed);
     for (int32_t index : window.shards)
       AddPiece(job.spec.manifest().shards(index), index, unit);
@@ -157,11 +165,6 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
   out.set_expires_at_unix_ms(absl::ToUnixMillis(lease.expires_at));
   out.set_on_corrupt(job.spec.on_corrupt());
   out.set_augment_seed(job.spec.seed());
-  if (!options_.lease_secret.empty()) {
-    out.set_token(SignLease(out, options_.lease_secret));
-    leases_.SetTokenExpiry(lease.lease_id,
-                           lease.expires_at);  // sent to the holder
-  }
   return out;
 }
 
