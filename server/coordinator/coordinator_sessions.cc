@@ -607,8 +607,9 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
           s.unreachable.Failed(m.reroute().failed_data_server(),
                                options_.clock->Now());
         }
-        EndLeaseLocked(lease.job, lease_id,
-                       m.has_release() ? "released" : "rerouted", fx);
+        EndLeaseLocked(
+            lease.job, lease_id,
+            m.has_release() ? LeaseEnd::kReleased : LeaseEnd::kRerouted, fx);
       }
       // Only a new epoch (for every session) or returned work (for those
       // wanting more) concerns the other sessions; a Complete or Progress
@@ -634,17 +635,28 @@ void CoordinatorService::CountCompletedLocked(const std::string& job_name) {
     options_.metrics->ForJob(job_name).completed->Increment();
 }
 
+const char* CoordinatorService::LeaseEndName(LeaseEnd end) {
+  switch (end) {
+    case LeaseEnd::kExpired:
+      return "expired";
+    case LeaseEnd::kReleased:
+      return "released";
+    case LeaseEnd::kRerouted:
+      return "rerouted";
+  }
+  return "?";
+}
+
 void CoordinatorService::EndLeaseLocked(const std::string& job_name,
                                         const std::string& lease_id,
-                                        const std::string& reason,
-                                        Effects& fx) {
+                                        LeaseEnd end, Effects& fx) {
   absl::StatusOr<LeaseEntry> lease = leases_.Remove(lease_id);
   if (!lease.ok()) return;
   NoteHolderWantsLocked(lease->holder);
   JournalRecord record;
   record.mutable_lease_ended()->set_job(job_name);
   record.mutable_lease_ended()->set_lease_id(lease_id);
-  record.mutable_lease_ended()->set_reason(reason);
+  record.mutable_lease_ended()->set_reason(LeaseEndName(end));
   if (!CommitLocked(std::move(record), fx).ok()) return;
   const JobData* job = state_.FindJob(job_name);
   if (job == nullptr || job->epoch != lease->epoch) return;
@@ -654,18 +666,18 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name,
     Piece piece{
         lease->sequence, lease->shard_index, lease->begin + lease->consumed,
         lease->end,      lease->rank,        slot};
-    if (reason == "expired") piece.returned_to = slot;
+    if (end == LeaseEnd::kExpired) piece.returned_to = slot;
     queues_.Return(*job, slot, piece);
   }
   v1::LeaseCounts& counts = runtime_[job_name].lease_counts;
-  if (reason == "expired") {
+  if (end == LeaseEnd::kExpired) {
     counts.set_expired(counts.expired() + 1);
   } else {
     counts.set_returned(counts.returned() + 1);
   }
   if (options_.metrics) {
     const CoordinatorMetrics::Job& m = options_.metrics->ForJob(job_name);
-    (reason == "expired" ? m.expired : m.released)->Increment();
+    (end == LeaseEnd::kExpired ? m.expired : m.released)->Increment();
   }
 }
 
