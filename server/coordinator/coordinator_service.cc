@@ -363,19 +363,18 @@ absl::StatusOr<v1::Job> CoordinatorService::CreateJob(const v1::JobSpec& spec) {
 void CoordinatorService::CopyJob(const std::string& source,
                                  const std::string& name, int32_t world_size,
                                  JobReply done) {
-  v1::JobSpec spec;
+  std::optional<v1::JobSpec> spec;
   {
     ServiceLock lock(this);
-    const JobData* job = state_.FindJob(source);
-    if (job != nullptr) spec = job->spec;
+    if (const JobData* job = state_.FindJob(source)) spec = job->spec;
   }
-  if (spec.name().empty()) {
+  if (!spec.has_value()) {
     return done(absl::NotFoundError(
         absl::StrCat("copy_of: job ", QuotePrefix(source), " not found")));
   }
-  spec.set_name(name);
-  spec.set_world_size(world_size);
-  CreateJob(spec, std::move(done));
+  spec->set_name(name);
+  spec->set_world_size(world_size);
+  CreateJob(*spec, std::move(done));
 }
 
 absl::StatusOr<v1::Job> CoordinatorService::CopyJob(const std::string& source,
