@@ -78,8 +78,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     };
   }
   CoordinatorService* const svc = service.get();
-  once.persist = [svc](const v1::internal::OnceFinished& f) {
-    return svc->PersistOnceFinished(f);
+  once.persist = [svc](const v1::internal::OnceFinished& f,
+                       std::function<void(const absl::Status&)> done) {
+    svc->PersistOnceFinished(f, std::move(done));
   };
   once.find_finished = [svc](const std::string& scope,
                              const std::string& name) {
@@ -243,11 +244,11 @@ CoordinatorService::~CoordinatorService() {
   planner_.reset();
   compactor_.reset();
   StopExpiryThread();
-  // Once/Barrier persist through the outbox: gone first, so nothing it
-  // journals can outlive the outbox.
-  once_barrier_.reset();
-  // Whatever is left goes out once durable, before the journal closes.
+  // Whatever is left goes out once durable, before the journal closes: the
+  // Once outcomes waiting for their record too, so the OnceBarrier they
+  // report to goes after the outbox.
   outbox_.reset();
+  once_barrier_.reset();
 }
 
 void CoordinatorService::StartExpiryThread() {
@@ -484,16 +485,25 @@ absl::Status CoordinatorService::DeleteJob(const std::string& name) {
       [&](StatusReply done) { DeleteJob(name, std::move(done)); });
 }
 
-absl::Status CoordinatorService::PersistOnceFinished(
-    const v1::internal::OnceFinished& finished) {
-  Effects fx;
+void CoordinatorService::PersistOnceFinished(
+    const v1::internal::OnceFinished& finished,
+    std::function<void(const absl::Status&)> done) {
+  absl::Status refused;
   {
     ServiceLock lock(this);
+    Effects fx;
     JournalRecord record;
     *record.mutable_once_finished() = finished;
-    RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+    refused = CommitLocked(std::move(record), fx);
+    if (refused.ok()) {
+      // The outbox answers once the record is durable (or the journal
+      // failed), on the thread that learns it.
+      fx.replies.push_back(std::move(done));
+      SubmitLocked(fx);
+    }
   }
-  return journal_->WaitDurable(fx.ticket);  // nothing to send
+  if (!refused.ok()) return done(refused);
+  DeliverReady();
 }
 
 std::vector<v1::internal::OnceFinished> CoordinatorService::ListOnceFinished(

@@ -236,9 +236,11 @@ class CoordinatorService {
   void DataServerDraining(int64_t id);
   std::vector<std::string> LiveDataServers();
 
-  // Once steps: journal a finished step (returns once durable), and look one
+  // Once steps: journal a finished step (`done` is called once it is
+  // durable, by the outbox, or with the error that refused it), and look one
   // up (survives restarts through the journal).
-  absl::Status PersistOnceFinished(const v1::internal::OnceFinished& finished);
+  void PersistOnceFinished(const v1::internal::OnceFinished& finished,
+                           std::function<void(const absl::Status&)> done);
   std::optional<v1::internal::OnceFinished> FindOnceFinished(
       const std::string& scope, const std::string& name);
   // The finished steps of `scope` ("" = all), by scope and name.

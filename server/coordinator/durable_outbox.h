@@ -1,6 +1,7 @@
 // The coordinator's outbox: what a state change sends (messages to trainer
 // sessions, prefetch hints to data servers, stream ends, the answers to
-// unary calls such as CreateJob and GetJob), held until the
+// unary calls such as CreateJob and GetJob and to a Once step's runner),
+// held until the
 // journal records it depends on are durable, then delivered in the order
 // the changes were decided.
 //

@@ -337,15 +337,24 @@ void OnceBarrier::OnOnceMessage(int64_t id, const v1::OnceRequest& request) {
       }
     }
   }
-  if (outcome.has_value()) {
-    // Journal the outcome without holding mu_, then announce it.
-    const absl::Status persisted = options_.persist
-                                       ? options_.persist(outcome->finished)
-                                       : absl::OkStatus();
+  if (outcome.has_value() && !options_.persist) {
     absl::MutexLock lock(&mu_);
-    FinishOutcomeLocked(*outcome, persisted, fx);
+    FinishOutcomeLocked(*outcome, absl::OkStatus(), fx);
   }
   fx.Run();
+  if (outcome.has_value() && options_.persist) {
+    // Journal the outcome without holding mu_; announce it once durable.
+    const v1::internal::OnceFinished finished = outcome->finished;
+    options_.persist(finished, [this, outcome = *std::move(outcome)](
+                                   const absl::Status& persisted) {
+      Effects done;
+      {
+        absl::MutexLock lock(&mu_);
+        FinishOutcomeLocked(outcome, persisted, done);
+      }
+      done.Run();
+    });
+  }
 }
 
 void OnceBarrier::CloseOnce(int64_t id) {

@@ -25,8 +25,10 @@
 // time.
 //
 // Thread-safe. Callbacks and sink calls happen outside the lock, and so does
-// `persist` (a journal commit waits for its fsync or etcd): meanwhile the
-// step takes no new run, and callers joining it wait for its outcome.
+// `persist`, which answers once the journal has the outcome (its fsync or
+// etcd), on whichever thread that is: no stream's thread waits for it.
+// Meanwhile the step takes no new run, and callers joining it wait for its
+// outcome.
 #ifndef SLUICE_SERVER_COORDINATOR_ONCE_BARRIER_H_
 #define SLUICE_SERVER_COORDINATOR_ONCE_BARRIER_H_
 
@@ -71,8 +73,13 @@ class OnceBarrier {
     absl::Duration heartbeat_interval = absl::Seconds(1);
     absl::Duration default_ttl = absl::Seconds(10);
     absl::Duration default_barrier_timeout = absl::Minutes(10);
-    // Journals a finished step; Done is sent only after it returns OK.
-    std::function<absl::Status(const v1::internal::OnceFinished&)> persist;
+    // Journals a finished step and calls `done` once it is durable, or with
+    // the error that kept it from being journaled (from any thread, perhaps
+    // before returning; never with a lock of the caller's held). Done is
+    // sent only after an OK. The OnceBarrier outlives every `done`.
+    std::function<void(const v1::internal::OnceFinished&,
+                       std::function<void(const absl::Status&)> done)>
+        persist;
     // A step finished before (from the journal), if any.
     std::function<std::optional<v1::internal::OnceFinished>(
         const std::string& scope, const std::string& name)>

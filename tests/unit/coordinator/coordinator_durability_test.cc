@@ -348,3 +348,85 @@ TEST(CoordinatorCompactionTest, TheServiceGoesOnWhileTheSnapshotIsWritten) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// What a Once stream is sent (by the outbox's thread too).
+class OnceInbox : public OnceSink {
+ public:
+  void Send(const v1::OnceResponse& r) override {
+    absl::MutexLock lock(&mu_);
+    inbox_.push_back(r);
+  }
+  void Finish(const absl::Status& s) override {
+    absl::MutexLock lock(&mu_);
+    finished_ = s;
+  }
+  std::vector<v1::OnceResponse> inbox() {
+    absl::MutexLock lock(&mu_);
+    return inbox_;
+  }
+  std::optional<absl::Status> finished() {
+    absl::MutexLock lock(&mu_);
+    return finished_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::OnceResponse> inbox_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> finished_ ABSL_GUARDED_BY(mu_);
+};
+
+v1::OnceRequest JoinPrep(const std::string& who) {
+  v1::OnceRequest r;
+  r.mutable_join()->set_scope("job");
+  r.mutable_join()->set_name("prep");
+  r.mutable_join()->set_participant(who);
+  r.mutable_join()->set_ttl_ms(10000);
+  return r;
+}
+
+// A Once step's outcome is announced once its record is durable, and the
+// runner's stream does not wait for that: the outbox answers.
+TEST(CoordinatorDurabilityTest, AOnceOutcomeIsAnnouncedOnceDurableByTheOutbox) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  RecoveredJournal gated;
+  gated.journal = std::make_unique<testing::GatedJournal>();
+  auto* journal = static_cast<testing::GatedJournal*>(gated.journal.get());
+  auto created = CoordinatorService::Create(options, std::move(gated));
+  ASSERT_OK(created);
+  std::unique_ptr<CoordinatorService> service = std::move(*created);
+  OnceBarrier& once = service->once_barrier();
+  auto runner = std::make_shared<OnceInbox>();
+  auto waiter = std::make_shared<OnceInbox>();
+  const int64_t r = once.OpenOnce(runner);
+  once.OnOnceMessage(r, JoinPrep("a"));
+  ASSERT_EQ(runner->inbox().size(), 1u);
+  ASSERT_TRUE(runner->inbox()[0].has_run());
+  const int64_t w = once.OpenOnce(waiter);
+  once.OnOnceMessage(w, JoinPrep("b"));
+
+  v1::OnceRequest succeeded;
+  succeeded.mutable_succeeded()->set_run(runner->inbox()[0].run().run());
+  succeeded.mutable_succeeded()->set_result("/data");
+  once.OnOnceMessage(r, succeeded);  // returns with the record not durable
+  EXPECT_EQ(runner->inbox().size(), 1u);
+  EXPECT_FALSE(waiter->finished().has_value());
+
+  journal->MakeDurable(journal->LastTicket());
+  service->Flush();
+  ASSERT_EQ(runner->inbox().size(), 2u);
+  EXPECT_EQ(runner->inbox()[1].done().result(), "/data");
+  ASSERT_TRUE(waiter->finished().has_value());
+  EXPECT_OK(*waiter->finished());
+  EXPECT_EQ(waiter->inbox().back().done().result(), "/data");
+  const auto found = service->FindOnceFinished("job", "prep");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->result(), "/data");
+}
+
+}  // namespace
+}  // namespace sluice

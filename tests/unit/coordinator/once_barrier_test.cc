@@ -46,14 +46,15 @@ class OnceBarrierTest : public ::testing::Test {
       : logic_([this] {
           OnceBarrier::Options o;
           o.clock = &clock_;
-          o.persist = [this](const v1::internal::OnceFinished& f) {
+          o.persist = [this](const v1::internal::OnceFinished& f,
+                             std::function<void(const absl::Status&)> done) {
             // What happens while the outcome is being journaled.
             if (during_persist_) {
               absl::Status s = during_persist_();
-              if (!s.ok()) return s;
+              if (!s.ok()) return done(s);
             }
             persisted_.push_back(f);
-            return absl::OkStatus();
+            done(absl::OkStatus());
           };
           o.find_finished = [this](const std::string&, const std::string&)
               -> std::optional<v1::internal::OnceFinished> {
