@@ -498,7 +498,7 @@ void CoordinatorService::PersistOnceFinished(
     if (refused.ok()) {
       // The outbox answers once the record is durable (or the journal
       // failed), on the thread that learns it.
-      fx.replies.push_back(std::move(done));
+      fx.replies.push_back(done);  // a copy: `done` answers a refusal below
       SubmitLocked(fx);
     }
   }

@@ -49,7 +49,7 @@ TEST(JobReportTest, AReportWithoutTheManifestLeavesTheJobsSpecWhole) {
   // A mixed job's sources keep everything but their manifests.
   JobData mixed = MakeJob();
   mixed.spec.clear_manifest();
-  for (const std::string& name : {"a", "b"}) {
+  for (const char* name : {"a", "b"}) {
     v1::Source* source = mixed.spec.add_sources();
     source->set_name(name);
     source->set_weight(2);
