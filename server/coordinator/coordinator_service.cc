@@ -827,10 +827,8 @@ v1::Job CoordinatorService::JobToProtoLocked(const JobData& job,
 
 v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
                                                  const JobData& job) {
-  v1::Lease out =
-      LeaseToProto(lease, job,
-                   UsesWindows(job.options) ? queues_.Windows(job)
-                                            : std::vector<ShuffleWindow>{});
+  // Empty for a job without windows (not copied: this runs per grant).
+  v1::Lease out = LeaseToProto(lease, job, queues_.Windows(job));
   if (!options_.lease_secret.empty()) {
     out.set_token(SignLease(out, options_.lease_secret));
     leases_.SetTokenExpiry(lease.lease_id,
