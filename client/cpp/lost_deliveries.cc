@@ -2,12 +2,14 @@
 
 #include <algorithm>
 
+#include "server/common/work_unit.h"
+
 namespace sluice::client_internal {
 
 namespace {
 
 std::tuple<int64_t, int64_t, int32_t> KeyOf(const v1::Lease& lease) {
-  return {lease.epoch(), lease.unit().sequence(), lease.unit().shard_index()};
+  return {lease.epoch(), lease.unit().sequence(), UnitIndex(lease.unit())};
 }
 
 }  // namespace

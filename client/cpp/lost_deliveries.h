@@ -36,7 +36,7 @@ class LostDeliveries {
   bool empty() const { return ranges_.empty(); }
 
  private:
-  // (epoch, unit sequence, shard_index) -> [begin, end) delivered.
+  // (epoch, unit sequence, UnitIndex) -> [begin, end) delivered.
   std::map<std::tuple<int64_t, int64_t, int32_t>, std::pair<int64_t, int64_t>>
       ranges_;
 };

@@ -11,6 +11,7 @@
 #include "server/common/grpc_status.h"
 #include "server/common/logging.h"
 #include "server/common/status_details.h"
+#include "server/common/work_unit.h"
 #include "sluice/v1/dataserver.pb.h"
 
 namespace sluice::client_internal {
@@ -19,7 +20,7 @@ namespace {
 // What a unit reads, for counting failed streams: its shard, or its shuffle
 // window's first shard.
 const std::string& UnitKey(const v1::WorkUnit& unit) {
-  return unit.pieces_size() > 0 ? unit.pieces(0).url() : unit.shard_url();
+  return UnitFirstUrl(unit);
 }
 
 // Whether a stream's status is a draining data server's (UNAVAILABLE with a
@@ -128,22 +129,24 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
     out.epoch = u.lease.epoch();
     out.rank = u.lease.rank();
     const v1::WorkUnit& unit = u.lease.unit();
-    if (unit.pieces_size() > 0) {
-      // A shuffle window: each sample names its shard (a piece index the
-      // unit does not have is clamped; the data server sets it).
-      const int piece = std::clamp(s.piece(), 0, unit.pieces_size() - 1);
-      out.shard_index = unit.pieces(piece).shard_index();
-      out.shard_url = unit.pieces(piece).url();
+    const auto& pieces = UnitPieces(unit);
+    if (!pieces.empty()) {
+      // A window or mixed unit: each sample names its shard (a piece index
+      // the unit does not have is clamped; the data server sets it).
+      const v1::WindowPiece& piece =
+          pieces.Get(std::clamp(s.piece(), 0, pieces.size() - 1));
+      out.shard_index = piece.shard_index();
+      out.shard_url = piece.url();
       // A mixed unit: the piece's source, named by its segments.
-      for (const v1::MixSegment& seg : unit.segments()) {
-        if (seg.source() == unit.pieces(piece).source()) {
+      for (const v1::MixSegment& seg : unit.mixed().segments()) {
+        if (seg.source() == piece.source()) {
           out.source = seg.source_name();
           break;
         }
       }
     } else {
-      out.shard_index = unit.shard_index();
-      out.shard_url = unit.shard_url();
+      out.shard_index = unit.shard().shard_index();
+      out.shard_url = unit.shard().url();
     }
     out.data_server = u.lease.data_server();
     out.index = s.index();
@@ -163,9 +166,10 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
     BeginFinishLocked(u);
     return;
   }
-  // A plain unit's samples come with their positions (their index in the
-  // shard); a window's with their index in their own shard, so only count.
-  const bool window = u.lease.unit().pieces_size() > 0;
+  // A shard range's samples come with their positions (their index in the
+  // shard); a window's or mixed unit's with their index in their own shard,
+  // so only count.
+  const bool window = !u.lease.unit().has_shard();
   for (Sample& out : converted) {
     if (!window && out.index != u.next_fetch) {
       u.protocol_error =

@@ -36,6 +36,7 @@
 #include "server/common/clock.h"
 #include "server/common/grpc_target.h"
 #include "server/common/node_name.h"
+#include "server/common/work_unit.h"
 #include "sluice/reader.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
@@ -288,7 +289,7 @@ class ReaderImpl final : public Reader {
       const v1::Lease& held = u->lease;
       if (id != lease.lease_id() && held.epoch() == lease.epoch() &&
           held.unit().sequence() == lease.unit().sequence() &&
-          held.unit().shard_index() == lease.unit().shard_index()) {
+          UnitIndex(held.unit()) == UnitIndex(lease.unit())) {
         superseded.push_back(id);
       }
     }

@@ -295,12 +295,12 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
       case CoordinatorMessage::kGrant: {
         const v1::Lease& lease = m.grant().lease();
         // A unit names the sources it reads: learn the names as they come.
-        const v1::WorkUnit& unit = lease.unit();
-        if (unit.mix_samples_size() > 0) {
+        if (lease.unit().has_mixed()) {
+          const v1::MixedUnit& mixed = lease.unit().mixed();
           source_names_.resize(
-              std::max<size_t>(source_names_.size(), unit.mix_samples_size()));
-          for (const v1::MixSegment& seg : unit.segments()) {
-            if (seg.source() >= 0 && seg.source() < unit.mix_samples_size())
+              std::max<size_t>(source_names_.size(), mixed.mix_samples_size()));
+          for (const v1::MixSegment& seg : mixed.segments()) {
+            if (seg.source() >= 0 && seg.source() < mixed.mix_samples_size())
               source_names_[seg.source()] = seg.source_name();
           }
         }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "server/common/work_unit.h"
+
 namespace sluice::client_internal {
 
 void ReportLedger::Sent(const v1::Lease& lease, int64_t delivered,
@@ -52,7 +54,7 @@ std::vector<ReportLedger::Dropped> ReportLedger::DropSameUnit(
     const v1::Lease& old = it->second.lease;
     if (it->first != lease.lease_id() && old.epoch() == lease.epoch() &&
         old.unit().sequence() == lease.unit().sequence() &&
-        old.unit().shard_index() == lease.unit().shard_index()) {
+        UnitIndex(old.unit()) == UnitIndex(lease.unit())) {
       out.push_back(Dropped{std::move(it->second.lease), it->second.delivered});
       it = reports_.erase(it);
     } else {

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/quote.h"
+#include "server/common/work_unit.h"
 
 namespace sluice {
 namespace {
@@ -29,52 +30,64 @@ void PutString(std::string* out, absl::string_view s) {
 }  // namespace
 
 std::string CanonicalLeaseBytes(const v1::Lease& lease) {
-  std::string out = "sluice-lease-v2";
+  const v1::WorkUnit& unit = lease.unit();
+  std::string out = "sluice-lease-v3";
   PutString(&out, lease.lease_id());
   PutInt(&out, static_cast<int64_t>(lease.fence()));
   PutString(&out, lease.job());
   PutInt(&out, lease.epoch());
   PutInt(&out, lease.rank());
-  PutInt(&out, lease.unit().shard_index());
-  PutString(&out, lease.unit().shard_url());
-  PutInt(&out, lease.unit().begin());
-  PutInt(&out, lease.unit().end());
-  PutInt(&out, lease.unit().sequence());
-  PutInt(&out, lease.unit().shard_size_bytes());
-  PutString(&out, lease.unit().shard_checksum());
+  PutInt(&out, unit.begin());
+  PutInt(&out, unit.end());
+  PutInt(&out, unit.sequence());
   PutString(&out, lease.data_server());
   PutInt(&out, lease.on_corrupt());
   PutInt(&out, lease.expires_at_unix_ms());
-  // Window units only, so that other units' bytes stay as they were.
-  if (lease.unit().pieces_size() > 0) {
-    PutInt(&out, static_cast<int64_t>(lease.unit().window_order()));
-    PutInt(&out, lease.unit().pieces_size());
-    for (const v1::WindowPiece& p : lease.unit().pieces()) {
+  PutString(&out, UnitKindName(unit));
+  const auto put_pieces = [&out](const auto& pieces) {
+    PutInt(&out, pieces.size());
+    for (const v1::WindowPiece& p : pieces) {
       PutInt(&out, p.shard_index());
       PutString(&out, p.url());
       PutInt(&out, p.num_samples());
       PutInt(&out, p.size_bytes());
       PutString(&out, p.checksum());
-    }
-  }
-  // Mixed units only, likewise.
-  if (lease.unit().mix_samples_size() > 0 || lease.unit().segments_size() > 0) {
-    PutString(&out, "mix");
-    PutInt(&out, lease.unit().mix_samples_size());
-    for (int64_t n : lease.unit().mix_samples()) PutInt(&out, n);
-    PutInt(&out, lease.unit().segments_size());
-    for (const v1::MixSegment& g : lease.unit().segments()) {
-      PutInt(&out, g.source());
-      PutInt(&out, g.first_piece());
-      PutInt(&out, g.num_pieces());
-      PutInt(&out, static_cast<int64_t>(g.window_order()));
-      PutInt(&out, g.begin());
-      PutInt(&out, g.end());
-      PutInt(&out, static_cast<int64_t>(g.augment_seed()));
-      PutString(&out, g.source_name());
-    }
-    for (const v1::WindowPiece& p : lease.unit().pieces())
       PutInt(&out, p.source());
+    }
+  };
+  switch (unit.kind_case()) {
+    case v1::WorkUnit::kShard:
+      PutInt(&out, unit.shard().shard_index());
+      PutString(&out, unit.shard().url());
+      PutInt(&out, unit.shard().size_bytes());
+      PutString(&out, unit.shard().checksum());
+      break;
+    case v1::WorkUnit::kWindow:
+      PutInt(&out, unit.window().window_index());
+      PutInt(&out, static_cast<int64_t>(unit.window().window_order()));
+      put_pieces(unit.window().pieces());
+      break;
+    case v1::WorkUnit::kMixed: {
+      const v1::MixedUnit& mixed = unit.mixed();
+      PutInt(&out, mixed.block_index());
+      PutInt(&out, mixed.mix_samples_size());
+      for (int64_t n : mixed.mix_samples()) PutInt(&out, n);
+      PutInt(&out, mixed.segments_size());
+      for (const v1::MixSegment& g : mixed.segments()) {
+        PutInt(&out, g.source());
+        PutInt(&out, g.first_piece());
+        PutInt(&out, g.num_pieces());
+        PutInt(&out, static_cast<int64_t>(g.window_order()));
+        PutInt(&out, g.begin());
+        PutInt(&out, g.end());
+        PutInt(&out, static_cast<int64_t>(g.augment_seed()));
+        PutString(&out, g.source_name());
+      }
+      put_pieces(mixed.pieces());
+      break;
+    }
+    case v1::WorkUnit::KIND_NOT_SET:
+      break;
   }
   return out;
 }
@@ -104,7 +117,7 @@ absl::Status VerifyLeaseToken(const v1::Lease& lease,
     return absl::PermissionDeniedError(
         absl::StrCat("lease ", QuotePrefix(lease.lease_id()), " (job ",
                      QuotePrefix(lease.job()), ", shard ",
-                     QuotePrefix(lease.unit().shard_url()),
+                     QuotePrefix(UnitFirstUrl(lease.unit())),
                      "): token does not match its fields"));
   }
   return absl::OkStatus();

@@ -2,16 +2,20 @@
 // coordinator and the data servers share, so a data server checks a lease
 // without calling the coordinator.
 //
-// Canonical encoding (version 2), everything little-endian:
-//   "sluice-lease-v2"
+// Canonical encoding (version 3), everything little-endian:
+//   "sluice-lease-v3"
 //   then, in this order, strings as u32 length + bytes and integers as
 //   8-byte two's complement:
-//   lease_id, fence, job, epoch, rank, unit.shard_index, unit.shard_url,
-//   unit.begin, unit.end, unit.sequence, unit.shard_size_bytes,
-//   unit.shard_checksum, data_server, on_corrupt, expires_at_unix_ms;
-//   then, for a window unit (unit.pieces not empty) only: unit.window_order,
-//   the number of pieces, and per piece shard_index, url, num_samples,
-//   size_bytes, checksum.
+//   lease_id, fence, job, epoch, rank, unit.begin, unit.end, unit.sequence,
+//   data_server, on_corrupt, expires_at_unix_ms, the unit's kind as a string
+//   ("shard", "window", "mixed", "unset");
+//   then for a ShardRange: shard_index, url, size_bytes, checksum;
+//   for a WindowUnit: window_index, window_order, the pieces;
+//   for a MixedUnit: block_index, the number of mix_samples and each, the
+//   number of segments and per segment source, first_piece, num_pieces,
+//   window_order, begin, end, augment_seed, source_name; then the pieces;
+//   where the pieces are their number and per piece shard_index, url,
+//   num_samples, size_bytes, checksum, source.
 // The expiry is signed, so a token cannot be replayed after its lease
 // expired: the coordinator sends a held lease again with a fresh expiry and
 // token before half its TTL is left (the holder's heartbeats keep it alive),

@@ -143,20 +143,25 @@ v1::Lease LeaseToProto(const LeaseEntry& lease, const JobData& job,
   out.set_epoch(lease.epoch);
   out.set_rank(job.spec.world_size() > 0 ? lease.rank : -1);
   v1::WorkUnit* unit = out.mutable_unit();
-  unit->set_shard_index(lease.shard_index);
   if (job.mix != nullptr) {
+    v1::MixedUnit* mixed = unit->mutable_mixed();
+    mixed->set_block_index(lease.shard_index);
     MixUnitToProto(*job.mix, job.spec, lease.epoch, lease.begin, lease.end,
-                   unit);
+                   mixed);
   } else if (UsesWindows(job.options)) {
     const ShuffleWindow& window = windows.at(lease.shard_index);
-    unit->set_window_order(window.order_seed);
+    v1::WindowUnit* w = unit->mutable_window();
+    w->set_window_index(lease.shard_index);
+    w->set_window_order(window.order_seed);
     for (int32_t index : window.shards)
-      AddPiece(job.spec.manifest().shards(index), index, unit);
+      AddPiece(job.spec.manifest().shards(index), index, w->mutable_pieces());
   } else {
     const v1::Shard& shard = job.spec.manifest().shards(lease.shard_index);
-    unit->set_shard_url(shard.url());
-    unit->set_shard_size_bytes(shard.size_bytes());
-    unit->set_shard_checksum(shard.checksum());
+    v1::ShardRange* range = unit->mutable_shard();
+    range->set_shard_index(lease.shard_index);
+    range->set_url(shard.url());
+    range->set_size_bytes(shard.size_bytes());
+    range->set_checksum(shard.checksum());
   }
   unit->set_begin(lease.begin);
   unit->set_end(lease.end);

@@ -265,9 +265,10 @@ std::shared_ptr<const MixPlan> MixPlanFromSpec(const v1::JobSpec& spec,
                                          MixBlockSamples(spec, shares));
 }
 
-v1::WindowPiece* AddPiece(const v1::Shard& shard, int32_t index,
-                          v1::WorkUnit* unit) {
-  v1::WindowPiece* piece = unit->add_pieces();
+v1::WindowPiece* AddPiece(
+    const v1::Shard& shard, int32_t index,
+    google::protobuf::RepeatedPtrField<v1::WindowPiece>* pieces) {
+  v1::WindowPiece* piece = pieces->Add();
   piece->set_shard_index(index);
   piece->set_url(shard.url());
   piece->set_num_samples(shard.num_samples());
@@ -277,7 +278,7 @@ v1::WindowPiece* AddPiece(const v1::Shard& shard, int32_t index,
 }
 
 void MixUnitToProto(const MixPlan& plan, const v1::JobSpec& spec, int64_t epoch,
-                    int64_t begin, int64_t end, v1::WorkUnit* unit) {
+                    int64_t begin, int64_t end, v1::MixedUnit* unit) {
   const std::vector<int64_t> counts = plan.EpochCounts(epoch);
   const std::vector<MixPlan::Segment> segments =
       plan.Segments(epoch, begin, end);
@@ -294,7 +295,8 @@ void MixUnitToProto(const MixPlan& plan, const v1::JobSpec& spec, int64_t epoch,
     out->set_augment_seed(plan.AugmentSeed(seg.source, seg.pass));
     out->set_source_name(plan.sources()[seg.source].name);
     for (int32_t index : seg.window->shards)
-      AddPiece(shards[index], index, unit)->set_source(seg.source);
+      AddPiece(shards[index], index, unit->mutable_pieces())
+          ->set_source(seg.source);
   }
 }
 

@@ -140,16 +140,15 @@ std::vector<int64_t> SourceShares(const v1::JobSpec& spec);
 int64_t MixBlockSamples(const v1::JobSpec& spec,
                         const std::vector<int64_t>& shares);
 
-// Appends manifest shard `index` to `unit`'s pieces (window and mixed
-// units).
-v1::WindowPiece* AddPiece(const v1::Shard& shard, int32_t index,
-                          v1::WorkUnit* unit);
+// Appends manifest shard `index` to a window's or a mixed unit's pieces.
+v1::WindowPiece* AddPiece(
+    const v1::Shard& shard, int32_t index,
+    google::protobuf::RepeatedPtrField<v1::WindowPiece>* pieces);
 
 // Fills `unit`'s mix_samples, segments and pieces for positions [begin, end) of
-// `epoch` (common.proto's WorkUnit.mix_samples); `spec` holds the sources'
-// manifests.
+// `epoch` (common.proto's MixedUnit); `spec` holds the sources' manifests.
 void MixUnitToProto(const MixPlan& plan, const v1::JobSpec& spec, int64_t epoch,
-                    int64_t begin, int64_t end, v1::WorkUnit* unit);
+                    int64_t begin, int64_t end, v1::MixedUnit* unit);
 
 // The MixPlan of a validated spec with sources (null without sources).
 std::shared_ptr<const MixPlan> MixPlanFromSpec(const v1::JobSpec& spec,

@@ -17,6 +17,7 @@
 #include "server/common/shuffle_window.h"
 #include "server/common/status_details.h"
 #include "server/common/status_macros.h"
+#include "server/common/work_unit.h"
 #include "server/dataserver/mixed_unit.h"
 
 namespace sluice::dataserver {
@@ -124,64 +125,64 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     RETURN_IF_ERROR(CheckFence(lease));
   }
   const v1::WorkUnit& unit = lease.unit();
-  const bool mixed = unit.mix_samples_size() > 0;
-  const bool window = !mixed && unit.pieces_size() > 0;
+  if (unit.kind_case() == v1::WorkUnit::KIND_NOT_SET) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease ", QuotePrefix(lease.lease_id()),
+        ": lease.unit names no kind (shard, window or mixed); a client or "
+        "coordinator of another protocol version sent it"));
+  }
   std::optional<MixedOrder> mixed_order;
-  if (mixed) {
+  if (unit.has_mixed()) {
     ASSIGN_OR_RETURN(
         mixed_order,
         OrderMixedUnit(lease, [this](const std::vector<int64_t>& sizes,
                                      uint64_t order_seed) {
           return LabelsFor(sizes, order_seed);
         }));
-  } else if (unit.segments_size() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lease ", QuotePrefix(lease.lease_id()),
-                     ": lease.unit.segments without lease.unit.mix_samples"));
   }
-  if (!window && !mixed && unit.shard_url().empty()) {
+  if (unit.has_shard() && unit.shard().url().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("lease ", QuotePrefix(lease.lease_id()),
-                     ": lease.unit.shard_url is empty"));
+                     ": lease.unit.shard.url is empty"));
   }
   int64_t window_samples = 0;
-  if (window) {
-    if (unit.pieces_size() > 2 * kMaxShuffleWindowShards) {
+  if (unit.has_window()) {
+    const auto& pieces = unit.window().pieces();
+    if (pieces.empty() || pieces.size() > 2 * kMaxShuffleWindowShards) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "lease ", QuotePrefix(lease.lease_id()), ": lease.unit.pieces has ",
-          unit.pieces_size(), " shards, above the limit of ",
-          2 * kMaxShuffleWindowShards));
+          "lease ", QuotePrefix(lease.lease_id()),
+          ": lease.unit.window.pieces has ", pieces.size(),
+          " shards, not within [1, ", 2 * kMaxShuffleWindowShards, "]"));
     }
-    for (int i = 0; i < unit.pieces_size(); ++i) {
-      const v1::WindowPiece& p = unit.pieces(i);
+    for (int i = 0; i < pieces.size(); ++i) {
+      const v1::WindowPiece& p = pieces.Get(i);
       if (p.url().empty() || p.num_samples() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "lease ", QuotePrefix(lease.lease_id()), ": lease.unit.pieces[", i,
-            "] has an empty url or a negative num_samples"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("lease ", QuotePrefix(lease.lease_id()),
+                         ": lease.unit.window.pieces[", i,
+                         "] has an empty url or a negative num_samples"));
       }
       window_samples += p.num_samples();
       if (window_samples > kMaxUnitLabels) {
         return absl::InvalidArgumentError(absl::StrCat(
             "lease ", QuotePrefix(lease.lease_id()),
-            ": lease.unit.pieces hold more ", "than ", kMaxUnitLabels,
-            " samples, above the limit of one "
-            "shuffle window"));
+            ": lease.unit.window.pieces hold more than ", kMaxUnitLabels,
+            " samples, above the limit of one shuffle window"));
       }
     }
   }
-  if (!mixed && (unit.begin() < 0 || unit.end() <= unit.begin())) {
+  if (!unit.has_mixed() && (unit.begin() < 0 || unit.end() <= unit.begin())) {
     return absl::OutOfRangeError(absl::StrCat(
         "lease ", QuotePrefix(lease.lease_id()), ": lease.unit range [",
-        unit.begin(), ", ", unit.end(), ") of shard \"",
-        window ? unit.pieces(0).url() : unit.shard_url(),
+        unit.begin(), ", ", unit.end(), ") of shard \"", UnitFirstUrl(unit),
         "\" is empty or negative"));
   }
-  if (window && unit.end() > window_samples) {
+  if (unit.has_window() && unit.end() > window_samples) {
     return absl::OutOfRangeError(absl::StrCat(
         "lease ", QuotePrefix(lease.lease_id()), ": lease.unit range [",
         unit.begin(), ", ", unit.end(), ") is beyond the ", window_samples,
-        " samples of its shuffle window (", unit.pieces_size(),
-        " shards from \"", unit.pieces(0).url(), "\")"));
+        " samples of its shuffle window (", unit.window().pieces_size(),
+        " shards from \"", UnitFirstUrl(unit), "\")"));
   }
   int64_t start = request.start() == 0 ? unit.begin() : request.start();
   if (start < unit.begin() || start > unit.end()) {
@@ -213,34 +214,43 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     params.pieces.push_back(std::move(piece));
     return absl::OkStatus();
   };
-  if (mixed) {
-    for (int i = 0; i < unit.pieces_size(); ++i) {
-      const v1::WindowPiece& p = unit.pieces(i);
-      RETURN_IF_ERROR(add_piece(p.url(), p.size_bytes(), p.checksum(),
-                                p.shard_index(), p.num_samples(),
-                                mixed_order->first[static_cast<size_t>(i)]));
-    }
-    for (const v1::MixSegment& seg : unit.segments()) {
-      for (int k = 0; k < seg.num_pieces(); ++k) {
-        params.pieces[static_cast<size_t>(seg.first_piece() + k)].augment_seed =
-            seg.augment_seed();
+  switch (unit.kind_case()) {
+    case v1::WorkUnit::kMixed: {
+      const v1::MixedUnit& mixed = unit.mixed();
+      for (int i = 0; i < mixed.pieces_size(); ++i) {
+        const v1::WindowPiece& p = mixed.pieces(i);
+        RETURN_IF_ERROR(add_piece(p.url(), p.size_bytes(), p.checksum(),
+                                  p.shard_index(), p.num_samples(),
+                                  mixed_order->first[static_cast<size_t>(i)]));
       }
+      for (const v1::MixSegment& seg : mixed.segments()) {
+        for (int k = 0; k < seg.num_pieces(); ++k) {
+          params.pieces[static_cast<size_t>(seg.first_piece() + k)]
+              .augment_seed = seg.augment_seed();
+        }
+      }
+      params.labels = std::make_shared<const std::vector<uint16_t>>(
+          std::move(mixed_order->labels));
+      params.label_base = unit.begin();
+      break;
     }
-    params.labels = std::make_shared<const std::vector<uint16_t>>(
-        std::move(mixed_order->labels));
-    params.label_base = unit.begin();
-  } else if (window) {
-    std::vector<int64_t> sizes;
-    for (const v1::WindowPiece& p : unit.pieces()) {
-      RETURN_IF_ERROR(add_piece(p.url(), p.size_bytes(), p.checksum(),
-                                p.shard_index(), p.num_samples(), 0));
-      sizes.push_back(p.num_samples());
+    case v1::WorkUnit::kWindow: {
+      std::vector<int64_t> sizes;
+      for (const v1::WindowPiece& p : unit.window().pieces()) {
+        RETURN_IF_ERROR(add_piece(p.url(), p.size_bytes(), p.checksum(),
+                                  p.shard_index(), p.num_samples(), 0));
+        sizes.push_back(p.num_samples());
+      }
+      params.labels = LabelsFor(sizes, unit.window().window_order());
+      break;
     }
-    params.labels = LabelsFor(sizes, unit.window_order());
-  } else {
-    RETURN_IF_ERROR(add_piece(unit.shard_url(), unit.shard_size_bytes(),
-                              unit.shard_checksum(), unit.shard_index(), -1,
-                              0));
+    case v1::WorkUnit::kShard:
+    case v1::WorkUnit::KIND_NOT_SET: {
+      const v1::ShardRange& shard = unit.shard();
+      RETURN_IF_ERROR(add_piece(shard.url(), shard.size_bytes(),
+                                shard.checksum(), shard.shard_index(), -1, 0));
+      break;
+    }
   }
   params.lease = lease;
   params.start = start;

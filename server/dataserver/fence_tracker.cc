@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/quote.h"
+#include "server/common/work_unit.h"
 
 namespace sluice::dataserver {
 
@@ -25,15 +26,15 @@ absl::Status FenceTracker::Check(const v1::Lease& lease) {
   job.epoch = lease.epoch();
   const int64_t begin = lease.unit().begin(), end = lease.unit().end();
   std::vector<FencedRange>& ranges = job.units[absl::StrCat(
-      lease.unit().sequence(), "/", lease.unit().shard_index())];
+      lease.unit().sequence(), "/", UnitIndex(lease.unit()))];
   for (const FencedRange& r : ranges) {
     if (r.begin < end && begin < r.end && lease.fence() < r.fence) {
       return absl::AbortedError(absl::StrCat(
           "lease ", QuotePrefix(lease.lease_id()), " (job ",
           QuotePrefix(lease.job()), ") has fence ", lease.fence(),
           " but fence ", r.fence, " was already presented for samples [",
-          r.begin, ", ", r.end, ") of shard ", lease.unit().shard_index(),
-          ": the lease was granted again"));
+          r.begin, ", ", r.end, ") of ", UnitKindName(lease.unit()), " ",
+          UnitIndex(lease.unit()), ": the lease was granted again"));
     }
   }
   // Ranges this lease covers whole are superseded by it.

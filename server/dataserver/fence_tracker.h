@@ -54,7 +54,7 @@ class FenceTracker {
   struct JobFences {
     int64_t epoch = 0;
     uint64_t max_fence = 0;
-    // Fenced ranges per unit ("sequence/shard_index") of `epoch`.
+    // Fenced ranges per unit ("sequence/UnitIndex") of `epoch`.
     absl::flat_hash_map<std::string, std::vector<FencedRange>> units;
   };
   // Drops every job's ranges, keeping its epoch and newest fence.

@@ -19,23 +19,25 @@ absl::Status Bad(const v1::Lease& lease, absl::string_view what) {
 absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
                                           const WindowLabelsFn& window_labels) {
   const v1::WorkUnit& unit = lease.unit();
-  if (unit.mix_samples_size() > kMaxMixSources) {
-    return Bad(
-        lease,
-        absl::StrCat("lease.unit.mix_samples has ", unit.mix_samples_size(),
-                     " sources, above the limit of ", kMaxMixSources));
+  const v1::MixedUnit& mixed = unit.mixed();
+  if (mixed.mix_samples_size() > kMaxMixSources) {
+    return Bad(lease,
+               absl::StrCat("lease.unit.mixed.mix_samples has ",
+                            mixed.mix_samples_size(),
+                            " sources, above the limit of ", kMaxMixSources));
   }
-  if (unit.pieces_size() > 65535) {
-    return Bad(lease, absl::StrCat("lease.unit.pieces has ", unit.pieces_size(),
-                                   " shards, above the limit of 65535"));
+  if (mixed.pieces_size() > 65535) {
+    return Bad(lease,
+               absl::StrCat("lease.unit.mixed.pieces has ", mixed.pieces_size(),
+                            " shards, above the limit of 65535"));
   }
   std::vector<int64_t> counts;
   int64_t total = 0;
-  for (int s = 0; s < unit.mix_samples_size(); ++s) {
-    const int64_t c = unit.mix_samples(s);
+  for (int s = 0; s < mixed.mix_samples_size(); ++s) {
+    const int64_t c = mixed.mix_samples(s);
     if (c < 0 || c > (int64_t{1} << 50)) {
-      return Bad(lease, absl::StrCat("lease.unit.mix_samples[", s, "]=", c,
-                                     " is out of range"));
+      return Bad(lease, absl::StrCat("lease.unit.mixed.mix_samples[", s,
+                                     "]=", c, " is out of range"));
     }
     counts.push_back(c);
     total += c;
@@ -51,51 +53,55 @@ absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
                absl::StrCat("lease.unit has ", unit.end() - unit.begin(),
                             " positions, above the limit of ", kMaxUnitLabels));
   }
-  if ((unit.end() - unit.begin()) * std::max(unit.mix_samples_size(), 1) >
+  if ((unit.end() - unit.begin()) * std::max(mixed.mix_samples_size(), 1) >
       kMaxUnitLabels * 4) {
-    return Bad(lease, absl::StrCat("lease.unit mixes ", unit.mix_samples_size(),
-                                   " sources over ", unit.end() - unit.begin(),
-                                   " positions, above the limit of ",
-                                   kMaxUnitLabels * 4, " for their product"));
+    return Bad(lease,
+               absl::StrCat("lease.unit mixes ", mixed.mix_samples_size(),
+                            " sources over ", unit.end() - unit.begin(),
+                            " positions, above the limit of ",
+                            kMaxUnitLabels * 4, " for their product"));
   }
   MixedOrder out;
-  out.first.assign(static_cast<size_t>(unit.pieces_size()), 0);
+  out.first.assign(static_cast<size_t>(mixed.pieces_size()), 0);
   int64_t window_labels_total = 0;  // labels computed for all segments
   // Per source: its segments' labels (global piece numbers), in order.
   std::vector<std::vector<uint16_t>> stream(counts.size());
-  for (int g = 0; g < unit.segments_size(); ++g) {
-    const v1::MixSegment& seg = unit.segments(g);
-    const std::string field = absl::StrCat("lease.unit.segments[", g, "]");
-    if (seg.source() < 0 || seg.source() >= unit.mix_samples_size()) {
-      return Bad(lease,
-                 absl::StrCat(field, ".source=", seg.source(),
-                              " names no source of lease.unit.mix_samples"));
+  for (int g = 0; g < mixed.segments_size(); ++g) {
+    const v1::MixSegment& seg = mixed.segments(g);
+    const std::string field =
+        absl::StrCat("lease.unit.mixed.segments[", g, "]");
+    if (seg.source() < 0 || seg.source() >= mixed.mix_samples_size()) {
+      return Bad(
+          lease,
+          absl::StrCat(field, ".source=", seg.source(),
+                       " names no source of lease.unit.mixed.mix_samples"));
     }
     if (seg.first_piece() < 0 || seg.num_pieces() < 1 ||
-        seg.num_pieces() > unit.pieces_size() - seg.first_piece()) {
+        seg.num_pieces() > mixed.pieces_size() - seg.first_piece()) {
       return Bad(lease, absl::StrCat(field, " names pieces [",
                                      seg.first_piece(), ", +", seg.num_pieces(),
-                                     ") of ", unit.pieces_size()));
+                                     ") of ", mixed.pieces_size()));
     }
     std::vector<int64_t> sizes;
     int64_t samples = 0;
     for (int k = 0; k < seg.num_pieces(); ++k) {
-      const v1::WindowPiece& p = unit.pieces(seg.first_piece() + k);
+      const v1::WindowPiece& p = mixed.pieces(seg.first_piece() + k);
       if (p.source() != seg.source() || p.num_samples() < 0 ||
           p.num_samples() > kMaxUnitLabels - samples) {
-        return Bad(lease,
-                   absl::StrCat("lease.unit.pieces[", seg.first_piece() + k,
-                                "] has another source than ", field,
-                                " or a sample count out of range"));
+        return Bad(lease, absl::StrCat("lease.unit.mixed.pieces[",
+                                       seg.first_piece() + k,
+                                       "] has another source than ", field,
+                                       " or a sample count out of range"));
       }
       sizes.push_back(p.num_samples());
       samples += p.num_samples();
     }
     window_labels_total += samples;
     if (window_labels_total > 2 * kMaxUnitLabels) {
-      return Bad(lease, absl::StrCat("the windows of lease.unit.segments hold "
-                                     "more than ",
-                                     2 * kMaxUnitLabels, " samples"));
+      return Bad(lease,
+                 absl::StrCat("the windows of lease.unit.mixed.segments hold "
+                              "more than ",
+                              2 * kMaxUnitLabels, " samples"));
     }
     if (seg.begin() < 0 || seg.end() <= seg.begin() || seg.end() > samples) {
       return Bad(lease,

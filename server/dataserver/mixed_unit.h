@@ -1,4 +1,4 @@
-// The serving order of a mixed unit (WorkUnit.mix_samples, a job with sources):
+// The serving order of a mixed unit (MixedUnit, a job with sources):
 // which of the unit's pieces serves each position, and where each piece starts.
 // Pure; the data server computes it once per ReadSamples.
 #ifndef SLUICE_SERVER_DATASERVER_MIXED_UNIT_H_
@@ -32,8 +32,8 @@ using WindowLabelsFn =
     std::function<std::shared_ptr<const std::vector<uint16_t>>(
         const std::vector<int64_t>& sizes, uint64_t order_seed)>;
 
-// Validates `lease.unit`'s mix, segments and pieces (INVALID_ARGUMENT naming
-// the lease and field) and computes their order.
+// Validates `lease.unit.mixed`'s mix, segments and pieces (INVALID_ARGUMENT
+// naming the lease and field) and computes their order.
 absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
                                           const WindowLabelsFn& window_labels);
 

@@ -100,7 +100,7 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   // and fills them in).
   struct Params {
     // One piece for a plain unit (positions are its sample indexes); a
-    // window unit's pieces, in WorkUnit.pieces order.
+    // window unit's pieces, in the unit's pieces order.
     std::vector<Piece> pieces;
     // Window and mixed units: which piece serves each position p, at
     // labels[p - label_base] (WindowLabels; a mixed unit's MixedOrder with

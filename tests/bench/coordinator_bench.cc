@@ -523,8 +523,8 @@ CoordinatorMessage CannedGrant() {
   lease->set_fence(123456);
   lease->set_job("bench");
   lease->set_rank(-1);
-  lease->mutable_unit()->set_shard_url("/data/bench/shard-517.tar");
-  lease->mutable_unit()->set_shard_index(517);
+  lease->mutable_unit()->mutable_shard()->set_url("/data/bench/shard-517.tar");
+  lease->mutable_unit()->mutable_shard()->set_shard_index(517);
   lease->mutable_unit()->set_begin(611);
   lease->mutable_unit()->set_end(612);
   lease->mutable_unit()->set_sequence(517611);
@@ -1203,8 +1203,8 @@ class OpenEchoSession
     lease->set_lease_id("big/e0/f123456");
     lease->set_fence(123456);
     lease->set_job("big");
-    lease->mutable_unit()->set_shard_url("/data/big/shard-517.tar");
-    lease->mutable_unit()->set_shard_index(517);
+    lease->mutable_unit()->mutable_shard()->set_url("/data/big/shard-517.tar");
+    lease->mutable_unit()->mutable_shard()->set_shard_index(517);
     lease->mutable_unit()->set_begin(0);
     lease->mutable_unit()->set_end(100);
     lease->set_expires_at_unix_ms(absl::ToUnixMillis(absl::Now()));

@@ -142,7 +142,7 @@ Rate ReadFor(sluice::v1::DataServer::Stub& stub,
   std::vector<sluice::v1::ReadRequest> requests;
   for (const auto& [url, count] : units) {
     sluice::v1::ReadRequest request;
-    request.mutable_lease()->mutable_unit()->set_shard_url(url);
+    request.mutable_lease()->mutable_unit()->mutable_shard()->set_url(url);
     request.mutable_lease()->mutable_unit()->set_begin(0);
     request.mutable_lease()->mutable_unit()->set_end(count);
     SetDecode(request, decode, resize);
@@ -161,9 +161,9 @@ std::vector<sluice::v1::ReadRequest> WindowRequests(
   for (const auto& [url, count] : units) {
     sluice::v1::ReadRequest request;
     sluice::v1::WorkUnit* unit = request.mutable_lease()->mutable_unit();
-    unit->set_window_order(order);
+    unit->mutable_window()->set_window_order(order);
     for (size_t k = 0; k < units.size(); ++k) {
-      sluice::v1::WindowPiece* piece = unit->add_pieces();
+      sluice::v1::WindowPiece* piece = unit->mutable_window()->add_pieces();
       piece->set_shard_index(static_cast<int32_t>(k));
       piece->set_url(units[k].first);
       piece->set_num_samples(units[k].second);

@@ -73,7 +73,7 @@ Rate Direct(const std::string& address,
     for (const auto& [url, count] : units) {
       grpc::ClientContext ctx;
       sluice::v1::ReadRequest r;
-      r.mutable_lease()->mutable_unit()->set_shard_url(url);
+      r.mutable_lease()->mutable_unit()->mutable_shard()->set_url(url);
       r.mutable_lease()->mutable_unit()->set_end(count);
       r.mutable_decode()->set_decode(decode);
       auto reader = stub->ReadSamples(&ctx, r);

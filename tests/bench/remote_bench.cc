@@ -58,7 +58,8 @@ int64_t ReadAll(sluice::v1::DataServer::Stub& stub, const Units& units,
       for (size_t i = next++; i < units.size(); i = next++) {
         grpc::ClientContext ctx;
         sluice::v1::ReadRequest request;
-        request.mutable_lease()->mutable_unit()->set_shard_url(units[i].first);
+        request.mutable_lease()->mutable_unit()->mutable_shard()->set_url(
+            units[i].first);
         request.mutable_lease()->mutable_unit()->set_begin(0);
         request.mutable_lease()->mutable_unit()->set_end(units[i].second);
         auto reader = stub.ReadSamples(&ctx, request);

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/common/work_unit.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "tests/testing/coordinator_client.h"
 #include "tests/testing/http.h"
@@ -42,7 +43,7 @@ struct Ledger {
   void Ack(const v1::Lease& lease) {
     absl::MutexLock lock(&mu);
     for (int64_t k = lease.unit().begin(); k < lease.unit().end(); ++k) {
-      ++acked[lease.epoch()][{lease.unit().shard_index(), k}];
+      ++acked[lease.epoch()][{UnitIndex(lease.unit()), k}];
     }
     per_rank[lease.epoch()][lease.rank()] +=
         lease.unit().end() - lease.unit().begin();

@@ -44,7 +44,7 @@ class DataServerBinaryTest : public ::testing::Test {
   v1::ReadRequest Request(const std::string& url, int64_t begin, int64_t end) {
     v1::ReadRequest r;
     r.mutable_lease()->set_lease_id("it");
-    r.mutable_lease()->mutable_unit()->set_shard_url(url);
+    r.mutable_lease()->mutable_unit()->mutable_shard()->set_url(url);
     r.mutable_lease()->mutable_unit()->set_begin(begin);
     r.mutable_lease()->mutable_unit()->set_end(end);
     return r;

@@ -145,10 +145,11 @@ class RemoteShardsTest : public ::testing::Test {
     v1::ReadRequest r;
     r.mutable_lease()->set_lease_id("remote-test");
     auto* unit = r.mutable_lease()->mutable_unit();
-    unit->set_shard_url(url);
+    unit->mutable_shard()->set_url(url);
     unit->set_begin(0);
     unit->set_end(counts_[name]);
-    unit->set_shard_size_bytes(static_cast<int64_t>(shards_[name].size()));
+    unit->mutable_shard()->set_size_bytes(
+        static_cast<int64_t>(shards_[name].size()));
     return r;
   }
 
@@ -461,14 +462,15 @@ TEST_F(RemoteShardsTest, DownloadsAreCheckedAgainstTheManifest) {
   auto stub = Stub(server);
   const std::string url = nginx_->base_url() + "/checked.tar";
   v1::ReadRequest wrong_size = Request(url, "checked.tar");
-  wrong_size.mutable_lease()->mutable_unit()->set_shard_size_bytes(12345);
+  wrong_size.mutable_lease()->mutable_unit()->mutable_shard()->set_size_bytes(
+      12345);
   ReadResult r = Read(stub.get(), wrong_size);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_THAT(r.status.error_message(), HasSubstr("size_bytes 12345"));
   EXPECT_TRUE(Listing(cache_).empty());
 
   v1::ReadRequest wrong_sum = Request(url, "checked.tar");
-  wrong_sum.mutable_lease()->mutable_unit()->set_shard_checksum(
+  wrong_sum.mutable_lease()->mutable_unit()->mutable_shard()->set_checksum(
       "sha256:" + std::string(64, '0'));
   r = Read(stub.get(), wrong_sum);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DATA_LOSS);
@@ -476,7 +478,7 @@ TEST_F(RemoteShardsTest, DownloadsAreCheckedAgainstTheManifest) {
   EXPECT_TRUE(Listing(cache_).empty());
 
   v1::ReadRequest right = Request(url, "checked.tar");
-  right.mutable_lease()->mutable_unit()->set_shard_checksum(
+  right.mutable_lease()->mutable_unit()->mutable_shard()->set_checksum(
       "sha256:" + testing::Sha256Hex(shards_["checked.tar"]));
   ExpectWholeShard(Read(stub.get(), right), "checked.tar");
   EXPECT_EQ(Listing(cache_).size(), 2u);
@@ -678,7 +680,7 @@ TEST(RemoteShardsTlsTest, HttpsIsVerifiedAgainstTheCaBundle) {
   const std::string url = (*nginx)->base_url() + "/tls.tar";
   ASSERT_TRUE(absl::StartsWith(url, "https://127.0.0.1:"));
   v1::ReadRequest request;
-  request.mutable_lease()->mutable_unit()->set_shard_url(url);
+  request.mutable_lease()->mutable_unit()->mutable_shard()->set_url(url);
   request.mutable_lease()->mutable_unit()->set_begin(0);
   request.mutable_lease()->mutable_unit()->set_end(3);
   for (bool with_ca : {false, true}) {
@@ -751,7 +753,7 @@ TEST_F(RemoteShardsTest, PrefetchHintsDownloadUpcomingShardsBeforeTheirReads) {
       testing::FirstGrant(coordinator->grpc_address, "prefetch", "t0");
   ASSERT_TRUE(granted.ok()) << granted.status();
   const v1::Lease first = *granted;
-  EXPECT_EQ(first.unit().shard_url(), nginx_->base_url() + "/p0.tar");
+  EXPECT_EQ(first.unit().shard().url(), nginx_->base_url() + "/p0.tar");
   // One grant, no reads at all: the other five shards arrive anyway.
   ASSERT_TRUE(PollUntil([&] {
     int fetched = 0;

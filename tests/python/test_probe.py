@@ -125,15 +125,17 @@ def test_hostile_requests_get_their_codes_and_the_servers_stay_healthy(probed):
                                      request_serializer=data.ReadRequest.SerializeToString,
                                      response_deserializer=data.SampleBatch.FromString)
     forged = common_pb2.Lease(lease_id="forged", job="j", fence=1, token=b"\0" * 32,
-                              unit=common_pb2.WorkUnit(shard_url=probed.urls[0][0], begin=0,
-                                                       end=1))
+                              unit=common_pb2.WorkUnit(
+                                  shard=common_pb2.ShardRange(url=probed.urls[0][0]), begin=0,
+                                  end=1))
     cases.append(("a forged lease token",
                   lambda: list(read(data.ReadRequest(lease=forged), timeout=10)),
                   grpc.StatusCode.PERMISSION_DENIED))
     # A 1 MB lease id, job and shard URL without a token, and with a forged
     # one: refused, each quoted by its first bytes only.
     tokenless = common_pb2.Lease(lease_id=huge, job=huge, fence=1,
-                                 unit=common_pb2.WorkUnit(shard_url="/" + huge, begin=0, end=1))
+                                 unit=common_pb2.WorkUnit(
+                                     shard=common_pb2.ShardRange(url="/" + huge), begin=0, end=1))
     cases.append(("a 1 MB lease id without a token",
                   lambda: list(read(data.ReadRequest(lease=tokenless), timeout=10)),
                   grpc.StatusCode.PERMISSION_DENIED))

@@ -329,8 +329,9 @@ def test_a_unit_resumed_mid_way_on_another_data_server_gets_the_same_pixels(imag
     def read(address, start, epoch=0):
         lease = common_pb2.Lease(lease_id=f"tf/e{epoch}/s{start}", job="tf", epoch=epoch,
                                  augment_seed=21, fence=1,
-                                 unit=common_pb2.WorkUnit(shard_index=0, shard_url=url, begin=0,
-                                                          end=12))
+                                 unit=common_pb2.WorkUnit(
+                                     shard=common_pb2.ShardRange(shard_index=0, url=url),
+                                     begin=0, end=12))
         with grpc.insecure_channel(address) as channel:
             call = channel.unary_stream("/sluice.v1.DataServer/ReadSamples",
                                         request_serializer=dataserver_pb2.ReadRequest.SerializeToString,

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "server/common/work_unit.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/open_journal.h"
 #include "tests/testing/fake_clock.h"
@@ -192,7 +193,7 @@ struct SimTrainer {
       if (held.empty()) break;
       v1::Lease& l = held.front();
       const int64_t k = l.unit().begin() + delivered[l.lease_id()]++;
-      consumed.push_back({l.epoch(), l.unit().shard_index(), k});
+      consumed.push_back({l.epoch(), UnitIndex(l.unit()), k});
       ++done;
       if (k + 1 == l.unit().end()) {
         v1::Lease finished = l;

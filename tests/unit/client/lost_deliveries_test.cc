@@ -10,7 +10,7 @@ v1::Lease Lease(int64_t epoch, int64_t sequence, int32_t shard, int64_t begin,
   v1::Lease lease;
   lease.set_epoch(epoch);
   lease.mutable_unit()->set_sequence(sequence);
-  lease.mutable_unit()->set_shard_index(shard);
+  lease.mutable_unit()->mutable_shard()->set_shard_index(shard);
   lease.mutable_unit()->set_begin(begin);
   lease.mutable_unit()->set_end(end);
   return lease;

@@ -17,7 +17,7 @@ v1::TrainerMessage Complete(const std::string& lease) {
 v1::Lease Lease(const std::string& id, int32_t shard = 0) {
   v1::Lease lease;
   lease.set_lease_id(id);
-  lease.mutable_unit()->set_shard_index(shard);
+  lease.mutable_unit()->mutable_shard()->set_shard_index(shard);
   lease.mutable_unit()->set_end(10);
   return lease;
 }

@@ -11,6 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "server/common/work_unit.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/open_journal.h"
 #include "tests/testing/fake_clock.h"
@@ -131,7 +132,7 @@ void RunTrainer(CoordinatorService* service, int rank, Trainer* out, int worker,
       const v1::Lease& lease = m.grant().lease();
       const v1::WorkUnit& unit = lease.unit();
       for (int64_t k = unit.begin(); k < unit.end(); ++k) {
-        ++out->samples[{lease.epoch(), {unit.shard_index(), k}}];
+        ++out->samples[{lease.epoch(), {UnitIndex(unit), k}}];
       }
       out->per_epoch[lease.epoch()] += unit.end() - unit.begin();
       // Half the leases report progress first, as a reading trainer does.

@@ -50,7 +50,7 @@ std::map<std::string, std::string> Routes(CoordinatorService& service,
   service.OnMessage(id, Want(shards));
   std::map<std::string, std::string> routes;
   for (const v1::Lease& l : sink->TakeGrants())
-    routes[l.unit().shard_url()] = l.data_server();
+    routes[l.unit().shard().url()] = l.data_server();
   service.CloseSession(id);
   return routes;
 }
@@ -117,21 +117,22 @@ TEST_F(CoordinatorServiceTest, WindowGrantsCarryTheWindowsShards) {
   std::map<int32_t, std::set<std::string>> servers;
   for (const v1::Lease& l : grants) {
     const v1::WorkUnit& u = l.unit();
-    ASSERT_LT(u.shard_index(), 2);
-    const ShuffleWindow& w = windows[static_cast<size_t>(u.shard_index())];
-    EXPECT_EQ(u.shard_url(), "");
-    EXPECT_EQ(u.window_order(), w.order_seed);
-    ASSERT_EQ(u.pieces_size(), static_cast<int>(w.shards.size()));
-    for (int k = 0; k < u.pieces_size(); ++k) {
-      EXPECT_EQ(u.pieces(k).shard_index(), w.shards[k]);
-      EXPECT_EQ(u.pieces(k).url(),
+    ASSERT_TRUE(u.has_window());
+    const v1::WindowUnit& wu = u.window();
+    ASSERT_LT(wu.window_index(), 2);
+    const ShuffleWindow& w = windows[static_cast<size_t>(wu.window_index())];
+    EXPECT_EQ(wu.window_order(), w.order_seed);
+    ASSERT_EQ(wu.pieces_size(), static_cast<int>(w.shards.size()));
+    for (int k = 0; k < wu.pieces_size(); ++k) {
+      EXPECT_EQ(wu.pieces(k).shard_index(), w.shards[k]);
+      EXPECT_EQ(wu.pieces(k).url(),
                 "/data/shard-" + std::to_string(w.shards[k]) + ".tar");
-      EXPECT_EQ(u.pieces(k).num_samples(), sizes[w.shards[k]]);
+      EXPECT_EQ(wu.pieces(k).num_samples(), sizes[w.shards[k]]);
     }
     EXPECT_LE(u.end() - u.begin(), 7);
     EXPECT_LE(u.end(), w.samples);
-    covered[u.shard_index()] += u.end() - u.begin();
-    servers[u.shard_index()].insert(l.data_server());
+    covered[wu.window_index()] += u.end() - u.begin();
+    servers[wu.window_index()].insert(l.data_server());
   }
   EXPECT_EQ(covered[0], windows[0].samples);
   EXPECT_EQ(covered[1], windows[1].samples);

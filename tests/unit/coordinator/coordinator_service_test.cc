@@ -16,6 +16,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
 #include "server/common/lease_token.h"
+#include "server/common/work_unit.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "tests/testing/coordinator_fixture.h"
 #include "tests/testing/fake_clock.h"
@@ -67,7 +68,7 @@ TEST_F(CoordinatorServiceTest, ThreeEpochsCoverEverySampleOnceWithEqualRanks) {
         counts.resize(4);
         counts[r] += lease.unit().end() - lease.unit().begin();
         for (int64_t k = lease.unit().begin(); k < lease.unit().end(); ++k) {
-          ++seen[lease.epoch()][{lease.unit().shard_index(), k}];
+          ++seen[lease.epoch()][{UnitIndex(lease.unit()), k}];
         }
         service_->OnMessage(ids[r], Complete(lease));
       }
@@ -127,7 +128,7 @@ TEST_F(CoordinatorServiceTest, EpochsArePlannedAheadOfTheirRecords) {
       for (const v1::Lease& lease : sinks[i]->TakeGrants()) {
         progress = true;
         granted[lease.epoch()].emplace_back(
-            lease.epoch(), lease.unit().shard_index(), lease.unit().begin(),
+            lease.epoch(), UnitIndex(lease.unit()), lease.unit().begin(),
             lease.unit().end(), lease.rank());
         service_->WaitForPlansAhead();  // the next epoch's plan is on offer
         service_->OnMessage(ids[i], Complete(lease));

@@ -119,9 +119,11 @@ TEST(JobReportTest, ALeaseNamesItsShardOrItsWindowsShards) {
   v1::Lease out = LeaseToProto(lease, job, {});
   EXPECT_EQ(out.lease_id(), "j/e0/f5");
   EXPECT_EQ(out.rank(), 1);
-  EXPECT_EQ(out.unit().shard_url(), "/d/2.tar");
-  EXPECT_EQ(out.unit().shard_size_bytes(), 1002);
-  EXPECT_EQ(out.unit().shard_checksum(), "sha256:2");
+  ASSERT_TRUE(out.unit().has_shard());
+  EXPECT_EQ(out.unit().shard().shard_index(), 2);
+  EXPECT_EQ(out.unit().shard().url(), "/d/2.tar");
+  EXPECT_EQ(out.unit().shard().size_bytes(), 1002);
+  EXPECT_EQ(out.unit().shard().checksum(), "sha256:2");
   EXPECT_EQ(out.unit().begin(), 3);
   EXPECT_EQ(out.unit().end(), 8);
   EXPECT_EQ(out.data_server(), "10.0.0.1:1");
@@ -136,13 +138,16 @@ TEST(JobReportTest, ALeaseNamesItsShardOrItsWindowsShards) {
   ShuffleWindow window;
   window.shards = {2, 0};
   window.order_seed = 99;
-  lease.shard_index = 0;
-  out = LeaseToProto(lease, job, {window});
+  lease.shard_index = 1;
+  out = LeaseToProto(lease, job, {ShuffleWindow{}, window});
   EXPECT_EQ(out.rank(), -1);
-  EXPECT_EQ(out.unit().window_order(), 99u);
-  ASSERT_EQ(out.unit().pieces_size(), 2);
-  EXPECT_EQ(out.unit().pieces(0).url(), "/d/2.tar");
-  EXPECT_EQ(out.unit().pieces(1).url(), "/d/0.tar");
+  ASSERT_TRUE(out.unit().has_window());
+  EXPECT_FALSE(out.unit().has_shard());
+  EXPECT_EQ(out.unit().window().window_index(), 1);
+  EXPECT_EQ(out.unit().window().window_order(), 99u);
+  ASSERT_EQ(out.unit().window().pieces_size(), 2);
+  EXPECT_EQ(out.unit().window().pieces(0).url(), "/d/2.tar");
+  EXPECT_EQ(out.unit().window().pieces(1).url(), "/d/0.tar");
 }
 
 }  // namespace

@@ -174,7 +174,7 @@ TEST(MixPlanTest, EachPassOfASourceHasItsOwnAugmentationKey) {
   auto normalized = NormalizeJobSpec(spec);
   ASSERT_TRUE(normalized.ok()) << normalized.status();
   auto plan = MixPlanFromSpec(*normalized, PlanOptions{});
-  v1::WorkUnit unit;
+  v1::MixedUnit unit;
   MixUnitToProto(*plan, *normalized, 0, 0, 24, &unit);
   std::map<std::pair<int, uint64_t>, int> keys;  // (source, key) -> segments
   for (const v1::MixSegment& seg : unit.segments())

@@ -202,7 +202,8 @@ TEST_F(ReaderRoutingTest, AWindowsUnitsSpreadOverTheServersUnlessRemote) {
     service_->Flush();
     std::map<std::string, int> servers;
     for (const v1::Lease& l : inbox->grants) {
-      EXPECT_EQ(l.unit().pieces_size(), 8);  // one window of all 8 shards
+      EXPECT_EQ(l.unit().window().pieces_size(),
+                8);  // one window of all 8 shards
       ++servers[l.data_server()];
     }
     ASSERT_EQ(inbox->grants.size(), 40u);

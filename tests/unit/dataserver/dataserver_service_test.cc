@@ -149,7 +149,7 @@ class DataServerServiceTest : public ::testing::Test {
     r.mutable_lease()->set_lease_id("j/e0/u1/f1");
     r.mutable_lease()->set_job("j");
     r.mutable_lease()->set_fence(1);
-    r.mutable_lease()->mutable_unit()->set_shard_url(shard_);
+    r.mutable_lease()->mutable_unit()->mutable_shard()->set_url(shard_);
     r.mutable_lease()->mutable_unit()->set_begin(begin);
     r.mutable_lease()->mutable_unit()->set_end(end);
     return r;
@@ -265,12 +265,13 @@ TEST_F(DataServerServiceTest, BadRequests) {
   EXPECT_THAT(Read(Request(5, 5)).status(),
               StatusIs(absl::StatusCode::kOutOfRange));
   auto missing = Request(0, 1);
-  missing.mutable_lease()->mutable_unit()->set_shard_url(dir_.File("nope.tar"));
+  missing.mutable_lease()->mutable_unit()->mutable_shard()->set_url(
+      dir_.File("nope.tar"));
   EXPECT_THAT(Read(missing).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope.tar")));
   auto outside = Request(0, 1);
-  outside.mutable_lease()->mutable_unit()->set_shard_url(dir_.path() +
-                                                         "/../x.tar");
+  outside.mutable_lease()->mutable_unit()->mutable_shard()->set_url(
+      dir_.path() + "/../x.tar");
   EXPECT_THAT(Read(outside).status(),
               StatusIs(absl::StatusCode::kPermissionDenied));
   auto crop = Request(0, 1);
@@ -281,6 +282,19 @@ TEST_F(DataServerServiceTest, BadRequests) {
   start.set_start(9);
   EXPECT_THAT(Read(start).status(),
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("start")));
+  // A unit without a kind (what a peer of another protocol version sends):
+  // refused naming the lease and the field.
+  auto no_kind = Request(0, 1);
+  no_kind.mutable_lease()->mutable_unit()->clear_kind();
+  EXPECT_THAT(Read(no_kind).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("\"j/e0/u1/f1\""),
+                             HasSubstr("lease.unit names no kind"))));
+  auto no_url = Request(0, 1);
+  no_url.mutable_lease()->mutable_unit()->mutable_shard()->clear_url();
+  EXPECT_THAT(Read(no_url).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("lease.unit.shard.url is empty")));
 }
 
 // A window unit over three shards of 4, 6 and 5 samples (keys "sN/i").
@@ -300,9 +314,8 @@ class WindowUnitTest : public DataServerServiceTest {
 
   v1::ReadRequest WindowRequest(int64_t begin, int64_t end) {
     v1::ReadRequest r = Request(begin, end);
-    v1::WorkUnit* unit = r.mutable_lease()->mutable_unit();
-    unit->clear_shard_url();
-    unit->set_shard_index(1);  // the window's number
+    v1::WindowUnit* unit = r.mutable_lease()->mutable_unit()->mutable_window();
+    unit->set_window_index(1);
     unit->set_window_order(kOrder);
     for (int s = 0; s < 3; ++s) {
       v1::WindowPiece* piece = unit->add_pieces();
@@ -368,16 +381,24 @@ TEST_F(WindowUnitTest, BadWindowsAreRefusedNamingTheShard) {
               StatusIs(absl::StatusCode::kOutOfRange,
                        HasSubstr("15 samples of its shuffle window")));
   auto more = WindowRequest(0, 15);
-  more.mutable_lease()->mutable_unit()->mutable_pieces(2)->set_num_samples(9);
+  more.mutable_lease()
+      ->mutable_unit()
+      ->mutable_window()
+      ->mutable_pieces(2)
+      ->set_num_samples(9);
   EXPECT_THAT(Read(more).status(),
               StatusIs(absl::StatusCode::kOutOfRange,
                        AllOf(HasSubstr(urls_[2]), HasSubstr("has 5 samples"),
                              HasSubstr("manifest says 9"))));
   auto empty_url = WindowRequest(0, 3);
-  empty_url.mutable_lease()->mutable_unit()->mutable_pieces(1)->clear_url();
+  empty_url.mutable_lease()
+      ->mutable_unit()
+      ->mutable_window()
+      ->mutable_pieces(1)
+      ->clear_url();
   EXPECT_THAT(Read(empty_url).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("lease.unit.pieces[1]")));
+                       HasSubstr("lease.unit.window.pieces[1]")));
 }
 
 // A store whose every shard is remote: opens wait until the test releases
@@ -462,11 +483,16 @@ TEST_F(WindowUnitTest, TheTokenSignsThePieces) {
   r.mutable_lease()->set_token(SignLease(r.lease(), "s3cret"));
   ASSERT_OK(Read(r).status());
   auto other = r;
-  other.mutable_lease()->mutable_unit()->mutable_pieces(0)->set_url(urls_[1]);
+  other.mutable_lease()
+      ->mutable_unit()
+      ->mutable_window()
+      ->mutable_pieces(0)
+      ->set_url(urls_[1]);
   EXPECT_THAT(Read(other).status(),
               StatusIs(absl::StatusCode::kPermissionDenied));
   auto order = r;
-  order.mutable_lease()->mutable_unit()->set_window_order(kOrder + 1);
+  order.mutable_lease()->mutable_unit()->mutable_window()->set_window_order(
+      kOrder + 1);
   EXPECT_THAT(Read(order).status(),
               StatusIs(absl::StatusCode::kPermissionDenied));
 }
@@ -665,7 +691,8 @@ TEST_F(DataServerServiceTest, SamplesDecodedInlineDoNotCountAgainstTheWindow) {
     tar.File(absl::StrCat("t/", i, ".cls"), std::to_string(i));
   testing::WriteFile(dir_.File("tiny.tar"), tar.Finish());
   auto r = Request(0, 200);
-  r.mutable_lease()->mutable_unit()->set_shard_url(dir_.File("tiny.tar"));
+  r.mutable_lease()->mutable_unit()->mutable_shard()->set_url(
+      dir_.File("tiny.tar"));
   r.mutable_decode()->set_decode(true);
   auto stream = service_->ReadSamples(r);
   ASSERT_OK(stream.status());
@@ -754,7 +781,7 @@ TEST_F(DataServerServiceTest, SamplesBeforeAReadErrorAreDeliveredThenTheError) {
   auto service = DataServerService::Create(std::move(options));
   ASSERT_OK(service.status());
   auto r = Request(0, 20);
-  r.mutable_lease()->mutable_unit()->set_shard_url("/data/x.tar");
+  r.mutable_lease()->mutable_unit()->mutable_shard()->set_url("/data/x.tar");
   auto first = (*service)->ReadSamples(r);
   ASSERT_OK(first.status());
   auto all = ReadAll(**first);
@@ -792,7 +819,7 @@ TEST_F(DataServerServiceTest, AShardThatEndsBeforeItsIndexIsDataLoss) {
   auto service = DataServerService::Create(std::move(options));
   ASSERT_OK(service.status());
   auto r = Request(0, 20);
-  r.mutable_lease()->mutable_unit()->set_shard_url("/data/x.tar");
+  r.mutable_lease()->mutable_unit()->mutable_shard()->set_url("/data/x.tar");
   r.set_max_batch_bytes(1);  // one sample per message
   auto first = (*service)->ReadSamples(r);
   ASSERT_OK(first.status());
@@ -874,7 +901,7 @@ TEST(DecodeMemoryTest, ConcurrentStreamsStayWithinTheBudget) {
       v1::ReadRequest request;
       request.mutable_lease()->set_lease_id(absl::StrCat("j/e0/u", r, "/f1"));
       request.mutable_lease()->set_job("j");
-      request.mutable_lease()->mutable_unit()->set_shard_url(
+      request.mutable_lease()->mutable_unit()->mutable_shard()->set_url(
           dir.File("big.tar"));
       request.mutable_lease()->mutable_unit()->set_end(5);
       request.mutable_decode()->set_decode(true);

@@ -24,7 +24,7 @@ v1::Lease MakeLease(const std::string& job, int64_t epoch, int64_t sequence,
   lease.set_epoch(epoch);
   lease.set_fence(fence);
   lease.mutable_unit()->set_sequence(sequence);
-  lease.mutable_unit()->set_shard_index(3);
+  lease.mutable_unit()->mutable_shard()->set_shard_index(3);
   lease.mutable_unit()->set_begin(begin);
   lease.mutable_unit()->set_end(end);
   return lease;

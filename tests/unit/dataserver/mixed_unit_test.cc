@@ -27,11 +27,12 @@ v1::Lease TwoSourceLease() {
   v1::WorkUnit* unit = lease.mutable_unit();
   unit->set_begin(2);
   unit->set_end(8);
-  unit->add_mix_samples(6);  // web
-  unit->add_mix_samples(3);  // books
+  v1::MixedUnit* mixed = unit->mutable_mixed();
+  mixed->add_mix_samples(6);  // web
+  mixed->add_mix_samples(3);  // books
   const std::vector<int64_t> counts = {6, 3};
   auto piece = [&](const char* url, int64_t n, int source) {
-    v1::WindowPiece* p = unit->add_pieces();
+    v1::WindowPiece* p = mixed->add_pieces();
     p->set_url(url);
     p->set_num_samples(n);
     p->set_source(source);
@@ -43,13 +44,13 @@ v1::Lease TwoSourceLease() {
   const int64_t web_end = MixCountBefore(counts, 0, 8);
   const int64_t books_before = MixCountBefore(counts, 1, 2);
   const int64_t books_end = MixCountBefore(counts, 1, 8);
-  v1::MixSegment* s0 = unit->add_segments();
+  v1::MixSegment* s0 = mixed->add_segments();
   s0->set_source(0);
   s0->set_first_piece(0);
   s0->set_num_pieces(1);
   s0->set_begin(web_before);
   s0->set_end(web_end);
-  v1::MixSegment* s1 = unit->add_segments();
+  v1::MixSegment* s1 = mixed->add_segments();
   s1->set_source(1);
   s1->set_first_piece(1);
   s1->set_num_pieces(2);
@@ -66,7 +67,7 @@ TEST(MixedUnitTest, OrderFollowsTheMixAndEachSourcesWindow) {
   const std::vector<int32_t> sources = MixSources({6, 3}, 2, 8);
   const std::vector<uint16_t> books = WindowLabels({2, 1}, 77);
   ASSERT_EQ(order->labels.size(), 6u);
-  size_t b = static_cast<size_t>(lease.unit().segments(1).begin());
+  size_t b = static_cast<size_t>(lease.unit().mixed().segments(1).begin());
   for (size_t p = 0; p < sources.size(); ++p) {
     if (sources[p] == 0) {
       EXPECT_EQ(order->labels[p], 0) << p;
@@ -75,32 +76,32 @@ TEST(MixedUnitTest, OrderFollowsTheMixAndEachSourcesWindow) {
     }
   }
   // web's one shard starts after the samples served before position 2.
-  EXPECT_EQ(order->first[0], lease.unit().segments(0).begin());
+  EXPECT_EQ(order->first[0], lease.unit().mixed().segments(0).begin());
 }
 
 TEST(MixedUnitTest, InconsistentLeasesAreInvalidArgumentNamingTheField) {
   struct Case {
     const char* what;
-    std::function<void(v1::WorkUnit&)> damage;
+    std::function<void(v1::MixedUnit&)> damage;
   };
   const std::vector<Case> cases = {
       {"segments[1].source=5",
-       [](v1::WorkUnit& u) { u.mutable_segments(1)->set_source(5); }},
+       [](v1::MixedUnit& u) { u.mutable_segments(1)->set_source(5); }},
       {"names pieces [1, +9)",
-       [](v1::WorkUnit& u) { u.mutable_segments(1)->set_num_pieces(9); }},
+       [](v1::MixedUnit& u) { u.mutable_segments(1)->set_num_pieces(9); }},
       {"another source than",
-       [](v1::WorkUnit& u) { u.mutable_pieces(2)->set_source(0); }},
+       [](v1::MixedUnit& u) { u.mutable_pieces(2)->set_source(0); }},
       {"segments of source 0 hold",
-       [](v1::WorkUnit& u) {
+       [](v1::MixedUnit& u) {
          u.mutable_segments(0)->set_end(u.segments(0).end() - 1);
        }},
-      {"mix_samples[0]=-1", [](v1::WorkUnit& u) { u.set_mix_samples(0, -1); }},
+      {"mix_samples[0]=-1", [](v1::MixedUnit& u) { u.set_mix_samples(0, -1); }},
       {"is not inside its",
-       [](v1::WorkUnit& u) { u.mutable_segments(1)->set_end(99); }},
+       [](v1::MixedUnit& u) { u.mutable_segments(1)->set_end(99); }},
   };
   for (const Case& c : cases) {
     v1::Lease lease = TwoSourceLease();
-    c.damage(*lease.mutable_unit());
+    c.damage(*lease.mutable_unit()->mutable_mixed());
     auto order = OrderMixedUnit(lease, Labels);
     ASSERT_FALSE(order.ok()) << c.what;
     EXPECT_EQ(order.status().code(), absl::StatusCode::kInvalidArgument)
@@ -116,7 +117,7 @@ TEST(MixedUnitTest, InconsistentLeasesAreInvalidArgumentNamingTheField) {
   EXPECT_EQ(OrderMixedUnit(outside, Labels).status().code(),
             absl::StatusCode::kOutOfRange);
   v1::Lease huge = TwoSourceLease();
-  huge.mutable_unit()->set_mix_samples(0, int64_t{1} << 40);
+  huge.mutable_unit()->mutable_mixed()->set_mix_samples(0, int64_t{1} << 40);
   huge.mutable_unit()->set_end(int64_t{1} << 39);
   EXPECT_THAT(std::string(OrderMixedUnit(huge, Labels).status().message()),
               HasSubstr("above the limit"));
