@@ -110,8 +110,9 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           have_event = true;
           if (u.delivered == u.size) {
             TrainerMessage m;
-            m.mutable_complete()->set_lease_id(u.lease.lease_id());
-            m.mutable_complete()->set_fence(u.lease.fence());
+            m.mutable_complete()->mutable_lease()->set_lease_id(
+                u.lease.lease_id());
+            m.mutable_complete()->mutable_lease()->set_fence(u.lease.fence());
             u.final_report = m;
             ++stats_.units_completed;
             entries_.pop_front();
@@ -124,8 +125,9 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           // counting exactly what was consumed; the coordinator grants it
           // again on another server.
           TrainerMessage m;
-          m.mutable_release()->set_lease_id(u.lease.lease_id());
-          m.mutable_release()->set_fence(u.lease.fence());
+          m.mutable_release()->mutable_lease()->set_lease_id(
+              u.lease.lease_id());
+          m.mutable_release()->mutable_lease()->set_fence(u.lease.fence());
           m.mutable_release()->set_consumed(u.delivered);
           u.final_report = m;
           ++stats_.handed_back;
@@ -137,8 +139,9 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           // Everything fetched has been delivered: hand the rest back for a
           // re-route, counting exactly what was consumed.
           TrainerMessage m;
-          m.mutable_reroute()->set_lease_id(u.lease.lease_id());
-          m.mutable_reroute()->set_fence(u.lease.fence());
+          m.mutable_reroute()->mutable_lease()->set_lease_id(
+              u.lease.lease_id());
+          m.mutable_reroute()->mutable_lease()->set_fence(u.lease.fence());
           m.mutable_reroute()->set_consumed(u.delivered);
           m.mutable_reroute()->set_failed_data_server(u.lease.data_server());
           m.mutable_reroute()->set_error(u.fetch_error);
@@ -206,8 +209,8 @@ void ReaderImpl::Close() {
     for (auto& [id, u] : units_) {
       if (u->final_report.has_value() || u->dropped) continue;
       TrainerMessage m;
-      m.mutable_release()->set_lease_id(u->lease.lease_id());
-      m.mutable_release()->set_fence(u->lease.fence());
+      m.mutable_release()->mutable_lease()->set_lease_id(u->lease.lease_id());
+      m.mutable_release()->mutable_lease()->set_fence(u->lease.fence());
       m.mutable_release()->set_consumed(u->delivered);
       u->final_report = m;
     }

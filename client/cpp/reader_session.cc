@@ -42,8 +42,9 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
       } else if (progress && !u->dropped &&
                  (u->delivered > u->reported || force)) {
         TrainerMessage m;
-        m.mutable_progress()->set_lease_id(u->lease.lease_id());
-        m.mutable_progress()->set_fence(u->lease.fence());
+        m.mutable_progress()->mutable_lease()->set_lease_id(
+            u->lease.lease_id());
+        m.mutable_progress()->mutable_lease()->set_fence(u->lease.fence());
         m.mutable_progress()->set_consumed(u->delivered);
         out.emplace_back(u, m);
       }
@@ -340,8 +341,10 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
             u->call_done = true;
             u->fetch = Unit::Fetch::kDone;
             TrainerMessage complete;
-            complete.mutable_complete()->set_lease_id(lease.lease_id());
-            complete.mutable_complete()->set_fence(lease.fence());
+            complete.mutable_complete()->mutable_lease()->set_lease_id(
+                lease.lease_id());
+            complete.mutable_complete()->mutable_lease()->set_fence(
+                lease.fence());
             u->final_report = complete;
             ++stats_.units_completed;
             break;

@@ -728,7 +728,7 @@ int CoordinatorService::ExpireLeasesImpl(bool stall_check) {
       const std::string holder = lease->holder;
       LogInfo("lease %s of trainer %s expired; %d samples return to the queue",
               id, holder, lease->remaining());
-      EndLeaseLocked(job, id, LeaseEnd::kExpired, fx);
+      EndLeaseLocked(job, id, v1::internal::LEASE_END_EXPIRED, fx);
       // A holder that was only paused reads this before any later Synced,
       // and drops what it buffered of the lease.
       RevokeLocked(holder, id,

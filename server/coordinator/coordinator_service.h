@@ -379,16 +379,10 @@ class CoordinatorService {
   void CountCompletedLocked(const std::string& job_name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a lease ends without completing (LeaseEnded.reason names it).
-  enum class LeaseEnd {
-    kExpired,   // its TTL passed: the remainder is kept for its slot a while
-    kReleased,  // its holder gave it back (Release)
-    kRerouted,  // its holder could not read it from its data server
-  };
-  static const char* LeaseEndName(LeaseEnd end);
   // Ends the live lease: journals LeaseEnded, returns its unread remainder
   // to the front of its slot's queue and counts the outcome.
   void EndLeaseLocked(const std::string& job, const std::string& lease_id,
-                      LeaseEnd end, Effects& fx)
+                      v1::internal::LeaseEnd end, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns whether a new epoch began.
   bool MaybeAdvanceEpochLocked(const std::string& job, Effects& fx)

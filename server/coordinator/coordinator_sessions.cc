@@ -519,24 +519,22 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
     case v1::TrainerMessage::kComplete:
     case v1::TrainerMessage::kRelease:
     case v1::TrainerMessage::kReroute: {
-      std::string lease_id;
-      uint64_t fence = 0;
+      const v1::LeaseRef* ref = nullptr;
       int64_t consumed = -1;
       if (m.has_progress()) {
-        lease_id = m.progress().lease_id(), fence = m.progress().fence(),
-        consumed = m.progress().consumed();
+        ref = &m.progress().lease(), consumed = m.progress().consumed();
       } else if (m.has_complete()) {
-        lease_id = m.complete().lease_id(), fence = m.complete().fence();
+        ref = &m.complete().lease();
       } else if (m.has_release()) {
-        lease_id = m.release().lease_id(), fence = m.release().fence(),
-        consumed = m.release().consumed();
+        ref = &m.release().lease(), consumed = m.release().consumed();
       } else {
-        lease_id = m.reroute().lease_id(), fence = m.reroute().fence(),
-        consumed = m.reroute().consumed();
+        ref = &m.reroute().lease(), consumed = m.reroute().consumed();
       }
+      const std::string& lease_id = ref->lease_id();
+      const uint64_t fence = ref->fence();
       if (lease_id.size() > kMaxIdBytes) {
         fx.sends.emplace_back(
-            s.sink, Rejected("", Invalid("lease_id",
+            s.sink, Rejected("", Invalid("lease.lease_id",
                                          absl::StrCat(lease_id.size(),
                                                       " bytes; no lease id is "
                                                       "longer than ",
@@ -607,9 +605,10 @@ absl::Status CoordinatorService::HandleLeaseMessageLocked(
           s.unreachable.Failed(m.reroute().failed_data_server(),
                                options_.clock->Now());
         }
-        EndLeaseLocked(
-            lease.job, lease_id,
-            m.has_release() ? LeaseEnd::kReleased : LeaseEnd::kRerouted, fx);
+        EndLeaseLocked(lease.job, lease_id,
+                       m.has_release() ? v1::internal::LEASE_END_RELEASED
+                                       : v1::internal::LEASE_END_REROUTED,
+                       fx);
       }
       // Only a new epoch (for every session) or returned work (for those
       // wanting more) concerns the other sessions; a Complete or Progress
@@ -635,28 +634,17 @@ void CoordinatorService::CountCompletedLocked(const std::string& job_name) {
     options_.metrics->ForJob(job_name).completed->Increment();
 }
 
-const char* CoordinatorService::LeaseEndName(LeaseEnd end) {
-  switch (end) {
-    case LeaseEnd::kExpired:
-      return "expired";
-    case LeaseEnd::kReleased:
-      return "released";
-    case LeaseEnd::kRerouted:
-      return "rerouted";
-  }
-  return "?";
-}
-
 void CoordinatorService::EndLeaseLocked(const std::string& job_name,
                                         const std::string& lease_id,
-                                        LeaseEnd end, Effects& fx) {
+                                        v1::internal::LeaseEnd end,
+                                        Effects& fx) {
   absl::StatusOr<LeaseEntry> lease = leases_.Remove(lease_id);
   if (!lease.ok()) return;
   NoteHolderWantsLocked(lease->holder);
   JournalRecord record;
   record.mutable_lease_ended()->set_job(job_name);
   record.mutable_lease_ended()->set_lease_id(lease_id);
-  record.mutable_lease_ended()->set_reason(LeaseEndName(end));
+  record.mutable_lease_ended()->set_reason(end);
   if (!CommitLocked(std::move(record), fx).ok()) return;
   const JobData* job = state_.FindJob(job_name);
   if (job == nullptr || job->epoch != lease->epoch) return;
@@ -666,18 +654,19 @@ void CoordinatorService::EndLeaseLocked(const std::string& job_name,
     Piece piece{
         lease->sequence, lease->shard_index, lease->begin + lease->consumed,
         lease->end,      lease->rank,        slot};
-    if (end == LeaseEnd::kExpired) piece.returned_to = slot;
+    if (end == v1::internal::LEASE_END_EXPIRED) piece.returned_to = slot;
     queues_.Return(*job, slot, piece);
   }
   v1::LeaseCounts& counts = runtime_[job_name].lease_counts;
-  if (end == LeaseEnd::kExpired) {
+  if (end == v1::internal::LEASE_END_EXPIRED) {
     counts.set_expired(counts.expired() + 1);
   } else {
     counts.set_returned(counts.returned() + 1);
   }
   if (options_.metrics) {
     const CoordinatorMetrics::Job& m = options_.metrics->ForJob(job_name);
-    (end == LeaseEnd::kExpired ? m.expired : m.released)->Increment();
+    (end == v1::internal::LEASE_END_EXPIRED ? m.expired : m.released)
+        ->Increment();
   }
 }
 

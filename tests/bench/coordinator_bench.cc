@@ -319,14 +319,17 @@ class Session : public QueuedSession {
       std::vector<TrainerMessage> reports;
       if (progress_) {
         TrainerMessage& progress = reports.emplace_back();
-        progress.mutable_progress()->set_lease_id(
+        progress.mutable_progress()->mutable_lease()->set_lease_id(
             in_.grant().lease().lease_id());
-        progress.mutable_progress()->set_fence(in_.grant().lease().fence());
+        progress.mutable_progress()->mutable_lease()->set_fence(
+            in_.grant().lease().fence());
         progress.mutable_progress()->set_consumed(1);
       }
       TrainerMessage& complete = reports.emplace_back();
-      complete.mutable_complete()->set_lease_id(in_.grant().lease().lease_id());
-      complete.mutable_complete()->set_fence(in_.grant().lease().fence());
+      complete.mutable_complete()->mutable_lease()->set_lease_id(
+          in_.grant().lease().lease_id());
+      complete.mutable_complete()->mutable_lease()->set_fence(
+          in_.grant().lease().fence());
       if (pacer_ != nullptr) {
         next_due_ = std::max(next_due_ + interval_, now);
         pacer_->At(next_due_, this, std::move(reports));
@@ -1161,13 +1164,15 @@ class OpenSession : public QueuedSession {
       completed_at_ = absl::Now();
     }
     TrainerMessage progress;
-    progress.mutable_progress()->set_lease_id(lease.lease_id());
-    progress.mutable_progress()->set_fence(lease.fence());
+    progress.mutable_progress()->mutable_lease()->set_lease_id(
+        lease.lease_id());
+    progress.mutable_progress()->mutable_lease()->set_fence(lease.fence());
     progress.mutable_progress()->set_consumed(lease.unit().end() -
                                               lease.unit().begin());
     TrainerMessage complete;
-    complete.mutable_complete()->set_lease_id(lease.lease_id());
-    complete.mutable_complete()->set_fence(lease.fence());
+    complete.mutable_complete()->mutable_lease()->set_lease_id(
+        lease.lease_id());
+    complete.mutable_complete()->mutable_lease()->set_fence(lease.fence());
     Enqueue({progress, complete});
     return true;
   }

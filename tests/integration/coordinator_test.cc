@@ -121,8 +121,10 @@ RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job,
       }
       ledger->Ack(m.grant().lease());
       v1::TrainerMessage complete;
-      complete.mutable_complete()->set_lease_id(m.grant().lease().lease_id());
-      complete.mutable_complete()->set_fence(m.grant().lease().fence());
+      complete.mutable_complete()->mutable_lease()->set_lease_id(
+          m.grant().lease().lease_id());
+      complete.mutable_complete()->mutable_lease()->set_fence(
+          m.grant().lease().fence());
       stream->Write(complete);
       ++result.units;
     } else if (m.has_job_done()) {
@@ -479,7 +481,8 @@ TEST(CoordinatorIntegrationTest, ASessionThatNeverReadsIsEndedNotBuffered) {
   ASSERT_TRUE(stream->Write(hello));
   // Each bogus Progress is answered with a Rejected the client never reads.
   v1::TrainerMessage progress;
-  progress.mutable_progress()->set_lease_id(std::string(200, 'x'));
+  progress.mutable_progress()->mutable_lease()->set_lease_id(
+      std::string(200, 'x'));
   progress.mutable_progress()->set_consumed(1);
   for (int i = 0; i < 100000 && stream->Write(progress); ++i) {
   }
@@ -713,8 +716,10 @@ TEST(CoordinatorIntegrationTest, RankSkewIsTheLeadOfTheMostAdvancedRank) {
       m.grant().lease().unit().end() - m.grant().lease().unit().begin();
   ASSERT_GT(size, 0);
   v1::TrainerMessage complete;
-  complete.mutable_complete()->set_lease_id(m.grant().lease().lease_id());
-  complete.mutable_complete()->set_fence(m.grant().lease().fence());
+  complete.mutable_complete()->mutable_lease()->set_lease_id(
+      m.grant().lease().lease_id());
+  complete.mutable_complete()->mutable_lease()->set_fence(
+      m.grant().lease().fence());
   ASSERT_TRUE(session->Write(complete));
   EXPECT_TRUE(testing::WaitForMetric(
       server->metrics_address,

@@ -336,7 +336,8 @@ def test_both_pieces_of_a_unit_split_at_a_quota_are_served_in_either_order(tmp_p
             (first,) = r0.grants(1)
             assert (first.unit.begin, first.unit.end) == (0, 5)
             r0.send(want=r0.pb.Want(credits=0))
-            r0.send(release=r0.pb.Release(lease_id=first.lease_id, fence=first.fence, consumed=2))
+            r0.send(release=r0.pb.Release(
+                lease=r0.pb.LeaseRef(lease_id=first.lease_id, fence=first.fence), consumed=2))
             r0.sync(1)  # [2, 5) is back in the queue before rank 1 asks
             r1 = _RawSession(channel, "split", 1, "rank-1", 4)
             mine = r1.grants(4)

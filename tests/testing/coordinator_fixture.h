@@ -100,15 +100,15 @@ inline int64_t OpenAndWantOne(CoordinatorService& service,
 
 inline v1::TrainerMessage Complete(const v1::Lease& l) {
   v1::TrainerMessage m;
-  m.mutable_complete()->set_lease_id(l.lease_id());
-  m.mutable_complete()->set_fence(l.fence());
+  m.mutable_complete()->mutable_lease()->set_lease_id(l.lease_id());
+  m.mutable_complete()->mutable_lease()->set_fence(l.fence());
   return m;
 }
 
 inline v1::TrainerMessage Progress(const v1::Lease& l, int64_t consumed) {
   v1::TrainerMessage m;
-  m.mutable_progress()->set_lease_id(l.lease_id());
-  m.mutable_progress()->set_fence(l.fence());
+  m.mutable_progress()->mutable_lease()->set_lease_id(l.lease_id());
+  m.mutable_progress()->mutable_lease()->set_fence(l.fence());
   m.mutable_progress()->set_consumed(consumed);
   return m;
 }

@@ -9,7 +9,7 @@ namespace {
 
 v1::TrainerMessage Complete(const std::string& lease) {
   v1::TrainerMessage m;
-  m.mutable_complete()->set_lease_id(lease);
+  m.mutable_complete()->mutable_lease()->set_lease_id(lease);
   return m;
 }
 
@@ -24,7 +24,7 @@ v1::Lease Lease(const std::string& id, int32_t shard = 0) {
 
 std::vector<std::string> Leases(const std::vector<v1::TrainerMessage>& ms) {
   std::vector<std::string> out;
-  for (const auto& m : ms) out.push_back(m.complete().lease_id());
+  for (const auto& m : ms) out.push_back(m.complete().lease().lease_id());
   return out;
 }
 
@@ -88,7 +88,7 @@ TEST(ReportLedgerTest, ASecondReportOfALeaseReplacesTheFirst) {
   ReportLedger ledger;
   ledger.Sent(Lease("a"), 0, Complete("a"), 0);
   v1::TrainerMessage release;
-  release.mutable_release()->set_lease_id("a");
+  release.mutable_release()->mutable_lease()->set_lease_id("a");
   release.mutable_release()->set_consumed(7);
   ledger.Sent(Lease("a"), 0, release, 0);
   ASSERT_NE(ledger.Find("a"), nullptr);

@@ -138,14 +138,16 @@ void RunTrainer(CoordinatorService* service, int rank, Trainer* out, int worker,
       // Half the leases report progress first, as a reading trainer does.
       if ((unit.begin() + rank) % 2 == 0) {
         v1::TrainerMessage progress;
-        progress.mutable_progress()->set_lease_id(lease.lease_id());
-        progress.mutable_progress()->set_fence(lease.fence());
+        progress.mutable_progress()->mutable_lease()->set_lease_id(
+            lease.lease_id());
+        progress.mutable_progress()->mutable_lease()->set_fence(lease.fence());
         progress.mutable_progress()->set_consumed(unit.end() - unit.begin());
         service->OnMessage(id, progress);
       }
       v1::TrainerMessage complete;
-      complete.mutable_complete()->set_lease_id(lease.lease_id());
-      complete.mutable_complete()->set_fence(lease.fence());
+      complete.mutable_complete()->mutable_lease()->set_lease_id(
+          lease.lease_id());
+      complete.mutable_complete()->mutable_lease()->set_fence(lease.fence());
       service->OnMessage(id, complete);
     }
     if (finished.has_value()) {

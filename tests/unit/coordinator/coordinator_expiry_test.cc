@@ -321,8 +321,8 @@ TEST_F(CoordinatorExpiryTest, AReleasedUnitFeedsAWaitingSession) {
   ASSERT_TRUE(b_sink->TakeGrants().empty());  // the job's only unit is A's
   service.OnMessage(a, Want(0));
   v1::TrainerMessage release;
-  release.mutable_release()->set_lease_id(a1[0].lease_id());
-  release.mutable_release()->set_fence(a1[0].fence());
+  release.mutable_release()->mutable_lease()->set_lease_id(a1[0].lease_id());
+  release.mutable_release()->mutable_lease()->set_fence(a1[0].fence());
   service.OnMessage(a, release);
   service.Flush();
   const std::vector<v1::Lease> b1 = b_sink->TakeGrants();

@@ -318,7 +318,8 @@ TEST_F(CoordinatorServiceTest,
   const int64_t id = service_->OpenSession(c);
   service_->OnMessage(id, Hello("j", 0, "t"));
   v1::TrainerMessage progress;
-  progress.mutable_progress()->set_lease_id(std::string(10 << 20, 'l'));
+  progress.mutable_progress()->mutable_lease()->set_lease_id(
+      std::string(10 << 20, 'l'));
   progress.mutable_progress()->set_consumed(1);
   service_->OnMessage(id, progress);
   service_->Flush();
@@ -328,6 +329,7 @@ TEST_F(CoordinatorServiceTest,
     EXPECT_EQ(m.rejected().code(),
               static_cast<int>(absl::StatusCode::kInvalidArgument));
     EXPECT_TRUE(m.rejected().lease_id().empty());
+    EXPECT_THAT(m.rejected().message(), HasSubstr("lease.lease_id"));
     EXPECT_LT(m.ByteSizeLong(), 300u);
   }
   EXPECT_FALSE(c->finished.has_value());

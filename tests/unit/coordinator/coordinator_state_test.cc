@@ -245,7 +245,7 @@ TEST(CoordinatorStateRecordTest,
   JournalRecord ended;
   ended.mutable_lease_ended()->set_job("j");
   ended.mutable_lease_ended()->set_lease_id("j/e0/f1");
-  ended.mutable_lease_ended()->set_reason("expired");
+  ended.mutable_lease_ended()->set_reason(v1::internal::LEASE_END_EXPIRED);
   ASSERT_OK(state.Apply(ended));
   const JobData* job = state.FindJob("j");
   EXPECT_TRUE(job->leases.empty());
@@ -256,6 +256,26 @@ TEST(CoordinatorStateRecordTest,
   // Ending a lease of a job that is gone changes nothing.
   ended.mutable_lease_ended()->set_job("gone");
   EXPECT_OK(state.Apply(ended));
+}
+
+// Journals written when LeaseEnded carried its reason as a string (field 3)
+// replay the same: the field is skipped, and Apply never needed it.
+TEST(CoordinatorStateRecordTest, ALeaseEndedWithAStringReasonStillReplays) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(Created("j")));
+  ASSERT_OK(state.Apply(Granted("j", 1)));
+  v1::internal::LeaseEnded current;
+  current.set_job("j");
+  current.set_lease_id("j/e0/f1");
+  // Field 3, length-delimited: "expired".
+  const std::string old_bytes = current.SerializeAsString() +
+                                "\x1a\x07"
+                                "expired";
+  JournalRecord ended;
+  ASSERT_TRUE(ended.mutable_lease_ended()->ParseFromString(old_bytes));
+  EXPECT_EQ(ended.lease_ended().reason(), v1::internal::LEASE_END_UNSPECIFIED);
+  ASSERT_OK(state.Apply(ended));
+  EXPECT_TRUE(state.FindJob("j")->leases.empty());
 }
 
 TEST(CoordinatorStateRecordTest, EpochAdvancedStartsTheEpochAfresh) {

@@ -69,8 +69,8 @@ struct PoolLoad {
     load.cpu_seconds += seconds;
     service.DataServerHeartbeat(server, 0, &load);
     v1::TrainerMessage m;
-    m.mutable_progress()->set_lease_id(sink->lease.lease_id());
-    m.mutable_progress()->set_fence(sink->lease.fence());
+    m.mutable_progress()->mutable_lease()->set_lease_id(sink->lease.lease_id());
+    m.mutable_progress()->mutable_lease()->set_fence(sink->lease.fence());
     m.mutable_progress()->set_consumed(1000 * t);
     service.OnMessage(session, m);
     m.Clear();

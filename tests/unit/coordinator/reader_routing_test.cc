@@ -75,8 +75,8 @@ class ReaderRoutingTest : public ::testing::Test {
       const v1::Lease l = Next(rank);
       ++servers[l.data_server()];
       v1::TrainerMessage done;
-      done.mutable_complete()->set_lease_id(l.lease_id());
-      done.mutable_complete()->set_fence(l.fence());
+      done.mutable_complete()->mutable_lease()->set_lease_id(l.lease_id());
+      done.mutable_complete()->mutable_lease()->set_fence(l.fence());
       service_->OnMessage(sessions_[rank], done);
     }
     return servers;
@@ -101,8 +101,8 @@ class ReaderRoutingTest : public ::testing::Test {
   // (a replacement is granted at once).
   void Reroute(int rank, const v1::Lease& l) {
     v1::TrainerMessage m;
-    m.mutable_reroute()->set_lease_id(l.lease_id());
-    m.mutable_reroute()->set_fence(l.fence());
+    m.mutable_reroute()->mutable_lease()->set_lease_id(l.lease_id());
+    m.mutable_reroute()->mutable_lease()->set_fence(l.fence());
     m.mutable_reroute()->set_failed_data_server(l.data_server());
     m.mutable_reroute()->set_error(l.data_server() + ": connect timed out");
     service_->OnMessage(sessions_[rank], m);
@@ -113,8 +113,8 @@ class ReaderRoutingTest : public ::testing::Test {
       *out = Next(rank);
       if (out->data_server() == server) return true;
       v1::TrainerMessage done;
-      done.mutable_complete()->set_lease_id(out->lease_id());
-      done.mutable_complete()->set_fence(out->fence());
+      done.mutable_complete()->mutable_lease()->set_lease_id(out->lease_id());
+      done.mutable_complete()->mutable_lease()->set_fence(out->fence());
       service_->OnMessage(sessions_[rank], done);
     }
     return false;
@@ -157,13 +157,13 @@ TEST_F(ReaderRoutingTest, AfterTheWaitTheServerIsTriedAgainAndSamplesClearIt) {
   // This time samples arrive from a:1: it is forgotten, so a later
   // failure waits the initial 10 s again, not 40 s.
   v1::TrainerMessage progress;
-  progress.mutable_progress()->set_lease_id(on_a.lease_id());
-  progress.mutable_progress()->set_fence(on_a.fence());
+  progress.mutable_progress()->mutable_lease()->set_lease_id(on_a.lease_id());
+  progress.mutable_progress()->mutable_lease()->set_fence(on_a.fence());
   progress.mutable_progress()->set_consumed(1);
   service_->OnMessage(sessions_[0], progress);
   v1::TrainerMessage done;
-  done.mutable_complete()->set_lease_id(on_a.lease_id());
-  done.mutable_complete()->set_fence(on_a.fence());
+  done.mutable_complete()->mutable_lease()->set_lease_id(on_a.lease_id());
+  done.mutable_complete()->mutable_lease()->set_fence(on_a.fence());
   service_->OnMessage(sessions_[0], done);
   ASSERT_TRUE(GrantOn(0, "a:1", 20, &on_a));
   Reroute(0, on_a);
