@@ -148,7 +148,7 @@ def make_pki(directory):
 
 class Cluster:
     def __init__(self, tmp, shards=6, per_shard=17, data_servers=1, pki=None, bin_repeat=50,
-                 lease_secret=False):
+                 lease_secret=False, heartbeat_interval="200ms"):
         self.tmp = str(tmp)
         self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard, bin_repeat)
         self.total = shards * per_shard
@@ -180,7 +180,8 @@ class Cluster:
                 self.admin_metadata = (("authorization", "Bearer " + f.read()),)
         admin = ["--admin_identities=client", "--data_server_identities=client"] if pki else []
         self.coordinator_flags = [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
-                                  "--heartbeat_interval=200ms", *server_tls, *secret,
+                                  f"--heartbeat_interval={heartbeat_interval}", *server_tls,
+                                  *secret,
                                   *self.admin_token, *admin]
         self.coordinator = Server("sluice-coordinator", self.tmp, self.coordinator_flags)
         register_tls = ([f"--coordinator_ca={pki['ca.crt']}",

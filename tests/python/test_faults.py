@@ -317,8 +317,10 @@ def _samples_served(server):
 def two_servers(tmp_path_factory):
     # 200 KB samples: more than the streams' flow-control windows hold, so
     # the stopped server still has units to send when it stops.
+    # The default heartbeat interval (1 s): a stopped data server is
+    # routed units for 3 s before the coordinator leaves it out.
     c = Cluster(tmp_path_factory.mktemp("hung"), shards=SHARDS, per_shard=PER_SHARD,
-                data_servers=2, bin_repeat=100_000)
+                data_servers=2, bin_repeat=100_000, heartbeat_interval="1s")
     yield c
     c.stop()
 
@@ -349,8 +351,9 @@ def test_a_stopped_data_server_is_left_within_twice_the_stall_timeout(two_server
         parse = _py
     lines = _Lines(proc, lambda line: (time.monotonic(), parse(line)))
     _wait_for(lambda: len(lines.lines) >= 40, 60, "40 samples read")
-    # A server the job reads from (a window of local shards spreads its
-    # units over both).
+    # A server the job reads from: the coordinator routes it units until it
+    # has missed its heartbeats for 3 s, longer than the rest of the epoch
+    # takes to be granted, so the reader's streams of its next units stall.
     serving = [d for d, b in zip(two_servers.data, served_before) if _samples_served(d) > b]
     assert len(serving) >= 1
     stopped = serving[0].proc.pid
