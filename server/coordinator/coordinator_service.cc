@@ -21,6 +21,7 @@
 
 namespace sluice {
 
+using coordinator_internal::kMaxFenceSeen;
 using coordinator_internal::LiveLease;
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
@@ -835,6 +836,100 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
                            lease.expires_at);  // sent to the holder
   }
   return out;
+}
+
+// Data servers: registration, heartbeats and liveness (the registry
+// itself is data_server_registry.h).
+
+int64_t CoordinatorService::RegisterDataServer(
+    const std::string& address, int32_t capacity,
+    std::shared_ptr<DataServerSink> sink, uint64_t max_fence_seen,
+    const std::string& node, const std::string& pool) {
+  Effects fx;
+  int64_t id;
+  {
+    ServiceLock lock(this);
+    RaiseSeenFenceFloor(max_fence_seen);
+    const bool none_live = !data_servers_.AnyLiveIn(pool);
+    if (sink != nullptr) {
+      // Under mu_, so the reply precedes any hint for this server.
+      v1::CoordinatorToDataServer reply;
+      reply.mutable_registered()->set_heartbeat_interval_ms(
+          absl::ToInt64Milliseconds(data_server_timeout() / 3));
+      reply.mutable_registered()->set_heartbeat_timeout_ms(
+          absl::ToInt64Milliseconds(data_server_timeout()));
+      reply.mutable_registered()->set_acks_heartbeats(true);
+      sink->Send(reply);
+    }
+    id = data_servers_.Add(address, capacity, std::move(sink), node, pool);
+    UpdateDataServerMetric();
+    if (none_live) PumpAllLocked(fx);  // units waiting for a data server
+    SubmitLocked(fx);
+  }
+  DeliverReady();
+  return id;
+}
+
+void CoordinatorService::RaiseSeenFenceFloor(uint64_t max_fence_seen) {
+  const uint64_t floor = std::min(max_fence_seen, kMaxFenceSeen) + 1;
+  uint64_t now = seen_fence_floor_.load();
+  while (now < floor && !seen_fence_floor_.compare_exchange_weak(now, floor)) {
+  }
+}
+
+void CoordinatorService::DataServerHeartbeat(
+    int64_t id, uint64_t max_fence_seen, const DataServerRegistry::Load* load) {
+  RaiseSeenFenceFloor(max_fence_seen);
+  bool none_was_live = false;
+  if (!data_servers_.Heartbeat(id, &none_was_live, load)) return;
+  UpdateDataServerMetric();
+  if (!none_was_live) return;
+  // The first live server again: the units waiting for one go out.
+  Effects fx;
+  {
+    ServiceLock lock(this);
+    PumpAllLocked(fx);
+    SubmitLocked(fx);
+  }
+  DeliverReady();
+}
+
+void CoordinatorService::UnregisterDataServer(int64_t id) {
+  ServiceLock lock(this);
+  data_servers_.Remove(id);
+  UpdateDataServerMetric();
+}
+
+void CoordinatorService::DataServerDraining(int64_t id) {
+  const std::optional<std::string> address = data_servers_.SetDraining(id);
+  if (!address.has_value()) return;
+  UpdateDataServerMetric();
+  LogInfo("data server %s is draining: routing it nothing new", *address);
+  // Its leases' holders give back the ones they have not started reading.
+  Effects fx;
+  {
+    ServiceLock lock(this);
+    v1::CoordinatorMessage leaving;
+    leaving.mutable_leaving()->set_data_server(*address);
+    for (const std::string& holder : leases_.HoldersOn(*address)) {
+      if (Session* session = sessions_.SessionOf(holder); session != nullptr) {
+        fx.sends.emplace_back(session->sink, leaving);
+      }
+    }
+    SubmitLocked(fx);
+  }
+  DeliverReady();
+}
+
+std::vector<std::string> CoordinatorService::LiveDataServers() {
+  ServiceLock lock(this);
+  return data_servers_.LiveAddresses();
+}
+
+void CoordinatorService::UpdateDataServerMetric() {
+  if (options_.metrics == nullptr) return;
+  options_.metrics->data_servers.Set(data_servers_.LiveCount());
+  options_.metrics->draining_data_servers.Set(data_servers_.DrainingCount());
 }
 
 }  // namespace sluice

@@ -39,6 +39,7 @@
 #include "server/common/thread_pool.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/data_server_admission.h"
 #include "server/coordinator/data_server_registry.h"
 #include "server/coordinator/durable_outbox.h"
 #include "server/coordinator/fleet_sizer.h"
@@ -201,11 +202,11 @@ class CoordinatorService {
   // `max_fence_seen`: the newest fence the server was presented; grants
   // from now on use fences above it (a coordinator that lost its journal
   // would otherwise start over at 1 and be refused as stale).
-  // OK when `r` may register: its credential proves the lease secret (when
-  // this coordinator has one; UNAUTHENTICATED otherwise), its address is
-  // host:port of at most 256 bytes, its capacity in [0, 1024] and its pool
-  // a valid pool name (INVALID_ARGUMENT naming the field).
-  absl::Status CheckRegistration(const v1::RegisterDataServer& r) const;
+  // OK when `r` may register with this coordinator
+  // (data_server_admission.h, with its lease secret).
+  absl::Status CheckRegistration(const v1::RegisterDataServer& r) const {
+    return CheckDataServerRegistration(r, options_.lease_secret);
+  }
   int64_t RegisterDataServer(const std::string& address, int32_t capacity,
                              std::shared_ptr<DataServerSink> sink = nullptr,
                              uint64_t max_fence_seen = 0,
@@ -226,10 +227,6 @@ class CoordinatorService {
   // Feeds FleetSizer what happened since its last call (the expiry thread
   // calls it every fleet_interval; tests call it directly).
   void SizeFleet();
-  // INVALID_ARGUMENT naming `field` if a data server claims a fence beyond
-  // the fence space (registration and heartbeat).
-  static absl::Status CheckFenceSeen(absl::string_view field,
-                                     uint64_t max_fence_seen);
   void UnregisterDataServer(int64_t id);
   // The server registered as `id` is leaving (DataServerDraining): no new
   // unit goes to it; the leases it serves stay valid.

@@ -181,8 +181,8 @@ class RegistrationReactor
             "data server sent a heartbeat before registering"));
         return;
       }
-      if (absl::Status fence = CoordinatorService::CheckFenceSeen(
-              "heartbeat.max_fence_seen", in_.heartbeat().max_fence_seen());
+      if (absl::Status fence = CheckFenceSeen("heartbeat.max_fence_seen",
+                                              in_.heartbeat().max_fence_seen());
           !fence.ok()) {
         sink_->Finish(fence);
         return;

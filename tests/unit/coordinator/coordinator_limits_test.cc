@@ -84,45 +84,6 @@ TEST(CoordinatorLimitsTest, SessionsPerJobAreCapped) {
   EXPECT_FALSE(sinks[3]->finished.has_value());  // another job's count
 }
 
-// With a lease secret, only a data server holding it can register (anyone
-// else could register an address and have leases routed there); capacity
-// and address are bounded either way.
-TEST(CoordinatorLimitsTest, RegistrationNeedsTheLeaseSecretsCredential) {
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.clock = &clock;
-  options.lease_secret = "s3cret";
-  auto service = CoordinatorService::Create(options);
-  ASSERT_OK(service);
-  v1::RegisterDataServer r;
-  r.set_address("10.0.0.7:7071");
-  r.set_capacity(1);
-  EXPECT_THAT((*service)->CheckRegistration(r),
-              StatusIs(absl::StatusCode::kUnauthenticated,
-                       HasSubstr("carries no credential")));
-  r.set_credential(SignRegistration(r.address(), "other"));
-  EXPECT_THAT((*service)->CheckRegistration(r),
-              StatusIs(absl::StatusCode::kUnauthenticated,
-                       HasSubstr("does not match")));
-  r.set_credential(
-      SignRegistration("10.0.0.8:7071", "s3cret"));  // another address's
-  EXPECT_THAT((*service)->CheckRegistration(r),
-              StatusIs(absl::StatusCode::kUnauthenticated));
-  r.set_credential(SignRegistration(r.address(), "s3cret"));
-  EXPECT_OK((*service)->CheckRegistration(r));
-  r.set_capacity(2147483647);
-  EXPECT_THAT((*service)->CheckRegistration(r),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("register.capacity")));
-  r.set_capacity(1);
-  r.set_address(std::string(1 << 20, 'a') + ":1");
-  r.set_credential(SignRegistration(r.address(), "s3cret"));
-  auto long_address = (*service)->CheckRegistration(r);
-  EXPECT_THAT(long_address, StatusIs(absl::StatusCode::kInvalidArgument,
-                                     HasSubstr("register.address")));
-  EXPECT_LT(long_address.message().size(), 300u);
-}
-
 // A shuffled job without a window gets the default; a window out of range
 // is refused naming the field.
 TEST_F(CoordinatorServiceTest, ShuffleWindowDefaultsAndLimits) {
@@ -200,8 +161,7 @@ TEST_F(CoordinatorServiceTest, FencesNeverWrapWhateverADataServerClaims) {
   EXPECT_THAT(service_->CheckRegistration(r),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("register.max_fence_seen")));
-  EXPECT_THAT(CoordinatorService::CheckFenceSeen("heartbeat.max_fence_seen",
-                                                 ~uint64_t{0}),
+  EXPECT_THAT(CheckFenceSeen("heartbeat.max_fence_seen", ~uint64_t{0}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("heartbeat.max_fence_seen")));
   r.set_max_fence_seen(uint64_t{1} << 62);
