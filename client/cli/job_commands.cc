@@ -34,6 +34,9 @@ ABSL_FLAG(int32_t, world_size, 1, "job create: ranks (0 = no quotas).");
 ABSL_FLAG(std::string, pool, "",
           "job create: the data-server pool the job reads from (servers "
           "started with --pool=NAME); default: the default pool.");
+ABSL_FLAG(int32_t, weight, 1,
+          "job create: the job's share of a data server it shares with other "
+          "jobs' streams, against their weights (1-1000).");
 ABSL_FLAG(std::string, copy_of, "",
           "job create: copy this job's spec for --world_size ranks (the same "
           "data in the same order; its cursors resume the copy). Default "
@@ -264,6 +267,7 @@ int JobCommand(const std::vector<std::string>& args) {
     spec->set_max_samples_per_lease(absl::GetFlag(FLAGS_max_samples_per_lease));
     spec->set_shuffle_window(absl::GetFlag(FLAGS_shuffle_window));
     spec->set_pool(absl::GetFlag(FLAGS_pool));
+    spec->set_weight(absl::GetFlag(FLAGS_weight));
     return create();
   }
   if (verb == "get" || verb == "delete") {

@@ -311,6 +311,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
                    absl::StrCat(QuotePrefix(spec.pool()),
                                 " must be 0-64 characters of [A-Za-z0-9._-]"));
   }
+  if (spec.weight() < 0 || spec.weight() > kMaxJobWeight) {
+    return Invalid("spec.weight",
+                   absl::StrCat(spec.weight(), " is outside [0, ",
+                                kMaxJobWeight, "] (0 = 1)"));
+  }
   const bool mixed = spec.sources_size() > 0;
   int64_t total = 0;
   if (mixed) {

@@ -16,6 +16,8 @@ namespace sluice {
 
 // JobSpec.shuffle_window when a shuffled job leaves it 0.
 inline constexpr int32_t kDefaultShuffleWindow = 32;
+// The largest JobSpec.weight.
+inline constexpr int32_t kMaxJobWeight = 1000;
 
 // What one JobSpec may make the coordinator plan (INVALID_ARGUMENT naming
 // the field and the limit beyond it).

@@ -115,6 +115,14 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
           r, "sluice_dataserver_samples_skipped_total",
           "Samples reported as skipped (on_corrupt=skip), by reason and "
           "job (sluice_job).")),
+      job_samples_(Counters(r, "sluice_dataserver_job_samples_total",
+                            "Samples sent to trainers, by job (sluice_job).")),
+      job_cpu_seconds_(Counters(
+          r, "sluice_dataserver_job_cpu_seconds_total",
+          "CPU seconds the server's reading and decoding threads spent on "
+          "each job's work (sluice_job): a job's share of the server is its "
+          "rate "
+          "over the sum of all jobs' rates.")),
       corrupt_(
           Counters(r, "sluice_dataserver_corrupt_samples_total",
                    "Corrupt samples found, under either policy, by reason.")),
@@ -191,6 +199,14 @@ prometheus::Counter& DataServerMetrics::Skipped(CorruptReason reason,
     return skipped_.Add({{"reason", CorruptReasonLabel(reason)}});
   return skipped_.Add(
       {{"reason", CorruptReasonLabel(reason)}, {"sluice_job", job}});
+}
+
+prometheus::Counter& DataServerMetrics::JobSamples(const std::string& job) {
+  return job_samples_.Add({{"sluice_job", job}});
+}
+
+prometheus::Counter& DataServerMetrics::JobCpuSeconds(const std::string& job) {
+  return job_cpu_seconds_.Add({{"sluice_job", job}});
 }
 
 prometheus::Counter& DataServerMetrics::Corrupt(CorruptReason reason) {

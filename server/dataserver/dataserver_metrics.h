@@ -1,5 +1,6 @@
 // Prometheus metrics of a data server. Labels are bounded: codec (six
-// values), skip reason (a fixed set), gRPC status code.
+// values), skip reason (a fixed set), gRPC status code, and job (the jobs
+// the coordinator holds, the name cut to 128 bytes).
 #ifndef SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_
 #define SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_
 
@@ -42,6 +43,13 @@ class DataServerMetrics {
   // `reason` is a FetchFailureLabel (a fixed set).
   prometheus::Counter& DownloadFailures(const std::string& reason);
 
+  // Per job (sluice_job; a job's series appear with its first stream):
+  // samples sent, and CPU seconds the server's reading and decoding threads
+  // spent on the job's work (its share of the server: its rate over the
+  // sum of all jobs' rates).
+  prometheus::Counter& JobSamples(const std::string& job);
+  prometheus::Counter& JobCpuSeconds(const std::string& job);
+
   prometheus::Counter& samples_served;
   // Streams ended or refused while draining, their leases handed back.
   prometheus::Counter& streams_handed_back;
@@ -69,6 +77,8 @@ class DataServerMetrics {
   prometheus::Family<prometheus::Histogram>& decode_seconds_;
   prometheus::Family<prometheus::Histogram>& transform_seconds_;
   prometheus::Family<prometheus::Counter>& skipped_;
+  prometheus::Family<prometheus::Counter>& job_samples_;
+  prometheus::Family<prometheus::Counter>& job_cpu_seconds_;
   prometheus::Family<prometheus::Counter>& corrupt_;
   prometheus::Family<prometheus::Counter>& stream_errors_;
   prometheus::Family<prometheus::Counter>& download_failures_;

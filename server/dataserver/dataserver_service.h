@@ -20,10 +20,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/common/thread_pool.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/decode_budget.h"
 #include "server/dataserver/decoders.h"
+#include "server/dataserver/fair_pool.h"
 #include "server/dataserver/fence_tracker.h"
 #include "server/dataserver/image_transforms.h"
 #include "server/dataserver/sample_encoder.h"
@@ -110,7 +110,7 @@ class DataServerService {
   // The newest fence presented to this server, over all jobs (0 = none).
   uint64_t max_fence_seen() const;
 
-  ThreadPool& pool() { return pool_; }
+  FairPool& pool() { return pool_; }
   DecodeMemoryBudget& decode_budget() { return decode_budget_; }
   DataServerMetrics* metrics() { return options_.metrics; }
   const DataServerOptions& options() const { return options_; }
@@ -148,7 +148,7 @@ class DataServerService {
   StreamContext stream_context_;
   // Last: destroyed first, so that its tasks (and the streams they hold)
   // finish while everything above is still there.
-  ThreadPool pool_;
+  FairPool pool_;
 };
 
 }  // namespace sluice::dataserver

@@ -1,5 +1,7 @@
 #include "server/dataserver/sample_stream.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -84,6 +86,38 @@ SampleStream::SampleStream(const StreamContext* context, Params params)
     pieces_[k].shard = params_.pieces[k].shard;
     if (pieces_[k].shard == nullptr) ++pieces_missing_;
   }
+  if (context_->metrics != nullptr) {
+    const std::string job = params_.lease.job().substr(0, 128);
+    job_samples_ = &context_->metrics->JobSamples(job);
+    job_cpu_seconds_ = &context_->metrics->JobCpuSeconds(job);
+  }
+}
+
+namespace {
+
+// CPU time of the calling thread (what a task cost the server, whether or
+// not other processes took the core from it meanwhile).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) +
+         1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
+
+void SampleStream::Schedule(std::function<void()> task) {
+  if (job_cpu_seconds_ == nullptr) {
+    context_->pool->Schedule(params_.lease.job(), params_.lease.weight(),
+                             std::move(task));
+    return;
+  }
+  context_->pool->Schedule(params_.lease.job(), params_.lease.weight(),
+                           [cpu = job_cpu_seconds_, task = std::move(task)] {
+                             const double start = ThreadCpuSeconds();
+                             task();
+                             cpu->Increment(ThreadCpuSeconds() - start);
+                           });
 }
 
 SampleStream::~SampleStream() {
@@ -188,6 +222,7 @@ void SampleStream::Deliver(NextCallback callback, NextResult result) {
         static_cast<double>((*result)->num_samples()));
     context_->metrics->BytesServed(params_.locality)
         .Increment(static_cast<double>((*result)->size()));
+    job_samples_->Increment(static_cast<double>((*result)->num_samples()));
   }
   callback(std::move(result));
 }
@@ -224,7 +259,7 @@ void SampleStream::MaybeProduceLocked() {
   if (producing_ || read_all_ || cancelled_ || !error_.ok()) return;
   if (RoomLocked() == 0) return;
   producing_ = true;
-  context_->pool->Schedule([self = shared_from_this()] { self->Produce(); });
+  Schedule([self = shared_from_this()] { self->Produce(); });
 }
 
 absl::Status SampleStream::OpenLocked() {
@@ -293,7 +328,7 @@ void SampleStream::OnShard(
     Fail(opened);
     return;
   }
-  context_->pool->Schedule([self = shared_from_this()] { self->Produce(); });
+  Schedule([self = shared_from_this()] { self->Produce(); });
 }
 
 absl::StatusOr<OutSample> SampleStream::Corrupt(int64_t index,
@@ -448,7 +483,7 @@ void SampleStream::Produce() {
     s->budget = context_->decode_budget;
     s->reserved = estimate;
     context_->decode_budget->Reserve(estimate, [self = shared_from_this(), s] {
-      self->context_->pool->Schedule([self, s] {
+      self->Schedule([self, s] {
         // A decode still queued when the client went away is not run.
         if (!self->IsCancelled()) self->DecodeSample(*s);
         self->Done(s);

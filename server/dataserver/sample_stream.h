@@ -35,10 +35,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/common/thread_pool.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/decode_budget.h"
 #include "server/dataserver/decoders.h"
+#include "server/dataserver/fair_pool.h"
 #include "server/dataserver/image_transforms.h"
 #include "server/dataserver/sample_encoder.h"
 #include "server/format/sample_index.h"
@@ -51,7 +51,7 @@ namespace sluice::dataserver {
 // What a stream uses of the server it belongs to, and nothing more: shared
 // by the server's streams, and outliving them.
 struct StreamContext {
-  ThreadPool* pool = nullptr;                   // reading and decoding
+  FairPool* pool = nullptr;                     // reading and decoding
   DecodeMemoryBudget* decode_budget = nullptr;  // across all streams
   ShardStore* store = nullptr;                  // opens pieces given by ref
   DataServerMetrics* metrics = nullptr;         // may be null
@@ -130,6 +130,9 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
   struct Slot;
   using NextResult = absl::StatusOr<std::optional<EncodedMessage>>;
   void MaybeProduceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `task` on the server's threads as work of the lease's job, at the
+  // job's weight, counting its CPU time to the job.
+  void Schedule(std::function<void()> task);
   // How much the next produce step may read: raw, samples; decoding,
   // samples for the pool (samples decoded inline do not count). 0 = none.
   size_t RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -172,6 +175,9 @@ class SampleStream : public std::enable_shared_from_this<SampleStream> {
 
   const StreamContext* const context_;
   const Params params_;
+  // The job's series (null without metrics).
+  prometheus::Counter* job_samples_ = nullptr;
+  prometheus::Counter* job_cpu_seconds_ = nullptr;
 
   // One per piece. `shard` is set once (in the constructor, or by OnShard
   // under mu_) before the producing task reads it; CheckShardLocked reads

@@ -49,8 +49,8 @@ TEST(WorkUnitTest, EachKindAnswersForItself) {
   EXPECT_STREQ(UnitKindName(none), "unset");
 }
 
-// The token covers the unit's kind: the same shard and range as a one-piece
-// window is another lease.
+// The token covers the unit's kind (the same shard and range as a one-piece
+// window is another lease) and the job's weight.
 TEST(WorkUnitTest, ALeaseTokenCoversTheUnitsKind) {
   v1::Lease lease;
   lease.set_lease_id("j/e0/u0/f1");
@@ -66,6 +66,10 @@ TEST(WorkUnitTest, ALeaseTokenCoversTheUnitsKind) {
   *as_window.mutable_unit()->mutable_window()->add_pieces() =
       Piece(0, "/d/0.tar");
   EXPECT_EQ(VerifyLeaseToken(as_window, "secret").code(),
+            absl::StatusCode::kPermissionDenied);
+  v1::Lease heavier = lease;
+  heavier.set_weight(1000);
+  EXPECT_EQ(VerifyLeaseToken(heavier, "secret").code(),
             absl::StatusCode::kPermissionDenied);
   v1::Lease other_index = lease;
   other_index.mutable_unit()->mutable_shard()->set_shard_index(1);

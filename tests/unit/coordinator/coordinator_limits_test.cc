@@ -103,6 +103,33 @@ TEST_F(CoordinatorServiceTest, ShuffleWindowDefaultsAndLimits) {
                        HasSubstr("spec.shuffle_window")));
 }
 
+// A job's weight travels in every lease it is granted, under the token (a
+// reader cannot raise its own share); 0 means 1, and above the limit is
+// refused naming the field.
+TEST_F(CoordinatorServiceTest, WeightIsInEveryLeaseAndBounded) {
+  v1::JobSpec spec = Spec("heavy", {4}, 1, 1);
+  spec.set_weight(3);
+  ASSERT_OK(service_->CreateJob(spec));
+  v1::JobSpec plain = Spec("plain", {4}, 1, 1);
+  ASSERT_OK(service_->CreateJob(plain));
+  SimTrainer heavy(*service_, "heavy", 0, "t0");
+  SimTrainer light(*service_, "plain", 0, "t1");
+  ASSERT_FALSE(heavy.held.empty());
+  ASSERT_FALSE(light.held.empty());
+  EXPECT_EQ(heavy.held.front().weight(), 3);
+  EXPECT_EQ(light.held.front().weight(), 1);
+
+  spec.set_name("over");
+  spec.set_weight(1001);
+  EXPECT_THAT(service_->CreateJob(spec).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.weight: 1001 is outside [0, 1000]")));
+  spec.set_weight(-1);
+  EXPECT_THAT(
+      service_->CreateJob(spec).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.weight")));
+}
+
 // A job without a lease TTL of its own follows the coordinator's
 // --default_lease_ttl, in the Welcome and in the leases it is granted.
 TEST(CoordinatorDefaultTtlTest, AJobWithoutATtlUsesTheCoordinatorsDefault) {

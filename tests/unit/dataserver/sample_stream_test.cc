@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "server/common/thread_pool.h"
 #include "server/dataserver/decode_budget.h"
+#include "server/dataserver/fair_pool.h"
 #include "server/format/shard_store.h"
 #include "server/format/tar_shard_reader.h"
 #include "tests/testing/status_matchers.h"
@@ -34,7 +34,7 @@ TEST(SampleStreamTest, AStreamRunsOnItsContextAlone) {
   auto store = LocalShardStore::Create({dir.path()});
   ASSERT_OK(store);
 
-  auto pool = std::make_unique<ThreadPool>(2);
+  auto pool = std::make_unique<FairPool>(2);
   DecodeMemoryBudget budget(1 << 20);
   std::atomic<int> indexed{0}, ended{0};
   StreamContext context;
