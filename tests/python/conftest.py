@@ -148,7 +148,7 @@ def make_pki(directory):
 
 class Cluster:
     def __init__(self, tmp, shards=6, per_shard=17, data_servers=1, pki=None, bin_repeat=50,
-                 lease_secret=False, heartbeat_interval="200ms"):
+                 lease_secret=False, heartbeat_interval="200ms", data_flags=()):
         self.tmp = str(tmp)
         self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard, bin_repeat)
         self.total = shards * per_shard
@@ -190,7 +190,7 @@ class Cluster:
         self.data = [Server("sluice-dataserver", self.tmp,
                             [f"--roots={os.path.join(self.tmp, 'shards')}",
                              f"--coordinator={self.coordinator.address}", *server_tls,
-                             *register_tls, *secret])
+                             *register_tls, *secret, *data_flags])
                      for _ in range(data_servers)]
         _wait_for(lambda: f"sluice_coordinator_data_servers {data_servers}"
                   in self.coordinator.metric_text(), 30, "data servers to register")

@@ -550,6 +550,12 @@ py::bytes MergeSerializedCursors(const std::vector<py::bytes>& serialized) {
 PYBIND11_MODULE(_core, m) {
   m.doc() =
       "The C++ sluice::Reader for Python (client/include/sluice/reader.h).";
+  // pybind11 looks numpy's C API up on first use, inside a function-local
+  // static. Two Readers' first samples arriving in two threads at once
+  // would otherwise deadlock: one thread imports numpy (the import lets the
+  // GIL go) while the other, holding the GIL, waits for that static. Here
+  // the import runs once, under the import of this module.
+  (void)py::dtype::of<uint8_t>();
   py::class_<sluice::PyReader>(m, "Reader")
       .def(py::init<const std::string&, const std::string&, int32_t, int32_t,
                     int32_t, const std::string&, int32_t, int32_t,
