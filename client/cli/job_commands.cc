@@ -37,6 +37,10 @@ ABSL_FLAG(std::string, pool, "",
 ABSL_FLAG(int32_t, weight, 1,
           "job create: the job's share of a data server it shares with other "
           "jobs' streams, against their weights (1-1000).");
+ABSL_FLAG(std::string, tenant, "",
+          "job create: who the job belongs to, for the coordinator's "
+          "per-tenant limits (--max_jobs_per_tenant, "
+          "--max_sessions_per_tenant); default: the default tenant.");
 ABSL_FLAG(std::string, copy_of, "",
           "job create: copy this job's spec for --world_size ranks (the same "
           "data in the same order; its cursors resume the copy). Default "
@@ -104,6 +108,13 @@ void PrintJob(const v1::Job& job, bool order = true) {
         "", job.spec().shuffle_window());
   } else {
     std::printf("%-20s order: shards shuffled, each unit from one shard\n", "");
+  }
+  const v1::JobSpec& spec = job.spec();
+  if (!spec.pool().empty() || !spec.tenant().empty() || spec.weight() > 1) {
+    std::printf("%-20s pool %s, tenant %s, weight %d\n", "",
+                spec.pool().empty() ? "(default)" : spec.pool().c_str(),
+                spec.tenant().empty() ? "(default)" : spec.tenant().c_str(),
+                std::max(spec.weight(), 1));
   }
 }
 
@@ -268,6 +279,7 @@ int JobCommand(const std::vector<std::string>& args) {
     spec->set_shuffle_window(absl::GetFlag(FLAGS_shuffle_window));
     spec->set_pool(absl::GetFlag(FLAGS_pool));
     spec->set_weight(absl::GetFlag(FLAGS_weight));
+    spec->set_tenant(absl::GetFlag(FLAGS_tenant));
     return create();
   }
   if (verb == "get" || verb == "delete") {

@@ -133,7 +133,7 @@ const std::vector<CommandHelp>& Commands() {
        {"name", "manifest", "world_size", "epochs", "mode", "remainder", "seed",
         "shuffle", "lease_ttl", "on_corrupt", "max_samples_per_lease",
         "shuffle_window", "samples_per_epoch", "source", "copy_of", "pool",
-        "weight", "admin_token_file"}},
+        "weight", "tenant", "admin_token_file"}},
       {"status",
        "sluicectl status [JOB...]\n  Per job: epoch, per-rank consumed/quota, "
        "lag behind the most advanced rank, leases, sessions, live data "

@@ -18,6 +18,7 @@
 #include "server/coordinator/coordinator_service_internal.h"
 #include "server/coordinator/job_report.h"
 #include "server/coordinator/memory_journal.h"
+#include "server/coordinator/tenant_limits.h"
 
 namespace sluice {
 
@@ -330,6 +331,10 @@ void CoordinatorService::CreateJob(const v1::JobSpec& request, JobReply done) {
         });
         SubmitLocked(fx);
       }
+    } else if (absl::Status limit = CheckTenantJobs(
+                   state_.jobs(), spec.tenant(), options_.max_jobs_per_tenant);
+               !limit.ok()) {
+      refused = std::move(limit);
     } else {
       const std::string name = spec.name();
       JournalRecord record;

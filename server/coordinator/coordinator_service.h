@@ -88,6 +88,11 @@ struct CoordinatorOptions {
   // Open sessions per job (each holds a stream, its queue and its leases);
   // a Hello beyond it is RESOURCE_EXHAUSTED.
   int64_t max_sessions_per_job = 65536;
+  // Per tenant (JobSpec.tenant): jobs that exist, and open sessions over
+  // all its jobs. A CreateJob or Hello beyond it is RESOURCE_EXHAUSTED
+  // naming the tenant and the limit. 0 = no limit.
+  int64_t max_jobs_per_tenant = 0;
+  int64_t max_sessions_per_tenant = 0;
   JobLimits job_limits;
   // Participants one Barrier may name.
   int32_t max_barrier_participants = 100000;

@@ -14,6 +14,7 @@
 #include "server/common/status_macros.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/coordinator_service_internal.h"
+#include "server/coordinator/tenant_limits.h"
 
 namespace sluice {
 
@@ -153,6 +154,16 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
             "job ", hello.job(), " has ", open_sessions,
             " open sessions; the limit is ", options_.max_sessions_per_job)),
         fx);
+    return;
+  }
+  if (absl::Status limit =
+          options_.max_sessions_per_tenant > 0
+              ? CheckTenantSessions(state_.jobs(), sessions_.OpenCounts(),
+                                    job->spec.tenant(),
+                                    options_.max_sessions_per_tenant)
+              : absl::OkStatus();
+      !limit.ok()) {
+    FinishSessionLocked(s, std::move(limit), fx);
     return;
   }
   const int32_t ws = job->spec.world_size();

@@ -311,6 +311,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
                    absl::StrCat(QuotePrefix(spec.pool()),
                                 " must be 0-64 characters of [A-Za-z0-9._-]"));
   }
+  if (!ValidPoolName(spec.tenant())) {
+    return Invalid("spec.tenant",
+                   absl::StrCat(QuotePrefix(spec.tenant()),
+                                " must be 0-64 characters of [A-Za-z0-9._-]"));
+  }
   if (spec.weight() < 0 || spec.weight() > kMaxJobWeight) {
     return Invalid("spec.weight",
                    absl::StrCat(spec.weight(), " is outside [0, ",

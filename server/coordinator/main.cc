@@ -137,6 +137,13 @@ ABSL_FLAG(int64_t, max_units_per_epoch, 4000000,
 ABSL_FLAG(int64_t, max_sessions_per_job, 65536,
           "Most open trainer sessions per job; a Hello beyond it is "
           "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_jobs_per_tenant, 0,
+          "Most jobs one tenant (JobSpec.tenant; sluicectl job create "
+          "--tenant) may hold; a CreateJob beyond it is RESOURCE_EXHAUSTED. "
+          "0 = no limit.");
+ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
+          "Most open trainer sessions over all of one tenant's jobs; a Hello "
+          "beyond it is RESOURCE_EXHAUSTED. 0 = no limit.");
 ABSL_FLAG(int32_t, max_barrier_participants, 100000,
           "Most participants one Barrier may name.");
 ABSL_FLAG(int64_t, max_manifest_bytes, 256 << 20,
@@ -285,6 +292,9 @@ class CoordinatorServices : public sluice::ServiceSet {
     options.job_limits.max_units_per_epoch =
         absl::GetFlag(FLAGS_max_units_per_epoch);
     options.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
+    options.max_jobs_per_tenant = absl::GetFlag(FLAGS_max_jobs_per_tenant);
+    options.max_sessions_per_tenant =
+        absl::GetFlag(FLAGS_max_sessions_per_tenant);
     options.max_barrier_participants =
         absl::GetFlag(FLAGS_max_barrier_participants);
     if (options.prefetch_hint_units < 0) {

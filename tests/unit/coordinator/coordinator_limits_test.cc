@@ -84,6 +84,48 @@ TEST(CoordinatorLimitsTest, SessionsPerJobAreCapped) {
   EXPECT_FALSE(sinks[3]->finished.has_value());  // another job's count
 }
 
+// Per-tenant limits: the next job, and the next session over a tenant's
+// jobs, are refused naming the tenant; other tenants are not affected.
+TEST(CoordinatorLimitsTest, TenantsAreCappedInJobsAndSessions) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.wait_for_data_servers = false;
+  options.max_jobs_per_tenant = 2;
+  options.max_sessions_per_tenant = 2;
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  auto spec = [](const char* name, const char* tenant) {
+    v1::JobSpec s = Spec(name, {10}, 1, 1);
+    s.set_tenant(tenant);
+    return s;
+  };
+  ASSERT_OK((*service)->CreateJob(spec("a1", "a")));
+  ASSERT_OK((*service)->CreateJob(spec("a2", "a")));
+  EXPECT_THAT((*service)->CreateJob(spec("a3", "a")),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("tenant \"a\" has 2 jobs; the limit is 2")));
+  ASSERT_OK((*service)->CreateJob(spec("a1", "a")));  // the same job again
+  ASSERT_OK((*service)->CreateJob(spec("b1", "b")));
+  EXPECT_THAT(
+      (*service)->CreateJob(spec("bad", "a b")),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.tenant")));
+
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const char* job : {"a1", "a2", "a1", "b1"}) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    (*service)->OnMessage((*service)->OpenSession(sinks.back()),
+                          Hello(job, 0, absl::StrCat("t", sinks.size())));
+  }
+  EXPECT_FALSE(sinks[0]->finished.has_value());
+  EXPECT_FALSE(sinks[1]->finished.has_value());
+  ASSERT_TRUE(sinks[2]->finished.has_value());
+  EXPECT_THAT(*sinks[2]->finished,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("tenant \"a\" has 2 open sessions")));
+  EXPECT_FALSE(sinks[3]->finished.has_value());  // another tenant's count
+}
+
 // A shuffled job without a window gets the default; a window out of range
 // is refused naming the field.
 TEST_F(CoordinatorServiceTest, ShuffleWindowDefaultsAndLimits) {
