@@ -36,6 +36,21 @@ using ::sluice::testing::SimTrainer;
 using ::sluice::testing::Spec;
 using ::sluice::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Optional;
+
+// Opens a session per entry of `jobs` (a Hello from rank 0, trainer t1,
+// t2, ...); returns, per session, the status it was ended with, if any.
+std::vector<std::optional<absl::Status>> HelloEach(
+    CoordinatorService& service, std::initializer_list<const char*> jobs) {
+  std::vector<std::optional<absl::Status>> ended;
+  for (const char* job : jobs) {
+    auto sink = std::make_shared<RecordingSink>();
+    service.OnMessage(service.OpenSession(sink),
+                      Hello(job, 0, absl::StrCat("t", ended.size() + 1)));
+    ended.push_back(sink->finished);
+  }
+  return ended;
+}
 
 // The planning limits are the operator's (flags): lowered, they apply.
 TEST(CoordinatorLimitsTest, JobLimitsComeFromTheOptions) {
@@ -69,19 +84,13 @@ TEST(CoordinatorLimitsTest, SessionsPerJobAreCapped) {
   ASSERT_OK(service);
   ASSERT_OK((*service)->CreateJob(Spec("j", {10}, 1, 1)));
   ASSERT_OK((*service)->CreateJob(Spec("k", {10}, 1, 1)));
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
-  for (const char* job : {"j", "j", "j", "k"}) {
-    sinks.push_back(std::make_shared<RecordingSink>());
-    (*service)->OnMessage((*service)->OpenSession(sinks.back()),
-                          Hello(job, 0, absl::StrCat("t", sinks.size())));
-  }
-  EXPECT_FALSE(sinks[0]->finished.has_value());
-  EXPECT_FALSE(sinks[1]->finished.has_value());
-  ASSERT_TRUE(sinks[2]->finished.has_value());
-  EXPECT_THAT(*sinks[2]->finished,
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("job j has 2 open sessions")));
-  EXPECT_FALSE(sinks[3]->finished.has_value());  // another job's count
+  const auto ended = HelloEach(**service, {"j", "j", "j", "k"});
+  EXPECT_FALSE(ended[0].has_value());
+  EXPECT_FALSE(ended[1].has_value());
+  EXPECT_THAT(ended[2],
+              Optional(StatusIs(absl::StatusCode::kResourceExhausted,
+                                HasSubstr("job j has 2 open sessions"))));
+  EXPECT_FALSE(ended[3].has_value());  // another job's count
 }
 
 // Per-tenant limits: the next job, and the next session over a tenant's
@@ -111,19 +120,13 @@ TEST(CoordinatorLimitsTest, TenantsAreCappedInJobsAndSessions) {
       (*service)->CreateJob(spec("bad", "a b")),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec.tenant")));
 
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
-  for (const char* job : {"a1", "a2", "a1", "b1"}) {
-    sinks.push_back(std::make_shared<RecordingSink>());
-    (*service)->OnMessage((*service)->OpenSession(sinks.back()),
-                          Hello(job, 0, absl::StrCat("t", sinks.size())));
-  }
-  EXPECT_FALSE(sinks[0]->finished.has_value());
-  EXPECT_FALSE(sinks[1]->finished.has_value());
-  ASSERT_TRUE(sinks[2]->finished.has_value());
-  EXPECT_THAT(*sinks[2]->finished,
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("tenant \"a\" has 2 open sessions")));
-  EXPECT_FALSE(sinks[3]->finished.has_value());  // another tenant's count
+  const auto ended = HelloEach(**service, {"a1", "a2", "a1", "b1"});
+  EXPECT_FALSE(ended[0].has_value());
+  EXPECT_FALSE(ended[1].has_value());
+  EXPECT_THAT(ended[2], Optional(StatusIs(
+                            absl::StatusCode::kResourceExhausted,
+                            HasSubstr("tenant \"a\" has 2 open sessions"))));
+  EXPECT_FALSE(ended[3].has_value());  // another tenant's count
 }
 
 // A shuffled job without a window gets the default; a window out of range
