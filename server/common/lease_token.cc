@@ -44,6 +44,7 @@ std::string CanonicalLeaseBytes(const v1::Lease& lease) {
   PutInt(&out, lease.on_corrupt());
   PutInt(&out, lease.expires_at_unix_ms());
   PutInt(&out, lease.weight());
+  PutString(&out, lease.tenant());
   PutString(&out, UnitKindName(unit));
   const auto put_pieces = [&out](const auto& pieces) {
     PutInt(&out, pieces.size());

@@ -7,8 +7,8 @@
 //   then, in this order, strings as u32 length + bytes and integers as
 //   8-byte two's complement:
 //   lease_id, fence, job, epoch, rank, unit.begin, unit.end, unit.sequence,
-//   data_server, on_corrupt, expires_at_unix_ms, weight, the unit's kind as
-//   a string ("shard", "window", "mixed", "unset");
+//   data_server, on_corrupt, expires_at_unix_ms, weight, tenant, the unit's
+//   kind as a string ("shard", "window", "mixed", "unset");
 //   then for a ShardRange: shard_index, url, size_bytes, checksum;
 //   for a WindowUnit: window_index, window_order, the pieces;
 //   for a MixedUnit: block_index, the number of mix_samples and each, the

@@ -171,6 +171,7 @@ v1::Lease LeaseToProto(const LeaseEntry& lease, const JobData& job,
   out.set_on_corrupt(job.spec.on_corrupt());
   out.set_augment_seed(job.spec.seed());
   out.set_weight(std::max(job.spec.weight(), 1));
+  out.set_tenant(job.spec.tenant());
   return out;
 }
 

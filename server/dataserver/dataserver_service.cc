@@ -49,10 +49,13 @@ DataServerService::DataServerService(DataServerOptions options)
     return GetIndex(s);
   };
   stream_context_.before_decode = options_.before_decode;
-  stream_context_.stream_ended = [this] {
+  stream_context_.stream_ended = [this](const v1::Lease& lease) {
     {
       absl::MutexLock lock(&mu_);
       --active_streams_;
+      auto it = tenant_streams_.find(lease.tenant());
+      if (it != tenant_streams_.end() && --it->second == 0)
+        tenant_streams_.erase(it);
     }
     if (options_.metrics != nullptr)
       options_.metrics->active_streams.Decrement();
@@ -270,6 +273,19 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
                       : v1::CORRUPT_POLICY_SKIP;
   {
     absl::MutexLock lock(&mu_);
+    if (const int32_t limit = options_.max_streams_per_tenant; limit > 0) {
+      int& open = tenant_streams_[lease.tenant()];
+      if (open >= limit) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "lease ", QuotePrefix(lease.lease_id()), ": ",
+            lease.tenant().empty()
+                ? std::string("the default tenant")
+                : absl::StrCat("tenant ", QuotePrefix(lease.tenant())),
+            " has ", open, " streams open on this data server; the limit is ",
+            limit, " (--max_streams_per_tenant)"));
+      }
+      ++open;
+    }
     ++active_streams_;
   }
   if (options_.metrics != nullptr) options_.metrics->active_streams.Increment();

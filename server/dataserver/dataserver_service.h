@@ -64,6 +64,9 @@ struct DataServerOptions {
   // Estimated memory of the samples being decoded, across all streams
   // (decode_budget.h); <= 0 = no bound.
   int64_t max_decode_memory = int64_t{1} << 30;
+  // Streams open at once per tenant (Lease.tenant); a ReadSamples beyond it
+  // is RESOURCE_EXHAUSTED naming the tenant and the limit. 0 = no limit.
+  int32_t max_streams_per_tenant = 0;
   DataServerMetrics* metrics = nullptr;  // may be null
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard).
@@ -142,6 +145,8 @@ class DataServerService {
       std::pair<std::string, std::shared_ptr<const std::vector<uint16_t>>>>
       labels_ ABSL_GUARDED_BY(mu_);
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open streams by tenant, with --max_streams_per_tenant (none at 0).
+  absl::flat_hash_map<std::string, int> tenant_streams_ ABSL_GUARDED_BY(mu_);
   FenceTracker fences_ ABSL_GUARDED_BY(mu_);
 
   // What this server's streams use of it.

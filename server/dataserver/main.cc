@@ -80,6 +80,10 @@ ABSL_FLAG(int, index_cache_entries, 4096,
           "Shard indexes kept in memory (LRU).");
 ABSL_FLAG(int, decode_threads, 0,
           "Worker threads for tar reading and decoding; 0 = one per core.");
+ABSL_FLAG(int32_t, max_streams_per_tenant, 0,
+          "Streams one tenant's readers (JobSpec.tenant) may have open on "
+          "this server at once; a read beyond it is RESOURCE_EXHAUSTED and "
+          "the reader retries it with back-off. 0 = no limit.");
 ABSL_FLAG(int64_t, default_batch_bytes, 1 << 20,
           "SampleBatch size when a request does not set max_batch_bytes.");
 ABSL_FLAG(int64_t, max_image_pixels, sluice::dataserver::kDefaultMaxImagePixels,
@@ -228,6 +232,8 @@ class DataServerServices : public sluice::ServiceSet {
     options.default_batch_bytes = absl::GetFlag(FLAGS_default_batch_bytes);
     options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
     options.max_image_pixels = absl::GetFlag(FLAGS_max_image_pixels);
+    options.max_streams_per_tenant =
+        absl::GetFlag(FLAGS_max_streams_per_tenant);
     options.lease_clock_skew = absl::GetFlag(FLAGS_lease_clock_skew);
     options.max_sample_bytes = absl::GetFlag(FLAGS_max_sample_bytes);
     options.max_decode_memory = absl::GetFlag(FLAGS_max_decode_memory);

@@ -121,7 +121,7 @@ void SampleStream::Schedule(std::function<void()> task) {
 }
 
 SampleStream::~SampleStream() {
-  if (context_->stream_ended) context_->stream_ended();
+  if (context_->stream_ended) context_->stream_ended(params_.lease);
 }
 
 size_t SampleStream::WindowSamples() const {

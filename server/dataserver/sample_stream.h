@@ -65,8 +65,9 @@ struct StreamContext {
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard). May be empty.
   std::function<void(int64_t index)> before_decode;
-  // Called once by each stream as it is destroyed. May be empty.
-  std::function<void()> stream_ended;
+  // Called once by each stream as it is destroyed, with its lease. May be
+  // empty.
+  std::function<void(const v1::Lease& lease)> stream_ended;
 };
 
 class SampleStream : public std::enable_shared_from_this<SampleStream> {

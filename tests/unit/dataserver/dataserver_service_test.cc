@@ -19,6 +19,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 #include "tests/unit/dataserver/stream_reading.h"
 
 namespace sluice::dataserver {
@@ -139,6 +140,7 @@ class DataServerServiceTest : public ::testing::Test {
     options.decode_threads = 2;
     options.metrics = &metrics_;
     options.before_decode = std::move(before_decode);
+    options.max_streams_per_tenant = max_streams_per_tenant_;
     auto service = DataServerService::Create(std::move(options));
     ASSERT_OK(service.status());
     service_ = *std::move(service);
@@ -170,6 +172,7 @@ class DataServerServiceTest : public ::testing::Test {
   prometheus::Registry registry_;
   DataServerMetrics metrics_{registry_};
   CountingStore* store_ = nullptr;
+  int32_t max_streams_per_tenant_ = 0;
   std::unique_ptr<DataServerService> service_;
 };
 
@@ -187,6 +190,41 @@ TEST_F(DataServerServiceTest, RawRangeInOrderWithExactBytes) {
     EXPECT_EQ(s.fields(1).raw(), std::to_string(3 + i));
   }
   EXPECT_EQ(metrics_.samples_served.Value(), 9);
+}
+
+// --max_streams_per_tenant: a tenant's next stream beyond the limit is
+// refused naming the tenant and the flag; another tenant's is not; a
+// stream that ends frees its place.
+TEST_F(DataServerServiceTest, StreamsPerTenantAreCapped) {
+  max_streams_per_tenant_ = 2;
+  Make("");
+  auto request = [&](const char* tenant, int unit) {
+    v1::ReadRequest r = Request(0, 5);
+    r.mutable_lease()->set_lease_id(absl::StrCat("j/e0/u", unit, "/f1"));
+    r.mutable_lease()->set_tenant(tenant);
+    return r;
+  };
+  auto first = service_->ReadSamples(request("a", 1));
+  ASSERT_OK(first.status());
+  auto second = service_->ReadSamples(request("a", 2));
+  ASSERT_OK(second.status());
+  EXPECT_THAT(service_->ReadSamples(request("a", 3)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("tenant \"a\" has 2 streams open on this "
+                                 "data server; the limit is 2 "
+                                 "(--max_streams_per_tenant)")));
+  auto other = service_->ReadSamples(request("b", 4));
+  ASSERT_OK(other.status());
+  EXPECT_EQ(service_->active_streams(), 3);
+
+  std::weak_ptr<SampleStream> weak = *first;
+  ASSERT_OK(ReadAll(**first).status());
+  first->reset();
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return weak.expired(); }, absl::Seconds(20)));
+  auto third = service_->ReadSamples(request("a", 3));
+  ASSERT_OK(third.status());
+  EXPECT_EQ(Samples(*ReadAll(**third)).size(), 5u);
 }
 
 TEST_F(DataServerServiceTest, StartResumesInsideTheUnit) {

@@ -45,7 +45,7 @@ TEST(SampleStreamTest, AStreamRunsOnItsContextAlone) {
     ++indexed;
     return std::make_shared<const ShardIndex>(BuildShardIndex(shard));
   };
-  context.stream_ended = [&] { ++ended; };
+  context.stream_ended = [&](const v1::Lease&) { ++ended; };
 
   SampleStream::Params params;
   SampleStream::Piece piece;
