@@ -163,7 +163,7 @@ void CoordinatorService::HandleHelloLocked(Session& s, const v1::Hello& hello,
                                     options_.max_sessions_per_tenant)
               : absl::OkStatus();
       !limit.ok()) {
-    FinishSessionLocked(s, std::move(limit), fx);
+    FinishSessionLocked(s, limit, fx);
     return;
   }
   const int32_t ws = job->spec.world_size();
