@@ -218,9 +218,11 @@ TEST_F(ReaderTest, HungAndDeadDataServersAreRoutedAround) {
 // of its lease back (the reader Releases it), and the rest is read from the
 // other server. Nothing is re-routed, nothing read twice or lost.
 TEST_F(ReaderTest, ADrainingDataServerHandsItsUnitsBackWithoutAReroute) {
-  // 400 KB samples: a unit's stream stays open while the reader consumes
-  // it, its samples more than the transport buffers.
-  StartCluster(8, 50, 2, 400 << 10, {"--drain_timeout=2s"});
+  // Units of 100 x 400 KB: a unit's stream stays open while the reader
+  // consumes it. With 50-sample units the flow-control windows and socket
+  // buffers sometimes held all of a unit's rest (about 19 MB), and nothing
+  // was left to hand back.
+  StartCluster(4, 100, 2, 400 << 10, {"--drain_timeout=2s"});
   CreateJob("drain", 1, 1);
   // A stall is not what this test is about: under ThreadSanitizer, with
   // 400 KB samples, 300 ms without a batch can happen on a loaded machine
@@ -231,7 +233,7 @@ TEST_F(ReaderTest, ADrainingDataServerHandsItsUnitsBackWithoutAReroute) {
   bool stopped = false;
   std::map<int, int> read_there;  // samples of each unit read from it
   Seen seen = ReadAll(*reader, [&](int64_t, const Sample& sample) {
-    // At the second sample of a unit read from the server, with 48 x 400 KB
+    // At the second sample of a unit read from the server, with 98 x 400 KB
     // of it still to come (more than the transport buffers), the server is
     // stopped, and the trainer takes no sample until half the drain timeout
     // has passed: the stream is still open then, and is handed back.
