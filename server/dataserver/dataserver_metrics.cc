@@ -99,6 +99,13 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
                     "process's accounting).")
               .Register(r)
               .Add({})),
+      shared_decode_bytes(
+          prometheus::BuildGauge()
+              .Name("sluice_dataserver_shared_decode_bytes")
+              .Help("Bytes of decoded images held for the jobs that read the "
+                    "same shards (--shared_decode_bytes).")
+              .Register(r)
+              .Add({})),
       decode_seconds_(
           prometheus::BuildHistogram()
               .Name("sluice_dataserver_decode_seconds")
@@ -126,6 +133,13 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
       corrupt_(
           Counters(r, "sluice_dataserver_corrupt_samples_total",
                    "Corrupt samples found, under either policy, by reason.")),
+      shared_decodes_(Counters(
+          r, "sluice_dataserver_shared_decodes_total",
+          "JPEG fields of shards that other jobs read at the same time: hit "
+          "= decoded once for another job and reused, miss = decoded by this "
+          "job and kept for the others.")),
+      shared_decode_hits_(shared_decodes_.Add({{"result", "hit"}})),
+      shared_decode_misses_(shared_decodes_.Add({{"result", "miss"}})),
       stream_errors_(Counters(r, "sluice_dataserver_stream_errors_total",
                               "ReadSamples/IndexShard calls that ended in an "
                               "error, by gRPC status code.")),
@@ -152,6 +166,10 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
   for (int code = 1; code <= 16; ++code) {
     StreamErrors(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
   }
+}
+
+prometheus::Counter& DataServerMetrics::SharedDecodes(bool hit) {
+  return hit ? shared_decode_hits_ : shared_decode_misses_;
 }
 
 prometheus::Counter& DataServerMetrics::BytesServed(Locality locality) {

@@ -72,6 +72,11 @@ class DataServerMetrics {
   prometheus::Counter& cache_downloaded_bytes;
   prometheus::Histogram& cache_download_seconds;
   prometheus::Gauge& cache_bytes;
+  // Shared decoding (--shared_decode_bytes): JPEG fields of shards that
+  // other jobs read too, by whether another stream had decoded the image
+  // (hit) or this one decoded it (miss); and the pixels held.
+  prometheus::Counter& SharedDecodes(bool hit);
+  prometheus::Gauge& shared_decode_bytes;
 
  private:
   prometheus::Family<prometheus::Histogram>& decode_seconds_;
@@ -80,6 +85,9 @@ class DataServerMetrics {
   prometheus::Family<prometheus::Counter>& job_samples_;
   prometheus::Family<prometheus::Counter>& job_cpu_seconds_;
   prometheus::Family<prometheus::Counter>& corrupt_;
+  prometheus::Family<prometheus::Counter>& shared_decodes_;
+  prometheus::Counter& shared_decode_hits_;
+  prometheus::Counter& shared_decode_misses_;
   prometheus::Family<prometheus::Counter>& stream_errors_;
   prometheus::Family<prometheus::Counter>& download_failures_;
   prometheus::Family<prometheus::Counter>& bytes_served_;

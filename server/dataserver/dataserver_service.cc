@@ -41,6 +41,11 @@ DataServerService::DataServerService(DataServerOptions options)
       pool_(options_.decode_threads) {
   stream_context_.pool = &pool_;
   stream_context_.decode_budget = &decode_budget_;
+  if (options_.shared_decode_bytes > 0) {
+    decoded_images_ =
+        std::make_unique<DecodedImageCache>(options_.shared_decode_bytes);
+    stream_context_.decoded_images = decoded_images_.get();
+  }
   stream_context_.store = options_.store.get();
   stream_context_.metrics = options_.metrics;
   stream_context_.prefetch_messages = options_.prefetch_messages;

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/decode_budget.h"
+#include "server/dataserver/decoded_image_cache.h"
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/fair_pool.h"
 #include "server/dataserver/fence_tracker.h"
@@ -67,6 +68,10 @@ struct DataServerOptions {
   // Streams open at once per tenant (Lease.tenant); a ReadSamples beyond it
   // is RESOURCE_EXHAUSTED naming the tenant and the limit. 0 = no limit.
   int32_t max_streams_per_tenant = 0;
+  // Decoded images kept for jobs that read the same shard at the same time
+  // (decoded_image_cache.h), in bytes of pixels; 0 = every job decodes its
+  // own.
+  int64_t shared_decode_bytes = int64_t{256} << 20;
   DataServerMetrics* metrics = nullptr;  // may be null
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard).
@@ -115,6 +120,8 @@ class DataServerService {
 
   FairPool& pool() { return pool_; }
   DecodeMemoryBudget& decode_budget() { return decode_budget_; }
+  // Null when --shared_decode_bytes is 0.
+  DecodedImageCache* decoded_images() { return decoded_images_.get(); }
   DataServerMetrics* metrics() { return options_.metrics; }
   const DataServerOptions& options() const { return options_; }
 
@@ -135,6 +142,7 @@ class DataServerService {
   DataServerOptions options_;
   SampleIndexCache index_cache_;
   DecodeMemoryBudget decode_budget_;
+  std::unique_ptr<DecodedImageCache> decoded_images_;  // null = off
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

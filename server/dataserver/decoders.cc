@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/stubs/common.h"
 #include "server/common/status_macros.h"
+#include "server/dataserver/decoded_image_cache.h"
 #include "server/dataserver/image_transforms.h"
 
 namespace sluice::dataserver {
@@ -472,6 +473,23 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
     rgb.channels = 3;
     rgb.stride = static_cast<size_t>(scaled_w) * 3;
     return Transform(CropImage(rgb, x0, y0, x1 - x0, y1 - y0), r, first,
+                     options);
+  }
+  if (options.shared != nullptr && options.shared->cache != nullptr) {
+    // The whole image at this scale, shared with the other jobs reading
+    // it; the window is a view of it. (A Resize + CenterCrop over the
+    // whole image gives what its framed decode below gives.)
+    absl::StatusOr<ImageBuffer> whole = options.shared->cache->GetOrDecode(
+        options.shared->key, eighths,
+        [&]() -> absl::StatusOr<ImageBuffer> {
+          ImageBuffer image;
+          RETURN_IF_ERROR(DecodeJpegWindow(data, eighths, 0, 0, scaled_w,
+                                           scaled_h, false, &image));
+          return image;
+        },
+        &options.shared->hit);
+    if (!whole.ok()) return whole.status();
+    return Transform(CropImage(*whole, x0, y0, x1 - x0, y1 - y0), r, first,
                      options);
   }
   ImageBuffer window;

@@ -42,7 +42,17 @@ const char* CodecName(Codec codec);
 // PIL's DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS).
 inline constexpr int64_t kDefaultMaxImagePixels = 178956970;
 
+class DecodedImageCache;
 class ImageTransforms;
+
+// Shared decoding (decoded_image_cache.h): a JPEG is decoded whole at the
+// DCT scale its transforms need, through `cache` under `key`, and its
+// window is cropped from that (the same pixels as a window decode).
+struct SharedDecode {
+  DecodedImageCache* cache = nullptr;
+  std::string key;   // DecodedImageCache::ImageKey
+  bool hit = false;  // set by the decoder: another call decoded the image
+};
 
 struct ImageOptions {
   // Shorthand for transforms [Resize(shorter side), CenterCrop(h, w)], used
@@ -60,6 +70,9 @@ struct ImageOptions {
   Interpolation interpolation = Interpolation::kBilinear;
   // Time per kind of transform step is added here when non-null.
   TransformTimes* times = nullptr;
+  // Non-null: JPEGs decode through the shared cache (other codecs ignore
+  // it).
+  SharedDecode* shared = nullptr;
 };
 
 // An image's size from its header, without decoding pixels.

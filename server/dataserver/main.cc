@@ -106,6 +106,12 @@ ABSL_FLAG(int64_t, max_decode_memory, int64_t{1} << 30,
           "sample waits for room before it is decoded, in the order samples "
           "were read. One "
           "sample larger than this still decodes, alone. 0 = no bound.");
+ABSL_FLAG(int64_t, shared_decode_bytes, int64_t{256} << 20,
+          "Bytes of decoded images kept for jobs that read the same shard at "
+          "the same time (a sweep of trials over one dataset): each JPEG is "
+          "then decoded once, whole, and every job crops and transforms its "
+          "own view of it (the same tensors as a job alone). Used only for "
+          "shards that another job has a stream open on. 0 = off.");
 ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
           "Upper bound on a request's max_batch_bytes (clients must accept "
           "messages this big).");
@@ -237,6 +243,11 @@ class DataServerServices : public sluice::ServiceSet {
     options.lease_clock_skew = absl::GetFlag(FLAGS_lease_clock_skew);
     options.max_sample_bytes = absl::GetFlag(FLAGS_max_sample_bytes);
     options.max_decode_memory = absl::GetFlag(FLAGS_max_decode_memory);
+    options.shared_decode_bytes = absl::GetFlag(FLAGS_shared_decode_bytes);
+    if (options.shared_decode_bytes < 0) {
+      return absl::InvalidArgumentError(
+          "--shared_decode_bytes must be 0 (off) or positive");
+    }
     if (options.default_batch_bytes <= 0 || options.max_batch_bytes <= 0) {
       return absl::InvalidArgumentError(
           "--default_batch_bytes and --max_batch_bytes must be positive");

@@ -86,6 +86,11 @@ SampleStream::SampleStream(const StreamContext* context, Params params)
     pieces_[k].shard = params_.pieces[k].shard;
     if (pieces_[k].shard == nullptr) ++pieces_missing_;
   }
+  if (context_->decoded_images != nullptr && params_.decode) {
+    for (const Piece& piece : params_.pieces)
+      context_->decoded_images->StreamOpened(piece.ref.url,
+                                             params_.lease.job());
+  }
   if (context_->metrics != nullptr) {
     const std::string job = params_.lease.job().substr(0, 128);
     job_samples_ = &context_->metrics->JobSamples(job);
@@ -121,6 +126,11 @@ void SampleStream::Schedule(std::function<void()> task) {
 }
 
 SampleStream::~SampleStream() {
+  if (context_->decoded_images != nullptr && params_.decode) {
+    for (const Piece& piece : params_.pieces)
+      context_->decoded_images->StreamClosed(piece.ref.url,
+                                             params_.lease.job());
+  }
   if (context_->stream_ended) context_->stream_ended(params_.lease);
 }
 
@@ -601,6 +611,7 @@ void SampleStream::DecodeSample(Slot& slot) {
     ImageOptions image = params_.image;
     Geometry field_geometry;
     TransformTimes times;
+    SharedDecode shared;
     absl::StatusOr<DecodedField> decoded = absl::UnknownError("not decoded");
     const bool is_image = codec == Codec::kJpeg || codec == Codec::kPng;
     if (is_image) {
@@ -619,7 +630,24 @@ void SampleStream::DecodeSample(Slot& slot) {
         image.geometry = &field_geometry;
         image.interpolation = transforms.InterpolationFor(field.name);
         image.times = &times;
+        // Another job reads this shard now: the image is decoded once for
+        // both (decoded_image_cache.h).
+        const std::string& url =
+            params_.pieces[static_cast<size_t>(slot.piece)].ref.url;
+        if (codec == Codec::kJpeg && context_->decoded_images != nullptr &&
+            context_->decoded_images->SharedWithOtherJob(url,
+                                                         params_.lease.job())) {
+          shared.cache = context_->decoded_images;
+          shared.key = DecodedImageCache::ImageKey(url, raw.index, field.name,
+                                                   f.data.bytes);
+          image.shared = &shared;
+        }
         decoded = DecodeField(codec, f.data, image);
+        if (image.shared != nullptr && metrics != nullptr) {
+          metrics->SharedDecodes(shared.hit).Increment();
+          metrics->shared_decode_bytes.Set(
+              static_cast<double>(shared.cache->stats().bytes));
+        }
       }
     } else {
       decoded = DecodeField(codec, f.data, image);

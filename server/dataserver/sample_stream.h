@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/dataserver/dataserver_metrics.h"
 #include "server/dataserver/decode_budget.h"
+#include "server/dataserver/decoded_image_cache.h"
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/fair_pool.h"
 #include "server/dataserver/image_transforms.h"
@@ -65,6 +66,8 @@ struct StreamContext {
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard). May be empty.
   std::function<void(int64_t index)> before_decode;
+  // Decoded images shared between jobs reading the same shard; null = none.
+  DecodedImageCache* decoded_images = nullptr;
   // Called once by each stream as it is destroyed, with its lease. May be
   // empty.
   std::function<void(const v1::Lease& lease)> stream_ended;
