@@ -127,8 +127,7 @@ bool CoordinatorService::GrantOneLocked(Session& s, const JobData& job,
   const std::string lease_id = grant.record.lease_granted().lease_id();
   const int64_t samples = grant.piece.size();
   if (!CommitLocked(std::move(grant.record), fx).ok()) return false;
-  LeaseEntry entry =
-      LiveLease(job.leases.at(lease_id), job.spec.name(), job.epoch);
+  LeaseEntry entry = LiveLease(job.leases.at(lease_id), job);
   entry.data_server = std::move(grant.data_server);
   if (absl::Status added = leases_.Add(std::move(entry), TtlLocked(job));
       !added.ok()) {

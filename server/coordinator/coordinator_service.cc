@@ -30,7 +30,8 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options)
       leases_(options.clock),
       data_servers_(options.clock, 3 * options.heartbeat_interval),
       granter_(&queues_, &data_servers_, options.clock,
-               options.prefetch_hint_units),
+               options.prefetch_hint_units,
+               options.steer_shared_shards ? &leases_ : nullptr),
       planner_(std::make_unique<ThreadPool>(1)),
       compactor_(std::make_unique<ThreadPool>(1)) {}
 
@@ -57,7 +58,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   for (const auto& [name, job] : service->state_.jobs()) {
     service->RebuildQueuesLocked(name);
     for (const auto& [id, d] : job.leases) {
-      RETURN_IF_ERROR(service->leases_.Add(LiveLease(d, name, job.epoch),
+      RETURN_IF_ERROR(service->leases_.Add(LiveLease(d, job),
                                            service->RecoveryTtlLocked(job)));
     }
   }

@@ -64,6 +64,10 @@ struct CoordinatorOptions {
   // Upcoming units looked at after each grant for data servers' prefetch
   // hints; 0 = no hints.
   int prefetch_hint_units = 8;
+  // Grants of dynamic jobs prefer units of shards other jobs read at the
+  // same time (Granter), so that data servers decode their images once
+  // for all of them.
+  bool steer_shared_shards = true;
   // How the data servers the jobs need is estimated (fleet_sizer.h),
   // every `fleet_interval`.
   FleetSizerOptions fleet;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/epoch_planner.h"
 #include "server/coordinator/lease_table.h"
 #include "sluice/v1/coordinator.pb.h"
 
@@ -58,13 +59,16 @@ inline v1::CoordinatorMessage Rejected(const std::string& lease_id,
 }
 
 // The live-table form of a lease from its durable record.
-inline LeaseEntry LiveLease(const DurableLease& d, const std::string& job,
-                            int64_t epoch) {
+inline LeaseEntry LiveLease(const DurableLease& d, const JobData& job) {
   LeaseEntry lease;
   lease.lease_id = d.lease_id;
   lease.fence = d.fence;
-  lease.job = job;
-  lease.epoch = epoch;
+  lease.job = job.spec.name();
+  lease.epoch = job.epoch;
+  if (job.mix == nullptr && !UsesWindows(job.options) &&
+      d.shard_index < job.spec.manifest().shards_size()) {
+    lease.shard_url = job.spec.manifest().shards(d.shard_index).url();
+  }
   lease.rank = d.rank;
   lease.worker = d.worker;
   lease.shard_index = d.shard_index;

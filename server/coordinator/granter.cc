@@ -54,8 +54,21 @@ std::variant<Granter::Grant, Granter::Wait> Granter::Next(
   // The first piece this reader may take: an expired lease's remainder goes
   // back to its own slot while that slot keeps it.
   WorkQueues::Shortage shortage = WorkQueues::Shortage::kNone;
-  std::optional<Piece> piece =
-      queues_->Take(job, slot, limit, keeps, &shortage);
+  std::optional<Piece> piece;
+  if (leases_ != nullptr && job.spec.mode() == v1::MODE_DYNAMIC &&
+      job.mix == nullptr && !UsesWindows(job.options) &&
+      leases_->OtherJobs(job.spec.name()) > 0) {
+    piece = queues_->Take(
+        job, slot, limit, keeps,
+        [&](const Piece& p) {
+          return leases_->ReadByOtherJob(
+              job.spec.manifest().shards(p.shard_index).url(), job.spec.name(),
+              p.begin, p.end);
+        },
+        &shortage);
+  } else {
+    piece = queues_->Take(job, slot, limit, keeps, &shortage);
+  }
   if (!piece.has_value()) {
     return Wait{
         v1::WAITING_NO_WORK_LEFT,

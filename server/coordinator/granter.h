@@ -27,6 +27,7 @@
 #include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/data_server_registry.h"
 #include "server/coordinator/durable_outbox.h"
+#include "server/coordinator/lease_table.h"
 #include "server/coordinator/session_table.h"
 #include "server/coordinator/work_queues.h"
 #include "sluice/v1/coordinator.pb.h"
@@ -36,13 +37,21 @@ namespace sluice {
 
 class Granter {
  public:
-  // `queues`, `registry` and `clock` outlive the Granter. Hints name at
-  // most `prefetch_hint_units` units ahead (0 = none).
+  // `queues`, `registry`, `clock` and `leases` outlive the Granter. Hints
+  // name at most `prefetch_hint_units` units ahead (0 = none). With
+  // `leases`, grants of dynamic jobs whose units are ranges of one shard
+  // are steered: among the next WorkQueues::kSteerLookahead pieces, the
+  // first one that a live lease of another job also reads (some of the same
+  // samples of the same shard) is taken before the front. Both jobs then
+  // read that shard from the same data server at about the same time, and
+  // it decodes each image once for both (decoded_image_cache.h). Null = the
+  // front piece always.
   Granter(WorkQueues* queues, DataServerRegistry* registry, Clock* clock,
-          int prefetch_hint_units)
+          int prefetch_hint_units, const LeaseTable* leases = nullptr)
       : queues_(queues),
         registry_(registry),
         clock_(clock),
+        leases_(leases),
         prefetch_hint_units_(prefetch_hint_units) {}
 
   struct Grant {
@@ -83,6 +92,7 @@ class Granter {
   WorkQueues* const queues_;
   DataServerRegistry* const registry_;
   Clock* const clock_;
+  const LeaseTable* const leases_;  // null = no steering
   const int prefetch_hint_units_;
 };
 

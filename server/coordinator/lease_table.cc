@@ -38,6 +38,8 @@ absl::Status LeaseTable::Add(LeaseEntry lease, absl::Duration ttl) {
   }
   const std::string id = lease.lease_id;
   by_holder_[lease.holder].push_back(id);
+  ++jobs_[lease.job];
+  if (!lease.shard_url.empty()) by_url_[lease.shard_url].insert(id);
   LeaseEntry& stored = leases_.emplace(id, std::move(lease)).first->second;
   Schedule(stored, ttl);
   return absl::OkStatus();
@@ -88,7 +90,29 @@ absl::StatusOr<LeaseEntry> LeaseTable::Remove(const std::string& lease_id) {
     ids.erase(std::remove(ids.begin(), ids.end(), lease_id), ids.end());
     if (ids.empty()) by_holder_.erase(holder);
   }
+  if (auto job = jobs_.find(lease.job);
+      job != jobs_.end() && --job->second <= 0) {
+    jobs_.erase(job);
+  }
+  if (!lease.shard_url.empty()) {
+    auto url = by_url_.find(lease.shard_url);
+    if (url != by_url_.end()) {
+      url->second.erase(lease_id);
+      if (url->second.empty()) by_url_.erase(url);
+    }
+  }
   return lease;
+}
+
+bool LeaseTable::ReadByOtherJob(const std::string& url, const std::string& job,
+                                int64_t begin, int64_t end) const {
+  auto it = by_url_.find(url);
+  if (it == by_url_.end()) return false;
+  for (const std::string& id : it->second) {
+    const LeaseEntry& other = leases_.at(id);
+    if (other.job != job && other.begin < end && begin < other.end) return true;
+  }
+  return false;
 }
 
 void LeaseTable::SetTokenExpiry(const std::string& lease_id, absl::Time at) {

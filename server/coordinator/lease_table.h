@@ -48,7 +48,10 @@ struct LeaseEntry {
   int64_t sequence = 0;
   std::string holder;       // trainer_id
   std::string data_server;  // where the holder reads it
-  int64_t consumed = 0;     // from the last accepted Progress
+  // The shard it reads, when its unit is a range of one shard ("" for
+  // window and mixed units): what other jobs' grants are steered towards.
+  std::string shard_url;
+  int64_t consumed = 0;  // from the last accepted Progress
   absl::Time expires_at;
   // The expiry signed into the token the holder has (see lease_token.h).
   absl::Time token_expires_at;
@@ -108,6 +111,14 @@ class LeaseTable {
     return it == by_holder_.end() ? 0 : it->second.size();
   }
   size_t size() const { return leases_.size(); }
+  // Jobs other than `job` holding live leases.
+  size_t OtherJobs(const std::string& job) const {
+    return jobs_.size() - jobs_.count(job);
+  }
+  // Whether a live lease of a job other than `job` reads some of samples
+  // [begin, end) of shard `url`.
+  bool ReadByOtherJob(const std::string& url, const std::string& job,
+                      int64_t begin, int64_t end) const;
   // Expiry heap entries, removed leases' included (at most 2 * size() + 64
   // after any call that adds or renews).
   size_t heap_entries() const { return heap_.size(); }
@@ -146,6 +157,9 @@ class LeaseTable {
   };
   absl::btree_map<std::string, Armed> armed_;
   absl::btree_map<std::string, std::vector<std::string>> by_holder_;
+  // Live leases per job; lease ids per shard_url (those that have one).
+  std::map<std::string, int> jobs_;
+  std::map<std::string, std::set<std::string>> by_url_;
   // A deque: growing it never moves the entries it has.
   std::priority_queue<HeapEntry, std::deque<HeapEntry>, std::greater<HeapEntry>>
       heap_;

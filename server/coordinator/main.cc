@@ -92,6 +92,13 @@ ABSL_FLAG(int, prefetch_hint_units, 8,
           "data servers they will be routed to a PrefetchHint for their remote "
           "shards "
           "(http/https/s3). 0 = no hints.");
+ABSL_FLAG(bool, steer_shared_shards, true,
+          "Grant a dynamic job's reader, among the next 64 units of its queue, "
+          "one of a shard another job is reading now, before the front one: "
+          "jobs over the same dataset (a sweep of trials) then read each "
+          "shard together, and the data server decodes each image once for "
+          "all of them (its --shared_decode_bytes). Static jobs keep their "
+          "planned order.");
 ABSL_FLAG(std::string, lease_secret_file, "",
           "File holding the lease-token secret shared with the data servers "
           "(HMAC-SHA256 over each lease). Empty = leases carry no token.");
@@ -286,6 +293,7 @@ class CoordinatorServices : public sluice::ServiceSet {
       _exit(74);
     };
     options.prefetch_hint_units = absl::GetFlag(FLAGS_prefetch_hint_units);
+    options.steer_shared_shards = absl::GetFlag(FLAGS_steer_shared_shards);
     options.manifest_roots = absl::GetFlag(FLAGS_manifest_roots);
     options.max_manifest_bytes = absl::GetFlag(FLAGS_max_manifest_bytes);
     options.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);

@@ -55,19 +55,35 @@ std::deque<Piece>& WorkQueues::QueueOf(const JobData& job, int32_t slot) {
 std::optional<Piece> WorkQueues::Take(
     const JobData& job, int32_t slot, int64_t limit,
     absl::FunctionRef<bool(int32_t slot)> keeps, Shortage* why) {
+  return Take(
+      job, slot, limit, keeps, [](const Piece&) { return false; }, why);
+}
+
+std::optional<Piece> WorkQueues::Take(
+    const JobData& job, int32_t slot, int64_t limit,
+    absl::FunctionRef<bool(int32_t slot)> keeps,
+    absl::FunctionRef<bool(const Piece&)> prefer, Shortage* why) {
   std::deque<Piece>& queue = QueueOf(job, slot);
   if (queue.empty()) {
     *why = Shortage::kEmpty;
     return std::nullopt;
   }
+  const auto may_take = [&](const Piece& p) {
+    return p.returned_to < 0 || p.returned_to == slot || !keeps(p.returned_to);
+  };
   auto it = queue.begin();
-  while (it != queue.end() && it->returned_to >= 0 && it->returned_to != slot &&
-         keeps(it->returned_to)) {
-    ++it;
-  }
+  while (it != queue.end() && !may_take(*it)) ++it;
   if (it == queue.end()) {
     *why = Shortage::kOthersRemainders;
     return std::nullopt;
+  }
+  int looked = 0;
+  for (auto next = it; next != queue.end() && looked < kSteerLookahead;
+       ++next, ++looked) {
+    if (may_take(*next) && prefer(*next)) {
+      it = next;
+      break;
+    }
   }
   Piece piece = *it;
   it = queue.erase(it);

@@ -3,8 +3,9 @@
 //
 // A static job with a world size has one queue per reader slot (its plan
 // gives each slot its own units); every other job one queue its readers
-// share. A grant takes the front piece a slot may read (Take), split at the
-// reader's quota with the rest left in front; a lease's unread remainder
+// share. A grant takes the front piece a slot may read (Take), or one a
+// little further on that the caller prefers, split at the reader's quota
+// with the rest left in its place; a lease's unread remainder
 // comes back to the front of its slot's queue (Return), and an expired
 // lease's remainder is skipped by other slots while its own slot keeps it
 // for its reader to come back. The queues are derived, never journaled:
@@ -62,6 +63,13 @@ class WorkQueues {
   std::optional<Piece> Take(const JobData& job, int32_t slot, int64_t limit,
                             absl::FunctionRef<bool(int32_t slot)> keeps,
                             Shortage* why);
+  // The same, taking instead the first piece within kSteerLookahead of the
+  // front that the slot may read and `prefer`s, when there is one.
+  std::optional<Piece> Take(const JobData& job, int32_t slot, int64_t limit,
+                            absl::FunctionRef<bool(int32_t slot)> keeps,
+                            absl::FunctionRef<bool(const Piece&)> prefer,
+                            Shortage* why);
+  static constexpr int kSteerLookahead = 64;
   // Puts `piece` (a lease's unread remainder) back at the front of
   // `slot`'s queue.
   void Return(const JobData& job, int32_t slot, const Piece& piece);

@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/fake_clock.h"
 
 namespace sluice {
@@ -143,6 +144,46 @@ TEST_F(GranterTest, AGrantGoesToAServerOnTheReadersNodeUnlessItCannotReachIt) {
   ASSERT_TRUE(std::holds_alternative<Granter::Grant>(next));
   EXPECT_EQ(std::get<Granter::Grant>(next).data_server, "10.0.0.1:1");
   EXPECT_FALSE(std::get<Granter::Grant>(next).same_node);
+}
+
+// A dynamic job's grant is steered to a shard another job reads now (within
+// the lookahead); without another job's lease, or for a static job, the
+// front piece is granted.
+TEST_F(GranterTest, AGrantPrefersAShardAnotherJobIsReading) {
+  LeaseTable leases(&clock_);
+  Granter steering(&queues_, &registry_, &clock_, 0, &leases);
+  std::vector<std::string> urls;
+  for (int i = 0; i < 5; ++i) urls.push_back(absl::StrCat("/d/", i, ".tar"));
+  JobData job = MakeJob(1, urls);
+  job.plan.samples_per_rank = 50;
+  std::vector<Piece> pieces;
+  for (int i = 0; i < 5; ++i) pieces.push_back(MakePiece(i, 0, 10));
+  auto granted_shard = [&](Granter& granter, const JobData& j) {
+    Queue(j, pieces);
+    auto next = granter.Next(Reader(0), j, 1, NoneKept);
+    EXPECT_TRUE(std::holds_alternative<Granter::Grant>(next));
+    if (!std::holds_alternative<Granter::Grant>(next)) return -1;
+    return std::get<Granter::Grant>(next).record.lease_granted().shard_index();
+  };
+  EXPECT_EQ(granted_shard(steering, job), 0);  // no other job reads
+
+  LeaseEntry other;
+  other.lease_id = "other/e0/f1";
+  other.fence = 1;
+  other.job = "other";
+  other.holder = "other/t0";
+  other.shard_url = "/d/3.tar";
+  other.begin = 5;
+  other.end = 10;
+  ASSERT_TRUE(leases.Add(other, absl::Seconds(10)).ok());
+  EXPECT_EQ(granted_shard(steering, job), 3);
+  EXPECT_EQ(queues_.Upcoming(job, 0).front().shard_index, 0);  // still first
+  EXPECT_EQ(granted_shard(granter_, job), 0);  // a granter without leases
+
+  JobData fixed = job;  // a static job keeps its plan's order
+  fixed.spec.set_mode(v1::MODE_STATIC);
+  fixed.spec.set_world_size(0);
+  EXPECT_EQ(granted_shard(steering, fixed), 0);
 }
 
 // Records the hints a data server is sent.

@@ -165,3 +165,34 @@ TEST_F(LeaseTableTest, RenewingManyLeasesKeepsTheHeapBoundedAndExpiryExact) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+TEST(LeaseTableShardsTest, ASharedShardIsReadByAnotherJobWhileItsLeaseLives) {
+  testing::FakeClock clock;
+  LeaseTable table(&clock);
+  LeaseEntry a = MakeLease("a/e0/f1", "a/t0");
+  a.job = "a";
+  a.shard_url = "/d/3.tar";  // samples [10, 20)
+  ASSERT_TRUE(table.Add(a, absl::Seconds(10)).ok());
+  LeaseEntry window = MakeLease("a/e0/f2", "a/t0", 2);
+  window.job = "a";  // a window unit: no shard of its own
+  ASSERT_TRUE(table.Add(window, absl::Seconds(10)).ok());
+  EXPECT_EQ(table.OtherJobs("a"), 0u);
+  EXPECT_EQ(table.OtherJobs("b"), 1u);
+  EXPECT_TRUE(table.ReadByOtherJob("/d/3.tar", "b", 0, 11));
+  EXPECT_TRUE(table.ReadByOtherJob("/d/3.tar", "b", 19, 30));
+  EXPECT_FALSE(table.ReadByOtherJob("/d/3.tar", "b", 20, 30));  // no overlap
+  EXPECT_FALSE(table.ReadByOtherJob("/d/3.tar", "b", 0, 10));
+  EXPECT_FALSE(table.ReadByOtherJob("/d/3.tar", "a", 10, 20));  // its own
+  EXPECT_FALSE(table.ReadByOtherJob("/d/4.tar", "b", 10, 20));
+  ASSERT_TRUE(table.Remove("a/e0/f1").ok());
+  EXPECT_FALSE(table.ReadByOtherJob("/d/3.tar", "b", 10, 20));
+  EXPECT_EQ(table.OtherJobs("b"), 1u);  // the window lease
+  ASSERT_TRUE(table.Remove("a/e0/f2").ok());
+  EXPECT_EQ(table.OtherJobs("b"), 0u);
+}
+
+}  // namespace
+}  // namespace sluice
