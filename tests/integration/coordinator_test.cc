@@ -484,7 +484,10 @@ TEST(CoordinatorIntegrationTest, ASessionThatNeverReadsIsEndedNotBuffered) {
   progress.mutable_progress()->mutable_lease()->set_lease_id(
       std::string(200, 'x'));
   progress.mutable_progress()->set_consumed(1);
-  for (int i = 0; i < 100000 && stream->Write(progress); ++i) {
+  // Up to 400,000 (the writes stop failing once the server ends the
+  // stream): the transport's windows absorb tens of thousands of replies
+  // before the server's queue of 65,536 fills.
+  for (int i = 0; i < 400000 && stream->Write(progress); ++i) {
   }
   stream->WritesDone();  // without the bound, the server would end with OK
                          // after reading all
