@@ -484,10 +484,10 @@ TEST(CoordinatorIntegrationTest, ASessionThatNeverReadsIsEndedNotBuffered) {
   progress.mutable_progress()->mutable_lease()->set_lease_id(
       std::string(200, 'x'));
   progress.mutable_progress()->set_consumed(1);
-  // Up to 400,000 (the writes stop failing once the server ends the
+  // Up to 200,000 (the writes fail soon after the server ends the
   // stream): the transport's windows absorb tens of thousands of replies
   // before the server's queue of 65,536 fills.
-  for (int i = 0; i < 400000 && stream->Write(progress); ++i) {
+  for (int i = 0; i < 200000 && stream->Write(progress); ++i) {
   }
   stream->WritesDone();  // without the bound, the server would end with OK
                          // after reading all
