@@ -1,0 +1,212 @@
+#!/usr/bin/python3
+"""Shared decoding benchmark (make bench; not a test).
+
+A sweep of K = 4 trials over one dataset on one data server: four dynamic
+jobs with different seeds, transforms (RandomResizedCrop + flip at three
+sizes, Resize + CenterCrop) and step times read one epoch each, at once,
+through sluice.Reader in four threads. Measured in the same run, in
+alternating rounds on fresh servers: the data server's CPU seconds (utime +
+stime from /proc) per sample delivered across the four jobs with sharing on
+(--shared_decode_bytes=64 MiB on the data server, --steer_shared_shards
+on the coordinator) against sharing off
+(--shared_decode_bytes=0, --nosteer_shared_shards). Also reported: the
+shared decodes' hit rate and the decoded bytes held at the end against the
+bound, and a bare TurboJPEG-free reference: the same four jobs' samples
+counted once (1/K is the ideal ratio). Goal: <= 0.4x (ideal 0.25x).
+Ends with one JSON line.
+
+usage: shared_decode_bench.py BIN_DIR [--rounds N] [--shards S] [--per_shard P]
+"""
+import argparse
+import faulthandler
+import io
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+
+import numpy as np
+from PIL import Image
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+K = 4
+STEPS = [0.0, 0.0005, 0.001, 0.0015]  # seconds per training step, per trial
+
+
+def make_jpeg(index):
+    """A distinct 500x375 photo-like JPEG (~ImageNet's median size)."""
+    rng = np.random.default_rng(index)
+    y, x = np.mgrid[0:375, 0:500]
+    img = np.stack([(x * (index % 5 + 1)) % 256, (y * 3 + index * 17) % 256,
+                    ((x + y) * 2) % 256], -1)
+    img = (img + rng.integers(0, 40, img.shape)).clip(0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def write_shards(directory, shards, per_shard):
+    os.makedirs(directory, exist_ok=True)
+    urls = []
+    for s in range(shards):
+        path = os.path.join(directory, f"sweep-{s:03d}.tar")
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(per_shard):
+                for ext, data in (("jpg", make_jpeg(s * per_shard + i)),
+                                  ("cls", str(i % 1000).encode())):
+                    info = tarfile.TarInfo(f"{s:03d}_{i:05d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        urls.append((path, per_shard))
+    return urls
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def metric(text, pattern):
+    m = re.search(pattern, text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def one_round(conftest, sluice, T, bin_dir, tmp, urls, sharing, round_no, cache_bytes):
+    """Fresh servers; the K jobs read one epoch each at once. Returns the
+    data server's CPU seconds per sample delivered, and the cache figures."""
+    data_flags = [f"--shared_decode_bytes={cache_bytes if sharing else 0}"]
+    coord_flags = [] if sharing else ["--nosteer_shared_shards"]
+    work = os.path.join(tmp, f"round{round_no}-{'on' if sharing else 'off'}")
+    coordinator = conftest.Server("sluice-coordinator", work,
+                                  [f"--journal_dir={work}/journal", *coord_flags])
+    data = conftest.Server("sluice-dataserver", work,
+                           [f"--roots={tmp}/shards", f"--coordinator={coordinator.address}",
+                            *data_flags])
+    try:
+        conftest._wait_for(lambda: "sluice_coordinator_data_servers 1"
+                           in coordinator.metric_text(), 30, "registration")
+        manifest = os.path.join(work, "m.json")
+        json.dump({"shards": [{"url": u, "num_samples": n} for u, n in urls]},
+                  open(manifest, "w"))
+        transforms = [
+            T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]),
+            T.Compose([T.RandomResizedCrop(160, scale=(0.3, 1.0)), T.RandomHorizontalFlip()]),
+            T.Compose([T.Resize(256), T.CenterCrop(224)]),
+            T.Compose([T.RandomResizedCrop(128), T.RandomHorizontalFlip()]),
+        ]
+        for n in range(K):
+            out = subprocess.run(
+                [os.path.join(bin_dir, "sluicectl"), "job", "create",
+                 f"--coordinator={coordinator.address}", f"--name=trial{n}",
+                 f"--manifest={manifest}", "--world_size=1", "--epochs=1", "--mode=dynamic",
+                 f"--seed={100 + n}", "--shuffle", "--shuffle_window=1"],
+                capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.exit(out.stdout + out.stderr)
+        counts = [0] * K
+        start = threading.Barrier(K + 1)
+
+        def read(n):
+            with sluice.Reader(coordinator.address, f"trial{n}",
+                               transform=transforms[n]) as reader:
+                start.wait()
+                for _ in reader:
+                    counts[n] += 1
+                    if STEPS[n]:
+                        time.sleep(STEPS[n])
+
+        threads = [threading.Thread(target=read, args=(n,)) for n in range(K)]
+        for t in threads:
+            t.start()
+        start.wait()
+        cpu0 = cpu_seconds(data.proc.pid)
+        t0 = time.monotonic()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - t0
+        cpu = cpu_seconds(data.proc.pid) - cpu0
+        text = data.metric_text()
+        hits = metric(text, r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)')
+        misses = metric(text, r'sluice_dataserver_shared_decodes_total\{result="miss"\} (\S+)')
+        held = metric(text, r"^sluice_dataserver_shared_decode_bytes (\S+)")
+        # Where the CPU goes: a field's decode with its transforms (thread
+        # time in DecodeField), and the resize steps alone.
+        decode_s = metric(text, r'^sluice_dataserver_decode_seconds_sum\{codec="jpeg"\} (\S+)')
+        resize_s = metric(text, r'^sluice_dataserver_transform_seconds_sum\{op="resize"\} (\S+)')
+        samples = sum(counts)
+        expected = K * sum(n for _, n in urls)
+        if samples != expected:
+            sys.exit(f"round {round_no}: {samples} samples delivered, expected {expected}")
+        return {"cpu_per_sample_ms": 1000 * cpu / samples, "wall_s": wall,
+                "decode_ms": 1000 * decode_s / samples, "resize_ms": 1000 * resize_s / samples,
+                "hits": hits, "misses": misses, "held_bytes": held}
+    finally:
+        data.stop()
+        coordinator.stop()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bin_dir")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds with sharing on and off; medians compared")
+    parser.add_argument("--shards", type=int, default=12)
+    parser.add_argument("--per_shard", type=int, default=64)
+    parser.add_argument("--cache_mib", type=int, default=64,
+                        help="the data server's --shared_decode_bytes, in MiB, with sharing on: "
+                             "its first fill of fresh memory costs page faults once per server, "
+                             "so a bound near what the trials need keeps that out of a short "
+                             "run")
+    args = parser.parse_args()
+    faulthandler.dump_traceback_later(600, exit=True)  # never hang make bench
+    os.environ["SLUICE_BIN_DIR"] = args.bin_dir
+    sys.path.insert(0, os.path.join(args.bin_dir, "..", "python"))
+    import conftest  # the test suite's cluster helpers
+    import sluice
+    from sluice import transforms as T
+
+    with tempfile.TemporaryDirectory() as tmp:
+        urls = write_shards(os.path.join(tmp, "shards"), args.shards, args.per_shard)
+        on, off = [], []
+        for r in range(args.rounds):
+            for sharing in ((True, False) if r % 2 == 0 else (False, True)):
+                result = one_round(conftest, sluice, T, args.bin_dir, tmp, urls, sharing, r,
+                                   args.cache_mib << 20)
+                (on if sharing else off).append(result)
+                print(f"round {r} sharing {'on ' if sharing else 'off'}: "
+                      f"{result['cpu_per_sample_ms']:.3f} ms CPU/sample, "
+                      f"{result['wall_s']:.1f} s, hits {result['hits']:.0f}, "
+                      f"misses {result['misses']:.0f}; per sample: decode + transforms "
+                      f"{result['decode_ms']:.3f} ms, of which resize {result['resize_ms']:.3f} ms",
+                      flush=True)
+    on_ms = statistics.median(r["cpu_per_sample_ms"] for r in on)
+    off_ms = statistics.median(r["cpu_per_sample_ms"] for r in off)
+    hits = sum(r["hits"] for r in on)
+    decoded = sum(r["hits"] + r["misses"] for r in on)
+    samples = args.rounds * K * args.shards * args.per_shard
+    ratio = on_ms / off_ms
+    print(f"data-server CPU per sample, {K} trials: sharing on {on_ms:.3f} ms, "
+          f"off {off_ms:.3f} ms: {ratio:.2f}x (goal <= 0.4x, ideal {1 / K:.2f}x)")
+    print(f"shared decodes: {hits:.0f} of {decoded:.0f} hits "
+          f"({100 * hits / max(decoded, 1):.0f} %), {100 * decoded / samples:.0f} % of "
+          f"samples went through the cache; held at the end "
+          f"{max(r['held_bytes'] for r in on) / 2**20:.0f} MiB of {args.cache_mib} MiB")
+    print(json.dumps({
+        "bench": "shared_decode", "trials": K, "samples_per_epoch": args.shards * args.per_shard,
+        "cpu_ms_per_sample_shared": round(on_ms, 3), "cpu_ms_per_sample_alone": round(off_ms, 3),
+        "ratio": round(ratio, 3), "goal": 0.4,
+        "hit_rate": round(hits / max(decoded, 1), 3),
+        "cache_bound_bytes": args.cache_mib << 20,
+        "held_bytes": max(r["held_bytes"] for r in on)}))
+
+
+if __name__ == "__main__":
+    main()
