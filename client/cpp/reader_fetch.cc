@@ -69,6 +69,7 @@ void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
     stub = v1::DataServer::NewStub(
         grpc::CreateCustomChannel(address, Creds(), args));
   }
+  u.request.Clear();  // a stream opened again starts from a new request
   *u.request.mutable_lease() = u.lease;
   *u.request.mutable_decode() = options_.decode;
   for (const std::string& f : options_.fields) u.request.add_fields(f);
@@ -105,6 +106,20 @@ void ReaderImpl::OnFetchEvent(Unit& u, FetchTag::Op op, bool ok) {
       absl::MutexLock lock(&mu_);
       hold = std::move(u.io_hold);
       u.call_done = true;
+      const bool again = u.retry_here;
+      u.retry_here = false;
+      if (again && !u.cancelled && !u.dropped && !closing_) {
+        // The server refused the stream for now: open it there again.
+        u.retry_alarm.reset();
+        u.stream.reset();
+        u.ctx.reset();
+        u.status = grpc::Status();
+        u.finishing = false;
+        u.stalled = false;
+        u.call_done = false;
+        StartFetchLocked(hold);
+        return;
+      }
       if (!u.dropped && !closing_)
         SetFetchStateLocked(u, Unit::Fetch::kFailed, u.retry_error);
       NotifyAllLocked();
@@ -227,6 +242,28 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
                                                  ": draining (another stream "
                                                  "of the server was handed "
                                                  "back)"));
+  } else if (status.code() == absl::StatusCode::kResourceExhausted) {
+    // The server is at one of its limits (a tenant's open streams): it is
+    // not failing. The stream is opened there again from where the unit
+    // stands, after a back-off from 50 ms up to 1 s; no re-route.
+    if (u.busy_retries == 0) {
+      LogInfo(
+          "sluice::Reader job %s rank %d: %s refused lease %s for now (%s); "
+          "opening it there again once a stream ends",
+          options_.job, options_.rank, address, u.lease.lease_id(),
+          status.message());
+    }
+    const absl::Duration wait =
+        std::min(absl::Milliseconds(50) * (1 << std::min(u.busy_retries, 5)),
+                 absl::Seconds(1));
+    ++u.busy_retries;
+    u.retry_here = true;
+    u.retry_alarm = std::make_unique<grpc::Alarm>();
+    u.retry_alarm->Set(loop_.cq(), absl::ToChronoTime(absl::Now() + wait),
+                       TagOf(&u.retry_tag));
+    u.call_done = false;  // the alarm is outstanding
+    u.io_hold = std::move(hold);
+    return;
   } else if (status.code() == absl::StatusCode::kAborted) {
     DropLocked(u);  // a newer grant of the unit exists: deliver nothing more
   } else if (status.code() == absl::StatusCode::kDataLoss ||

@@ -157,6 +157,10 @@ class ReaderImpl final : public Reader {
     // before re-routing (see OnFetchFinished); fails with retry_error.
     std::unique_ptr<grpc::Alarm> retry_alarm;
     std::string retry_error;
+    // The alarm reopens the stream on the same server instead (it refused
+    // it for now: RESOURCE_EXHAUSTED); how often it has so far.
+    bool retry_here = false;
+    int busy_retries = 0;
     // Keeps the unit alive while an operation is outstanding.
     std::shared_ptr<Unit> io_hold;
     FetchTag start_tag, read_tag, finish_tag, retry_tag;

@@ -1,8 +1,9 @@
 """A data server's --max_streams_per_tenant against real readers: while one
 reader of a tenant holds its stream open, another reader of the same tenant
-is refused (RESOURCE_EXHAUSTED, counted by the server) and retries; once
-the first goes on, both finish and every sample arrives exactly once.
-Another tenant is not held to that count."""
+is refused (RESOURCE_EXHAUSTED, counted by the server) and opens the stream
+there again after a back-off, without a re-route; once the first goes on,
+both finish and every sample arrives exactly once. Another tenant is not
+held to that count."""
 import collections
 import re
 import threading
@@ -33,12 +34,15 @@ def test_a_tenant_over_its_stream_limit_waits_and_loses_nothing(tmp_path):
             first = next(iter(holder))
             seen[(first.shard_index, first.index)] += 1
 
+            stats = {}
+
             def other():
                 with sluice.Reader(c.address, "capped", worker=1, num_workers=2,
                                    units_in_flight=1) as reader:
                     for s in reader:
                         with lock:
                             seen[(s.shard_index, s.index)] += 1
+                    stats.update(reader.stats)
 
             t = threading.Thread(target=other)
             t.start()
@@ -51,6 +55,10 @@ def test_a_tenant_over_its_stream_limit_waits_and_loses_nothing(tmp_path):
                     seen[(s.shard_index, s.index)] += 1
             t.join(timeout=120)
             assert not t.is_alive()
+            assert holder.stats["reroutes"] == 0
         assert len(seen) == c.total and set(seen.values()) == {1}
+        # Refused, waited, read from the same server: nothing re-routed.
+        assert stats["reroutes"] == 0, stats
+        assert refused(c) >= 1
     finally:
         c.stop()
