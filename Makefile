@@ -167,6 +167,7 @@ bench: build
 	@$(call BENCH,/usr/bin/python3 tests/bench/python_reader_bench.py $(BUILD_DIR)/bin)
 	@$(call BENCH,/usr/bin/python3 tests/bench/pipeline_bench.py $(BUILD_DIR)/bin)
 	@$(call BENCH,/usr/bin/python3 tests/bench/shared_decode_bench.py $(BUILD_DIR)/bin)
+	@$(call BENCH,/usr/bin/python3 tests/bench/fair_share_bench.py $(BUILD_DIR)/bin)
 	@$(call BENCH,/usr/bin/python3 tests/bench/multihost_bench.py $(BUILD_DIR)/bin)
 	@$(call BENCH,/usr/bin/python3 tests/bench/autoscale_bench.py $(BUILD_DIR)/bin)
 	@echo "make bench: figures collected in $(BENCH_RESULTS)"
