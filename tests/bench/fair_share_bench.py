@@ -31,7 +31,6 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -40,28 +39,19 @@ from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+from sample_data import write_jpeg_shards  # noqa: E402
 
 PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
 SHARDS = 4
 PER_SHARD = 100
 
 
-def write_shards(directory):
-    os.makedirs(directory, exist_ok=True)
+def photo_jpeg():
+    """One 384x384 crop of a photograph: every sample costs the same."""
     buf = io.BytesIO()
     Image.open(PHOTO).convert("RGB").crop((0, 0, 384, 384)).save(buf, format="JPEG",
                                                                   quality=90)
-    jpeg = buf.getvalue()
-    urls = []
-    for s in range(SHARDS):
-        path = os.path.join(directory, f"photos-{s}.tar")
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(PER_SHARD):
-                info = tarfile.TarInfo(f"s{s}_{i:04d}.jpg")
-                info.size = len(jpeg)
-                tar.addfile(info, io.BytesIO(jpeg))
-        urls.append((path, PER_SHARD))
-    return urls
+    return buf.getvalue()
 
 
 class Readers:
@@ -128,7 +118,7 @@ def main():
     import sluice
 
     with tempfile.TemporaryDirectory() as tmp:
-        urls = write_shards(os.path.join(tmp, "shards"))
+        urls = write_jpeg_shards(os.path.join(tmp, "shards"), SHARDS, PER_SHARD, [photo_jpeg()])
         coordinator = conftest.Server("sluice-coordinator", tmp, [f"--journal_dir={tmp}/journal"])
         data = conftest.Server("sluice-dataserver", tmp,
                                [f"--roots={tmp}/shards", f"--coordinator={coordinator.address}",

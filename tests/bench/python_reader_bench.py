@@ -15,7 +15,6 @@ usage: python_reader_bench.py BIN_DIR [--seconds S] [--rounds N]
 """
 import argparse
 import faulthandler
-import io
 import json
 import os
 import subprocess
@@ -29,35 +28,11 @@ from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+from sample_data import photo_like_jpegs, write_jpeg_shards as write_shards  # noqa: E402
 
 
 def make_jpegs(n=16):
-    rng = np.random.default_rng(7)
-    out = []
-    for i in range(n):
-        y, x = np.mgrid[0:375, 0:500]
-        img = np.stack([(x * (i + 1)) % 256, (y * 3 + i * 17) % 256, ((x + y) * 2) % 256], -1)
-        img = (img + rng.integers(0, 40, img.shape)).clip(0, 255).astype(np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(img).save(buf, format="JPEG", quality=90)
-        out.append(buf.getvalue())
-    return out
-
-
-def write_shards(directory, shards, per_shard, jpegs):
-    os.makedirs(directory, exist_ok=True)
-    urls = []
-    for s in range(shards):
-        path = os.path.join(directory, f"bench-{s:03d}.tar")
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(per_shard):
-                for ext, data in (("jpg", jpegs[(s * per_shard + i) % len(jpegs)]),
-                                  ("cls", str(i % 1000).encode())):
-                    info = tarfile.TarInfo(f"{s:03d}_{i:05d}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append((path, per_shard))
-    return urls
+    return photo_like_jpegs(n)
 
 
 def timed(seconds, items):

@@ -19,54 +19,23 @@ usage: shared_decode_bench.py BIN_DIR [--rounds N] [--shards S] [--per_shard P]
 """
 import argparse
 import faulthandler
-import io
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 
-import numpy as np
-from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+from sample_data import photo_like_jpegs, write_jpeg_shards  # noqa: E402
 
 K = 4
 STEPS = [0.0, 0.0005, 0.001, 0.0015]  # seconds per training step, per trial
-
-
-def make_jpeg(index):
-    """A distinct 500x375 photo-like JPEG (~ImageNet's median size)."""
-    rng = np.random.default_rng(index)
-    y, x = np.mgrid[0:375, 0:500]
-    img = np.stack([(x * (index % 5 + 1)) % 256, (y * 3 + index * 17) % 256,
-                    ((x + y) * 2) % 256], -1)
-    img = (img + rng.integers(0, 40, img.shape)).clip(0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=90)
-    return buf.getvalue()
-
-
-def write_shards(directory, shards, per_shard):
-    os.makedirs(directory, exist_ok=True)
-    urls = []
-    for s in range(shards):
-        path = os.path.join(directory, f"sweep-{s:03d}.tar")
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(per_shard):
-                for ext, data in (("jpg", make_jpeg(s * per_shard + i)),
-                                  ("cls", str(i % 1000).encode())):
-                    info = tarfile.TarInfo(f"{s:03d}_{i:05d}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append((path, per_shard))
-    return urls
 
 
 def cpu_seconds(pid):
@@ -174,7 +143,9 @@ def main():
     from sluice import transforms as T
 
     with tempfile.TemporaryDirectory() as tmp:
-        urls = write_shards(os.path.join(tmp, "shards"), args.shards, args.per_shard)
+        # Every sample its own image (~500x375, like ImageNet's median).
+        jpegs = photo_like_jpegs(args.shards * args.per_shard)
+        urls = write_jpeg_shards(os.path.join(tmp, "shards"), args.shards, args.per_shard, jpegs)
         on, off = [], []
         for r in range(args.rounds):
             for sharing in ((True, False) if r % 2 == 0 else (False, True)):

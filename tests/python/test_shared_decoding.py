@@ -5,21 +5,18 @@ data server decodes each JPEG once for all of them (--shared_decode_bytes),
 and every job still gets each sample of its epoch exactly once, with the
 tensors it gets when it runs alone."""
 import hashlib
-import io
 import os
 import re
-import tarfile
 import threading
 import time
 
-import numpy as np
 import pytest
-from PIL import Image
 
 import sluice
 from sluice import transforms as T
 
 from conftest import Cluster
+from sample_data import photo_like_jpegs, write_jpeg_shards
 
 SHARDS = 6
 PER_SHARD = 24
@@ -34,32 +31,14 @@ TRIALS = [
 ]
 
 
-def jpeg(index):
-    """A distinct 320x240 photo-like JPEG per sample."""
-    rng = np.random.default_rng(index)
-    y, x = np.mgrid[0:240, 0:320]
-    img = np.stack([(x * (index % 7 + 1)) % 256, (y * 3 + index * 17) % 256,
-                    ((x + y) * 2) % 256], -1)
-    img = (img + rng.integers(0, 30, img.shape)).clip(0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=85)
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     c = Cluster(tmp, shards=1, per_shard=1)
-    c.photo_urls = []
-    for s in range(SHARDS):
-        path = os.path.join(c.tmp, "shards", f"photos-{s}.tar")
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(PER_SHARD):
-                data = jpeg(s * PER_SHARD + i)
-                info = tarfile.TarInfo(f"s{s}_{i:03d}.jpg")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        c.photo_urls.append((path, PER_SHARD))
+    # Every sample its own 320x240 image.
+    jpegs = photo_like_jpegs(SHARDS * PER_SHARD, width=320, height=240, quality=85)
+    c.photo_urls = write_jpeg_shards(os.path.join(c.tmp, "shards"), SHARDS, PER_SHARD, jpegs,
+                                     name="photos")
     yield c
     c.stop()
 
