@@ -29,7 +29,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -118,26 +117,14 @@ def main():
     import sluice
 
     with tempfile.TemporaryDirectory() as tmp:
-        urls = write_jpeg_shards(os.path.join(tmp, "shards"), SHARDS, PER_SHARD, [photo_jpeg()])
-        coordinator = conftest.Server("sluice-coordinator", tmp, [f"--journal_dir={tmp}/journal"])
-        data = conftest.Server("sluice-dataserver", tmp,
-                               [f"--roots={tmp}/shards", f"--coordinator={coordinator.address}",
-                                "--decode_threads=1"])
+        cluster = conftest.Cluster(tmp, shards=0, data_flags=["--decode_threads=1"])
+        coordinator, data = cluster.coordinator, cluster.data[0]
         try:
-            conftest._wait_for(lambda: "sluice_coordinator_data_servers 1"
-                               in coordinator.metric_text(), 30, "registration")
-            manifest = os.path.join(tmp, "m.json")
-            json.dump({"shards": [{"url": u, "num_samples": n} for u, n in urls]},
-                      open(manifest, "w"))
+            urls = write_jpeg_shards(os.path.join(tmp, "shards"), SHARDS, PER_SHARD,
+                                     [photo_jpeg()])
 
             def create(name, weight):
-                out = subprocess.run(
-                    [os.path.join(args.bin_dir, "sluicectl"), "job", "create",
-                     f"--coordinator={coordinator.address}", f"--name={name}",
-                     f"--manifest={manifest}", "--world_size=1", "--epochs=0",
-                     f"--weight={weight}"], capture_output=True, text=True)
-                if out.returncode != 0:
-                    sys.exit(out.stdout + out.stderr)
+                cluster.create_job(name, epochs=0, shards=urls, extra=[f"--weight={weight}"])
 
             shares = {}
             capacity = 0
@@ -182,8 +169,7 @@ def main():
                   f"greedy job {beside:.0f}/s (the greedy job got {rates['greedy']:.0f}/s; the "
                   f"server's thread busy {100 * busy:.0f} %): {beside / alone:.3f}", flush=True)
         finally:
-            data.stop()
-            coordinator.stop()
+            cluster.stop()
 
     def within(ratio, weight):
         return abs(ratio / weight - 1) <= 0.10
