@@ -12,12 +12,15 @@ import os
 import re
 import signal
 import subprocess
-import tarfile
-import io
+import sys
 import time
 import urllib.request
 
 import pytest
+
+# sample_data.py sits beside this file, which other suites load by its path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sample_data import write_tars  # noqa: E402
 
 BIN = os.environ.get("SLUICE_BIN_DIR", os.path.join(os.path.dirname(__file__), "..", "..",
                                                      "build", "bin"))
@@ -36,18 +39,11 @@ def _wait_for(predicate, timeout, what):
 def write_shards(directory, shards, per_shard, bin_repeat=50):
     """WebDataset tars: key s{S}_{I} with .cls (the index) and .bin fields
     (2 * bin_repeat bytes)."""
-    os.makedirs(directory, exist_ok=True)
-    urls = []
-    for s in range(shards):
-        path = os.path.join(directory, f"shard-{s:03d}.tar")
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(per_shard):
-                for ext, data in (("cls", str(i).encode()), ("bin", bytes([s, i % 256]) * bin_repeat)):
-                    info = tarfile.TarInfo(f"s{s}_{i}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append((path, per_shard))
-    return urls
+    return write_tars(
+        directory, shards, per_shard,
+        lambda s, i: (f"s{s}_{i}", [("cls", str(i).encode()),
+                                    ("bin", bytes([s, i % 256]) * bin_repeat)]),
+        "shard")
 
 
 def start_etcd(directory):

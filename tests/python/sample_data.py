@@ -23,20 +23,30 @@ def photo_like_jpegs(n, width=500, height=375, quality=90, seed=7):
     return out
 
 
-def write_jpeg_shards(directory, shards, per_shard, jpegs, name="bench"):
-    """Tars {name}-{S:03d}.tar of samples {S:03d}_{I:05d}, each a .jpg (the
-    sample's number in the dataset modulo len(jpegs) picks it) and a .cls;
-    returns [(path, per_shard)]."""
+def write_tars(directory, shards, per_shard, sample, name):
+    """Tars {name}-{S:03d}.tar of `per_shard` samples each; sample(s, i)
+    gives a sample's key and its [(extension, bytes)]. Returns
+    [(path, per_shard)]."""
     os.makedirs(directory, exist_ok=True)
     urls = []
     for s in range(shards):
         path = os.path.join(directory, f"{name}-{s:03d}.tar")
         with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
             for i in range(per_shard):
-                for ext, data in (("jpg", jpegs[(s * per_shard + i) % len(jpegs)]),
-                                  ("cls", str(i % 1000).encode())):
-                    info = tarfile.TarInfo(f"{s:03d}_{i:05d}.{ext}")
+                key, fields = sample(s, i)
+                for ext, data in fields:
+                    info = tarfile.TarInfo(f"{key}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
         urls.append((path, per_shard))
     return urls
+
+
+def write_jpeg_shards(directory, shards, per_shard, jpegs, name="bench"):
+    """Samples {S:03d}_{I:05d}, each a .jpg (the sample's number in the
+    dataset modulo len(jpegs) picks it) and a .cls."""
+    return write_tars(
+        directory, shards, per_shard,
+        lambda s, i: (f"{s:03d}_{i:05d}", [("jpg", jpegs[(s * per_shard + i) % len(jpegs)]),
+                                           ("cls", str(i % 1000).encode())]),
+        name)
