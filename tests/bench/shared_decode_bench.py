@@ -23,7 +23,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,23 +47,19 @@ def metric(text, pattern):
     return float(m.group(1)) if m else 0.0
 
 
-def one_round(conftest, sluice, T, bin_dir, tmp, urls, sharing, round_no, cache_bytes):
+def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes):
     """Fresh servers; the K jobs read one epoch each at once. Returns the
     data server's CPU seconds per sample delivered, and the cache figures."""
-    data_flags = [f"--shared_decode_bytes={cache_bytes if sharing else 0}"]
-    coord_flags = [] if sharing else ["--nosteer_shared_shards"]
     work = os.path.join(tmp, f"round{round_no}-{'on' if sharing else 'off'}")
-    coordinator = conftest.Server("sluice-coordinator", work,
-                                  [f"--journal_dir={work}/journal", *coord_flags])
-    data = conftest.Server("sluice-dataserver", work,
-                           [f"--roots={tmp}/shards", f"--coordinator={coordinator.address}",
-                            *data_flags])
+    os.makedirs(work)
+    # The data server's root (the cluster's shards directory) is the dataset.
+    os.symlink(os.path.join(tmp, "shards"), os.path.join(work, "shards"))
+    cluster = conftest.Cluster(
+        work, shards=0,
+        data_flags=[f"--shared_decode_bytes={cache_bytes if sharing else 0}"],
+        coordinator_flags=[] if sharing else ["--nosteer_shared_shards"])
+    coordinator, data = cluster.coordinator, cluster.data[0]
     try:
-        conftest._wait_for(lambda: "sluice_coordinator_data_servers 1"
-                           in coordinator.metric_text(), 30, "registration")
-        manifest = os.path.join(work, "m.json")
-        json.dump({"shards": [{"url": u, "num_samples": n} for u, n in urls]},
-                  open(manifest, "w"))
         transforms = [
             T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]),
             T.Compose([T.RandomResizedCrop(160, scale=(0.3, 1.0)), T.RandomHorizontalFlip()]),
@@ -72,14 +67,8 @@ def one_round(conftest, sluice, T, bin_dir, tmp, urls, sharing, round_no, cache_
             T.Compose([T.RandomResizedCrop(128), T.RandomHorizontalFlip()]),
         ]
         for n in range(K):
-            out = subprocess.run(
-                [os.path.join(bin_dir, "sluicectl"), "job", "create",
-                 f"--coordinator={coordinator.address}", f"--name=trial{n}",
-                 f"--manifest={manifest}", "--world_size=1", "--epochs=1", "--mode=dynamic",
-                 f"--seed={100 + n}", "--shuffle", "--shuffle_window=1"],
-                capture_output=True, text=True)
-            if out.returncode != 0:
-                sys.exit(out.stdout + out.stderr)
+            cluster.create_job(f"trial{n}", mode="dynamic", seed=100 + n, shuffle_window=1,
+                               shards=urls)
         counts = [0] * K
         start = threading.Barrier(K + 1)
 
@@ -118,8 +107,7 @@ def one_round(conftest, sluice, T, bin_dir, tmp, urls, sharing, round_no, cache_
                 "decode_ms": 1000 * decode_s / samples, "resize_ms": 1000 * resize_s / samples,
                 "hits": hits, "misses": misses, "held_bytes": held}
     finally:
-        data.stop()
-        coordinator.stop()
+        cluster.stop()
 
 
 def main():
@@ -149,7 +137,7 @@ def main():
         on, off = [], []
         for r in range(args.rounds):
             for sharing in ((True, False) if r % 2 == 0 else (False, True)):
-                result = one_round(conftest, sluice, T, args.bin_dir, tmp, urls, sharing, r,
+                result = one_round(conftest, sluice, T, tmp, urls, sharing, r,
                                    args.cache_mib << 20)
                 (on if sharing else off).append(result)
                 print(f"round {r} sharing {'on ' if sharing else 'off'}: "

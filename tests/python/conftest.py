@@ -144,7 +144,8 @@ def make_pki(directory):
 
 class Cluster:
     def __init__(self, tmp, shards=6, per_shard=17, data_servers=1, pki=None, bin_repeat=50,
-                 lease_secret=False, heartbeat_interval="200ms", data_flags=()):
+                 lease_secret=False, heartbeat_interval="200ms", data_flags=(),
+                 coordinator_flags=()):
         self.tmp = str(tmp)
         self.urls = write_shards(os.path.join(self.tmp, "shards"), shards, per_shard, bin_repeat)
         self.total = shards * per_shard
@@ -178,7 +179,7 @@ class Cluster:
         self.coordinator_flags = [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
                                   f"--heartbeat_interval={heartbeat_interval}", *server_tls,
                                   *secret,
-                                  *self.admin_token, *admin]
+                                  *self.admin_token, *admin, *coordinator_flags]
         self.coordinator = Server("sluice-coordinator", self.tmp, self.coordinator_flags)
         register_tls = ([f"--coordinator_ca={pki['ca.crt']}",
                          f"--coordinator_cert={pki['client.crt']}",
