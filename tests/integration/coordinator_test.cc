@@ -628,12 +628,6 @@ TEST(CoordinatorIntegrationTest,
               HasSubstr("--admin_identities needs --tls_client_ca"));
 }
 
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
-
 // Per-job series: sessions are counted per job (label sluice_job, not job:
 // Prometheus owns that one), and a deleted job's series disappear instead of
 // lingering at their last values.
@@ -681,12 +675,6 @@ TEST(CoordinatorIntegrationTest, PerJobSeriesFollowSessionsAndDeletion) {
       page->body,
       ::testing::HasSubstr("sluice_coordinator_epoch{sluice_job=\"kept\"} 0"));
 }
-
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
 
 // Rank skew: one of two ranks completes a lease, the other nothing; the
 // gauge shows the difference, for the dashboard's straggler panel.

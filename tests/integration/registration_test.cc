@@ -275,12 +275,6 @@ TEST(RegistrationTest,
   EXPECT_EQ(samples, 8);
 }
 
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
-
 // A coordinator that takes only mutually authenticated TLS: a data server
 // registers with --coordinator_ca/--coordinator_cert/--coordinator_key; one
 // without a client certificate is refused and never counted live.

@@ -40,13 +40,8 @@ TEST(ParseHostPortTest, RejectsNonsenseNamingTheFlag) {
   }
 }
 
-}  // namespace
-}  // namespace sluice
-
 // In-process: readiness is NOT_SERVING until SetReady(true), and again after
 // SetReady(false) (draining), while the server itself stays SERVING.
-namespace sluice {
-namespace {
 
 int Readiness(const std::string& address, const std::string& service) {
   auto stub = grpc::health::v1::Health::NewStub(
@@ -95,13 +90,8 @@ TEST(ServerHostTest, PortInUseIsUnavailableNamingTheFlag) {
                                         HasSubstr("--listen=127.0.0.1:")));
 }
 
-}  // namespace
-}  // namespace sluice
-
 // --health_listen: a TLS server's readiness is readable in plaintext on its
 // own port, and follows SetReady there too.
-namespace sluice {
-namespace {
 
 TEST(ServerHostTest, HealthListenerServesReadinessInPlaintextBesideTls) {
   testing::TempDir dir;

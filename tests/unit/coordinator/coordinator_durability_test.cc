@@ -346,12 +346,6 @@ TEST(CoordinatorCompactionTest, TheServiceGoesOnWhileTheSnapshotIsWritten) {
   EXPECT_EQ(Replayed(compacted), Replayed(history));
 }
 
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
-
 // What a Once stream is sent (by the outbox's thread too).
 class OnceInbox : public OnceSink {
  public:

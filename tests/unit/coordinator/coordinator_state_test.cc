@@ -87,12 +87,6 @@ TEST(CoordinatorStateTest, ASnapshotWithoutTheFloorIsBoundedByItsJobs) {
   EXPECT_EQ(restored.FindJob("k")->next_fence, 42u);
 }
 
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
-
 JournalRecord OnceDone(const std::string& scope, const std::string& name) {
   JournalRecord r;
   r.mutable_once_finished()->set_scope(scope);
@@ -147,13 +141,8 @@ TEST(CoordinatorStateTest, OnceStepsWhoseJoinedNamesMatchAreKeptApart) {
   EXPECT_EQ(replayed.OnceFinishedIn("")[0].name(), "b/c");
 }
 
-}  // namespace
-}  // namespace sluice
-
 // One test per journal record: what applying it does to the state, and the
 // error a record that does not fit the state gets.
-namespace sluice {
-namespace {
 
 using ::sluice::testing::StatusIs;
 using ::testing::HasSubstr;

@@ -200,12 +200,6 @@ TEST(PlanEpochTest, SameInputsGiveTheSamePlan) {
             PlanEpoch(sizes, options, 5).units);
 }
 
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
-
 // PlanSequence cuts explicit ranges (a resume's unconsumed samples) like
 // PlanEpoch cuts whole shards: in order, balanced, PAD wrapping around.
 TEST(PlanSequenceTest, CutsExplicitRangesInOrder) {

@@ -230,12 +230,6 @@ TEST(FileJournalTest, ReplayErrorStopsStartup) {
       j, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job a unknown")));
 }
 
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
-
 // Compact replaces everything enqueued so far (written or not) with the
 // snapshot; later appends follow it; a leftover temp file of an
 // interrupted compaction is removed at open.
@@ -259,12 +253,6 @@ TEST(FileJournalTest, CompactReplacesTheJournalWithTheSnapshot) {
   EXPECT_EQ(seen, (std::vector<std::string>{"snapshot", "d"}));
   EXPECT_NE(access((dir.path() + "/journal.log.compact").c_str(), F_OK), 0);
 }
-
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
 
 // Records enqueued after BeginCompaction, written to the old file or not
 // yet, and appended by another thread while FinishCompaction writes, all

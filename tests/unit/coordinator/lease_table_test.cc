@@ -163,12 +163,6 @@ TEST_F(LeaseTableTest, RenewingManyLeasesKeepsTheHeapBoundedAndExpiryExact) {
   EXPECT_EQ(table_.FindExpired(5000).size(), 2000u);
 }
 
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
-
 TEST(LeaseTableShardsTest, ASharedShardIsReadByAnotherJobWhileItsLeaseLives) {
   testing::FakeClock clock;
   LeaseTable table(&clock);

@@ -442,12 +442,6 @@ TEST(OnceBarrierLimitsTest, BarrierParticipantsComeFromTheOptions) {
                                             HasSubstr("[1, 3], got 4")));
 }
 
-}  // namespace
-}  // namespace sluice
-
-namespace sluice {
-namespace {
-
 // Running lists a step while it has a runner or waiters (with the runner's
 // id and the waiters' count), per scope, and not once it has finished.
 TEST_F(OnceBarrierTest, RunningListsStepsWithCallersInThem) {

@@ -907,12 +907,6 @@ TEST_F(DataServerServiceTest, IndexShardIsCached) {
   EXPECT_EQ(metrics_.index_cache_hits.Value(), 1);
 }
 
-}  // namespace
-}  // namespace sluice::dataserver
-
-namespace sluice::dataserver {
-namespace {
-
 // Many streams decoding large images at once stay within
 // --max_decode_memory: samples wait for room (in order) instead of all
 // allocating together, and every sample is still delivered.

@@ -432,12 +432,6 @@ TEST(ImageTransformsTest, PngCropDecodesRowsToItsBottomWithTheSamePixels) {
   EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
-}  // namespace sluice::dataserver
-
-namespace sluice::dataserver {
-namespace {
-
 // Resize then crop decodes only the rows and columns the crop needs: the
 // output equals resizing and cropping a full decode, bit for bit.
 TEST(ImageTransformsTest, ResizeThenCropDecodesLessWithTheSamePixels) {
