@@ -1,8 +1,9 @@
 # Sluice — the two commands a newcomer needs:
 #   make run    a local cluster on embedded defaults (installs deps, builds)
 #   make test   every test (installs deps, builds, runs ctest)
-# Other targets: check (a contributor's loop), deps, build, bench, test-asan,
-# test-tsan, fuzz, asan, image, test-image, clean.
+# Other targets: check (a contributor's loop), deps, deps-build, build, bench,
+# test-asan, test-tsan, test-fuzz (or fuzz), asan, image-deps, image,
+# test-image, screenshot, clean.
 
 SHELL := /bin/bash
 BUILD_DIR ?= build
@@ -25,7 +26,7 @@ BUILD_PACKAGES := \
 # toolchain, PyTorch, the real etcd, Prometheus, nginx, SLURM and Open MPI
 # the suites run against.
 TEST_PACKAGES := \
-  libbenchmark-dev clang clang-format clang-tidy libclang-rt-14-dev nodejs systemd nginx-light \
+  clang clang-format clang-tidy libclang-rt-14-dev nodejs systemd nginx-light \
   python3-pytest python3-torch python3-torchvision \
   etcd-server etcd-client \
   prometheus python3-matplotlib python3-yaml python3-pil python3-pip python3-setuptools python3-wheel \
