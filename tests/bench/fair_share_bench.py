@@ -117,7 +117,10 @@ def main():
     import sluice
 
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = conftest.Cluster(tmp, shards=0, data_flags=["--decode_threads=1"])
+        # Shared decoding off: the jobs read the same images, and a job whose
+        # decodes another reuses would be charged for both.
+        cluster = conftest.Cluster(tmp, shards=0,
+                                   data_flags=["--decode_threads=1", "--shared_decode_bytes=0"])
         coordinator, data = cluster.coordinator, cluster.data[0]
         try:
             urls = write_jpeg_shards(os.path.join(tmp, "shards"), SHARDS, PER_SHARD,

@@ -26,9 +26,13 @@ PER_SHARD = 100
 @pytest.fixture(scope="module")
 def one_thread(tmp_path_factory):
     """One data server with one reading and decoding thread, over shards of
-    identical 384x384 JPEGs: every sample costs the server the same."""
+    identical 384x384 JPEGs: every sample costs the server the same. Shared
+    decoding is off: jobs reading the same shards in step would otherwise
+    decode each image once between them (test_shared_decoding.py), and the
+    job that decodes it would be charged for both."""
     tmp = tmp_path_factory.mktemp("fair")
-    c = Cluster(tmp, shards=1, per_shard=1, data_flags=["--decode_threads=1"])
+    c = Cluster(tmp, shards=1, per_shard=1,
+                data_flags=["--decode_threads=1", "--shared_decode_bytes=0"])
     buf = io.BytesIO()
     Image.open(PHOTO).convert("RGB").crop((0, 0, 384, 384)).save(buf, format="JPEG",
                                                                   quality=90)
