@@ -645,8 +645,12 @@ void SampleStream::DecodeSample(Slot& slot) {
         decoded = DecodeField(codec, f.data, image);
         if (image.shared != nullptr && metrics != nullptr) {
           metrics->SharedDecodes(shared.hit).Increment();
-          metrics->shared_decode_bytes.Set(
-              static_cast<double>(shared.cache->stats().bytes));
+          // The bytes held change only when this call decoded (and kept)
+          // an image.
+          if (!shared.hit) {
+            metrics->shared_decode_bytes.Set(
+                static_cast<double>(shared.cache->stats().bytes));
+          }
         }
       }
     } else {
