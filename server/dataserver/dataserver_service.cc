@@ -13,12 +13,12 @@
 #include "absl/time/time.h"
 #include "server/common/lease_token.h"
 #include "server/common/logging.h"
+#include "server/common/mixed_unit.h"
 #include "server/common/quote.h"
 #include "server/common/shuffle_window.h"
 #include "server/common/status_details.h"
 #include "server/common/status_macros.h"
 #include "server/common/work_unit.h"
-#include "server/dataserver/mixed_unit.h"
 
 namespace sluice::dataserver {
 absl::StatusOr<std::unique_ptr<DataServerService>> DataServerService::Create(

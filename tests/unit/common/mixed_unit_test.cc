@@ -1,4 +1,4 @@
-#include "server/dataserver/mixed_unit.h"
+#include "server/common/mixed_unit.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include "server/common/mix_order.h"
 #include "server/common/shuffle_window.h"
 
-namespace sluice::dataserver {
+namespace sluice {
 namespace {
 
 using ::testing::ElementsAre;
@@ -124,4 +124,4 @@ TEST(MixedUnitTest, InconsistentLeasesAreInvalidArgumentNamingTheField) {
 }
 
 }  // namespace
-}  // namespace sluice::dataserver
+}  // namespace sluice

@@ -1,4 +1,4 @@
-#include "server/dataserver/mixed_unit.h"
+#include "server/common/mixed_unit.h"
 
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 #include "server/common/mix_order.h"
 #include "server/common/quote.h"
 
-namespace sluice::dataserver {
+namespace sluice {
 namespace {
 
 absl::Status Bad(const v1::Lease& lease, absl::string_view what) {
@@ -143,4 +143,4 @@ absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
   return out;
 }
 
-}  // namespace sluice::dataserver
+}  // namespace sluice

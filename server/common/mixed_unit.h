@@ -1,8 +1,9 @@
 // The serving order of a mixed unit (MixedUnit, a job with sources):
 // which of the unit's pieces serves each position, and where each piece starts.
-// Pure; the data server computes it once per ReadSamples.
-#ifndef SLUICE_SERVER_DATASERVER_MIXED_UNIT_H_
-#define SLUICE_SERVER_DATASERVER_MIXED_UNIT_H_
+// Pure; the data server computes it once per ReadSamples, and the
+// coordinator to name the samples of a mixed range it audits.
+#ifndef SLUICE_SERVER_COMMON_MIXED_UNIT_H_
+#define SLUICE_SERVER_COMMON_MIXED_UNIT_H_
 
 #include <cstdint>
 #include <functional>
@@ -12,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "sluice/v1/common.pb.h"
 
-namespace sluice::dataserver {
+namespace sluice {
 
 // Most positions of one mixed unit or shuffle window a data server accepts
 // (each costs two bytes of labels).
@@ -37,6 +38,6 @@ using WindowLabelsFn =
 absl::StatusOr<MixedOrder> OrderMixedUnit(const v1::Lease& lease,
                                           const WindowLabelsFn& window_labels);
 
-}  // namespace sluice::dataserver
+}  // namespace sluice
 
-#endif  // SLUICE_SERVER_DATASERVER_MIXED_UNIT_H_
+#endif  // SLUICE_SERVER_COMMON_MIXED_UNIT_H_
