@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -15,6 +16,7 @@
 #include "server/common/logging.h"
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
+#include "server/coordinator/audit.h"
 #include "server/coordinator/coordinator_service_internal.h"
 #include "server/coordinator/job_report.h"
 #include "server/coordinator/memory_journal.h"
@@ -424,6 +426,39 @@ absl::StatusOr<v1::Job> CoordinatorService::GetJob(const std::string& name,
                                                    bool include_manifest) {
   return AwaitReply<absl::StatusOr<v1::Job>>(
       [&](JobReply done) { GetJob(name, include_manifest, std::move(done)); });
+}
+
+void CoordinatorService::Audit(const v1::AuditRequest& request,
+                               AuditReply done) {
+  std::optional<absl::StatusOr<AuditSlice>> slice;
+  {
+    ServiceLock lock(this);
+    if (const JobData* job = state_.FindJob(request.job())) {
+      slice = SliceAudit(*job, request, queues_.Windows(*job));
+      if (slice->ok()) {
+        // Named once what the slice shows is durable, off the lock.
+        Effects fx;
+        fx.replies.push_back([done, taken = std::move(**slice)](
+                                 const absl::Status& durable) mutable {
+          if (!durable.ok()) return done(durable);
+          done(NameAuditedSamples(std::move(taken)));
+        });
+        SubmitLocked(fx);
+      }
+    }
+  }
+  if (!slice.has_value()) {
+    return done(absl::NotFoundError(
+        absl::StrCat("job ", QuotePrefix(request.job()), " not found")));
+  }
+  if (!slice->ok()) return done(slice->status());
+  DeliverReady();
+}
+
+absl::StatusOr<v1::AuditResponse> CoordinatorService::Audit(
+    const v1::AuditRequest& request) {
+  return AwaitReply<absl::StatusOr<v1::AuditResponse>>(
+      [&](AuditReply done) { Audit(request, std::move(done)); });
 }
 
 void CoordinatorService::ListJobs(JobsReply done) {

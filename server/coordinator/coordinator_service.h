@@ -144,6 +144,7 @@ class CoordinatorService {
   // the answer (tests, tools).
   using JobReply = std::function<void(absl::StatusOr<v1::Job>)>;
   using JobsReply = std::function<void(absl::StatusOr<std::vector<v1::Job>>)>;
+  using AuditReply = std::function<void(absl::StatusOr<v1::AuditResponse>)>;
   using StatusReply = std::function<void(absl::Status)>;
 
   // Creates a job (NormalizeJobSpec's errors; ALREADY_EXISTS for a name
@@ -167,6 +168,10 @@ class CoordinatorService {
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
   void DeleteJob(const std::string& name, StatusReply done);
   absl::Status DeleteJob(const std::string& name);
+  // The samples one reader acknowledged in an epoch (audit.h), once the
+  // acknowledgements it names are durable. NOT_FOUND naming the job.
+  void Audit(const v1::AuditRequest& request, AuditReply done);
+  absl::StatusOr<v1::AuditResponse> Audit(const v1::AuditRequest& request);
 
   // A new Session stream. Returns its id for OnMessage/CloseSession.
   int64_t OpenSession(std::shared_ptr<SessionSink> sink);

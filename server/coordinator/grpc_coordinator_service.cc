@@ -490,6 +490,19 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::GetJob(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* GrpcCoordinatorService::Audit(
+    grpc::CallbackServerContext* ctx, const v1::AuditRequest* req,
+    v1::AuditResponse* resp) {
+  CoordinatorService* service = gate_->leading();
+  if (service == nullptr) return Refuse(ctx);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  service->Audit(*req, [reactor, resp](absl::StatusOr<v1::AuditResponse> r) {
+    if (r.ok()) *resp = std::move(*r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
     grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
     v1::ListJobsResponse* resp) {

@@ -52,6 +52,9 @@ class GrpcCoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
                                       const v1::DeleteJobRequest* req,
                                       v1::DeleteJobResponse* resp) override;
+  grpc::ServerUnaryReactor* Audit(grpc::CallbackServerContext* ctx,
+                                  const v1::AuditRequest* req,
+                                  v1::AuditResponse* resp) override;
   grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* Session(
       grpc::CallbackServerContext* ctx) override;
 

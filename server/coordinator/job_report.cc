@@ -134,6 +134,34 @@ v1::Job JobToProto(const JobData& job, bool include_manifest,
   return out;
 }
 
+void UnitToProto(const JobData& job, int64_t epoch, int32_t index,
+                 int64_t begin, int64_t end, int64_t sequence,
+                 const std::vector<ShuffleWindow>& windows,
+                 v1::WorkUnit* unit) {
+  if (job.mix != nullptr) {
+    v1::MixedUnit* mixed = unit->mutable_mixed();
+    mixed->set_block_index(index);
+    MixUnitToProto(*job.mix, job.spec, epoch, begin, end, mixed);
+  } else if (UsesWindows(job.options)) {
+    const ShuffleWindow& window = windows.at(index);
+    v1::WindowUnit* w = unit->mutable_window();
+    w->set_window_index(index);
+    w->set_window_order(window.order_seed);
+    for (int32_t shard : window.shards)
+      AddPiece(job.spec.manifest().shards(shard), shard, w->mutable_pieces());
+  } else {
+    const v1::Shard& shard = job.spec.manifest().shards(index);
+    v1::ShardRange* range = unit->mutable_shard();
+    range->set_shard_index(index);
+    range->set_url(shard.url());
+    range->set_size_bytes(shard.size_bytes());
+    range->set_checksum(shard.checksum());
+  }
+  unit->set_begin(begin);
+  unit->set_end(end);
+  unit->set_sequence(sequence);
+}
+
 v1::Lease LeaseToProto(const LeaseEntry& lease, const JobData& job,
                        const std::vector<ShuffleWindow>& windows) {
   v1::Lease out;
@@ -142,30 +170,8 @@ v1::Lease LeaseToProto(const LeaseEntry& lease, const JobData& job,
   out.set_job(lease.job);
   out.set_epoch(lease.epoch);
   out.set_rank(job.spec.world_size() > 0 ? lease.rank : -1);
-  v1::WorkUnit* unit = out.mutable_unit();
-  if (job.mix != nullptr) {
-    v1::MixedUnit* mixed = unit->mutable_mixed();
-    mixed->set_block_index(lease.shard_index);
-    MixUnitToProto(*job.mix, job.spec, lease.epoch, lease.begin, lease.end,
-                   mixed);
-  } else if (UsesWindows(job.options)) {
-    const ShuffleWindow& window = windows.at(lease.shard_index);
-    v1::WindowUnit* w = unit->mutable_window();
-    w->set_window_index(lease.shard_index);
-    w->set_window_order(window.order_seed);
-    for (int32_t index : window.shards)
-      AddPiece(job.spec.manifest().shards(index), index, w->mutable_pieces());
-  } else {
-    const v1::Shard& shard = job.spec.manifest().shards(lease.shard_index);
-    v1::ShardRange* range = unit->mutable_shard();
-    range->set_shard_index(lease.shard_index);
-    range->set_url(shard.url());
-    range->set_size_bytes(shard.size_bytes());
-    range->set_checksum(shard.checksum());
-  }
-  unit->set_begin(lease.begin);
-  unit->set_end(lease.end);
-  unit->set_sequence(lease.sequence);
+  UnitToProto(job, lease.epoch, lease.shard_index, lease.begin, lease.end,
+              lease.sequence, windows, out.mutable_unit());
   out.set_data_server(lease.data_server);
   out.set_expires_at_unix_ms(absl::ToUnixMillis(lease.expires_at));
   out.set_on_corrupt(job.spec.on_corrupt());

@@ -31,6 +31,13 @@ struct JobSoftState {
 v1::Job JobToProto(const JobData& job, bool include_manifest,
                    const JobSoftState& soft);
 
+// The work unit [begin, end) of `job`'s epoch `epoch` numbered `index`
+// (a shard, window or mixed block, by the job's kind) and `sequence`.
+// `windows` are that epoch's shuffle windows when the job uses them.
+void UnitToProto(const JobData& job, int64_t epoch, int32_t index,
+                 int64_t begin, int64_t end, int64_t sequence,
+                 const std::vector<ShuffleWindow>& windows, v1::WorkUnit* unit);
+
 // `lease` of `job` as its holder is sent it, without a token. `windows`
 // are the shuffle windows of the lease's epoch when the job uses them.
 v1::Lease LeaseToProto(const LeaseEntry& lease, const JobData& job,

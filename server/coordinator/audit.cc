@@ -1,0 +1,195 @@
+#include "server/coordinator/audit.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/common/mixed_unit.h"
+#include "server/common/quote.h"
+#include "server/common/shuffle_window.h"
+#include "server/common/work_unit.h"
+#include "server/coordinator/job_report.h"
+
+namespace sluice {
+namespace {
+
+absl::Status BadField(const v1::AuditRequest& r, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("audit of job ", QuotePrefix(r.job()), ": ", what));
+}
+
+// Appends positions [unit.begin, unit.end) of a window unit: the window's
+// labels say which piece serves each position, and a piece's samples are
+// served in file order.
+void NameWindow(const v1::WorkUnit& unit, int64_t position,
+                v1::AuditResponse* out) {
+  const auto& pieces = unit.window().pieces();
+  std::vector<int64_t> sizes;
+  sizes.reserve(pieces.size());
+  for (const v1::WindowPiece& p : pieces) sizes.push_back(p.num_samples());
+  const std::vector<uint16_t> labels =
+      WindowLabels(sizes, unit.window().window_order());
+  std::vector<int64_t> next(sizes.size(), 0);
+  for (int64_t p = 0; p < unit.begin(); ++p) ++next[labels[p]];
+  for (int64_t p = unit.begin(); p < unit.end(); ++p) {
+    const v1::WindowPiece& piece = pieces.Get(labels[p]);
+    v1::AuditedSample* s = out->add_samples();
+    s->set_position(position++);
+    s->set_shard_index(piece.shard_index());
+    s->set_shard_url(piece.url());
+    s->set_index(next[labels[p]]++);
+  }
+}
+
+absl::Status NameMixed(const v1::WorkUnit& unit, int64_t position,
+                       const std::string& job, v1::AuditResponse* out) {
+  v1::Lease lease;
+  lease.set_lease_id(absl::StrCat("audit/", job, "/u", unit.sequence()));
+  *lease.mutable_unit() = unit;
+  absl::StatusOr<MixedOrder> order = OrderMixedUnit(
+      lease, [](const std::vector<int64_t>& sizes, uint64_t order_seed) {
+        return std::make_shared<const std::vector<uint16_t>>(
+            WindowLabels(sizes, order_seed));
+      });
+  if (!order.ok()) return order.status();
+  const v1::MixedUnit& mixed = unit.mixed();
+  std::map<int32_t, const std::string*> names;
+  for (const v1::MixSegment& seg : mixed.segments())
+    names[seg.source()] = &seg.source_name();
+  std::vector<int64_t> next = order->first;
+  for (uint16_t label : order->labels) {
+    const v1::WindowPiece& piece = mixed.pieces(label);
+    v1::AuditedSample* s = out->add_samples();
+    s->set_position(position++);
+    s->set_shard_index(piece.shard_index());
+    s->set_shard_url(piece.url());
+    s->set_index(next[label]++);
+    if (auto it = names.find(piece.source()); it != names.end())
+      s->set_source(*it->second);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<int64_t> AuditableEpochs(const JobData& job) {
+  std::vector<int64_t> epochs;
+  if (!job.history.empty()) epochs.push_back(job.epoch - 1);
+  if (!job.done) epochs.push_back(job.epoch);
+  return epochs;
+}
+
+absl::StatusOr<AuditSlice> SliceAudit(
+    const JobData& job, const v1::AuditRequest& request,
+    const std::vector<ShuffleWindow>& current_windows) {
+  const std::vector<int64_t> kept = AuditableEpochs(job);
+  if (std::find(kept.begin(), kept.end(), request.epoch()) == kept.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "audit of job ", QuotePrefix(request.job()),
+        ": audit.epoch=", request.epoch(), " is not kept; the job keeps ",
+        kept.empty() ? std::string("no epoch")
+                     : absl::StrCat("epoch(s) ", absl::StrJoin(kept, ", ")),
+        " (its current epoch and the one before it)"));
+  }
+  const bool current = request.epoch() == job.epoch;
+  const EpochPlan& plan = current ? job.plan : job.history.front().plan;
+  const AckLog& log = current ? job.ack_log : job.history.front().ack_log;
+  if (request.rank() < 0 || request.rank() >= plan.num_ranks) {
+    return BadField(request,
+                    absl::StrCat("audit.rank=", request.rank(),
+                                 " is not within [0, ", plan.num_ranks,
+                                 ") (the job's world size, or 1 without one)"));
+  }
+  if (request.worker() < 0 || request.worker() >= plan.workers_per_rank) {
+    return BadField(
+        request, absl::StrCat("audit.worker=", request.worker(),
+                              " is not within [0, ", plan.workers_per_rank,
+                              "): epoch ", request.epoch(), " was read with ",
+                              plan.workers_per_rank, " reader(s) per rank"));
+  }
+  if (request.start() < 0) {
+    return BadField(request,
+                    absl::StrCat("audit.start=", request.start(), " < 0"));
+  }
+  if (request.count() < 0 || request.count() > kAuditMaxCount) {
+    return BadField(request,
+                    absl::StrCat("audit.count=", request.count(),
+                                 " is not within [0, ", kAuditMaxCount, "]"));
+  }
+  const int64_t count =
+      request.count() == 0 ? kAuditDefaultCount : request.count();
+  const int32_t slot = plan.SlotOf(request.rank(), request.worker());
+  const std::vector<AckedRange> empty;
+  const std::vector<AckedRange>& ranges =
+      static_cast<size_t>(slot) < log.size() ? log[slot] : empty;
+
+  AuditSlice slice;
+  v1::AuditResponse& h = slice.header;
+  h.set_job(request.job());
+  h.set_epoch(request.epoch());
+  h.set_rank(request.rank());
+  h.set_worker(request.worker());
+  h.set_workers_per_rank(plan.workers_per_rank);
+  for (int64_t e : kept) h.add_epochs_kept(e);
+  std::vector<ShuffleWindow> planned;
+  const std::vector<ShuffleWindow>* windows = &current_windows;
+  if (!current && job.mix == nullptr && UsesWindows(job.options)) {
+    planned = PlanWindows(*job.shard_samples, job.options, request.epoch());
+    windows = &planned;
+  }
+  const int64_t first = request.start();
+  const int64_t last = first + count;
+  int64_t position = 0;
+  for (const AckedRange& a : ranges) {
+    const int64_t size = a.end - a.begin;
+    const int64_t lo = std::max(position, first);
+    const int64_t hi = std::min(position + size, last);
+    if (lo < hi) {
+      AuditSlice::Part part;
+      part.position = lo;
+      UnitToProto(job, request.epoch(), a.shard_index,
+                  a.begin + (lo - position), a.begin + (hi - position),
+                  a.sequence, *windows, &part.unit);
+      slice.parts.push_back(std::move(part));
+    }
+    position += size;
+  }
+  h.set_total(position);
+  return slice;
+}
+
+absl::StatusOr<v1::AuditResponse> NameAuditedSamples(AuditSlice slice) {
+  v1::AuditResponse out = std::move(slice.header);
+  for (const AuditSlice::Part& part : slice.parts) {
+    const v1::WorkUnit& unit = part.unit;
+    const int first = out.samples_size();
+    if (unit.has_window()) {
+      NameWindow(unit, part.position, &out);
+    } else if (unit.has_mixed()) {
+      if (absl::Status named = NameMixed(unit, part.position, out.job(), &out);
+          !named.ok()) {
+        return named;
+      }
+    } else {
+      int64_t position = part.position;
+      for (int64_t i = unit.begin(); i < unit.end(); ++i) {
+        v1::AuditedSample* s = out.add_samples();
+        s->set_position(position++);
+        s->set_shard_index(unit.shard().shard_index());
+        s->set_shard_url(unit.shard().url());
+        s->set_index(i);
+      }
+    }
+    for (int i = first; i < out.samples_size(); ++i) {
+      out.mutable_samples(i)->set_sequence(unit.sequence());
+      out.mutable_samples(i)->set_unit_kind(UnitKindName(unit));
+    }
+  }
+  return out;
+}
+
+}  // namespace sluice
