@@ -60,6 +60,7 @@ int UpCommand(const std::vector<std::string>& args);
 int DemoCommand(const std::vector<std::string>& args);
 int OnceCommand(const std::vector<std::string>& args);
 int BarrierCommand(const std::vector<std::string>& args);
+int AuditCommand(const std::vector<std::string>& args);
 
 }  // namespace sluice::cli
 

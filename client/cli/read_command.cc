@@ -22,9 +22,9 @@ ABSL_DECLARE_FLAG(absl::Duration, timeout);
 ABSL_DECLARE_FLAG(std::string, ca_cert);
 // read
 ABSL_FLAG(std::string, job, "", "read: job name.");
-ABSL_FLAG(int32_t, rank, 0, "read: rank.");
+ABSL_FLAG(int32_t, rank, 0, "read, audit: rank.");
 ABSL_FLAG(int32_t, worker, 0,
-          "read: this reader's index among the rank's --workers.");
+          "read, audit: this reader's index among the rank's --workers.");
 ABSL_FLAG(int32_t, workers, 0,
           "read: readers sharing the rank (0 = 1); each reads a fixed share of "
           "its quota.");

@@ -52,6 +52,8 @@ Commands:
   job get NAME | job list | job delete NAME
   status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
                             live data servers
+  audit JOB --epoch E [--rank R --worker W --from N --count K --nokeys]
+                            the samples a reader took in an epoch, in order
   read --job J --rank R [--read_epochs N] [--decode] [--decode_spec TEXT] [--rate N]
        [--stall_timeout 60s]  one JSON line per sample on stdout
   health HOST:PORT [--service readiness]
@@ -141,6 +143,14 @@ const std::vector<CommandHelp>& Commands() {
        "(--coordinator=a,b), first each one's role: leader, standby (naming "
        "the leader) or unreachable.",
        {}},
+      {"audit",
+       "sluicectl audit JOB --epoch E [--rank R] [--worker W] [--from N] "
+       "[--count K] [--nokeys] [--json]\n  The samples reader (R, W) of JOB "
+       "acknowledged in epoch E, in the order its loop took them: position, "
+       "key,\n  shard URL, index in the shard, source (jobs with sources), "
+       "unit kind and unit. Kept for a job's\n  current epoch and the one "
+       "before it. Keys are looked up on a live data server (--nokeys: not).",
+       {"epoch", "rank", "worker", "from", "count", "keys"}},
       {"read",
        "sluicectl read --job J [--rank R] [--read_epochs N] [--decode] "
        "[--decode_spec TEXT] [--rate N]\n  Reads a job as one trainer rank "
@@ -439,6 +449,7 @@ int Run(int argc, char** argv) {
   if (command == "demo") return DemoCommand(args);
   if (command == "once") return OnceCommand(args);
   if (command == "barrier") return BarrierCommand(args);
+  if (command == "audit") return AuditCommand(args);
   std::vector<std::string> names;
   for (const CommandHelp& c : Commands()) names.push_back(c.name);
   return Usage("unknown command \"" + command + "\"" +

@@ -1,0 +1,154 @@
+"""`sluicectl audit` against what the readers themselves yielded: for every
+rank of a dynamic job with shuffle windows, a job mixing two sources, and a
+training loop SIGKILLed and resumed from its checkpoint, the audit lists the
+samples each reader's loop took, in order, with their keys; the same after
+a coordinator restart."""
+import itertools
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import BIN, Cluster, Server, _wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = "/usr/bin/python3"
+SHARDS, PER_SHARD = 6, 20  # 120 samples
+
+_jobs = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("audit"), shards=SHARDS, per_shard=PER_SHARD,
+                data_servers=2)
+    yield c
+    c.stop()
+
+
+def _sluicectl(*args, check=True):
+    out = subprocess.run([os.path.join(BIN, "sluicectl"), *args], capture_output=True,
+                         text=True, timeout=120)
+    if check:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out
+
+
+def _read(cluster, job, ranks, epochs=1):
+    """Every rank as `sluicectl read` at once, until `epochs` epochs end:
+    per rank, its (epoch, shard URL, index, key, source) in the order it
+    yielded them."""
+    procs = [subprocess.Popen([os.path.join(BIN, "sluicectl"), "read", f"--job={job}",
+                               f"--rank={r}", f"--read_epochs={epochs}",
+                               f"--coordinator={cluster.address}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(ranks)]
+    ledgers = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        ledgers.append([json.loads(line) for line in out.splitlines()])
+    return ledgers
+
+
+def _audit(cluster, job, epoch, rank, *extra):
+    out = _sluicectl("audit", job, f"--epoch={epoch}", f"--rank={rank}", "--json",
+                     f"--coordinator={cluster.address}", *extra)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def _as_read(audit):
+    """Audit lines as (shard URL, index, key, source)."""
+    return [(a["url"], a["index"], a["key"], a.get("source", "")) for a in audit]
+
+
+def _ledger(lines, epoch, urls):
+    return [(urls[s.get("source", "")][s["shard"]], s["index"], s["key"], s.get("source", ""))
+            for s in lines if s["epoch"] == epoch]
+
+
+def _restart_coordinator(cluster):
+    port = cluster.coordinator.address.rsplit(":", 1)[1]
+    cluster.coordinator.stop()
+    cluster.coordinator = Server("sluice-coordinator", cluster.tmp, cluster.coordinator_flags,
+                                 port=int(port))
+    n = len(cluster.data)
+    _wait_for(lambda: f"sluice_coordinator_data_servers {n}"
+              in cluster.coordinator.metric_text(), 30, "data servers to register again")
+
+
+def test_every_rank_of_a_dynamic_job_with_windows_is_audited_in_order(cluster):
+    job = f"windows-{next(_jobs)}"
+    cluster.create_job(job, world_size=2, epochs=2, mode="dynamic", shuffle_window=3,
+                       max_samples_per_lease=7)
+    urls = {"": [u for u, _ in cluster.urls]}
+    first = _read(cluster, job, 2, epochs=1)
+    for rank in range(2):
+        want = _ledger(first[rank], 0, urls)
+        assert len(want) == cluster.total // 2
+        got = _audit(cluster, job, 0, rank)
+        assert {a["unit_kind"] for a in got} == {"window"}
+        assert [a["position"] for a in got] == list(range(len(want)))
+        assert _as_read(got) == want, f"rank {rank}"
+        # A page from the middle.
+        page = _audit(cluster, job, 0, rank, "--from=13", "--count=20")
+        assert _as_read(page) == want[13:33]
+    _restart_coordinator(cluster)
+    second = _read(cluster, job, 2, epochs=1)
+    for rank in range(2):
+        assert _as_read(_audit(cluster, job, 1, rank)) == _ledger(second[rank], 1, urls)
+    # The job is done: epoch 1 is kept, epoch 0 no longer.
+    out = _sluicectl("audit", job, "--epoch=0", f"--coordinator={cluster.address}",
+                     check=False)
+    assert out.returncode == 1
+    assert "audit.epoch=0 is not kept; the job keeps epoch(s) 1" in out.stderr
+
+
+def test_a_job_mixing_two_sources_is_audited_with_its_sources(cluster):
+    job = f"mixed-{next(_jobs)}"
+    manifests = {}
+    for name, urls in (("a", cluster.urls[:3]), ("b", cluster.urls[3:])):
+        path = os.path.join(cluster.tmp, f"{job}-{name}.json")
+        with open(path, "w") as f:
+            json.dump({"shards": [{"url": u, "num_samples": n} for u, n in urls]}, f)
+        manifests[name] = path
+    _sluicectl("job", "create", f"--coordinator={cluster.address}", f"--name={job}",
+               "--world_size=2", "--epochs=1", "--seed=3", "--samples_per_epoch=90",
+               "--max_samples_per_lease=10",
+               f"--source=name=a,manifest={manifests['a']},weight=2",
+               f"--source=name=b,manifest={manifests['b']},weight=1")
+    urls = {"a": [u for u, _ in cluster.urls[:3]], "b": [u for u, _ in cluster.urls[3:]]}
+    ledgers = _read(cluster, job, 2, epochs=1)
+    for rank in range(2):
+        want = _ledger(ledgers[rank], 0, urls)
+        assert len(want) == 45
+        assert {s for *_, s in want} == {"a", "b"}
+        got = _audit(cluster, job, 0, rank)
+        assert {a["unit_kind"] for a in got} == {"mixed"}
+        assert _as_read(got) == want, f"rank {rank}"
+
+
+def test_a_loop_killed_and_resumed_is_audited_as_its_model_trained(cluster, tmp_path):
+    # The README's loop checkpoints after every step and is SIGKILLed after
+    # step 4; the next run restores that checkpoint and finishes. What the
+    # model trained (the checkpoint's samples, then the resumed run's) is
+    # the audit of the epoch; the samples the killed run read after its
+    # checkpoint are not.
+    job = f"resumed-{next(_jobs)}"
+    cluster.create_job(job, world_size=1, epochs=1, mode="dynamic", max_samples_per_lease=10)
+    ckpt = tmp_path / "ckpt.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), HERE) if p)
+    loop = [PYTHON, os.path.join(HERE, "train_loop.py"), cluster.address, job, "--workers=0",
+            "--epochs=1", "--batch=8", f"--checkpoint={ckpt}"]
+    killed = subprocess.run(loop + ["--kill_after=4"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    done = subprocess.run(loop, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trained = json.loads(done.stdout.strip().splitlines()[-1])["trained"]
+    assert len(trained) == cluster.total
+    got = _audit(cluster, job, 0, 0, "--nokeys")
+    assert [[0, a["url"], a["index"]] for a in got] == trained
+    assert {a["key"] for a in got} == {""}
