@@ -7,9 +7,11 @@ import itertools
 import json
 import os
 import subprocess
+import threading
 
 import pytest
 
+import sluice
 from conftest import BIN, Cluster, Server, _wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,11 +100,23 @@ def test_every_rank_of_a_dynamic_job_with_windows_is_audited_in_order(cluster):
     second = _read(cluster, job, 2, epochs=1)
     for rank in range(2):
         assert _as_read(_audit(cluster, job, 1, rank)) == _ledger(second[rank], 1, urls)
+    # The text form: a line per sample between a header and a total.
+    text = _sluicectl("audit", job, "--epoch=1", "--rank=1",
+                      f"--coordinator={cluster.address}").stdout.splitlines()
+    assert text[0] == "# position key shard index source unit_kind unit"
+    assert text[-1] == f"# job {job} epoch 1 rank 1 worker 0: 60 samples acknowledged"
+    first_url, first_index, first_key, _ = _ledger(second[1], 1, urls)[0]
+    assert text[1].split()[:4] == ["0", first_key, first_url, str(first_index)]
+    assert len(text) == 62
     # The job is done: epoch 1 is kept, epoch 0 no longer.
     out = _sluicectl("audit", job, "--epoch=0", f"--coordinator={cluster.address}",
                      check=False)
     assert out.returncode == 1
     assert "audit.epoch=0 is not kept; the job keeps epoch(s) 1" in out.stderr
+    out = _sluicectl("audit", "no-such-job", "--epoch=0", f"--coordinator={cluster.address}",
+                     check=False)
+    assert out.returncode == 1
+    assert 'job "no-such-job" not found' in out.stderr
 
 
 def test_a_job_mixing_two_sources_is_audited_with_its_sources(cluster):
@@ -152,3 +166,43 @@ def test_a_loop_killed_and_resumed_is_audited_as_its_model_trained(cluster, tmp_
     got = _audit(cluster, job, 0, 0, "--nokeys")
     assert [[0, a["url"], a["index"]] for a in got] == trained
     assert {a["key"] for a in got} == {""}
+
+
+def test_python_audit_of_each_worker_is_what_its_reader_yielded(cluster):
+    # Two readers share rank 0 (DataLoader workers 0 and 1), each in its own
+    # thread; sluice.audit(worker=w) is what reader w yielded, in order.
+    job = f"workers-{next(_jobs)}"
+    cluster.create_job(job, world_size=1, epochs=1, mode="dynamic", max_samples_per_lease=9)
+    ledgers, errors = [[], []], []
+
+    def read(worker):
+        reader = sluice.Reader(cluster.address, job, rank=0, worker=worker, num_workers=2,
+                               decode=False)
+        try:
+            for s in reader:
+                ledgers[worker].append((s.shard_url, s.index, s.key))
+        except Exception as e:  # reported below, not lost in the thread
+            errors.append(e)
+        finally:
+            reader.close()
+    threads = [threading.Thread(target=read, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sorted(map(len, ledgers)) == [60, 60]
+    for worker in range(2):
+        got = sluice.audit(job, 0, rank=0, worker=worker, coordinator=cluster.address)
+        assert [(a["url"], a["index"], a["key"]) for a in got] == ledgers[worker]
+        assert [a["position"] for a in got] == list(range(60))
+        page = sluice.audit(job, 0, worker=worker, start=50, count=5, keys=False,
+                            coordinator=cluster.address)
+        assert [(a["url"], a["index"]) for a in page] == [l[:2] for l in ledgers[worker][50:55]]
+        assert {a["key"] for a in page} == {""}
+    with pytest.raises(LookupError, match="audit.epoch=1 is not kept"):
+        sluice.audit(job, 1, coordinator=cluster.address)
+    with pytest.raises(ValueError, match="audit.worker=2"):
+        sluice.audit(job, 0, worker=2, coordinator=cluster.address)
+    with pytest.raises(LookupError, match="not found"):
+        sluice.audit("no-such-job", 0, coordinator=cluster.address)

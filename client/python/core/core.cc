@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/common/grpc_status.h"
+#include "sluice/audit.h"
 #include "sluice/coordination.h"
 #include "sluice/reader.h"
 #include "sluice/tls.h"
@@ -530,6 +531,50 @@ py::tuple Barrier(const std::string& coordinator, const std::string& scope,
   return py::make_tuple(response.status().ToString(), arrived, missing);
 }
 
+// sluice::Audit: (samples as dicts, total, keys_missing); an error raises
+// RuntimeError("CODE: message").
+py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
+                       int64_t epoch, int32_t rank, int32_t worker,
+                       int64_t from, int64_t count, bool keys, double timeout,
+                       const std::string& ca_cert,
+                       const std::string& client_cert,
+                       const std::string& client_key) {
+  AuditOptions o;
+  o.coordinator = coordinator;
+  o.job = job;
+  o.epoch = epoch;
+  o.rank = rank;
+  o.worker = worker;
+  o.from = from;
+  o.count = count;
+  o.keys = keys;
+  o.timeout = absl::Seconds(timeout);
+  o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
+  absl::StatusOr<AuditResult> audit;
+  {
+    py::gil_scoped_release unlocked;
+    audit = Audit(o);
+  }
+  if (!audit.ok()) Raise(audit.status());
+  py::list samples;
+  for (const AuditedSample& s : audit->samples) {
+    py::dict d;
+    d["position"] = s.position;
+    // Keys are bytes from the shard: decoded with replacement, never an
+    // exception.
+    d["key"] = py::reinterpret_steal<py::str>(PyUnicode_DecodeUTF8(
+        s.key.data(), static_cast<Py_ssize_t>(s.key.size()), "replace"));
+    d["source"] = s.source;
+    d["shard"] = s.shard_index;
+    d["url"] = s.shard_url;
+    d["index"] = s.index;
+    d["unit"] = s.unit;
+    d["unit_kind"] = s.unit_kind;
+    samples.append(std::move(d));
+  }
+  return py::make_tuple(samples, audit->total, audit->keys_missing);
+}
+
 // MergeCursors over serialized cursors; ValueError on a mismatch.
 py::bytes MergeSerializedCursors(const std::vector<py::bytes>& serialized) {
   std::vector<v1::Cursor> cursors(serialized.size());
@@ -607,6 +652,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("timeout") = 60.0, py::arg("ca_cert") = "",
         py::arg("client_cert") = "", py::arg("client_key") = "",
         "sluice::WaitBarrier: (status, arrived, missing).");
+  m.def("audit", &sluice::AuditSamples, py::arg("coordinator"), py::arg("job"),
+        py::arg("epoch"), py::arg("rank"), py::arg("worker"), py::arg("from"),
+        py::arg("count"), py::arg("keys"), py::arg("timeout"),
+        py::arg("ca_cert") = "", py::arg("client_cert") = "",
+        py::arg("client_key") = "",
+        "sluice::Audit: (samples as dicts, total, keys_missing).");
   m.def("merge_cursors", &sluice::MergeSerializedCursors, py::arg("cursors"),
         "sluice::MergeCursors over serialized Cursors: the merged one, "
         "serialized. ValueError on a mismatch.");

@@ -1,0 +1,172 @@
+#include "sluice/audit.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cpp/channel_credentials.h"
+#include "server/common/grpc_status.h"
+#include "server/common/grpc_target.h"
+#include "server/common/status_macros.h"
+#include "server/common/tls_probe.h"
+#include "sluice/v1/coordinator.grpc.pb.h"
+#include "sluice/v1/dataserver.grpc.pb.h"
+
+namespace sluice {
+namespace {
+
+// The most samples one Audit call returns (AuditRequest.count).
+constexpr int64_t kPage = 10000;
+
+void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout) {
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+// Sample keys per shard URL, read once per shard from the first of the
+// job's live data servers that indexes it.
+class KeyBook {
+ public:
+  KeyBook(std::vector<std::string> data_servers,
+          std::shared_ptr<grpc::ChannelCredentials> credentials,
+          absl::Duration timeout)
+      : data_servers_(std::move(data_servers)),
+        credentials_(std::move(credentials)),
+        timeout_(timeout) {}
+
+  std::string Key(const std::string& url, int64_t index, std::string* why) {
+    auto it = keys_.find(url);
+    if (it == keys_.end()) it = keys_.emplace(url, Look(url, why)).first;
+    const std::vector<std::string>& keys = it->second;
+    return index >= 0 && index < static_cast<int64_t>(keys.size())
+               ? keys[index]
+               : std::string();
+  }
+
+ private:
+  std::vector<std::string> Look(const std::string& url, std::string* why) {
+    absl::Status last =
+        absl::UnavailableError("no data server of the job is live");
+    for (const std::string& address : data_servers_) {
+      auto stub = v1::DataServer::NewStub(
+          grpc::CreateChannel(GrpcTarget(address), credentials_));
+      grpc::ClientContext ctx;
+      SetDeadline(ctx, timeout_);
+      v1::IndexShardRequest request;
+      request.set_url(url);
+      request.set_include_samples(true);
+      v1::ShardIndex index;
+      last = FromGrpcStatus(stub->IndexShard(&ctx, request, &index));
+      if (last.ok()) return {index.keys().begin(), index.keys().end()};
+    }
+    if (why->empty()) {
+      *why = absl::StrCat("indexing ", url, " failed: ", last.message());
+    }
+    return {};
+  }
+
+  std::vector<std::string> data_servers_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  absl::Duration timeout_;
+  std::map<std::string, std::vector<std::string>> keys_;
+};
+
+}  // namespace
+
+absl::StatusOr<AuditResult> Audit(
+    const AuditOptions& options,
+    const std::function<void(const AuditedSample&)>& each) {
+  if (options.coordinator.empty() || options.job.empty()) {
+    return absl::InvalidArgumentError(
+        "AuditOptions.coordinator and .job are required");
+  }
+  if (options.from < 0 || options.count < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AuditOptions.from=", options.from,
+        " must be >= 0 and .count=", options.count, " >= -1 (-1: all)"));
+  }
+  RETURN_IF_ERROR(
+      client_internal::CheckClientTls(options.tls, "AuditOptions.tls"));
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      client_internal::ChannelCredentials(options.tls);
+  auto stub = v1::Coordinator::NewStub(
+      CoordinatorChannel(options.coordinator, credentials));
+  auto call = [&](const grpc::Status& s) {
+    absl::Status status = FromGrpcStatus(s);
+    if (absl::IsUnavailable(status)) {
+      absl::Status mismatch =
+          CheckTransport("coordinator", options.coordinator,
+                         options.tls.has_value(), "AuditOptions.tls");
+      if (!mismatch.ok()) return mismatch;
+    }
+    return status;
+  };
+
+  AuditResult result;
+  std::vector<std::string> data_servers;
+  if (options.keys) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, options.timeout);
+    v1::GetJobRequest request;
+    request.set_name(options.job);
+    v1::Job job;
+    RETURN_IF_ERROR(call(stub->GetJob(&ctx, request, &job)));
+    data_servers.assign(job.status().live_data_servers().begin(),
+                        job.status().live_data_servers().end());
+  } else {
+    result.keys_missing = "AuditOptions.keys is false";
+  }
+  KeyBook keys(std::move(data_servers), credentials, options.timeout);
+
+  int64_t position = options.from;
+  int64_t left = options.count;  // -1: all
+  while (left != 0) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, options.timeout);
+    v1::AuditRequest request;
+    request.set_job(options.job);
+    request.set_epoch(options.epoch);
+    request.set_rank(options.rank);
+    request.set_worker(options.worker);
+    request.set_start(position);
+    request.set_count(left < 0 ? kPage : std::min(left, kPage));
+    v1::AuditResponse page;
+    RETURN_IF_ERROR(call(stub->Audit(&ctx, request, &page)));
+    result.total = page.total();
+    result.workers_per_rank = page.workers_per_rank();
+    result.epochs_kept.assign(page.epochs_kept().begin(),
+                              page.epochs_kept().end());
+    for (const v1::AuditedSample& s : page.samples()) {
+      AuditedSample out;
+      out.position = s.position();
+      if (options.keys) {
+        out.key = keys.Key(s.shard_url(), s.index(), &result.keys_missing);
+      }
+      out.shard_index = s.shard_index();
+      out.shard_url = s.shard_url();
+      out.index = s.index();
+      out.source = s.source();
+      out.unit = s.sequence();
+      out.unit_kind = s.unit_kind();
+      if (each) {
+        each(out);
+      } else {
+        result.samples.push_back(std::move(out));
+      }
+    }
+    if (page.samples_size() == 0) break;
+    position += page.samples_size();
+    if (left > 0) left -= page.samples_size();
+  }
+  return result;
+}
+
+absl::StatusOr<AuditResult> Audit(const AuditOptions& options) {
+  return Audit(options, nullptr);
+}
+
+}  // namespace sluice

@@ -1,0 +1,75 @@
+// Audit from C++: which samples one reader of a job took in an epoch, in
+// the order its loop took them (the coordinator's Audit RPC), each named by
+// shard, index, key and source.
+//
+//   sluice::AuditOptions o;
+//   o.coordinator = "head:7070"; o.job = "cifar"; o.epoch = 3; o.rank = 5;
+//   auto audit = sluice::Audit(o);                   // absl::StatusOr
+//   for (const sluice::AuditedSample& s : audit->samples)
+//     std::cout << s.position << " " << s.key << " " << s.shard_url << "\n";
+//
+// The coordinator keeps what audits need for a job's current epoch and the
+// one before it. Keys come from a live data server of the job (IndexShard,
+// once per shard); without one, keys are empty and `keys_missing` says why.
+#ifndef SLUICE_CLIENT_INCLUDE_SLUICE_AUDIT_H_
+#define SLUICE_CLIENT_INCLUDE_SLUICE_AUDIT_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sluice/tls.h"
+
+namespace sluice {
+
+struct AuditOptions {
+  std::string coordinator;
+  std::string job;
+  int64_t epoch = 0;
+  int32_t rank = 0;
+  int32_t worker = 0;  // the reader within the rank (DataLoader worker)
+  int64_t from = 0;    // first position listed, 0-based
+  int64_t count = -1;  // most samples listed; -1 = all from `from` on
+  bool keys = true;    // look keys up on a live data server
+  // TLS (sluice/tls.h), or none for plaintext.
+  std::optional<ClientTls> tls;
+  absl::Duration timeout = absl::Seconds(10);  // of each call
+};
+
+struct AuditedSample {
+  int64_t position = 0;  // in the reader's order of the epoch
+  std::string key;       // empty when keys were not looked up
+  // The shard, in the job's manifest or (a job with sources) in `source`'s.
+  int32_t shard_index = 0;
+  std::string shard_url;
+  int64_t index = 0;   // within the shard
+  std::string source;  // JobSpec.sources' name; empty for one manifest
+  int64_t unit = 0;    // the planned unit (WorkUnit.sequence) it was served in
+  std::string unit_kind;  // "shard", "window" or "mixed"
+};
+
+struct AuditResult {
+  int64_t total = 0;  // samples the reader acknowledged in the epoch so far
+  int32_t workers_per_rank = 1;
+  std::vector<int64_t> epochs_kept;    // auditable epochs, oldest first
+  std::vector<AuditedSample> samples;  // empty when given to `each`
+  std::string keys_missing;            // why keys are empty, if they are
+};
+
+// The samples, in order. The coordinator's errors as it gave them:
+// NOT_FOUND naming the job, FAILED_PRECONDITION naming the epochs kept,
+// INVALID_ARGUMENT naming the field.
+absl::StatusOr<AuditResult> Audit(const AuditOptions& options);
+// The same, each sample handed to `each` as its page arrives instead of
+// kept (an epoch of millions of samples in constant memory).
+absl::StatusOr<AuditResult> Audit(
+    const AuditOptions& options,
+    const std::function<void(const AuditedSample&)>& each);
+
+}  // namespace sluice
+
+#endif  // SLUICE_CLIENT_INCLUDE_SLUICE_AUDIT_H_
