@@ -15,7 +15,7 @@ ABSL_DECLARE_FLAG(absl::Duration, timeout);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(int32_t, rank);
 ABSL_DECLARE_FLAG(int32_t, worker);
-ABSL_FLAG(int64_t, epoch, -1, "audit: the epoch (required).");
+ABSL_FLAG(int64_t, epoch, -1, "audit, replay: the epoch (required).");
 ABSL_FLAG(int64_t, from, 0,
           "audit: the first position listed (0-based, in the reader's order).");
 ABSL_FLAG(int64_t, count, -1,

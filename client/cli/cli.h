@@ -61,6 +61,7 @@ int DemoCommand(const std::vector<std::string>& args);
 int OnceCommand(const std::vector<std::string>& args);
 int BarrierCommand(const std::vector<std::string>& args);
 int AuditCommand(const std::vector<std::string>& args);
+int ReplayCommand(const std::vector<std::string>& args);
 
 }  // namespace sluice::cli
 

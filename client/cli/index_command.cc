@@ -42,7 +42,8 @@ ABSL_FLAG(std::string, data_server, "",
           "(IndexShard): the "
           "arguments are then shard URLs (http://, https://, s3://, or paths "
           "the server may "
-          "read); remote shards land in its cache on the way.");
+          "read); remote shards land in its cache on the way. replay: the "
+          "data server to ask (default: the job's live ones).");
 ABSL_FLAG(std::string, url_prefix, "",
           "index (local): write each shard's URL as this prefix + its path "
           "relative to the "

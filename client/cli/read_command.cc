@@ -22,17 +22,20 @@ ABSL_DECLARE_FLAG(absl::Duration, timeout);
 ABSL_DECLARE_FLAG(std::string, ca_cert);
 // read
 ABSL_FLAG(std::string, job, "", "read: job name.");
-ABSL_FLAG(int32_t, rank, 0, "read, audit: rank.");
-ABSL_FLAG(int32_t, worker, 0,
-          "read, audit: this reader's index among the rank's --workers.");
+ABSL_FLAG(int32_t, rank, 0, "read, audit, replay: rank.");
+ABSL_FLAG(
+    int32_t, worker, 0,
+    "read, audit, replay: this reader's index among the rank's --workers.");
 ABSL_FLAG(int32_t, workers, 0,
           "read: readers sharing the rank (0 = 1); each reads a fixed share of "
           "its quota.");
 ABSL_FLAG(int64_t, read_epochs, 0,
           "read: stop after this many epochs end (0 = until the job is done).");
-ABSL_FLAG(bool, decode, false, "read: ask the data server to decode fields.");
+ABSL_FLAG(bool, decode, false,
+          "read, replay: ask the data server to decode fields.");
 ABSL_FLAG(std::string, decode_spec, "",
-          "read: a sluice.v1.DecodeSpec in protobuf text format, e.g. image "
+          "read, replay: a sluice.v1.DecodeSpec in protobuf text format, e.g. "
+          "image "
           "transforms: "
           "'transforms { random_resized_crop { height: 224 width: 224 } } "
           "transforms { horizontal_flip { p: 0.5 } }' (implies --decode).");

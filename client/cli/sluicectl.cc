@@ -54,6 +54,9 @@ Commands:
                             live data servers
   audit JOB --epoch E [--rank R --worker W --from N --count K --nokeys]
                             the samples a reader took in an epoch, in order
+  replay JOB --epoch E (--key K | --rank R --worker W --position N)
+         [--decode_spec TEXT] [--out FILE.npy|FILE.png]
+                            that sample again, as the trainer got it
   read --job J --rank R [--read_epochs N] [--decode] [--decode_spec TEXT] [--rate N]
        [--stall_timeout 60s]  one JSON line per sample on stdout
   health HOST:PORT [--service readiness]
@@ -151,6 +154,17 @@ const std::vector<CommandHelp>& Commands() {
        "unit kind and unit. Kept for a job's\n  current epoch and the one "
        "before it. Keys are looked up on a live data server (--nokeys: not).",
        {"epoch", "rank", "worker", "from", "count", "keys"}},
+      {"replay",
+       "sluicectl replay JOB --epoch E (--key K | --rank R [--worker W] "
+       "--position N) [--decode_spec TEXT | --decode] [--data_server "
+       "HOST:PORT] [--out FILE.npy|FILE.png [--field NAME]]\n  Serves one "
+       "sample of an epoch again with the augmentation draws it got then "
+       "(give the --decode_spec\n  the trainer's reader used): its tensor is "
+       "the one the trainer received. Prints a JSON sidecar\n  (where it "
+       "came from, the crops, resizes and flips drawn, its fields); --out "
+       "writes the tensor\n  and the sidecar to FILE.json.",
+       {"epoch", "rank", "worker", "position", "key", "decode_spec", "decode",
+        "data_server", "out", "field"}},
       {"read",
        "sluicectl read --job J [--rank R] [--read_epochs N] [--decode] "
        "[--decode_spec TEXT] [--rate N]\n  Reads a job as one trainer rank "
@@ -450,6 +464,7 @@ int Run(int argc, char** argv) {
   if (command == "once") return OnceCommand(args);
   if (command == "barrier") return BarrierCommand(args);
   if (command == "audit") return AuditCommand(args);
+  if (command == "replay") return ReplayCommand(args);
   std::vector<std::string> names;
   for (const CommandHelp& c : Commands()) names.push_back(c.name);
   return Usage("unknown command \"" + command + "\"" +

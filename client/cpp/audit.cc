@@ -169,4 +169,161 @@ absl::StatusOr<AuditResult> Audit(const AuditOptions& options) {
   return Audit(options, nullptr);
 }
 
+namespace {
+
+AuditedSample FromProto(const v1::AuditedSample& s) {
+  AuditedSample out;
+  out.position = s.position();
+  out.shard_index = s.shard_index();
+  out.shard_url = s.shard_url();
+  out.index = s.index();
+  out.source = s.source();
+  out.unit = s.sequence();
+  out.unit_kind = s.unit_kind();
+  return out;
+}
+
+// The reader and position of the sample with `key` in the epoch.
+absl::Status FindKey(const ReplayOptions& options, const v1::Job& job,
+                     ReplayResult* result) {
+  AuditOptions audit;
+  audit.coordinator = options.coordinator;
+  audit.job = options.job;
+  audit.epoch = options.epoch;
+  audit.tls = options.tls;
+  audit.timeout = options.timeout;
+  const int32_t ranks = std::max(job.spec().world_size(), 1);
+  int32_t workers = 1;
+  std::string missing;
+  for (int32_t rank = 0; rank < ranks; ++rank) {
+    for (int32_t worker = 0; worker < workers; ++worker) {
+      audit.rank = rank;
+      audit.worker = worker;
+      bool found = false;
+      absl::StatusOr<AuditResult> r = Audit(audit, [&](const AuditedSample& s) {
+        if (!found && s.key == options.key) {
+          found = true;
+          result->audited = s;
+        }
+      });
+      if (!r.ok()) return r.status();
+      workers = r->workers_per_rank;
+      if (missing.empty()) missing = r->keys_missing;
+      if (found) {
+        result->rank = rank;
+        result->worker = worker;
+        return absl::OkStatus();
+      }
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no reader of job ", options.job, " took a sample with key \"",
+      options.key, "\" in epoch ", options.epoch,
+      missing.empty() ? "" : absl::StrCat(" (keys unknown: ", missing, ")")));
+}
+
+}  // namespace
+
+absl::StatusOr<ReplayResult> Replay(const ReplayOptions& options) {
+  if (options.coordinator.empty() || options.job.empty()) {
+    return absl::InvalidArgumentError(
+        "ReplayOptions.coordinator and .job are required");
+  }
+  if ((options.position < 0) == options.key.empty()) {
+    return absl::InvalidArgumentError(
+        "ReplayOptions: give either .position (with .rank and .worker) or "
+        ".key");
+  }
+  RETURN_IF_ERROR(
+      client_internal::CheckClientTls(options.tls, "ReplayOptions.tls"));
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      client_internal::ChannelCredentials(options.tls);
+  auto stub = v1::Coordinator::NewStub(
+      CoordinatorChannel(options.coordinator, credentials));
+  auto call = [&](const grpc::Status& s) {
+    absl::Status status = FromGrpcStatus(s);
+    if (absl::IsUnavailable(status)) {
+      absl::Status mismatch =
+          CheckTransport("coordinator", options.coordinator,
+                         options.tls.has_value(), "ReplayOptions.tls");
+      if (!mismatch.ok()) return mismatch;
+    }
+    return status;
+  };
+  v1::Job job;
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, options.timeout);
+    v1::GetJobRequest request;
+    request.set_name(options.job);
+    RETURN_IF_ERROR(call(stub->GetJob(&ctx, request, &job)));
+  }
+  ReplayResult result;
+  int64_t position = options.position;
+  if (!options.key.empty()) {
+    RETURN_IF_ERROR(FindKey(options, job, &result));
+    position = result.audited.position;
+  } else {
+    result.rank = options.rank;
+    result.worker = options.worker;
+  }
+  // The sample's replay lease.
+  v1::AuditResponse page;
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, options.timeout);
+    v1::AuditRequest request;
+    request.set_job(options.job);
+    request.set_epoch(options.epoch);
+    request.set_rank(result.rank);
+    request.set_worker(result.worker);
+    request.set_start(position);
+    request.set_count(1);
+    request.set_replay_leases(true);
+    RETURN_IF_ERROR(call(stub->Audit(&ctx, request, &page)));
+  }
+  if (page.samples_size() != 1) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "position ", position, " of job ", options.job, " epoch ",
+        options.epoch, " rank ", result.rank, " worker ", result.worker,
+        ": the reader acknowledged ", page.total(), " samples"));
+  }
+  const std::string key = result.audited.key;
+  result.audited = FromProto(page.samples(0));
+  result.audited.key = key;
+
+  std::vector<std::string> servers;
+  if (!options.data_server.empty()) {
+    servers.push_back(options.data_server);
+  } else {
+    servers.assign(job.status().live_data_servers().begin(),
+                   job.status().live_data_servers().end());
+  }
+  absl::Status last = absl::UnavailableError(
+      absl::StrCat("no data server of job ", options.job, " is live"));
+  for (const std::string& address : servers) {
+    auto data = v1::DataServer::NewStub(
+        grpc::CreateChannel(GrpcTarget(address), credentials));
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, options.timeout);
+    v1::ReadRequest request;
+    *request.mutable_lease() = page.samples(0).replay_lease();
+    *request.mutable_decode() = options.decode;
+    v1::ReplayedSample replayed;
+    last = FromGrpcStatus(data->ReplaySample(&ctx, request, &replayed));
+    if (last.ok()) {
+      result.data_server = address;
+      if (result.audited.key.empty()) {
+        result.audited.key = replayed.sample().key();
+      }
+      result.replayed = std::move(replayed);
+      return result;
+    }
+    last = absl::Status(last.code(), absl::StrCat("data server ", address, ": ",
+                                                  last.message()));
+    if (!absl::IsUnavailable(last) && !absl::IsDeadlineExceeded(last)) break;
+  }
+  return last;
+}
+
 }  // namespace sluice

@@ -1,7 +1,6 @@
 #include "server/coordinator/audit.h"
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,7 +25,8 @@ absl::Status BadField(const v1::AuditRequest& r, absl::string_view what) {
 // labels say which piece serves each position, and a piece's samples are
 // served in file order.
 void NameWindow(const v1::WorkUnit& unit, int64_t position,
-                v1::AuditResponse* out) {
+                v1::AuditResponse* out,
+                std::vector<const v1::WindowPiece*>* pieces_of) {
   const auto& pieces = unit.window().pieces();
   std::vector<int64_t> sizes;
   sizes.reserve(pieces.size());
@@ -42,11 +42,13 @@ void NameWindow(const v1::WorkUnit& unit, int64_t position,
     s->set_shard_index(piece.shard_index());
     s->set_shard_url(piece.url());
     s->set_index(next[labels[p]]++);
+    pieces_of->push_back(&piece);
   }
 }
 
 absl::Status NameMixed(const v1::WorkUnit& unit, int64_t position,
-                       const std::string& job, v1::AuditResponse* out) {
+                       const std::string& job, v1::AuditResponse* out,
+                       std::vector<const v1::WindowPiece*>* pieces_of) {
   v1::Lease lease;
   lease.set_lease_id(absl::StrCat("audit/", job, "/u", unit.sequence()));
   *lease.mutable_unit() = unit;
@@ -57,9 +59,15 @@ absl::Status NameMixed(const v1::WorkUnit& unit, int64_t position,
       });
   if (!order.ok()) return order.status();
   const v1::MixedUnit& mixed = unit.mixed();
-  std::map<int32_t, const std::string*> names;
-  for (const v1::MixSegment& seg : mixed.segments())
-    names[seg.source()] = &seg.source_name();
+  // Each piece's segment: its source's name and augmentation key.
+  std::vector<const v1::MixSegment*> segment_of(mixed.pieces_size(), nullptr);
+  for (const v1::MixSegment& seg : mixed.segments()) {
+    for (int32_t i = seg.first_piece();
+         i < seg.first_piece() + seg.num_pieces() && i < mixed.pieces_size();
+         ++i) {
+      if (i >= 0) segment_of[i] = &seg;
+    }
+  }
   std::vector<int64_t> next = order->first;
   for (uint16_t label : order->labels) {
     const v1::WindowPiece& piece = mixed.pieces(label);
@@ -68,8 +76,11 @@ absl::Status NameMixed(const v1::WorkUnit& unit, int64_t position,
     s->set_shard_index(piece.shard_index());
     s->set_shard_url(piece.url());
     s->set_index(next[label]++);
-    if (auto it = names.find(piece.source()); it != names.end())
-      s->set_source(*it->second);
+    if (const v1::MixSegment* seg = segment_of[label]; seg != nullptr) {
+      s->set_source(seg->source_name());
+      s->set_augment_seed(seg->augment_seed());
+    }
+    pieces_of->push_back(&piece);
   }
   return absl::OkStatus();
 }
@@ -135,6 +146,17 @@ absl::StatusOr<AuditSlice> SliceAudit(
   h.set_worker(request.worker());
   h.set_workers_per_rank(plan.workers_per_rank);
   for (int64_t e : kept) h.add_epochs_kept(e);
+  if (request.replay_leases()) {
+    slice.replay = true;
+    v1::Lease& l = slice.lease_template;
+    l.set_job(request.job());
+    l.set_epoch(request.epoch());
+    l.set_rank(job.spec.world_size() > 0 ? request.rank() : -1);
+    l.set_on_corrupt(job.spec.on_corrupt());
+    l.set_augment_seed(job.spec.seed());
+    l.set_weight(std::max(job.spec.weight(), 1));
+    l.set_tenant(job.spec.tenant());
+  }
   std::vector<ShuffleWindow> planned;
   const std::vector<ShuffleWindow>* windows = &current_windows;
   if (!current && job.mix == nullptr && UsesWindows(job.options)) {
@@ -162,15 +184,19 @@ absl::StatusOr<AuditSlice> SliceAudit(
   return slice;
 }
 
-absl::StatusOr<v1::AuditResponse> NameAuditedSamples(AuditSlice slice) {
+absl::StatusOr<v1::AuditResponse> NameAuditedSamples(
+    AuditSlice slice, const SignReplayLease& sign) {
   v1::AuditResponse out = std::move(slice.header);
   for (const AuditSlice::Part& part : slice.parts) {
     const v1::WorkUnit& unit = part.unit;
     const int first = out.samples_size();
+    // The shard each sample was read from (window and mixed units).
+    std::vector<const v1::WindowPiece*> pieces;
     if (unit.has_window()) {
-      NameWindow(unit, part.position, &out);
+      NameWindow(unit, part.position, &out, &pieces);
     } else if (unit.has_mixed()) {
-      if (absl::Status named = NameMixed(unit, part.position, out.job(), &out);
+      if (absl::Status named =
+              NameMixed(unit, part.position, out.job(), &out, &pieces);
           !named.ok()) {
         return named;
       }
@@ -185,8 +211,35 @@ absl::StatusOr<v1::AuditResponse> NameAuditedSamples(AuditSlice slice) {
       }
     }
     for (int i = first; i < out.samples_size(); ++i) {
-      out.mutable_samples(i)->set_sequence(unit.sequence());
-      out.mutable_samples(i)->set_unit_kind(UnitKindName(unit));
+      v1::AuditedSample* s = out.mutable_samples(i);
+      s->set_sequence(unit.sequence());
+      s->set_unit_kind(UnitKindName(unit));
+      if (!unit.has_mixed()) {
+        s->set_augment_seed(slice.lease_template.augment_seed());
+      }
+      if (!slice.replay) continue;
+      v1::Lease* lease = s->mutable_replay_lease();
+      *lease = slice.lease_template;
+      lease->set_lease_id(absl::StrCat("replay/", out.job(), "/e", out.epoch(),
+                                       "/r", out.rank(), "w", out.worker(),
+                                       "/p", s->position()));
+      lease->set_augment_seed(s->augment_seed());
+      v1::WorkUnit* one = lease->mutable_unit();
+      one->set_begin(s->index());
+      one->set_end(s->index() + 1);
+      one->set_sequence(unit.sequence());
+      v1::ShardRange* range = one->mutable_shard();
+      range->set_shard_index(s->shard_index());
+      range->set_url(s->shard_url());
+      if (unit.has_shard()) {
+        range->set_size_bytes(unit.shard().size_bytes());
+        range->set_checksum(unit.shard().checksum());
+      } else {
+        const v1::WindowPiece* piece = pieces[static_cast<size_t>(i - first)];
+        range->set_size_bytes(piece->size_bytes());
+        range->set_checksum(piece->checksum());
+      }
+      if (sign) sign(lease);
     }
   }
   return out;

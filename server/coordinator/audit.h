@@ -18,14 +18,19 @@
 #define SLUICE_SERVER_COORDINATOR_AUDIT_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/epoch_planner.h"
 #include "sluice/v1/coordinator.pb.h"
 
 namespace sluice {
+
+// How long a replay lease (AuditedSample.replay_lease) is valid.
+inline constexpr absl::Duration kReplayLeaseTtl = absl::Minutes(5);
 
 // Samples an AuditRequest returns by default, and at most.
 inline constexpr int64_t kAuditDefaultCount = 1000;
@@ -36,6 +41,10 @@ inline constexpr int64_t kAuditMaxCount = 10000;
 // the asked positions meet, that range's unit cut to them.
 struct AuditSlice {
   v1::AuditResponse header;
+  // Asked for replay leases: what each sample's lease copies (job, epoch,
+  // rank, on_corrupt, weight, tenant; augment_seed the job's seed).
+  bool replay = false;
+  v1::Lease lease_template;
   struct Part {
     int64_t position = 0;  // of the unit's first sample in the reader's order
     v1::WorkUnit unit;
@@ -55,8 +64,13 @@ absl::StatusOr<AuditSlice> SliceAudit(
     const JobData& job, const v1::AuditRequest& request,
     const std::vector<ShuffleWindow>& current_windows);
 
-// The slice's samples, named and in order, after its header.
-absl::StatusOr<v1::AuditResponse> NameAuditedSamples(AuditSlice slice);
+// Signs a replay lease (sets its expiry and token).
+using SignReplayLease = std::function<void(v1::Lease*)>;
+
+// The slice's samples, named and in order, after its header; with
+// replay leases when the slice asks for them, each signed by `sign`.
+absl::StatusOr<v1::AuditResponse> NameAuditedSamples(
+    AuditSlice slice, const SignReplayLease& sign);
 
 }  // namespace sluice
 

@@ -438,10 +438,16 @@ void CoordinatorService::Audit(const v1::AuditRequest& request,
       if (slice->ok()) {
         // Named once what the slice shows is durable, off the lock.
         Effects fx;
-        fx.replies.push_back([done, taken = std::move(**slice)](
+        const int64_t expires =
+            absl::ToUnixMillis(options_.clock->Now() + kReplayLeaseTtl);
+        fx.replies.push_back([done, taken = std::move(**slice), expires,
+                              secret = options_.lease_secret](
                                  const absl::Status& durable) mutable {
           if (!durable.ok()) return done(durable);
-          done(NameAuditedSamples(std::move(taken)));
+          done(NameAuditedSamples(std::move(taken), [&](v1::Lease* lease) {
+            lease->set_expires_at_unix_ms(expires);
+            if (!secret.empty()) lease->set_token(SignLease(*lease, secret));
+          }));
         });
         SubmitLocked(fx);
       }

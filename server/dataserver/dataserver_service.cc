@@ -117,6 +117,112 @@ uint64_t DataServerService::max_fence_seen() const {
 
 absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
     const v1::ReadRequest& request) {
+  return OpenStream(request, /*check_fence=*/true);
+}
+
+void DataServerService::ReplaySample(
+    const v1::ReadRequest& request,
+    std::function<void(absl::StatusOr<v1::ReplayedSample>)> done) {
+  const v1::Lease& lease = request.lease();
+  const v1::WorkUnit& unit = lease.unit();
+  if (!unit.has_shard() || unit.end() - unit.begin() != 1 ||
+      (request.start() != 0 && request.start() != unit.begin())) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "lease ", QuotePrefix(lease.lease_id()),
+        ": a replay lease covers exactly one sample of one shard; this one "
+        "is a ",
+        UnitKindName(unit), " unit [", unit.begin(), ", ", unit.end(),
+        ") (replay leases come from Coordinator.Audit with replay_leases)")));
+  }
+  absl::StatusOr<ImageTransforms> transforms =
+      ImageTransforms::FromSpec(request.decode());
+  if (!transforms.ok()) return done(transforms.status());
+  // First the sample's raw fields, for the size its transforms were
+  // planned for; then the sample as the trainer got it.
+  v1::ReadRequest raw = request;
+  raw.mutable_decode()->Clear();
+  absl::StatusOr<std::shared_ptr<SampleStream>> raw_stream =
+      OpenStream(raw, /*check_fence=*/false);
+  if (!raw_stream.ok()) return done(raw_stream.status());
+  CollectBatch(
+      *std::move(raw_stream),
+      [this, request, transforms = *std::move(transforms),
+       done = std::move(done)](absl::StatusOr<v1::SampleBatch> raw) mutable {
+        if (!raw.ok()) return done(raw.status());
+        v1::ReplayedSample replayed;
+        if (raw->samples_size() == 1 && request.decode().decode()) {
+          const v1::Lease& lease = request.lease();
+          for (const v1::Field& f : raw->samples(0).fields()) {
+            const Codec codec = CodecForField(f.name());
+            if (codec != Codec::kJpeg && codec != Codec::kPng) continue;
+            absl::StatusOr<ImageSize> size =
+                ReadImageSize(codec, Payload{f.raw(), nullptr});
+            if (!size.ok()) break;  // the decode says why
+            const SampleRandom random(lease.augment_seed(), lease.epoch(),
+                                      lease.unit().shard().shard_index(),
+                                      lease.unit().begin());
+            const Geometry g =
+                transforms.Plan(size->width, size->height, random);
+            replayed.set_source_width(size->width);
+            replayed.set_source_height(size->height);
+            for (const GeometryStep& step : g.steps) {
+              v1::GeometryStep* out = replayed.add_steps();
+              out->set_kind(step.kind == GeometryStep::Kind::kCrop ? "crop"
+                                                                   : "resize");
+              out->set_left(step.left);
+              out->set_top(step.top);
+              out->set_width(step.width);
+              out->set_height(step.height);
+            }
+            replayed.set_flip_horizontal(g.flip_horizontal);
+            replayed.set_flip_vertical(g.flip_vertical);
+            break;
+          }
+        }
+        absl::StatusOr<std::shared_ptr<SampleStream>> stream =
+            OpenStream(request, /*check_fence=*/false);
+        if (!stream.ok()) return done(stream.status());
+        CollectBatch(*std::move(stream),
+                     [replayed = std::move(replayed), done = std::move(done)](
+                         absl::StatusOr<v1::SampleBatch> batch) mutable {
+                       if (!batch.ok()) return done(batch.status());
+                       if (batch->samples_size() != 1) {
+                         return done(absl::InternalError(absl::StrCat(
+                             "a replay served ", batch->samples_size(),
+                             " samples, not one")));
+                       }
+                       *replayed.mutable_sample() =
+                           std::move(*batch->mutable_samples(0));
+                       done(std::move(replayed));
+                     });
+      });
+}
+
+void DataServerService::CollectBatch(
+    std::shared_ptr<SampleStream> stream,
+    std::function<void(absl::StatusOr<v1::SampleBatch>)> done) {
+  auto pump = std::make_shared<ReplayPump>();
+  pump->stream = std::move(stream);
+  pump->done = std::move(done);
+  ReplayPump::Pull(pump);
+}
+
+void DataServerService::ReplayPump::Pull(
+    const std::shared_ptr<ReplayPump>& pump) {
+  pump->stream->Next([pump](absl::StatusOr<std::optional<EncodedMessage>> m) {
+    if (!m.ok()) return pump->done(m.status());
+    if (!m->has_value()) return pump->done(std::move(pump->batch));
+    v1::SampleBatch part;
+    if (!part.ParseFromString((*m)->Flatten())) {
+      return pump->done(absl::InternalError("a replayed batch does not parse"));
+    }
+    pump->batch.MergeFrom(part);
+    Pull(pump);
+  });
+}
+
+absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::OpenStream(
+    const v1::ReadRequest& request, bool check_fence) {
   {
     absl::MutexLock lock(&mu_);
     if (draining_) {
@@ -130,7 +236,7 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   if (!options_.lease_secret.empty()) {
     RETURN_IF_ERROR(VerifyLeaseToken(lease, options_.lease_secret));
     RETURN_IF_ERROR(CheckExpiry(lease));
-    RETURN_IF_ERROR(CheckFence(lease));
+    if (check_fence) RETURN_IF_ERROR(CheckFence(lease));
   }
   const v1::WorkUnit& unit = lease.unit();
   if (unit.kind_case() == v1::WorkUnit::KIND_NOT_SET) {

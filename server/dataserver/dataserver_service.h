@@ -88,6 +88,14 @@ class DataServerService {
   // the index (OUT_OF_RANGE) come from the stream's first Next().
   absl::StatusOr<std::shared_ptr<SampleStream>> ReadSamples(
       const v1::ReadRequest& request);
+  // The one sample of a replay lease, served as ReadSamples serves it (the
+  // token and expiry checked, not the fence), with the geometry its image
+  // transforms drew; `done` runs on a pool thread or inline for an early
+  // error. INVALID_ARGUMENT naming the lease unless
+  // it covers exactly one sample of one shard.
+  void ReplaySample(
+      const v1::ReadRequest& request,
+      std::function<void(absl::StatusOr<v1::ReplayedSample>)> done);
   absl::StatusOr<v1::ShardIndex> IndexShard(
       const v1::IndexShardRequest& request);
   // The same without blocking a thread on a download (IndexShard waits on
@@ -127,6 +135,21 @@ class DataServerService {
 
  private:
   explicit DataServerService(DataServerOptions options);
+  // Every message of `stream`, merged; `done` at its end or error.
+  static void CollectBatch(
+      std::shared_ptr<SampleStream> stream,
+      std::function<void(absl::StatusOr<v1::SampleBatch>)> done);
+  // A replay's stream and what it has sent so far.
+  struct ReplayPump {
+    std::shared_ptr<SampleStream> stream;
+    v1::SampleBatch batch;
+    std::function<void(absl::StatusOr<v1::SampleBatch>)> done;
+    // Asks for the next message; at the end (or an error), calls `done`.
+    static void Pull(const std::shared_ptr<ReplayPump>& pump);
+  };
+  // ReadSamples, with or without the fence check (a replay has none).
+  absl::StatusOr<std::shared_ptr<SampleStream>> OpenStream(
+      const v1::ReadRequest& request, bool check_fence);
   absl::Status CheckFence(const v1::Lease& lease);
   // ABORTED when the lease's signed expiry passed more than lease_clock_skew
   // ago.

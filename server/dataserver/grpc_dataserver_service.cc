@@ -172,6 +172,24 @@ bool GrpcDataServerService::AwaitQuiet(absl::Duration quiet,
   }
 }
 
+grpc::ServerUnaryReactor* GrpcDataServerService::ReplaySample(
+    grpc::CallbackServerContext* context, const v1::ReadRequest* request,
+    v1::ReplayedSample* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  service_->ReplaySample(
+      *request,
+      [this, reactor, response](absl::StatusOr<v1::ReplayedSample> replayed) {
+        if (!replayed.ok()) {
+          CountError(service_, replayed.status());
+          reactor->Finish(ToGrpcStatus(replayed.status()));
+          return;
+        }
+        *response = *std::move(replayed);
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* GrpcDataServerService::IndexShard(
     grpc::CallbackServerContext* context, const v1::IndexShardRequest* request,
     v1::ShardIndex* response) {

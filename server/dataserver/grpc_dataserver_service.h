@@ -28,6 +28,9 @@ class GrpcDataServerService final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadSamples(
       grpc::CallbackServerContext* context,
       const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* ReplaySample(grpc::CallbackServerContext* context,
+                                         const v1::ReadRequest* request,
+                                         v1::ReplayedSample* response) override;
   grpc::ServerUnaryReactor* IndexShard(grpc::CallbackServerContext* context,
                                        const v1::IndexShardRequest* request,
                                        v1::ShardIndex* response) override;

@@ -2,17 +2,24 @@
 rank of a dynamic job with shuffle windows, a job mixing two sources, and a
 training loop SIGKILLed and resumed from its checkpoint, the audit lists the
 samples each reader's loop took, in order, with their keys; the same after
-a coordinator restart."""
+a coordinator restart. `sluicectl replay` / `sluice.replay` give back the
+tensors a RandomResizedCrop + flip job's trainers received, byte for byte,
+through either data server and after a data server restart."""
 import itertools
 import json
 import os
+import random
 import subprocess
 import threading
 
+import numpy as np
 import pytest
+from google.protobuf import text_format
 
 import sluice
 from conftest import BIN, Cluster, Server, _wait_for
+from sample_data import photo_like_jpegs, write_jpeg_shards
+from sluice import transforms as T
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = "/usr/bin/python3"
@@ -206,3 +213,95 @@ def test_python_audit_of_each_worker_is_what_its_reader_yielded(cluster):
         sluice.audit(job, 0, worker=2, coordinator=cluster.address)
     with pytest.raises(LookupError, match="not found"):
         sluice.audit("no-such-job", 0, coordinator=cluster.address)
+
+
+def _read_in_threads(readers):
+    """Runs each (name, make_reader, on_sample) in its own thread to the end."""
+    errors = []
+
+    def run(make, on_sample):
+        reader = make()
+        try:
+            for s in reader:
+                on_sample(s)
+        except Exception as e:  # reported below, not lost in the thread
+            errors.append(e)
+        finally:
+            reader.close()
+    threads = [threading.Thread(target=run, args=r) for r in readers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+
+
+def test_replay_gives_back_the_tensors_the_trainers_got(cluster, tmp_path):
+    jpegs = photo_like_jpegs(12, width=96, height=72)
+    shards = write_jpeg_shards(os.path.join(cluster.tmp, "shards", "replay"), 3, 12, jpegs,
+                               name="photo")
+    job = f"replay-{next(_jobs)}"
+    cluster.create_job(job, world_size=2, epochs=1, mode="dynamic", shards=shards,
+                       shuffle_window=3, max_samples_per_lease=5)
+    train = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.PILToTensor()])
+    got = [[], []]  # per rank: (key, tensor bytes, shape)
+    _read_in_threads([
+        (lambda r=r: sluice.Reader(cluster.address, job, rank=r, transform=train),
+         lambda s, r=r: got[r].append((s.key, s["jpg"].tobytes(), s["jpg"].shape)))
+        for r in range(2)])
+    assert sorted(map(len, got)) == [18, 18]
+    picks = random.Random(5).sample([(r, p) for r in range(2) for p in range(18)], 20)
+    servers = [d.address for d in cluster.data]
+    flips = set()
+    for n, (rank, position) in enumerate(picks):
+        key, data, shape = got[rank][position]
+        # By key, then by position; through each data server in turn.
+        again = (sluice.replay(job, 0, key=key, transform=train, coordinator=cluster.address,
+                               data_server=servers[n % 2])
+                 if n % 2 == 0 else
+                 sluice.replay(job, 0, rank=rank, position=position, transform=train,
+                               coordinator=cluster.address, data_server=servers[n % 2]))
+        assert (again["rank"], again["position"], again["key"]) == (rank, position, key)
+        assert again["data_server"] == servers[n % 2]
+        assert again["fields"]["jpg"].shape == shape
+        assert again["fields"]["jpg"].tobytes() == data, f"rank {rank} position {position}"
+        assert again["source_size"] == (96, 72)
+        assert [list(step) for step in again["steps"]] == [["crop"], ["resize"]]
+        assert again["steps"][1]["resize"] == (40, 40)
+        flips.add(again["flip_horizontal"])
+    assert flips == {False, True}  # both draws seen: the flip is the sample's own
+
+    # The command line: a PNG, a .npy and the sidecar.
+    rank, position = picks[0]
+    key, data, shape = got[rank][position]
+    spec = text_format.MessageToString(train.decode_spec(), as_one_line=True)
+    for out in (tmp_path / "s.npy", tmp_path / "s.png"):
+        _sluicectl("replay", job, "--epoch=0", f"--key={key}", f"--decode_spec={spec}",
+                   f"--out={out}", f"--coordinator={cluster.address}")
+        side = json.loads((tmp_path / (out.name + ".json")).read_text())
+        assert (side["rank"], side["position"], side["key"]) == (rank, position, key)
+        assert side["fields"]["jpg"]["shape"] == list(shape)
+        if out.suffix == ".npy":
+            assert np.load(out).tobytes() == data
+        else:
+            from PIL import Image
+            image = np.asarray(Image.open(out))  # HWC; the trainer's tensor is CHW
+            assert image.transpose(2, 0, 1).tobytes() == data
+    out = _sluicectl("replay", job, "--epoch=0", "--key=no-such-key",
+                     f"--coordinator={cluster.address}", check=False)
+    assert out.returncode == 1
+    assert 'took a sample with key "no-such-key"' in out.stderr
+
+    # A data server restarted (a new process, a new port) replays the same.
+    old = cluster.data[0]
+    old.stop()
+    cluster.data[0] = Server("sluice-dataserver", cluster.tmp,
+                             [f"--roots={os.path.join(cluster.tmp, 'shards')}",
+                              f"--coordinator={cluster.coordinator.address}"])
+    _wait_for(lambda: "sluice_coordinator_data_servers 2" in cluster.coordinator.metric_text(),
+              30, "the restarted data server to register")
+    for rank, position in picks[:5]:
+        key, data, _ = got[rank][position]
+        again = sluice.replay(job, 0, rank=rank, position=position, transform=train,
+                              coordinator=cluster.address, data_server=cluster.data[0].address)
+        assert again["fields"]["jpg"].tobytes() == data

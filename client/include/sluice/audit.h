@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sluice/tls.h"
+#include "sluice/v1/dataserver.pb.h"
 
 namespace sluice {
 
@@ -69,6 +70,41 @@ absl::StatusOr<AuditResult> Audit(const AuditOptions& options);
 absl::StatusOr<AuditResult> Audit(
     const AuditOptions& options,
     const std::function<void(const AuditedSample&)>& each);
+
+// Replay: one audited sample served again by a data server, with the
+// augmentation draws it got in that epoch, so its tensors are the ones the
+// trainer received, byte for byte, given the same DecodeSpec.
+struct ReplayOptions {
+  std::string coordinator;
+  std::string job;
+  int64_t epoch = 0;
+  // The sample at `position` of reader (rank, worker) ...
+  int32_t rank = 0;
+  int32_t worker = 0;
+  int64_t position = -1;
+  // ... or the sample with this key, looked for over every reader of the
+  // epoch (position < 0).
+  std::string key;
+  // What the trainer's reader asked for (ReaderOptions.decode).
+  v1::DecodeSpec decode;
+  // The data server to ask; "" = the job's live ones, in turn.
+  std::string data_server;
+  std::optional<ClientTls> tls;
+  absl::Duration timeout = absl::Seconds(10);  // of each call
+};
+
+struct ReplayResult {
+  int32_t rank = 0;
+  int32_t worker = 0;
+  AuditedSample audited;
+  std::string data_server;  // the one that served it
+  // The sample's fields, and the geometry its image transforms drew.
+  v1::ReplayedSample replayed;
+};
+
+// NOT_FOUND naming the key when no reader of the epoch took it; the
+// coordinator's and data server's errors otherwise.
+absl::StatusOr<ReplayResult> Replay(const ReplayOptions& options);
 
 }  // namespace sluice
 

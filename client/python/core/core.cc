@@ -575,6 +575,68 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
   return py::make_tuple(samples, audit->total, audit->keys_missing);
 }
 
+// sluice::Replay: a dict of where the sample came from, its fields (numpy
+// arrays for tensors) and the geometry its transforms drew; an error raises
+// RuntimeError("CODE: message").
+py::dict ReplaySample(const std::string& coordinator, const std::string& job,
+                      int64_t epoch, int32_t rank, int32_t worker,
+                      int64_t position, const std::string& key,
+                      const py::bytes& decode, const std::string& data_server,
+                      double timeout, const std::string& ca_cert,
+                      const std::string& client_cert,
+                      const std::string& client_key) {
+  ReplayOptions o;
+  o.coordinator = coordinator;
+  o.job = job;
+  o.epoch = epoch;
+  o.rank = rank;
+  o.worker = worker;
+  o.position = position;
+  o.key = key;
+  if (!o.decode.ParseFromString(std::string(decode)))
+    throw std::invalid_argument("decode is not a serialized DecodeSpec");
+  o.data_server = data_server;
+  o.timeout = absl::Seconds(timeout);
+  o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
+  absl::StatusOr<ReplayResult> r;
+  {
+    py::gil_scoped_release unlocked;
+    r = Replay(o);
+  }
+  if (!r.ok()) Raise(r.status());
+  py::dict fields;
+  for (v1::Field& f : *r->replayed.mutable_sample()->mutable_fields())
+    fields[py::str(f.name())] = FieldValue(&f);
+  py::list steps;
+  for (const v1::GeometryStep& s : r->replayed.steps()) {
+    py::dict step;
+    if (s.kind() == "crop") {
+      step["crop"] = py::make_tuple(s.left(), s.top(), s.width(), s.height());
+    } else {
+      step["resize"] = py::make_tuple(s.width(), s.height());
+    }
+    steps.append(std::move(step));
+  }
+  py::dict out;
+  out["rank"] = r->rank;
+  out["worker"] = r->worker;
+  out["position"] = r->audited.position;
+  out["key"] = r->audited.key;
+  out["source"] = r->audited.source;
+  out["shard"] = r->audited.shard_index;
+  out["url"] = r->audited.shard_url;
+  out["index"] = r->audited.index;
+  out["unit"] = r->audited.unit;
+  out["data_server"] = r->data_server;
+  out["source_size"] =
+      py::make_tuple(r->replayed.source_width(), r->replayed.source_height());
+  out["steps"] = std::move(steps);
+  out["flip_horizontal"] = r->replayed.flip_horizontal();
+  out["flip_vertical"] = r->replayed.flip_vertical();
+  out["fields"] = std::move(fields);
+  return out;
+}
+
 // MergeCursors over serialized cursors; ValueError on a mismatch.
 py::bytes MergeSerializedCursors(const std::vector<py::bytes>& serialized) {
   std::vector<v1::Cursor> cursors(serialized.size());
@@ -658,6 +720,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("ca_cert") = "", py::arg("client_cert") = "",
         py::arg("client_key") = "",
         "sluice::Audit: (samples as dicts, total, keys_missing).");
+  m.def("replay", &sluice::ReplaySample, py::arg("coordinator"), py::arg("job"),
+        py::arg("epoch"), py::arg("rank"), py::arg("worker"),
+        py::arg("position"), py::arg("key"), py::arg("decode"),
+        py::arg("data_server"), py::arg("timeout"), py::arg("ca_cert") = "",
+        py::arg("client_cert") = "", py::arg("client_key") = "",
+        "sluice::Replay: the sample's origin, fields and drawn geometry.");
   m.def("merge_cursors", &sluice::MergeSerializedCursors, py::arg("cursors"),
         "sluice::MergeCursors over serialized Cursors: the merged one, "
         "serialized. ValueError on a mismatch.");

@@ -22,11 +22,11 @@ import os as _os
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 _os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
 
-from sluice._audit import audit
+from sluice._audit import audit, replay
 from sluice.coordination import BarrierTimeout, OnceFailed, barrier, once
 from sluice.reader import (DataLossError, Event, JobDoneError, Reader, ReaderError, Sample,
                            merge_cursors, tune_malloc)
 
 __all__ = ["Reader", "Event", "Sample", "ReaderError", "DataLossError", "JobDoneError",
            "merge_cursors", "once", "barrier", "BarrierTimeout", "OnceFailed", "tune_malloc",
-           "audit"]
+           "audit", "replay"]

@@ -1,18 +1,33 @@
-"""Which samples did a reader's loop take in an epoch? The coordinator's
-audit, as `sluicectl audit` shows it:
+"""Which samples did a reader's loop take in an epoch, and what exactly
+were they? The coordinator's audit, as `sluicectl audit` shows it, and a
+sample served again, as `sluicectl replay` serves it:
 
     for s in sluice.audit("cifar", epoch=3, rank=5, coordinator="head:7070"):
         print(s["position"], s["key"], s["url"], s["index"])
+    again = sluice.replay("cifar", 3, key="n01440764_10026", transform=train,
+                          coordinator="head:7070")
+    again["fields"]["jpg"]        # the tensor the trainer got, byte for byte
 
 Each sample is a dict: position (0-based, in the reader's order), key, source
 (a job with sources; "" otherwise), shard (its index in the manifest, or in
 the source's), url, index (within the shard), unit (the planned unit it was
 served in) and unit_kind ("shard", "window" or "mixed"). The coordinator
-keeps a job's current epoch and the one before it. This is the C++ client's
-sluice::Audit (sluice/audit.h) through sluice._core.
+keeps a job's current epoch and the one before it. These are the C++
+client's sluice::Audit and sluice::Replay (sluice/audit.h) through
+sluice._core.
 """
 from sluice import _lifecycle
 from sluice.coordination import _address, _tls
+
+_ERRORS = {"UNAVAILABLE": ConnectionError, "NOT_FOUND": LookupError,
+           "FAILED_PRECONDITION": LookupError, "OUT_OF_RANGE": LookupError,
+           "INVALID_ARGUMENT": ValueError}
+
+
+def _core(what):
+    from sluice import reader  # the extension, with its import error explained
+    _lifecycle.check_forked_child(what)
+    return reader._core()
 
 
 def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, keys=True, coordinator=None,
@@ -24,18 +39,42 @@ def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, keys=True, coord
     kept (the message names the kept ones); ValueError for a bad argument;
     ConnectionError when the coordinator cannot be reached; RuntimeError for
     any other refusal. TLS as for sluice.once()."""
-    from sluice import reader  # the extension, with its import error explained
-    _lifecycle.check_forked_child(f"audit {job}")
     address = _address(coordinator)
     try:
-        samples, _total, _missing = reader._core().audit(
+        samples, _total, _missing = _core(f"audit {job}").audit(
             coordinator=address, job=job, epoch=epoch, rank=rank, worker=worker,
             **{"from": start}, count=-1 if count is None else count, keys=keys,
             timeout=timeout, **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
-        code = str(e).partition(":")[0]
-        error = {"UNAVAILABLE": ConnectionError, "NOT_FOUND": LookupError,
-                 "FAILED_PRECONDITION": LookupError,
-                 "INVALID_ARGUMENT": ValueError}.get(code, RuntimeError)
-        raise error(f"audit {job}: {e}") from None
+        raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"audit {job}: {e}") from None
     return samples
+
+
+def replay(job, epoch, *, key=None, rank=0, worker=0, position=None, transform=None,
+           decode=True, data_server=None, coordinator=None, timeout=10.0, ca_cert=None,
+           client_cert=None, client_key=None):
+    """One sample of `epoch` served again with the augmentation draws it got
+    then: the one with `key`, or the one at `position` of reader (rank,
+    worker). Give the `transform` (sluice.transforms.Compose) the trainer's
+    Reader or ShardLeaseDataset used, and its fields are the ones the
+    trainer received, byte for byte. Returns a dict: rank, worker, position,
+    key, source, shard, url, index, unit, data_server, source_size (the
+    image's width and height), steps ([{"crop": (left, top, width,
+    height)} or {"resize": (width, height)}, ...] in order), flip_horizontal,
+    flip_vertical, and fields (name -> numpy array, int, str or bytes).
+    `data_server` picks the server to ask (default: the job's live ones).
+    Errors as for audit()."""
+    from sluice.v1 import dataserver_pb2
+    if (key is None) == (position is None):
+        raise ValueError("replay: give key=, or position= (with rank=, worker=)")
+    spec = (transform.decode_spec() if transform is not None
+            else dataserver_pb2.DecodeSpec(decode=decode))
+    address = _address(coordinator)
+    try:
+        return _core(f"replay {job}").replay(
+            coordinator=address, job=job, epoch=epoch, rank=rank, worker=worker,
+            position=-1 if position is None else position, key=key or "",
+            decode=spec.SerializeToString(), data_server=data_server or "", timeout=timeout,
+            **_tls(ca_cert, client_cert, client_key))
+    except RuntimeError as e:
+        raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"replay {job}: {e}") from None

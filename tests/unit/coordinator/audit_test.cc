@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "server/common/lease_token.h"
 #include "server/coordinator/coordinator_service.h"
 #include "tests/testing/coordinator_fixture.h"
 #include "tests/testing/fake_clock.h"
@@ -176,6 +178,54 @@ TEST(CoordinatorAuditTest, AResumedRankIsAuditedFromItsCursorOn) {
   ASSERT_OK(b);
   EXPECT_EQ(AsLedger(*a), want_a);
   EXPECT_EQ(AsLedger(*b), want_b);
+}
+
+// Asked for, each sample comes with a lease of that one sample, signed as
+// a grant is and valid for kReplayLeaseTtl, keyed by the job's seed.
+TEST(CoordinatorAuditTest, ReplayLeasesCoverOneSampleEachAndAreSigned) {
+  FakeClock clock;
+  CoordinatorOptions options = JournaledOptions(&clock);
+  options.lease_secret = "s3cret";
+  auto service = CoordinatorService::Create(options);
+  ASSERT_OK(service);
+  v1::JobSpec spec = Spec("j", {6, 4}, 1, 1);
+  spec.mutable_manifest()->mutable_shards(1)->set_size_bytes(4096);
+  const std::string checksum = "sha256:" + std::string(64, 'a');
+  spec.mutable_manifest()->mutable_shards(1)->set_checksum(checksum);
+  ASSERT_OK((*service)->CreateJob(spec));
+  SimTrainer t(**service, "j", 0, "t");
+  ASSERT_EQ(t.Consume(10), 10);
+  v1::AuditRequest ask = Ask("j", 0, 0, 2, 6);
+  ask.set_replay_leases(true);
+  absl::StatusOr<v1::AuditResponse> audit = (*service)->Audit(ask);
+  ASSERT_OK(audit);
+  ASSERT_EQ(audit->samples_size(), 6);
+  for (const v1::AuditedSample& s : audit->samples()) {
+    const v1::Lease& l = s.replay_lease();
+    EXPECT_OK(VerifyLeaseToken(l, "s3cret"));
+    EXPECT_EQ(l.job(), "j");
+    EXPECT_EQ(l.epoch(), 0);
+    EXPECT_EQ(l.augment_seed(), 5u);
+    EXPECT_EQ(s.augment_seed(), 5u);
+    EXPECT_EQ(l.expires_at_unix_ms(),
+              absl::ToUnixMillis(clock.Now() + kReplayLeaseTtl));
+    ASSERT_TRUE(l.unit().has_shard());
+    EXPECT_EQ(l.unit().shard().url(), s.shard_url());
+    EXPECT_EQ(l.unit().shard().shard_index(), s.shard_index());
+    EXPECT_EQ(l.unit().begin(), s.index());
+    EXPECT_EQ(l.unit().end(), s.index() + 1);
+    EXPECT_EQ(l.unit().sequence(), s.sequence());
+    if (s.shard_index() == 1) {
+      EXPECT_EQ(l.unit().shard().size_bytes(), 4096);
+      EXPECT_EQ(l.unit().shard().checksum(), checksum);
+    }
+    EXPECT_THAT(l.lease_id(), ::testing::StartsWith(absl::StrCat(
+                                  "replay/j/e0/r0w0/p", s.position())));
+  }
+  // Without asking, none.
+  audit = (*service)->Audit(Ask("j", 0, 0, 2, 6));
+  ASSERT_OK(audit);
+  EXPECT_FALSE(audit->samples(0).has_replay_lease());
 }
 
 }  // namespace

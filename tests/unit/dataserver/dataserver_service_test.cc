@@ -1,5 +1,6 @@
 #include "server/dataserver/dataserver_service.h"
 
+#include <google/protobuf/text_format.h>
 #include <prometheus/registry.h>
 #include <unistd.h>
 
@@ -563,6 +564,65 @@ TEST_F(DataServerServiceTest, OlderFenceForTheSameUnitIsAborted) {
   older.mutable_lease()->set_token(SignLease(older.lease(), "s3cret"));
   EXPECT_THAT(Read(older).status(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("fence 3")));
+}
+
+absl::StatusOr<v1::ReplayedSample> Replay(DataServerService& service,
+                                          const v1::ReadRequest& request) {
+  absl::Notification done;
+  absl::StatusOr<v1::ReplayedSample> out = absl::UnknownError("no answer");
+  service.ReplaySample(request, [&](absl::StatusOr<v1::ReplayedSample> r) {
+    out = std::move(r);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return out;
+}
+
+// A replay lease of one sample is served as the stream served it, beside
+// a newer fence for the same unit (its fence is not checked; its token
+// is), with the geometry the transforms drew. Anything but one sample of
+// one shard is refused.
+TEST_F(DataServerServiceTest, AReplayServesOneSampleAsTheStreamDid) {
+  Make("s3cret");
+  v1::DecodeSpec spec;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "decode: true transforms { random_resized_crop { height: 16 width: 16 "
+      "} } transforms { horizontal_flip { p: 0.5 } }",
+      &spec));
+  auto unit = Request(0, 6);
+  unit.mutable_lease()->set_fence(3);
+  unit.mutable_lease()->set_augment_seed(11);
+  unit.mutable_lease()->set_token(SignLease(unit.lease(), "s3cret"));
+  *unit.mutable_decode() = spec;
+  auto streamed = Read(unit);
+  ASSERT_OK(streamed.status());
+  ASSERT_EQ(streamed->size(), 6u);
+  for (int64_t i : {2, 5}) {
+    auto one = Request(i, i + 1);
+    one.mutable_lease()->set_fence(0);
+    one.mutable_lease()->set_augment_seed(11);
+    one.mutable_lease()->set_token(SignLease(one.lease(), "s3cret"));
+    *one.mutable_decode() = spec;
+    absl::StatusOr<v1::ReplayedSample> replayed = Replay(*service_, one);
+    ASSERT_OK(replayed.status());
+    EXPECT_EQ(replayed->sample().SerializeAsString(),
+              (*streamed)[static_cast<size_t>(i)].SerializeAsString());
+    EXPECT_EQ(replayed->source_width(), 64);
+    EXPECT_EQ(replayed->source_height(), 48);
+    ASSERT_EQ(replayed->steps_size(), 2);
+    EXPECT_EQ(replayed->steps(0).kind(), "crop");
+    EXPECT_EQ(replayed->steps(1).kind(), "resize");
+    EXPECT_EQ(replayed->steps(1).width(), 16);
+    // The fence check a stream of the same lease gets.
+    EXPECT_THAT(Read(one).status(), StatusIs(absl::StatusCode::kAborted));
+    one.mutable_lease()->set_token(SignLease(one.lease(), "other"));
+    EXPECT_THAT(Replay(*service_, one).status(),
+                StatusIs(absl::StatusCode::kPermissionDenied));
+  }
+  EXPECT_THAT(Replay(*service_, unit).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("covers exactly one sample of one shard; "
+                                 "this one is a shard unit [0, 6)")));
 }
 
 // A token signs its lease's expiry: past it (plus the allowed clock skew,
