@@ -1,5 +1,6 @@
 // sluicectl audit: the samples one reader of a job took in an epoch, in the
 // order it took them (sluice::Audit, sluice/audit.h), one line each.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -20,6 +21,12 @@ ABSL_FLAG(int64_t, from, 0,
           "audit: the first position listed (0-based, in the reader's order).");
 ABSL_FLAG(int64_t, count, -1,
           "audit: most samples listed (-1 = all from --from on).");
+ABSL_FLAG(int64_t, step, -1,
+          "audit: the samples of this training step (with --batch_size, "
+          "--num_workers) instead of --from/--count.");
+ABSL_FLAG(int64_t, batch_size, 0, "audit: samples per step (with --step).");
+ABSL_FLAG(int32_t, num_workers, 0,
+          "audit: the loop's DataLoader workers (with --step; 0 = none).");
 ABSL_FLAG(bool, keys, true,
           "audit: look each sample's key up on a live data server.");
 
@@ -62,6 +69,15 @@ int AuditCommand(const std::vector<std::string>& args) {
   options.count = absl::GetFlag(FLAGS_count);
   if (options.count < -1)
     return Usage("audit: --count must be -1 (all) or more");
+  options.step = absl::GetFlag(FLAGS_step);
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  if (options.step >= 0 && options.batch_size <= 0)
+    return Usage("audit: --step needs --batch_size");
+  if (options.step >= 0) {
+    options.worker = static_cast<int32_t>(
+        options.step % std::max<int64_t>(options.num_workers, 1));
+  }
   options.keys = absl::GetFlag(FLAGS_keys);
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) std::printf("# position key shard index source unit_kind unit\n");

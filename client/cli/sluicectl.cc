@@ -53,6 +53,7 @@ Commands:
   status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
                             live data servers
   audit JOB --epoch E [--rank R --worker W --from N --count K --nokeys]
+        [--step S --batch_size B --num_workers K]
                             the samples a reader took in an epoch, in order
   replay JOB --epoch E (--key K | --rank R --worker W --position N)
          [--decode_spec TEXT] [--out FILE.npy|FILE.png]
@@ -148,12 +149,15 @@ const std::vector<CommandHelp>& Commands() {
        {}},
       {"audit",
        "sluicectl audit JOB --epoch E [--rank R] [--worker W] [--from N] "
-       "[--count K] [--nokeys] [--json]\n  The samples reader (R, W) of JOB "
+       "[--count K] [--nokeys] [--json]\n"
+       "sluicectl audit JOB --epoch E [--rank R] --step S --batch_size B "
+       "[--num_workers K]\n  The samples reader (R, W) of JOB "
        "acknowledged in epoch E, in the order its loop took them: position, "
        "key,\n  shard URL, index in the shard, source (jobs with sources), "
        "unit kind and unit. Kept for a job's\n  current epoch and the one "
        "before it. Keys are looked up on a live data server (--nokeys: not).",
-       {"epoch", "rank", "worker", "from", "count", "keys"}},
+       {"epoch", "rank", "worker", "from", "count", "keys", "step",
+        "batch_size", "num_workers"}},
       {"replay",
        "sluicectl replay JOB --epoch E (--key K | --rank R [--worker W] "
        "--position N) [--decode_spec TEXT | --decode] [--data_server "

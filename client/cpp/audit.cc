@@ -89,6 +89,21 @@ absl::StatusOr<AuditResult> Audit(
         "AuditOptions.from=", options.from,
         " must be >= 0 and .count=", options.count, " >= -1 (-1: all)"));
   }
+  if (options.step >= 0) {
+    if (options.batch_size <= 0 || options.num_workers < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AuditOptions.step=", options.step, " needs .batch_size > 0 (it is ",
+          options.batch_size, ") and .num_workers >= 0 (it is ",
+          options.num_workers, ")"));
+    }
+    const int64_t workers = std::max<int64_t>(options.num_workers, 1);
+    AuditOptions batch = options;
+    batch.step = -1;
+    batch.worker = static_cast<int32_t>(options.step % workers);
+    batch.from = options.step / workers * options.batch_size;
+    batch.count = options.batch_size;
+    return Audit(batch, each);
+  }
   RETURN_IF_ERROR(
       client_internal::CheckClientTls(options.tls, "AuditOptions.tls"));
   std::shared_ptr<grpc::ChannelCredentials> credentials =

@@ -305,3 +305,36 @@ def test_replay_gives_back_the_tensors_the_trainers_got(cluster, tmp_path):
         again = sluice.replay(job, 0, rank=rank, position=position, transform=train,
                               coordinator=cluster.address, data_server=cluster.data[0].address)
         assert again["fields"]["jpg"].tobytes() == data
+
+
+_LOOP = """
+import json, sys
+import sluice.torch
+ds = sluice.torch.ShardLeaseDataset(coordinator=sys.argv[1], job=sys.argv[2], fields=("cls",))
+loader = sluice.torch.DataLoader(ds, batch_size=8, num_workers=2)
+print(json.dumps([list(batch["__key__"]) for batch in loader]))
+"""
+
+
+def test_a_step_of_a_dataloader_loop_is_audited_as_its_batch(cluster):
+    # A DataLoader loop with 2 workers and batches of 8 records each step's
+    # keys; the audit of (step, batch size, workers) names the same keys,
+    # from sluicectl and from Python.
+    job = f"steps-{next(_jobs)}"
+    cluster.create_job(job, world_size=1, epochs=1, mode="dynamic", max_samples_per_lease=10)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), HERE) if p)
+    out = subprocess.run([PYTHON, "-c", _LOOP, cluster.address, job], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sum(map(len, steps)) == cluster.total
+    for step, keys in enumerate(steps):
+        if len(keys) < 8:
+            continue  # a worker's last, partial batch
+        lines = _audit(cluster, job, 0, 0, f"--step={step}", "--batch_size=8",
+                       "--num_workers=2")
+        assert [a["key"] for a in lines] == keys, f"step {step}"
+        got = sluice.audit(job, 0, step=step, batch_size=8, num_workers=2,
+                           coordinator=cluster.address)
+        assert [a["key"] for a in got] == keys, f"step {step}"

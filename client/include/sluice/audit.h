@@ -35,7 +35,14 @@ struct AuditOptions {
   int32_t worker = 0;  // the reader within the rank (DataLoader worker)
   int64_t from = 0;    // first position listed, 0-based
   int64_t count = -1;  // most samples listed; -1 = all from `from` on
-  bool keys = true;    // look keys up on a live data server
+  // Or a training step's batch: with `batch_size` samples per step and
+  // `num_workers` DataLoader workers (torch's DataLoader takes whole
+  // batches from them in turn), step s is batch s / K of worker s % K
+  // (K = max(num_workers, 1)); sets worker, from and count. -1 = not used.
+  int64_t step = -1;
+  int64_t batch_size = 0;
+  int32_t num_workers = 0;
+  bool keys = true;  // look keys up on a live data server
   // TLS (sluice/tls.h), or none for plaintext.
   std::optional<ClientTls> tls;
   absl::Duration timeout = absl::Seconds(10);  // of each call

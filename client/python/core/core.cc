@@ -535,8 +535,9 @@ py::tuple Barrier(const std::string& coordinator, const std::string& scope,
 // RuntimeError("CODE: message").
 py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
                        int64_t epoch, int32_t rank, int32_t worker,
-                       int64_t from, int64_t count, bool keys, double timeout,
-                       const std::string& ca_cert,
+                       int64_t from, int64_t count, int64_t step,
+                       int64_t batch_size, int32_t num_workers, bool keys,
+                       double timeout, const std::string& ca_cert,
                        const std::string& client_cert,
                        const std::string& client_key) {
   AuditOptions o;
@@ -547,6 +548,9 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
   o.worker = worker;
   o.from = from;
   o.count = count;
+  o.step = step;
+  o.batch_size = batch_size;
+  o.num_workers = num_workers;
   o.keys = keys;
   o.timeout = absl::Seconds(timeout);
   o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
@@ -716,7 +720,8 @@ PYBIND11_MODULE(_core, m) {
         "sluice::WaitBarrier: (status, arrived, missing).");
   m.def("audit", &sluice::AuditSamples, py::arg("coordinator"), py::arg("job"),
         py::arg("epoch"), py::arg("rank"), py::arg("worker"), py::arg("from"),
-        py::arg("count"), py::arg("keys"), py::arg("timeout"),
+        py::arg("count"), py::arg("step"), py::arg("batch_size"),
+        py::arg("num_workers"), py::arg("keys"), py::arg("timeout"),
         py::arg("ca_cert") = "", py::arg("client_cert") = "",
         py::arg("client_key") = "",
         "sluice::Audit: (samples as dicts, total, keys_missing).");

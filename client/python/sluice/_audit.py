@@ -30,20 +30,29 @@ def _core(what):
     return reader._core()
 
 
-def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, keys=True, coordinator=None,
-          timeout=10.0, ca_cert=None, client_cert=None, client_key=None):
+def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch_size=None,
+          num_workers=0, keys=True, coordinator=None, timeout=10.0, ca_cert=None,
+          client_cert=None, client_key=None):
     """The samples reader (rank, worker) of `job` acknowledged in `epoch`,
     from position `start`, at most `count` (None: all), as a list of dicts.
+    Or the batch of training step `step` of the rank's loop, with
+    `batch_size` samples per step and `num_workers` DataLoader workers
+    (torch's DataLoader takes whole batches from the workers in turn: step
+    s is batch s // K of worker s % K).
     Keys are looked up on a live data server of the job (keys=False: not;
     they are then ""). LookupError for an unknown job or an epoch no longer
     kept (the message names the kept ones); ValueError for a bad argument;
     ConnectionError when the coordinator cannot be reached; RuntimeError for
     any other refusal. TLS as for sluice.once()."""
+    if step is not None and not batch_size:
+        raise ValueError("audit: step= needs batch_size=")
     address = _address(coordinator)
     try:
         samples, _total, _missing = _core(f"audit {job}").audit(
             coordinator=address, job=job, epoch=epoch, rank=rank, worker=worker,
-            **{"from": start}, count=-1 if count is None else count, keys=keys,
+            **{"from": start}, count=-1 if count is None else count,
+            step=-1 if step is None else step, batch_size=batch_size or 0,
+            num_workers=num_workers, keys=keys,
             timeout=timeout, **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
         raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"audit {job}: {e}") from None
