@@ -2,6 +2,8 @@
 // order it took them (sluice::Audit, sluice/audit.h), one line each.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,9 @@ ABSL_FLAG(int64_t, step, -1,
 ABSL_FLAG(int64_t, batch_size, 0, "audit: samples per step (with --step).");
 ABSL_FLAG(int32_t, num_workers, 0,
           "audit: the loop's DataLoader workers (with --step; 0 = none).");
+ABSL_FLAG(std::string, export_dir, "",
+          "audit: write every kept epoch of every reader to "
+          "DIR/JOB/epoch-E/rank-R-worker-W.jsonl (--json lines) instead.");
 ABSL_FLAG(bool, keys, true,
           "audit: look each sample's key up on a live data server.");
 
@@ -50,6 +55,69 @@ std::string JsonLine(const AuditedSample& s) {
          "\n";
 }
 
+// --export_dir: every reader of every kept epoch, one file each.
+int ExportAudit(AuditOptions options, const std::string& dir) {
+  auto stub = CoordinatorStub(options.coordinator);
+  v1::GetJobRequest request;
+  request.set_name(options.job);
+  v1::Job job;
+  absl::Status s = Rpc(stub->GetJob(Deadline().get(), request, &job),
+                       "audit " + options.job);
+  if (!s.ok()) return Fail(s);
+  const int32_t ranks = std::max(job.spec().world_size(), 1);
+  int exported = 0;
+  for (int64_t epoch = std::max<int64_t>(job.status().epoch() - 1, 0);
+       epoch <= job.status().epoch(); ++epoch) {
+    int32_t workers = 1;
+    for (int32_t rank = 0; rank < ranks; ++rank) {
+      for (int32_t worker = 0; worker < workers; ++worker) {
+        const std::string path =
+            absl::StrCat(dir, "/", options.job, "/epoch-", epoch);
+        std::error_code error;
+        std::filesystem::create_directories(path, error);
+        if (error) {
+          return Fail(absl::InternalError(absl::StrCat(
+              "audit: cannot create ", path, ": ", error.message())));
+        }
+        const std::string file =
+            absl::StrCat(path, "/rank-", rank, "-worker-", worker, ".jsonl");
+        std::ofstream out(file, std::ios::trunc);
+        options.epoch = epoch;
+        options.rank = rank;
+        options.worker = worker;
+        absl::StatusOr<AuditResult> r =
+            Audit(options, [&](const AuditedSample& a) { out << JsonLine(a); });
+        if (!r.ok() && absl::IsFailedPrecondition(r.status()) && rank == 0 &&
+            worker == 0) {
+          out.close();
+          std::filesystem::remove_all(path, error);
+          rank = ranks;  // an epoch not kept: the next one
+          break;
+        }
+        if (!r.ok()) {
+          return Fail(absl::Status(
+              r.status().code(),
+              absl::StrCat("audit ", options.job, ": ", r.status().message())));
+        }
+        workers = r->workers_per_rank;
+        out.close();
+        if (!out) return Fail(absl::InternalError("cannot write " + file));
+        std::fprintf(stderr,
+                     "sluicectl audit: epoch %lld rank %d worker %d: %lld "
+                     "samples -> %s\n",
+                     static_cast<long long>(epoch), rank, worker,
+                     static_cast<long long>(r->total), file.c_str());
+        ++exported;
+      }
+    }
+  }
+  if (exported == 0) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("audit ", options.job, ": no epoch is kept")));
+  }
+  return kOk;
+}
+
 }  // namespace
 
 int AuditCommand(const std::vector<std::string>& args) {
@@ -60,6 +128,9 @@ int AuditCommand(const std::vector<std::string>& args) {
   options.tls = ClientTlsOrNone();
   options.timeout = absl::GetFlag(FLAGS_timeout);
   options.job = args[0];
+  options.keys = absl::GetFlag(FLAGS_keys);
+  if (const std::string dir = absl::GetFlag(FLAGS_export_dir); !dir.empty())
+    return ExportAudit(options, dir);
   options.epoch = absl::GetFlag(FLAGS_epoch);
   if (options.epoch < 0) return Usage("audit: --epoch is required (0 or more)");
   options.rank = absl::GetFlag(FLAGS_rank);

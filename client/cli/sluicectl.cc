@@ -55,6 +55,7 @@ Commands:
   audit JOB --epoch E [--rank R --worker W --from N --count K --nokeys]
         [--step S --batch_size B --num_workers K]
                             the samples a reader took in an epoch, in order
+  audit JOB --export_dir DIR  every kept epoch of every reader into files
   replay JOB --epoch E (--key K | --rank R --worker W --position N)
          [--decode_spec TEXT] [--out FILE.npy|FILE.png]
                             that sample again, as the trainer got it
@@ -151,13 +152,17 @@ const std::vector<CommandHelp>& Commands() {
        "sluicectl audit JOB --epoch E [--rank R] [--worker W] [--from N] "
        "[--count K] [--nokeys] [--json]\n"
        "sluicectl audit JOB --epoch E [--rank R] --step S --batch_size B "
-       "[--num_workers K]\n  The samples reader (R, W) of JOB "
+       "[--num_workers K]\n"
+       "sluicectl audit JOB --export_dir DIR\n  The samples reader (R, W) of "
+       "JOB "
        "acknowledged in epoch E, in the order its loop took them: position, "
        "key,\n  shard URL, index in the shard, source (jobs with sources), "
        "unit kind and unit. Kept for a job's\n  current epoch and the one "
-       "before it. Keys are looked up on a live data server (--nokeys: not).",
+       "before it. Keys are looked up on a live data server (--nokeys: not).\n"
+       "  --export_dir writes both epochs of every reader to files, to keep "
+       "them past the next epoch.",
        {"epoch", "rank", "worker", "from", "count", "keys", "step",
-        "batch_size", "num_workers"}},
+        "batch_size", "num_workers", "export_dir"}},
       {"replay",
        "sluicectl replay JOB --epoch E (--key K | --rank R [--worker W] "
        "--position N) [--decode_spec TEXT | --decode] [--data_server "

@@ -115,6 +115,13 @@ def test_every_rank_of_a_dynamic_job_with_windows_is_audited_in_order(cluster):
     first_url, first_index, first_key, _ = _ledger(second[1], 1, urls)[0]
     assert text[1].split()[:4] == ["0", first_key, first_url, str(first_index)]
     assert len(text) == 62
+    # Exported: every kept epoch of every reader, as --json prints it.
+    export = os.path.join(cluster.tmp, f"export-{job}")
+    _sluicectl("audit", job, f"--export_dir={export}", f"--coordinator={cluster.address}")
+    assert sorted(os.listdir(os.path.join(export, job))) == ["epoch-1"]
+    for rank in range(2):
+        with open(os.path.join(export, job, "epoch-1", f"rank-{rank}-worker-0.jsonl")) as f:
+            assert [json.loads(line) for line in f] == _audit(cluster, job, 1, rank)
     # The job is done: epoch 1 is kept, epoch 0 no longer.
     out = _sluicectl("audit", job, "--epoch=0", f"--coordinator={cluster.address}",
                      check=False)
