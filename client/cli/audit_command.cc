@@ -32,6 +32,9 @@ ABSL_FLAG(int32_t, num_workers, 0,
 ABSL_FLAG(std::string, export_dir, "",
           "audit: write every kept epoch of every reader to "
           "DIR/JOB/epoch-E/rank-R-worker-W.jsonl (--json lines) instead.");
+ABSL_FLAG(bool, rolled_back, false,
+          "audit: list what resumes cut off the reader's record instead "
+          "(samples read after the checkpoint a resume restored).");
 ABSL_FLAG(bool, keys, true,
           "audit: look each sample's key up on a live data server.");
 
@@ -49,6 +52,7 @@ std::string JsonLine(const AuditedSample& s) {
   line["index"] = s.index;
   line["unit"] = s.unit;
   line["unit_kind"] = s.unit_kind;
+  if (s.reread) line["reread"] = true;
   // Keys are bytes from the shard: invalid UTF-8 is replaced, never an
   // exception.
   return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
@@ -129,6 +133,7 @@ int AuditCommand(const std::vector<std::string>& args) {
   options.timeout = absl::GetFlag(FLAGS_timeout);
   options.job = args[0];
   options.keys = absl::GetFlag(FLAGS_keys);
+  options.rolled_back = absl::GetFlag(FLAGS_rolled_back);
   if (const std::string dir = absl::GetFlag(FLAGS_export_dir); !dir.empty())
     return ExportAudit(options, dir);
   options.epoch = absl::GetFlag(FLAGS_epoch);
@@ -158,12 +163,13 @@ int AuditCommand(const std::vector<std::string>& args) {
           std::fputs(JsonLine(s).c_str(), stdout);
           return;
         }
-        std::printf("%lld %s %s %lld %s %s %lld\n",
+        std::printf("%lld %s %s %lld %s %s %lld%s\n",
                     static_cast<long long>(s.position),
                     s.key.empty() ? "-" : s.key.c_str(), s.shard_url.c_str(),
                     static_cast<long long>(s.index),
                     s.source.empty() ? "-" : s.source.c_str(),
-                    s.unit_kind.c_str(), static_cast<long long>(s.unit));
+                    s.unit_kind.c_str(), static_cast<long long>(s.unit),
+                    s.reread ? " reread" : "");
       });
   if (!audit.ok()) {
     return Fail(absl::Status(

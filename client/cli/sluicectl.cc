@@ -162,7 +162,7 @@ const std::vector<CommandHelp>& Commands() {
        "  --export_dir writes both epochs of every reader to files, to keep "
        "them past the next epoch.",
        {"epoch", "rank", "worker", "from", "count", "keys", "step",
-        "batch_size", "num_workers", "export_dir"}},
+        "batch_size", "num_workers", "export_dir", "rolled_back"}},
       {"replay",
        "sluicectl replay JOB --epoch E (--key K | --rank R [--worker W] "
        "--position N) [--decode_spec TEXT | --decode] [--data_server "

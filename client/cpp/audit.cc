@@ -149,6 +149,7 @@ absl::StatusOr<AuditResult> Audit(
     request.set_worker(options.worker);
     request.set_start(position);
     request.set_count(left < 0 ? kPage : std::min(left, kPage));
+    request.set_rolled_back(options.rolled_back);
     v1::AuditResponse page;
     RETURN_IF_ERROR(call(stub->Audit(&ctx, request, &page)));
     result.total = page.total();
@@ -167,6 +168,7 @@ absl::StatusOr<AuditResult> Audit(
       out.source = s.source();
       out.unit = s.sequence();
       out.unit_kind = s.unit_kind();
+      out.reread = s.reread();
       if (each) {
         each(out);
       } else {
@@ -195,6 +197,7 @@ AuditedSample FromProto(const v1::AuditedSample& s) {
   out.source = s.source();
   out.unit = s.sequence();
   out.unit_kind = s.unit_kind();
+  out.reread = s.reread();
   return out;
 }
 

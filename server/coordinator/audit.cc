@@ -1,6 +1,7 @@
 #include "server/coordinator/audit.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -108,7 +109,12 @@ absl::StatusOr<AuditSlice> SliceAudit(
   }
   const bool current = request.epoch() == job.epoch;
   const EpochPlan& plan = current ? job.plan : job.history.front().plan;
-  const AckLog& log = current ? job.ack_log : job.history.front().ack_log;
+  const AckLog& rolled_back =
+      current ? job.rolled_back : job.history.front().rolled_back;
+  const AckLog& log =
+      request.rolled_back()
+          ? rolled_back
+          : (current ? job.ack_log : job.history.front().ack_log);
   if (request.rank() < 0 || request.rank() >= plan.num_ranks) {
     return BadField(request,
                     absl::StrCat("audit.rank=", request.rank(),
@@ -163,6 +169,14 @@ absl::StatusOr<AuditSlice> SliceAudit(
     planned = PlanWindows(*job.shard_samples, job.options, request.epoch());
     windows = &planned;
   }
+  // What resumes rolled back, per unit.
+  std::map<int64_t, IntervalSet> rolled;
+  if (!request.rolled_back()) {
+    for (const std::vector<AckedRange>& slot_log : rolled_back) {
+      for (const AckedRange& a : slot_log)
+        rolled[a.sequence].Add(a.begin, a.end);
+    }
+  }
   const int64_t first = request.start();
   const int64_t last = first + count;
   int64_t position = 0;
@@ -176,6 +190,13 @@ absl::StatusOr<AuditSlice> SliceAudit(
       UnitToProto(job, request.epoch(), a.shard_index,
                   a.begin + (lo - position), a.begin + (hi - position),
                   a.sequence, *windows, &part.unit);
+      if (auto r = rolled.find(a.sequence); r != rolled.end()) {
+        const int64_t b = part.unit.begin(), e = part.unit.end();
+        for (const auto& [rb, re] : r->second.ranges()) {
+          if (rb < e && re > b)
+            part.reread.emplace_back(std::max(rb, b), std::min(re, e));
+        }
+      }
       slice.parts.push_back(std::move(part));
     }
     position += size;
@@ -214,6 +235,11 @@ absl::StatusOr<v1::AuditResponse> NameAuditedSamples(
       v1::AuditedSample* s = out.mutable_samples(i);
       s->set_sequence(unit.sequence());
       s->set_unit_kind(UnitKindName(unit));
+      // Every kind names the unit's positions in order from its begin.
+      const int64_t at = unit.begin() + (i - first);
+      for (const auto& [rb, re] : part.reread) {
+        if (at >= rb && at < re) s->set_reread(true);
+      }
       if (!unit.has_mixed()) {
         s->set_augment_seed(slice.lease_template.augment_seed());
       }

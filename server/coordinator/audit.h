@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,6 +49,8 @@ struct AuditSlice {
   struct Part {
     int64_t position = 0;  // of the unit's first sample in the reader's order
     v1::WorkUnit unit;
+    // Positions of the unit that a resume rolled back (any reader's).
+    std::vector<std::pair<int64_t, int64_t>> reread;
   };
   std::vector<Part> parts;
 };

@@ -124,6 +124,24 @@ std::vector<AckedRange> LogPrefix(const std::vector<AckedRange>& log,
   return out;
 }
 
+// What follows the first `count` acknowledged samples of one slot.
+std::vector<AckedRange> LogSuffix(const std::vector<AckedRange>& log,
+                                  int64_t count) {
+  std::vector<AckedRange> out;
+  for (const AckedRange& r : log) {
+    const int64_t size = r.end - r.begin;
+    if (count >= size) {
+      count -= size;
+      continue;
+    }
+    AckedRange cut = r;
+    cut.begin = r.begin + std::max<int64_t>(count, 0);
+    count = 0;
+    out.push_back(cut);
+  }
+  return out;
+}
+
 // The samples of `plan` not in `consumed`, in plan order.
 std::vector<SampleRange> Unconsumed(
     const EpochPlan& plan, const std::map<int64_t, IntervalSet>& consumed) {
@@ -217,10 +235,11 @@ void CoordinatorState::StartEpoch(JobData& job, int64_t epoch) {
   // Keep the finished epoch for cursors taken in it (only the latest one).
   job.history.clear();
   if (epoch == job.epoch + 1) {
-    job.history.push_back(EpochHistory{std::move(job.plan),
-                                       std::move(job.ack_log), job.replanned,
-                                       std::move(job.replan_sequence)});
+    job.history.push_back(EpochHistory{
+        std::move(job.plan), std::move(job.ack_log), job.replanned,
+        std::move(job.replan_sequence), std::move(job.rolled_back)});
   }
+  job.rolled_back.clear();
   job.replanned = false;
   job.replan_sequence.clear();
   job.epoch = epoch;
@@ -506,11 +525,19 @@ absl::Status CoordinatorState::ApplyResume(
                : source.replan_sequence;
   const bool per_worker = source_plan.workers_per_rank > 1;
   AckLog kept(source_log.size());
+  // What the slots acknowledged past the cursor, after what earlier
+  // resumes of the epoch cut off.
+  AckLog rolled_back =
+      previous ? source.history.front().rolled_back : source.rolled_back;
+  rolled_back.resize(source_log.size());
   std::map<int64_t, IntervalSet> consumed;  // sequence -> samples
   for (size_t r = 0; r < source_log.size(); ++r) {
     const int i = static_cast<int>(r);
     kept[r] = LogPrefix(source_log[r], per_worker ? c.consumed_per_worker(i)
                                                   : c.consumed_per_rank(i));
+    const std::vector<AckedRange> tail =
+        LogSuffix(source_log[r], LogSize(kept[r]));
+    rolled_back[r].insert(rolled_back[r].end(), tail.begin(), tail.end());
     for (const AckedRange& a : kept[r])
       consumed[a.sequence].Add(a.begin, a.end);
   }
@@ -530,6 +557,7 @@ absl::Status CoordinatorState::ApplyResume(
     replanned = true;
     replan_sequence = std::move(remaining);
     kept.assign(plan.num_slots(), {});
+    rolled_back.clear();
     consumed.clear();
   }
   target.history.clear();
@@ -553,6 +581,7 @@ absl::Status CoordinatorState::ApplyResume(
     for (const AckedRange& a : kept[r]) CountSources(target, a.begin, a.end);
   }
   target.ack_log = std::move(kept);
+  target.rolled_back = std::move(rolled_back);
   target.last_resume = resume;
   return absl::OkStatus();
 }
@@ -587,6 +616,7 @@ absl::Status CoordinatorState::ApplyWorkersSet(
     job.plan = TakePlan(job, job.options, job.epoch);
   }
   job.ack_log.assign(job.plan.num_slots(), {});
+  job.rolled_back.clear();
   job.consumed_per_slot.assign(job.plan.num_slots(), 0);
   return absl::OkStatus();
 }
@@ -606,7 +636,7 @@ void RangesToProto(const std::vector<AckedRange>& in,
 
 void EpochToProto(int64_t epoch, int32_t workers, bool replanned,
                   const std::vector<SampleRange>& sequence, const AckLog& log,
-                  v1::internal::EpochSnapshot* out) {
+                  const AckLog& rolled_back, v1::internal::EpochSnapshot* out) {
   out->set_epoch(epoch);
   out->set_workers_per_rank(workers);
   out->set_replanned(replanned);
@@ -617,12 +647,14 @@ void EpochToProto(int64_t epoch, int32_t workers, bool replanned,
     p->set_end(r.end);
   }
   for (const auto& rank : log) RangesToProto(rank, out->add_ack_log());
+  for (const auto& slot : rolled_back)
+    RangesToProto(slot, out->add_rolled_back());
 }
 
 // The plan and log of one epoch from its snapshot.
 void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job,
                     EpochPlan* plan, AckLog* log, bool* replanned,
-                    std::vector<SampleRange>* sequence) {
+                    std::vector<SampleRange>* sequence, AckLog* rolled_back) {
   *replanned = in.replanned();
   sequence->clear();
   for (const auto& r : in.replan_sequence()) {
@@ -636,6 +668,14 @@ void EpochFromProto(const v1::internal::EpochSnapshot& in, const JobData& job,
   for (int r = 0; r < in.ack_log_size() && r < plan->num_slots(); ++r) {
     for (const auto& a : in.ack_log(r).ranges()) {
       (*log)[r].push_back(
+          AckedRange{a.sequence(), a.shard_index(), a.begin(), a.end()});
+    }
+  }
+  rolled_back->clear();
+  for (int r = 0; r < in.rolled_back_size() && r < plan->num_slots(); ++r) {
+    rolled_back->resize(plan->num_slots());
+    for (const auto& a : in.rolled_back(r).ranges()) {
+      (*rolled_back)[r].push_back(
           AckedRange{a.sequence(), a.shard_index(), a.begin(), a.end()});
     }
   }
@@ -654,11 +694,13 @@ v1::internal::JournalRecord CoordinatorState::Snapshot() const {
     j->set_done(job.done);
     j->set_next_fence(job.next_fence);
     EpochToProto(job.epoch, job.plan.workers_per_rank, job.replanned,
-                 job.replan_sequence, job.ack_log, j->mutable_current());
+                 job.replan_sequence, job.ack_log, job.rolled_back,
+                 j->mutable_current());
     if (!job.history.empty()) {
       const EpochHistory& h = job.history.front();
       EpochToProto(h.plan.epoch, h.plan.workers_per_rank, h.replanned,
-                   h.replan_sequence, h.ack_log, j->mutable_previous());
+                   h.replan_sequence, h.ack_log, h.rolled_back,
+                   j->mutable_previous());
     }
     for (const auto& [id, l] : job.leases) {
       v1::internal::LeaseSnapshot* ls = j->add_leases();
@@ -701,11 +743,11 @@ absl::Status CoordinatorState::ApplySnapshot(
     job.next_fence = j.next_fence();
     job.options.workers_per_rank = std::max(j.current().workers_per_rank(), 1);
     EpochFromProto(j.current(), job, &job.plan, &job.ack_log, &job.replanned,
-                   &job.replan_sequence);
+                   &job.replan_sequence, &job.rolled_back);
     if (j.has_previous()) {
       EpochHistory h;
       EpochFromProto(j.previous(), job, &h.plan, &h.ack_log, &h.replanned,
-                     &h.replan_sequence);
+                     &h.replan_sequence, &h.rolled_back);
       job.history.push_back(std::move(h));
     }
     // Acknowledged samples and counts follow from the log.

@@ -74,6 +74,7 @@ struct EpochHistory {
   AckLog ack_log;
   bool replanned = false;
   std::vector<SampleRange> replan_sequence;
+  AckLog rolled_back;  // see JobData::rolled_back
 };
 
 // A range of unassigned samples of one planned unit.
@@ -146,7 +147,11 @@ struct JobData {
   // Live leases per rank, kept with `leases` (a job report does not walk
   // them).
   std::map<int32_t, int32_t> live_leases_by_rank;
-  AckLog ack_log;                     // of `epoch`
+  AckLog ack_log;  // of `epoch`
+  // Of `epoch`, per slot: what resumes cut off the ack log (acknowledged
+  // after the cursor they restored: read by a run whose model was rolled
+  // back), in order. Empty unless a resume kept the epoch's plan.
+  AckLog rolled_back;
   std::vector<EpochHistory> history;  // the epoch before `epoch`, if kept
   // The plan of `epoch` came from a resume with re-balancing, not PlanEpoch:
   // PlanSequence(replan_sequence).

@@ -180,6 +180,11 @@ def test_a_loop_killed_and_resumed_is_audited_as_its_model_trained(cluster, tmp_
     got = _audit(cluster, job, 0, 0, "--nokeys")
     assert [[0, a["url"], a["index"]] for a in got] == trained
     assert {a["key"] for a in got} == {""}
+    # What the killed run had acknowledged past its checkpoint (if it got
+    # to report any) was read again by the resumed run, and is marked so.
+    cut = _audit(cluster, job, 0, 0, "--nokeys", "--rolled_back")
+    again = [(a["url"], a["index"]) for a in got if a.get("reread")]
+    assert sorted(again) == sorted((a["url"], a["index"]) for a in cut)
 
 
 def test_python_audit_of_each_worker_is_what_its_reader_yielded(cluster):

@@ -43,6 +43,9 @@ struct AuditOptions {
   int64_t batch_size = 0;
   int32_t num_workers = 0;
   bool keys = true;  // look keys up on a live data server
+  // List what resumes cut off this reader's record instead (samples it
+  // acknowledged after the cursor a resume restored).
+  bool rolled_back = false;
   // TLS (sluice/tls.h), or none for plaintext.
   std::optional<ClientTls> tls;
   absl::Duration timeout = absl::Seconds(10);  // of each call
@@ -58,6 +61,8 @@ struct AuditedSample {
   std::string source;  // JobSpec.sources' name; empty for one manifest
   int64_t unit = 0;    // the planned unit (WorkUnit.sequence) it was served in
   std::string unit_kind;  // "shard", "window" or "mixed"
+  // A run a resume rolled back had taken it in this epoch: read again.
+  bool reread = false;
 };
 
 struct AuditResult {

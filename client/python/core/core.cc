@@ -536,8 +536,9 @@ py::tuple Barrier(const std::string& coordinator, const std::string& scope,
 py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
                        int64_t epoch, int32_t rank, int32_t worker,
                        int64_t from, int64_t count, int64_t step,
-                       int64_t batch_size, int32_t num_workers, bool keys,
-                       double timeout, const std::string& ca_cert,
+                       int64_t batch_size, int32_t num_workers,
+                       bool rolled_back, bool keys, double timeout,
+                       const std::string& ca_cert,
                        const std::string& client_cert,
                        const std::string& client_key) {
   AuditOptions o;
@@ -551,6 +552,7 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
   o.step = step;
   o.batch_size = batch_size;
   o.num_workers = num_workers;
+  o.rolled_back = rolled_back;
   o.keys = keys;
   o.timeout = absl::Seconds(timeout);
   o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
@@ -574,6 +576,7 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
     d["index"] = s.index;
     d["unit"] = s.unit;
     d["unit_kind"] = s.unit_kind;
+    d["reread"] = s.reread;
     samples.append(std::move(d));
   }
   return py::make_tuple(samples, audit->total, audit->keys_missing);
@@ -721,9 +724,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("audit", &sluice::AuditSamples, py::arg("coordinator"), py::arg("job"),
         py::arg("epoch"), py::arg("rank"), py::arg("worker"), py::arg("from"),
         py::arg("count"), py::arg("step"), py::arg("batch_size"),
-        py::arg("num_workers"), py::arg("keys"), py::arg("timeout"),
-        py::arg("ca_cert") = "", py::arg("client_cert") = "",
-        py::arg("client_key") = "",
+        py::arg("num_workers"), py::arg("rolled_back"), py::arg("keys"),
+        py::arg("timeout"), py::arg("ca_cert") = "",
+        py::arg("client_cert") = "", py::arg("client_key") = "",
         "sluice::Audit: (samples as dicts, total, keys_missing).");
   m.def("replay", &sluice::ReplaySample, py::arg("coordinator"), py::arg("job"),
         py::arg("epoch"), py::arg("rank"), py::arg("worker"),

@@ -11,7 +11,8 @@ sample served again, as `sluicectl replay` serves it:
 Each sample is a dict: position (0-based, in the reader's order), key, source
 (a job with sources; "" otherwise), shard (its index in the manifest, or in
 the source's), url, index (within the shard), unit (the planned unit it was
-served in) and unit_kind ("shard", "window" or "mixed"). The coordinator
+served in), unit_kind ("shard", "window" or "mixed") and reread (a run a
+resume rolled back had taken it in the epoch). The coordinator
 keeps a job's current epoch and the one before it. These are the C++
 client's sluice::Audit and sluice::Replay (sluice/audit.h) through
 sluice._core.
@@ -31,14 +32,16 @@ def _core(what):
 
 
 def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch_size=None,
-          num_workers=0, keys=True, coordinator=None, timeout=10.0, ca_cert=None,
-          client_cert=None, client_key=None):
+          num_workers=0, rolled_back=False, keys=True, coordinator=None, timeout=10.0,
+          ca_cert=None, client_cert=None, client_key=None):
     """The samples reader (rank, worker) of `job` acknowledged in `epoch`,
     from position `start`, at most `count` (None: all), as a list of dicts.
     Or the batch of training step `step` of the rank's loop, with
     `batch_size` samples per step and `num_workers` DataLoader workers
     (torch's DataLoader takes whole batches from the workers in turn: step
-    s is batch s // K of worker s % K).
+    s is batch s // K of worker s % K). rolled_back=True lists instead what
+    resumes cut off the reader's record: what it read after the checkpoint
+    a resume restored (samples read again after a resume have "reread").
     Keys are looked up on a live data server of the job (keys=False: not;
     they are then ""). LookupError for an unknown job or an epoch no longer
     kept (the message names the kept ones); ValueError for a bad argument;
@@ -52,7 +55,7 @@ def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch
             coordinator=address, job=job, epoch=epoch, rank=rank, worker=worker,
             **{"from": start}, count=-1 if count is None else count,
             step=-1 if step is None else step, batch_size=batch_size or 0,
-            num_workers=num_workers, keys=keys,
+            num_workers=num_workers, rolled_back=rolled_back, keys=keys,
             timeout=timeout, **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
         raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"audit {job}: {e}") from None

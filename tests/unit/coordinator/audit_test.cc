@@ -147,7 +147,7 @@ TEST(CoordinatorAuditTest, AResumedRankIsAuditedFromItsCursorOn) {
   CoordinatorOptions options = JournaledOptions(&clock);
   options.journal_compact_bytes = 1024;  // compacted mid-epoch
   const v1::Cursor cursor = MakeCursor("j", 0, 2, {4, 3});
-  Ledger want_a, want_b;
+  Ledger want_a, want_b, rolled_a, rolled_b;
   {
     auto created = CreateJournaled(options, dir.path());
     ASSERT_OK(created);
@@ -161,6 +161,11 @@ TEST(CoordinatorAuditTest, AResumedRankIsAuditedFromItsCursorOn) {
     SimTrainer b2(**created, "j", 1, "b2", &cursor);
     ASSERT_EQ(a2.Consume(6), 6);
     ASSERT_EQ(b2.Consume(7), 7);
+    rolled_a.assign(a.consumed.begin() + 4, a.consumed.end());
+    rolled_b.assign(b.consumed.begin() + 3, b.consumed.end());
+    // A static job: the resumed ranks read their own cut-off samples first.
+    ASSERT_EQ(Ledger(a2.consumed.begin(), a2.consumed.begin() + 3), rolled_a);
+    ASSERT_EQ(Ledger(b2.consumed.begin(), b2.consumed.begin() + 2), rolled_b);
     want_a.assign(a.consumed.begin(), a.consumed.begin() + 4);
     want_a.insert(want_a.end(), a2.consumed.begin(), a2.consumed.end());
     want_b.assign(b.consumed.begin(), b.consumed.begin() + 3);
@@ -178,6 +183,27 @@ TEST(CoordinatorAuditTest, AResumedRankIsAuditedFromItsCursorOn) {
   ASSERT_OK(b);
   EXPECT_EQ(AsLedger(*a), want_a);
   EXPECT_EQ(AsLedger(*b), want_b);
+  // What the resume cut off: each rank's samples past the cursor. The
+  // resumed ranks read exactly those first (a static job), marked reread.
+  v1::AuditRequest cut = Ask("j", 0, 0);
+  cut.set_rolled_back(true);
+  auto cut_a = (*reopened)->Audit(cut);
+  cut.set_rank(1);
+  auto cut_b = (*reopened)->Audit(cut);
+  ASSERT_OK(cut_a);
+  ASSERT_OK(cut_b);
+  EXPECT_EQ(AsLedger(*cut_a), rolled_a);
+  EXPECT_EQ(AsLedger(*cut_b), rolled_b);
+  EXPECT_EQ(cut_a->total(), 3);
+  for (const auto& [audit, cut_off] :
+       {std::pair{&*a, &rolled_a}, std::pair{&*b, &rolled_b}}) {
+    const int kept = audit == &*a ? 4 : 3;
+    for (int i = 0; i < audit->samples_size(); ++i) {
+      const bool again =
+          i >= kept && i < kept + static_cast<int>(cut_off->size());
+      EXPECT_EQ(audit->samples(i).reread(), again) << "position " << i;
+    }
+  }
 }
 
 // Asked for, each sample comes with a lease of that one sample, signed as
