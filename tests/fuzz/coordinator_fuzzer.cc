@@ -4,8 +4,9 @@
 // Input: a sequence of records [op byte][u16 length][length bytes]:
 //   op % 8: 0 CreateJob(JobSpec), 1 open a session, 2 a TrainerMessage on
 //   session (op / 8) % 4, 3 close that session, 4 advance the fake clock by
-//   length ms and expire leases, 5 DeleteJob(name), 6 GetJob/ListJobs,
-//   7 check a data-server registration.
+//   length ms and expire leases, 5 DeleteJob(name), 6 GetJob/ListJobs and
+//   an Audit (the body as an AuditRequest, of the first job if it names
+//   none), 7 check a data-server registration.
 // Specs larger than a small plan are skipped (the limits themselves are
 // unit-tested; this looks for crashes and sanitizer reports).
 // Build and run: make fuzz (clang, -fsanitize=fuzzer,address,undefined).
@@ -15,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/coordinator/coordinator_service.h"
 #include "tests/testing/fake_clock.h"
@@ -111,10 +113,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 5:
         (void)(*service)->DeleteJob(std::string(body, length));
         break;
-      case 6:
+      case 6: {
         (void)(*service)->GetJob(std::string(body, length), true);
-        (void)(*service)->ListJobs();
+        absl::StatusOr<std::vector<sluice::v1::Job>> jobs =
+            (*service)->ListJobs();
+        // The body as an audit of the first job when it names none.
+        sluice::v1::AuditRequest audit;
+        if (audit.ParseFromArray(body, static_cast<int>(length))) {
+          if (audit.job().empty() && jobs.ok() && !jobs->empty())
+            audit.set_job(jobs->front().spec().name());
+          (void)(*service)->Audit(audit);
+        }
         break;
+      }
       default: {
         sluice::v1::RegisterDataServer r;
         if (r.ParseFromArray(body, static_cast<int>(length))) {
