@@ -27,6 +27,62 @@ void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout) {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
+// The calls Audit and Replay make to the coordinator: a status names a
+// TLS mismatch when the coordinator speaks the other transport.
+class CoordinatorCalls {
+ public:
+  CoordinatorCalls(const std::string& address,
+                   const std::optional<ClientTls>& tls,
+                   absl::string_view tls_field, absl::Duration timeout)
+      : address_(address),
+        tls_(tls.has_value()),
+        tls_field_(tls_field),
+        timeout_(timeout),
+        credentials_(client_internal::ChannelCredentials(tls)),
+        stub_(v1::Coordinator::NewStub(
+            CoordinatorChannel(address, credentials_))) {}
+
+  const std::shared_ptr<grpc::ChannelCredentials>& credentials() const {
+    return credentials_;
+  }
+
+  absl::StatusOr<v1::Job> GetJob(const std::string& name) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, timeout_);
+    v1::GetJobRequest request;
+    request.set_name(name);
+    v1::Job job;
+    RETURN_IF_ERROR(Explain(stub_->GetJob(&ctx, request, &job)));
+    return job;
+  }
+
+  absl::StatusOr<v1::AuditResponse> Audit(const v1::AuditRequest& request) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, timeout_);
+    v1::AuditResponse page;
+    RETURN_IF_ERROR(Explain(stub_->Audit(&ctx, request, &page)));
+    return page;
+  }
+
+ private:
+  absl::Status Explain(const grpc::Status& s) const {
+    absl::Status status = FromGrpcStatus(s);
+    if (absl::IsUnavailable(status)) {
+      absl::Status mismatch =
+          CheckTransport("coordinator", address_, tls_, tls_field_);
+      if (!mismatch.ok()) return mismatch;
+    }
+    return status;
+  }
+
+  std::string address_;
+  bool tls_;
+  std::string tls_field_;
+  absl::Duration timeout_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
 // Sample keys per shard URL, read once per shard from the first of the
 // job's live data servers that indexes it.
 class KeyBook {
@@ -106,42 +162,24 @@ absl::StatusOr<AuditResult> Audit(
   }
   RETURN_IF_ERROR(
       client_internal::CheckClientTls(options.tls, "AuditOptions.tls"));
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      client_internal::ChannelCredentials(options.tls);
-  auto stub = v1::Coordinator::NewStub(
-      CoordinatorChannel(options.coordinator, credentials));
-  auto call = [&](const grpc::Status& s) {
-    absl::Status status = FromGrpcStatus(s);
-    if (absl::IsUnavailable(status)) {
-      absl::Status mismatch =
-          CheckTransport("coordinator", options.coordinator,
-                         options.tls.has_value(), "AuditOptions.tls");
-      if (!mismatch.ok()) return mismatch;
-    }
-    return status;
-  };
+  CoordinatorCalls coordinator(options.coordinator, options.tls,
+                               "AuditOptions.tls", options.timeout);
 
   AuditResult result;
   std::vector<std::string> data_servers;
   if (options.keys) {
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, options.timeout);
-    v1::GetJobRequest request;
-    request.set_name(options.job);
-    v1::Job job;
-    RETURN_IF_ERROR(call(stub->GetJob(&ctx, request, &job)));
+    ASSIGN_OR_RETURN(v1::Job job, coordinator.GetJob(options.job));
     data_servers.assign(job.status().live_data_servers().begin(),
                         job.status().live_data_servers().end());
   } else {
     result.keys_missing = "AuditOptions.keys is false";
   }
-  KeyBook keys(std::move(data_servers), credentials, options.timeout);
+  KeyBook keys(std::move(data_servers), coordinator.credentials(),
+               options.timeout);
 
   int64_t position = options.from;
   int64_t left = options.count;  // -1: all
   while (left != 0) {
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, options.timeout);
     v1::AuditRequest request;
     request.set_job(options.job);
     request.set_epoch(options.epoch);
@@ -150,8 +188,7 @@ absl::StatusOr<AuditResult> Audit(
     request.set_start(position);
     request.set_count(left < 0 ? kPage : std::min(left, kPage));
     request.set_rolled_back(options.rolled_back);
-    v1::AuditResponse page;
-    RETURN_IF_ERROR(call(stub->Audit(&ctx, request, &page)));
+    ASSIGN_OR_RETURN(v1::AuditResponse page, coordinator.Audit(request));
     result.total = page.total();
     result.workers_per_rank = page.workers_per_rank();
     result.epochs_kept.assign(page.epochs_kept().begin(),
@@ -254,28 +291,9 @@ absl::StatusOr<ReplayResult> Replay(const ReplayOptions& options) {
   }
   RETURN_IF_ERROR(
       client_internal::CheckClientTls(options.tls, "ReplayOptions.tls"));
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      client_internal::ChannelCredentials(options.tls);
-  auto stub = v1::Coordinator::NewStub(
-      CoordinatorChannel(options.coordinator, credentials));
-  auto call = [&](const grpc::Status& s) {
-    absl::Status status = FromGrpcStatus(s);
-    if (absl::IsUnavailable(status)) {
-      absl::Status mismatch =
-          CheckTransport("coordinator", options.coordinator,
-                         options.tls.has_value(), "ReplayOptions.tls");
-      if (!mismatch.ok()) return mismatch;
-    }
-    return status;
-  };
-  v1::Job job;
-  {
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, options.timeout);
-    v1::GetJobRequest request;
-    request.set_name(options.job);
-    RETURN_IF_ERROR(call(stub->GetJob(&ctx, request, &job)));
-  }
+  CoordinatorCalls coordinator(options.coordinator, options.tls,
+                               "ReplayOptions.tls", options.timeout);
+  ASSIGN_OR_RETURN(v1::Job job, coordinator.GetJob(options.job));
   ReplayResult result;
   int64_t position = options.position;
   if (!options.key.empty()) {
@@ -286,20 +304,15 @@ absl::StatusOr<ReplayResult> Replay(const ReplayOptions& options) {
     result.worker = options.worker;
   }
   // The sample's replay lease.
-  v1::AuditResponse page;
-  {
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, options.timeout);
-    v1::AuditRequest request;
-    request.set_job(options.job);
-    request.set_epoch(options.epoch);
-    request.set_rank(result.rank);
-    request.set_worker(result.worker);
-    request.set_start(position);
-    request.set_count(1);
-    request.set_replay_leases(true);
-    RETURN_IF_ERROR(call(stub->Audit(&ctx, request, &page)));
-  }
+  v1::AuditRequest request;
+  request.set_job(options.job);
+  request.set_epoch(options.epoch);
+  request.set_rank(result.rank);
+  request.set_worker(result.worker);
+  request.set_start(position);
+  request.set_count(1);
+  request.set_replay_leases(true);
+  ASSIGN_OR_RETURN(v1::AuditResponse page, coordinator.Audit(request));
   if (page.samples_size() != 1) {
     return absl::OutOfRangeError(absl::StrCat(
         "position ", position, " of job ", options.job, " epoch ",
@@ -321,14 +334,14 @@ absl::StatusOr<ReplayResult> Replay(const ReplayOptions& options) {
       absl::StrCat("no data server of job ", options.job, " is live"));
   for (const std::string& address : servers) {
     auto data = v1::DataServer::NewStub(
-        grpc::CreateChannel(GrpcTarget(address), credentials));
+        grpc::CreateChannel(GrpcTarget(address), coordinator.credentials()));
     grpc::ClientContext ctx;
     SetDeadline(ctx, options.timeout);
-    v1::ReadRequest request;
-    *request.mutable_lease() = page.samples(0).replay_lease();
-    *request.mutable_decode() = options.decode;
+    v1::ReadRequest read;
+    *read.mutable_lease() = page.samples(0).replay_lease();
+    *read.mutable_decode() = options.decode;
     v1::ReplayedSample replayed;
-    last = FromGrpcStatus(data->ReplaySample(&ctx, request, &replayed));
+    last = FromGrpcStatus(data->ReplaySample(&ctx, read, &replayed));
     if (last.ok()) {
       result.data_server = address;
       if (result.audited.key.empty()) {
