@@ -346,5 +346,8 @@ def follow_the_need(coordinator, shards_dir, work, lines, started, drained):
     assert max(seen.values()) == 1, [s for s, n in seen.items() if n > 1][:5]
     per_epoch = collections.Counter(e for e, _, _ in seen)
     assert per_epoch == {e: total for e in range(30)}, per_epoch
-    for summary in summaries:
-        assert " 0 re-routed," in summary, summary
+    for reading, summary in zip((fast, slow), summaries):
+        # A failure shows the reader's own account (each re-route is logged
+        # with its cause) and what the data servers printed last.
+        assert " 0 re-routed," in summary, "\n".join(
+            [summary, "".join(reading.err)[-3000:], "--- data servers:", *lines()[-30:]])
