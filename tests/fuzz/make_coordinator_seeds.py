@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Seed inputs for coordinator_fuzzer (see its header for the record
 format): a small job, two sessions that say Hello, take leases, report
-progress and complete, time passing, a deletion. Protobuf is written by
+progress and complete, time passing, a deletion, an audit. Protobuf is written by
 hand (field tags and varints) so the seeds need no generated code.
 
     make_coordinator_seeds.py DIR
@@ -54,6 +54,12 @@ def main():
                     record(4, b"\0" * 50)],
         "registration": [record(7, field(1, "h:1") + field(2, 1)), record(0, spec),
                          record(6, b"")],
+        # An AuditRequest of rank 1 from position 3, with replay leases, once
+        # a session has completed a unit.
+        "audit": [record(0, spec), record(1), record(2, hello(0, "t0", 0)), record(2, want),
+                  record(2, complete),
+                  record(6, field(1, "j") + field(3, 1) + field(5, 3) + field(6, 4) +
+                         field(7, 1))],
     }
     for name, records in seeds.items():
         with open(os.path.join(out, name), "wb") as f:
