@@ -22,18 +22,29 @@ absl::Status BadField(const v1::AuditRequest& r, absl::string_view what) {
       absl::StrCat("audit of job ", QuotePrefix(r.job()), ": ", what));
 }
 
+// The labels of the windows a page meets, by order seed: the parts of one
+// window (a unit split, or acknowledged in pieces) order it once.
+using LabelsByWindow = std::map<uint64_t, std::vector<uint16_t>>;
+
 // Appends positions [unit.begin, unit.end) of a window unit: the window's
 // labels say which piece serves each position, and a piece's samples are
 // served in file order.
 void NameWindow(const v1::WorkUnit& unit, int64_t position,
                 v1::AuditResponse* out,
-                std::vector<const v1::WindowPiece*>* pieces_of) {
+                std::vector<const v1::WindowPiece*>* pieces_of,
+                LabelsByWindow* cache) {
   const auto& pieces = unit.window().pieces();
   std::vector<int64_t> sizes;
   sizes.reserve(pieces.size());
   for (const v1::WindowPiece& p : pieces) sizes.push_back(p.num_samples());
-  const std::vector<uint16_t> labels =
-      WindowLabels(sizes, unit.window().window_order());
+  auto cached = cache->find(unit.window().window_order());
+  if (cached == cache->end()) {
+    cached = cache
+                 ->emplace(unit.window().window_order(),
+                           WindowLabels(sizes, unit.window().window_order()))
+                 .first;
+  }
+  const std::vector<uint16_t>& labels = cached->second;
   std::vector<int64_t> next(sizes.size(), 0);
   for (int64_t p = 0; p < unit.begin(); ++p) ++next[labels[p]];
   for (int64_t p = unit.begin(); p < unit.end(); ++p) {
@@ -208,13 +219,14 @@ absl::StatusOr<AuditSlice> SliceAudit(
 absl::StatusOr<v1::AuditResponse> NameAuditedSamples(
     AuditSlice slice, const SignReplayLease& sign) {
   v1::AuditResponse out = std::move(slice.header);
+  LabelsByWindow labels;
   for (const AuditSlice::Part& part : slice.parts) {
     const v1::WorkUnit& unit = part.unit;
     const int first = out.samples_size();
     // The shard each sample was read from (window and mixed units).
     std::vector<const v1::WindowPiece*> pieces;
     if (unit.has_window()) {
-      NameWindow(unit, part.position, &out, &pieces);
+      NameWindow(unit, part.position, &out, &pieces, &labels);
     } else if (unit.has_mixed()) {
       if (absl::Status named =
               NameMixed(unit, part.position, out.job(), &out, &pieces);
