@@ -17,18 +17,11 @@ keeps a job's current epoch and the one before it. These are the C++
 client's sluice::Audit and sluice::Replay (sluice/audit.h) through
 sluice._core.
 """
-from sluice import _lifecycle
-from sluice.coordination import _address, _tls
+from sluice.coordination import _address, _core, _tls
 
 _ERRORS = {"UNAVAILABLE": ConnectionError, "NOT_FOUND": LookupError,
            "FAILED_PRECONDITION": LookupError, "OUT_OF_RANGE": LookupError,
            "INVALID_ARGUMENT": ValueError}
-
-
-def _core(what):
-    from sluice import reader  # the extension, with its import error explained
-    _lifecycle.check_forked_child(what)
-    return reader._core()
 
 
 def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch_size=None,
