@@ -1,5 +1,7 @@
 // sluicectl audit: the samples one reader of a job took in an epoch, in the
 // order it took them (sluice::Audit, sluice/audit.h), one line each.
+#include <google/protobuf/text_format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +11,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "client/cli/cli.h"
 #include "nlohmann/json.hpp"
 #include "sluice/audit.h"
@@ -18,6 +21,7 @@ ABSL_DECLARE_FLAG(absl::Duration, timeout);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(int32_t, rank);
 ABSL_DECLARE_FLAG(int32_t, worker);
+ABSL_DECLARE_FLAG(std::string, decode_spec);
 ABSL_FLAG(int64_t, epoch, -1, "audit, replay: the epoch (required).");
 ABSL_FLAG(int64_t, from, 0,
           "audit: the first position listed (0-based, in the reader's order).");
@@ -39,6 +43,42 @@ ABSL_FLAG(bool, keys, true,
           "audit: look each sample's key up on a live data server.");
 
 namespace sluice::cli {
+
+void AddDrawsJson(const v1::SampleDraws& draws, nlohmann::ordered_json& out) {
+  if (draws.source_width() == 0) return;
+  out["source_size"] = {draws.source_width(), draws.source_height()};
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  for (const v1::GeometryStep& s : draws.steps()) {
+    nlohmann::ordered_json step;
+    if (s.kind() == "crop") {
+      step["crop"] = {s.left(), s.top(), s.width(), s.height()};
+    } else {
+      step["resize"] = {s.width(), s.height()};
+    }
+    steps.push_back(std::move(step));
+  }
+  out["steps"] = std::move(steps);
+  out["flip_horizontal"] = draws.flip_horizontal();
+  out["flip_vertical"] = draws.flip_vertical();
+}
+
+std::string DrawsWord(const v1::SampleDraws& draws) {
+  if (draws.source_width() == 0) return "-";
+  std::string word =
+      absl::StrCat(draws.source_width(), "x", draws.source_height());
+  for (const v1::GeometryStep& s : draws.steps()) {
+    if (s.kind() == "crop") {
+      absl::StrAppend(&word, ":crop(", s.left(), ",", s.top(), ",", s.width(),
+                      ",", s.height(), ")");
+    } else {
+      absl::StrAppend(&word, ":resize(", s.width(), ",", s.height(), ")");
+    }
+  }
+  if (draws.flip_horizontal()) absl::StrAppend(&word, ":hflip");
+  if (draws.flip_vertical()) absl::StrAppend(&word, ":vflip");
+  return word;
+}
+
 namespace {
 
 // One `audit --json` line: the documented shape (client/README.md).
@@ -53,6 +93,7 @@ std::string JsonLine(const AuditedSample& s) {
   line["unit"] = s.unit;
   line["unit_kind"] = s.unit_kind;
   if (s.reread) line["reread"] = true;
+  AddDrawsJson(s.draws, line);
   // Keys are bytes from the shard: invalid UTF-8 is replaced, never an
   // exception.
   return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
@@ -134,6 +175,16 @@ int AuditCommand(const std::vector<std::string>& args) {
   options.job = args[0];
   options.keys = absl::GetFlag(FLAGS_keys);
   options.rolled_back = absl::GetFlag(FLAGS_rolled_back);
+  if (const std::string spec = absl::GetFlag(FLAGS_decode_spec);
+      !spec.empty()) {
+    options.decode.emplace();
+    if (!google::protobuf::TextFormat::ParseFromString(spec,
+                                                       &*options.decode)) {
+      return Usage(
+          "audit: --decode_spec is not a sluice.v1.DecodeSpec in text format");
+    }
+    options.decode->set_decode(true);
+  }
   if (const std::string dir = absl::GetFlag(FLAGS_export_dir); !dir.empty())
     return ExportAudit(options, dir);
   options.epoch = absl::GetFlag(FLAGS_epoch);
@@ -156,19 +207,24 @@ int AuditCommand(const std::vector<std::string>& args) {
   }
   options.keys = absl::GetFlag(FLAGS_keys);
   const bool json = absl::GetFlag(FLAGS_json);
-  if (!json) std::printf("# position key shard index source unit_kind unit\n");
+  const bool draws = options.decode.has_value();
+  if (!json) {
+    std::printf("# position key shard index source unit_kind unit%s\n",
+                draws ? " draws" : "");
+  }
   absl::StatusOr<AuditResult> audit =
-      Audit(options, [json](const AuditedSample& s) {
+      Audit(options, [json, draws](const AuditedSample& s) {
         if (json) {
           std::fputs(JsonLine(s).c_str(), stdout);
           return;
         }
-        std::printf("%lld %s %s %lld %s %s %lld%s\n",
+        std::printf("%lld %s %s %lld %s %s %lld%s%s%s\n",
                     static_cast<long long>(s.position),
                     s.key.empty() ? "-" : s.key.c_str(), s.shard_url.c_str(),
                     static_cast<long long>(s.index),
                     s.source.empty() ? "-" : s.source.c_str(),
                     s.unit_kind.c_str(), static_cast<long long>(s.unit),
+                    draws ? " " : "", draws ? DrawsWord(s.draws).c_str() : "",
                     s.reread ? " reread" : "");
       });
   if (!audit.ok()) {

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "nlohmann/json.hpp"
 #include "sluice/tls.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
+#include "sluice/v1/dataserver.pb.h"
 
 namespace sluice::cli {
 
@@ -47,6 +49,14 @@ std::unique_ptr<grpc::ClientContext> Deadline(bool wait_for_ready = true);
 absl::Status Rpc(const grpc::Status& s, const std::string& what);
 // A message as indented JSON with the proto field names.
 std::string ToJson(const google::protobuf::Message& m);
+
+// An audited or replayed sample's draws as the JSON keys source_size,
+// steps, flip_horizontal and flip_vertical (client/README.md), added to
+// `out`; nothing when nothing was drawn.
+void AddDrawsJson(const v1::SampleDraws& draws, nlohmann::ordered_json& out);
+// The same as one word: "WxH" then ":crop(l,t,w,h)", ":resize(w,h)",
+// ":hflip", ":vflip" in order; "-" when nothing was drawn.
+std::string DrawsWord(const v1::SampleDraws& draws);
 
 // Subcommands; `args` are the positional words after the subcommand name.
 int JobCommand(const std::vector<std::string>& args);

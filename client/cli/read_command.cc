@@ -33,12 +33,13 @@ ABSL_FLAG(int64_t, read_epochs, 0,
           "read: stop after this many epochs end (0 = until the job is done).");
 ABSL_FLAG(bool, decode, false,
           "read, replay: ask the data server to decode fields.");
-ABSL_FLAG(std::string, decode_spec, "",
-          "read, replay: a sluice.v1.DecodeSpec in protobuf text format, e.g. "
-          "image "
-          "transforms: "
-          "'transforms { random_resized_crop { height: 224 width: 224 } } "
-          "transforms { horizontal_flip { p: 0.5 } }' (implies --decode).");
+ABSL_FLAG(
+    std::string, decode_spec, "",
+    "read, replay, audit: a sluice.v1.DecodeSpec in protobuf text format, e.g. "
+    "image "
+    "transforms: "
+    "'transforms { random_resized_crop { height: 224 width: 224 } } "
+    "transforms { horizontal_flip { p: 0.5 } }' (implies --decode).");
 ABSL_FLAG(std::string, trainer_id, "",
           "read: trainer id (default host-pid-rank-worker).");
 ABSL_FLAG(double, rate, 0,

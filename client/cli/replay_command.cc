@@ -160,22 +160,7 @@ nlohmann::ordered_json Sidecar(const ReplayOptions& o, const ReplayResult& r) {
   j["unit"] = r.audited.unit;
   j["data_server"] = r.data_server;
   const v1::ReplayedSample& p = r.replayed;
-  if (p.source_width() > 0) {
-    j["source_size"] = {p.source_width(), p.source_height()};
-    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
-    for (const v1::GeometryStep& s : p.steps()) {
-      nlohmann::ordered_json step;
-      if (s.kind() == "crop") {
-        step["crop"] = {s.left(), s.top(), s.width(), s.height()};
-      } else {
-        step["resize"] = {s.width(), s.height()};
-      }
-      steps.push_back(std::move(step));
-    }
-    j["steps"] = std::move(steps);
-    j["flip_horizontal"] = p.flip_horizontal();
-    j["flip_vertical"] = p.flip_vertical();
-  }
+  AddDrawsJson(p.draws(), j);
   nlohmann::ordered_json fields = nlohmann::ordered_json::object();
   for (const v1::Field& f : p.sample().fields()) {
     if (f.has_tensor()) {

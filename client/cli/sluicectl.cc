@@ -53,7 +53,7 @@ Commands:
   status [JOB...]           epoch, per-rank consumed/quota, leases, sessions,
                             live data servers
   audit JOB --epoch E [--rank R --worker W --from N --count K --nokeys]
-        [--step S --batch_size B --num_workers K]
+        [--step S --batch_size B --num_workers K] [--decode_spec TEXT]
                             the samples a reader took in an epoch, in order
   audit JOB --export_dir DIR  every kept epoch of every reader into files
   replay JOB --epoch E (--key K | --rank R --worker W --position N)
@@ -150,7 +150,7 @@ const std::vector<CommandHelp>& Commands() {
        {}},
       {"audit",
        "sluicectl audit JOB --epoch E [--rank R] [--worker W] [--from N] "
-       "[--count K] [--nokeys] [--json]\n"
+       "[--count K] [--nokeys] [--json] [--decode_spec TEXT]\n"
        "sluicectl audit JOB --epoch E [--rank R] --step S --batch_size B "
        "[--num_workers K]\n"
        "sluicectl audit JOB --export_dir DIR\n  The samples reader (R, W) of "
@@ -159,10 +159,14 @@ const std::vector<CommandHelp>& Commands() {
        "key,\n  shard URL, index in the shard, source (jobs with sources), "
        "unit kind and unit. Kept for a job's\n  current epoch and the one "
        "before it. Keys are looked up on a live data server (--nokeys: not).\n"
+       "  With the --decode_spec the trainer's reader used, each line also "
+       "shows what its transforms\n  drew: the image's size, the crops, "
+       "resizes and flips (\"draws\").\n"
        "  --export_dir writes both epochs of every reader to files, to keep "
        "them past the next epoch.",
        {"epoch", "rank", "worker", "from", "count", "keys", "step",
-        "batch_size", "num_workers", "export_dir", "rolled_back"}},
+        "batch_size", "num_workers", "export_dir", "rolled_back",
+        "decode_spec"}},
       {"replay",
        "sluicectl replay JOB --epoch E (--key K | --rank R [--worker W] "
        "--position N) [--decode_spec TEXT | --decode] [--data_server "

@@ -131,6 +131,57 @@ class KeyBook {
   std::map<std::string, std::vector<std::string>> keys_;
 };
 
+// The most replay leases one ReplayDraws call carries: a call reads each
+// sample's header from its shard, well within one call's timeout.
+constexpr int kDrawsPerCall = 1000;
+
+// Each sample's draws of an audit page (with its replay leases), from the
+// first of `data_servers` that answers.
+absl::StatusOr<std::vector<v1::SampleDraws>> PlanDraws(
+    const std::vector<std::string>& data_servers,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    absl::Duration timeout, const v1::DecodeSpec& decode,
+    const v1::AuditResponse& page) {
+  std::vector<v1::SampleDraws> out;
+  out.reserve(page.samples_size());
+  absl::Status last = absl::UnavailableError(
+      "no data server of the job is live to plan the draws");
+  size_t server = 0;
+  while (out.size() < static_cast<size_t>(page.samples_size())) {
+    if (server == data_servers.size()) return last;
+    v1::ReplayDrawsRequest request;
+    *request.mutable_decode() = decode;
+    for (int i = static_cast<int>(out.size());
+         i < page.samples_size() && request.leases_size() < kDrawsPerCall;
+         ++i) {
+      *request.add_leases() = page.samples(i).replay_lease();
+    }
+    const std::string& address = data_servers[server];
+    auto stub = v1::DataServer::NewStub(
+        grpc::CreateChannel(GrpcTarget(address), credentials));
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, timeout);
+    v1::ReplayDrawsResponse response;
+    last = FromGrpcStatus(stub->ReplayDraws(&ctx, request, &response));
+    if (last.ok() && response.draws_size() != request.leases_size()) {
+      last = absl::InternalError(
+          absl::StrCat("answered ", response.draws_size(), " draws for ",
+                       request.leases_size(), " leases"));
+    }
+    if (!last.ok()) {
+      last = absl::Status(last.code(), absl::StrCat("data server ", address,
+                                                    ": ", last.message()));
+      if (!absl::IsUnavailable(last) && !absl::IsDeadlineExceeded(last))
+        return last;
+      ++server;  // the next one plans the rest
+      continue;
+    }
+    for (v1::SampleDraws& d : *response.mutable_draws())
+      out.push_back(std::move(d));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<AuditResult> Audit(
@@ -167,15 +218,13 @@ absl::StatusOr<AuditResult> Audit(
 
   AuditResult result;
   std::vector<std::string> data_servers;
-  if (options.keys) {
+  if (options.keys || options.decode.has_value()) {
     ASSIGN_OR_RETURN(v1::Job job, coordinator.GetJob(options.job));
     data_servers.assign(job.status().live_data_servers().begin(),
                         job.status().live_data_servers().end());
-  } else {
-    result.keys_missing = "AuditOptions.keys is false";
   }
-  KeyBook keys(std::move(data_servers), coordinator.credentials(),
-               options.timeout);
+  if (!options.keys) result.keys_missing = "AuditOptions.keys is false";
+  KeyBook keys(data_servers, coordinator.credentials(), options.timeout);
 
   int64_t position = options.from;
   int64_t left = options.count;  // -1: all
@@ -188,12 +237,20 @@ absl::StatusOr<AuditResult> Audit(
     request.set_start(position);
     request.set_count(left < 0 ? kPage : std::min(left, kPage));
     request.set_rolled_back(options.rolled_back);
+    request.set_replay_leases(options.decode.has_value());
     ASSIGN_OR_RETURN(v1::AuditResponse page, coordinator.Audit(request));
+    std::vector<v1::SampleDraws> draws;
+    if (options.decode.has_value()) {
+      ASSIGN_OR_RETURN(draws,
+                       PlanDraws(data_servers, coordinator.credentials(),
+                                 options.timeout, *options.decode, page));
+    }
     result.total = page.total();
     result.workers_per_rank = page.workers_per_rank();
     result.epochs_kept.assign(page.epochs_kept().begin(),
                               page.epochs_kept().end());
-    for (const v1::AuditedSample& s : page.samples()) {
+    for (int i = 0; i < page.samples_size(); ++i) {
+      const v1::AuditedSample& s = page.samples(i);
       AuditedSample out;
       out.position = s.position();
       if (options.keys) {
@@ -206,6 +263,7 @@ absl::StatusOr<AuditResult> Audit(
       out.unit = s.sequence();
       out.unit_kind = s.unit_kind();
       out.reread = s.reread();
+      if (!draws.empty()) out.draws = std::move(draws[i]);
       if (each) {
         each(out);
       } else {

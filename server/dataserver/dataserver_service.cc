@@ -120,82 +120,159 @@ absl::StatusOr<std::shared_ptr<SampleStream>> DataServerService::ReadSamples(
   return OpenStream(request, /*check_fence=*/true);
 }
 
+namespace {
+
+// INVALID_ARGUMENT naming the lease unless it is a replay lease: one
+// sample of one shard.
+absl::Status CheckReplayLease(const v1::Lease& lease, int64_t start) {
+  const v1::WorkUnit& unit = lease.unit();
+  if (unit.has_shard() && unit.end() - unit.begin() == 1 &&
+      (start == 0 || start == unit.begin())) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "lease ", QuotePrefix(lease.lease_id()),
+      ": a replay lease covers exactly one sample of one shard; this one "
+      "is a ",
+      UnitKindName(unit), " unit [", unit.begin(), ", ", unit.end(),
+      ") (replay leases come from Coordinator.Audit with replay_leases)"));
+}
+
+// The draws of `raw` (the lease's sample, fields undecoded) under
+// `transforms`, planned for its first image field; empty without one or
+// when its header does not parse.
+v1::SampleDraws PlanDraws(const v1::Lease& lease,
+                          const ImageTransforms& transforms,
+                          const v1::Sample& raw) {
+  v1::SampleDraws draws;
+  for (const v1::Field& f : raw.fields()) {
+    const Codec codec = CodecForField(f.name());
+    if (codec != Codec::kJpeg && codec != Codec::kPng) continue;
+    absl::StatusOr<ImageSize> size =
+        ReadImageSize(codec, Payload{f.raw(), nullptr});
+    if (!size.ok()) break;  // the decode says why
+    const SampleRandom random(lease.augment_seed(), lease.epoch(),
+                              lease.unit().shard().shard_index(),
+                              lease.unit().begin());
+    const Geometry g = transforms.Plan(size->width, size->height, random);
+    draws.set_source_width(size->width);
+    draws.set_source_height(size->height);
+    for (const GeometryStep& step : g.steps) {
+      v1::GeometryStep* out = draws.add_steps();
+      out->set_kind(step.kind == GeometryStep::Kind::kCrop ? "crop" : "resize");
+      out->set_left(step.left);
+      out->set_top(step.top);
+      out->set_width(step.width);
+      out->set_height(step.height);
+    }
+    draws.set_flip_horizontal(g.flip_horizontal);
+    draws.set_flip_vertical(g.flip_vertical);
+    break;
+  }
+  return draws;
+}
+
+// The most leases one ReplayDraws call plans.
+constexpr int kMaxReplayDraws = 10000;
+
+}  // namespace
+
 void DataServerService::ReplaySample(
     const v1::ReadRequest& request,
     std::function<void(absl::StatusOr<v1::ReplayedSample>)> done) {
-  const v1::Lease& lease = request.lease();
-  const v1::WorkUnit& unit = lease.unit();
-  if (!unit.has_shard() || unit.end() - unit.begin() != 1 ||
-      (request.start() != 0 && request.start() != unit.begin())) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        "lease ", QuotePrefix(lease.lease_id()),
-        ": a replay lease covers exactly one sample of one shard; this one "
-        "is a ",
-        UnitKindName(unit), " unit [", unit.begin(), ", ", unit.end(),
-        ") (replay leases come from Coordinator.Audit with replay_leases)")));
-  }
+  absl::Status shape = CheckReplayLease(request.lease(), request.start());
+  if (!shape.ok()) return done(shape);
   absl::StatusOr<ImageTransforms> transforms =
       ImageTransforms::FromSpec(request.decode());
   if (!transforms.ok()) return done(transforms.status());
   // First the sample's raw fields, for the size its transforms were
   // planned for; then the sample as the trainer got it.
-  v1::ReadRequest raw = request;
-  raw.mutable_decode()->Clear();
-  absl::StatusOr<std::shared_ptr<SampleStream>> raw_stream =
+  RawSample(request.lease(),
+            [this, request, transforms = *std::move(transforms),
+             done = std::move(done)](absl::StatusOr<v1::Sample> raw) mutable {
+              if (!raw.ok()) return done(raw.status());
+              v1::ReplayedSample replayed;
+              if (request.decode().decode()) {
+                *replayed.mutable_draws() =
+                    PlanDraws(request.lease(), transforms, *raw);
+              }
+              absl::StatusOr<std::shared_ptr<SampleStream>> stream =
+                  OpenStream(request, /*check_fence=*/false);
+              if (!stream.ok()) return done(stream.status());
+              CollectBatch(
+                  *std::move(stream),
+                  [replayed = std::move(replayed), done = std::move(done)](
+                      absl::StatusOr<v1::SampleBatch> batch) mutable {
+                    if (!batch.ok()) return done(batch.status());
+                    if (batch->samples_size() != 1) {
+                      return done(absl::InternalError(absl::StrCat(
+                          "a replay served ", batch->samples_size(),
+                          " samples, not one")));
+                    }
+                    *replayed.mutable_sample() =
+                        std::move(*batch->mutable_samples(0));
+                    done(std::move(replayed));
+                  });
+            });
+}
+
+void DataServerService::ReplayDraws(
+    const v1::ReplayDrawsRequest& request,
+    std::function<void(absl::StatusOr<v1::ReplayDrawsResponse>)> done) {
+  if (request.leases_size() > kMaxReplayDraws) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("replay_draws.leases has ", request.leases_size(),
+                     " leases; at most ", kMaxReplayDraws, " per call")));
+  }
+  for (const v1::Lease& lease : request.leases()) {
+    absl::Status shape = CheckReplayLease(lease, 0);
+    if (!shape.ok()) return done(shape);
+  }
+  absl::StatusOr<ImageTransforms> transforms =
+      ImageTransforms::FromSpec(request.decode());
+  if (!transforms.ok()) return done(transforms.status());
+  auto plan = std::make_shared<DrawsPlan>();
+  plan->request = request;
+  plan->transforms.emplace(*std::move(transforms));
+  plan->done = std::move(done);
+  NextDraws(plan);
+}
+
+void DataServerService::NextDraws(const std::shared_ptr<DrawsPlan>& plan) {
+  const int next = plan->response.draws_size();
+  if (next == plan->request.leases_size() || !plan->request.decode().decode()) {
+    plan->response.mutable_draws()->Reserve(plan->request.leases_size());
+    while (plan->response.draws_size() < plan->request.leases_size()) {
+      plan->response.add_draws();
+    }
+    return plan->done(std::move(plan->response));
+  }
+  const v1::Lease& lease = plan->request.leases(next);
+  RawSample(lease, [this, plan, &lease](absl::StatusOr<v1::Sample> raw) {
+    if (!raw.ok()) return plan->done(raw.status());
+    *plan->response.add_draws() = PlanDraws(lease, *plan->transforms, *raw);
+    // On a pool thread: a sample read inline must not nest the next call.
+    pool_.Schedule([this, plan] { NextDraws(plan); });
+  });
+}
+
+void DataServerService::RawSample(
+    const v1::Lease& lease,
+    std::function<void(absl::StatusOr<v1::Sample>)> done) {
+  v1::ReadRequest raw;
+  *raw.mutable_lease() = lease;
+  absl::StatusOr<std::shared_ptr<SampleStream>> stream =
       OpenStream(raw, /*check_fence=*/false);
-  if (!raw_stream.ok()) return done(raw_stream.status());
-  CollectBatch(
-      *std::move(raw_stream),
-      [this, request, transforms = *std::move(transforms),
-       done = std::move(done)](absl::StatusOr<v1::SampleBatch> raw) mutable {
-        if (!raw.ok()) return done(raw.status());
-        v1::ReplayedSample replayed;
-        if (raw->samples_size() == 1 && request.decode().decode()) {
-          const v1::Lease& lease = request.lease();
-          for (const v1::Field& f : raw->samples(0).fields()) {
-            const Codec codec = CodecForField(f.name());
-            if (codec != Codec::kJpeg && codec != Codec::kPng) continue;
-            absl::StatusOr<ImageSize> size =
-                ReadImageSize(codec, Payload{f.raw(), nullptr});
-            if (!size.ok()) break;  // the decode says why
-            const SampleRandom random(lease.augment_seed(), lease.epoch(),
-                                      lease.unit().shard().shard_index(),
-                                      lease.unit().begin());
-            const Geometry g =
-                transforms.Plan(size->width, size->height, random);
-            replayed.set_source_width(size->width);
-            replayed.set_source_height(size->height);
-            for (const GeometryStep& step : g.steps) {
-              v1::GeometryStep* out = replayed.add_steps();
-              out->set_kind(step.kind == GeometryStep::Kind::kCrop ? "crop"
-                                                                   : "resize");
-              out->set_left(step.left);
-              out->set_top(step.top);
-              out->set_width(step.width);
-              out->set_height(step.height);
-            }
-            replayed.set_flip_horizontal(g.flip_horizontal);
-            replayed.set_flip_vertical(g.flip_vertical);
-            break;
-          }
-        }
-        absl::StatusOr<std::shared_ptr<SampleStream>> stream =
-            OpenStream(request, /*check_fence=*/false);
-        if (!stream.ok()) return done(stream.status());
-        CollectBatch(*std::move(stream),
-                     [replayed = std::move(replayed), done = std::move(done)](
-                         absl::StatusOr<v1::SampleBatch> batch) mutable {
-                       if (!batch.ok()) return done(batch.status());
-                       if (batch->samples_size() != 1) {
-                         return done(absl::InternalError(absl::StrCat(
-                             "a replay served ", batch->samples_size(),
-                             " samples, not one")));
-                       }
-                       *replayed.mutable_sample() =
-                           std::move(*batch->mutable_samples(0));
-                       done(std::move(replayed));
-                     });
-      });
+  if (!stream.ok()) return done(stream.status());
+  CollectBatch(*std::move(stream), [done = std::move(done)](
+                                       absl::StatusOr<v1::SampleBatch> batch) {
+    if (!batch.ok()) return done(batch.status());
+    if (batch->samples_size() != 1) {
+      return done(absl::InternalError(absl::StrCat(
+          "a replay read ", batch->samples_size(), " samples, not one")));
+    }
+    done(std::move(*batch->mutable_samples(0)));
+  });
 }
 
 void DataServerService::CollectBatch(

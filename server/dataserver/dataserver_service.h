@@ -96,6 +96,11 @@ class DataServerService {
   void ReplaySample(
       const v1::ReadRequest& request,
       std::function<void(absl::StatusOr<v1::ReplayedSample>)> done);
+  // The draws of each replay lease's sample under request.decode, from
+  // its image's header (no decode); `done` as for ReplaySample.
+  void ReplayDraws(
+      const v1::ReplayDrawsRequest& request,
+      std::function<void(absl::StatusOr<v1::ReplayDrawsResponse>)> done);
   absl::StatusOr<v1::ShardIndex> IndexShard(
       const v1::IndexShardRequest& request);
   // The same without blocking a thread on a download (IndexShard waits on
@@ -147,6 +152,18 @@ class DataServerService {
     // Asks for the next message; at the end (or an error), calls `done`.
     static void Pull(const std::shared_ptr<ReplayPump>& pump);
   };
+  // A ReplayDraws call: the leases planned so far.
+  struct DrawsPlan {
+    v1::ReplayDrawsRequest request;
+    std::optional<ImageTransforms> transforms;
+    v1::ReplayDrawsResponse response;
+    std::function<void(absl::StatusOr<v1::ReplayDrawsResponse>)> done;
+  };
+  // Plans the next lease of `plan`, or calls its `done` after the last.
+  void NextDraws(const std::shared_ptr<DrawsPlan>& plan);
+  // The replay lease's sample with its fields undecoded.
+  void RawSample(const v1::Lease& lease,
+                 std::function<void(absl::StatusOr<v1::Sample>)> done);
   // ReadSamples, with or without the fence check (a replay has none).
   absl::StatusOr<std::shared_ptr<SampleStream>> OpenStream(
       const v1::ReadRequest& request, bool check_fence);

@@ -190,6 +190,24 @@ grpc::ServerUnaryReactor* GrpcDataServerService::ReplaySample(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* GrpcDataServerService::ReplayDraws(
+    grpc::CallbackServerContext* context, const v1::ReplayDrawsRequest* request,
+    v1::ReplayDrawsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  service_->ReplayDraws(
+      *request,
+      [this, reactor, response](absl::StatusOr<v1::ReplayDrawsResponse> draws) {
+        if (!draws.ok()) {
+          CountError(service_, draws.status());
+          reactor->Finish(ToGrpcStatus(draws.status()));
+          return;
+        }
+        *response = *std::move(draws);
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* GrpcDataServerService::IndexShard(
     grpc::CallbackServerContext* context, const v1::IndexShardRequest* request,
     v1::ShardIndex* response) {

@@ -31,6 +31,10 @@ class GrpcDataServerService final
   grpc::ServerUnaryReactor* ReplaySample(grpc::CallbackServerContext* context,
                                          const v1::ReadRequest* request,
                                          v1::ReplayedSample* response) override;
+  grpc::ServerUnaryReactor* ReplayDraws(
+      grpc::CallbackServerContext* context,
+      const v1::ReplayDrawsRequest* request,
+      v1::ReplayDrawsResponse* response) override;
   grpc::ServerUnaryReactor* IndexShard(grpc::CallbackServerContext* context,
                                        const v1::IndexShardRequest* request,
                                        v1::ShardIndex* response) override;

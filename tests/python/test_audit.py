@@ -1,20 +1,26 @@
 """`sluicectl audit` against what the readers themselves yielded: for every
-rank of a dynamic job with shuffle windows, a job mixing two sources, and a
-training loop SIGKILLed and resumed from its checkpoint, the audit lists the
-samples each reader's loop took, in order, with their keys; the same after
-a coordinator restart. `sluicectl replay` / `sluice.replay` give back the
-tensors a RandomResizedCrop + flip job's trainers received, byte for byte,
-through either data server and after a data server restart."""
+rank of a 4-rank dynamic job with shuffle windows, a job mixing two
+sources, and a training loop SIGKILLed and resumed from its checkpoint, the
+audit lists the samples each reader's loop took, in order, with their keys;
+the same after a coordinator restart and journal compactions. The draws an
+audit lists are the crops and flips that give the trainers' tensors.
+`sluicectl replay` / `sluice.replay` give back the tensors a
+RandomResizedCrop + flip job's trainers received, byte for byte, through
+either data server and after a data server restart."""
+import io
 import itertools
 import json
 import os
 import random
 import subprocess
+import tarfile
 import threading
 
 import numpy as np
 import pytest
+import torchvision.transforms.functional as F
 from google.protobuf import text_format
+from PIL import Image
 
 import sluice
 from conftest import BIN, Cluster, Server, _wait_for
@@ -30,8 +36,10 @@ _jobs = itertools.count()
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    # A small journal: compacted into a snapshot many times per job, so
+    # audits after a restart come from snapshots.
     c = Cluster(tmp_path_factory.mktemp("audit"), shards=SHARDS, per_shard=PER_SHARD,
-                data_servers=2)
+                data_servers=2, coordinator_flags=["--journal_compact_bytes=1024"])
     yield c
     c.stop()
 
@@ -87,39 +95,57 @@ def _restart_coordinator(cluster):
               in cluster.coordinator.metric_text(), 30, "data servers to register again")
 
 
+def _compactions(cluster):
+    for line in cluster.coordinator.metric_text().splitlines():
+        if line.startswith("sluice_coordinator_journal_compactions_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def test_every_rank_of_a_dynamic_job_with_windows_is_audited_in_order(cluster):
+    ranks = 4
     job = f"windows-{next(_jobs)}"
-    cluster.create_job(job, world_size=2, epochs=2, mode="dynamic", shuffle_window=3,
+    cluster.create_job(job, world_size=ranks, epochs=2, mode="dynamic", shuffle_window=3,
                        max_samples_per_lease=7)
     urls = {"": [u for u, _ in cluster.urls]}
-    first = _read(cluster, job, 2, epochs=1)
-    for rank in range(2):
+    compacted = _compactions(cluster)
+    first = _read(cluster, job, ranks, epochs=1)
+    assert _compactions(cluster) > compacted  # the epoch's record went through snapshots
+    audits = []
+    for rank in range(ranks):
         want = _ledger(first[rank], 0, urls)
-        assert len(want) == cluster.total // 2
+        assert len(want) == cluster.total // ranks
         got = _audit(cluster, job, 0, rank)
         assert {a["unit_kind"] for a in got} == {"window"}
         assert [a["position"] for a in got] == list(range(len(want)))
         assert _as_read(got) == want, f"rank {rank}"
+        audits.append(got)
         # A page from the middle.
-        page = _audit(cluster, job, 0, rank, "--from=13", "--count=20")
-        assert _as_read(page) == want[13:33]
+        page = _audit(cluster, job, 0, rank, "--from=13", "--count=10")
+        assert _as_read(page) == want[13:23]
+    # Restarted, the coordinator recovers epoch 0's record from its last
+    # snapshot and the journal after it.
     _restart_coordinator(cluster)
-    second = _read(cluster, job, 2, epochs=1)
-    for rank in range(2):
+    for rank in range(ranks):
+        assert _audit(cluster, job, 0, rank) == audits[rank], f"rank {rank} after a restart"
+    compacted = _compactions(cluster)
+    second = _read(cluster, job, ranks, epochs=1)
+    assert _compactions(cluster) > compacted
+    for rank in range(ranks):
         assert _as_read(_audit(cluster, job, 1, rank)) == _ledger(second[rank], 1, urls)
     # The text form: a line per sample between a header and a total.
     text = _sluicectl("audit", job, "--epoch=1", "--rank=1",
                       f"--coordinator={cluster.address}").stdout.splitlines()
     assert text[0] == "# position key shard index source unit_kind unit"
-    assert text[-1] == f"# job {job} epoch 1 rank 1 worker 0: 60 samples acknowledged"
+    assert text[-1] == f"# job {job} epoch 1 rank 1 worker 0: 30 samples acknowledged"
     first_url, first_index, first_key, _ = _ledger(second[1], 1, urls)[0]
     assert text[1].split()[:4] == ["0", first_key, first_url, str(first_index)]
-    assert len(text) == 62
+    assert len(text) == 32
     # Exported: every kept epoch of every reader, as --json prints it.
     export = os.path.join(cluster.tmp, f"export-{job}")
     _sluicectl("audit", job, f"--export_dir={export}", f"--coordinator={cluster.address}")
     assert sorted(os.listdir(os.path.join(export, job))) == ["epoch-1"]
-    for rank in range(2):
+    for rank in range(ranks):
         with open(os.path.join(export, job, "epoch-1", f"rank-{rank}-worker-0.jsonl")) as f:
             assert [json.loads(line) for line in f] == _audit(cluster, job, 1, rank)
     # The job is done: epoch 1 is kept, epoch 0 no longer.
@@ -283,6 +309,50 @@ def test_replay_gives_back_the_tensors_the_trainers_got(cluster, tmp_path):
         flips.add(again["flip_horizontal"])
     assert flips == {False, True}  # both draws seen: the flip is the sample's own
 
+    # The audit lists every sample's draws: the replay's, and the crop and
+    # flip that, applied to the source image by torchvision, give the
+    # tensor the trainer got (within the documented resize tolerance).
+    audited = [sluice.audit(job, 0, rank=r, transform=train, coordinator=cluster.address)
+               for r in range(2)]
+    for n, (rank, position) in enumerate(picks[:6]):
+        again = sluice.replay(job, 0, rank=rank, position=position, transform=train,
+                              coordinator=cluster.address)
+        a = audited[rank][position]
+        assert (a["source_size"], a["steps"], a["flip_horizontal"], a["flip_vertical"]) == \
+            (again["source_size"], again["steps"], again["flip_horizontal"],
+             again["flip_vertical"])
+    boxes = set()
+    for rank in range(2):
+        assert [a["key"] for a in audited[rank]] == [k for k, _, _ in got[rank]]
+        for a, (key, data, shape) in zip(audited[rank], got[rank]):
+            with tarfile.open(a["url"]) as tar:
+                src = Image.open(io.BytesIO(tar.extractfile(f"{key}.jpg").read())).convert("RGB")
+            assert a["source_size"] == src.size
+            (left, top, w, h), (rw, rh) = a["steps"][0]["crop"], a["steps"][1]["resize"]
+            want = F.resized_crop(src, top, left, h, w, [rh, rw])
+            if a["flip_horizontal"]:
+                want = F.hflip(want)
+            tensor = np.frombuffer(data, np.uint8).reshape(shape).transpose(1, 2, 0)
+            d = np.abs(tensor.astype(int) - np.asarray(want).astype(int))
+            assert d.mean() <= 1.5 and d.max() <= 8, f"{key}: mean {d.mean():.3f} max {d.max()}"
+            boxes.add((left, top, w, h))
+    assert len(boxes) > 30  # each sample its own crop
+    # The command line shows them too: a word per line, a JSON object.
+    rank, position = picks[0]
+    spec = text_format.MessageToString(train.decode_spec(), as_one_line=True)
+    line = _audit(cluster, job, 0, rank, f"--from={position}", "--count=1",
+                  f"--decode_spec={spec}")[0]
+    a = audited[rank][position]
+    assert line["source_size"] == list(a["source_size"])
+    assert line["steps"] == [{k: list(v) for k, v in step.items()} for step in a["steps"]]
+    text = _sluicectl("audit", job, "--epoch=0", f"--rank={rank}", f"--from={position}",
+                      "--count=1", f"--decode_spec={spec}",
+                      f"--coordinator={cluster.address}").stdout.splitlines()
+    assert text[0] == "# position key shard index source unit_kind unit draws"
+    (cl, ct, cw, ch), (rw, rh) = a["steps"][0]["crop"], a["steps"][1]["resize"]
+    assert text[1].split()[-1] == (f"96x72:crop({cl},{ct},{cw},{ch}):resize({rw},{rh})"
+                                   + (":hflip" if a["flip_horizontal"] else ""))
+
     # The command line: a PNG, a .npy and the sidecar.
     rank, position = picks[0]
     key, data, shape = got[rank][position]
@@ -296,7 +366,6 @@ def test_replay_gives_back_the_tensors_the_trainers_got(cluster, tmp_path):
         if out.suffix == ".npy":
             assert np.load(out).tobytes() == data
         else:
-            from PIL import Image
             image = np.asarray(Image.open(out))  # HWC; the trainer's tensor is CHW
             assert image.transpose(2, 0, 1).tobytes() == data
     out = _sluicectl("replay", job, "--epoch=0", "--key=no-such-key",

@@ -43,6 +43,10 @@ struct AuditOptions {
   int64_t batch_size = 0;
   int32_t num_workers = 0;
   bool keys = true;  // look keys up on a live data server
+  // The DecodeSpec the reader read with (ReaderOptions.decode): with it,
+  // each sample's augmentation draws (AuditedSample.draws), planned by a
+  // live data server from the image's header.
+  std::optional<v1::DecodeSpec> decode;
   // List what resumes cut off this reader's record instead (samples it
   // acknowledged after the cursor a resume restored).
   bool rolled_back = false;
@@ -63,6 +67,10 @@ struct AuditedSample {
   std::string unit_kind;  // "shard", "window" or "mixed"
   // A run a resume rolled back had taken it in this epoch: read again.
   bool reread = false;
+  // With AuditOptions.decode: the image's size and what its transforms
+  // drew (crop boxes, resizes, flips); source_width 0 when nothing was
+  // drawn (no transforms, no image field, a header that does not parse).
+  v1::SampleDraws draws;
 };
 
 struct AuditResult {
@@ -75,7 +83,8 @@ struct AuditResult {
 
 // The samples, in order. The coordinator's errors as it gave them:
 // NOT_FOUND naming the job, FAILED_PRECONDITION naming the epochs kept,
-// INVALID_ARGUMENT naming the field.
+// INVALID_ARGUMENT naming the field; with AuditOptions.decode, the data
+// server's when none of the job's live ones plans the draws.
 absl::StatusOr<AuditResult> Audit(const AuditOptions& options);
 // The same, each sample handed to `each` as its page arrives instead of
 // kept (an epoch of millions of samples in constant memory).
@@ -110,7 +119,8 @@ struct ReplayResult {
   int32_t worker = 0;
   AuditedSample audited;
   std::string data_server;  // the one that served it
-  // The sample's fields, and the geometry its image transforms drew.
+  // The sample's fields, and the geometry its image transforms drew
+  // (replayed.draws).
   v1::ReplayedSample replayed;
 };
 

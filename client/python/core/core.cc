@@ -531,14 +531,35 @@ py::tuple Barrier(const std::string& coordinator, const std::string& scope,
   return py::make_tuple(response.status().ToString(), arrived, missing);
 }
 
+// The draws as the dict entries source_size, steps, flip_horizontal and
+// flip_vertical.
+void PutDraws(const v1::SampleDraws& draws, py::dict& out) {
+  py::list steps;
+  for (const v1::GeometryStep& s : draws.steps()) {
+    py::dict step;
+    if (s.kind() == "crop") {
+      step["crop"] = py::make_tuple(s.left(), s.top(), s.width(), s.height());
+    } else {
+      step["resize"] = py::make_tuple(s.width(), s.height());
+    }
+    steps.append(std::move(step));
+  }
+  out["source_size"] =
+      py::make_tuple(draws.source_width(), draws.source_height());
+  out["steps"] = std::move(steps);
+  out["flip_horizontal"] = draws.flip_horizontal();
+  out["flip_vertical"] = draws.flip_vertical();
+}
+
 // sluice::Audit: (samples as dicts, total, keys_missing); an error raises
-// RuntimeError("CODE: message").
+// RuntimeError("CODE: message"). A non-empty `decode` (a serialized
+// DecodeSpec) adds each sample's draws.
 py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
                        int64_t epoch, int32_t rank, int32_t worker,
                        int64_t from, int64_t count, int64_t step,
                        int64_t batch_size, int32_t num_workers,
-                       bool rolled_back, bool keys, double timeout,
-                       const std::string& ca_cert,
+                       bool rolled_back, bool keys, const py::bytes& decode,
+                       double timeout, const std::string& ca_cert,
                        const std::string& client_cert,
                        const std::string& client_key) {
   AuditOptions o;
@@ -554,6 +575,11 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
   o.num_workers = num_workers;
   o.rolled_back = rolled_back;
   o.keys = keys;
+  if (const std::string spec(decode); !spec.empty()) {
+    o.decode.emplace();
+    if (!o.decode->ParseFromString(spec))
+      throw std::invalid_argument("decode is not a serialized DecodeSpec");
+  }
   o.timeout = absl::Seconds(timeout);
   o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
   absl::StatusOr<AuditResult> audit;
@@ -577,6 +603,7 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
     d["unit"] = s.unit;
     d["unit_kind"] = s.unit_kind;
     d["reread"] = s.reread;
+    if (o.decode.has_value()) PutDraws(s.draws, d);
     samples.append(std::move(d));
   }
   return py::make_tuple(samples, audit->total, audit->keys_missing);
@@ -614,16 +641,6 @@ py::dict ReplaySample(const std::string& coordinator, const std::string& job,
   py::dict fields;
   for (v1::Field& f : *r->replayed.mutable_sample()->mutable_fields())
     fields[py::str(f.name())] = FieldValue(&f);
-  py::list steps;
-  for (const v1::GeometryStep& s : r->replayed.steps()) {
-    py::dict step;
-    if (s.kind() == "crop") {
-      step["crop"] = py::make_tuple(s.left(), s.top(), s.width(), s.height());
-    } else {
-      step["resize"] = py::make_tuple(s.width(), s.height());
-    }
-    steps.append(std::move(step));
-  }
   py::dict out;
   out["rank"] = r->rank;
   out["worker"] = r->worker;
@@ -635,11 +652,7 @@ py::dict ReplaySample(const std::string& coordinator, const std::string& job,
   out["index"] = r->audited.index;
   out["unit"] = r->audited.unit;
   out["data_server"] = r->data_server;
-  out["source_size"] =
-      py::make_tuple(r->replayed.source_width(), r->replayed.source_height());
-  out["steps"] = std::move(steps);
-  out["flip_horizontal"] = r->replayed.flip_horizontal();
-  out["flip_vertical"] = r->replayed.flip_vertical();
+  PutDraws(r->replayed.draws(), out);
   out["fields"] = std::move(fields);
   return out;
 }
@@ -725,7 +738,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("epoch"), py::arg("rank"), py::arg("worker"), py::arg("from"),
         py::arg("count"), py::arg("step"), py::arg("batch_size"),
         py::arg("num_workers"), py::arg("rolled_back"), py::arg("keys"),
-        py::arg("timeout"), py::arg("ca_cert") = "",
+        py::arg("decode"), py::arg("timeout"), py::arg("ca_cert") = "",
         py::arg("client_cert") = "", py::arg("client_key") = "",
         "sluice::Audit: (samples as dicts, total, keys_missing).");
   m.def("replay", &sluice::ReplaySample, py::arg("coordinator"), py::arg("job"),

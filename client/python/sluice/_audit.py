@@ -12,7 +12,9 @@ Each sample is a dict: position (0-based, in the reader's order), key, source
 (a job with sources; "" otherwise), shard (its index in the manifest, or in
 the source's), url, index (within the shard), unit (the planned unit it was
 served in), unit_kind ("shard", "window" or "mixed") and reread (a run a
-resume rolled back had taken it in the epoch). The coordinator
+resume rolled back had taken it in the epoch); given the reader's
+`transform`, also what its transforms drew: source_size, steps and the
+flips, as replay() gives them. The coordinator
 keeps a job's current epoch and the one before it. These are the C++
 client's sluice::Audit and sluice::Replay (sluice/audit.h) through
 sluice._core.
@@ -25,8 +27,8 @@ _ERRORS = {"UNAVAILABLE": ConnectionError, "NOT_FOUND": LookupError,
 
 
 def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch_size=None,
-          num_workers=0, rolled_back=False, keys=True, coordinator=None, timeout=10.0,
-          ca_cert=None, client_cert=None, client_key=None):
+          num_workers=0, rolled_back=False, keys=True, transform=None, coordinator=None,
+          timeout=10.0, ca_cert=None, client_cert=None, client_key=None):
     """The samples reader (rank, worker) of `job` acknowledged in `epoch`,
     from position `start`, at most `count` (None: all), as a list of dicts.
     Or the batch of training step `step` of the rank's loop, with
@@ -36,7 +38,12 @@ def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch
     resumes cut off the reader's record: what it read after the checkpoint
     a resume restored (samples read again after a resume have "reread").
     Keys are looked up on a live data server of the job (keys=False: not;
-    they are then ""). LookupError for an unknown job or an epoch no longer
+    they are then ""). With the `transform` (sluice.transforms.Compose) the
+    reader used, each dict also has what the transforms drew for it:
+    source_size (the image's width and height), steps ([{"crop": (left,
+    top, width, height)} or {"resize": (width, height)}, ...] in order),
+    flip_horizontal and flip_vertical, planned by a live data server from
+    the image's header. LookupError for an unknown job or an epoch no longer
     kept (the message names the kept ones); ValueError for a bad argument;
     ConnectionError when the coordinator cannot be reached; RuntimeError for
     any other refusal. TLS as for sluice.once()."""
@@ -49,6 +56,7 @@ def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch
             **{"from": start}, count=-1 if count is None else count,
             step=-1 if step is None else step, batch_size=batch_size or 0,
             num_workers=num_workers, rolled_back=rolled_back, keys=keys,
+            decode=b"" if transform is None else transform.decode_spec().SerializeToString(),
             timeout=timeout, **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
         raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"audit {job}: {e}") from None

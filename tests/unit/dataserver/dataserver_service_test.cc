@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -607,12 +608,13 @@ TEST_F(DataServerServiceTest, AReplayServesOneSampleAsTheStreamDid) {
     ASSERT_OK(replayed.status());
     EXPECT_EQ(replayed->sample().SerializeAsString(),
               (*streamed)[static_cast<size_t>(i)].SerializeAsString());
-    EXPECT_EQ(replayed->source_width(), 64);
-    EXPECT_EQ(replayed->source_height(), 48);
-    ASSERT_EQ(replayed->steps_size(), 2);
-    EXPECT_EQ(replayed->steps(0).kind(), "crop");
-    EXPECT_EQ(replayed->steps(1).kind(), "resize");
-    EXPECT_EQ(replayed->steps(1).width(), 16);
+    const v1::SampleDraws& draws = replayed->draws();
+    EXPECT_EQ(draws.source_width(), 64);
+    EXPECT_EQ(draws.source_height(), 48);
+    ASSERT_EQ(draws.steps_size(), 2);
+    EXPECT_EQ(draws.steps(0).kind(), "crop");
+    EXPECT_EQ(draws.steps(1).kind(), "resize");
+    EXPECT_EQ(draws.steps(1).width(), 16);
     // The fence check a stream of the same lease gets.
     EXPECT_THAT(Read(one).status(), StatusIs(absl::StatusCode::kAborted));
     one.mutable_lease()->set_token(SignLease(one.lease(), "other"));
@@ -623,6 +625,78 @@ TEST_F(DataServerServiceTest, AReplayServesOneSampleAsTheStreamDid) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("covers exactly one sample of one shard; "
                                  "this one is a shard unit [0, 6)")));
+}
+
+absl::StatusOr<v1::ReplayDrawsResponse> Draws(
+    DataServerService& service, const v1::ReplayDrawsRequest& request) {
+  absl::Notification done;
+  absl::StatusOr<v1::ReplayDrawsResponse> out = absl::UnknownError("no answer");
+  service.ReplayDraws(request, [&](absl::StatusOr<v1::ReplayDrawsResponse> r) {
+    out = std::move(r);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return out;
+}
+
+// ReplayDraws plans each replay lease's draws from its image's header: the
+// same draws a replay of that sample reports, in the leases' order, over
+// every sample of the shard (both flips drawn). Leases are checked as for
+// a replay; anything but replay leases, or more than 10,000, is refused.
+TEST_F(DataServerServiceTest, ReplayDrawsAreTheDrawsOfEachSamplesReplay) {
+  Make("s3cret");
+  v1::ReplayDrawsRequest request;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "decode: true transforms { random_resized_crop { height: 16 width: 16 "
+      "} } transforms { horizontal_flip { p: 0.5 } }",
+      request.mutable_decode()));
+  std::vector<v1::ReadRequest> ones;
+  for (int64_t i : {5, 0, 3, 1, 4, 2}) {
+    auto one = Request(i, i + 1);
+    one.mutable_lease()->set_augment_seed(7);
+    one.mutable_lease()->set_token(SignLease(one.lease(), "s3cret"));
+    *one.mutable_decode() = request.decode();
+    *request.add_leases() = one.lease();
+    ones.push_back(std::move(one));
+  }
+  absl::StatusOr<v1::ReplayDrawsResponse> planned = Draws(*service_, request);
+  ASSERT_OK(planned.status());
+  ASSERT_EQ(planned->draws_size(), 6);
+  std::set<bool> flips;
+  for (size_t i = 0; i < ones.size(); ++i) {
+    absl::StatusOr<v1::ReplayedSample> replayed = Replay(*service_, ones[i]);
+    ASSERT_OK(replayed.status());
+    const v1::SampleDraws& draws = planned->draws(static_cast<int>(i));
+    EXPECT_EQ(draws.SerializeAsString(), replayed->draws().SerializeAsString())
+        << "lease " << i;
+    EXPECT_EQ(draws.source_width(), 64);
+    ASSERT_EQ(draws.steps_size(), 2);
+    flips.insert(draws.flip_horizontal());
+  }
+  EXPECT_EQ(flips, (std::set<bool>{false, true}));
+
+  // Without decoding there are no draws: one empty entry per lease.
+  v1::ReplayDrawsRequest raw = request;
+  raw.mutable_decode()->Clear();
+  absl::StatusOr<v1::ReplayDrawsResponse> none = Draws(*service_, raw);
+  ASSERT_OK(none.status());
+  ASSERT_EQ(none->draws_size(), 6);
+  EXPECT_EQ(none->draws(3).source_width(), 0);
+
+  v1::ReplayDrawsRequest forged = request;
+  forged.mutable_leases(4)->set_token(SignLease(forged.leases(4), "other"));
+  EXPECT_THAT(Draws(*service_, forged).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  v1::ReplayDrawsRequest unit = request;
+  *unit.add_leases() = Request(0, 6).lease();
+  EXPECT_THAT(Draws(*service_, unit).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("this one is a shard unit [0, 6)")));
+  v1::ReplayDrawsRequest many = request;
+  while (many.leases_size() <= 10000) *many.add_leases() = request.leases(0);
+  EXPECT_THAT(Draws(*service_, many).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("replay_draws.leases has 10001 leases")));
 }
 
 // A token signs its lease's expiry: past it (plus the allowed clock skew,
