@@ -677,6 +677,45 @@ absl::Status BeginPng(const Payload& data, png_image* image) {
 
 }  // namespace
 
+// The whole image of a PNG `image` begun with BeginPng (and freed here):
+// 16 bits per sample when the file stores them (kept, not reduced to 8),
+// 8 otherwise.
+absl::StatusOr<ImageBuffer> DecodeWholePng(const Payload& data,
+                                           png_image* image) {
+  ImageBuffer buffer;
+  if ((image->format & PNG_FORMAT_FLAG_LINEAR) != 0) {
+    png_image_free(image);
+    std::shared_ptr<uint8_t> pixels;
+    int width = 0, height = 0, channels = 0;
+    RETURN_IF_ERROR(ReadPng16(data, &pixels, &width, &height, &channels));
+    buffer.owner = std::move(pixels);
+    buffer.data = buffer.owner.get();
+    buffer.width = width;
+    buffer.height = height;
+    buffer.channels = channels;
+    buffer.sample_bytes = 2;
+    buffer.stride = static_cast<size_t>(width) * channels * 2;
+    return buffer;
+  }
+  image->format &= (PNG_FORMAT_FLAG_COLOR | PNG_FORMAT_FLAG_ALPHA);
+  const int channels =
+      static_cast<int>(PNG_IMAGE_SAMPLE_CHANNELS(image->format));
+  auto pixels = AllocateBytes(PNG_IMAGE_SIZE(*image));
+  if (!png_image_finish_read(image, nullptr, pixels.get(), 0, nullptr)) {
+    std::string message = image->message;
+    png_image_free(image);
+    return absl::InvalidArgumentError(
+        absl::StrCat("undecodable PNG: ", message));
+  }
+  buffer.owner = std::move(pixels);
+  buffer.data = buffer.owner.get();
+  buffer.width = static_cast<int>(image->width);
+  buffer.height = static_cast<int>(image->height);
+  buffer.channels = channels;
+  buffer.stride = static_cast<size_t>(buffer.width) * channels;
+  return buffer;
+}
+
 absl::StatusOr<DecodedField> DecodePng(const Payload& data,
                                        const ImageOptions& options) {
   png_image image;
@@ -686,27 +725,6 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     png_image_free(&image);
     return big;
   }
-  if ((image.format & PNG_FORMAT_FLAG_LINEAR) != 0) {
-    // 16 bits per sample in the file: kept (uint16), not reduced to 8.
-    png_image_free(&image);
-    std::shared_ptr<uint8_t> pixels;
-    int width = 0, height = 0, channels = 0;
-    RETURN_IF_ERROR(ReadPng16(data, &pixels, &width, &height, &channels));
-    ImageBuffer image;
-    image.owner = std::move(pixels);
-    image.data = image.owner.get();
-    image.width = width;
-    image.height = height;
-    image.channels = channels;
-    image.sample_bytes = 2;
-    image.stride = static_cast<size_t>(width) * channels * 2;
-    ResolvedTransforms r;
-    RETURN_IF_ERROR(Resolve(options, width, height, &r));
-    return Transform(image, r, 0, options);
-  }
-  image.format &= (PNG_FORMAT_FLAG_COLOR | PNG_FORMAT_FLAG_ALPHA);
-  const int channels =
-      static_cast<int>(PNG_IMAGE_SAMPLE_CHANNELS(image.format));
   const int width = static_cast<int>(image.width);
   const int height = static_cast<int>(image.height);
   ResolvedTransforms r;
@@ -715,13 +733,29 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     png_image_free(&image);
     return resolved;
   }
+  if (options.shared != nullptr && options.shared->cache != nullptr) {
+    // The whole image, shared with the other jobs reading it; each applies
+    // its own geometry to it (what the band decode below gives too).
+    absl::StatusOr<ImageBuffer> whole = options.shared->cache->GetOrDecode(
+        options.shared->key, 8,
+        [&]() -> absl::StatusOr<ImageBuffer> {
+          return DecodeWholePng(data, &image);
+        },
+        &options.shared->hit);
+    if (options.shared->hit) png_image_free(&image);
+    if (!whole.ok()) return whole.status();
+    return Transform(*whole, r, 0, options);
+  }
   const std::vector<GeometryStep>& steps = r.geometry->steps;
-  // A first crop inside the image that ends above its last rows: inflate
-  // only the rows down to the crop's bottom (a PNG decodes top to bottom).
-  if (!steps.empty() && steps[0].kind == GeometryStep::Kind::kCrop &&
-      steps[0].left >= 0 && steps[0].top >= 0 &&
-      steps[0].left + steps[0].width <= width &&
+  // A first crop inside an 8-bit image that ends above its last rows:
+  // inflate only the rows down to the crop's bottom (a PNG decodes top to
+  // bottom).
+  if ((image.format & PNG_FORMAT_FLAG_LINEAR) == 0 && !steps.empty() &&
+      steps[0].kind == GeometryStep::Kind::kCrop && steps[0].left >= 0 &&
+      steps[0].top >= 0 && steps[0].left + steps[0].width <= width &&
       steps[0].top + steps[0].height < height) {
+    const int channels = static_cast<int>(PNG_IMAGE_SAMPLE_CHANNELS(
+        image.format & (PNG_FORMAT_FLAG_COLOR | PNG_FORMAT_FLAG_ALPHA)));
     const GeometryStep& crop = steps[0];
     std::shared_ptr<uint8_t> rows;
     int row_channels = 0;
@@ -744,21 +778,8 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
                        r, 1, options);
     }
   }
-  auto pixels = AllocateBytes(PNG_IMAGE_SIZE(image));
-  if (!png_image_finish_read(&image, nullptr, pixels.get(), 0, nullptr)) {
-    std::string message = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(
-        absl::StrCat("undecodable PNG: ", message));
-  }
-  ImageBuffer buffer;
-  buffer.owner = std::move(pixels);
-  buffer.data = buffer.owner.get();
-  buffer.width = width;
-  buffer.height = height;
-  buffer.channels = channels;
-  buffer.stride = static_cast<size_t>(width) * channels;
-  return Transform(buffer, r, 0, options);
+  ASSIGN_OR_RETURN(ImageBuffer whole, DecodeWholePng(data, &image));
+  return Transform(whole, r, 0, options);
 }
 
 absl::StatusOr<DecodedField> DecodeNpy(const Payload& data) {

@@ -634,7 +634,7 @@ void SampleStream::DecodeSample(Slot& slot) {
         // both (decoded_image_cache.h).
         const std::string& url =
             params_.pieces[static_cast<size_t>(slot.piece)].ref.url;
-        if (codec == Codec::kJpeg && context_->decoded_images != nullptr &&
+        if (context_->decoded_images != nullptr &&
             context_->decoded_images->SharedWithOtherJob(url,
                                                          params_.lease.job())) {
           shared.cache = context_->decoded_images;

@@ -202,5 +202,76 @@ TEST(DecodedImageCacheTest, SharedDecodesGiveTheTensorsOfADecodeAlone) {
   EXPECT_EQ(hits, 4 * 12 - stats.misses);
 }
 
+// PNG fields are shared too: a whole decode (8 bits, or 16 as stored)
+// transformed by each job gives what the job's own decode gives, including
+// the decode of only the rows a crop needs; a damaged PNG's error is the
+// same and is not kept.
+TEST(DecodedImageCacheTest, SharedPngDecodesGiveTheTensorsOfADecodeAlone) {
+  const int w = 160, h = 120;
+  std::vector<uint16_t> deep(static_cast<size_t>(w) * h);
+  for (size_t i = 0; i < deep.size(); ++i)
+    deep[i] = static_cast<uint16_t>((i * 2654435761u) >> 16);
+  const std::vector<std::string> pngs = {
+      testing::EncodePng(testing::TestPixels(w, h, 3, 7), w, h, 3),
+      testing::EncodePng(testing::TestPixels(w, h, 4, 8), w, h, 4),
+      testing::EncodePng(testing::TestPixels(w, h, 1, 9), w, h, 1),
+      testing::EncodePng16(deep, w, h, 1)};
+  std::vector<v1::DecodeSpec> specs(3);
+  for (v1::DecodeSpec& spec : specs) spec.set_decode(true);
+  *specs[0].add_transforms() = RandomResizedCrop(48);
+  specs[0].add_transforms()->mutable_horizontal_flip()->set_p(0.5);
+  specs[1].add_transforms()->mutable_resize()->set_shorter_side(64);
+  specs[1].add_transforms()->mutable_center_crop()->set_height(56);
+  specs[1].mutable_transforms(1)->mutable_center_crop()->set_width(56);
+  specs[2].add_transforms()->mutable_center_crop()->set_height(40);
+  specs[2].mutable_transforms(0)->mutable_center_crop()->set_width(90);
+  DecodedImageCache cache(64 << 20);
+  int hits = 0, calls = 0;
+  for (size_t p = 0; p < pngs.size(); ++p) {
+    const Payload payload{pngs[p], nullptr};
+    for (size_t s = 0; s < specs.size(); ++s) {
+      auto transforms = ImageTransforms::FromSpec(specs[s]);
+      ASSERT_OK(transforms.status());
+      for (uint64_t seed = 0; seed < 6; ++seed) {
+        Geometry geometry = transforms->Plan(w, h, SampleRandom(seed, 0, 0, 3));
+        ImageOptions options;
+        options.transforms = &*transforms;
+        options.geometry = &geometry;
+        auto alone = DecodePng(payload, options);
+        ASSERT_OK(alone.status());
+        SharedDecode shared;
+        shared.cache = &cache;
+        shared.key = DecodedImageCache::ImageKey("s.tar", 3, "png", pngs[p]);
+        options.shared = &shared;
+        auto together = DecodePng(payload, options);
+        ASSERT_OK(together.status());
+        ++calls;
+        hits += shared.hit ? 1 : 0;
+        EXPECT_EQ(together->shape, alone->shape) << "png " << p;
+        EXPECT_EQ(together->dtype, alone->dtype);
+        EXPECT_TRUE(together->bytes.bytes == alone->bytes.bytes)
+            << "png " << p << ", spec " << s << ", seed " << seed;
+      }
+    }
+  }
+  // One whole decode per image; every other call read it.
+  EXPECT_EQ(cache.stats().misses, 4);
+  EXPECT_EQ(hits, calls - 4);
+
+  std::string damaged = pngs[0];
+  damaged.resize(damaged.size() / 2);
+  const Payload payload{damaged, nullptr};
+  ImageOptions options;
+  auto alone = DecodePng(payload, options);
+  SharedDecode shared;
+  shared.cache = &cache;
+  shared.key = DecodedImageCache::ImageKey("s.tar", 4, "png", damaged);
+  options.shared = &shared;
+  auto together = DecodePng(payload, options);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_EQ(together.status(), alone.status());
+  EXPECT_EQ(cache.stats().entries, 4);
+}
+
 }  // namespace
 }  // namespace sluice::dataserver
