@@ -46,9 +46,10 @@ struct SampleStream::Slot {
   // Decode memory granted for this sample; given back when the slot goes
   // (framed, or its stream cancelled).
   DecodeMemoryBudget* budget = nullptr;
+  std::string job;  // the budget's flow
   int64_t reserved = 0;
   ~Slot() {
-    if (budget != nullptr) budget->Release(reserved);
+    if (budget != nullptr) budget->Release(job, reserved);
   }
 };
 
@@ -491,14 +492,18 @@ void SampleStream::Produce() {
   for (const std::shared_ptr<Slot>& s : to_decode) {
     const int64_t estimate = EstimateDecodeBytes(s->raw);
     s->budget = context_->decode_budget;
+    s->job = params_.lease.job();
     s->reserved = estimate;
-    context_->decode_budget->Reserve(estimate, [self = shared_from_this(), s] {
-      self->Schedule([self, s] {
-        // A decode still queued when the client went away is not run.
-        if (!self->IsCancelled()) self->DecodeSample(*s);
-        self->Done(s);
-      });
-    });
+    context_->decode_budget->Reserve(s->job, params_.lease.weight(), estimate,
+                                     [self = shared_from_this(), s] {
+                                       self->Schedule([self, s] {
+                                         // A decode still queued when the
+                                         // client went away is not run.
+                                         if (!self->IsCancelled())
+                                           self->DecodeSample(*s);
+                                         self->Done(s);
+                                       });
+                                     });
   }
   Append(std::move(slots), failed || next_ >= params_.end);
 }
