@@ -27,7 +27,9 @@ const char* CorruptReasonLabel(CorruptReason reason) {
   return "unknown";
 }
 
-DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
+DataServerMetrics::DataServerMetrics(prometheus::Registry& r,
+                                     absl::Duration job_retention,
+                                     const Clock* clock)
     : samples_served(
           Counters(r, "sluice_dataserver_samples_served_total",
                    "Samples sent to trainers (skipped ones included).")
@@ -106,6 +108,8 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r)
                     "same shards (--shared_decode_bytes).")
               .Register(r)
               .Add({})),
+      job_retention_(job_retention),
+      clock_(clock),
       decode_seconds_(
           prometheus::BuildHistogram()
               .Name("sluice_dataserver_decode_seconds")
@@ -219,12 +223,47 @@ prometheus::Counter& DataServerMetrics::Skipped(CorruptReason reason,
       {{"reason", CorruptReasonLabel(reason)}, {"sluice_job", job}});
 }
 
-prometheus::Counter& DataServerMetrics::JobSamples(const std::string& job) {
-  return job_samples_.Add({{"sluice_job", job}});
+DataServerMetrics::JobSeries DataServerMetrics::HoldJob(
+    const std::string& job) {
+  absl::MutexLock lock(&jobs_mu_);
+  ExpireJobsLocked(clock_->Now());
+  ++jobs_[job].streams;
+  return JobSeries{&job_samples_.Add({{"sluice_job", job}}),
+                   &job_cpu_seconds_.Add({{"sluice_job", job}})};
 }
 
-prometheus::Counter& DataServerMetrics::JobCpuSeconds(const std::string& job) {
-  return job_cpu_seconds_.Add({{"sluice_job", job}});
+void DataServerMetrics::ReleaseJob(const std::string& job) {
+  absl::MutexLock lock(&jobs_mu_);
+  const absl::Time now = clock_->Now();
+  if (auto it = jobs_.find(job); it != jobs_.end() && --it->second.streams == 0)
+    it->second.idle_since = now;
+  ExpireJobsLocked(now);
+}
+
+size_t DataServerMetrics::jobs_exported() const {
+  absl::MutexLock lock(&jobs_mu_);
+  return jobs_.size();
+}
+
+void DataServerMetrics::ExpireJobsLocked(absl::Time now) {
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second.streams > 0 ||
+        now - it->second.idle_since < job_retention_) {
+      ++it;
+      continue;
+    }
+    const prometheus::Labels job = {{"sluice_job", it->first}};
+    job_samples_.Remove(&job_samples_.Add(job));
+    job_cpu_seconds_.Remove(&job_cpu_seconds_.Add(job));
+    for (CorruptReason reason :
+         {CorruptReason::kDamagedTar, CorruptReason::kDuplicateField,
+          CorruptReason::kUndecodable, CorruptReason::kLost}) {
+      const prometheus::Labels skipped = {
+          {"reason", CorruptReasonLabel(reason)}, {"sluice_job", it->first}};
+      if (skipped_.Has(skipped)) skipped_.Remove(&skipped_.Add(skipped));
+    }
+    it = jobs_.erase(it);
+  }
 }
 
 prometheus::Counter& DataServerMetrics::Corrupt(CorruptReason reason) {

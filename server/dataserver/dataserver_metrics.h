@@ -1,6 +1,7 @@
 // Prometheus metrics of a data server. Labels are bounded: codec (six
 // values), skip reason (a fixed set), gRPC status code, and job (the jobs
-// the coordinator holds, the name cut to 128 bytes).
+// with streams on the server lately, the name cut to 128 bytes: a job's
+// series go `job_retention` after its last stream ended).
 #ifndef SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_
 #define SLUICE_SERVER_DATASERVER_DATASERVER_METRICS_H_
 
@@ -9,9 +10,13 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <map>
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/common/clock.h"
 
 namespace sluice::dataserver {
 
@@ -27,7 +32,13 @@ Locality LocalityOf(absl::string_view server_node,
 
 class DataServerMetrics {
  public:
-  explicit DataServerMetrics(prometheus::Registry& registry);
+  // A job's series (sluice_job) are removed `job_retention` after its last
+  // stream ended (Prometheus has scraped their final values by then), at
+  // the next HoldJob or ReleaseJob: a server that outlives many jobs does
+  // not export every one of them for ever.
+  explicit DataServerMetrics(prometheus::Registry& registry,
+                             absl::Duration job_retention = absl::Minutes(15),
+                             const Clock* clock = Clock::Real());
 
   prometheus::Histogram& DecodeSeconds(const char* codec);
   // Time in transform steps of one image field, by op: "resize", "crop",
@@ -46,9 +57,16 @@ class DataServerMetrics {
   // Per job (sluice_job; a job's series appear with its first stream):
   // samples sent, and CPU seconds the server's reading and decoding threads
   // spent on the job's work (its share of the server: its rate over the
-  // sum of all jobs' rates).
-  prometheus::Counter& JobSamples(const std::string& job);
-  prometheus::Counter& JobCpuSeconds(const std::string& job);
+  // sum of all jobs' rates). A stream holds its job's series from
+  // HoldJob until ReleaseJob; Skipped(reason, job) is for a held job.
+  struct JobSeries {
+    prometheus::Counter* samples = nullptr;
+    prometheus::Counter* cpu_seconds = nullptr;
+  };
+  JobSeries HoldJob(const std::string& job);
+  void ReleaseJob(const std::string& job);
+  // Jobs whose series are exported now.
+  size_t jobs_exported() const;
 
   prometheus::Counter& samples_served;
   // Streams ended or refused while draining, their leases handed back.
@@ -72,13 +90,24 @@ class DataServerMetrics {
   prometheus::Counter& cache_downloaded_bytes;
   prometheus::Histogram& cache_download_seconds;
   prometheus::Gauge& cache_bytes;
-  // Shared decoding (--shared_decode_bytes): JPEG fields of shards that
+  // Shared decoding (--shared_decode_bytes): image fields of shards that
   // other jobs read too, by whether another stream had decoded the image
   // (hit) or this one decoded it (miss); and the pixels held.
   prometheus::Counter& SharedDecodes(bool hit);
   prometheus::Gauge& shared_decode_bytes;
 
  private:
+  struct HeldJob {
+    int streams = 0;
+    absl::Time idle_since;  // when `streams` fell to 0
+  };
+  // Removes the series of jobs idle for job_retention_.
+  void ExpireJobsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(jobs_mu_);
+
+  const absl::Duration job_retention_;
+  const Clock* const clock_;
+  mutable absl::Mutex jobs_mu_;
+  std::map<std::string, HeldJob> jobs_ ABSL_GUARDED_BY(jobs_mu_);
   prometheus::Family<prometheus::Histogram>& decode_seconds_;
   prometheus::Family<prometheus::Histogram>& transform_seconds_;
   prometheus::Family<prometheus::Counter>& skipped_;

@@ -103,15 +103,19 @@ ABSL_FLAG(int64_t, max_decode_memory, int64_t{1} << 30,
           "streams (estimated "
           "from each image's header: its full-size pixels and the resampling "
           "buffers); a "
-          "sample waits for room before it is decoded, in the order samples "
-          "were read. One "
+          "sample waits for room before it is decoded (each job's in the "
+          "order they were read, jobs by weight). One "
           "sample larger than this still decodes, alone. 0 = no bound.");
-ABSL_FLAG(int64_t, shared_decode_bytes, int64_t{256} << 20,
-          "Bytes of decoded images kept for jobs that read the same shard at "
-          "the same time (a sweep of trials over one dataset): each JPEG is "
-          "then decoded once, whole, and every job crops and transforms its "
-          "own view of it (the same tensors as a job alone). Used only for "
-          "shards that another job has a stream open on. 0 = off.");
+ABSL_FLAG(
+    int64_t, shared_decode_bytes, int64_t{256} << 20,
+    "Bytes of decoded images kept for jobs that read the same shard at "
+    "the same time (a sweep of trials over one dataset): each JPEG or "
+    "PNG is then decoded once, whole, and every job crops and transforms its "
+    "own view of it (the same tensors as a job alone). Used only for "
+    "shards that another job has a stream open on. 0 = off.");
+ABSL_FLAG(absl::Duration, job_metrics_retention, absl::Minutes(15),
+          "How long a job's series (sluice_job label) stay exported after its "
+          "last stream on this server ended.");
 ABSL_FLAG(int64_t, max_batch_bytes, 16 << 20,
           "Upper bound on a request's max_batch_bytes (clients must accept "
           "messages this big).");
@@ -162,7 +166,12 @@ class DataServerServices : public sluice::ServiceSet {
   static absl::StatusOr<std::unique_ptr<DataServerServices>> Create(
       std::shared_ptr<prometheus::Registry> registry) {
     auto s = std::unique_ptr<DataServerServices>(new DataServerServices());
-    s->metrics_ = std::make_unique<DataServerMetrics>(*registry);
+    const absl::Duration retention = absl::GetFlag(FLAGS_job_metrics_retention);
+    if (retention < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          "--job_metrics_retention must not be negative");
+    }
+    s->metrics_ = std::make_unique<DataServerMetrics>(*registry, retention);
     DataServerOptions options;
     std::unique_ptr<LocalShardStore> local;
     const std::vector<std::string> roots = absl::GetFlag(FLAGS_roots);

@@ -94,8 +94,9 @@ SampleStream::SampleStream(const StreamContext* context, Params params)
   }
   if (context_->metrics != nullptr) {
     const std::string job = params_.lease.job().substr(0, 128);
-    job_samples_ = &context_->metrics->JobSamples(job);
-    job_cpu_seconds_ = &context_->metrics->JobCpuSeconds(job);
+    const DataServerMetrics::JobSeries series = context_->metrics->HoldJob(job);
+    job_samples_ = series.samples;
+    job_cpu_seconds_ = series.cpu_seconds;
   }
 }
 
@@ -132,6 +133,8 @@ SampleStream::~SampleStream() {
       context_->decoded_images->StreamClosed(piece.ref.url,
                                              params_.lease.job());
   }
+  if (context_->metrics != nullptr)
+    context_->metrics->ReleaseJob(params_.lease.job().substr(0, 128));
   if (context_->stream_ended) context_->stream_ended(params_.lease);
 }
 
