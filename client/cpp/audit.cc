@@ -83,14 +83,37 @@ class CoordinatorCalls {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
+// The job's live data servers in the order to ask them: one that did not
+// answer (UNAVAILABLE, DEADLINE_EXCEEDED: down, or hung) goes last, so a
+// hung server costs an audit one timeout, not one per shard and page.
+class DataServerOrder {
+ public:
+  explicit DataServerOrder(std::vector<std::string> addresses)
+      : addresses_(std::move(addresses)) {}
+  // A copy: Failed may reorder while a caller walks it.
+  std::vector<std::string> Now() const { return addresses_; }
+  void Failed(const std::string& address) {
+    auto it = std::find(addresses_.begin(), addresses_.end(), address);
+    if (it == addresses_.end()) return;
+    std::rotate(it, it + 1, addresses_.end());
+  }
+  // Whether `status` says the server did not answer (another may).
+  static bool NoAnswer(const absl::Status& status) {
+    return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status);
+  }
+
+ private:
+  std::vector<std::string> addresses_;
+};
+
 // Sample keys per shard URL, read once per shard from the first of the
 // job's live data servers that indexes it.
 class KeyBook {
  public:
-  KeyBook(std::vector<std::string> data_servers,
+  KeyBook(DataServerOrder* data_servers,
           std::shared_ptr<grpc::ChannelCredentials> credentials,
           absl::Duration timeout)
-      : data_servers_(std::move(data_servers)),
+      : data_servers_(data_servers),
         credentials_(std::move(credentials)),
         timeout_(timeout) {}
 
@@ -107,7 +130,7 @@ class KeyBook {
   std::vector<std::string> Look(const std::string& url, std::string* why) {
     absl::Status last =
         absl::UnavailableError("no data server of the job is live");
-    for (const std::string& address : data_servers_) {
+    for (const std::string& address : data_servers_->Now()) {
       auto stub = v1::DataServer::NewStub(
           grpc::CreateChannel(GrpcTarget(address), credentials_));
       grpc::ClientContext ctx;
@@ -118,6 +141,7 @@ class KeyBook {
       v1::ShardIndex index;
       last = FromGrpcStatus(stub->IndexShard(&ctx, request, &index));
       if (last.ok()) return {index.keys().begin(), index.keys().end()};
+      if (DataServerOrder::NoAnswer(last)) data_servers_->Failed(address);
     }
     if (why->empty()) {
       *why = absl::StrCat("indexing ", url, " failed: ", last.message());
@@ -125,7 +149,7 @@ class KeyBook {
     return {};
   }
 
-  std::vector<std::string> data_servers_;
+  DataServerOrder* data_servers_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   absl::Duration timeout_;
   std::map<std::string, std::vector<std::string>> keys_;
@@ -136,9 +160,9 @@ class KeyBook {
 constexpr int kDrawsPerCall = 1000;
 
 // Each sample's draws of an audit page (with its replay leases), from the
-// first of `data_servers` that answers.
+// first of `order` that answers.
 absl::StatusOr<std::vector<v1::SampleDraws>> PlanDraws(
-    const std::vector<std::string>& data_servers,
+    DataServerOrder& order,
     const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     absl::Duration timeout, const v1::DecodeSpec& decode,
     const v1::AuditResponse& page) {
@@ -146,6 +170,7 @@ absl::StatusOr<std::vector<v1::SampleDraws>> PlanDraws(
   out.reserve(page.samples_size());
   absl::Status last = absl::UnavailableError(
       "no data server of the job is live to plan the draws");
+  const std::vector<std::string> data_servers = order.Now();
   size_t server = 0;
   while (out.size() < static_cast<size_t>(page.samples_size())) {
     if (server == data_servers.size()) return last;
@@ -171,8 +196,8 @@ absl::StatusOr<std::vector<v1::SampleDraws>> PlanDraws(
     if (!last.ok()) {
       last = absl::Status(last.code(), absl::StrCat("data server ", address,
                                                     ": ", last.message()));
-      if (!absl::IsUnavailable(last) && !absl::IsDeadlineExceeded(last))
-        return last;
+      if (!DataServerOrder::NoAnswer(last)) return last;
+      order.Failed(address);
       ++server;  // the next one plans the rest
       continue;
     }
@@ -224,7 +249,8 @@ absl::StatusOr<AuditResult> Audit(
                         job.status().live_data_servers().end());
   }
   if (!options.keys) result.keys_missing = "AuditOptions.keys is false";
-  KeyBook keys(data_servers, coordinator.credentials(), options.timeout);
+  DataServerOrder order(std::move(data_servers));
+  KeyBook keys(&order, coordinator.credentials(), options.timeout);
 
   int64_t position = options.from;
   int64_t left = options.count;  // -1: all
@@ -241,9 +267,9 @@ absl::StatusOr<AuditResult> Audit(
     ASSIGN_OR_RETURN(v1::AuditResponse page, coordinator.Audit(request));
     std::vector<v1::SampleDraws> draws;
     if (options.decode.has_value()) {
-      ASSIGN_OR_RETURN(draws,
-                       PlanDraws(data_servers, coordinator.credentials(),
-                                 options.timeout, *options.decode, page));
+      ASSIGN_OR_RETURN(
+          draws, PlanDraws(order, coordinator.credentials(), options.timeout,
+                           *options.decode, page));
     }
     result.total = page.total();
     result.workers_per_rank = page.workers_per_rank();

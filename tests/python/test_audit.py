@@ -7,12 +7,13 @@ the same after a coordinator restart and journal compactions. The draws an
 audit lists are the crops and flips that give the trainers' tensors.
 `sluicectl replay` / `sluice.replay` give back the tensors a
 RandomResizedCrop + flip job's trainers received, byte for byte, through
-either data server and after a data server restart."""
+either data server, past a hung one, and after a data server restart."""
 import io
 import itertools
 import json
 import os
 import random
+import signal
 import subprocess
 import tarfile
 import threading
@@ -372,6 +373,30 @@ def test_replay_gives_back_the_tensors_the_trainers_got(cluster, tmp_path):
                      f"--coordinator={cluster.address}", check=False)
     assert out.returncode == 1
     assert 'took a sample with key "no-such-key"' in out.stderr
+
+    # A hung data server (SIGSTOP) that the coordinator still lists first:
+    # replay, keys and draws come from the other one, after one timeout.
+    job_status = json.loads(_sluicectl("job", "get", job, "--json",
+                                       f"--coordinator={cluster.address}").stdout)
+    first = job_status["status"]["live_data_servers"][0]
+    hung = next(d for d in cluster.data if d.address == first)
+    other = next(d for d in cluster.data if d.address != first)
+    rank, position = picks[1]
+    key, data, _ = got[rank][position]
+    hung.proc.send_signal(signal.SIGSTOP)
+    try:
+        again = sluice.replay(job, 0, rank=rank, position=position, transform=train,
+                              coordinator=cluster.address, timeout=1.0)
+        assert again["data_server"] == other.address
+        assert again["fields"]["jpg"].tobytes() == data
+        assert again["key"] == key
+        lines = sluice.audit(job, 0, rank=rank, transform=train, coordinator=cluster.address,
+                             timeout=1.0)
+        assert lines == audited[rank]
+    finally:
+        hung.proc.send_signal(signal.SIGCONT)
+    _wait_for(lambda: "sluice_coordinator_data_servers 2" in cluster.coordinator.metric_text(),
+              30, "the resumed data server to be live again")
 
     # A data server restarted (a new process, a new port) replays the same.
     old = cluster.data[0]
