@@ -1,6 +1,5 @@
-// Limits and helpers the coordinator's logic shares: CoordinatorService's
-// files (coordinator_service.cc, coordinator_sessions.cc,
-// coordinator_granting.cc, coordinator_data_servers.cc) and the Granter.
+// Limits and helpers the coordinator's logic shares: CoordinatorService
+// (coordinator_service.cc) and the Granter.
 // Not for use outside the coordinator.
 #ifndef SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_INTERNAL_H_
 #define SLUICE_SERVER_COORDINATOR_COORDINATOR_SERVICE_INTERNAL_H_
