@@ -165,7 +165,7 @@ absl::StatusOr<std::vector<v1::SampleDraws>> PlanDraws(
     DataServerOrder& order,
     const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     absl::Duration timeout, const v1::DecodeSpec& decode,
-    const v1::AuditResponse& page) {
+    const std::vector<std::string>& fields, const v1::AuditResponse& page) {
   std::vector<v1::SampleDraws> out;
   out.reserve(page.samples_size());
   absl::Status last = absl::UnavailableError(
@@ -176,6 +176,7 @@ absl::StatusOr<std::vector<v1::SampleDraws>> PlanDraws(
     if (server == data_servers.size()) return last;
     v1::ReplayDrawsRequest request;
     *request.mutable_decode() = decode;
+    for (const std::string& f : fields) request.add_fields(f);
     for (int i = static_cast<int>(out.size());
          i < page.samples_size() && request.leases_size() < kDrawsPerCall;
          ++i) {
@@ -269,7 +270,7 @@ absl::StatusOr<AuditResult> Audit(
     if (options.decode.has_value()) {
       ASSIGN_OR_RETURN(
           draws, PlanDraws(order, coordinator.credentials(), options.timeout,
-                           *options.decode, page));
+                           *options.decode, options.fields, page));
     }
     result.total = page.total();
     result.workers_per_rank = page.workers_per_rank();
@@ -424,6 +425,7 @@ absl::StatusOr<ReplayResult> Replay(const ReplayOptions& options) {
     v1::ReadRequest read;
     *read.mutable_lease() = page.samples(0).replay_lease();
     *read.mutable_decode() = options.decode;
+    for (const std::string& f : options.fields) read.add_fields(f);
     v1::ReplayedSample replayed;
     last = FromGrpcStatus(data->ReplaySample(&ctx, read, &replayed));
     if (last.ok()) {

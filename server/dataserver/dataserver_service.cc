@@ -187,7 +187,7 @@ void DataServerService::ReplaySample(
   if (!transforms.ok()) return done(transforms.status());
   // First the sample's raw fields, for the size its transforms were
   // planned for; then the sample as the trainer got it.
-  RawSample(request.lease(),
+  RawSample(request.lease(), request.fields(),
             [this, request, transforms = *std::move(transforms),
              done = std::move(done)](absl::StatusOr<v1::Sample> raw) mutable {
               if (!raw.ok()) return done(raw.status());
@@ -248,19 +248,24 @@ void DataServerService::NextDraws(const std::shared_ptr<DrawsPlan>& plan) {
     return plan->done(std::move(plan->response));
   }
   const v1::Lease& lease = plan->request.leases(next);
-  RawSample(lease, [this, plan, &lease](absl::StatusOr<v1::Sample> raw) {
-    if (!raw.ok()) return plan->done(raw.status());
-    *plan->response.add_draws() = PlanDraws(lease, *plan->transforms, *raw);
-    // On a pool thread: a sample read inline must not nest the next call.
-    pool_.Schedule([this, plan] { NextDraws(plan); });
-  });
+  RawSample(lease, plan->request.fields(),
+            [this, plan, &lease](absl::StatusOr<v1::Sample> raw) {
+              if (!raw.ok()) return plan->done(raw.status());
+              *plan->response.add_draws() =
+                  PlanDraws(lease, *plan->transforms, *raw);
+              // On a pool thread: a sample read inline must not nest the next
+              // call.
+              pool_.Schedule([this, plan] { NextDraws(plan); });
+            });
 }
 
 void DataServerService::RawSample(
     const v1::Lease& lease,
+    const google::protobuf::RepeatedPtrField<std::string>& fields,
     std::function<void(absl::StatusOr<v1::Sample>)> done) {
   v1::ReadRequest raw;
   *raw.mutable_lease() = lease;
+  *raw.mutable_fields() = fields;
   absl::StatusOr<std::shared_ptr<SampleStream>> stream =
       OpenStream(raw, /*check_fence=*/false);
   if (!stream.ok()) return done(stream.status());

@@ -161,8 +161,10 @@ class DataServerService {
   };
   // Plans the next lease of `plan`, or calls its `done` after the last.
   void NextDraws(const std::shared_ptr<DrawsPlan>& plan);
-  // The replay lease's sample with its fields undecoded.
+  // The replay lease's sample with its fields (`fields` of them; empty =
+  // all) undecoded.
   void RawSample(const v1::Lease& lease,
+                 const google::protobuf::RepeatedPtrField<std::string>& fields,
                  std::function<void(absl::StatusOr<v1::Sample>)> done);
   // ReadSamples, with or without the fence check (a replay has none).
   absl::StatusOr<std::shared_ptr<SampleStream>> OpenStream(

@@ -338,6 +338,15 @@ def test_replay_gives_back_the_tensors_the_trainers_got(cluster, tmp_path):
             assert d.mean() <= 1.5 and d.max() <= 8, f"{key}: mean {d.mean():.3f} max {d.max()}"
             boxes.add((left, top, w, h))
     assert len(boxes) > 30  # each sample its own crop
+    # The reader's field choice: only those fields come back.
+    rank, position = picks[2]
+    key, data, _ = got[rank][position]
+    only = sluice.replay(job, 0, rank=rank, position=position, transform=train,
+                         fields=("jpg",), coordinator=cluster.address)
+    assert set(only["fields"]) == {"jpg"}
+    assert only["fields"]["jpg"].tobytes() == data
+    assert sluice.audit(job, 0, rank=rank, transform=train, fields=("jpg",),
+                        coordinator=cluster.address) == audited[rank]
     # The command line shows them too: a word per line, a JSON object.
     rank, position = picks[0]
     spec = text_format.MessageToString(train.decode_spec(), as_one_line=True)

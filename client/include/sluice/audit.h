@@ -45,8 +45,11 @@ struct AuditOptions {
   bool keys = true;  // look keys up on a live data server
   // The DecodeSpec the reader read with (ReaderOptions.decode): with it,
   // each sample's augmentation draws (AuditedSample.draws), planned by a
-  // live data server from the image's header.
+  // live data server from the image's header. With the fields it asked for
+  // (ReaderOptions.fields; empty = all): the draws are planned for the
+  // first image field among them, as the stream planned them.
   std::optional<v1::DecodeSpec> decode;
+  std::vector<std::string> fields;
   // List what resumes cut off this reader's record instead (samples it
   // acknowledged after the cursor a resume restored).
   bool rolled_back = false;
@@ -106,8 +109,10 @@ struct ReplayOptions {
   // ... or the sample with this key, looked for over every reader of the
   // epoch (position < 0).
   std::string key;
-  // What the trainer's reader asked for (ReaderOptions.decode).
+  // What the trainer's reader asked for (ReaderOptions.decode and .fields;
+  // empty fields = all): the sample comes back with those fields.
   v1::DecodeSpec decode;
+  std::vector<std::string> fields;
   // The data server to ask; "" = the job's live ones, in turn.
   std::string data_server;
   std::optional<ClientTls> tls;

@@ -559,7 +559,8 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
                        int64_t from, int64_t count, int64_t step,
                        int64_t batch_size, int32_t num_workers,
                        bool rolled_back, bool keys, const py::bytes& decode,
-                       double timeout, const std::string& ca_cert,
+                       const std::vector<std::string>& fields, double timeout,
+                       const std::string& ca_cert,
                        const std::string& client_cert,
                        const std::string& client_key) {
   AuditOptions o;
@@ -580,6 +581,7 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
     if (!o.decode->ParseFromString(spec))
       throw std::invalid_argument("decode is not a serialized DecodeSpec");
   }
+  o.fields = fields;
   o.timeout = absl::Seconds(timeout);
   o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
   absl::StatusOr<AuditResult> audit;
@@ -612,13 +614,12 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
 // sluice::Replay: a dict of where the sample came from, its fields (numpy
 // arrays for tensors) and the geometry its transforms drew; an error raises
 // RuntimeError("CODE: message").
-py::dict ReplaySample(const std::string& coordinator, const std::string& job,
-                      int64_t epoch, int32_t rank, int32_t worker,
-                      int64_t position, const std::string& key,
-                      const py::bytes& decode, const std::string& data_server,
-                      double timeout, const std::string& ca_cert,
-                      const std::string& client_cert,
-                      const std::string& client_key) {
+py::dict ReplaySample(
+    const std::string& coordinator, const std::string& job, int64_t epoch,
+    int32_t rank, int32_t worker, int64_t position, const std::string& key,
+    const py::bytes& decode, const std::vector<std::string>& fields,
+    const std::string& data_server, double timeout, const std::string& ca_cert,
+    const std::string& client_cert, const std::string& client_key) {
   ReplayOptions o;
   o.coordinator = coordinator;
   o.job = job;
@@ -629,6 +630,7 @@ py::dict ReplaySample(const std::string& coordinator, const std::string& job,
   o.key = key;
   if (!o.decode.ParseFromString(std::string(decode)))
     throw std::invalid_argument("decode is not a serialized DecodeSpec");
+  o.fields = fields;
   o.data_server = data_server;
   o.timeout = absl::Seconds(timeout);
   o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
@@ -638,9 +640,9 @@ py::dict ReplaySample(const std::string& coordinator, const std::string& job,
     r = Replay(o);
   }
   if (!r.ok()) Raise(r.status());
-  py::dict fields;
+  py::dict values;
   for (v1::Field& f : *r->replayed.mutable_sample()->mutable_fields())
-    fields[py::str(f.name())] = FieldValue(&f);
+    values[py::str(f.name())] = FieldValue(&f);
   py::dict out;
   out["rank"] = r->rank;
   out["worker"] = r->worker;
@@ -653,7 +655,7 @@ py::dict ReplaySample(const std::string& coordinator, const std::string& job,
   out["unit"] = r->audited.unit;
   out["data_server"] = r->data_server;
   PutDraws(r->replayed.draws(), out);
-  out["fields"] = std::move(fields);
+  out["fields"] = std::move(values);
   return out;
 }
 
@@ -738,14 +740,16 @@ PYBIND11_MODULE(_core, m) {
         py::arg("epoch"), py::arg("rank"), py::arg("worker"), py::arg("from"),
         py::arg("count"), py::arg("step"), py::arg("batch_size"),
         py::arg("num_workers"), py::arg("rolled_back"), py::arg("keys"),
-        py::arg("decode"), py::arg("timeout"), py::arg("ca_cert") = "",
-        py::arg("client_cert") = "", py::arg("client_key") = "",
+        py::arg("decode"), py::arg("fields"), py::arg("timeout"),
+        py::arg("ca_cert") = "", py::arg("client_cert") = "",
+        py::arg("client_key") = "",
         "sluice::Audit: (samples as dicts, total, keys_missing).");
   m.def("replay", &sluice::ReplaySample, py::arg("coordinator"), py::arg("job"),
         py::arg("epoch"), py::arg("rank"), py::arg("worker"),
         py::arg("position"), py::arg("key"), py::arg("decode"),
-        py::arg("data_server"), py::arg("timeout"), py::arg("ca_cert") = "",
-        py::arg("client_cert") = "", py::arg("client_key") = "",
+        py::arg("fields"), py::arg("data_server"), py::arg("timeout"),
+        py::arg("ca_cert") = "", py::arg("client_cert") = "",
+        py::arg("client_key") = "",
         "sluice::Replay: the sample's origin, fields and drawn geometry.");
   m.def("merge_cursors", &sluice::MergeSerializedCursors, py::arg("cursors"),
         "sluice::MergeCursors over serialized Cursors: the merged one, "

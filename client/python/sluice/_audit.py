@@ -27,8 +27,8 @@ _ERRORS = {"UNAVAILABLE": ConnectionError, "NOT_FOUND": LookupError,
 
 
 def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch_size=None,
-          num_workers=0, rolled_back=False, keys=True, transform=None, coordinator=None,
-          timeout=10.0, ca_cert=None, client_cert=None, client_key=None):
+          num_workers=0, rolled_back=False, keys=True, transform=None, fields=None,
+          coordinator=None, timeout=10.0, ca_cert=None, client_cert=None, client_key=None):
     """The samples reader (rank, worker) of `job` acknowledged in `epoch`,
     from position `start`, at most `count` (None: all), as a list of dicts.
     Or the batch of training step `step` of the rank's loop, with
@@ -43,7 +43,8 @@ def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch
     source_size (the image's width and height), steps ([{"crop": (left,
     top, width, height)} or {"resize": (width, height)}, ...] in order),
     flip_horizontal and flip_vertical, planned by a live data server from
-    the image's header. LookupError for an unknown job or an epoch no longer
+    the image's header; give the reader's `fields` too if it chose some
+    (the draws are those of the first image field among them). LookupError for an unknown job or an epoch no longer
     kept (the message names the kept ones); ValueError for a bad argument;
     ConnectionError when the coordinator cannot be reached; RuntimeError for
     any other refusal. TLS as for sluice.once()."""
@@ -57,20 +58,22 @@ def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch
             step=-1 if step is None else step, batch_size=batch_size or 0,
             num_workers=num_workers, rolled_back=rolled_back, keys=keys,
             decode=b"" if transform is None else transform.decode_spec().SerializeToString(),
-            timeout=timeout, **_tls(ca_cert, client_cert, client_key))
+            fields=list(fields or ()), timeout=timeout, **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
         raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"audit {job}: {e}") from None
     return samples
 
 
 def replay(job, epoch, *, key=None, rank=0, worker=0, position=None, transform=None,
-           decode=True, data_server=None, coordinator=None, timeout=10.0, ca_cert=None,
-           client_cert=None, client_key=None):
+           decode=True, fields=None, data_server=None, coordinator=None, timeout=10.0,
+           ca_cert=None, client_cert=None, client_key=None):
     """One sample of `epoch` served again with the augmentation draws it got
     then: the one with `key`, or the one at `position` of reader (rank,
     worker). Give the `transform` (sluice.transforms.Compose) the trainer's
     Reader or ShardLeaseDataset used, and its fields are the ones the
-    trainer received, byte for byte. Returns a dict: rank, worker, position,
+    trainer received, byte for byte; give its `fields` too if it chose
+    some (only those come back, and the draws are planned as the trainer's
+    were, for the first image field among them). Returns a dict: rank, worker, position,
     key, source, shard, url, index, unit, data_server, source_size (the
     image's width and height), steps ([{"crop": (left, top, width,
     height)} or {"resize": (width, height)}, ...] in order), flip_horizontal,
@@ -87,7 +90,8 @@ def replay(job, epoch, *, key=None, rank=0, worker=0, position=None, transform=N
         return _core(f"replay {job}").replay(
             coordinator=address, job=job, epoch=epoch, rank=rank, worker=worker,
             position=-1 if position is None else position, key=key or "",
-            decode=spec.SerializeToString(), data_server=data_server or "", timeout=timeout,
+            decode=spec.SerializeToString(), fields=list(fields or ()),
+            data_server=data_server or "", timeout=timeout,
             **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
         raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"replay {job}: {e}") from None

@@ -699,6 +699,59 @@ TEST_F(DataServerServiceTest, ReplayDrawsAreTheDrawsOfEachSamplesReplay) {
                        HasSubstr("replay_draws.leases has 10001 leases")));
 }
 
+// Draws are planned for the first image field among the fields the
+// trainer asked for, as its stream planned them: with a small image
+// before the one a trainer chose, a replay and ReplayDraws given its
+// fields match its stream, and without them plan for the other image.
+TEST_F(DataServerServiceTest, ReplaysPlanForTheFieldsTheTrainerChose) {
+  testing::TarWriter tar;
+  const std::string thumb =
+      testing::EncodePng(testing::TestPixels(16, 12, 3, 4), 16, 12, 3);
+  for (int i = 0; i < 4; ++i) {
+    tar.File(absl::StrCat("s/", i, ".aux.png"), thumb)
+        .File(absl::StrCat("s/", i, ".jpg"), jpeg_);
+  }
+  const std::string url = dir_.File("two-images.tar");
+  testing::WriteFile(url, tar.Finish());
+  v1::DecodeSpec spec;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "decode: true transforms { random_resized_crop { height: 8 width: 8 "
+      "} } transforms { horizontal_flip { p: 0.5 } }",
+      &spec));
+  auto unit = Request(0, 4);
+  unit.mutable_lease()->mutable_unit()->mutable_shard()->set_url(url);
+  unit.mutable_lease()->set_augment_seed(3);
+  *unit.mutable_decode() = spec;
+  unit.add_fields("jpg");
+  auto streamed = Read(unit);
+  ASSERT_OK(streamed.status());
+  ASSERT_EQ(streamed->size(), 4u);
+  v1::ReplayDrawsRequest chosen, all;
+  *chosen.mutable_decode() = spec;
+  chosen.add_fields("jpg");
+  *all.mutable_decode() = spec;
+  for (int64_t i = 0; i < 4; ++i) {
+    auto one = unit;
+    one.mutable_lease()->mutable_unit()->set_begin(i);
+    one.mutable_lease()->mutable_unit()->set_end(i + 1);
+    *chosen.add_leases() = one.lease();
+    *all.add_leases() = one.lease();
+    absl::StatusOr<v1::ReplayedSample> replayed = Replay(*service_, one);
+    ASSERT_OK(replayed.status());
+    EXPECT_EQ(replayed->sample().SerializeAsString(),
+              (*streamed)[static_cast<size_t>(i)].SerializeAsString());
+    EXPECT_EQ(replayed->draws().source_width(), 64);
+  }
+  absl::StatusOr<v1::ReplayDrawsResponse> planned = Draws(*service_, chosen);
+  ASSERT_OK(planned.status());
+  absl::StatusOr<v1::ReplayDrawsResponse> thumbs = Draws(*service_, all);
+  ASSERT_OK(thumbs.status());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(planned->draws(i).source_width(), 64);
+    EXPECT_EQ(thumbs->draws(i).source_width(), 16);
+  }
+}
+
 // A token signs its lease's expiry: past it (plus the allowed clock skew,
 // 30 s by default) the lease is refused before anything is read; a token
 // for a lease with time left, or within the skew, is served.
