@@ -1,13 +1,14 @@
 """`sluicectl audit` against what the readers themselves yielded: for every
 rank of a 4-rank dynamic job with shuffle windows and of a static job in
-shuffled shard order, a job mixing two
-sources, and a training loop SIGKILLed and resumed from its checkpoint, the
-audit lists the samples each reader's loop took, in order, with their keys;
-the same after a coordinator restart and journal compactions. The draws an
-audit lists are the crops and flips that give the trainers' tensors.
-`sluicectl replay` / `sluice.replay` give back the tensors a
-RandomResizedCrop + flip job's trainers received, byte for byte, through
-either data server, past a hung one, and after a data server restart."""
+shuffled shard order, a job mixing two sources, readers whose data server
+is SIGKILLed mid-epoch (their units re-routed), and a training loop
+SIGKILLed and resumed from its checkpoint, the audit lists the samples each
+reader's loop took, in order, with their keys; the same after a
+coordinator restart and journal compactions. The draws an audit lists are
+the crops and flips that give the trainers' tensors. `sluicectl replay` /
+`sluice.replay` give back the tensors a RandomResizedCrop + flip job's
+trainers received, byte for byte, through either data server, past a hung
+one, and after a data server restart."""
 import io
 import itertools
 import json
@@ -212,6 +213,42 @@ def test_a_loop_killed_and_resumed_is_audited_as_its_model_trained(cluster, tmp_
     cut = _audit(cluster, job, 0, 0, "--nokeys", "--rolled_back")
     again = [(a["url"], a["index"]) for a in got if a.get("reread")]
     assert sorted(again) == sorted((a["url"], a["index"]) for a in cut)
+
+
+def test_a_data_server_killed_mid_epoch_is_audited_as_the_readers_read(tmp_path):
+    # Rank 0's reader SIGKILLs the data server of its 5th sample: its units
+    # there fail and are re-routed (the rest of a unit comes back as a new
+    # grant, after other units); each rank's audit is still what it read.
+    c = Cluster(tmp_path, shards=SHARDS, per_shard=PER_SHARD, data_servers=2)
+    try:
+        job = f"rerouted-{next(_jobs)}"
+        c.create_job(job, world_size=2, epochs=1, mode="dynamic", max_samples_per_lease=6)
+        ledgers, reroutes = [[], []], [0, 0]
+        by_address = {d.address: d for d in c.data}
+
+        def reader(rank):
+            return sluice.Reader(c.address, job, rank=rank, decode=False, stall_timeout=5.0)
+
+        def on_sample(rank, s):
+            ledgers[rank].append((s.shard_url, s.index, s.key))
+            if rank == 0 and len(ledgers[0]) == 5:
+                by_address[s.data_server].proc.kill()
+        readers = {}
+
+        def make(rank):
+            readers[rank] = reader(rank)
+            return readers[rank]
+        _read_in_threads([(lambda r=r: make(r), lambda s, r=r: on_sample(r, s))
+                          for r in range(2)])
+        reroutes = sum(readers[r].stats["reroutes"] for r in range(2))
+        assert reroutes >= 1
+        assert sorted(map(len, ledgers)) == [60, 60]
+        assert len(set(ledgers[0] + ledgers[1])) == 120
+        for rank in range(2):
+            got = sluice.audit(job, 0, rank=rank, coordinator=c.address)
+            assert [(a["url"], a["index"], a["key"]) for a in got] == ledgers[rank], rank
+    finally:
+        c.stop()
 
 
 def test_python_audit_of_each_worker_is_what_its_reader_yielded(cluster):
