@@ -1,6 +1,7 @@
 #include "server/dataserver/grpc_dataserver_service.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,23 @@ void CountError(DataServerService* service, const absl::Status& status) {
   service->metrics()
       ->StreamErrors(absl::StatusCodeToString(status.code()))
       .Increment();
+}
+
+// The `done` of a unary call of the service: finishes `reactor` with the
+// answer in `response`, or with the error (counted).
+template <typename Response>
+std::function<void(absl::StatusOr<Response>)> FinishWith(
+    DataServerService* service, grpc::ServerUnaryReactor* reactor,
+    Response* response) {
+  return [service, reactor, response](absl::StatusOr<Response> answer) {
+    if (!answer.ok()) {
+      CountError(service, answer.status());
+      reactor->Finish(ToGrpcStatus(answer.status()));
+      return;
+    }
+    *response = *std::move(answer);
+    reactor->Finish(grpc::Status::OK);
+  };
 }
 
 // Pumps one SampleStream into a server stream.
@@ -176,17 +194,7 @@ grpc::ServerUnaryReactor* GrpcDataServerService::ReplaySample(
     grpc::CallbackServerContext* context, const v1::ReadRequest* request,
     v1::ReplayedSample* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  service_->ReplaySample(
-      *request,
-      [this, reactor, response](absl::StatusOr<v1::ReplayedSample> replayed) {
-        if (!replayed.ok()) {
-          CountError(service_, replayed.status());
-          reactor->Finish(ToGrpcStatus(replayed.status()));
-          return;
-        }
-        *response = *std::move(replayed);
-        reactor->Finish(grpc::Status::OK);
-      });
+  service_->ReplaySample(*request, FinishWith(service_, reactor, response));
   return reactor;
 }
 
@@ -194,17 +202,7 @@ grpc::ServerUnaryReactor* GrpcDataServerService::ReplayDraws(
     grpc::CallbackServerContext* context, const v1::ReplayDrawsRequest* request,
     v1::ReplayDrawsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  service_->ReplayDraws(
-      *request,
-      [this, reactor, response](absl::StatusOr<v1::ReplayDrawsResponse> draws) {
-        if (!draws.ok()) {
-          CountError(service_, draws.status());
-          reactor->Finish(ToGrpcStatus(draws.status()));
-          return;
-        }
-        *response = *std::move(draws);
-        reactor->Finish(grpc::Status::OK);
-      });
+  service_->ReplayDraws(*request, FinishWith(service_, reactor, response));
   return reactor;
 }
 
@@ -212,17 +210,7 @@ grpc::ServerUnaryReactor* GrpcDataServerService::IndexShard(
     grpc::CallbackServerContext* context, const v1::IndexShardRequest* request,
     v1::ShardIndex* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  service_->IndexShardAsync(
-      *request,
-      [this, reactor, response](absl::StatusOr<v1::ShardIndex> index) {
-        if (!index.ok()) {
-          CountError(service_, index.status());
-          reactor->Finish(ToGrpcStatus(index.status()));
-          return;
-        }
-        *response = *std::move(index);
-        reactor->Finish(grpc::Status::OK);
-      });
+  service_->IndexShardAsync(*request, FinishWith(service_, reactor, response));
   return reactor;
 }
 

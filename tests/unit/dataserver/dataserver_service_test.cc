@@ -567,16 +567,23 @@ TEST_F(DataServerServiceTest, OlderFenceForTheSameUnitIsAborted) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("fence 3")));
 }
 
-absl::StatusOr<v1::ReplayedSample> Replay(DataServerService& service,
-                                          const v1::ReadRequest& request) {
+// The answer of an asynchronous call of the service: `call(done)`.
+template <typename Response, typename Call>
+absl::StatusOr<Response> Await(Call call) {
   absl::Notification done;
-  absl::StatusOr<v1::ReplayedSample> out = absl::UnknownError("no answer");
-  service.ReplaySample(request, [&](absl::StatusOr<v1::ReplayedSample> r) {
+  absl::StatusOr<Response> out = absl::UnknownError("no answer");
+  call([&](absl::StatusOr<Response> r) {
     out = std::move(r);
     done.Notify();
   });
   done.WaitForNotification();
   return out;
+}
+
+absl::StatusOr<v1::ReplayedSample> Replay(DataServerService& service,
+                                          const v1::ReadRequest& request) {
+  return Await<v1::ReplayedSample>(
+      [&](auto done) { service.ReplaySample(request, std::move(done)); });
 }
 
 // A replay lease of one sample is served as the stream served it, beside
@@ -629,14 +636,8 @@ TEST_F(DataServerServiceTest, AReplayServesOneSampleAsTheStreamDid) {
 
 absl::StatusOr<v1::ReplayDrawsResponse> Draws(
     DataServerService& service, const v1::ReplayDrawsRequest& request) {
-  absl::Notification done;
-  absl::StatusOr<v1::ReplayDrawsResponse> out = absl::UnknownError("no answer");
-  service.ReplayDraws(request, [&](absl::StatusOr<v1::ReplayDrawsResponse> r) {
-    out = std::move(r);
-    done.Notify();
-  });
-  done.WaitForNotification();
-  return out;
+  return Await<v1::ReplayDrawsResponse>(
+      [&](auto done) { service.ReplayDraws(request, std::move(done)); });
 }
 
 // ReplayDraws plans each replay lease's draws from its image's header: the
