@@ -343,14 +343,26 @@ void ReaderImpl::FailSiblingsLocked(const Unit& failed,
 void ReaderImpl::HandBackUnopenedLocked(const std::string& address,
                                         const std::string& why) {
   // The server is leaving: the units held on it that wait for their turn go
-  // back without opening a stream (it may be gone when their turn comes);
-  // open streams end with their own HandedBack.
+  // back without opening a stream (it may be gone when their turn comes),
+  // and so do those waiting to open theirs there again (it was busy: its
+  // retry could come after it left); open streams end with their own
+  // HandedBack.
   for (auto& [id, o] : units_) {
     if (o->dropped || o->lease.data_server() != address ||
-        o->fetch != Unit::Fetch::kRunning || o->retry_alarm != nullptr ||
-        o->fetch_started) {
+        o->fetch != Unit::Fetch::kRunning) {
       continue;
     }
+    if (o->retry_alarm != nullptr) {
+      if (o->retry_here) {
+        // The cancelled alarm fails it with retry_error (OnFetchEvent).
+        o->retry_here = false;
+        o->handed_back = true;
+        o->retry_error = why;
+        o->retry_alarm->Cancel();
+      }
+      continue;
+    }
+    if (o->fetch_started) continue;
     o->fetch_started = true;  // never opened
     o->call_done = true;
     o->handed_back = true;

@@ -260,7 +260,8 @@ class ReaderImpl final : public Reader {
     NotifyAllLocked();
   }
   // Gives back (Release), unopened, the units held on the draining data
-  // server at `address`.
+  // server at `address`: those waiting for their turn, and those waiting
+  // to open their stream there again after it was busy.
   void HandBackUnopenedLocked(const std::string& address,
                               const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

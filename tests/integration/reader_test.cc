@@ -280,6 +280,81 @@ TEST_F(ReaderTest, ADrainingDataServerHandsItsUnitsBackWithoutAReroute) {
   if (HasFailure()) std::cerr << "--- leaving data server's log\n" << log;
 }
 
+// A unit waiting to open its stream on a server at its tenant limit
+// (RESOURCE_EXHAUSTED, retried there with a back-off growing to 1 s) is
+// given back at once when that server drains, not retried there: the
+// retry could come after the server has gone, and fail as a re-route.
+TEST_F(ReaderTest, ADrainingServerGivesBackAUnitWaitingForAStream) {
+  // 1 MB samples: a unit (40 MB) is far more than a 2-sample buffer, the
+  // transport's windows and the socket buffers (together they have held
+  // 20 MB), so a reader that stops keeps its stream open.
+  StartCluster(4, 40, 1, 1 << 20,
+               {"--max_streams_per_tenant=1", "--drain_timeout=4s"});
+  CreateJob("waiting", 1, 1);
+  auto options = [&](int worker, int buffer) {
+    ReaderOptions o;
+    o.coordinator = coordinator_.grpc_address;
+    o.job = "waiting";
+    o.worker = worker;
+    o.num_workers = 2;
+    o.units_in_flight = 1;
+    o.buffer_samples = buffer;
+    o.stall_timeout = absl::Seconds(30);
+    o.progress_interval = absl::Milliseconds(100);
+    return o;
+  };
+  auto holder = Reader::Create(options(0, 2));
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  Seen held;
+  auto first = (*holder)->Next();  // epoch begin, then a sample
+  while (first.ok() && first->kind != ReaderEvent::Kind::kSample)
+    first = (*holder)->Next();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ++held.samples[0][{first->sample.shard_index, first->sample.index}];
+
+  auto waiting = Reader::Create(options(1, 256));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  Seen other;
+  std::thread t([&] { other = ReadAll(**waiting); });
+  // Refused five times: its next tries are 0.8 s and then 1 s apart.
+  const std::string refused =
+      "sluice_dataserver_stream_errors_total{code=\"RESOURCE_EXHAUSTED\"} ";
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        auto page =
+            testing::HttpGet("http://" + data_[0].metrics_address + "/metrics");
+        if (!page.ok()) return false;
+        const size_t at = page->body.find(refused);
+        return at != std::string::npos &&
+               std::atoi(page->body.c_str() + at + refused.size()) >= 5;
+      },
+      absl::Seconds(30)));
+  const absl::Status joined = cluster_.StartDataServers(1);
+  ASSERT_TRUE(joined.ok()) << joined;
+  data_[0].process.Signal(SIGTERM);
+  Seen rest = ReadAll(**holder);
+  t.join();
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  ASSERT_TRUE(other.status.ok()) << other.status;
+  std::map<std::pair<int, int64_t>, int> all = held.samples[0];
+  for (const Seen* s : {&rest, &other}) {
+    for (const auto& [k, c] : s->samples.at(0)) all[k] += c;
+  }
+  EXPECT_EQ(all.size(), 160u);
+  for (const auto& [k, c] : all) EXPECT_EQ(c, 1) << k.first << "/" << k.second;
+  EXPECT_EQ((*holder)->stats().reroutes, 0);
+  EXPECT_EQ((*waiting)->stats().reroutes, 0);
+  EXPECT_GE((*waiting)->stats().handed_back, 1);
+  absl::StatusOr<int> exit_code =
+      data_[0].process.WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  if (HasFailure()) {
+    std::cerr << "--- the drained data server's log\n"
+              << testing::ReadWholeFile(data_[0].log_path).value_or("");
+  }
+}
+
 // A unit waiting behind another for longer than the stall timeout is not
 // stalled: its fetcher waits on the consumer, not on the data server.
 TEST_F(ReaderTest, ASlowConsumerIsNotAStalledServer) {
