@@ -710,6 +710,37 @@ def test_a_program_that_exits_without_closing_its_reader_exits_and_reports(clust
     assert len(set(first + rest)) == cluster.total
 
 
+_EXIT_AFTER_A_FAILED_CONNECTION = """
+import socket, sys
+import sluice
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+port = s.getsockname()[1]
+s.close()  # nothing listens there: the connection is refused
+try:
+    sluice.barrier("b", participants=1, participant="only",
+                   coordinator=f"127.0.0.1:{port}", timeout=1)
+except ConnectionError as e:
+    print("refused:", e, flush=True)
+"""
+
+
+def test_a_program_exits_cleanly_while_grpc_waits_to_reconnect():
+    """A connection that failed leaves gRPC a reconnect timer (about 1 s)
+    that holds its event engine; the engine must go before exit() frees
+    gRPC's statics, or the timer's thread destroys it after them and a
+    program that did its work dies with SIGSEGV. exit_delay.so holds the
+    process in exit() past the timer, so an engine left to the timer is
+    destroyed there every time."""
+    env = dict(os.environ, LD_PRELOAD=os.path.join(BIN, "exit_delay.so"),
+               SLUICE_EXIT_DELAY_MS="2500")
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _EXIT_AFTER_A_FAILED_CONNECTION],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.startswith("refused: barrier default/b: UNAVAILABLE"), out.stdout
+
+
 def test_merge_cursors_joins_the_source_names_each_rank_saw():
     from sluice.v1 import common_pb2
     a = common_pb2.Cursor(job="mix", epoch=1, world_size=2, consumed_per_rank=[40, -1],

@@ -16,12 +16,14 @@
 // and DecodeSpecs cross as serialized protos. Errors raise RuntimeError
 // carrying the status (code and message). Not for a process that forks
 // after creating one: gRPC's threads do not survive fork.
+#include <grpc/event_engine/event_engine.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,8 +47,53 @@
 
 namespace py = pybind11;
 
+// gRPC 1.51 declares this in src/core/lib/event_engine/default_event_engine.h,
+// a header Debian does not install; libgrpc exports it. The default engine
+// lives while anything holds it (a weak reference inside gRPC).
+namespace grpc_event_engine::experimental {
+std::shared_ptr<EventEngine> GetDefaultEventEngine();
+}  // namespace grpc_event_engine::experimental
+
 namespace sluice {
 namespace {
+
+// The process that opened gRPC channels through this module (0: none yet).
+std::atomic<pid_t> g_grpc_user{0};
+
+// Called by each entry point that opens a channel.
+void NoteGrpcUse() { g_grpc_user.store(getpid(), std::memory_order_relaxed); }
+
+// Lets gRPC's default event engine go on this thread before the process
+// exits, and says how: "released", "kept" or "unused".
+//
+// A subchannel whose connection failed holds the engine until its reconnect
+// backoff timer fires, about a second later, and the timer's thread then
+// destroys the engine. If that falls while exit() runs the static
+// destructors, the engine's destructor unlinks its poller from gRPC's fork
+// support list after the list was freed, and a program that finished its
+// work dies with SIGSEGV. So this waits, for at most `timeout` seconds, until
+// this thread holds the last reference, and drops it here (the engine is
+// destroyed now, before the exit handlers). A holder that stays longer (a
+// channel still open, a longer backoff) gets the engine kept for the rest of
+// the process: never destroyed, so never destroyed during exit.
+std::string ReleaseGrpcAtExit(double timeout) {
+  if (g_grpc_user.load(std::memory_order_relaxed) != getpid()) return "unused";
+  py::gil_scoped_release unlocked;
+  std::shared_ptr<grpc_event_engine::experimental::EventEngine> engine =
+      grpc_event_engine::experimental::GetDefaultEventEngine();
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout);
+  while (engine.use_count() > 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (engine.use_count() > 1) {
+    static auto* const kept =
+        new std::shared_ptr<grpc_event_engine::experimental::EventEngine>();
+    *kept = std::move(engine);
+    return "kept";
+  }
+  engine.reset();
+  return "released";
+}
 
 [[noreturn]] void Raise(const absl::Status& status) {
   throw std::runtime_error(status.ToString());
@@ -183,6 +230,7 @@ class PyReader {
            const std::string& resume_attempt, const std::string& launch_id,
            const std::string& ca_cert, const std::string& client_cert,
            const std::string& client_key, const std::string& node) {
+    NoteGrpcUse();
     ReaderOptions o;
     o.node = node;
     o.tls = TlsFromFiles(ca_cert, client_cert, client_key);
@@ -356,6 +404,7 @@ class PyOnce {
          bool fail_all, std::optional<double> timeout,
          const std::string& ca_cert, const std::string& client_cert,
          const std::string& client_key) {
+    NoteGrpcUse();
     options_.coordinator = coordinator;
     options_.scope = scope;
     options_.name = name;
@@ -494,6 +543,7 @@ py::tuple Barrier(const std::string& coordinator, const std::string& scope,
                   int32_t participants, double timeout,
                   const std::string& ca_cert, const std::string& client_cert,
                   const std::string& client_key) {
+  NoteGrpcUse();
   BarrierOptions o;
   o.coordinator = coordinator;
   o.scope = scope;
@@ -563,6 +613,7 @@ py::tuple AuditSamples(const std::string& coordinator, const std::string& job,
                        const std::string& ca_cert,
                        const std::string& client_cert,
                        const std::string& client_key) {
+  NoteGrpcUse();
   AuditOptions o;
   o.coordinator = coordinator;
   o.job = job;
@@ -620,6 +671,7 @@ py::dict ReplaySample(
     const py::bytes& decode, const std::vector<std::string>& fields,
     const std::string& data_server, double timeout, const std::string& ca_cert,
     const std::string& client_cert, const std::string& client_key) {
+  NoteGrpcUse();
   ReplayOptions o;
   o.coordinator = coordinator;
   o.job = job;
@@ -754,6 +806,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("merge_cursors", &sluice::MergeSerializedCursors, py::arg("cursors"),
         "sluice::MergeCursors over serialized Cursors: the merged one, "
         "serialized. ValueError on a mismatch.");
+  m.def("release_grpc_at_exit", &sluice::ReleaseGrpcAtExit,
+        py::arg("timeout") = 3.0,
+        "Lets gRPC's default event engine go on this thread before exit, "
+        "waiting up to `timeout` seconds for reconnect timers to let go: "
+        "'released', 'kept' (never destroyed) or 'unused'.");
   m.def("tune_malloc", &sluice::TuneMallocForStreaming,
         "sluice::TuneMallocForStreaming(): glibc malloc settings for "
         "streaming; False where the allocator refuses them.");

@@ -38,6 +38,18 @@ def _close_open_readers():
             reader.close()
         except Exception:  # noqa: BLE001 -- exiting; nothing to raise to
             _log.exception("sluice: closing a Reader at exit")
+    # gRPC's last internal holder (a reconnect timer of a connection that
+    # failed) would otherwise destroy its event engine on a gRPC thread
+    # while exit() frees what that destruction touches (a SIGSEGV after a
+    # clean run): the engine goes here, before the exit handlers.
+    if _forked_from_open_reader is None:
+        from sluice import _core
+        _core.release_grpc_at_exit(_GRPC_EXIT_WAIT)
+
+
+# Seconds the exit waits at most for gRPC's reconnect timers (a first
+# reconnect backoff is 1 s, give or take 20 %).
+_GRPC_EXIT_WAIT = 3.0
 
 
 def _after_fork_in_child():
