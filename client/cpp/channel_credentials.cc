@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/tls_files.h"
+#include "server/common/tls_probe.h"
 
 namespace sluice {
 namespace client_internal {
@@ -32,6 +33,16 @@ absl::Status CheckClientTls(const std::optional<ClientTls>& tls,
         "TLS), or neither"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ExplainUnavailable(absl::Status status,
+                                const std::string& coordinator,
+                                const std::optional<ClientTls>& tls,
+                                absl::string_view tls_field) {
+  if (!absl::IsUnavailable(status)) return status;
+  absl::Status mismatch =
+      CheckTransport("coordinator", coordinator, tls.has_value(), tls_field);
+  return mismatch.ok() ? status : mismatch;
 }
 
 }  // namespace client_internal

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -21,6 +22,14 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
 // set without a CA, or with a certificate but no key (or the reverse).
 absl::Status CheckClientTls(const std::optional<ClientTls>& tls,
                             absl::string_view field);
+
+// UNAVAILABLE from a coordinator that speaks TLS while the client does not
+// (or the reverse) becomes the error that says so (CheckTransport); any
+// other status is returned as it is.
+absl::Status ExplainUnavailable(absl::Status status,
+                                const std::string& coordinator,
+                                const std::optional<ClientTls>& tls,
+                                absl::string_view tls_field);
 
 }  // namespace sluice::client_internal
 

@@ -13,7 +13,6 @@
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/status_macros.h"
-#include "server/common/tls_probe.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 
 namespace sluice {
@@ -23,18 +22,6 @@ std::string DefaultParticipant() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   return absl::StrCat(host, "-", getpid());
-}
-
-// UNAVAILABLE from a coordinator that speaks TLS while the client does not
-// (or the reverse) becomes the error that says so.
-absl::Status ExplainUnavailable(absl::Status status,
-                                const std::string& coordinator,
-                                const std::optional<ClientTls>& tls,
-                                absl::string_view tls_field) {
-  if (!absl::IsUnavailable(status)) return status;
-  absl::Status mismatch =
-      CheckTransport("coordinator", coordinator, tls.has_value(), tls_field);
-  return mismatch.ok() ? status : mismatch;
 }
 
 // Keepalive (SetStreamKeepalive): a stopped coordinator fails the stream
@@ -160,9 +147,9 @@ absl::StatusOr<OnceOutcome> RunOnce(
     }
   }
   stream->WritesDone();
-  absl::Status status =
-      ExplainUnavailable(FromGrpcStatus(stream->Finish()), options.coordinator,
-                         options.tls, "OnceOptions.tls");
+  absl::Status status = client_internal::ExplainUnavailable(
+      FromGrpcStatus(stream->Finish()), options.coordinator, options.tls,
+      "OnceOptions.tls");
   if (final) return outcome;
   if (status.ok())
     status = absl::UnavailableError("the stream ended without an outcome");
@@ -194,7 +181,7 @@ absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
   request.set_participants(options.participants);
   request.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
   v1::BarrierResponse response;
-  absl::Status status = ExplainUnavailable(
+  absl::Status status = client_internal::ExplainUnavailable(
       FromGrpcStatus(stub->Barrier(&ctx, request, &response)),
       options.coordinator, options.tls, "BarrierOptions.tls");
   if (!status.ok()) return status;

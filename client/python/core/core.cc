@@ -39,6 +39,7 @@
 #include "server/common/grpc_status.h"
 #include "sluice/audit.h"
 #include "sluice/coordination.h"
+#include "sluice/jobs.h"
 #include "sluice/reader.h"
 #include "sluice/tls.h"
 #include "sluice/v1/common.pb.h"
@@ -711,6 +712,53 @@ py::dict ReplaySample(
   return out;
 }
 
+JobQuery MakeJobQuery(const std::string& coordinator, double timeout,
+                      const std::string& ca_cert,
+                      const std::string& client_cert,
+                      const std::string& client_key) {
+  NoteGrpcUse();
+  JobQuery q;
+  q.coordinator = coordinator;
+  q.tls = TlsFromFiles(ca_cert, client_cert, client_key);
+  q.timeout = absl::Seconds(timeout);
+  return q;
+}
+
+// DescribeJob: the serialized v1::Job; an error raises
+// RuntimeError("CODE: message").
+py::bytes DescribeJobBytes(const std::string& coordinator,
+                           const std::string& job, double timeout,
+                           const std::string& ca_cert,
+                           const std::string& client_cert,
+                           const std::string& client_key) {
+  const JobQuery q =
+      MakeJobQuery(coordinator, timeout, ca_cert, client_cert, client_key);
+  absl::StatusOr<v1::Job> described;
+  {
+    py::gil_scoped_release unlocked;
+    described = DescribeJob(q, job);
+  }
+  if (!described.ok()) Raise(described.status());
+  return py::bytes(described->SerializeAsString());
+}
+
+// JobForWorldSize; an error raises RuntimeError("CODE: message").
+std::string ReadingJob(const std::string& coordinator, const std::string& job,
+                       int32_t world_size, double timeout,
+                       const std::string& ca_cert,
+                       const std::string& client_cert,
+                       const std::string& client_key) {
+  const JobQuery q =
+      MakeJobQuery(coordinator, timeout, ca_cert, client_cert, client_key);
+  absl::StatusOr<std::string> reading;
+  {
+    py::gil_scoped_release unlocked;
+    reading = JobForWorldSize(q, job, world_size);
+  }
+  if (!reading.ok()) Raise(reading.status());
+  return *std::move(reading);
+}
+
 // MergeCursors over serialized cursors; ValueError on a mismatch.
 py::bytes MergeSerializedCursors(const std::vector<py::bytes>& serialized) {
   std::vector<v1::Cursor> cursors(serialized.size());
@@ -803,6 +851,15 @@ PYBIND11_MODULE(_core, m) {
         py::arg("ca_cert") = "", py::arg("client_cert") = "",
         py::arg("client_key") = "",
         "sluice::Replay: the sample's origin, fields and drawn geometry.");
+  m.def("describe_job", &sluice::DescribeJobBytes, py::arg("coordinator"),
+        py::arg("job"), py::arg("timeout"), py::arg("ca_cert") = "",
+        py::arg("client_cert") = "", py::arg("client_key") = "",
+        "sluice::DescribeJob: the job as a serialized sluice.v1.Job.");
+  m.def("job_for_world_size", &sluice::ReadingJob, py::arg("coordinator"),
+        py::arg("job"), py::arg("world_size"), py::arg("timeout"),
+        py::arg("ca_cert") = "", py::arg("client_cert") = "",
+        py::arg("client_key") = "",
+        "sluice::JobForWorldSize: the job a run of world_size ranks reads.");
   m.def("merge_cursors", &sluice::MergeSerializedCursors, py::arg("cursors"),
         "sluice::MergeCursors over serialized Cursors: the merged one, "
         "serialized. ValueError on a mismatch.");

@@ -73,8 +73,9 @@ import grpc
 import numpy as np
 
 from sluice import _launcher, _lifecycle, tls
-from sluice.reader import JobDoneError, Reader, ReaderError, merge_cursors
-from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from sluice.reader import (JobDoneError, Reader, ReaderError, _core, _reader_error,
+                           merge_cursors)
+from sluice.v1 import common_pb2, coordinator_pb2
 
 # Tensors made from received bytes are views of read-only memory.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -189,12 +190,14 @@ class ShardLeaseDataset(IterableDataset):
         and a cursor of either job resumes the other)."""
         return self._reading_job()
 
-    def _coordinator_stub(self):
-        o = self._reader_options  # the Reader's TLS settings
-        credentials = tls.channel_credentials(o.get("ca_cert"), o.get("client_cert"),
-                                              o.get("client_key"))
-        channel = tls.coordinator_channel(self.coordinator, credentials)
-        return channel, coordinator_pb2_grpc.CoordinatorStub(channel)
+    def _job_query(self, timeout):
+        """Arguments of the extension's job queries: this dataset's
+        coordinator and the Reader's TLS settings."""
+        o = self._reader_options
+        files = tls.tls_settings(o.get("ca_cert"), o.get("client_cert"), o.get("client_key"))
+        return dict(coordinator=self.coordinator, timeout=timeout,
+                    **{k: v or "" for k, v in zip(("ca_cert", "client_cert", "client_key"),
+                                                  files)})
 
     def _reading_job(self):
         if self._reading is not None:
@@ -203,24 +206,16 @@ class ShardLeaseDataset(IterableDataset):
         reading = self.job
         if world is not None:
             # As patient as a Reader with a coordinator that is starting or
-            # failing over: the calls wait for the channel to be ready.
+            # failing over: the calls wait for the coordinator to be ready.
             timeout = self._reader_options.get("reconnect_timeout", 120.0)
-            channel, stub = self._coordinator_stub()
             try:
-                with channel:
-                    spec = stub.GetJob(coordinator_pb2.GetJobRequest(name=self.job),
-                                       timeout=timeout, wait_for_ready=True).spec
-                    if spec.world_size > 0 and spec.world_size != world:
-                        reading = f"{self.job}.w{world}"
-                        stub.CreateJob(coordinator_pb2.CreateJobRequest(
-                            spec=coordinator_pb2.JobSpec(name=reading, world_size=world),
-                            copy_of=self.job), timeout=timeout, wait_for_ready=True)
-                        _log.info("sluice job %s has world_size %d and this run %d ranks: "
-                                  "reading its copy %s", self.job, spec.world_size, world,
-                                  reading)
-            except grpc.RpcError as e:
-                raise ReaderError(e.code(), f"sluice job {self.job} for a run of {world} ranks: "
-                                  f"{e.details()}") from None
+                reading = _core().job_for_world_size(job=self.job, world_size=world,
+                                                     **self._job_query(timeout))
+            except RuntimeError as e:
+                raise _reader_error(e) from None
+            if reading != self.job:
+                _log.info("sluice job %s was made for another number of ranks than this "
+                          "run's %d: reading its copy %s", self.job, world, reading)
         self._reading = reading
         return reading
 
@@ -235,9 +230,11 @@ class ShardLeaseDataset(IterableDataset):
         """Samples this rank gets per epoch (from the coordinator)."""
         if self._samples_per_rank is None:
             reading = self._reading_job()
-            channel, stub = self._coordinator_stub()
-            with channel:
-                job = stub.GetJob(coordinator_pb2.GetJobRequest(name=reading), timeout=30)
+            try:
+                job = coordinator_pb2.Job.FromString(
+                    _core().describe_job(job=reading, **self._job_query(30.0)))
+            except RuntimeError as e:
+                raise _reader_error(e) from None
             self._samples_per_rank = job.status.samples_per_rank
         return self._samples_per_rank
 
