@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -30,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/cli/cli.h"
+#include "client/cli/local_cluster.h"
 #include "client/cli/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "server/common/grpc_status.h"
@@ -68,226 +70,12 @@ ABSL_FLAG(int, demo_shards, 30, "demo: shards in the synthetic dataset.");
 namespace sluice::cli {
 namespace {
 
-// "host:port", brackets around an IPv6 host.
-std::string JoinHostPort(const std::string& host, int port) {
-  const bool v6 = host.find(':') != std::string::npos && host[0] != '[';
-  return absl::StrCat(v6 ? "[" : "", host, v6 ? "]" : "", ":", port);
-}
-
 bool IsWildcard(const std::string& host) {
   return host == "0.0.0.0" || host == "::" || host == "[::]";
 }
 
 volatile sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
-
-// A single-member etcd in DIR/etcd, ports chosen by the kernel and read back
-// from its log.
-absl::StatusOr<std::string> StartEtcd(const std::string& dir,
-                                      Subprocess* etcd) {
-  const std::string log = dir + "/logs/etcd.log";
-  unlink(log.c_str());
-  const std::string any = "http://127.0.0.1:0";
-  absl::StatusOr<Subprocess> spawned = Subprocess::Spawn(
-      {"/usr/bin/env", "etcd", "--name", "sluicectl-up", "--data-dir",
-       dir + "/etcd", "--listen-client-urls", any, "--advertise-client-urls",
-       any, "--listen-peer-urls", any, "--initial-advertise-peer-urls", any,
-       "--initial-cluster", "sluicectl-up=" + any},
-      "", log);
-  if (!spawned.ok()) return spawned.status();
-  *etcd = std::move(*spawned);
-  const std::string marker = "serving insecure client requests on ";
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline) {
-    std::ifstream in(log);
-    std::string line;
-    while (std::getline(in, line)) {
-      const size_t at = line.find(marker);
-      if (at == std::string::npos) continue;
-      std::string endpoint = line.substr(at + marker.size());
-      endpoint = endpoint.substr(0, endpoint.find_first_of(", "));
-      return endpoint;
-    }
-    if (etcd->Poll().has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "etcd exited before serving (is Debian's etcd-server installed? "
-          "see ",
-          log, ")"));
-    }
-    absl::SleepFor(absl::Milliseconds(50));  // poll its log
-  }
-  return absl::DeadlineExceededError("etcd did not start serving in 30 s");
-}
-
-// `status` with the last line `log` holds (what a server that exited at
-// start-up said: a port in use, a bad flag).
-absl::Status WithLastLogLine(const absl::Status& status,
-                             const std::string& log) {
-  std::ifstream in(log);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  if (last.empty()) return status;
-  return absl::Status(status.code(), absl::StrCat(status.message(), ": ", last,
-                                                  " (", log, ")"));
-}
-
-struct LocalCluster {
-  std::string dir;
-  Subprocess coordinator;
-  std::string coordinator_grpc, coordinator_metrics;
-  // With --ha: the local etcd, the standby coordinator and its address;
-  // coordinator_grpc then names both coordinators.
-  Subprocess etcd, standby;
-  std::string leader_grpc, standby_grpc;
-  std::vector<Subprocess> data;
-  std::vector<std::string> data_grpc;
-  std::vector<Subprocess> leaving;  // drained, not yet exited
-  std::string shards_dir, data_host = "127.0.0.1";
-  int next_data_index = 0;
-
-  // Servers bind to `host` (data servers and the standby on port 0; the
-  // coordinator on `listen`).
-  absl::Status Start(const std::string& work, const std::string& shards,
-                     int servers, const std::string& listen,
-                     const std::vector<std::string>& extra, bool ha = false,
-                     const std::string& host = "127.0.0.1") {
-    dir = work;
-    const std::string bin = SelfDir();
-    mkdir(dir.c_str(), 0755);
-    mkdir((dir + "/logs").c_str(), 0755);
-    std::string ports = dir + "/coordinator.ports";
-    unlink(ports.c_str());
-    std::vector<std::string> journal = {"--journal_dir=" + dir + "/journal"};
-    if (ha) {
-      ASSIGN_OR_RETURN(const std::string endpoint, StartEtcd(dir, &etcd));
-      journal = {absl::StrCat("--journal=etcd://", endpoint, "/sluice")};
-    }
-    std::vector<std::string> argv = {
-        bin + "/sluice-coordinator", "--listen=" + listen,
-        "--metrics_listen=127.0.0.1:0", "--port_file=" + ports};
-    argv.insert(argv.end(), journal.begin(), journal.end());
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    ASSIGN_OR_RETURN(coordinator, Subprocess::Spawn(
-                                      argv, "", dir + "/logs/coordinator.log"));
-    absl::StatusOr<std::map<std::string, std::string>> started =
-        WaitForPortFile(ports, coordinator, absl::Seconds(20));
-    if (!started.ok()) {
-      return WithLastLogLine(started.status(), dir + "/logs/coordinator.log");
-    }
-    auto& kv = *started;
-    coordinator_grpc = leader_grpc = kv["grpc"];
-    coordinator_metrics = kv["metrics"];
-    // With --ha it listens at once, as a standby, and is ready once it
-    // leads.
-    absl::Status ready =
-        WaitForReadiness(leader_grpc, coordinator, absl::Seconds(30));
-    if (!ready.ok()) {
-      return WithLastLogLine(ready, dir + "/logs/coordinator.log");
-    }
-    if (ha) {
-      // The standby listens too (readiness NOT_SERVING, UNAVAILABLE naming
-      // the leader); clients are given both addresses.
-      const std::string standby_ports = dir + "/coordinator-standby.ports";
-      unlink(standby_ports.c_str());
-      std::vector<std::string> second = {
-          bin + "/sluice-coordinator", "--listen=" + JoinHostPort(host, 0),
-          "--metrics_listen=127.0.0.1:0", "--port_file=" + standby_ports};
-      second.insert(second.end(), journal.begin(), journal.end());
-      second.insert(second.end(), extra.begin(), extra.end());
-      ASSIGN_OR_RETURN(
-          standby,
-          Subprocess::Spawn(second, "", dir + "/logs/coordinator-standby.log"));
-      absl::StatusOr<std::map<std::string, std::string>> standby_started =
-          WaitForPortFile(standby_ports, standby, absl::Seconds(20));
-      if (!standby_started.ok()) {
-        return WithLastLogLine(standby_started.status(),
-                               dir + "/logs/coordinator-standby.log");
-      }
-      standby_grpc = (*standby_started)["grpc"];
-      coordinator_grpc = leader_grpc + "," + standby_grpc;
-    }
-    shards_dir = shards;
-    data_host = host;
-    for (int i = 0; i < servers; ++i) RETURN_IF_ERROR(AddDataServer());
-    // Until every data server has registered, grants would name none: ask
-    // the (leading) coordinator which are live.
-    auto stub = v1::Coordinator::NewStub(
-        grpc::CreateChannel(leader_grpc, grpc::InsecureChannelCredentials()));
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-      v1::ListJobsResponse listed;
-      if (stub->ListJobs(&ctx, v1::ListJobsRequest(), &listed).ok() &&
-          listed.live_data_servers_size() >= servers) {
-        return absl::OkStatus();
-      }
-      absl::SleepFor(absl::Milliseconds(50));  // poll
-    }
-    return absl::DeadlineExceededError(
-        "data servers did not register with the coordinator");
-  }
-
-  // Starts one more data server (on the shards and host Start was given)
-  // and waits until it listens.
-  absl::Status AddDataServer() {
-    const int i = next_data_index++;
-    std::string p = absl::StrCat(dir, "/dataserver-", i, ".ports");
-    unlink(p.c_str());
-    std::vector<std::string> argv = {
-        SelfDir() + "/sluice-dataserver",
-        "--listen=" + JoinHostPort(data_host, 0),
-        "--metrics_listen=127.0.0.1:0",
-        "--port_file=" + p,
-        "--roots=" + shards_dir,
-        absl::StrCat("--cache_dir=", dir, "/cache-", i),
-        "--coordinator=" + coordinator_grpc};
-    for (const std::string& f : absl::GetFlag(FLAGS_data_server_flags)) {
-      argv.push_back(f);
-    }
-    ASSIGN_OR_RETURN(
-        Subprocess s,
-        Subprocess::Spawn(argv, "",
-                          absl::StrCat(dir, "/logs/dataserver-", i, ".log")));
-    data.push_back(std::move(s));
-    absl::StatusOr<std::map<std::string, std::string>> data_started =
-        WaitForPortFile(p, data.back(), absl::Seconds(20));
-    if (!data_started.ok()) {
-      return WithLastLogLine(data_started.status(),
-                             absl::StrCat(dir, "/logs/dataserver-", i, ".log"));
-    }
-    data_grpc.push_back((*data_started)["grpc"]);
-    return absl::OkStatus();
-  }
-
-  // Drains the newest data server (SIGTERM: it hands back what its readers
-  // have not read, then exits); it is reaped by Reap(). Its address.
-  std::string DrainDataServer() {
-    data.back().Signal(SIGTERM);
-    leaving.push_back(std::move(data.back()));
-    data.pop_back();
-    std::string address = std::move(data_grpc.back());
-    data_grpc.pop_back();
-    return address;
-  }
-
-  // Collects the drained servers that have exited.
-  void Reap() {
-    for (auto it = leaving.begin(); it != leaving.end();) {
-      it = it->Poll().has_value() ? leaving.erase(it) : it + 1;
-    }
-  }
-
-  void Stop() {
-    for (Subprocess& s : leaving) s.Stop(absl::Seconds(15));
-    for (Subprocess& s : data) s.Stop(absl::Seconds(15));
-    if (standby.pid() > 0) standby.Stop(absl::Seconds(15));
-    coordinator.Stop(absl::Seconds(15));
-    if (etcd.pid() > 0) etcd.Stop(absl::Seconds(15));
-  }
-};
 
 // Follows the coordinator's estimate of the data servers the jobs need
 // (ListJobsResponse.desired_data_servers; that of the local servers' pool,
@@ -325,7 +113,7 @@ struct Autoscaler {
     }
     if (desired < 0) return true;  // no estimate (yet): keep what runs
     const int target = std::clamp(static_cast<int>(desired), min, max);
-    const int running = static_cast<int>(cluster.data.size());
+    const int running = static_cast<int>(cluster.data_servers().size());
     if (target == running) return true;
     std::printf(
         "autoscale: the coordinator wants %d data servers%s%s (trainers' "
@@ -335,16 +123,17 @@ struct Autoscaler {
     if (target > running) {
       std::printf("starting %d\n", target - running);
       std::fflush(stdout);
-      while (static_cast<int>(cluster.data.size()) < target) {
+      while (static_cast<int>(cluster.data_servers().size()) < target) {
         if (absl::Status added = cluster.AddDataServer(); !added.ok()) {
           std::fprintf(stderr, "sluicectl up: %s\n", added.ToString().c_str());
           return false;
         }
-        std::printf("data server %s\n", cluster.data_grpc.back().c_str());
+        std::printf("data server %s\n",
+                    cluster.data_servers().back().grpc_address.c_str());
       }
     } else {
       std::printf("draining %d\n", running - target);
-      while (static_cast<int>(cluster.data.size()) > target) {
+      while (static_cast<int>(cluster.data_servers().size()) > target) {
         std::printf("data server %s draining\n",
                     cluster.DrainDataServer().c_str());
       }
@@ -477,7 +266,6 @@ int UpCommand(const std::vector<std::string>& args) {
     return Fail(absl::NotFoundError("--shards: " + shards));
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
-  LocalCluster cluster;
   const bool ha = absl::GetFlag(FLAGS_ha);
   // The coordinator keeps --coordinator's port on --listen_host.
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -495,8 +283,17 @@ int UpCommand(const std::vector<std::string>& args) {
   const int servers = autoscaler.has_value()
                           ? autoscaler->min
                           : absl::GetFlag(FLAGS_data_servers);
-  absl::Status s = cluster.Start(dir, real, servers, JoinHostPort(host, port),
-                                 args, ha, host);
+  LocalCluster cluster(
+      {.dir = dir,
+       .bin_dir = SelfDir(),
+       .shards_dir = real,
+       .listen = JoinHostPort(host, port),
+       .host = host,
+       .coordinator_flags = args,
+       .data_server_flags = absl::GetFlag(FLAGS_data_server_flags),
+       .ha = ha});
+  absl::Status s = cluster.StartCoordinator();
+  if (s.ok()) s = cluster.StartDataServers(servers);
   if (!s.ok()) {
     cluster.Stop();
     return Fail(s);
@@ -506,22 +303,23 @@ int UpCommand(const std::vector<std::string>& args) {
         "coordinator %s (pid %d, leading; metrics %s)\n"
         "coordinator %s (pid %d, standby: takes over if the leader dies)\n"
         "clients: --coordinator=%s\n",
-        cluster.leader_grpc.c_str(),
-        static_cast<int>(cluster.coordinator.pid()),
-        cluster.coordinator_metrics.c_str(), cluster.standby_grpc.c_str(),
-        static_cast<int>(cluster.standby.pid()),
-        cluster.coordinator_grpc.c_str());
+        cluster.coordinator().grpc_address.c_str(),
+        static_cast<int>(cluster.coordinator().process.pid()),
+        cluster.coordinator().metrics_address.c_str(),
+        cluster.standby().grpc_address.c_str(),
+        static_cast<int>(cluster.standby().process.pid()),
+        cluster.coordinator_address().c_str());
   } else {
     std::printf("coordinator %s (metrics %s)\n",
-                cluster.coordinator_grpc.c_str(),
-                cluster.coordinator_metrics.c_str());
+                cluster.coordinator_address().c_str(),
+                cluster.coordinator().metrics_address.c_str());
   }
-  for (const std::string& d : cluster.data_grpc)
-    std::printf("data server %s\n", d.c_str());
+  for (const ServerProcess& d : cluster.data_servers())
+    std::printf("data server %s\n", d.grpc_address.c_str());
   if (IsWildcard(host)) {
     char name[256] = {};
     gethostname(name, sizeof(name) - 1);
-    const std::string bound = cluster.leader_grpc;
+    const std::string bound = cluster.coordinator().grpc_address;
     std::printf("other nodes: --coordinator=%s\n",
                 JoinHostPort(
                     name, std::atoi(bound.substr(bound.rfind(':') + 1).c_str()))
@@ -531,7 +329,7 @@ int UpCommand(const std::vector<std::string>& args) {
               real, dir.c_str());
   if (autoscaler.has_value()) {
     autoscaler->stub = v1::Coordinator::NewStub(CoordinatorChannel(
-        cluster.coordinator_grpc, grpc::InsecureChannelCredentials()));
+        cluster.coordinator_address(), grpc::InsecureChannelCredentials()));
     std::printf(
         "autoscale: %d to %d data servers, following the coordinator's "
         "estimate\n",
@@ -540,7 +338,7 @@ int UpCommand(const std::vector<std::string>& args) {
   std::fflush(stdout);
   bool leader_gone = false;
   while (!g_stop) {
-    if (!leader_gone && cluster.coordinator.Poll()) {
+    if (!leader_gone && cluster.coordinator().process.Poll()) {
       if (!ha) {
         std::fprintf(stderr,
                      "sluicectl up: the coordinator exited; stopping\n");
@@ -549,11 +347,12 @@ int UpCommand(const std::vector<std::string>& args) {
       leader_gone = true;
       std::fprintf(stderr,
                    "sluicectl up: coordinator %s exited; %s takes over\n",
-                   cluster.leader_grpc.c_str(), cluster.standby_grpc.c_str());
+                   cluster.coordinator().grpc_address.c_str(),
+                   cluster.standby().grpc_address.c_str());
     }
-    if (ha && cluster.standby.Poll()) {
+    if (ha && cluster.standby().process.Poll()) {
       std::fprintf(stderr, "sluicectl up: coordinator %s exited; stopping\n",
-                   cluster.standby_grpc.c_str());
+                   cluster.standby().grpc_address.c_str());
       break;
     }
     if (autoscaler.has_value() && !autoscaler->Tick(cluster)) break;
@@ -608,9 +407,15 @@ int DemoCommand(const std::vector<std::string>& args) {
 
   // 2. Coordinator + 2 data servers.
   std::fprintf(stderr, "[2/5] starting a coordinator and 2 data servers\n");
-  LocalCluster cluster;
-  absl::Status started_cluster = cluster.Start(
-      root, root + "/shards", 2, "127.0.0.1:0", {"--heartbeat_interval=250ms"});
+  LocalClusterOptions options;
+  options.dir = root;
+  options.bin_dir = SelfDir();
+  options.shards_dir = root + "/shards";
+  options.coordinator_flags = {"--heartbeat_interval=250ms"};
+  options.data_server_flags = absl::GetFlag(FLAGS_data_server_flags);
+  LocalCluster cluster(std::move(options));
+  absl::Status started_cluster = cluster.StartCoordinator();
+  if (started_cluster.ok()) started_cluster = cluster.StartDataServers(2);
   if (!started_cluster.ok()) {
     cluster.Stop();
     return Fail(started_cluster);
@@ -619,7 +424,7 @@ int DemoCommand(const std::vector<std::string>& args) {
   auto run_ctl = [&](const std::vector<std::string>& extra) {
     std::vector<std::string> argv = {self};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    argv.push_back("--coordinator=" + cluster.coordinator_grpc);
+    argv.push_back("--coordinator=" + cluster.coordinator_address());
     auto p =
         Subprocess::Spawn(argv, root + "/logs/ctl.out", root + "/logs/ctl.log");
     return p.ok() ? p->Wait(absl::Seconds(30))
@@ -650,7 +455,7 @@ int DemoCommand(const std::vector<std::string>& args) {
         t.process,
         Subprocess::Spawn(
             {self, "read", "--job=demo", absl::StrCat("--rank=", rank),
-             "--coordinator=" + cluster.coordinator_grpc, "--rate=600",
+             "--coordinator=" + cluster.coordinator_address(), "--rate=600",
              "--progress_interval=200ms"},
             t.ledger, absl::StrCat(root, "/logs/trainer-", rank, tag, ".log")));
     trainers.push_back(std::move(t));
@@ -692,12 +497,11 @@ int DemoCommand(const std::vector<std::string>& args) {
       if (!s.ok()) return Fail(s);
     }
     if (trainer_killed && !server_killed && by_epoch[1] >= per_epoch / 2) {
-      cluster.data[1].Signal(SIGKILL);
-      (void)cluster.data[1].Wait(absl::Seconds(5));
+      cluster.data_servers()[1].process.Kill();
       server_killed = true;
-      events.push_back(absl::StrCat("SIGKILLed data server ",
-                                    cluster.data_grpc[1], " after ",
-                                    by_epoch[1], " samples of epoch 1"));
+      events.push_back(absl::StrCat(
+          "SIGKILLed data server ", cluster.data_servers()[1].grpc_address,
+          " after ", by_epoch[1], " samples of epoch 1"));
     }
     int64_t done =
         std::min(by_epoch[0], per_epoch) + std::min(by_epoch[1], per_epoch);
@@ -743,8 +547,9 @@ int DemoCommand(const std::vector<std::string>& args) {
   // The job's lease outcomes, as the coordinator counts them.
   v1::LeaseCounts leases;
   {
-    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-        cluster.leader_grpc, grpc::InsecureChannelCredentials()));
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(cluster.coordinator().grpc_address,
+                            grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::GetJobRequest request;

@@ -93,6 +93,7 @@ std::optional<int> Subprocess::Poll() {
 }
 
 absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("no process started");
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     if (auto code = Poll()) return *code;
@@ -105,11 +106,18 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
 }
 
 void Subprocess::Stop(absl::Duration grace) {
+  if (!running()) return;
   Signal(SIGTERM);
   if (!Wait(grace).ok()) {
     Signal(SIGKILL);
     (void)Wait(absl::Seconds(10));
   }
+}
+
+void Subprocess::Kill() {
+  if (!running()) return;
+  Signal(SIGKILL);
+  (void)Wait(absl::InfiniteDuration());
 }
 
 std::string SelfPath() {

@@ -36,10 +36,16 @@ class Subprocess {
   void Signal(int signo);
   // Non-blocking: the exit code once the child has exited.
   std::optional<int> Poll();
-  // Exit code (128+signal when killed), or DEADLINE_EXCEEDED.
+  // Started and not exited yet.
+  bool running() { return pid_ > 0 && !Poll().has_value(); }
+  // Exit code (128+signal when killed), DEADLINE_EXCEEDED, or
+  // FAILED_PRECONDITION for a handle without a process.
   absl::StatusOr<int> Wait(absl::Duration timeout);
-  // SIGTERM, then SIGKILL after `grace`.
+  // SIGTERM, then SIGKILL after `grace`; nothing for a handle without a
+  // process or one that exited.
   void Stop(absl::Duration grace);
+  // SIGKILL and reap (a crash); nothing unless running.
+  void Kill();
 
  private:
   pid_t pid_ = -1;

@@ -561,10 +561,10 @@ sluice::v1::JobSpec MixedSpec(const sluice::v1::JobSpec& spec,
 // without data servers; a failure to start is printed.
 absl::StatusOr<sluice::testing::ServerProcess> StartCoordinator(
     const sluice::testing::TempDir& dir) {
-  auto coordinator = sluice::testing::ServerProcess::Start(
-      "sluice-coordinator", dir.path(),
-      {"--wait_for_data_servers=false",
-       "--journal_dir=" + dir.File("journal")});
+  auto coordinator =
+      sluice::testing::StartServer("sluice-coordinator", dir.path(),
+                                   {"--wait_for_data_servers=false",
+                                    "--journal_dir=" + dir.File("journal")});
   if (!coordinator.ok()) {
     std::fprintf(stderr, "%s\n", coordinator.status().ToString().c_str());
   }
@@ -710,7 +710,7 @@ int RunLeases() {
   }
   echo_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   coordinator->process.Signal(SIGTERM);
-  (void)coordinator->process.WaitForExit(absl::Seconds(20));
+  (void)coordinator->process.Wait(absl::Seconds(20));
   return 0;
 }
 
@@ -938,16 +938,16 @@ int RunEtcd() {
     std::fprintf(stderr, "etcd: %s\n", etcd.status().ToString().c_str());
     return 1;
   }
-  auto local = sluice::testing::ServerProcess::Start(
-      "sluice-coordinator", dir.path(),
-      {"--wait_for_data_servers=false",
-       "--journal_dir=" + dir.File("journal")});
+  auto local =
+      sluice::testing::StartServer("sluice-coordinator", dir.path(),
+                                   {"--wait_for_data_servers=false",
+                                    "--journal_dir=" + dir.File("journal")});
   const std::vector<std::string> etcd_args = {
       "--wait_for_data_servers=false",
       absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/bench"),
       absl::StrCat("--election_ttl=", absl::FormatDuration(ttl))};
-  auto leader = sluice::testing::ServerProcess::Start("sluice-coordinator",
-                                                      dir.path(), etcd_args);
+  auto leader =
+      sluice::testing::StartServer("sluice-coordinator", dir.path(), etcd_args);
   if (!local.ok() || !leader.ok()) {
     std::fprintf(stderr, "coordinators: %s %s\n",
                  local.status().ToString().c_str(),
@@ -997,8 +997,7 @@ int RunEtcd() {
   // Failover: a standby on the same prefix, the leader SIGKILLed; a
   // trainer asks the standby for a lease until it grants one.
   absl::StatusOr<sluice::testing::ServerProcess> standby =
-      sluice::testing::ServerProcess::Start("sluice-coordinator", dir.path(),
-                                            etcd_args);
+      sluice::testing::StartServer("sluice-coordinator", dir.path(), etcd_args);
   if (!standby.ok()) {
     std::fprintf(stderr, "standby: %s\n", standby.status().ToString().c_str());
     return 1;
@@ -1043,7 +1042,7 @@ int RunEtcd() {
       absl::ToDoubleSeconds(ttl), failover_s);
   for (auto* c : {&*local, &*standby}) {
     c->process.Signal(SIGTERM);
-    (void)c->process.WaitForExit(absl::Seconds(20));
+    (void)c->process.Wait(absl::Seconds(20));
   }
   return 0;
 }
@@ -1791,7 +1790,7 @@ int RunOpen() {
     for (const auto& [site, n] : slow_sites)
       absl::StrAppend(&slow, slow.empty() ? "" : ", ", site, " x", n);
     coordinator->process.Signal(SIGKILL);
-    (void)coordinator->process.WaitForExit(absl::Seconds(10));
+    (void)coordinator->process.Wait(absl::Seconds(10));
     // A fresh baseline server per size, as the coordinator is: memory a
     // process kept from an earlier size would hide the next one's growth.
     std::string echo_address;

@@ -300,8 +300,8 @@ int main(int argc, char** argv) {
                "%zu shards x %d samples, JPEG mean %zu bytes (500x375)\n",
                units.size(), per_shard, mean);
 
-  auto server = sluice::testing::ServerProcess::Start(
-      "sluice-dataserver", dir.path(), {"--metrics_listen=off"});
+  auto server = sluice::testing::StartServer("sluice-dataserver", dir.path(),
+                                             {"--metrics_listen=off"});
   if (!server.ok()) {
     std::fprintf(stderr, "cannot start sluice-dataserver: %s\n",
                  std::string(server.status().message()).c_str());
@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
       }
     }
     server->process.Signal(SIGTERM);
-    (void)server->process.WaitForExit(absl::Seconds(20));
+    (void)server->process.Wait(absl::Seconds(20));
     const Quality q = WindowQuality(sizes, order);
     const double raw_ratio = rates[0][1] / rates[0][0];
     const double decoded_ratio = rates[1][1] / rates[1][0];
@@ -359,7 +359,7 @@ int main(int argc, char** argv) {
   if (mode == "raw") {
     Rate sluice_rate = ReadFor(*stub, units, false, seconds);
     server->process.Signal(SIGTERM);
-    (void)server->process.WaitForExit(absl::Seconds(20));
+    (void)server->process.Wait(absl::Seconds(20));
     // Baseline: the same bytes (one sample per message, the sample i of
     // every unit is jpegs[i % 16] there too) from a bare gRPC server in its
     // own process, read by the same client loop.
@@ -385,7 +385,7 @@ int main(int argc, char** argv) {
     ReadFor(*bare_stub, units, false, 0.5);
     Rate base = ReadFor(*bare_stub, units, false, seconds);
     bare->Signal(SIGTERM);
-    (void)bare->WaitForExit(absl::Seconds(10));
+    (void)bare->Wait(absl::Seconds(10));
     double ratio = sluice_rate.bytes_per_s / base.bytes_per_s;
     std::printf(
         "raw:      sluice %.0f MB/s (%.0f samples/s)   bare gRPC %.0f MB/s "
@@ -404,7 +404,7 @@ int main(int argc, char** argv) {
   const int resize = absl::GetFlag(FLAGS_resize);
   Rate decoded = ReadFor(*stub, units, true, seconds, resize);
   server->process.Signal(SIGTERM);
-  (void)server->process.WaitForExit(absl::Seconds(20));
+  (void)server->process.Wait(absl::Seconds(20));
   double loop = DecodeLoopRate(jpegs, seconds, resize);
   double ratio = decoded.samples_per_s / loop;
   std::string what = resize > 0 ? absl::StrFormat("resize %d + crop %dx%d",

@@ -149,9 +149,9 @@ int main(int argc, char** argv) {
       dir.path(), absl::GetFlag(FLAGS_shards),
       absl::GetFlag(FLAGS_samples_per_shard), sluice::bench::MakeJpegs());
   auto coordinator =
-      sluice::testing::ServerProcess::Start("sluice-coordinator", dir.path());
+      sluice::testing::StartServer("sluice-coordinator", dir.path());
   if (!coordinator.ok()) return 1;
-  auto data = sluice::testing::ServerProcess::Start(
+  auto data = sluice::testing::StartServer(
       "sluice-dataserver", dir.path(),
       {"--metrics_listen=off", "--coordinator=" + coordinator->grpc_address});
   if (!data.ok()) return 1;
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
       direct.samples_per_s, direct.bytes_per_s / 1e6, ratio);
   data->process.Signal(SIGTERM);
   coordinator->process.Signal(SIGTERM);
-  (void)data->process.WaitForExit(absl::Seconds(20));
-  (void)coordinator->process.WaitForExit(absl::Seconds(20));
+  (void)data->process.Wait(absl::Seconds(20));
+  (void)coordinator->process.Wait(absl::Seconds(20));
   return 0;
 }

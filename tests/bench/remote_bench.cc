@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
        ++round) {  // best of three, like the data server gets
     auto start = Clock::now();
     auto child = sluice::testing::ChildProcess::Start(curl_argv);
-    if (!child.ok() || *child->WaitForExit(absl::Minutes(5)) != 0) {
+    if (!child.ok() || *child->Wait(absl::Minutes(5)) != 0) {
       std::fprintf(stderr, "curl failed\n");
       return 1;
     }
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
   for (int round = 0; round < 3; ++round) {
     const std::string sub = absl::StrCat("ds-cold-", round);
     mkdir(dir.File(sub).c_str(), 0755);
-    auto server = sluice::testing::ServerProcess::Start(
+    auto server = sluice::testing::StartServer(
         "sluice-dataserver", dir.File(sub),
         {"--cache_dir=" + dir.File(sub + "/cache")});
     if (!server.ok()) {
@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
   const double seconds = absl::GetFlag(FLAGS_seconds);
   auto warm_stub = Stub(cached->grpc_address);
   mkdir(dir.File("ds-local").c_str(), 0755);
-  auto local_server = sluice::testing::ServerProcess::Start(
+  auto local_server = sluice::testing::StartServer(
       "sluice-dataserver", dir.File("ds-local"), {"--roots=" + docroot});
   if (!local_server.ok()) return 1;
   auto local_stub = Stub(local_server->grpc_address);

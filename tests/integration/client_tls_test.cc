@@ -48,7 +48,7 @@ TEST(ClientTlsTest, ReaderOnceAndBarrierOverMutualTls) {
   coordinator_args.insert(coordinator_args.end(), server_tls.begin(),
                           server_tls.end());
   auto coordinator =
-      ServerProcess::Start("sluice-coordinator", dir.path(), coordinator_args);
+      testing::StartServer("sluice-coordinator", dir.path(), coordinator_args);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   std::vector<std::string> data_args = {
       "--roots=" + dir.File("shards"),
@@ -59,7 +59,7 @@ TEST(ClientTlsTest, ReaderOnceAndBarrierOverMutualTls) {
   data_args.insert(data_args.end(), server_tls.begin(), server_tls.end());
   mkdir(dir.File("data").c_str(), 0755);
   auto data =
-      ServerProcess::Start("sluice-dataserver", dir.File("data"), data_args);
+      testing::StartServer("sluice-dataserver", dir.File("data"), data_args);
   ASSERT_TRUE(data.ok()) << data.status();
   ASSERT_TRUE(testing::WaitForMetric(coordinator->metrics_address,
                                      "sluice_coordinator_data_servers 1"));
@@ -71,7 +71,7 @@ TEST(ClientTlsTest, ReaderOnceAndBarrierOverMutualTls) {
        "--client_key=" + pki->client_key},
       dir.File("create.log"));
   ASSERT_TRUE(create.ok());
-  auto created = create->WaitForExit(absl::Seconds(30));
+  auto created = create->Wait(absl::Seconds(30));
   ASSERT_TRUE(created.ok() && *created == 0)
       << testing::ReadWholeFile(dir.File("create.log")).value_or("");
 

@@ -67,7 +67,7 @@ absl::StatusOr<ServerProcess> StartCoordinator(const std::string& dir,
                                                std::vector<std::string> args,
                                                int port = 0) {
   args.push_back(absl::StrCat("--listen=127.0.0.1:", port));
-  return ServerProcess::Start("sluice-coordinator", dir, args);
+  return testing::StartServer("sluice-coordinator", dir, args);
 }
 
 std::string PortOf(const std::string& address) {
@@ -134,7 +134,7 @@ TEST(CoordinatorEtcdTest, AStandbyRefusesNamingTheLeaderThenTakesOverItsJobs) {
   ASSERT_TRUE(LogShows(c->log_path, "standby;", absl::Seconds(30)));
   for (ServerProcess* p : {&*c, &*b}) {
     p->process.Signal(SIGTERM);
-    auto code = p->process.WaitForExit(absl::Seconds(30));
+    auto code = p->process.Wait(absl::Seconds(30));
     ASSERT_TRUE(code.ok());
     EXPECT_EQ(*code, 0);
   }
@@ -164,7 +164,7 @@ TEST(CoordinatorEtcdTest, APausedLeaderIsDeposedAndExitsWithoutWriting) {
   // Resumed, the old leader finds its lease gone and exits before granting
   // or writing anything.
   a->process.Signal(SIGCONT);
-  auto code = a->process.WaitForExit(absl::Seconds(30));
+  auto code = a->process.Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 75);
   EXPECT_TRUE(LogShows(a->log_path, "no longer leading", absl::Seconds(1)));
@@ -314,7 +314,7 @@ TEST(CoordinatorEtcdTest, FourRanksReadThreeEpochsExactlyOnceThroughTwoKills) {
       absl::StrCat("127.0.0.1:", ports[0], ",127.0.0.1:", ports[1]);
   std::vector<ServerProcess> data;
   for (int i = 0; i < 2; ++i) {
-    auto d = ServerProcess::Start(
+    auto d = testing::StartServer(
         "sluice-dataserver", dir.path(),
         {"--roots=" + dir.File("shards"), "--coordinator=" + both});
     ASSERT_TRUE(d.ok()) << d.status();
@@ -382,7 +382,7 @@ TEST(CoordinatorEtcdTest, WithoutAQuorumTheLeaderStepsDownAndResumesAfter) {
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE(
       testing::WaitForReadiness(c->grpc_address, true, absl::Seconds(30)).ok());
-  auto data = ServerProcess::Start(
+  auto data = testing::StartServer(
       "sluice-dataserver", dir.path(),
       {"--roots=" + dir.File("shards"), "--coordinator=" + c->grpc_address});
   ASSERT_TRUE(data.ok()) << data.status();
@@ -397,7 +397,7 @@ TEST(CoordinatorEtcdTest, WithoutAQuorumTheLeaderStepsDownAndResumesAfter) {
   // keep its lease or commit anything, and steps down.
   (*members)[1]->process().Signal(SIGSTOP);
   (*members)[2]->process().Signal(SIGSTOP);
-  auto code = c->process.WaitForExit(absl::Seconds(60));
+  auto code = c->process.Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 75);
   EXPECT_TRUE(LogShows(c->log_path, "no longer leading", absl::Seconds(1)));
@@ -430,7 +430,7 @@ TEST(CoordinatorEtcdTest, AnEtcdMemberDyingMidEpochIsOnlyLatency) {
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE(
       testing::WaitForReadiness(c->grpc_address, true, absl::Seconds(30)).ok());
-  auto data = ServerProcess::Start(
+  auto data = testing::StartServer(
       "sluice-dataserver", dir.path(),
       {"--roots=" + dir.File("shards"), "--coordinator=" + c->grpc_address});
   ASSERT_TRUE(data.ok()) << data.status();
@@ -460,7 +460,7 @@ TEST(CoordinatorEtcdTest, TalksToEtcdOverMutualTls) {
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   const std::string journal =
       absl::StrCat("--journal=etcd://", (*etcd)->endpoint(), "/sluice/tls");
-  auto c = ServerProcess::Start(
+  auto c = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {journal, "--etcd_ca_cert=" + pki->ca_cert,
        "--etcd_cert=" + pki->client_cert, "--etcd_key=" + pki->client_key,
@@ -478,7 +478,7 @@ TEST(CoordinatorEtcdTest, TalksToEtcdOverMutualTls) {
        "--etcd_ca_cert=" + pki->ca_cert},
       log);
   ASSERT_TRUE(refused.ok());
-  auto code = refused->WaitForExit(absl::Seconds(60));
+  auto code = refused->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1);
   EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("unreachable"));
@@ -493,7 +493,7 @@ TEST(CoordinatorEtcdTest, UnreachableEtcdExitsOneNamingTheEndpoints) {
        "--journal=etcd://127.0.0.1:1,127.0.0.1:2/sluice"},
       log);
   ASSERT_TRUE(child.ok());
-  auto code = child->WaitForExit(absl::Seconds(60));
+  auto code = child->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1);
   EXPECT_THAT(ReadWholeFile(log).value_or(""),
@@ -508,7 +508,7 @@ TEST(CoordinatorEtcdTest, ABadJournalUrlIsAUsageErrorNamingTheFlag) {
        "--metrics_listen=127.0.0.1:0", "--journal=etcd://nowhere/sluice"},
       log);
   ASSERT_TRUE(child.ok());
-  auto code = child->WaitForExit(absl::Seconds(30));
+  auto code = child->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 2);  // a bad flag value, as for every flag
   EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("--journal="));

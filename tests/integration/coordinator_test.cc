@@ -141,7 +141,7 @@ RunResult RunTrainer(v1::Coordinator::Stub* stub, const std::string& job,
 TEST(CoordinatorIntegrationTest, EightRanksThreeEpochsExactlyOnceAndBalanced) {
   TempDir dir;
   auto server =
-      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+      testing::StartServer("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   v1::CreateJobRequest req;
@@ -188,7 +188,7 @@ TEST(CoordinatorIntegrationTest, EightRanksThreeEpochsExactlyOnceAndBalanced) {
 TEST(CoordinatorIntegrationTest, CutSessionsLeasesGoToTheSurvivor) {
   TempDir dir;
   auto server =
-      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+      testing::StartServer("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   v1::CreateJobRequest req;
@@ -218,7 +218,7 @@ TEST(CoordinatorIntegrationTest, CutSessionsLeasesGoToTheSurvivor) {
 TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
   TempDir dir;
   const std::string journal = "--journal_dir=" + dir.File("journal");
-  auto first = ServerProcess::Start("sluice-coordinator", dir.path(),
+  auto first = testing::StartServer("sluice-coordinator", dir.path(),
                                     {journal, kNoDataServers});
   ASSERT_TRUE(first.ok()) << first.status();
   {
@@ -236,9 +236,9 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
     RunTrainer(stub.get(), "durable", 1, "r1", &ledger, /*max_units=*/2);
   }
   first->process.Signal(SIGKILL);
-  ASSERT_TRUE(first->process.WaitForExit(absl::Seconds(10)).ok());
+  ASSERT_TRUE(first->process.Wait(absl::Seconds(10)).ok());
 
-  auto second = ServerProcess::Start("sluice-coordinator", dir.path(),
+  auto second = testing::StartServer("sluice-coordinator", dir.path(),
                                      {journal, kNoDataServers});
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_THAT(testing::ReadWholeFile(second->log_path).value_or(""),
@@ -284,7 +284,7 @@ TEST(CoordinatorIntegrationTest, SigkillAndRestartLosesNothingAcknowledged) {
 TEST(CoordinatorIntegrationTest, ASecondCoordinatorOnOneJournalIsRefused) {
   TempDir dir;
   const std::string journal = "--journal_dir=" + dir.File("journal");
-  auto first = ServerProcess::Start("sluice-coordinator", dir.path(),
+  auto first = testing::StartServer("sluice-coordinator", dir.path(),
                                     {journal, kNoDataServers});
   ASSERT_TRUE(first.ok()) << first.status();
   const std::string log = dir.File("second.log");
@@ -293,7 +293,7 @@ TEST(CoordinatorIntegrationTest, ASecondCoordinatorOnOneJournalIsRefused) {
        "--metrics_listen=127.0.0.1:0", journal, kNoDataServers},
       log);
   ASSERT_TRUE(second.ok());
-  auto code = second->WaitForExit(absl::Seconds(60));
+  auto code = second->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1);
   EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
@@ -302,9 +302,9 @@ TEST(CoordinatorIntegrationTest, ASecondCoordinatorOnOneJournalIsRefused) {
                                      first->process.pid(), ")")));
   EXPECT_TRUE(first->process.running());
   first->process.Signal(SIGKILL);
-  ASSERT_TRUE(first->process.WaitForExit(absl::Seconds(10)).ok());
+  ASSERT_TRUE(first->process.Wait(absl::Seconds(10)).ok());
   mkdir(dir.File("third").c_str(), 0755);
-  auto third = ServerProcess::Start("sluice-coordinator", dir.File("third"),
+  auto third = testing::StartServer("sluice-coordinator", dir.File("third"),
                                     {journal, kNoDataServers});
   EXPECT_TRUE(third.ok()) << third.status();
 }
@@ -312,7 +312,7 @@ TEST(CoordinatorIntegrationTest, ASecondCoordinatorOnOneJournalIsRefused) {
 TEST(CoordinatorIntegrationTest, BadInputOverTheWire) {
   TempDir dir;
   mkdir(dir.File("manifests").c_str(), 0755);
-  auto server = ServerProcess::Start(
+  auto server = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {kNoDataServers, "--manifest_roots=" + dir.File("manifests")});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -382,7 +382,7 @@ TEST(CoordinatorIntegrationTest, ManifestPathReadsOnlyManifestsInsideItsRoots) {
   symlink(dir.File("lease.secret").c_str(),
           dir.File("manifests/link.json").c_str());
   mkfifo(dir.File("manifests/fifo.json").c_str(), 0644);
-  auto server = ServerProcess::Start(
+  auto server = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {kNoDataServers, "--manifest_roots=" + dir.File("manifests"),
        "--max_manifest_bytes=1000"});
@@ -432,7 +432,7 @@ TEST(CoordinatorIntegrationTest, ManifestPathReadsOnlyManifestsInsideItsRoots) {
 
   // A coordinator without --manifest_roots reads no file at all.
   auto closed =
-      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+      testing::StartServer("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(closed.ok()) << closed.status();
   auto closed_stub = Connect(closed->grpc_address);
   grpc::ClientContext ctx;
@@ -461,7 +461,7 @@ int64_t RssBytes(pid_t pid) {
 TEST(CoordinatorIntegrationTest, ASessionThatNeverReadsIsEndedNotBuffered) {
   TempDir dir;
   auto server =
-      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+      testing::StartServer("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Connect(server->grpc_address);
   {
@@ -522,7 +522,7 @@ TEST(CoordinatorIntegrationTest, JobAdministrationNeedsTheOperatorToken) {
   std::ofstream(dir.File("wrong.token")) << "guess";
   std::ofstream(dir.File("m.json"))
       << R"({"shards": [{"url": "/d/a.tar", "num_samples": 3}]})";
-  auto server = ServerProcess::Start(
+  auto server = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {kNoDataServers, "--admin_token_file=" + dir.File("admin.token")});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -567,7 +567,7 @@ TEST(CoordinatorIntegrationTest, JobAdministrationNeedsTheOperatorToken) {
          "--coordinator=" + server->grpc_address},
         dir.File(log));
     EXPECT_TRUE(p.ok());
-    auto code = p->WaitForExit(absl::Seconds(30));
+    auto code = p->Wait(absl::Seconds(30));
     EXPECT_TRUE(code.ok());
     return code.ok() ? *code : -1;
   };
@@ -589,7 +589,7 @@ TEST(CoordinatorIntegrationTest,
     return Connect(address)->CreateJob(&ctx, GuardedJobRequest(), &job);
   };
   {
-    auto server = ServerProcess::Start(
+    auto server = testing::StartServer(
         "sluice-coordinator", dir.path(),
         {kNoDataServers, "--lease_secret_file=" + dir.File("secret"),
          "--journal_dir=" + dir.File("j1")});
@@ -607,7 +607,7 @@ TEST(CoordinatorIntegrationTest,
                     ->ListJobs(&ctx, v1::ListJobsRequest(), &jobs)
                     .ok());
   }
-  auto open = ServerProcess::Start(
+  auto open = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {kNoDataServers, "--lease_secret_file=" + dir.File("secret"),
        "--journal_dir=" + dir.File("j2"), "--allow_unauthenticated_admin"});
@@ -621,7 +621,7 @@ TEST(CoordinatorIntegrationTest,
        "--admin_identities=ops"},
       dir.File("identities.log"));
   ASSERT_TRUE(child.ok());
-  auto code = child->WaitForExit(absl::Seconds(30));
+  auto code = child->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_NE(*code, 0);
   EXPECT_THAT(testing::ReadWholeFile(dir.File("identities.log")).value_or(""),
@@ -634,7 +634,7 @@ TEST(CoordinatorIntegrationTest,
 TEST(CoordinatorIntegrationTest, PerJobSeriesFollowSessionsAndDeletion) {
   TempDir dir;
   auto server =
-      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+      testing::StartServer("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE(
       testing::CreateJob(server->grpc_address, ManifestSpec("kept", 4, 1, 1))
@@ -681,7 +681,7 @@ TEST(CoordinatorIntegrationTest, PerJobSeriesFollowSessionsAndDeletion) {
 TEST(CoordinatorIntegrationTest, RankSkewIsTheLeadOfTheMostAdvancedRank) {
   TempDir dir;
   auto server =
-      ServerProcess::Start("sluice-coordinator", dir.path(), {kNoDataServers});
+      testing::StartServer("sluice-coordinator", dir.path(), {kNoDataServers});
   ASSERT_TRUE(server.ok()) << server.status();
   v1::JobSpec spec = ManifestSpec("skew", 8, 2, 1);
   spec.set_lease_ttl_ms(60000);

@@ -33,7 +33,7 @@ class DataServerBinaryTest : public ::testing::Test {
     shard_ = dir_.File("shards/train-0.tar");
     testing::WriteFile(shard_, tar.Finish());
     testing::WriteFile(dir_.File("secret.tar"), "outside the roots");
-    auto server = ServerProcess::Start("sluice-dataserver", dir_.path(),
+    auto server = testing::StartServer("sluice-dataserver", dir_.path(),
                                        {"--roots=" + dir_.File("shards")});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -257,7 +257,7 @@ TEST(DataServerFlagsTest, MissingRootsIsAnError) {
        "--metrics_listen=off", "--roots="},
       dir.File("log"));
   ASSERT_TRUE(child.ok());
-  auto code = child->WaitForExit(absl::Seconds(20));
+  auto code = child->Wait(absl::Seconds(20));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 2);
   EXPECT_THAT(testing::ReadWholeFile(dir.File("log")).value_or(""),

@@ -79,13 +79,13 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
 
   const std::string journal = "--journal_dir=" + dir.File("journal");
   auto coordinator =
-      ServerProcess::Start("sluice-coordinator", dir.path(),
+      testing::StartServer("sluice-coordinator", dir.path(),
                            {journal, "--heartbeat_interval=200ms"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   const std::string address = coordinator->grpc_address;
   std::vector<ServerProcess> data;
   for (int i = 0; i < 2; ++i) {
-    auto d = ServerProcess::Start(
+    auto d = testing::StartServer(
         "sluice-dataserver", dir.path(),
         {"--roots=" + dir.File("shards"), "--coordinator=" + address});
     ASSERT_TRUE(d.ok()) << d.status();
@@ -100,7 +100,7 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
                              "--seed=11", "--coordinator=" + address},
                             dir.File("create.log"));
     ASSERT_TRUE(create.ok());
-    ASSERT_EQ(*create->WaitForExit(absl::Seconds(30)), 0);
+    ASSERT_EQ(*create->Wait(absl::Seconds(30)), 0);
   }
 
   struct Trainer {
@@ -157,7 +157,7 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
     if (server_killed && !coordinator_killed &&
         by_epoch[1] >= per_epoch * 6 / 10) {
       coordinator->process.Kill();
-      auto again = ServerProcess::Start(
+      auto again = testing::StartServer(
           "sluice-coordinator", dir.path(),
           {journal, "--heartbeat_interval=200ms", "--listen=" + address});
       ASSERT_TRUE(again.ok()) << again.status();
@@ -173,7 +173,7 @@ TEST(EndToEndTest, FourRanksTwoWorkersThreeEpochsWithKills) {
   ASSERT_TRUE(trainer_killed && server_killed && coordinator_killed);
   for (Trainer& t : trainers) {
     if (t.killed) continue;
-    auto code = t.process.WaitForExit(absl::Seconds(5));
+    auto code = t.process.Wait(absl::Seconds(5));
     ASSERT_TRUE(code.ok());
     EXPECT_EQ(*code, 0) << t.ledger;
   }

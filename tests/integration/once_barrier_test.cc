@@ -36,7 +36,7 @@ class OnceBarrierTest : public ::testing::Test {
     std::vector<std::string> args = {"--journal_dir=" + dir_.File("journal"),
                                      "--heartbeat_interval=200ms"};
     if (!listen.empty()) args.push_back("--listen=" + listen);
-    auto c = ServerProcess::Start("sluice-coordinator", dir_.path(), args);
+    auto c = testing::StartServer("sluice-coordinator", dir_.path(), args);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
   }
@@ -48,7 +48,7 @@ class OnceBarrierTest : public ::testing::Test {
     return std::move(*p);
   }
   int Exit(ChildProcess& p) {
-    auto code = p.WaitForExit(absl::Seconds(60));
+    auto code = p.Wait(absl::Seconds(60));
     return code.ok() ? *code : -1;
   }
   std::string Read(const std::string& name) {
@@ -270,7 +270,7 @@ TEST(OnceResetAccessTest, ResettingNeedsTheOperatorToken) {
   testing::WriteFile(dir.File("token"), "operator-token-0123456789");
   chmod(dir.File("secret").c_str(), 0600);
   chmod(dir.File("token").c_str(), 0600);
-  auto c = ServerProcess::Start("sluice-coordinator", dir.path(),
+  auto c = testing::StartServer("sluice-coordinator", dir.path(),
                                 {"--journal_dir=" + dir.File("journal"),
                                  "--lease_secret_file=" + dir.File("secret"),
                                  "--admin_token_file=" + dir.File("token")});
@@ -280,7 +280,7 @@ TEST(OnceResetAccessTest, ResettingNeedsTheOperatorToken) {
     args.insert(args.begin() + 2, "--coordinator=" + c->grpc_address);
     auto p = ChildProcess::Start(args, dir.File(log));
     EXPECT_TRUE(p.ok());
-    auto code = p->WaitForExit(absl::Seconds(60));
+    auto code = p->Wait(absl::Seconds(60));
     return code.ok() ? *code : -1;
   };
   ASSERT_EQ(ctl({"once", "step", "--", "true"}, "run.log"), 0);

@@ -267,8 +267,7 @@ TEST_F(ReaderTest, ADrainingDataServerHandsItsUnitsBackWithoutAReroute) {
   for (auto& [k, c] : all) EXPECT_EQ(c, 1) << k.first << "/" << k.second;
   EXPECT_EQ(reader->stats().reroutes, 0);
   EXPECT_GE(reader->stats().handed_back, 1);
-  absl::StatusOr<int> exit_code =
-      leaving->process.WaitForExit(absl::Seconds(10));
+  absl::StatusOr<int> exit_code = leaving->process.Wait(absl::Seconds(10));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
   const std::string log =
@@ -345,8 +344,7 @@ TEST_F(ReaderTest, ADrainingServerGivesBackAUnitWaitingForAStream) {
   EXPECT_EQ((*holder)->stats().reroutes, 0);
   EXPECT_EQ((*waiting)->stats().reroutes, 0);
   EXPECT_GE((*waiting)->stats().handed_back, 1);
-  absl::StatusOr<int> exit_code =
-      data_[0].process.WaitForExit(absl::Seconds(10));
+  absl::StatusOr<int> exit_code = data_[0].process.Wait(absl::Seconds(10));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
   if (HasFailure()) {

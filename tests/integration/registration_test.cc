@@ -50,14 +50,14 @@ void StartSecretCluster(const TempDir& dir, SecretCluster* c) {
   testing::WriteFile(dir.File("secret"), "a shared secret\n");
   c->secret_flag = "--lease_secret_file=" + dir.File("secret");
   c->journal_flag = "--journal_dir=" + dir.File("journal");
-  auto coordinator = ServerProcess::Start(
+  auto coordinator = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {c->journal_flag, c->secret_flag, "--heartbeat_interval=200ms",
        "--allow_unauthenticated_admin"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   c->coordinator.emplace(*std::move(coordinator));
   auto dataserver =
-      ServerProcess::Start("sluice-dataserver", dir.path(),
+      testing::StartServer("sluice-dataserver", dir.path(),
                            {"--roots=" + dir.File("shards"), c->secret_flag,
                             "--coordinator=" + c->coordinator->grpc_address});
   ASSERT_TRUE(dataserver.ok()) << dataserver.status();
@@ -146,7 +146,7 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
   // data server registers again by itself.
   const std::string address = coordinator->grpc_address;
   coordinator->process.Kill();
-  auto restarted = ServerProcess::Start(
+  auto restarted = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {journal, secret_flag, "--heartbeat_interval=200ms",
        "--listen=" + address, "--allow_unauthenticated_admin"});
@@ -162,7 +162,7 @@ TEST(RegistrationTest, LeasesNameALiveDataServerAndSurviveACoordinatorRestart) {
 
   // A data server that stops is dropped from routing.
   dataserver->process.Signal(SIGTERM);
-  auto code = dataserver->process.WaitForExit(absl::Seconds(30));
+  auto code = dataserver->process.Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0);
   EXPECT_TRUE(WaitForMetric(restarted->metrics_address,
@@ -187,7 +187,7 @@ TEST(RegistrationTest,
   c.coordinator->process.Kill();
   absl::SleepFor(
       absl::Seconds(8));  // the outage itself, not a wait for an event
-  auto restarted = ServerProcess::Start(
+  auto restarted = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {c.journal_flag, c.secret_flag, "--heartbeat_interval=200ms",
        "--listen=" + address, "--allow_unauthenticated_admin"});
@@ -256,7 +256,7 @@ TEST(RegistrationTest,
 
   const std::string address = c.coordinator->grpc_address;
   c.coordinator->process.Kill();
-  auto restarted = ServerProcess::Start(
+  auto restarted = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {"--journal_dir=" + dir.File("empty-journal"), c.secret_flag,
        "--heartbeat_interval=200ms", "--listen=" + address,
@@ -283,7 +283,7 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
   auto pki = testing::MakeTestPki(dir.path());
   ASSERT_TRUE(pki.ok()) << pki.status();
   mkdir(dir.File("shards").c_str(), 0755);
-  auto coordinator = ServerProcess::Start(
+  auto coordinator = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {"--journal_dir=" + dir.File("journal"), "--heartbeat_interval=200ms",
        "--tls_cert=" + pki->server_cert, "--tls_key=" + pki->server_key,
@@ -291,14 +291,14 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   mkdir(dir.File("anonymous").c_str(), 0755);
   auto anonymous =
-      ServerProcess::Start("sluice-dataserver", dir.File("anonymous"),
+      testing::StartServer("sluice-dataserver", dir.File("anonymous"),
                            {"--roots=" + dir.File("shards"),
                             "--coordinator=" + coordinator->grpc_address,
                             "--coordinator_ca=" + pki->ca_cert});
   ASSERT_TRUE(anonymous.ok()) << anonymous.status();
   mkdir(dir.File("trusted").c_str(), 0755);
   auto trusted =
-      ServerProcess::Start("sluice-dataserver", dir.File("trusted"),
+      testing::StartServer("sluice-dataserver", dir.File("trusted"),
                            {"--roots=" + dir.File("shards"),
                             "--coordinator=" + coordinator->grpc_address,
                             "--coordinator_ca=" + pki->ca_cert,
@@ -320,7 +320,7 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
     args.insert(args.begin(), testing::BinDir() + "/sluicectl");
     auto child = testing::ChildProcess::Start(args, dir.File("ctl.log"));
     EXPECT_TRUE(child.ok());
-    auto code = child->WaitForExit(absl::Seconds(30));
+    auto code = child->Wait(absl::Seconds(30));
     return code.ok() ? *code : -1;
   };
   EXPECT_EQ(
@@ -352,7 +352,7 @@ TEST(RegistrationTest, DataServersRegisterOverMutualTls) {
        "--coordinator_cert=" + pki->client_cert},
       dir.File("bad/log"));
   ASSERT_TRUE(bad.ok());
-  auto code = bad->WaitForExit(absl::Seconds(20));
+  auto code = bad->Wait(absl::Seconds(20));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 2);
   EXPECT_THAT(testing::ReadWholeFile(dir.File("bad/log")).value_or(""),

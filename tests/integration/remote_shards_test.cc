@@ -130,7 +130,7 @@ class RemoteShardsTest : public ::testing::Test {
     // the test machine must not evict on its own.
     flags.push_back("--cache_min_free_bytes=0");
     auto server =
-        ServerProcess::Start("sluice-dataserver", dir_.File(name), flags);
+        testing::StartServer("sluice-dataserver", dir_.File(name), flags);
     EXPECT_TRUE(server.ok()) << server.status();
     return server.ok() ? std::move(*server) : ServerProcess();
   }
@@ -546,7 +546,7 @@ TEST_F(RemoteShardsTest, ASecondServerOnAnOwnedCacheDirectoryIsRefused) {
        "--metrics_listen=127.0.0.1:0", "--cache_dir=" + cache_},
       log);
   ASSERT_TRUE(second.ok());
-  auto code = second->WaitForExit(absl::Seconds(60));
+  auto code = second->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1);
   EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
@@ -555,7 +555,7 @@ TEST_F(RemoteShardsTest, ASecondServerOnAnOwnedCacheDirectoryIsRefused) {
                   owner.process.pid(), ")")));
   EXPECT_TRUE(owner.process.running());
   owner.process.Signal(SIGKILL);
-  ASSERT_TRUE(owner.process.WaitForExit(absl::Seconds(10)).ok());
+  ASSERT_TRUE(owner.process.Wait(absl::Seconds(10)).ok());
   ServerProcess third = StartDataServer("third");
   EXPECT_TRUE(third.process.running());
 }
@@ -629,7 +629,7 @@ TEST_F(RemoteShardsTest, SluicectlIndexesPublishedAndRemoteShards) {
     args.insert(args.begin(), testing::BinDir() + "/sluicectl");
     auto child = testing::ChildProcess::Start(args, dir_.File("ctl.log"));
     EXPECT_TRUE(child.ok());
-    auto code = child->WaitForExit(absl::Seconds(60));
+    auto code = child->Wait(absl::Seconds(60));
     EXPECT_TRUE(code.ok() && *code == 0)
         << testing::ReadWholeFile(dir_.File("ctl.log")).value_or("");
   };
@@ -690,7 +690,7 @@ TEST(RemoteShardsTlsTest, HttpsIsVerifiedAgainstTheCaBundle) {
                                       dir.File(sub + "/cache")};
     if (with_ca) flags.push_back("--ca_bundle=" + pki->ca_cert);
     auto server =
-        ServerProcess::Start("sluice-dataserver", dir.File(sub), flags);
+        testing::StartServer("sluice-dataserver", dir.File(sub), flags);
     ASSERT_TRUE(server.ok()) << server.status();
     auto stub = v1::DataServer::NewStub(grpc::CreateChannel(
         server->grpc_address, grpc::InsecureChannelCredentials()));
@@ -727,7 +727,7 @@ TEST_F(RemoteShardsTest, PrefetchHintsDownloadUpcomingShardsBeforeTheirReads) {
     PublishSized(absl::StrCat("p", i, ".tar"), 4, 4 << 10);
   mkdir(dir_.File("coord").c_str(), 0755);
   auto coordinator =
-      ServerProcess::Start("sluice-coordinator", dir_.File("coord"),
+      testing::StartServer("sluice-coordinator", dir_.File("coord"),
                            {"--journal_dir=" + dir_.File("coord/journal"),
                             "--heartbeat_interval=200ms"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();

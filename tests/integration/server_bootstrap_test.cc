@@ -74,7 +74,7 @@ class ServerBootstrapTest : public ::testing::TestWithParam<BinaryCase> {};
 
 TEST_P(ServerBootstrapTest, ServesHealthReflectionMetricsAndStopsOnSigterm) {
   TempDir dir;
-  auto server = ServerProcess::Start(GetParam().binary, dir.path());
+  auto server = testing::StartServer(GetParam().binary, dir.path());
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_THAT(server->grpc_address, HasSubstr("127.0.0.1:"));
   EXPECT_NE(server->grpc_address, "127.0.0.1:0");
@@ -99,7 +99,7 @@ TEST_P(ServerBootstrapTest, ServesHealthReflectionMetricsAndStopsOnSigterm) {
                                        GetParam().binary + "\""));
 
   server->process.Signal(SIGTERM);
-  auto exit_code = server->process.WaitForExit(absl::Seconds(15));
+  auto exit_code = server->process.Wait(absl::Seconds(15));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 0);
   EXPECT_THAT(ReadWholeFile(server->log_path).value_or(""),
@@ -113,7 +113,7 @@ TEST(CoordinatorAllocatorTest, RunsOnJemallocWhenBuiltWithIt) {
   // The link order decides whose malloc the process calls; the coordinator
   // logs the library it resolved to.
   TempDir dir;
-  auto server = ServerProcess::Start("sluice-coordinator", dir.path(),
+  auto server = testing::StartServer("sluice-coordinator", dir.path(),
                                      {"--wait_for_data_servers=false"});
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_THAT(ReadWholeFile(server->log_path).value_or(""),
@@ -127,7 +127,7 @@ TEST_P(ServerBootstrapTest, BadListenFlagExitsNonZeroNamingTheFlag) {
   auto child = ChildProcess::Start(
       {testing::BinDir() + "/" + GetParam().binary, "--listen=nonsense"}, log);
   ASSERT_TRUE(child.ok());
-  auto exit_code = child->WaitForExit(absl::Seconds(10));
+  auto exit_code = child->Wait(absl::Seconds(10));
   ASSERT_TRUE(exit_code.ok()) << exit_code.status();
   EXPECT_EQ(*exit_code, 2);
   EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("--listen=nonsense"));
@@ -143,7 +143,7 @@ TEST_P(ServerBootstrapTest, UnknownFlagExitsTwoNamingIt) {
     auto child = ChildProcess::Start(
         {testing::BinDir() + "/" + GetParam().binary, flag}, log);
     ASSERT_TRUE(child.ok());
-    auto exit_code = child->WaitForExit(absl::Seconds(10));
+    auto exit_code = child->Wait(absl::Seconds(10));
     ASSERT_TRUE(exit_code.ok());
     EXPECT_EQ(*exit_code, 2) << flag;
     const std::string name = std::string(flag).substr(
@@ -158,7 +158,7 @@ TEST_P(ServerBootstrapTest, UnknownFlagExitsTwoNamingIt) {
                                     "--notune_malloc", "--listen=nonsense"},
                                    log);
   ASSERT_TRUE(child.ok());
-  auto exit_code = child->WaitForExit(absl::Seconds(10));
+  auto exit_code = child->Wait(absl::Seconds(10));
   ASSERT_TRUE(exit_code.ok());
   // Past the flag check: the bad --listen is what fails.
   EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("--listen=nonsense"));
@@ -170,7 +170,7 @@ TEST_P(ServerBootstrapTest, HelpDescribesEveryServerFlag) {
   auto child = ChildProcess::Start(
       {testing::BinDir() + "/" + GetParam().binary, "--help"}, log);
   ASSERT_TRUE(child.ok());
-  ASSERT_TRUE(child->WaitForExit(absl::Seconds(10)).ok());
+  ASSERT_TRUE(child->Wait(absl::Seconds(10)).ok());
   const std::string help = ReadWholeFile(log).value_or("");
   for (const char* flag :
        {"--listen", "--port_file", "--metrics_listen", "--tls_cert",
@@ -226,7 +226,7 @@ TEST(ServerFlagsTest, BadFleetAndPoolFlagsExitTwoNamingThem) {
     const std::string log = dir.File("flags" + std::to_string(n++) + ".log");
     auto child = ChildProcess::Start(argv, log);
     ASSERT_TRUE(child.ok());
-    auto exit_code = child->WaitForExit(absl::Seconds(10));
+    auto exit_code = child->Wait(absl::Seconds(10));
     ASSERT_TRUE(exit_code.ok()) << c.named;
     EXPECT_EQ(*exit_code, 2) << c.named;
     EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr(c.named));
@@ -237,7 +237,7 @@ TEST(ServerTlsTest, TlsAcceptsTrustingClientsAndRefusesPlaintext) {
   TempDir dir;
   auto pki = testing::MakeTestPki(dir.path());
   ASSERT_TRUE(pki.ok()) << pki.status();
-  auto server = ServerProcess::Start(
+  auto server = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {"--tls_cert=" + pki->server_cert, "--tls_key=" + pki->server_key});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -254,7 +254,7 @@ TEST(ServerTlsTest, MutualTlsRefusesClientsWithoutACertificate) {
   TempDir dir;
   auto pki = testing::MakeTestPki(dir.path());
   ASSERT_TRUE(pki.ok()) << pki.status();
-  auto server = ServerProcess::Start(
+  auto server = testing::StartServer(
       "sluice-dataserver", dir.path(),
       {"--tls_cert=" + pki->server_cert, "--tls_key=" + pki->server_key,
        "--tls_client_ca=" + pki->ca_cert});
@@ -278,7 +278,7 @@ TEST(ServerTlsTest, TlsFlagsMustComeTogether) {
        "--tls_cert=/nonexistent.pem"},
       log);
   ASSERT_TRUE(child.ok());
-  auto exit_code = child->WaitForExit(absl::Seconds(10));
+  auto exit_code = child->Wait(absl::Seconds(10));
   ASSERT_TRUE(exit_code.ok());
   EXPECT_EQ(*exit_code, 2);
   EXPECT_THAT(ReadWholeFile(log).value_or(""), HasSubstr("--tls_key"));

@@ -45,7 +45,7 @@ CtlRun Ctl(const TempDir& dir, std::vector<std::string> args,
   auto child = ChildProcess::Start(args, log);
   CtlRun run;
   if (!child.ok()) return run;
-  auto code = child->WaitForExit(timeout);
+  auto code = child->Wait(timeout);
   run.took = absl::Now() - start;
   run.code = code.ok() ? *code : -1;
   run.output = testing::ReadWholeFile(log).value_or("");
@@ -274,7 +274,7 @@ TEST(SluicectlTest, UpHaKeepsServingWhenTheLeadingCoordinatorDies) {
   EXPECT_THAT(after.output,
               ::testing::ContainsRegex(addresses[1] + " +leader"));
   up->Signal(SIGTERM);
-  auto code = up->WaitForExit(absl::Seconds(60));
+  auto code = up->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0) << testing::ReadWholeFile(log).value_or("");
   EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),
@@ -330,7 +330,7 @@ TEST(SluicectlTest, UpOnAllInterfacesServesOtherNodes) {
     lines += absl::StartsWith(l, "{\"epoch\":0,");
   EXPECT_EQ(lines, 7);
   up->Signal(SIGTERM);
-  auto code = up->WaitForExit(absl::Seconds(60));
+  auto code = up->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0);
 }
@@ -378,11 +378,11 @@ TEST(SluicectlTest, HealthWaitReturnsOnceTheServerIsReady) {
                            "--service=readiness", "--wait", "--timeout=60s"},
                           log);
   ASSERT_TRUE(waiting.ok());
-  auto coordinator = ServerProcess::Start(
+  auto coordinator = testing::StartServer(
       "sluice-coordinator", dir.path(),
       {absl::StrCat("--listen=", address), "--journal_dir=" + dir.File("j")});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto code = waiting->WaitForExit(absl::Seconds(60));
+  auto code = waiting->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0);
   EXPECT_THAT(testing::ReadWholeFile(log).value_or(""),

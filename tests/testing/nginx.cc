@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<Nginx>> Nginx::Start(
 Nginx::~Nginx() {
   if (process_.pid() > 0 && process_.running()) {
     process_.Signal(SIGTERM);  // fast shutdown of master and workers
-    if (!process_.WaitForExit(absl::Seconds(10)).ok()) process_.Kill();
+    if (!process_.Wait(absl::Seconds(10)).ok()) process_.Kill();
   }
 }
 

@@ -42,28 +42,13 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
   return child;
 }
 
-absl::StatusOr<int> ChildProcess::WaitForExit(absl::Duration timeout) {
-  if (pid() <= 0) return absl::FailedPreconditionError("not started");
-  return process_.Wait(timeout);
-}
-
-void ChildProcess::Kill() {
-  if (!running()) return;
-  process_.Signal(SIGKILL);
-  (void)process_.Wait(absl::InfiniteDuration());
-}
-
-absl::StatusOr<ServerProcess> ServerProcess::Start(
+absl::StatusOr<ServerProcess> StartServer(
     const std::string& binary, const std::string& dir,
     const std::vector<std::string>& extra_args, absl::Duration timeout) {
   static int counter = 0;
   const std::string tag = absl::StrCat(binary, "-", counter++);
-  const std::string port_file = absl::StrCat(dir, "/", tag, ".ports");
-  ServerProcess server;
-  server.log_path = absl::StrCat(dir, "/", tag, ".log");
-  std::vector<std::string> argv = {
-      BinDir() + "/" + binary, "--listen=127.0.0.1:0",
-      "--metrics_listen=127.0.0.1:0", "--port_file=" + port_file};
+  std::vector<std::string> argv = {BinDir() + "/" + binary,
+                                   "--listen=127.0.0.1:0"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   // A coordinator keeps its journal inside the test's directory unless the
   // test names one (e.g. to restart on the same journal).
@@ -81,28 +66,8 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(
           [](const std::string& a) { return a.rfind("--roots=", 0) == 0; })) {
     argv.push_back(absl::StrCat("--roots=", dir));
   }
-  auto child = ChildProcess::Start(argv, server.log_path);
-  if (!child.ok()) return child.status();
-  server.process = std::move(*child);
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    if (auto text = ReadWholeFile(port_file)) {
-      auto kv = ParseKeyValueFile(*text);
-      server.grpc_address = kv["grpc"];
-      server.metrics_address = kv["metrics"];
-      return server;
-    }
-    if (!server.process.running()) {
-      return absl::UnavailableError(
-          absl::StrCat(binary, " exited before listening; log:\n",
-                       ReadWholeFile(server.log_path).value_or("")));
-    }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(binary +
-                                         " wrote no port file in time");
-    }
-    absl::SleepFor(absl::Milliseconds(5));  // polling the port file
-  }
+  return cli::StartServer(argv, absl::StrCat(dir, "/", tag, ".ports"),
+                          absl::StrCat(dir, "/", tag, ".log"), timeout);
 }
 
 }  // namespace sluice::testing

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/cli/local_cluster.h"
 #include "client/cli/subprocess.h"
 
 namespace sluice::testing {
@@ -41,33 +42,34 @@ class ChildProcess {
   ~ChildProcess() = default;  // SIGKILLs and reaps a child still running
 
   pid_t pid() const { return process_.pid(); }
-  bool running() { return pid() > 0 && !process_.Poll().has_value(); }
+  bool running() { return process_.running(); }
   void Signal(int signo) { process_.Signal(signo); }
-  // Waits for exit; returns the exit code, or 128+signal when killed, or
-  // DEADLINE_EXCEEDED.
-  absl::StatusOr<int> WaitForExit(absl::Duration timeout);
+  // Waits for exit; returns the exit code, or 128+signal when killed,
+  // DEADLINE_EXCEEDED, or FAILED_PRECONDITION for an empty handle.
+  absl::StatusOr<int> Wait(absl::Duration timeout) {
+    return process_.Wait(timeout);
+  }
   // SIGKILL and reap.
-  void Kill();
+  void Kill() { process_.Kill(); }
 
  private:
   cli::Subprocess process_;
 };
 
-// A Sluice server binary started with --listen=127.0.0.1:0,
-// --metrics_listen=127.0.0.1:0 and --port_file in `dir`, plus `extra_args`.
-struct ServerProcess {
-  ChildProcess process;
-  std::string grpc_address;     // "127.0.0.1:PORT"
-  std::string metrics_address;  // "127.0.0.1:PORT"
-  std::string log_path;
+// A server binary with its addresses (cli::ServerProcess, the type
+// cli::LocalCluster's members have).
+using ServerProcess = cli::ServerProcess;
 
-  // Starts the binary named `binary` (e.g. "sluice-coordinator") and waits
-  // until its port file appears (or it exits, or `timeout` passes).
-  static absl::StatusOr<ServerProcess> Start(
-      const std::string& binary, const std::string& dir,
-      const std::vector<std::string>& extra_args = {},
-      absl::Duration timeout = absl::Seconds(20));
-};
+// Starts build/bin/`binary` (e.g. "sluice-coordinator") with
+// --listen=127.0.0.1:0, --metrics_listen=127.0.0.1:0 and --port_file in
+// `dir`, plus `extra_args` (which win), and waits until its port file
+// appears (or it exits, or `timeout` passes). A coordinator keeps its
+// journal in `dir` unless --journal_dir is given; a data server serves `dir`
+// unless --roots is given. Its output goes to a log in `dir` (log_path).
+absl::StatusOr<ServerProcess> StartServer(
+    const std::string& binary, const std::string& dir,
+    const std::vector<std::string>& extra_args = {},
+    absl::Duration timeout = absl::Seconds(20));
 
 }  // namespace sluice::testing
 
