@@ -500,39 +500,54 @@ void CoordinatorService::DeleteJob(const std::string& name, StatusReply done) {
   absl::Status refused;
   {
     ServiceLock lock(this);
-    const JobData* job = state_.FindJob(name);
-    if (job == nullptr) {
+    if (state_.FindJob(name) == nullptr) {
       refused = absl::NotFoundError(
           absl::StrCat("job ", QuotePrefix(name), " not found"));
     } else {
-      for (const auto& [id, lease] : job->leases) {
-        if (auto removed = leases_.Remove(id); !removed.ok()) {
-          LogError("lease table out of step with the journal: %s",
-                   removed.status().ToString());
-        }
+      // The copies first: a journal failure part way leaves the job itself,
+      // and deleting it again finishes the work.
+      std::vector<std::string> doomed;
+      for (const auto& [other, job] : state_.jobs()) {
+        if (IsCopyJobName(other, name)) doomed.push_back(other);
       }
+      doomed.push_back(name);
       Effects fx;
-      JournalRecord record;
-      record.mutable_job_deleted()->set_job(name);
-      refused = CommitLocked(std::move(record), fx);
+      for (const std::string& job_name : doomed) {
+        refused = DeleteJobLocked(job_name, fx);
+        if (!refused.ok()) break;
+      }
       if (refused.ok()) {
-        queues_.Erase(name);
-        runtime_.erase(name);
-        for (int64_t id : sessions_.OpenIds(name, /*wanting=*/false)) {
-          FinishSessionLocked(
-              *sessions_.Find(id),
-              absl::NotFoundError(absl::StrCat("job ", name, " was deleted")),
-              fx);
-        }
-        if (options_.metrics != nullptr) options_.metrics->RemoveJob(name);
         UpdateGaugesLocked();
         fx.replies.push_back(done);
-        SubmitLocked(fx);
       }
+      SubmitLocked(fx);
     }
   }
   if (!refused.ok()) return done(refused);
   DeliverReady();
+}
+
+absl::Status CoordinatorService::DeleteJobLocked(const std::string& name,
+                                                 Effects& fx) {
+  const JobData* job = state_.FindJob(name);
+  for (const auto& [id, lease] : job->leases) {
+    if (auto removed = leases_.Remove(id); !removed.ok()) {
+      LogError("lease table out of step with the journal: %s",
+               removed.status().ToString());
+    }
+  }
+  JournalRecord record;
+  record.mutable_job_deleted()->set_job(name);
+  RETURN_IF_ERROR(CommitLocked(std::move(record), fx));
+  queues_.Erase(name);
+  runtime_.erase(name);
+  for (int64_t id : sessions_.OpenIds(name, /*wanting=*/false)) {
+    FinishSessionLocked(
+        *sessions_.Find(id),
+        absl::NotFoundError(absl::StrCat("job ", name, " was deleted")), fx);
+  }
+  if (options_.metrics != nullptr) options_.metrics->RemoveJob(name);
+  return absl::OkStatus();
 }
 
 absl::Status CoordinatorService::DeleteJob(const std::string& name) {

@@ -166,6 +166,9 @@ class CoordinatorService {
                                  bool include_manifest);
   void ListJobs(JobsReply done);
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
+  // Deletes the job and its copies for other world sizes (CopyJobName:
+  // "<name>.w<N>", made for elastic runs), each with its leases and
+  // sessions.
   void DeleteJob(const std::string& name, StatusReply done);
   absl::Status DeleteJob(const std::string& name);
   // The samples one reader acknowledged in an epoch (audit.h), once the
@@ -320,6 +323,9 @@ class CoordinatorService {
 
   // Journals and applies one record (under mu_).
   absl::Status CommitLocked(v1::internal::JournalRecord record, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes one existing job: its leases, record, queues and sessions.
+  absl::Status DeleteJobLocked(const std::string& name, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Effects leave in the order they were decided (durable_outbox.h):
   // SubmitLocked queues them under mu_, DeliverReady (after releasing mu_)

@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/common/mix_order.h"
@@ -436,6 +437,15 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& in,
 
 std::string CopyJobName(absl::string_view job, int32_t world_size) {
   return absl::StrCat(job, ".w", world_size);
+}
+
+bool IsCopyJobName(absl::string_view name, absl::string_view job) {
+  if (!absl::ConsumePrefix(&name, job) || !absl::ConsumePrefix(&name, ".w"))
+    return false;
+  int32_t world_size = 0;
+  // CopyJobName's spelling only: "x.w03" or "x.w+3" is a job of its own.
+  return absl::SimpleAtoi(name, &world_size) && world_size >= 1 &&
+         absl::StrCat(world_size) == name;
 }
 
 absl::Status CheckCopyRequest(const v1::CreateJobRequest& request) {

@@ -46,6 +46,9 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(const v1::JobSpec& spec,
 // (CreateJobRequest.copy_of): "<job>.w<world_size>".
 std::string CopyJobName(absl::string_view job, int32_t world_size);
 
+// Whether `name` is CopyJobName(`job`, N) for some N >= 1.
+bool IsCopyJobName(absl::string_view name, absl::string_view job);
+
 // A CreateJobRequest with copy_of: OK when its spec holds nothing but name
 // and world_size (INVALID_ARGUMENT naming the first other field set, or an
 // empty name).

@@ -292,6 +292,50 @@ TEST(CoordinatorResumeTest, AnotherWorldSizeRebalancesTheRestOfTheEpoch) {
   EXPECT_EQ(after.status().DebugString(), before.status().DebugString());
 }
 
+// Deleting a job deletes its copies for other world sizes with it (the
+// "<job>.w<N>" jobs elastic runs make), ending their sessions, and nothing
+// else: jobs whose names only look alike stay. A restart over the journal
+// agrees.
+TEST(CoordinatorResumeTest, DeletingAJobDeletesItsCopiesAndOnlyThem) {
+  testing::TempDir dir;
+  FakeClock clock;
+  CoordinatorOptions options = JournaledOptions(&clock);
+  auto created = CreateJournaled(options, dir.path());
+  ASSERT_OK(created);
+  CoordinatorService& service = **created;
+  ASSERT_OK(service.CreateJob(Spec("four", {11, 3}, 4, 1)));
+  const std::vector<std::string> others = {"four.wide", "four.w03",
+                                           "fourth.w3"};
+  for (const std::string& name : others)
+    ASSERT_OK(service.CreateJob(Spec(name, {5}, 1, 1)));
+  ASSERT_OK(service.CopyJob("four", "four.w3", 3));
+  ASSERT_OK(service.CopyJob("four", "four.w2", 2));
+  SimTrainer on_copy(service, "four.w3", 0, "c0");
+  ASSERT_FALSE(on_copy.held.empty());
+
+  ASSERT_OK(service.DeleteJob("four"));
+  service.Flush();
+  ASSERT_TRUE(on_copy.sink->finished.has_value());
+  EXPECT_THAT(*on_copy.sink->finished,
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("job four.w3 was deleted")));
+  auto deleted = [](CoordinatorService& s) {
+    for (const char* name : {"four", "four.w3", "four.w2"}) {
+      EXPECT_THAT(s.GetJob(name, false),
+                  StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+    }
+  };
+  deleted(service);
+  for (const std::string& name : others) EXPECT_OK(service.GetJob(name, false));
+
+  created->reset();
+  auto restarted = CreateJournaled(options, dir.path());
+  ASSERT_OK(restarted);
+  deleted(**restarted);
+  for (const std::string& name : others)
+    EXPECT_OK((*restarted)->GetJob(name, false));
+}
+
 // An elastic run: 4 ranks, then 3 (a node left: the job's copy for 3 ranks
 // resumes from the 4-rank checkpoint), then 4 again (the job itself resumes
 // from the copy's checkpoint). Every sample of the epoch is trained at most
