@@ -129,13 +129,8 @@ void ReaderImpl::RunSession() {
       return done.Wait();
     };
     {
-      absl::MutexLock lock(&write_mu_);
-      stream_ = stream.get();
-    }
-    {
       absl::MutexLock lock(&mu_);
       if (closing_) ctx.TryCancel();
-      stream_open_ = true;
     }
     TrainerMessage hello;
     hello.mutable_hello()->set_job(options_.job);
@@ -157,17 +152,35 @@ void ReaderImpl::RunSession() {
       absl::MutexLock lock(&mu_);
       want.mutable_want()->set_credits(credits_);
     }
+    // The Hello is written before the stream is published to the other
+    // writers (reports, Syncs, Want): a Progress the maintenance thread
+    // flushed first on a new stream would end it at the coordinator ("the
+    // first message must be Hello").
+    bool hello_written = false;
+    {
+      absl::MutexLock lock(&write_mu_);
+      if (started_ok) {
+        {
+          absl::MutexLock state(&mu_);
+          hold_.HelloSent();
+        }
+        WaitTag written;
+        stream->Write(hello, TagOf(&written));
+        hello_written = written.Wait();
+      }
+      stream_ = stream.get();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      stream_open_ = true;
+    }
     bool welcomed = false;
     if (started_ok) {
       // A write fails when the coordinator has already ended the stream (a
       // finished job: Welcome, JobDone, OK right after the Hello). Its
       // messages are read all the same: they say why, and Finish() waits
       // for every incoming message to be read.
-      {
-        absl::MutexLock lock(&mu_);
-        hold_.HelloSent();
-      }
-      if (Send(hello)) Send(want);
+      if (hello_written) Send(want);
       CoordinatorMessage m;
       while (read(&m)) {
         if (m.has_welcome() && !welcomed) {
