@@ -13,6 +13,7 @@ extern "C" {
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace sluice::dataserver {
 namespace {
@@ -521,6 +522,25 @@ void TruncatedEnds(int in, int out, int* low, int* high) {
   }
 }
 
+// Whether resize step `i` of `geometry`, on `image`, needs PIL's exact
+// edge pixels: not when a crop right after it drops every edge pixel
+// (Resize + CenterCrop).
+bool ExactEdgesNeeded(const ImageBuffer& image, const Geometry& geometry,
+                      size_t i) {
+  if (i + 1 >= geometry.steps.size() ||
+      geometry.steps[i + 1].kind != GeometryStep::Kind::kCrop) {
+    return true;
+  }
+  const GeometryStep& s = geometry.steps[i];
+  const GeometryStep& crop = geometry.steps[i + 1];
+  int x_low, x_high, y_low, y_high;
+  TruncatedEnds(image.width, s.width, &x_low, &x_high);
+  TruncatedEnds(image.height, s.height, &y_low, &y_high);
+  return !(crop.left >= x_low && crop.top >= y_low &&
+           crop.left + crop.width <= s.width - x_high &&
+           crop.top + crop.height <= s.height - y_high);
+}
+
 template <typename T>
 T RoundClip(float v, float max_value) {
   return static_cast<T>(std::min(max_value, std::max(0.0f, v + 0.5f)));
@@ -533,7 +553,9 @@ T RoundClip(float v, float max_value) {
 // pixel, up to 16 levels away on the outermost rows and columns; the
 // interior is libswscale's (within a level or two of PIL's).
 template <typename T>
-void MatchPilAtEdgesOf(const ImageBuffer& in, ImageBuffer* out) {
+void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
+                       const ImageBuffer& out_shape) {
+  const ImageBuffer* out = &out_shape;
   const int c = in.channels, w = out->width, h = out->height;
   const float max_value = sizeof(T) == 2 ? 65535.0f : 255.0f;
   int x_low, x_high, y_low, y_high;
@@ -549,7 +571,7 @@ void MatchPilAtEdgesOf(const ImageBuffer& in, ImageBuffer* out) {
     return reinterpret_cast<const T*>(in.data + y * in.stride);
   };
   auto out_row = [&](int y) {
-    return reinterpret_cast<T*>(out->owner.get() + y * out->stride);
+    return reinterpret_cast<T*>(out_data + y * out->stride);
   };
   // The horizontal pass of source row `sy` at output column x, rounded.
   auto horizontal = [&](int sy, int x, int ch) {
@@ -610,12 +632,106 @@ void MatchPilAtEdgesOf(const ImageBuffer& in, ImageBuffer* out) {
   }
 }
 
-void MatchPilAtEdges(const ImageBuffer& in, ImageBuffer* out) {
+// `out_data`: the writable samples of `out` (its shape and stride).
+void MatchPilAtEdges(const ImageBuffer& in, uint8_t* out_data,
+                     const ImageBuffer& out) {
   if (in.sample_bytes == 2) {
-    MatchPilAtEdgesOf<uint16_t>(in, out);
+    MatchPilAtEdgesOf<uint16_t>(in, out_data, out);
   } else {
-    MatchPilAtEdgesOf<uint8_t>(in, out);
+    MatchPilAtEdgesOf<uint8_t>(in, out_data, out);
   }
+}
+
+// One buffer of `channels` planes of width x height samples, packed one
+// after another (CHW), and a view of each plane.
+struct Planes {
+  std::shared_ptr<uint8_t> owner;
+  std::vector<ImageBuffer> planes;
+};
+
+Planes AllocatePlanes(int width, int height, int channels, int sample_bytes) {
+  ImageBuffer all = AllocateImage(width, height * channels, 1, sample_bytes);
+  Planes out;
+  out.owner = all.owner;
+  const size_t plane = static_cast<size_t>(width) * height * sample_bytes;
+  for (int ch = 0; ch < channels; ++ch) {
+    ImageBuffer p = all;
+    p.data = all.data + ch * plane;
+    p.height = height;
+    out.planes.push_back(p);
+  }
+  return out;
+}
+
+// `image`'s channels as planes (libyuv's SIMD split for 8-bit RGB and
+// RGBA).
+Planes SplitPlanes(const ImageBuffer& image) {
+  const int c = image.channels, sb = image.sample_bytes;
+  const int w = image.width, h = image.height;
+  Planes out = AllocatePlanes(w, h, c, sb);
+  auto at = [&out](int ch) {
+    return const_cast<uint8_t*>(out.planes[ch].data);
+  };
+  const int stride = static_cast<int>(image.stride);
+  if (sb == 1 && c == 3) {
+    libyuv::SplitRGBPlane(image.data, stride, at(0), w, at(1), w, at(2), w, w,
+                          h);
+  } else if (sb == 1 && c == 4) {
+    // libyuv's ARGB is bytes B, G, R, A: its "R" plane is byte 2.
+    libyuv::SplitARGBPlane(image.data, stride, at(2), w, at(1), w, at(0), w,
+                           at(3), w, w, h);
+  } else {
+    for (int ch = 0; ch < c; ++ch) {
+      for (int y = 0; y < h; ++y) {
+        const uint8_t* row = image.data + y * image.stride + ch * sb;
+        uint8_t* d = at(ch) + static_cast<size_t>(y) * w * sb;
+        for (int x = 0; x < w; ++x)
+          std::memcpy(d + x * sb, row + x * c * sb, sb);
+      }
+    }
+  }
+  return out;
+}
+
+// Antialiased bilinear resize of `image` (at least 2x2) to width x height,
+// written as one plane per channel: libswscale on each plane (GRAY8 /
+// GRAY16LE: no colour conversion, any channel count). SWS_BILINEAR widens
+// its filter by the downscaling factor: antialiased, as PIL's and
+// torchvision's bilinear. With `exact_edges`, the pixels whose filter an
+// edge cuts off are then PIL's.
+absl::StatusOr<std::vector<ImageBuffer>> ResizeToPlanes(
+    const ImageBuffer& image, int width, int height, bool exact_edges) {
+  thread_local SwsCache cache;
+  const AVPixelFormat format =
+      image.sample_bytes == 2 ? AV_PIX_FMT_GRAY16LE : AV_PIX_FMT_GRAY8;
+  cache.context = sws_getCachedContext(
+      cache.context, image.width, image.height, format, width, height, format,
+      SWS_BILINEAR | SWS_ACCURATE_RND, nullptr, nullptr, nullptr);
+  if (cache.context == nullptr) {
+    return absl::InternalError(absl::StrCat("libswscale cannot resize ",
+                                            image.width, "x", image.height,
+                                            " to ", width, "x", height));
+  }
+  const int c = image.channels;
+  Planes in;
+  if (c == 1) {
+    in.planes.push_back(image);
+  } else {
+    in = SplitPlanes(image);
+  }
+  Planes out = AllocatePlanes(width, height, c, image.sample_bytes);
+  for (int ch = 0; ch < c; ++ch) {
+    const ImageBuffer& from = in.planes[ch];
+    const ImageBuffer& to = out.planes[ch];
+    uint8_t* to_data = const_cast<uint8_t*>(to.data);  // out owns it
+    const uint8_t* src[1] = {from.data};
+    const int src_stride[1] = {static_cast<int>(from.stride)};
+    uint8_t* dst[1] = {to_data};
+    const int dst_stride[1] = {static_cast<int>(to.stride)};
+    sws_scale(cache.context, src, src_stride, 0, from.height, dst, dst_stride);
+    if (exact_edges) MatchPilAtEdges(from, to_data, to);
+  }
+  return std::move(out.planes);
 }
 
 }  // namespace
@@ -643,82 +759,29 @@ absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
       image.height < 2) {
     return ResizeNearest(image, width, height);
   }
-  // libswscale, one channel plane at a time (GRAY8 / GRAY16LE: no colour
-  // conversion, any channel count). SWS_BILINEAR widens its filter by the
-  // downscaling factor: antialiased, as PIL's and torchvision's bilinear.
-  thread_local SwsCache cache;
-  const AVPixelFormat format =
-      image.sample_bytes == 2 ? AV_PIX_FMT_GRAY16LE : AV_PIX_FMT_GRAY8;
-  cache.context = sws_getCachedContext(
-      cache.context, image.width, image.height, format, width, height, format,
-      SWS_BILINEAR | SWS_ACCURATE_RND, nullptr, nullptr, nullptr);
-  if (cache.context == nullptr) {
-    return absl::InternalError(absl::StrCat("libswscale cannot resize ",
-                                            image.width, "x", image.height,
-                                            " to ", width, "x", height));
-  }
+  ASSIGN_OR_RETURN(const std::vector<ImageBuffer> p,
+                   ResizeToPlanes(image, width, height, exact_edges));
   const int c = image.channels;
   const int sb = image.sample_bytes;
+  if (c == 1) return p[0];
+  // Merged with libyuv (SIMD) for 8-bit RGB and RGBA.
   ImageBuffer out = AllocateImage(width, height, c, sb);
-  if (c == 1) {
-    const uint8_t* src[1] = {image.data};
-    const int src_stride[1] = {static_cast<int>(image.stride)};
-    uint8_t* dst[1] = {out.owner.get()};
-    const int dst_stride[1] = {static_cast<int>(out.stride)};
-    sws_scale(cache.context, src, src_stride, 0, image.height, dst, dst_stride);
-    if (exact_edges) MatchPilAtEdges(image, &out);
-    return out;
-  }
-  // Planes: split and merged with libyuv (SIMD) for 8-bit RGB and RGBA.
-  const size_t in_plane = static_cast<size_t>(image.width) * image.height * sb;
-  const size_t out_plane = static_cast<size_t>(width) * height * sb;
-  std::unique_ptr<uint8_t[]> planes(new uint8_t[(in_plane + out_plane) * c]);
-  uint8_t* in_p[4];
-  uint8_t* out_p[4];
-  for (int ch = 0; ch < c && ch < 4; ++ch) {
-    in_p[ch] = planes.get() + ch * in_plane;
-    out_p[ch] = planes.get() + c * in_plane + ch * out_plane;
-  }
-  const int iw = image.width, ih = image.height;
-  if (sb == 1 && c == 3) {
-    libyuv::SplitRGBPlane(image.data, static_cast<int>(image.stride), in_p[0],
-                          iw, in_p[1], iw, in_p[2], iw, iw, ih);
-  } else if (sb == 1 && c == 4) {
-    libyuv::SplitARGBPlane(image.data, static_cast<int>(image.stride), in_p[0],
-                           iw, in_p[1], iw, in_p[2], iw, in_p[3], iw, iw, ih);
-  } else {
-    for (int ch = 0; ch < c; ++ch) {
-      for (int y = 0; y < ih; ++y) {
-        const uint8_t* row = image.data + y * image.stride + ch * sb;
-        uint8_t* d = in_p[ch] + static_cast<size_t>(y) * iw * sb;
-        for (int x = 0; x < iw; ++x)
-          std::memcpy(d + x * sb, row + x * c * sb, sb);
-      }
-    }
-  }
-  for (int ch = 0; ch < c; ++ch) {
-    const uint8_t* src[1] = {in_p[ch]};
-    const int src_stride[1] = {iw * sb};
-    uint8_t* dst[1] = {out_p[ch]};
-    const int dst_stride[1] = {width * sb};
-    sws_scale(cache.context, src, src_stride, 0, ih, dst, dst_stride);
-  }
   uint8_t* o = out.owner.get();
   if (sb == 1 && c == 3) {
-    libyuv::MergeRGBPlane(out_p[0], width, out_p[1], width, out_p[2], width, o,
-                          static_cast<int>(out.stride), width, height);
+    libyuv::MergeRGBPlane(p[0].data, width, p[1].data, width, p[2].data, width,
+                          o, static_cast<int>(out.stride), width, height);
   } else if (sb == 1 && c == 4) {
-    libyuv::MergeARGBPlane(out_p[0], width, out_p[1], width, out_p[2], width,
-                           out_p[3], width, o, static_cast<int>(out.stride),
+    // libyuv's ARGB is bytes B, G, R, A: its "R" plane is byte 2.
+    libyuv::MergeARGBPlane(p[2].data, width, p[1].data, width, p[0].data, width,
+                           p[3].data, width, o, static_cast<int>(out.stride),
                            width, height);
   } else {
     for (int ch = 0; ch < c; ++ch) {
       for (size_t i = 0, n = static_cast<size_t>(width) * height; i < n; ++i) {
-        std::memcpy(o + (i * c + ch) * sb, out_p[ch] + i * sb, sb);
+        std::memcpy(o + (i * c + ch) * sb, p[ch].data + i * sb, sb);
       }
     }
   }
-  if (exact_edges) MatchPilAtEdges(image, &out);
   return out;
 }
 
@@ -757,6 +820,92 @@ ImageBuffer Mirror8(const ImageBuffer& image) {
 
 }  // namespace
 
+void ImageTransforms::WriteFloats(const uint8_t* bytes, int c, size_t plane,
+                                  uint8_t* out) const {
+  // torchvision: ToTensor divides by 255, Normalize subtracts the mean and
+  // divides by the std.
+  for (int ch = 0; ch < c; ++ch) {
+    const float m = mean_.empty() ? 0.0f : mean_[ch];
+    const float sd = std_.empty() ? 1.0f : std_[ch];
+    // CHW: channel ch is one plane; HWC: every c-th value from ch.
+    const size_t begin = chw_ ? ch * plane : ch;
+    const size_t step_size = chw_ ? 1 : c;
+    if (half_) {
+      auto* f = reinterpret_cast<uint16_t*>(out);
+      for (size_t i = 0; i < plane; ++i) {
+        const size_t at = begin + i * step_size;
+        f[at] = FloatToHalf((bytes[at] / 255.0f - m) / sd);
+      }
+    } else {
+      auto* f = reinterpret_cast<float*>(out);
+      for (size_t i = 0; i < plane; ++i) {
+        const size_t at = begin + i * step_size;
+        f[at] = (bytes[at] / 255.0f - m) / sd;
+      }
+    }
+  }
+}
+
+absl::StatusOr<DecodedField> ImageTransforms::OutputPlanes(
+    const std::vector<ImageBuffer>& planes, const Geometry& geometry) const {
+  const int c = static_cast<int>(planes.size());
+  const int w = planes[0].width, h = planes[0].height;
+  const size_t plane = static_cast<size_t>(w) * h;
+  const size_t count = plane * c;
+  DecodedField field;
+  field.kind = DecodedField::Kind::kTensor;
+  field.shape = {c, h, w};
+  if (!mean_.empty() && static_cast<int>(mean_.size()) != c) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode.to_float.mean has ", mean_.size(),
+                     " values for an image of ", c, " channels"));
+  }
+  // The resize's own planes, uncropped and unflipped: handed over as they
+  // are.
+  bool as_is =
+      !to_float_ && !geometry.flip_horizontal && !geometry.flip_vertical;
+  for (int ch = 0; ch < c && as_is; ++ch) {
+    as_is = planes[ch].stride == static_cast<size_t>(w) &&
+            planes[ch].data == planes[0].data + ch * plane;
+  }
+  if (as_is) {
+    field.dtype = v1::DTYPE_UINT8;
+    field.bytes.bytes =
+        absl::string_view(reinterpret_cast<const char*>(planes[0].data), count);
+    field.bytes.owner = planes[0].owner;
+    return field;
+  }
+  const int out_bytes = to_float_ ? (half_ ? 2 : 4) : 1;
+  field.dtype = to_float_ ? (half_ ? v1::DTYPE_FLOAT16 : v1::DTYPE_FLOAT32)
+                          : v1::DTYPE_UINT8;
+  std::shared_ptr<uint8_t> out(new uint8_t[count * out_bytes],
+                               std::default_delete<uint8_t[]>());
+  std::unique_ptr<uint8_t[]> staging;
+  uint8_t* bytes = out.get();
+  if (to_float_) {
+    staging.reset(new uint8_t[count]);
+    bytes = staging.get();
+  }
+  // libyuv: a negative height writes the rows bottom-up.
+  const int signed_h = geometry.flip_vertical ? -h : h;
+  for (int ch = 0; ch < c; ++ch) {
+    const ImageBuffer& p = planes[ch];
+    uint8_t* dst = bytes + ch * plane;
+    if (geometry.flip_horizontal) {
+      libyuv::MirrorPlane(p.data, static_cast<int>(p.stride), dst, w, w,
+                          signed_h);
+    } else {
+      libyuv::CopyPlane(p.data, static_cast<int>(p.stride), dst, w, w,
+                        signed_h);
+    }
+  }
+  if (to_float_) WriteFloats(bytes, c, plane, out.get());
+  field.bytes.bytes = absl::string_view(
+      reinterpret_cast<const char*>(out.get()), count * out_bytes);
+  field.bytes.owner = std::move(out);
+  return field;
+}
+
 absl::StatusOr<DecodedField> ImageTransforms::Finish(
     ImageBuffer image, const Geometry& geometry, size_t first,
     Interpolation interpolation, TransformTimes* times) const {
@@ -764,33 +913,56 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
   auto since = [](Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
-  for (size_t i = first; i < geometry.steps.size(); ++i) {
+  auto run_step = [&](size_t i) -> absl::Status {
     const GeometryStep& s = geometry.steps[i];
     const Clock::time_point started = Clock::now();
     if (s.kind == GeometryStep::Kind::kCrop) {
       image = CropImage(image, s.left, s.top, s.width, s.height);
       if (times != nullptr) times->crop += since(started);
-    } else {
-      // A crop right after that drops every edge pixel: the edges' exact
-      // values are not needed (Resize + CenterCrop).
-      bool exact_edges = true;
-      if (i + 1 < geometry.steps.size() &&
-          geometry.steps[i + 1].kind == GeometryStep::Kind::kCrop) {
-        const GeometryStep& crop = geometry.steps[i + 1];
-        int x_low, x_high, y_low, y_high;
-        TruncatedEnds(image.width, s.width, &x_low, &x_high);
-        TruncatedEnds(image.height, s.height, &y_low, &y_high);
-        exact_edges = !(crop.left >= x_low && crop.top >= y_low &&
-                        crop.left + crop.width <= s.width - x_high &&
-                        crop.top + crop.height <= s.height - y_high);
-      }
-      auto resized =
-          ResizeImage(image, s.width, s.height, interpolation, exact_edges);
-      if (!resized.ok()) return resized.status();
-      image = *std::move(resized);
-      if (times != nullptr) times->resize += since(started);
+      return absl::OkStatus();
     }
+    ASSIGN_OR_RETURN(image, ResizeImage(image, s.width, s.height, interpolation,
+                                        ExactEdgesNeeded(image, geometry, i)));
+    if (times != nullptr) times->resize += since(started);
+    return absl::OkStatus();
+  };
+  // 8-bit CHW output of an image whose last resize has only crops after
+  // it: the resize writes one plane per channel, which is the layout
+  // wanted, and the crops and the output work on planes (nothing is
+  // interleaved after the resize and split again for the output).
+  size_t last_resize = geometry.steps.size();
+  for (size_t i = first; i < geometry.steps.size(); ++i) {
+    if (geometry.steps[i].kind == GeometryStep::Kind::kResize) last_resize = i;
   }
+  const bool planar = chw_ && image.sample_bytes == 1 && image.channels > 1 &&
+                      interpolation == Interpolation::kBilinear &&
+                      last_resize < geometry.steps.size();
+  size_t next = first;
+  for (; next < (planar ? last_resize : geometry.steps.size()); ++next) {
+    RETURN_IF_ERROR(run_step(next));
+  }
+  if (planar && image.width >= 2 && image.height >= 2) {
+    const GeometryStep& s = geometry.steps[last_resize];
+    const Clock::time_point started = Clock::now();
+    ASSIGN_OR_RETURN(
+        std::vector<ImageBuffer> planes,
+        ResizeToPlanes(image, s.width, s.height,
+                       ExactEdgesNeeded(image, geometry, last_resize)));
+    if (times != nullptr) times->resize += since(started);
+    for (size_t i = last_resize + 1; i < geometry.steps.size(); ++i) {
+      const GeometryStep& crop = geometry.steps[i];
+      const Clock::time_point crop_started = Clock::now();
+      for (ImageBuffer& plane : planes) {
+        plane = CropImage(plane, crop.left, crop.top, crop.width, crop.height);
+      }
+      if (times != nullptr) times->crop += since(crop_started);
+    }
+    const Clock::time_point output_started = Clock::now();
+    absl::StatusOr<DecodedField> field = OutputPlanes(planes, geometry);
+    if (times != nullptr) times->output += since(output_started);
+    return field;
+  }
+  for (; next < geometry.steps.size(); ++next) RETURN_IF_ERROR(run_step(next));
   const Clock::time_point output_started = Clock::now();
   struct OutputTimer {
     TransformTimes* times;
@@ -855,9 +1027,10 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
       libyuv::SplitRGBPlane(image.data, stride, bytes, w, bytes + plane, w,
                             bytes + 2 * plane, w, w, signed_h);
     } else if (c == 4) {
-      libyuv::SplitARGBPlane(image.data, stride, bytes, w, bytes + plane, w,
-                             bytes + 2 * plane, w, bytes + 3 * plane, w, w,
-                             signed_h);
+      // libyuv's ARGB is bytes B, G, R, A: its "R" plane is byte 2.
+      libyuv::SplitARGBPlane(image.data, stride, bytes + 2 * plane, w,
+                             bytes + plane, w, bytes, w, bytes + 3 * plane, w,
+                             w, signed_h);
     } else {
       for (int y = 0; y < h; ++y) {
         const int sy = geometry.flip_vertical ? h - 1 - y : y;
@@ -869,31 +1042,7 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
         }
       }
     }
-    if (to_float_) {
-      // torchvision: ToTensor divides by 255, Normalize subtracts the mean
-      // and divides by the std.
-      for (int ch = 0; ch < c; ++ch) {
-        const float m = mean_.empty() ? 0.0f : mean_[ch];
-        const float sd = std_.empty() ? 1.0f : std_[ch];
-        // CHW: channel ch is one plane; HWC: every c-th value from ch.
-        const size_t begin = chw_ ? ch * plane : ch;
-        const size_t step_size = chw_ ? 1 : c;
-        const size_t n = plane;
-        if (half_) {
-          auto* f = reinterpret_cast<uint16_t*>(out.get());
-          for (size_t i = 0; i < n; ++i) {
-            const size_t at = begin + i * step_size;
-            f[at] = FloatToHalf((bytes[at] / max_value - m) / sd);
-          }
-        } else {
-          auto* f = reinterpret_cast<float*>(out.get());
-          for (size_t i = 0; i < n; ++i) {
-            const size_t at = begin + i * step_size;
-            f[at] = (bytes[at] / max_value - m) / sd;
-          }
-        }
-      }
-    }
+    if (to_float_) WriteFloats(bytes, c, plane, out.get());
     field.bytes.bytes = absl::string_view(
         reinterpret_cast<const char*>(out.get()), count * out_bytes);
     field.bytes.owner = std::move(out);

@@ -58,6 +58,14 @@ class ImageTransforms {
                                       TransformTimes* times = nullptr) const;
 
  private:
+  // The output of one plane per channel (8-bit, CHW): flips, then floats.
+  absl::StatusOr<DecodedField> OutputPlanes(
+      const std::vector<ImageBuffer>& planes, const Geometry& geometry) const;
+  // `bytes` (8-bit samples in the output layout, `plane` pixels per
+  // channel) as the float32 or float16 values to_float asks for, in `out`.
+  void WriteFloats(const uint8_t* bytes, int c, size_t plane,
+                   uint8_t* out) const;
+
   struct Op {
     enum class Kind {
       kResize,

@@ -65,6 +65,8 @@ v1::DecodeSpec Spec(bool train) {
     crop->set_height(224);
     crop->set_width(224);
   }
+  // uint8 CHW, as pipeline_bench.py asks for.
+  spec.set_layout(v1::IMAGE_LAYOUT_CHW);
   return spec;
 }
 

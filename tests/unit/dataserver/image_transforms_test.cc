@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/dataserver/augment_random.h"
@@ -269,6 +270,92 @@ TEST(ImageTransformsTest, FlipsLayoutAndFloats) {
   std::memcpy(v, fo->bytes.bytes.data(), sizeof(v));
   EXPECT_FLOAT_EQ(v[3 * 3 + 0], (30 / 255.0f - 0.5f) / 0.5f);
   EXPECT_FLOAT_EQ(v[3 * 3 + 2], (32 / 255.0f - 0.0f) / 2.0f);
+}
+
+// 8-bit CHW output after a resize is written from the resize's planes;
+// every value equals the HWC output of the same geometry with its axes
+// moved: crops inside and past the edges, flips, floats, 3 and 4 channels.
+TEST(ImageTransformsTest, ChwOutputIsTheHwcOutputTransposed) {
+  using Kind = GeometryStep::Kind;
+  struct Case {
+    std::string name;
+    std::vector<GeometryStep> steps;
+    bool flip_h, flip_v, floats;
+  };
+  const std::vector<Case> cases = {
+      {"no step", {}, false, false, false},
+      {"crop only, flip", {{Kind::kCrop, 3, 4, 50, 40}}, true, false, false},
+      {"resize only", {{Kind::kResize, 0, 0, 97, 61}}, false, false, false},
+      {"crop, resize, flip",
+       {{Kind::kCrop, 10, 5, 150, 100}, {Kind::kResize, 0, 0, 64, 64}},
+       true,
+       false,
+       false},
+      {"resize, crop inside, flip both",
+       {{Kind::kResize, 0, 0, 128, 96}, {Kind::kCrop, 16, 16, 96, 64}},
+       true,
+       true,
+       false},
+      {"resize, crop past the edges",
+       {{Kind::kResize, 0, 0, 50, 40}, {Kind::kCrop, -5, -3, 60, 47}},
+       false,
+       true,
+       false},
+      {"crop, resize, floats",
+       {{Kind::kCrop, 0, 0, 201, 150}, {Kind::kResize, 0, 0, 33, 29}},
+       true,
+       false,
+       true},
+  };
+  for (int c : {3, 4}) {
+    const int w = 201, h = 150;
+    const std::string px = testing::TestPixels(w, h, c, /*seed=*/c);
+    for (const Case& k : cases) {
+      SCOPED_TRACE(absl::StrCat(k.name, ", ", c, " channels"));
+      v1::DecodeSpec spec = Spec({});
+      if (k.floats) {
+        spec.mutable_to_float()->set_enabled(true);
+        for (int ch = 0; ch < c; ++ch) {
+          spec.mutable_to_float()->add_mean(0.1f * ch);
+          spec.mutable_to_float()->add_std(0.5f + ch);
+        }
+      }
+      auto hwc = ImageTransforms::FromSpec(spec);
+      spec.set_layout(v1::IMAGE_LAYOUT_CHW);
+      auto chw = ImageTransforms::FromSpec(spec);
+      ASSERT_OK(hwc.status());
+      ASSERT_OK(chw.status());
+      Geometry g;
+      g.steps = k.steps;
+      g.flip_horizontal = k.flip_h;
+      g.flip_vertical = k.flip_v;
+      auto a = hwc->Finish(Pixels(w, h, c, px), g, 0, Interpolation::kBilinear);
+      auto b = chw->Finish(Pixels(w, h, c, px), g, 0, Interpolation::kBilinear);
+      ASSERT_OK(a.status());
+      ASSERT_OK(b.status());
+      ASSERT_EQ(a->shape.size(), 3u);
+      const int64_t oh = a->shape[0], ow = a->shape[1];
+      EXPECT_THAT(b->shape, ElementsAre(c, oh, ow));
+      EXPECT_EQ(a->dtype, b->dtype);
+      const size_t value = k.floats ? 4 : 1;
+      ASSERT_EQ(a->bytes.bytes.size(), b->bytes.bytes.size());
+      ASSERT_EQ(a->bytes.bytes.size(),
+                static_cast<size_t>(oh * ow * c) * value);
+      int mismatches = 0;
+      for (int64_t y = 0; y < oh; ++y) {
+        for (int64_t x = 0; x < ow; ++x) {
+          for (int ch = 0; ch < c; ++ch) {
+            const size_t at_hwc = static_cast<size_t>((y * ow + x) * c + ch);
+            const size_t at_chw = static_cast<size_t>((ch * oh + y) * ow + x);
+            mismatches +=
+                std::memcmp(a->bytes.bytes.data() + at_hwc * value,
+                            b->bytes.bytes.data() + at_chw * value, value) != 0;
+          }
+        }
+      }
+      EXPECT_EQ(mismatches, 0);
+    }
+  }
 }
 
 TEST(ImageTransformsTest, BilinearEdgesRenormaliseTheFilterAsPilDoes) {
