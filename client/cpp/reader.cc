@@ -76,7 +76,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           have_event = true;
           break;
         }
-        Unit& u = *e.unit;
+        HeldUnit& u = *e.unit;
         if (u.dropped) {
           ++stats_.dropped_units;
           entries_.pop_front();
@@ -95,11 +95,8 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           event.epoch = event.sample.epoch;
           u.buffer.pop_front();
           // The stream skipped its next Read on a full buffer: room now.
-          if (u.waiting_for_room && !u.cancelled && !u.dropped && !closing_ &&
-              static_cast<int>(u.buffer.size()) < options_.buffer_samples) {
-            u.last_activity = absl::Now();
-            IssueReadLocked(u);
-          }
+          if (static_cast<int>(u.buffer.size()) < options_.buffer_samples)
+            fetcher_.ResumeReadLocked(u);
           ++u.delivered;
           ++stats_.delivered;
           const double wait =
@@ -120,7 +117,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           }
           break;
         }
-        if (u.fetch == Unit::Fetch::kFailed && u.handed_back) {
+        if (u.fetch == HeldUnit::Fetch::kFailed && u.handed_back) {
           // A draining data server ended the stream: give the rest back,
           // counting exactly what was consumed; the coordinator grants it
           // again on another server.
@@ -135,7 +132,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           flush = true;
           break;
         }
-        if (u.fetch == Unit::Fetch::kFailed) {
+        if (u.fetch == HeldUnit::Fetch::kFailed) {
           // Everything fetched has been delivered: hand the rest back for a
           // re-route, counting exactly what was consumed.
           TrainerMessage m;
@@ -176,6 +173,7 @@ void ReaderImpl::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+    fetcher_.SetClosedLocked();
   }
   // The input wait not yet reported.
   {
@@ -216,16 +214,17 @@ void ReaderImpl::Close() {
     }
   }
   FlushReports(false);
-  std::vector<std::shared_ptr<Unit>> all;
+  std::vector<std::shared_ptr<HeldUnit>> all;
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;
+    fetcher_.SetClosingLocked();
     for (auto& [id, u] : units_) {
-      CancelFetchLocked(*u);
+      fetcher_.CancelLocked(*u);
       all.push_back(u);
     }
     for (auto& u : retired_) {
-      CancelFetchLocked(*u);
+      fetcher_.CancelLocked(*u);
       all.push_back(u);
     }
     NotifyAllLocked();

@@ -1,14 +1,13 @@
-// The C++ Reader (sluice/reader.h) behind its facade, one responsibility
-// per file: reader.cc (construction, Next, Cursor, Close),
-// reader_session.cc (the coordinator Session stream, reports, heartbeats
-// and the maintenance thread), reader_fetch.cc (each unit's ReadSamples
-// stream, a state machine driven by the completion loop). The timing rules
-// they apply are their own classes (report_ledger.h, lease_hold.h,
-// fetch_turn.h, reroute_backoff.h, input_wait.h), tested on a fake clock.
+// The C++ Reader (sluice/reader.h) behind its facade: reader.cc
+// (construction, Next, Cursor, Close) and reader_session.cc (the
+// coordinator Session stream, reports, heartbeats and the maintenance
+// thread). Each held unit's ReadSamples stream is the UnitFetcher's
+// (unit_fetcher.h). The timing rules they apply are their own classes
+// (report_ledger.h, lease_hold.h, fetch_turn.h, reroute_backoff.h,
+// input_wait.h), tested on a fake clock.
 #ifndef SLUICE_CLIENT_CPP_READER_IMPL_H_
 #define SLUICE_CLIENT_CPP_READER_IMPL_H_
 
-#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -27,12 +26,12 @@
 #include "absl/time/time.h"
 #include "client/cpp/channel_credentials.h"
 #include "client/cpp/completion_loop.h"
-#include "client/cpp/fetch_turn.h"
+#include "client/cpp/held_unit.h"
 #include "client/cpp/input_wait.h"
 #include "client/cpp/lease_hold.h"
 #include "client/cpp/lost_deliveries.h"
 #include "client/cpp/report_ledger.h"
-#include "client/cpp/reroute_backoff.h"
+#include "client/cpp/unit_fetcher.h"
 #include "server/common/clock.h"
 #include "server/common/grpc_target.h"
 #include "server/common/node_name.h"
@@ -49,9 +48,11 @@ using v1::TrainerMessage;
 using SessionStream =
     grpc::ClientAsyncReaderWriter<TrainerMessage, CoordinatorMessage>;
 
-class ReaderImpl final : public Reader {
+class ReaderImpl final : public Reader, private FetchListener {
  public:
-  explicit ReaderImpl(ReaderOptions options) : options_(std::move(options)) {
+  // `clock`: what the stall timeout and the timing rules read.
+  explicit ReaderImpl(ReaderOptions options, const Clock* clock = Clock::Real())
+      : options_(std::move(options)), clock_(clock) {
     if (options_.trainer_id.empty()) {
       char host[256] = {0};
       gethostname(host, sizeof(host) - 1);
@@ -94,87 +95,40 @@ class ReaderImpl final : public Reader {
   void Want(int32_t units) override;
   ReaderStats stats() const override {
     absl::MutexLock lock(&mu_);
-    return stats_;
+    ReaderStats stats = stats_;
+    stats.batches = fetcher_.batches();
+    return stats;
   }
   void Close() override;
   absl::StatusOr<v1::Cursor> Cursor() override;
 
  private:
-  struct Unit;
-  // A step of a unit's ReadSamples stream, completed on the I/O thread.
-  class FetchTag final : public Tag {
-   public:
-    enum class Op { kStart, kRead, kFinish, kRetryAfter };
-    FetchTag(ReaderImpl* reader, Unit* unit, Op op)
-        : reader_(reader), unit_(unit), op_(op) {}
-    void Done(bool ok) override { reader_->OnFetchEvent(*unit_, op_, ok); }
-
-   private:
-    ReaderImpl* reader_;
-    Unit* unit_;
-    Op op_;
-  };
-  struct Unit {
-    explicit Unit(ReaderImpl* reader)
-        : start_tag(reader, this, FetchTag::Op::kStart),
-          read_tag(reader, this, FetchTag::Op::kRead),
-          finish_tag(reader, this, FetchTag::Op::kFinish),
-          retry_tag(reader, this, FetchTag::Op::kRetryAfter) {}
-    Unit(const Unit&) = delete;
-    Unit& operator=(const Unit&) = delete;
-    v1::Lease lease;
-    int64_t order = 0;  // grant order: reports go out in this order
-    int64_t size = 0;
-    std::deque<Sample> buffer;
-    int64_t next_fetch = 0;          // absolute sample index
-    int64_t last_batch_samples = 0;  // size of the newest batch received
-    enum class Fetch { kRunning, kDone, kFailed } fetch = Fetch::kRunning;
-    std::string fetch_error;
-    // The stream ended because its data server drains (sluice.v1.HandedBack):
-    // the rest is given back with a Release, not re-routed as a failure.
-    bool handed_back = false;
-    bool dropped = false;
-    int64_t delivered = 0;
-    int64_t reported = 0;
-    std::optional<TrainerMessage> final_report;  // Complete / Reroute / Release
-    absl::Time last_activity;  // last message from the data server
-    bool stalled = false;
-    // The unit's ReadSamples stream, a small state machine driven by the I/O
-    // thread (OnFetchEvent); at most one operation outstanding at a time.
-    bool fetch_started = false;     // stream opened (or the retry alarm armed)
-    bool op_pending = false;        // StartCall or Read outstanding
-    bool waiting_for_room = false;  // no Read issued: the buffer is full
-    bool cancelled = false;         // TryCancel'ed: no further Read
-    bool finishing = false;         // Finish issued
-    bool call_done = false;         // Finish (or the retry alarm) completed
-    v1::ReadRequest request;
-    std::unique_ptr<grpc::ClientContext> ctx;
-    std::unique_ptr<grpc::ClientAsyncReader<v1::SampleBatch>> stream;
-    v1::SampleBatch batch;  // the outstanding Read's target
-    grpc::Status status;    // Finish's
-    std::string protocol_error;
-    // Armed instead of failing at once: no live data server, or a back-off
-    // before re-routing (see OnFetchFinished); fails with retry_error.
-    std::unique_ptr<grpc::Alarm> retry_alarm;
-    std::string retry_error;
-    // The alarm reopens the stream on the same server instead (it refused
-    // it for now: RESOURCE_EXHAUSTED); how often it has so far.
-    bool retry_here = false;
-    int busy_retries = 0;
-    // Keeps the unit alive while an operation is outstanding.
-    std::shared_ptr<Unit> io_hold;
-    FetchTag start_tag, read_tag, finish_tag, retry_tag;
-  };
   struct Entry {
     ReaderEvent::Kind kind;
     int64_t epoch = 0, samples = 0, already = 0;
-    std::shared_ptr<Unit> unit;  // null for markers
+    std::shared_ptr<HeldUnit> unit;  // null for markers
     int64_t worker_samples = 0, worker_already = 0;
     std::string message;  // kDone
   };
 
   std::shared_ptr<grpc::ChannelCredentials> Creds() const {
     return client_internal::ChannelCredentials(options_.tls);
+  }
+
+  // FetchListener.
+  void SamplesArrivedLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    data_cv_.Signal();
+  }
+  void FetchEndedLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    NotifyAllLocked();
+  }
+  void FailLocked(absl::Status status) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    fatal_ = std::move(status);
+  }
+  void TransportCheckQueuedLocked() override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    maintenance_cv_.Signal();
   }
 
   // Blocking writes on the session stream, one at a time (write_mu_).
@@ -210,64 +164,17 @@ class ReaderImpl final : public Reader {
   // Fails the reader when a data server whose stream failed speaks TLS and
   // this reader plaintext, or the reverse.
   void CheckDataServerTransports();
-  // The fetch state machine. Start: StartCall, then Read after Read while
-  // the unit's buffer has room (the consumer re-issues the Read it skipped
-  // once room appears), then Finish once a Read fails (end of stream or
-  // cancelled); Finish's status decides the unit's fate.
-  void StartEligibleFetchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartFetchLocked(const std::shared_ptr<Unit>& u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnFetchEvent(Unit& u, FetchTag::Op op, bool ok);
-  void OnBatch(Unit& u, bool ok);
-  void OnFetchFinished(Unit& u);
-  void IssueReadLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    u.op_pending = true;
-    u.waiting_for_room = false;
-    u.stream->Read(&u.batch, TagOf(&u.read_tag));
-  }
-  void BeginFinishLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (u.finishing) return;
-    u.finishing = true;
-    u.stream->Finish(&u.status, TagOf(&u.finish_tag));
-  }
-  // Stops a unit's stream: its outstanding operation fails, then Finish.
-  void CancelFetchLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    u.cancelled = true;
-    if (!u.fetch_started || u.call_done) return;
-    if (u.retry_alarm != nullptr) {
-      u.retry_alarm->Cancel();
-      return;
-    }
-    u.ctx->TryCancel();
-    if (!u.op_pending) BeginFinishLocked(u);
-  }
-  void SetFetchStateLocked(Unit& u, Unit::Fetch state, const std::string& error)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (u.fetch == Unit::Fetch::kRunning) {
-      u.fetch = state;
-      u.fetch_error = error;
-    }
-  }
   // Sends final reports, and Progress for units with new deliveries when
   // `progress` is set.
   // `force`: a Progress for every live unit, even without new deliveries
   // (after a reconnect, so the coordinator confirms or rejects each lease).
   void FlushReports(bool progress, bool force = false);
-  void DropLocked(Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void DropLocked(HeldUnit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     u.dropped = true;
     u.buffer.clear();
-    CancelFetchLocked(u);
+    fetcher_.CancelLocked(u);
     NotifyAllLocked();
   }
-  // Gives back (Release), unopened, the units held on the draining data
-  // server at `address`: those waiting for their turn, and those waiting
-  // to open their stream there again after it was busy.
-  void HandBackUnopenedLocked(const std::string& address,
-                              const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails every other unit held on `failed`'s data server (reader_fetch.cc).
-  void FailSiblingsLocked(const Unit& failed, const std::string& error)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease is no longer ours (Revoke, Rejected): drop what is undelivered
   // and report nothing more for it; what it delivered counts as lost
   // deliveries (lost_deliveries.h).
@@ -300,22 +207,6 @@ class ReaderImpl final : public Reader {
     }
     for (const std::string& id : superseded) RetireLocked(id);
   }
-  // The turn rule (fetch_turn.h) over the units held.
-  bool FetchMayStartLocked(const Unit& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    turn_views_.clear();
-    for (const auto& [id, other] : units_) {
-      const Unit& o = *other;
-      turn_views_.push_back(FetchTurnView{
-          o.order, o.lease.data_server(),
-          !o.dropped && o.fetch == Unit::Fetch::kRunning &&
-              o.retry_alarm == nullptr,
-          o.lease.unit().end() - o.next_fetch, o.last_batch_samples});
-    }
-    return client_internal::FetchMayStart(
-        FetchTurnView{u.order, u.lease.data_server(), false, 0, 0},
-        turn_views_);
-  }
-
   ReaderOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
@@ -331,26 +222,22 @@ class ReaderImpl final : public Reader {
   absl::CondVar
       maintenance_cv_;  // the maintenance thread's timer; woken on closing
   void NotifyAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    StartEligibleFetchesLocked();
+    fetcher_.StartEligibleLocked();
     cv_.SignalAll();
     data_cv_.SignalAll();
     if (closing_) maintenance_cv_.Signal();
   }
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<Unit>> units_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<HeldUnit>> units_ ABSL_GUARDED_BY(mu_);
   // Final reports not yet known to be durable, and the Sync ids.
   ReportLedger ledger_ ABSL_GUARDED_BY(mu_);
-  // The timing rules read this clock.
-  const Clock* const clock_ = Clock::Real();
+  const Clock* const clock_;
   // Whether delivery waits for the coordinator to confirm held leases.
   LeaseHold hold_ ABSL_GUARDED_BY(mu_){clock_};
   LostDeliveries lost_ ABSL_GUARDED_BY(mu_);
-  std::vector<FetchTurnView> turn_views_ ABSL_GUARDED_BY(mu_);
   // Units no longer in units_ whose stream may still have an operation
   // outstanding.
-  std::vector<std::shared_ptr<Unit>> retired_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<v1::DataServer::Stub>> data_stubs_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<HeldUnit>> retired_ ABSL_GUARDED_BY(mu_);
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -378,12 +265,6 @@ class ReaderImpl final : public Reader {
   absl::Mutex flush_mu_;
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);
 
-  // Streams that failed in a row, per (data server, UnitKey).
-  RerouteBackoff reroute_backoff_ ABSL_GUARDED_BY(mu_);
-  // Data servers whose streams failed UNAVAILABLE, to be asked whether they
-  // speak TLS (each once; by the maintenance thread, outside the lock).
-  std::set<std::string> transport_checked_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> transport_checks_ ABSL_GUARDED_BY(mu_);
   static constexpr absl::Duration kTransportCheckPeriod = absl::Seconds(5);
   // The consumer's waits for samples since the last heartbeat.
   InputWaitHistogram input_wait_ ABSL_GUARDED_BY(mu_);
@@ -394,6 +275,9 @@ class ReaderImpl final : public Reader {
 
   // Every stream's operations complete here, on its one I/O thread.
   CompletionLoop loop_;
+  // Each held unit's ReadSamples stream.
+  UnitFetcher fetcher_ ABSL_GUARDED_BY(mu_){options_, &mu_,   &units_,
+                                            &loop_,   clock_, this};
   std::thread session_thread_;
   std::thread maintenance_thread_;
 };

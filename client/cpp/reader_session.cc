@@ -33,7 +33,7 @@ bool Terminal(const absl::Status& s) {
 
 void ReaderImpl::FlushReports(bool progress, bool force) {
   absl::MutexLock flush_lock(&flush_mu_);
-  std::vector<std::pair<std::shared_ptr<Unit>, TrainerMessage>> out;
+  std::vector<std::pair<std::shared_ptr<HeldUnit>, TrainerMessage>> out;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, u] : units_) {
@@ -63,7 +63,7 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
     } else {
       ledger_.Sent(u->lease, u->delivered, m, u->order);
       units_.erase(u->lease.lease_id());
-      CancelFetchLocked(*u);
+      fetcher_.CancelLocked(*u);
       retired_.push_back(u);
       NotifyAllLocked();
     }
@@ -338,7 +338,7 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         for (ReportLedger::Dropped& d : ledger_.DropSameUnit(lease))
           lost_.Lost(d.lease, d.delivered);
         RetireSupersededLocked(lease);
-        auto u = std::make_shared<Unit>(this);
+        auto u = std::make_shared<HeldUnit>(&fetcher_);
         u->lease = lease;
         u->size = lease.unit().end() - lease.unit().begin();
         u->next_fetch = lease.unit().begin();
@@ -352,7 +352,7 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
           if (skip == u->size) {  // nothing left to read
             u->fetch_started = true;
             u->call_done = true;
-            u->fetch = Unit::Fetch::kDone;
+            u->fetch = HeldUnit::Fetch::kDone;
             TrainerMessage complete;
             complete.mutable_complete()->mutable_lease()->set_lease_id(
                 lease.lease_id());
@@ -372,7 +372,7 @@ void ReaderImpl::Handle(const CoordinatorMessage& m) {
         RetireLocked(m.revoke().lease_id());
         break;
       case CoordinatorMessage::kLeaving:
-        HandBackUnopenedLocked(
+        fetcher_.HandBackUnopenedLocked(
             m.leaving().data_server(),
             absl::StrCat(m.leaving().data_server(), ": draining"));
         break;
@@ -391,7 +391,7 @@ void ReaderImpl::RunMaintenance() {
   absl::Time last_heartbeat = absl::InfinitePast();
   while (true) {
     absl::Duration heartbeat;
-    std::vector<std::shared_ptr<Unit>> finished;  // freed outside the lock
+    std::vector<std::shared_ptr<HeldUnit>> finished;  // freed outside the lock
     {
       absl::MutexLock lock(&mu_);
       heartbeat = heartbeat_interval_;
@@ -402,16 +402,7 @@ void ReaderImpl::RunMaintenance() {
         maintenance_cv_.WaitWithDeadline(&mu_, until);
       if (closing_) return;
       // Streams that went quiet: cancel them, the unit is then re-routed.
-      const absl::Time now = absl::Now();
-      for (auto& [id, u] : units_) {
-        if (u->fetch_started && !u->call_done && !u->cancelled &&
-            u->retry_alarm == nullptr && u->fetch == Unit::Fetch::kRunning &&
-            !u->stalled && !u->waiting_for_room &&
-            now - u->last_activity > options_.stall_timeout) {
-          u->stalled = true;
-          CancelFetchLocked(*u);
-        }
-      }
+      fetcher_.CancelStalledLocked(clock_->Now());
       for (auto it = retired_.begin(); it != retired_.end();) {
         if (!(*it)->fetch_started || (*it)->call_done) {
           finished.push_back(std::move(*it));
@@ -455,7 +446,7 @@ void ReaderImpl::CheckDataServerTransports() {
   std::vector<std::string> addresses;
   {
     absl::MutexLock lock(&mu_);
-    addresses.swap(transport_checks_);
+    addresses = fetcher_.TakeTransportChecksLocked();
   }
   for (const std::string& address : addresses) {
     absl::Status mismatch = CheckTransport(

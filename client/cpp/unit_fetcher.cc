@@ -1,3 +1,7 @@
+#include "client/cpp/unit_fetcher.h"
+
+#include <grpc/support/time.h>
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -6,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
-#include "client/cpp/reader_impl.h"
+#include "client/cpp/channel_credentials.h"
 #include "server/common/grpc_status.h"
+#include "server/common/grpc_target.h"
 #include "server/common/logging.h"
 #include "server/common/status_details.h"
 #include "server/common/work_unit.h"
@@ -30,12 +34,28 @@ bool HandedBack(const absl::Status& status) {
          HasStatusDetail(status, v1::HandedBack::descriptor()->full_name());
 }
 
+// A deadline `wait` from now for an alarm (relative: no clock read).
+gpr_timespec After(absl::Duration wait) {
+  return gpr_time_from_micros(absl::ToInt64Microseconds(wait), GPR_TIMESPAN);
+}
+
 }  // namespace
 
-void ReaderImpl::StartEligibleFetchesLocked() {
+UnitFetcher::UnitFetcher(const ReaderOptions& options, absl::Mutex* mu,
+                         const HeldUnits* units, CompletionLoop* loop,
+                         const Clock* clock, FetchListener* listener)
+    : options_(options),
+      mu_(mu),
+      units_(units),
+      loop_(loop),
+      clock_(clock),
+      listener_(listener),
+      creds_(ChannelCredentials(options.tls)) {}
+
+void UnitFetcher::StartEligibleLocked() {
   if (closing_) return;
-  std::vector<const std::shared_ptr<Unit>*> waiting;
-  for (const auto& [id, u] : units_) {
+  std::vector<const std::shared_ptr<HeldUnit>*> waiting;
+  for (const auto& [id, u] : *units_) {
     if (!u->fetch_started && !u->dropped && !u->cancelled)
       waiting.push_back(&u);
   }
@@ -43,31 +63,102 @@ void ReaderImpl::StartEligibleFetchesLocked() {
     return (*a)->order < (*b)->order;
   });
   for (const auto* u : waiting) {
-    if (FetchMayStartLocked(**u)) StartFetchLocked(*u);
+    if (MayStartLocked(**u)) StartLocked(*u);
   }
 }
 
-void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
-  Unit& u = *unit;
+bool UnitFetcher::MayStartLocked(const HeldUnit& u) {
+  turn_views_.clear();
+  for (const auto& [id, other] : *units_) {
+    const HeldUnit& o = *other;
+    turn_views_.push_back(FetchTurnView{
+        o.order, o.lease.data_server(),
+        !o.dropped && o.fetch == HeldUnit::Fetch::kRunning &&
+            o.retry_alarm == nullptr,
+        o.lease.unit().end() - o.next_fetch, o.last_batch_samples});
+  }
+  return FetchMayStart(
+      FetchTurnView{u.order, u.lease.data_server(), false, 0, 0}, turn_views_);
+}
+
+void UnitFetcher::ArmRetryLocked(HeldUnit& u, absl::Duration wait) {
+  u.retry_alarm = std::make_unique<grpc::Alarm>();
+  u.retry_alarm->Set(loop_->cq(), After(wait), TagOf(&u.retry_tag));
+}
+
+void UnitFetcher::IssueReadLocked(HeldUnit& u) {
+  u.op_pending = true;
+  u.waiting_for_room = false;
+  u.stream->Read(&u.batch, TagOf(&u.read_tag));
+}
+
+void UnitFetcher::ResumeReadLocked(HeldUnit& u) {
+  if (!u.waiting_for_room || u.cancelled || u.dropped || closing_) return;
+  u.last_activity = clock_->Now();
+  IssueReadLocked(u);
+}
+
+void UnitFetcher::BeginFinishLocked(HeldUnit& u) {
+  if (u.finishing) return;
+  u.finishing = true;
+  u.stream->Finish(&u.status, TagOf(&u.finish_tag));
+}
+
+void UnitFetcher::CancelLocked(HeldUnit& u) {
+  u.cancelled = true;
+  if (!u.fetch_started || u.call_done) return;
+  if (u.retry_alarm != nullptr) {
+    u.retry_alarm->Cancel();
+    return;
+  }
+  u.ctx->TryCancel();
+  if (!u.op_pending) BeginFinishLocked(u);
+}
+
+void UnitFetcher::EndFetchLocked(HeldUnit& u, HeldUnit::Fetch state,
+                                 const std::string& error) {
+  if (u.fetch == HeldUnit::Fetch::kRunning) {
+    u.fetch = state;
+    u.fetch_error = error;
+  }
+}
+
+void UnitFetcher::CancelStalledLocked(absl::Time now) {
+  for (auto& [id, u] : *units_) {
+    if (u->fetch_started && !u->call_done && !u->cancelled &&
+        u->retry_alarm == nullptr && u->fetch == HeldUnit::Fetch::kRunning &&
+        !u->stalled && !u->waiting_for_room &&
+        now - u->last_activity > options_.stall_timeout) {
+      u->stalled = true;
+      CancelLocked(*u);
+    }
+  }
+}
+
+std::vector<std::string> UnitFetcher::TakeTransportChecksLocked() {
+  std::vector<std::string> out;
+  out.swap(transport_checks_);
+  return out;
+}
+
+void UnitFetcher::StartLocked(const std::shared_ptr<HeldUnit>& unit) {
+  HeldUnit& u = *unit;
   u.fetch_started = true;
   u.io_hold = unit;
   const std::string& address = u.lease.data_server();
   if (address.empty()) {
     // No live data server: wait a little, then ask for a re-route.
     u.retry_error = "no live data server";
-    u.retry_alarm = std::make_unique<grpc::Alarm>();
-    u.retry_alarm->Set(
-        loop_.cq(), absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)),
-        TagOf(&u.retry_tag));
+    ArmRetryLocked(u, absl::Milliseconds(500));
     return;
   }
-  auto& stub = data_stubs_[address];
+  auto& stub = stubs_[address];
   if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     SetStreamKeepalive(args);  // a stopped data server fails its streams
     stub = v1::DataServer::NewStub(
-        grpc::CreateCustomChannel(address, Creds(), args));
+        grpc::CreateCustomChannel(address, creds_, args));
   }
   u.request.Clear();  // a stream opened again starts from a new request
   *u.request.mutable_lease() = u.lease;
@@ -77,16 +168,16 @@ void ReaderImpl::StartFetchLocked(const std::shared_ptr<Unit>& unit) {
   u.request.set_start(u.next_fetch);
   u.request.set_node(options_.node);
   u.ctx = std::make_unique<grpc::ClientContext>();
-  u.last_activity = absl::Now();
-  u.stream = stub->PrepareAsyncReadSamples(u.ctx.get(), u.request, loop_.cq());
+  u.last_activity = clock_->Now();
+  u.stream = stub->PrepareAsyncReadSamples(u.ctx.get(), u.request, loop_->cq());
   u.op_pending = true;
   u.stream->StartCall(TagOf(&u.start_tag));
 }
 
-void ReaderImpl::OnFetchEvent(Unit& u, FetchTag::Op op, bool ok) {
+void UnitFetcher::OnFetchEvent(HeldUnit& u, FetchOp op, bool ok) {
   switch (op) {
-    case FetchTag::Op::kStart: {
-      absl::MutexLock lock(&mu_);
+    case FetchOp::kStart: {
+      absl::MutexLock lock(mu_);
       u.op_pending = false;
       if (!ok || u.cancelled || u.dropped || closing_) {
         BeginFinishLocked(u);
@@ -95,15 +186,15 @@ void ReaderImpl::OnFetchEvent(Unit& u, FetchTag::Op op, bool ok) {
       }
       return;
     }
-    case FetchTag::Op::kRead:
+    case FetchOp::kRead:
       OnBatch(u, ok);
       return;
-    case FetchTag::Op::kFinish:
-      OnFetchFinished(u);
+    case FetchOp::kFinish:
+      OnFinished(u);
       return;
-    case FetchTag::Op::kRetryAfter: {
-      std::shared_ptr<Unit> hold;  // released after the lock
-      absl::MutexLock lock(&mu_);
+    case FetchOp::kRetryAfter: {
+      std::shared_ptr<HeldUnit> hold;  // released after the lock
+      absl::MutexLock lock(mu_);
       hold = std::move(u.io_hold);
       u.call_done = true;
       const bool again = u.retry_here;
@@ -117,20 +208,20 @@ void ReaderImpl::OnFetchEvent(Unit& u, FetchTag::Op op, bool ok) {
         u.finishing = false;
         u.stalled = false;
         u.call_done = false;
-        StartFetchLocked(hold);
+        StartLocked(hold);
         return;
       }
       if (!u.dropped && !closing_)
-        SetFetchStateLocked(u, Unit::Fetch::kFailed, u.retry_error);
-      NotifyAllLocked();
+        EndFetchLocked(u, HeldUnit::Fetch::kFailed, u.retry_error);
+      listener_->FetchEndedLocked();
       return;
     }
   }
 }
 
-void ReaderImpl::OnBatch(Unit& u, bool ok) {
+void UnitFetcher::OnBatch(HeldUnit& u, bool ok) {
   if (!ok) {  // end of stream, or cancelled: Finish tells which
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(mu_);
     u.op_pending = false;
     BeginFinishLocked(u);
     return;
@@ -172,10 +263,10 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
     for (v1::Field& f : *s.mutable_fields()) out.fields.push_back(std::move(f));
     converted.push_back(std::move(out));
   }
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(mu_);
   u.op_pending = false;
-  u.last_activity = absl::Now();
-  ++stats_.batches;
+  u.last_activity = clock_->Now();
+  ++batches_;
   if (u.dropped || closing_) {
     u.ctx->TryCancel();
     BeginFinishLocked(u);
@@ -193,7 +284,7 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
       u.cancelled = true;
       u.ctx->TryCancel();
       BeginFinishLocked(u);
-      data_cv_.Signal();
+      listener_->SamplesArrivedLocked();
       return;
     }
     u.buffer.push_back(std::move(out));
@@ -201,22 +292,22 @@ void ReaderImpl::OnBatch(Unit& u, bool ok) {
   }
   u.last_batch_samples = static_cast<int64_t>(converted.size());
   reroute_backoff_.Succeeded(u.lease.data_server(), UnitKey(u.lease.unit()));
-  data_cv_.Signal();
+  listener_->SamplesArrivedLocked();
   if (u.cancelled) {
     BeginFinishLocked(u);
   } else if (static_cast<int>(u.buffer.size()) < options_.buffer_samples ||
              u.next_fetch >= u.lease.unit().end()) {
     IssueReadLocked(u);  // at the end, this Read sees the end of the stream
   } else {
-    u.waiting_for_room = true;  // Next() re-issues it
+    u.waiting_for_room = true;  // ResumeReadLocked re-issues it
   }
-  StartEligibleFetchesLocked();  // the next unit's turn comes near this one's
-                                 // end
+  StartEligibleLocked();  // the next unit's turn comes near this one's
+                          // end
 }
 
-void ReaderImpl::OnFetchFinished(Unit& u) {
-  std::shared_ptr<Unit> hold;  // released after the lock
-  absl::MutexLock lock(&mu_);
+void UnitFetcher::OnFinished(HeldUnit& u) {
+  std::shared_ptr<HeldUnit> hold;  // released after the lock
+  absl::MutexLock lock(mu_);
   hold = std::move(u.io_hold);
   u.call_done = true;
   const absl::Status status = FromGrpcStatus(u.status);
@@ -226,18 +317,18 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
     // back (a Release on Close, after which the data server may cancel the
     // stream), or the reader is closing.
   } else if (!u.protocol_error.empty()) {
-    SetFetchStateLocked(u, Unit::Fetch::kFailed, u.protocol_error);
+    EndFetchLocked(u, HeldUnit::Fetch::kFailed, u.protocol_error);
   } else if (u.next_fetch == u.lease.unit().end()) {
     // Everything arrived; a status after the last sample (a cancel once
     // the unit was reported) does not matter.
-    SetFetchStateLocked(u, Unit::Fetch::kDone, "");
+    EndFetchLocked(u, HeldUnit::Fetch::kDone, "");
   } else if (status.ok()) {
-    SetFetchStateLocked(u, Unit::Fetch::kFailed, "stream ended early");
+    EndFetchLocked(u, HeldUnit::Fetch::kFailed, "stream ended early");
   } else if (HandedBack(status)) {
     // The server drains: what it sent is good, the rest goes back.
     u.handed_back = true;
-    SetFetchStateLocked(u, Unit::Fetch::kFailed,
-                        absl::StrCat(address, ": ", status.message()));
+    EndFetchLocked(u, HeldUnit::Fetch::kFailed,
+                   absl::StrCat(address, ": ", status.message()));
     HandBackUnopenedLocked(address, absl::StrCat(address,
                                                  ": draining (another stream "
                                                  "of the server was handed "
@@ -258,23 +349,23 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
                  absl::Seconds(1));
     ++u.busy_retries;
     u.retry_here = true;
-    u.retry_alarm = std::make_unique<grpc::Alarm>();
-    u.retry_alarm->Set(loop_.cq(), absl::ToChronoTime(absl::Now() + wait),
-                       TagOf(&u.retry_tag));
+    ArmRetryLocked(u, wait);
     u.call_done = false;  // the alarm is outstanding
     u.io_hold = std::move(hold);
     return;
   } else if (status.code() == absl::StatusCode::kAborted) {
-    DropLocked(u);  // a newer grant of the unit exists: deliver nothing more
+    // A newer grant of the unit exists: deliver nothing more.
+    u.dropped = true;
+    u.buffer.clear();
   } else if (status.code() == absl::StatusCode::kDataLoss ||
              status.code() == absl::StatusCode::kOutOfRange ||
              status.code() == absl::StatusCode::kInvalidArgument ||
              status.code() == absl::StatusCode::kPermissionDenied) {
     // Not a server fault: corrupt data under on_corrupt=fail, or a manifest
     // / configuration that does not match the shards.
-    fatal_ = absl::Status(
+    listener_->FailLocked(absl::Status(
         status.code(),
-        absl::StrCat("lease ", u.lease.lease_id(), ": ", status.message()));
+        absl::StrCat("lease ", u.lease.lease_id(), ": ", status.message())));
   } else {
     std::string error =
         u.stalled ? absl::StrCat(address, ": no data for ",
@@ -282,8 +373,8 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
                   : absl::StrCat(address, ": ", status.ToString());
     if (status.code() == absl::StatusCode::kUnavailable &&
         transport_checked_.insert(address).second) {
-      transport_checks_.push_back(address);  // the maintenance thread probes
-      maintenance_cv_.Signal();
+      transport_checks_.push_back(address);  // probed outside the lock
+      listener_->TransportCheckQueuedLocked();
     }
     // A shard whose streams keep failing is re-routed with back-off
     // (reroute_backoff.h).
@@ -298,10 +389,7 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
     }
     if (reroute.wait > absl::ZeroDuration()) {
       u.retry_error = std::move(error);
-      u.retry_alarm = std::make_unique<grpc::Alarm>();
-      u.retry_alarm->Set(loop_.cq(),
-                         absl::ToChronoTime(absl::Now() + reroute.wait),
-                         TagOf(&u.retry_tag));
+      ArmRetryLocked(u, reroute.wait);
       u.call_done = false;  // the alarm is outstanding
       u.io_hold = std::move(hold);
       return;
@@ -309,47 +397,46 @@ void ReaderImpl::OnFetchFinished(Unit& u) {
     const bool server_fault =
         u.stalled || status.code() == absl::StatusCode::kUnavailable ||
         status.code() == absl::StatusCode::kDeadlineExceeded;
-    SetFetchStateLocked(u, Unit::Fetch::kFailed, error);
+    EndFetchLocked(u, HeldUnit::Fetch::kFailed, error);
     if (server_fault) FailSiblingsLocked(u, error);
   }
-  NotifyAllLocked();
+  listener_->FetchEndedLocked();
 }
 
-void ReaderImpl::FailSiblingsLocked(const Unit& failed,
-                                    const std::string& error) {
+void UnitFetcher::FailSiblingsLocked(const HeldUnit& failed,
+                                     const std::string& error) {
   // A data server that stalled or cannot be reached fails every unit held
   // on it at once: the ones waiting for their turn are re-routed without
   // opening a stream, the open streams are cancelled (each then fails as
   // stalled), instead of each waiting out its own stall timeout in turn.
   const std::string& address = failed.lease.data_server();
-  for (auto& [id, o] : units_) {
+  for (auto& [id, o] : *units_) {
     if (o.get() == &failed || o->dropped || o->lease.data_server() != address ||
-        o->fetch != Unit::Fetch::kRunning || o->retry_alarm != nullptr) {
+        o->fetch != HeldUnit::Fetch::kRunning || o->retry_alarm != nullptr) {
       continue;
     }
     if (!o->fetch_started) {
       o->fetch_started = true;  // never opened
       o->call_done = true;
-      SetFetchStateLocked(
-          *o, Unit::Fetch::kFailed,
-          absl::StrCat(error, " (another stream of the server)"));
+      EndFetchLocked(*o, HeldUnit::Fetch::kFailed,
+                     absl::StrCat(error, " (another stream of the server)"));
     } else if (!o->stalled && !o->call_done) {
       o->stalled = true;
-      CancelFetchLocked(*o);
+      CancelLocked(*o);
     }
   }
 }
 
-void ReaderImpl::HandBackUnopenedLocked(const std::string& address,
-                                        const std::string& why) {
+void UnitFetcher::HandBackUnopenedLocked(const std::string& address,
+                                         const std::string& why) {
   // The server is leaving: the units held on it that wait for their turn go
   // back without opening a stream (it may be gone when their turn comes),
   // and so do those waiting to open theirs there again (it was busy: its
   // retry could come after it left); open streams end with their own
   // HandedBack.
-  for (auto& [id, o] : units_) {
+  for (auto& [id, o] : *units_) {
     if (o->dropped || o->lease.data_server() != address ||
-        o->fetch != Unit::Fetch::kRunning) {
+        o->fetch != HeldUnit::Fetch::kRunning) {
       continue;
     }
     if (o->retry_alarm != nullptr) {
@@ -366,7 +453,7 @@ void ReaderImpl::HandBackUnopenedLocked(const std::string& address,
     o->fetch_started = true;  // never opened
     o->call_done = true;
     o->handed_back = true;
-    SetFetchStateLocked(*o, Unit::Fetch::kFailed, why);
+    EndFetchLocked(*o, HeldUnit::Fetch::kFailed, why);
   }
 }
 
