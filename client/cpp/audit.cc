@@ -8,8 +8,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cpp/channel_credentials.h"
+#include "client/cpp/grpc_deadline.h"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/status_macros.h"
@@ -24,7 +25,7 @@ namespace {
 constexpr int64_t kPage = 10000;
 
 void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout) {
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  ctx.set_deadline(client_internal::DeadlineAfter(timeout));
 }
 
 // The calls Audit and Replay make to the coordinator: a status names a

@@ -8,8 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cpp/channel_credentials.h"
+#include "client/cpp/grpc_deadline.h"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/status_macros.h"
@@ -60,7 +61,7 @@ absl::StatusOr<OnceOutcome> RunOnce(
       StreamChannelArgs()));
   grpc::ClientContext ctx;
   if (options.timeout != absl::InfiniteDuration())
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+    ctx.set_deadline(client_internal::DeadlineAfter(options.timeout));
   // Detached before ctx goes: a Cancel() after this call returns touches
   // nothing.
   struct Detach {
@@ -173,7 +174,7 @@ absl::StatusOr<v1::BarrierResponse> WaitBarrier(const BarrierOptions& options) {
   grpc::ClientContext ctx;
   // The server answers at the timeout; the RPC deadline is a backstop.
   ctx.set_deadline(
-      absl::ToChronoTime(absl::Now() + options.timeout + absl::Seconds(10)));
+      client_internal::DeadlineAfter(options.timeout + absl::Seconds(10)));
   v1::BarrierRequest request;
   request.set_scope(options.scope);
   request.set_name(options.name);

@@ -6,8 +6,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cpp/channel_credentials.h"
+#include "client/cpp/grpc_deadline.h"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/status_macros.h"
@@ -51,7 +52,7 @@ class JobCalls {
 
  private:
   void Prepare(grpc::ClientContext& ctx) const {
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + query_.timeout));
+    ctx.set_deadline(client_internal::DeadlineAfter(query_.timeout));
     ctx.set_wait_for_ready(true);
   }
 

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "client/cpp/cursor.h"
 #include "client/cpp/reader_impl.h"
 
@@ -27,22 +26,22 @@ void ReaderImpl::Want(int32_t units) {
 absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
   const absl::Time deadline = timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
-                                  : absl::Now() + timeout;
+                                  : clock_->Now() + timeout;
   // The input wait of the sample this call returns: 0 unless it blocks,
   // timed from its first wait (no clock read on the buffered path); a wait
   // that timed out goes on in the next call.
   auto start_waiting = [&] {
-    if (!waiting_) waiting_since_ = absl::Now();
+    if (!waiting_) waiting_since_ = clock_->Now();
     waiting_ = true;
   };
   // Waits for news until the deadline; false when it has passed.
   auto wait = [&](absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (deadline != absl::InfiniteFuture() && absl::Now() >= deadline)
+    if (deadline != absl::InfiniteFuture() && clock_->Now() >= deadline)
       return false;
     if (until == absl::InfiniteFuture() && deadline == absl::InfiniteFuture()) {
       data_cv_.Wait(&mu_);
     } else {
-      data_cv_.WaitWithDeadline(&mu_, std::min(until, deadline));
+      data_cv_.WaitWithTimeout(&mu_, std::min(until, deadline) - clock_->Now());
     }
     return true;
   };
@@ -86,7 +85,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           // Our leases may have expired at the coordinator (and been
           // granted to others): deliver nothing until it confirms them.
           start_waiting();
-          if (!wait(absl::Now() + absl::Milliseconds(50))) return timed_out;
+          if (!wait(clock_->Now() + absl::Milliseconds(50))) return timed_out;
           continue;
         }
         if (!u.buffer.empty()) {
@@ -100,7 +99,7 @@ absl::StatusOr<ReaderEvent> ReaderImpl::NextWithin(absl::Duration timeout) {
           ++u.delivered;
           ++stats_.delivered;
           const double wait =
-              waiting_ ? absl::ToDoubleSeconds(absl::Now() - waiting_since_)
+              waiting_ ? absl::ToDoubleSeconds(clock_->Now() - waiting_since_)
                        : 0;
           input_wait_.Observe(wait);
           stats_.input_wait_seconds += wait;
@@ -195,10 +194,10 @@ void ReaderImpl::Close() {
     if (Send(stop)) {
       const uint64_t id = SendSync();
       absl::MutexLock lock(&mu_);
-      const absl::Time until = absl::Now() + absl::Seconds(2);
+      const absl::Time until = clock_->Now() + absl::Seconds(2);
       while (id != 0 && ledger_.synced() < id && stream_open_ &&
-             absl::Now() < until) {
-        cv_.WaitWithDeadline(&mu_, until);
+             clock_->Now() < until) {
+        cv_.WaitWithTimeout(&mu_, until - clock_->Now());
       }
     }
   }
@@ -241,9 +240,9 @@ void ReaderImpl::Close() {
   }
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time until = absl::Now() + absl::Seconds(2);
-    while (stream_open_ && absl::Now() < until)
-      cv_.WaitWithDeadline(&mu_, until);
+    const absl::Time until = clock_->Now() + absl::Seconds(2);
+    while (stream_open_ && clock_->Now() < until)
+      cv_.WaitWithTimeout(&mu_, until - clock_->Now());
   }
   {
     absl::MutexLock lock(&write_mu_);
@@ -291,22 +290,23 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
   const v1::Cursor cursor = client_internal::PositionCursor(position);
   // Report everything delivered, then wait until it is durable. A broken
   // stream loses the Sync: send it again after each reconnect.
-  const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
+  const absl::Time deadline = clock_->Now() + options_.reconnect_timeout;
   while (true) {
     FlushReports(true);
     const uint64_t id = SendSync();
     const bool sent = id != 0;
     absl::MutexLock lock(&mu_);
-    const absl::Time retry = std::min(deadline, absl::Now() + absl::Seconds(1));
+    const absl::Time retry =
+        std::min(deadline, clock_->Now() + absl::Seconds(1));
     while (sent && ledger_.synced() < id && fatal_.ok() && !closing_ &&
-           absl::Now() < retry) {
-      cv_.WaitWithDeadline(&mu_, retry);
+           clock_->Now() < retry) {
+      cv_.WaitWithTimeout(&mu_, retry - clock_->Now());
     }
     // JobDone follows the last epoch's reports made durable.
     if ((sent && ledger_.synced() >= id) || job_done_) return cursor;
     if (!fatal_.ok()) return fatal_;
     if (closing_) return absl::CancelledError("reader closed");
-    if (absl::Now() >= deadline) {
+    if (clock_->Now() >= deadline) {
       return absl::UnavailableError(
           absl::StrCat("coordinator ", options_.coordinator,
                        " did not confirm the reports of job ", options_.job,
@@ -314,7 +314,7 @@ absl::StatusOr<v1::Cursor> ReaderImpl::Cursor() {
                        absl::FormatDuration(options_.reconnect_timeout),
                        "; the cursor is not safe to save"));
     }
-    if (!sent) cv_.WaitWithDeadline(&mu_, retry);
+    if (!sent) cv_.WaitWithTimeout(&mu_, retry - clock_->Now());
   }
 }
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "client/cpp/grpc_deadline.h"
 #include "client/cpp/reader_impl.h"
 #include "server/common/backoff.h"
 #include "server/common/grpc_status.h"
@@ -75,7 +75,7 @@ void ReaderImpl::RunSession() {
   // the leases a fresh TTL and keeps them only if we are back before it
   // ends.
   Backoff backoff(absl::Milliseconds(100), absl::Seconds(5));
-  absl::Time unreachable_since = absl::Now();
+  absl::Time unreachable_since = clock_->Now();
   absl::Time next_transport_check = absl::InfinitePast();
   while (true) {
     {
@@ -84,13 +84,13 @@ void ReaderImpl::RunSession() {
     }
     // Connect first (polling the connection up to once per retry period,
     // the channel's backoff capped as above), then open the stream.
-    if (!channel_->WaitForConnected(absl::ToChronoTime(
-            absl::Now() + std::min(backoff.step() * 5, absl::Seconds(1))))) {
+    if (!channel_->WaitForConnected(
+            DeadlineAfter(std::min(backoff.step() * 5, absl::Seconds(1))))) {
       // A client and coordinator that disagree about TLS fail every connect
       // the same way: say so instead of retrying until the timeout.
       absl::Status mismatch;
-      if (absl::Now() >= next_transport_check) {
-        next_transport_check = absl::Now() + kTransportCheckPeriod;
+      if (clock_->Now() >= next_transport_check) {
+        next_transport_check = clock_->Now() + kTransportCheckPeriod;
         mismatch =
             CheckTransport("coordinator", options_.coordinator,
                            options_.tls.has_value(), "ReaderOptions::tls");
@@ -102,7 +102,7 @@ void ReaderImpl::RunSession() {
         return;
       }
       if (closing_ || job_done_) return;
-      if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
+      if (clock_->Now() - unreachable_since > options_.reconnect_timeout) {
         fatal_ = absl::UnavailableError(absl::StrCat(
             "coordinator ", options_.coordinator, " unreachable for ",
             absl::FormatDuration(options_.reconnect_timeout)));
@@ -235,10 +235,10 @@ void ReaderImpl::RunSession() {
       return;
     }
     if (welcomed) {
-      unreachable_since = absl::Now();
+      unreachable_since = clock_->Now();
       ++stats_.reconnects;
     }
-    if (absl::Now() - unreachable_since > options_.reconnect_timeout) {
+    if (clock_->Now() - unreachable_since > options_.reconnect_timeout) {
       fatal_ = absl::UnavailableError(absl::StrCat(
           "coordinator ", options_.coordinator, " unreachable for ",
           absl::FormatDuration(options_.reconnect_timeout), ": ",
@@ -247,8 +247,9 @@ void ReaderImpl::RunSession() {
       return;
     }
     backoff.set_max(std::min(absl::Seconds(5), hold_.lease_ttl() / 4));
-    const absl::Time until = absl::Now() + backoff.NextWait();
-    while (!closing_ && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+    const absl::Time until = clock_->Now() + backoff.NextWait();
+    while (!closing_ && clock_->Now() < until)
+      cv_.WaitWithTimeout(&mu_, until - clock_->Now());
   }
 }
 
@@ -396,10 +397,10 @@ void ReaderImpl::RunMaintenance() {
       absl::MutexLock lock(&mu_);
       heartbeat = heartbeat_interval_;
       absl::Time until =
-          absl::Now() + std::min({heartbeat, options_.progress_interval,
-                                  options_.stall_timeout / 2});
-      while (!closing_ && absl::Now() < until)
-        maintenance_cv_.WaitWithDeadline(&mu_, until);
+          clock_->Now() + std::min({heartbeat, options_.progress_interval,
+                                    options_.stall_timeout / 2});
+      while (!closing_ && clock_->Now() < until)
+        maintenance_cv_.WaitWithTimeout(&mu_, until - clock_->Now());
       if (closing_) return;
       // Streams that went quiet: cancel them, the unit is then re-routed.
       fetcher_.CancelStalledLocked(clock_->Now());
@@ -414,7 +415,7 @@ void ReaderImpl::RunMaintenance() {
     }
     finished.clear();
     CheckDataServerTransports();
-    if (absl::Now() - last_heartbeat >= heartbeat) {
+    if (clock_->Now() - last_heartbeat >= heartbeat) {
       bool unconfirmed, holding;
       {
         absl::MutexLock lock(&mu_);
@@ -425,14 +426,14 @@ void ReaderImpl::RunMaintenance() {
       // heartbeat carries the consumer's input wait since the last one (one
       // message per interval either way).
       if (unconfirmed) {
-        if (SendSync() != 0) last_heartbeat = absl::Now();
+        if (SendSync() != 0) last_heartbeat = clock_->Now();
       } else {
         TrainerMessage beat;
         {
           absl::MutexLock lock(&mu_);
           input_wait_.Take(beat.mutable_heartbeat()->mutable_input_wait());
         }
-        if (Send(beat)) last_heartbeat = absl::Now();
+        if (Send(beat)) last_heartbeat = clock_->Now();
         // While leases are held, have the renewal confirmed (LeaseHold):
         // without it a silent stream holds delivery after 3/4 of a TTL.
         if (holding) SendSync();

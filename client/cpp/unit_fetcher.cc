@@ -1,7 +1,5 @@
 #include "client/cpp/unit_fetcher.h"
 
-#include <grpc/support/time.h>
-
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cpp/channel_credentials.h"
+#include "client/cpp/grpc_deadline.h"
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/logging.h"
@@ -32,11 +31,6 @@ const std::string& UnitKey(const v1::WorkUnit& unit) {
 bool HandedBack(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
          HasStatusDetail(status, v1::HandedBack::descriptor()->full_name());
-}
-
-// A deadline `wait` from now for an alarm (relative: no clock read).
-gpr_timespec After(absl::Duration wait) {
-  return gpr_time_from_micros(absl::ToInt64Microseconds(wait), GPR_TIMESPAN);
 }
 
 }  // namespace
@@ -83,7 +77,7 @@ bool UnitFetcher::MayStartLocked(const HeldUnit& u) {
 
 void UnitFetcher::ArmRetryLocked(HeldUnit& u, absl::Duration wait) {
   u.retry_alarm = std::make_unique<grpc::Alarm>();
-  u.retry_alarm->Set(loop_->cq(), After(wait), TagOf(&u.retry_tag));
+  u.retry_alarm->Set(loop_->cq(), DeadlineAfter(wait), TagOf(&u.retry_tag));
 }
 
 void UnitFetcher::IssueReadLocked(HeldUnit& u) {
