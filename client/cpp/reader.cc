@@ -230,25 +230,14 @@ void ReaderImpl::Close() {
   }
   // Half-close and let the coordinator end the stream, so the reports just
   // sent arrive (cancelling at once could drop them); cancel after a bound.
-  {
-    absl::MutexLock lock(&write_mu_);
-    if (stream_ != nullptr) {
-      WaitTag done;
-      stream_->WritesDone(TagOf(&done));
-      done.Wait();
-    }
-  }
+  session_.WritesDone();
   {
     absl::MutexLock lock(&mu_);
     const absl::Time until = clock_->Now() + absl::Seconds(2);
     while (stream_open_ && clock_->Now() < until)
       cv_.WaitWithTimeout(&mu_, until - clock_->Now());
   }
-  {
-    absl::MutexLock lock(&write_mu_);
-    if (session_ctx_ != nullptr) session_ctx_->TryCancel();
-  }
-  if (session_thread_.joinable()) session_thread_.join();
+  session_.Stop();
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
   // Every stream's last operation completes before the queue shuts down.
   {

@@ -1,9 +1,10 @@
 // The C++ Reader (sluice/reader.h) behind its facade: reader.cc
-// (construction, Next, Cursor, Close) and reader_session.cc (the
-// coordinator Session stream, reports, heartbeats and the maintenance
-// thread). Each held unit's ReadSamples stream is the UnitFetcher's
-// (unit_fetcher.h). The timing rules they apply are their own classes
-// (report_ledger.h, lease_hold.h, fetch_turn.h, reroute_backoff.h,
+// (construction, Next, Cursor, Close) and reader_session.cc (what the
+// coordinator's messages do, reports, heartbeats and the maintenance
+// thread). The Session stream itself is the CoordinatorSession's
+// (coordinator_session.h), each held unit's ReadSamples stream the
+// UnitFetcher's (unit_fetcher.h). The timing rules they apply are their own
+// classes (report_ledger.h, lease_hold.h, fetch_turn.h, reroute_backoff.h,
 // input_wait.h), tested on a fake clock.
 #ifndef SLUICE_CLIENT_CPP_READER_IMPL_H_
 #define SLUICE_CLIENT_CPP_READER_IMPL_H_
@@ -26,6 +27,7 @@
 #include "absl/time/time.h"
 #include "client/cpp/channel_credentials.h"
 #include "client/cpp/completion_loop.h"
+#include "client/cpp/coordinator_session.h"
 #include "client/cpp/held_unit.h"
 #include "client/cpp/input_wait.h"
 #include "client/cpp/lease_hold.h"
@@ -45,10 +47,9 @@ namespace sluice::client_internal {
 using v1::CoordinatorMessage;
 using v1::TrainerMessage;
 
-using SessionStream =
-    grpc::ClientAsyncReaderWriter<TrainerMessage, CoordinatorMessage>;
-
-class ReaderImpl final : public Reader, private FetchListener {
+class ReaderImpl final : public Reader,
+                         private FetchListener,
+                         private SessionHandler {
  public:
   // `clock`: what the stall timeout and the timing rules read.
   explicit ReaderImpl(ReaderOptions options, const Clock* clock = Clock::Real())
@@ -70,24 +71,13 @@ class ReaderImpl final : public Reader, private FetchListener {
     if (options_.units_in_flight < 1) options_.units_in_flight = 1;
     credits_ = options_.units_in_flight;
     if (options_.buffer_samples < 1) options_.buffer_samples = 1;
-    // gRPC's own reconnect backoff (up to 120 s) must not outlast a lease
-    // TTL: a restarted coordinator keeps our leases only that long. (Not
-    // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the time one
-    // connection attempt may take, and a short one fails connects to a busy
-    // server.)
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    SetStreamKeepalive(args);  // a stopped coordinator fails the session
-    channel_ = CoordinatorChannel(options_.coordinator, Creds(), args);
-    coordinator_ = v1::Coordinator::NewStub(channel_);
   }
 
   ~ReaderImpl() override { Close(); }
 
   void Start() {
     loop_.Start();
-    session_thread_ = std::thread([this] { RunSession(); });
+    session_.Start();
     maintenance_thread_ = std::thread([this] { RunMaintenance(); });
   }
 
@@ -97,6 +87,7 @@ class ReaderImpl final : public Reader, private FetchListener {
     absl::MutexLock lock(&mu_);
     ReaderStats stats = stats_;
     stats.batches = fetcher_.batches();
+    stats.reconnects = session_.reconnects();
     return stats;
   }
   void Close() override;
@@ -131,34 +122,33 @@ class ReaderImpl final : public Reader, private FetchListener {
     maintenance_cv_.Signal();
   }
 
-  // Blocking writes on the session stream, one at a time (write_mu_).
-  bool Send(const TrainerMessage& m) {
-    absl::MutexLock lock(&write_mu_);
-    if (stream_ == nullptr) return false;
-    WaitTag written;
-    stream_->Write(m, TagOf(&written));
-    return written.Wait();
-  }
+  // Blocking writes on the session stream, one at a time.
+  bool Send(const TrainerMessage& m) { return session_.Send(m); }
   // Sends Sync{id} with the next id; ids go out in increasing order, so a
   // Synced{n} confirms every Sync below n too. Returns 0 if not sent.
   uint64_t SendSync() {
-    absl::MutexLock lock(&write_mu_);
-    if (stream_ == nullptr) return 0;
-    TrainerMessage sync;
-    {
+    uint64_t id = 0;
+    const bool sent = session_.Send([this, &id](TrainerMessage* sync) {
       absl::MutexLock state(&mu_);
-      sync.mutable_sync()->set_id(ledger_.NextSyncId());
-      hold_.SyncSent(sync.sync().id());
+      id = ledger_.NextSyncId();
+      sync->mutable_sync()->set_id(id);
+      hold_.SyncSent(id);
       if (v1::InputWait wait; input_wait_.Take(&wait)) {
-        *sync.mutable_sync()->mutable_input_wait() = std::move(wait);
+        *sync->mutable_sync()->mutable_input_wait() = std::move(wait);
       }
-    }
-    WaitTag written;
-    stream_->Write(sync, TagOf(&written));
-    return written.Wait() ? sync.sync().id() : 0;
+    });
+    return sent ? id : 0;
   }
 
-  void RunSession();
+  // SessionHandler (reader_session.cc).
+  bool SessionWanted() override;
+  absl::Duration LeaseTtl() override;
+  void OpeningMessages(TrainerMessage* hello, TrainerMessage* want) override;
+  void StreamOpen(bool open) override;
+  void Welcomed(const CoordinatorMessage& welcome) override;
+  void Received(const CoordinatorMessage& message) override { Handle(message); }
+  void Failed(absl::Status status) override;
+
   void Handle(const CoordinatorMessage& m);
   void RunMaintenance();
   // Fails the reader when a data server whose stream failed speaks TLS and
@@ -208,8 +198,6 @@ class ReaderImpl final : public Reader, private FetchListener {
     for (const std::string& id : superseded) RetireLocked(id);
   }
   ReaderOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
 
   mutable absl::Mutex mu_;
   // Wait queues on mu_, so the per-batch hand-off wakes only the consumer
@@ -265,20 +253,16 @@ class ReaderImpl final : public Reader, private FetchListener {
   absl::Mutex flush_mu_;
   ReaderStats stats_ ABSL_GUARDED_BY(mu_);
 
-  static constexpr absl::Duration kTransportCheckPeriod = absl::Seconds(5);
   // The consumer's waits for samples since the last heartbeat.
   InputWaitHistogram input_wait_ ABSL_GUARDED_BY(mu_);
-
-  absl::Mutex write_mu_;
-  SessionStream* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
-  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(write_mu_) = nullptr;
 
   // Every stream's operations complete here, on its one I/O thread.
   CompletionLoop loop_;
   // Each held unit's ReadSamples stream.
   UnitFetcher fetcher_ ABSL_GUARDED_BY(mu_){options_, &mu_,   &units_,
                                             &loop_,   clock_, this};
-  std::thread session_thread_;
+  // The Session stream to the coordinator.
+  CoordinatorSession session_{options_, &loop_, clock_, this};
   std::thread maintenance_thread_;
 };
 

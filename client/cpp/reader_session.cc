@@ -5,31 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/cpp/grpc_deadline.h"
 #include "client/cpp/reader_impl.h"
-#include "server/common/backoff.h"
-#include "server/common/grpc_status.h"
 #include "server/common/tls_probe.h"
 
 namespace sluice::client_internal {
-namespace {
-
-// Statuses after which reconnecting cannot help.
-bool Terminal(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kUnimplemented:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
 
 void ReaderImpl::FlushReports(bool progress, bool force) {
   absl::MutexLock flush_lock(&flush_mu_);
@@ -70,187 +49,66 @@ void ReaderImpl::FlushReports(bool progress, bool force) {
   }
 }
 
-void ReaderImpl::RunSession() {
-  // Retries stay well within a lease TTL: a restarted coordinator gives
-  // the leases a fresh TTL and keeps them only if we are back before it
-  // ends.
-  Backoff backoff(absl::Milliseconds(100), absl::Seconds(5));
-  absl::Time unreachable_since = clock_->Now();
-  absl::Time next_transport_check = absl::InfinitePast();
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (closing_ || job_done_) return;
-    }
-    // Connect first (polling the connection up to once per retry period,
-    // the channel's backoff capped as above), then open the stream.
-    if (!channel_->WaitForConnected(
-            DeadlineAfter(std::min(backoff.step() * 5, absl::Seconds(1))))) {
-      // A client and coordinator that disagree about TLS fail every connect
-      // the same way: say so instead of retrying until the timeout.
-      absl::Status mismatch;
-      if (clock_->Now() >= next_transport_check) {
-        next_transport_check = clock_->Now() + kTransportCheckPeriod;
-        mismatch =
-            CheckTransport("coordinator", options_.coordinator,
-                           options_.tls.has_value(), "ReaderOptions::tls");
-      }
-      absl::MutexLock lock(&mu_);
-      if (!mismatch.ok()) {
-        fatal_ = mismatch;
-        NotifyAllLocked();
-        return;
-      }
-      if (closing_ || job_done_) return;
-      if (clock_->Now() - unreachable_since > options_.reconnect_timeout) {
-        fatal_ = absl::UnavailableError(absl::StrCat(
-            "coordinator ", options_.coordinator, " unreachable for ",
-            absl::FormatDuration(options_.reconnect_timeout)));
-        NotifyAllLocked();
-        return;
-      }
-      backoff.set_max(std::min(absl::Seconds(5), hold_.lease_ttl() / 4));
-      backoff.Grow();
-      continue;
-    }
-    grpc::ClientContext ctx;
-    std::unique_ptr<SessionStream> stream =
-        coordinator_->PrepareAsyncSession(&ctx, loop_.cq());
-    {
-      absl::MutexLock lock(&write_mu_);
-      session_ctx_ = &ctx;  // Close() can cancel from here on
-    }
-    WaitTag started;
-    stream->StartCall(TagOf(&started));
-    const bool started_ok = started.Wait();
-    auto read = [&stream](CoordinatorMessage* m) {
-      WaitTag done;
-      stream->Read(m, TagOf(&done));
-      return done.Wait();
-    };
-    {
-      absl::MutexLock lock(&mu_);
-      if (closing_) ctx.TryCancel();
-    }
-    TrainerMessage hello;
-    hello.mutable_hello()->set_job(options_.job);
-    hello.mutable_hello()->set_rank(options_.rank);
-    hello.mutable_hello()->set_worker(options_.worker);
-    hello.mutable_hello()->set_num_workers(options_.num_workers);
-    hello.mutable_hello()->set_trainer_id(options_.trainer_id);
-    hello.mutable_hello()->set_launch_id(options_.launch_id);
-    hello.mutable_hello()->set_node(options_.node);
-    {
-      absl::MutexLock lock(&mu_);
-      if (options_.resume_from.has_value() && !resume_done_) {
-        *hello.mutable_hello()->mutable_cursor() = *options_.resume_from;
-        hello.mutable_hello()->set_resume_attempt(options_.resume_attempt);
-      }
-    }
-    TrainerMessage want;
-    {
-      absl::MutexLock lock(&mu_);
-      want.mutable_want()->set_credits(credits_);
-    }
-    // The Hello is written before the stream is published to the other
-    // writers (reports, Syncs, Want): a Progress the maintenance thread
-    // flushed first on a new stream would end it at the coordinator ("the
-    // first message must be Hello").
-    bool hello_written = false;
-    {
-      absl::MutexLock lock(&write_mu_);
-      if (started_ok) {
-        {
-          absl::MutexLock state(&mu_);
-          hold_.HelloSent();
-        }
-        WaitTag written;
-        stream->Write(hello, TagOf(&written));
-        hello_written = written.Wait();
-      }
-      stream_ = stream.get();
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      stream_open_ = true;
-    }
-    bool welcomed = false;
-    if (started_ok) {
-      // A write fails when the coordinator has already ended the stream (a
-      // finished job: Welcome, JobDone, OK right after the Hello). Its
-      // messages are read all the same: they say why, and Finish() waits
-      // for every incoming message to be read.
-      if (hello_written) Send(want);
-      CoordinatorMessage m;
-      while (read(&m)) {
-        if (m.has_welcome() && !welcomed) {
-          welcomed = true;
-          backoff.Reset();
-          Handle(m);
-          // Re-send what a broken stream may have lost, and have every held
-          // lease confirmed: a lease the coordinator no longer knows is
-          // Rejected (before the Synced), and its rest is never delivered.
-          // Finals the old coordinator may never have made durable first,
-          // in delivery order; then every live unit's position.
-          std::vector<TrainerMessage> finals;
-          {
-            absl::MutexLock lock(&mu_);
-            finals = ledger_.Unconfirmed();
-          }
-          for (const TrainerMessage& f : finals) Send(f);
-          FlushReports(true, /*force=*/true);
-          const uint64_t id = SendSync();
-          {
-            absl::MutexLock lock(&mu_);
-            hold_.Reconnected(id);
-          }
-          continue;
-        }
-        Handle(m);
-      }
-    }
-    {
-      absl::MutexLock lock(&write_mu_);
-      stream_ = nullptr;
-      session_ctx_ = nullptr;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      stream_open_ = false;
-      hold_.Disconnected();
-      NotifyAllLocked();
-    }
-    grpc::Status finish_status;
-    {
-      WaitTag finished;
-      stream->Finish(&finish_status, TagOf(&finished));
-      finished.Wait();
-    }
-    absl::Status status = FromGrpcStatus(finish_status);
-    absl::MutexLock lock(&mu_);
-    if (closing_ || job_done_) return;
-    if (Terminal(status)) {
-      fatal_ = status;
-      NotifyAllLocked();
-      return;
-    }
-    if (welcomed) {
-      unreachable_since = clock_->Now();
-      ++stats_.reconnects;
-    }
-    if (clock_->Now() - unreachable_since > options_.reconnect_timeout) {
-      fatal_ = absl::UnavailableError(absl::StrCat(
-          "coordinator ", options_.coordinator, " unreachable for ",
-          absl::FormatDuration(options_.reconnect_timeout), ": ",
-          status.ToString()));
-      NotifyAllLocked();
-      return;
-    }
-    backoff.set_max(std::min(absl::Seconds(5), hold_.lease_ttl() / 4));
-    const absl::Time until = clock_->Now() + backoff.NextWait();
-    while (!closing_ && clock_->Now() < until)
-      cv_.WaitWithTimeout(&mu_, until - clock_->Now());
+bool ReaderImpl::SessionWanted() {
+  absl::MutexLock lock(&mu_);
+  return !closing_ && !job_done_;
+}
+
+absl::Duration ReaderImpl::LeaseTtl() {
+  absl::MutexLock lock(&mu_);
+  return hold_.lease_ttl();
+}
+
+void ReaderImpl::OpeningMessages(TrainerMessage* hello, TrainerMessage* want) {
+  v1::Hello& h = *hello->mutable_hello();
+  h.set_job(options_.job);
+  h.set_rank(options_.rank);
+  h.set_worker(options_.worker);
+  h.set_num_workers(options_.num_workers);
+  h.set_trainer_id(options_.trainer_id);
+  h.set_launch_id(options_.launch_id);
+  h.set_node(options_.node);
+  absl::MutexLock lock(&mu_);
+  if (options_.resume_from.has_value() && !resume_done_) {
+    *h.mutable_cursor() = *options_.resume_from;
+    h.set_resume_attempt(options_.resume_attempt);
   }
+  want->mutable_want()->set_credits(credits_);
+  hold_.HelloSent();
+}
+
+void ReaderImpl::StreamOpen(bool open) {
+  absl::MutexLock lock(&mu_);
+  stream_open_ = open;
+  if (!open) {
+    hold_.Disconnected();
+    NotifyAllLocked();
+  }
+}
+
+void ReaderImpl::Welcomed(const CoordinatorMessage& welcome) {
+  Handle(welcome);
+  // Re-send what a broken stream may have lost, and have every held lease
+  // confirmed: a lease the coordinator no longer knows is Rejected (before
+  // the Synced), and its rest is never delivered. Finals the old
+  // coordinator may never have made durable first, in delivery order; then
+  // every live unit's position.
+  std::vector<TrainerMessage> finals;
+  {
+    absl::MutexLock lock(&mu_);
+    finals = ledger_.Unconfirmed();
+  }
+  for (const TrainerMessage& f : finals) Send(f);
+  FlushReports(true, /*force=*/true);
+  const uint64_t id = SendSync();
+  absl::MutexLock lock(&mu_);
+  hold_.Reconnected(id);
+}
+
+void ReaderImpl::Failed(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  fatal_ = std::move(status);
+  NotifyAllLocked();
 }
 
 void ReaderImpl::Handle(const CoordinatorMessage& m) {
