@@ -1,7 +1,7 @@
 // A unit the C++ Reader holds under a lease: the lease, what the consumer
 // has taken and reported, the samples buffered for it, and the state of its
 // ReadSamples stream (unit_fetcher.h drives the stream; reader.cc hands the
-// samples out; reader_session.cc reports them).
+// samples out and reports them).
 #ifndef SLUICE_CLIENT_CPP_HELD_UNIT_H_
 #define SLUICE_CLIENT_CPP_HELD_UNIT_H_
 

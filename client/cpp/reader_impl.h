@@ -1,7 +1,7 @@
-// The C++ Reader (sluice/reader.h) behind its facade: reader.cc
-// (construction, Next, Cursor, Close) and reader_session.cc (what the
-// coordinator's messages do, reports, heartbeats and the maintenance
-// thread). The Session stream itself is the CoordinatorSession's
+// The C++ Reader (sluice/reader.h) behind its facade, in reader.cc: Next,
+// Cursor and Close; what the coordinator's messages do (grants, revokes,
+// epochs, Syncs); reports, heartbeats and the maintenance thread. The
+// Session stream itself is the CoordinatorSession's
 // (coordinator_session.h), each held unit's ReadSamples stream the
 // UnitFetcher's (unit_fetcher.h). The timing rules they apply are their own
 // classes (report_ledger.h, lease_hold.h, fetch_turn.h, reroute_backoff.h,
@@ -140,7 +140,7 @@ class ReaderImpl final : public Reader,
     return sent ? id : 0;
   }
 
-  // SessionHandler (reader_session.cc).
+  // SessionHandler.
   bool SessionWanted() override;
   absl::Duration LeaseTtl() override;
   void OpeningMessages(TrainerMessage* hello, TrainerMessage* want) override;
@@ -207,8 +207,8 @@ class ReaderImpl final : public Reader,
   // (NotifyAllLocked).
   absl::CondVar cv_;
   absl::CondVar data_cv_;
-  absl::CondVar
-      maintenance_cv_;  // the maintenance thread's timer; woken on closing
+  absl::CondVar maintenance_cv_;  // the maintenance thread's timer; woken on
+                                  // closing and for transport checks
   void NotifyAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     fetcher_.StartEligibleLocked();
     cv_.SignalAll();

@@ -83,6 +83,7 @@ class UnitFetcher final : public FetchEvents {
   void CancelStalledLocked(absl::Time now);
   // The data servers to ask whether they speak TLS (each once).
   std::vector<std::string> TakeTransportChecksLocked();
+  bool transport_checks_queued() const { return !transport_checks_.empty(); }
   // The reader is closing: outcomes no longer matter (`closed`), or every
   // stream is being cancelled and none may open (`closing`).
   void SetClosedLocked() { closed_ = true; }
