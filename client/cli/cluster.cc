@@ -291,7 +291,8 @@ int UpCommand(const std::vector<std::string>& args) {
        .host = host,
        .coordinator_flags = args,
        .data_server_flags = absl::GetFlag(FLAGS_data_server_flags),
-       .ha = ha});
+       .ha = ha,
+       .credentials = Credentials()});
   absl::Status s = cluster.StartCoordinator();
   if (s.ok()) s = cluster.StartDataServers(servers);
   if (!s.ok()) {
@@ -328,8 +329,8 @@ int UpCommand(const std::vector<std::string>& args) {
   std::printf("shards from %s; logs in %s/logs; Ctrl-C stops everything\n",
               real, dir.c_str());
   if (autoscaler.has_value()) {
-    autoscaler->stub = v1::Coordinator::NewStub(CoordinatorChannel(
-        cluster.coordinator_address(), grpc::InsecureChannelCredentials()));
+    autoscaler->stub = v1::Coordinator::NewStub(
+        CoordinatorChannel(cluster.coordinator_address(), Credentials()));
     std::printf(
         "autoscale: %d to %d data servers, following the coordinator's "
         "estimate\n",

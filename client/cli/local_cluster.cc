@@ -129,8 +129,9 @@ absl::Status LocalCluster::StartCoordinator(
                    StartCoordinatorProcess("coordinator", options_.listen));
   address_ = coordinator_.grpc_address;
   // With `ha` it listens at once, as a standby, and is ready once it leads.
-  if (absl::Status ready = WaitForReadiness(
-          coordinator_.grpc_address, coordinator_.process, absl::Seconds(30));
+  if (absl::Status ready =
+          WaitForReadiness(coordinator_.grpc_address, coordinator_.process,
+                           absl::Seconds(30), options_.credentials);
       !ready.ok()) {
     return WithLastLogLine(ready, coordinator_.log_path);
   }
@@ -153,8 +154,9 @@ absl::Status LocalCluster::RestartCoordinator() {
   KillCoordinator();
   ASSIGN_OR_RETURN(coordinator_, StartCoordinatorProcess(
                                      "coordinator", coordinator_.grpc_address));
-  if (absl::Status ready = WaitForReadiness(
-          coordinator_.grpc_address, coordinator_.process, absl::Seconds(30));
+  if (absl::Status ready =
+          WaitForReadiness(coordinator_.grpc_address, coordinator_.process,
+                           absl::Seconds(30), options_.credentials);
       !ready.ok()) {
     return WithLastLogLine(ready, coordinator_.log_path);
   }
@@ -187,7 +189,9 @@ absl::Status LocalCluster::StartDataServers(
   // Until every data server has registered, grants would name none: ask
   // the (leading) coordinator which are live.
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-      coordinator_.grpc_address, grpc::InsecureChannelCredentials()));
+      coordinator_.grpc_address, options_.credentials != nullptr
+                                     ? options_.credentials
+                                     : grpc::InsecureChannelCredentials()));
   const int want = static_cast<int>(data_.size());
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   int live = 0;

@@ -18,6 +18,9 @@
 #ifndef SLUICE_CLIENT_CLI_LOCAL_CLUSTER_H_
 #define SLUICE_CLIENT_CLI_LOCAL_CLUSTER_H_
 
+#include <grpcpp/security/credentials.h>
+
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,10 @@ struct LocalClusterOptions {
   // Two coordinators with their journal in a local etcd (`etcd` on the
   // PATH): the first leads, the second waits as a standby.
   bool ha = false;
+  // What the cluster's own checks (readiness, live data servers) connect
+  // to the coordinator with; null: plaintext. A coordinator given TLS flags
+  // needs the matching client credentials here.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 class LocalCluster {

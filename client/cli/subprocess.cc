@@ -159,10 +159,12 @@ absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(
   return absl::DeadlineExceededError("no port file at " + path);
 }
 
-absl::Status WaitForReadiness(const std::string& address, Subprocess& process,
-                              absl::Duration timeout) {
+absl::Status WaitForReadiness(
+    const std::string& address, Subprocess& process, absl::Duration timeout,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(address, credentials));
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     grpc::ClientContext ctx;

@@ -3,9 +3,11 @@
 #ifndef SLUICE_CLIENT_CLI_SUBPROCESS_H_
 #define SLUICE_CLIENT_CLI_SUBPROCESS_H_
 
+#include <grpcpp/security/credentials.h>
 #include <sys/types.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,10 +62,12 @@ std::string SelfPath();
 absl::StatusOr<std::map<std::string, std::string>> WaitForPortFile(
     const std::string& path, Subprocess& process, absl::Duration timeout);
 
-// Waits until the server at `address` (plaintext) reports its "readiness"
-// health service SERVING; fails when `process` exits first.
-absl::Status WaitForReadiness(const std::string& address, Subprocess& process,
-                              absl::Duration timeout);
+// Waits until the server at `address` reports its "readiness" health
+// service SERVING, asked with `credentials` (null: plaintext); fails when
+// `process` exits first.
+absl::Status WaitForReadiness(
+    const std::string& address, Subprocess& process, absl::Duration timeout,
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 }  // namespace sluice::cli
 

@@ -18,6 +18,7 @@
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/test_cluster.h"
+#include "tests/testing/tls_fixture.h"
 
 namespace sluice {
 namespace {
@@ -329,6 +330,82 @@ TEST(SluicectlTest, UpOnAllInterfacesServesOtherNodes) {
   for (absl::string_view l : absl::StrSplit(read.output, '\n'))
     lines += absl::StartsWith(l, "{\"epoch\":0,");
   EXPECT_EQ(lines, 7);
+  up->Signal(SIGTERM);
+  auto code = up->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+}
+
+// `up` with TLS flags for both servers and client credentials for itself: a
+// cluster that takes only mutually authenticated TLS comes up (its
+// readiness and registration checks speak TLS), and a job is created and
+// read over it.
+TEST(SluicectlTest, UpServesOverMutualTls) {
+  TempDir dir;
+  auto pki = testing::MakeTestPki(dir.path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  mkdir(dir.File("shards").c_str(), 0755);
+  testing::TarWriter tar;
+  for (int i = 0; i < 5; ++i) tar.File(absl::StrCat("k", i, ".cls"), "1");
+  testing::WriteFile(dir.File("shards/0.tar"), tar.Finish());
+  ASSERT_EQ(
+      Ctl(dir, {"index", dir.File("shards"), "-o", dir.File("m.json")}).code,
+      0);
+  const std::string server_tls = absl::StrCat(
+      "--tls_cert=", pki->server_cert, ",--tls_key=", pki->server_key,
+      ",--tls_client_ca=", pki->ca_cert);
+  const std::vector<std::string> client_tls = {
+      "--ca_cert=" + pki->ca_cert, "--client_cert=" + pki->client_cert,
+      "--client_key=" + pki->client_key};
+  std::vector<std::string> argv = {
+      testing::BinDir() + "/sluicectl",
+      "up",
+      "--dir=" + dir.File("up"),
+      "--shards=" + dir.File("shards"),
+      "--data_servers=1",
+      "--coordinator=127.0.0.1:0",
+      absl::StrCat("--data_server_flags=", server_tls, ",--coordinator_ca=",
+                   pki->ca_cert, ",--coordinator_cert=", pki->client_cert,
+                   ",--coordinator_key=", pki->client_key)};
+  argv.insert(argv.end(), client_tls.begin(), client_tls.end());
+  argv.push_back("--");
+  for (absl::string_view flag : absl::StrSplit(server_tls, ','))
+    argv.emplace_back(flag);
+  argv.push_back("--admin_identities=client");  // the client certificate's CN
+  const std::string log = dir.File("up.log");
+  auto up = ChildProcess::Start(argv, log);
+  ASSERT_TRUE(up.ok());
+  std::string address;
+  for (const absl::Time end = absl::Now() + absl::Seconds(90);
+       absl::Now() < end && address.empty();
+       absl::SleepFor(absl::Milliseconds(50))) {  // polls up's output
+    const std::string text = testing::ReadWholeFile(log).value_or("");
+    for (absl::string_view l : absl::StrSplit(text, '\n')) {
+      if (absl::ConsumePrefix(&l, "coordinator "))
+        address = std::string(l.substr(0, l.find(' ')));
+    }
+    ASSERT_TRUE(up->running()) << text;
+  }
+  ASSERT_FALSE(address.empty()) << testing::ReadWholeFile(log).value_or("");
+  std::vector<std::string> create = {"job", "create", "--name=secure",
+                                     "--manifest=" + dir.File("m.json"),
+                                     "--coordinator=" + address};
+  create.insert(create.end(), client_tls.begin(), client_tls.end());
+  CtlRun created = Ctl(dir, create);
+  ASSERT_EQ(created.code, 0) << created.output;
+  std::vector<std::string> read = {"read", "--job=secure", "--rank=0",
+                                   "--coordinator=" + address};
+  read.insert(read.end(), client_tls.begin(), client_tls.end());
+  CtlRun got = Ctl(dir, read);
+  ASSERT_EQ(got.code, 0) << got.output;
+  int lines = 0;
+  for (absl::string_view l : absl::StrSplit(got.output, '\n'))
+    lines += absl::StartsWith(l, "{\"epoch\":0,");
+  EXPECT_EQ(lines, 5);
+  // Without credentials the same cluster refuses the client.
+  CtlRun plain = Ctl(
+      dir, {"read", "--job=secure", "--rank=0", "--coordinator=" + address});
+  EXPECT_NE(plain.code, 0);
   up->Signal(SIGTERM);
   auto code = up->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok());
