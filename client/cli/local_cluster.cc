@@ -146,9 +146,7 @@ absl::Status LocalCluster::StartCoordinator(
   return absl::OkStatus();
 }
 
-void LocalCluster::KillCoordinator() {
-  if (coordinator_.process.running()) coordinator_.process.Kill();
-}
+void LocalCluster::KillCoordinator() { coordinator_.process.Kill(); }
 
 absl::Status LocalCluster::RestartCoordinator() {
   KillCoordinator();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,7 +15,6 @@
 #include "server/common/grpc_status.h"
 #include "server/common/grpc_target.h"
 #include "server/common/status_macros.h"
-#include "server/common/tls_probe.h"
 #include "sluice/v1/coordinator.grpc.pb.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 
@@ -36,7 +36,7 @@ class CoordinatorCalls {
                    const std::optional<ClientTls>& tls,
                    absl::string_view tls_field, absl::Duration timeout)
       : address_(address),
-        tls_(tls.has_value()),
+        tls_(tls),
         tls_field_(tls_field),
         timeout_(timeout),
         credentials_(client_internal::ChannelCredentials(tls)),
@@ -67,17 +67,12 @@ class CoordinatorCalls {
 
  private:
   absl::Status Explain(const grpc::Status& s) const {
-    absl::Status status = FromGrpcStatus(s);
-    if (absl::IsUnavailable(status)) {
-      absl::Status mismatch =
-          CheckTransport("coordinator", address_, tls_, tls_field_);
-      if (!mismatch.ok()) return mismatch;
-    }
-    return status;
+    return client_internal::ExplainUnavailable(FromGrpcStatus(s), address_,
+                                               tls_, tls_field_);
   }
 
   std::string address_;
-  bool tls_;
+  std::optional<ClientTls> tls_;
   std::string tls_field_;
   absl::Duration timeout_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;

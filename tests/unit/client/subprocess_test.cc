@@ -38,5 +38,31 @@ TEST(SubprocessTest, ACommandThatCannotBeRunExits127SayingSo) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A handle without a process answers at once: Wait says so, Stop and Kill
+// do nothing (an infinite timeout would otherwise never return).
+TEST(SubprocessTest, AHandleWithoutAProcessAnswersAtOnce) {
+  Subprocess none;
+  EXPECT_FALSE(none.running());
+  EXPECT_EQ(none.Wait(absl::InfiniteDuration()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  none.Stop(absl::InfiniteDuration());
+  none.Kill();
+  EXPECT_FALSE(none.running());
+}
+
+// Kill reaps a running child (128 + SIGKILL); Stop after that does nothing.
+TEST(SubprocessTest, KillReapsARunningChild) {
+  absl::StatusOr<Subprocess> child =
+      Subprocess::Spawn({"sleep", "600"}, "", "", /*die_with_parent=*/true);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_TRUE(child->running());
+  child->Kill();
+  EXPECT_FALSE(child->running());
+  absl::StatusOr<int> code = child->Wait(absl::InfiniteDuration());
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 128 + 9);
+  child->Stop(absl::InfiniteDuration());
+}
+
 }  // namespace
 }  // namespace sluice::cli
