@@ -820,6 +820,20 @@ ImageBuffer Mirror8(const ImageBuffer& image) {
 
 }  // namespace
 
+namespace {
+
+// Where 8-bit output samples are written: the output itself, or, when they
+// become floats, a buffer of their own.
+struct EightBitStaging {
+  EightBitStaging(size_t count, bool to_float, uint8_t* output)
+      : owned(to_float ? new uint8_t[count] : nullptr),
+        bytes(to_float ? owned.get() : output) {}
+  std::unique_ptr<uint8_t[]> owned;
+  uint8_t* bytes;
+};
+
+}  // namespace
+
 void ImageTransforms::WriteFloats(const uint8_t* bytes, int c, size_t plane,
                                   uint8_t* out) const {
   // torchvision: ToTensor divides by 255, Normalize subtracts the mean and
@@ -880,12 +894,8 @@ absl::StatusOr<DecodedField> ImageTransforms::OutputPlanes(
                           : v1::DTYPE_UINT8;
   std::shared_ptr<uint8_t> out(new uint8_t[count * out_bytes],
                                std::default_delete<uint8_t[]>());
-  std::unique_ptr<uint8_t[]> staging;
-  uint8_t* bytes = out.get();
-  if (to_float_) {
-    staging.reset(new uint8_t[count]);
-    bytes = staging.get();
-  }
+  EightBitStaging staging(count, to_float_, out.get());
+  uint8_t* bytes = staging.bytes;
   // libyuv: a negative height writes the rows bottom-up.
   const int signed_h = geometry.flip_vertical ? -h : h;
   for (int ch = 0; ch < c; ++ch) {
@@ -1008,12 +1018,8 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
     // layout (planes split by libyuv), then floats per plane.
     if (geometry.flip_horizontal) image = Mirror8(image);
     const size_t plane = static_cast<size_t>(w) * h;
-    std::unique_ptr<uint8_t[]> staging;
-    uint8_t* bytes = out.get();
-    if (to_float_) {
-      staging.reset(new uint8_t[count]);
-      bytes = staging.get();
-    }
+    EightBitStaging staging(count, to_float_, out.get());
+    uint8_t* bytes = staging.bytes;
     // libyuv: a negative height writes the rows bottom-up.
     const int signed_h = geometry.flip_vertical ? -h : h;
     const int stride = static_cast<int>(image.stride);

@@ -107,6 +107,29 @@ class ScriptedCoordinator final : public v1::Coordinator::Service {
   std::vector<std::vector<std::string>> streams_ ABSL_GUARDED_BY(mu_);
 };
 
+// A loopback address bound but not listening while it lives: connecting
+// is refused.
+struct RefusingAddress {
+  RefusingAddress() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+    }
+  }
+  ~RefusingAddress() {
+    if (fd >= 0) close(fd);
+  }
+  RefusingAddress(const RefusingAddress&) = delete;
+  RefusingAddress& operator=(const RefusingAddress&) = delete;
+  int fd = -1;
+  std::string address;
+};
+
 // The test as the session's handler: what it was told, in order.
 class CoordinatorSessionTest : public ::testing::Test, public SessionHandler {
  protected:
@@ -215,19 +238,12 @@ TEST_F(CoordinatorSessionTest, HelloAndWantGoFirstAndMessagesArriveInOrder) {
 }
 
 TEST_F(CoordinatorSessionTest, NothingIsBuiltOrSentWithoutAStream) {
-  // Nothing listens on the address.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  Start(absl::StrCat("127.0.0.1:", ntohs(addr.sin_port)));
+  RefusingAddress nobody;
+  ASSERT_FALSE(nobody.address.empty());
+  Start(nobody.address);
   bool built = false;
   EXPECT_FALSE(session_->Send([&built](TrainerMessage*) { built = true; }));
   EXPECT_FALSE(built);
-  close(fd);
 }
 
 TEST_F(CoordinatorSessionTest, AWelcomedStreamThatEndsIsOpenedAgain) {
@@ -261,14 +277,9 @@ TEST_F(CoordinatorSessionTest, AStatusReconnectingCannotHelpEndsTheSession) {
 }
 
 TEST_F(CoordinatorSessionTest, AnUnreachableCoordinatorFailsAfterTheTimeout) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  Start(absl::StrCat("127.0.0.1:", ntohs(addr.sin_port)));
+  RefusingAddress nobody;
+  ASSERT_FALSE(nobody.address.empty());
+  Start(nobody.address);
   // The session asks first after it noted when the coordinator became
   // unreachable; each failed attempt asks twice, the second time just
   // before comparing the time unreachable with the timeout.
@@ -281,7 +292,6 @@ TEST_F(CoordinatorSessionTest, AnUnreachableCoordinatorFailsAfterTheTimeout) {
   EXPECT_THAT(events(),
               ElementsAre(HasSubstr("UNAVAILABLE: coordinator 127.0.0.1:")));
   EXPECT_THAT(events()[0], HasSubstr("unreachable for 30s"));
-  close(fd);
 }
 
 }  // namespace
