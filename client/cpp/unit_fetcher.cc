@@ -221,14 +221,18 @@ void UnitFetcher::OnBatch(HeldUnit& u, bool ok) {
     return;
   }
   // Convert outside the lock (the batch belongs to this Read until it is
-  // re-issued), then hand it over in one step.
+  // re-issued), then hand it over in one step. The lease is read from the
+  // stream's own request: a grant sent again (a fresh token) replaces
+  // u.lease under the lock meanwhile, and only StartLocked, never while a
+  // Read is outstanding, rewrites the request.
+  const v1::Lease& lease = u.request.lease();
   std::vector<Sample> converted;
   converted.reserve(static_cast<size_t>(u.batch.samples_size()));
   for (v1::Sample& s : *u.batch.mutable_samples()) {
     Sample out;
-    out.epoch = u.lease.epoch();
-    out.rank = u.lease.rank();
-    const v1::WorkUnit& unit = u.lease.unit();
+    out.epoch = lease.epoch();
+    out.rank = lease.rank();
+    const v1::WorkUnit& unit = lease.unit();
     const auto& pieces = UnitPieces(unit);
     if (!pieces.empty()) {
       // A window or mixed unit: each sample names its shard (a piece index
@@ -248,7 +252,7 @@ void UnitFetcher::OnBatch(HeldUnit& u, bool ok) {
       out.shard_index = unit.shard().shard_index();
       out.shard_url = unit.shard().url();
     }
-    out.data_server = u.lease.data_server();
+    out.data_server = lease.data_server();
     out.index = s.index();
     out.key = std::move(*s.mutable_key());
     out.skipped = s.skipped();

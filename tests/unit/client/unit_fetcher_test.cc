@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "client/cpp/completion_loop.h"
@@ -258,6 +259,40 @@ TEST_F(UnitFetcherTest, ARefusedStreamOpensAgainOnTheSameServer) {
   EXPECT_EQ(u.busy_retries, 1);
   EXPECT_EQ(server_->calls(), 2);
   EXPECT_TRUE(fatal_.ok());
+}
+
+// A coordinator with a lease secret sends a held lease's grant again with a
+// fresh token while its stream runs; the reader replaces the lease under
+// its lock. The samples arriving meanwhile still carry the lease's epoch
+// and shard (the conversion reads the stream's own request: under
+// ThreadSanitizer, reading u.lease there is a data race).
+TEST_F(UnitFetcherTest, AGrantSentAgainMidStreamLeavesTheSamplesAlone) {
+  const int64_t samples = 400;
+  options_.buffer_samples = samples;  // the whole unit fits: no consumer
+  Start(ScriptedDataServer::Script::kServe);
+  HeldUnit* u;
+  {
+    absl::MutexLock lock(&mu_);
+    u = &Hold("a", samples);
+    u->lease.set_epoch(3);
+    fetcher_->StartEligibleLocked();
+  }
+  for (int refresh = 0;; ++refresh) {
+    absl::MutexLock lock(&mu_);
+    if (u->call_done) break;
+    v1::Lease again = u->lease;
+    again.set_token(absl::StrCat("token-", refresh));
+    again.set_expires_at_unix_ms(1000 + refresh);
+    u->lease = again;
+  }
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(u->fetch, HeldUnit::Fetch::kDone);
+  ASSERT_EQ(u->buffer.size(), static_cast<size_t>(samples));
+  for (const Sample& s : u->buffer) {
+    EXPECT_EQ(s.epoch, 3);
+    EXPECT_EQ(s.shard_url, "/shards/s.tar");
+    EXPECT_EQ(s.data_server, server_->address());
+  }
 }
 
 }  // namespace
