@@ -84,11 +84,13 @@ absl::StatusOr<ServerProcess> StartServer(std::vector<std::string> argv,
                                           absl::Duration timeout) {
   unlink(port_file.c_str());  // an earlier run's file names old ports
   if (argv.empty()) return absl::InvalidArgumentError("no server to start");
+  ServerProcess server;
+  server.argv = argv;
+  server.log_path = log_path;
+  server.port_file = port_file;
   // Right after the binary: a flag the caller gives wins.
   argv.insert(argv.begin() + 1,
               {"--metrics_listen=127.0.0.1:0", "--port_file=" + port_file});
-  ServerProcess server;
-  server.log_path = log_path;
   ASSIGN_OR_RETURN(server.process, Subprocess::Spawn(argv, "", log_path));
   absl::StatusOr<std::map<std::string, std::string>> ports =
       WaitForPortFile(port_file, server.process, timeout);
@@ -148,6 +150,12 @@ absl::Status LocalCluster::StartCoordinator(
 
 void LocalCluster::KillCoordinator() { coordinator_.process.Kill(); }
 
+absl::Status LocalCluster::RestartCoordinator(
+    const std::vector<std::string>& extra) {
+  coordinator_extra_ = extra;
+  return RestartCoordinator();
+}
+
 absl::Status LocalCluster::RestartCoordinator() {
   KillCoordinator();
   ASSIGN_OR_RETURN(coordinator_, StartCoordinatorProcess(
@@ -206,6 +214,18 @@ absl::Status LocalCluster::StartDataServers(
   return absl::DeadlineExceededError(
       absl::StrCat("the coordinator counts ", live, " live data servers of ",
                    want, " after 30 s (logs in ", options_.dir, "/logs)"));
+}
+
+absl::Status LocalCluster::RestartDataServer(size_t i) {
+  if (i >= data_.size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("no data server ", i, " of ", data_.size()));
+  }
+  ServerProcess& server = data_[i];
+  server.process.Stop(absl::Seconds(15));
+  const std::string port_file = server.port_file, log = server.log_path;
+  ASSIGN_OR_RETURN(server, StartServer(server.argv, port_file, log));
+  return absl::OkStatus();
 }
 
 std::string LocalCluster::DrainDataServer() {

@@ -4,7 +4,8 @@
 // Every server listens on port 0 and its addresses are read back from its
 // --port_file; its output goes to DIR/logs. `sluicectl up` and `sluicectl
 // demo` run one, and so do the C++ integration tests
-// (tests/testing/test_cluster.h). Every process is stopped by its own PID.
+// (tests/testing/test_cluster.h) and the Python tests
+// (tests/python/conftest.py). Every process is stopped by its own PID.
 //
 //   LocalClusterOptions o;
 //   o.dir = "/tmp/c", o.bin_dir = "build/bin", o.shards_dir = "/data/shards";
@@ -14,7 +15,9 @@
 //   ... trainers use cluster.coordinator_address() ...
 //   cluster.Stop();
 //
-// Not thread-safe: one thread drives it.
+// The Python tests' fixtures drive it through sluice._core
+// (client/python/core/local_cluster_bindings.cc). Not thread-safe: one thread
+// drives it.
 #ifndef SLUICE_CLIENT_CLI_LOCAL_CLUSTER_H_
 #define SLUICE_CLIENT_CLI_LOCAL_CLUSTER_H_
 
@@ -34,9 +37,13 @@ namespace sluice::cli {
 // A server binary running with its addresses read from its port file.
 struct ServerProcess {
   Subprocess process;
+  // The command as started, without the flags StartServer puts first (what
+  // a restart runs again).
+  std::vector<std::string> argv;
   std::string grpc_address;     // "HOST:PORT"
   std::string metrics_address;  // "127.0.0.1:PORT"
   std::string log_path;         // its stdout and stderr
+  std::string port_file;        // its --port_file
 };
 
 // Starts `argv` (a server binary's path, its --listen and other flags) with
@@ -90,8 +97,9 @@ class LocalCluster {
   void KillCoordinator();
   // Kills the coordinator unless it is down already and starts it again on
   // the same address and journal, as a supervisor's restart does; waits
-  // until it is ready.
+  // until it is ready. `extra` replaces the flags StartCoordinator was given.
   absl::Status RestartCoordinator();
+  absl::Status RestartCoordinator(const std::vector<std::string>& extra);
 
   // Starts `n` more data servers (`extra` flags after the cluster's) and
   // waits until the coordinator counts every data server live.
@@ -101,6 +109,10 @@ class LocalCluster {
   // registered).
   absl::Status AddDataServer(
       const std::vector<std::string>& extra = std::vector<std::string>());
+  // Stops data server `i` unless it is down already (SIGTERM, then SIGKILL
+  // after 15 s) and starts it again with the same command: a new process on
+  // a new port, with the same cache. Waits until it listens.
+  absl::Status RestartDataServer(size_t i);
   // Drains the newest data server (SIGTERM: it hands back what its readers
   // have not read, then exits; Reap collects it) and returns its address.
   std::string DrainDataServer();

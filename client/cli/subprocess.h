@@ -21,10 +21,13 @@ class Subprocess {
  public:
   // stdout to `stdout_path`, stderr to `stderr_path` (either may be empty =
   // inherit). Starts with an empty signal mask. argv[0] without a '/' is
-  // looked up in PATH; a command that cannot be run exits 127, saying so on
-  // its stderr. With `die_with_parent`, the child is SIGKILLed when the
-  // thread that spawned it ends (PR_SET_PDEATHSIG): for a command run in
-  // the foreground, from the main thread.
+  // looked up in PATH. Spawned with posix_spawn: the caller's fork handlers
+  // (gRPC's, a Python interpreter's) do not run, and a command that cannot
+  // be run is a FAILED_PRECONDITION naming it. With `die_with_parent`, the
+  // child is SIGKILLed when the thread that spawned it ends
+  // (PR_SET_PDEATHSIG, set between fork and exec): for a command run in the
+  // foreground, from the main thread; one that cannot be run then exits
+  // 127, saying so on its stderr.
   static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
                                           const std::string& stdout_path,
                                           const std::string& stderr_path,

@@ -1,22 +1,22 @@
 """A real local Sluice cluster for the Python client tests.
 
 The binaries come from $SLUICE_BIN_DIR (ctest sets it to build/bin); the
-client package from build/python (PYTHONPATH). Servers listen on 127.0.0.1:0
-and report their ports through --port_file; every process started here is
-stopped by its own PID. Jobs are created with `sluicectl` in a subprocess:
-the pytest process itself never opens a gRPC channel before DataLoader
-workers fork.
+client package from build/python (PYTHONPATH). Servers are started by the
+local-cluster library `sluicectl up` runs on (client/cli/local_cluster.h,
+through sluice._core): they listen on 127.0.0.1:0 and report their ports
+through --port_file, and every process started here is stopped by its own
+PID. Jobs are created with `sluicectl` in a subprocess.
 """
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from sluice import _core
 
 # sample_data.py sits beside this file, which other suites load by its path.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -85,38 +85,54 @@ def free_port():
 
 
 class Server:
-    def __init__(self, binary, workdir, args, port=0):
-        os.makedirs(workdir, exist_ok=True)
-        self.port_file = os.path.join(workdir, f"{binary}-{time.monotonic_ns()}.ports")
-        self.log = open(os.path.join(workdir, f"{binary}.log"), "ab")
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, binary), f"--listen=127.0.0.1:{port}",
-             "--metrics_listen=127.0.0.1:0",
-             f"--port_file={self.port_file}", *args],
-            stdout=self.log, stderr=subprocess.STDOUT)
+    """A server process started by the local-cluster library
+    (client/cli/local_cluster.h, through sluice._core): alone (`binary` in
+    $SLUICE_BIN_DIR with `args`, listening on 127.0.0.1:`port`, its output in
+    WORKDIR/BINARY.log), or, given `handle`, one of a Cluster's."""
 
-        def ports():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{binary} exited with {self.proc.returncode}")
-            if not os.path.exists(self.port_file):
-                return None
-            lines = dict(l.split("=", 1) for l in open(self.port_file).read().split())
-            return lines if "grpc" in lines else None
-        p = _wait_for(ports, 30, f"{binary} to listen")
-        self.address, self.metrics = p["grpc"], p["metrics"]
+    def __init__(self, binary=None, workdir=None, args=(), port=0, handle=None):
+        if handle is None:
+            os.makedirs(workdir, exist_ok=True)
+            handle = _core.start_server(
+                [os.path.join(BIN, binary), f"--listen=127.0.0.1:{port}", *args],
+                port_file=os.path.join(workdir, f"{binary}-{time.monotonic_ns()}.ports"),
+                log_path=os.path.join(workdir, f"{binary}.log"), timeout=30)
+        self._handle = handle
+
+    @property
+    def address(self):
+        return self._handle.address
+
+    @property
+    def metrics(self):
+        return self._handle.metrics
+
+    @property
+    def pid(self):
+        return self._handle.pid
+
+    @property
+    def log_path(self):
+        return self._handle.log_path
+
+    def signal(self, signo):
+        self._handle.signal(signo)
+
+    def poll(self):
+        return self._handle.poll()
+
+    def wait(self, timeout=None):
+        return self._handle.wait(timeout)
+
+    def kill(self):
+        self._handle.kill()
 
     def metric_text(self):
         return urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5).read().decode()
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        """SIGTERM, then SIGKILL after 30 s; waits for the exit."""
+        self._handle.stop(30.0)
 
 
 def make_pki(directory):
@@ -176,21 +192,45 @@ class Cluster:
             with open(token) as f:
                 self.admin_metadata = (("authorization", "Bearer " + f.read()),)
         admin = ["--admin_identities=client", "--data_server_identities=client"] if pki else []
-        self.coordinator_flags = [f"--journal_dir={os.path.join(self.tmp, 'journal')}",
-                                  f"--heartbeat_interval={heartbeat_interval}", *server_tls,
-                                  *secret,
-                                  *self.admin_token, *admin, *coordinator_flags]
-        self.coordinator = Server("sluice-coordinator", self.tmp, self.coordinator_flags)
         register_tls = ([f"--coordinator_ca={pki['ca.crt']}",
                          f"--coordinator_cert={pki['client.crt']}",
                          f"--coordinator_key={pki['client.key']}"] if pki else [])
-        self.data = [Server("sluice-dataserver", self.tmp,
-                            [f"--roots={os.path.join(self.tmp, 'shards')}",
-                             f"--coordinator={self.coordinator.address}", *server_tls,
-                             *register_tls, *secret, *data_flags])
-                     for _ in range(data_servers)]
-        _wait_for(lambda: f"sluice_coordinator_data_servers {data_servers}"
-                  in self.coordinator.metric_text(), 30, "data servers to register")
+        tls = ({"ca_cert": pki["ca.crt"], "client_cert": pki["client.crt"],
+                "client_key": pki["client.key"]} if pki else {})
+        self._cluster = _core.LocalCluster(
+            dir=self.tmp, bin_dir=BIN, shards_dir=os.path.join(self.tmp, "shards"),
+            coordinator_flags=[f"--heartbeat_interval={heartbeat_interval}", *server_tls,
+                               *secret, *self.admin_token, *admin, *coordinator_flags],
+            data_server_flags=[*server_tls, *register_tls, *secret, *data_flags], **tls)
+        self._cluster.start_coordinator()
+        self._cluster.start_data_servers(data_servers)
+
+    @property
+    def coordinator(self):
+        return Server(handle=self._cluster.coordinator)
+
+    @property
+    def data(self):
+        """The data servers, in the order they were started."""
+        return [Server(handle=h) for h in self._cluster.data_servers]
+
+    def start_data_servers(self, n, flags=()):
+        """Starts `n` more data servers, with `flags` after the cluster's, and
+        waits until the coordinator counts every data server live."""
+        self._cluster.start_data_servers(n, list(flags))
+
+    def restart_coordinator(self, extra=None):
+        """Kills the coordinator unless it is down and starts it again on its
+        address and journal (`extra`: flags to start it with instead of the
+        ones it has); waits until it is ready."""
+        self._cluster.restart_coordinator(extra)
+
+    def restart_data_server(self, i):
+        """Stops data server `i` unless it is down and starts it again with
+        the same flags (a new process on a new port); waits until the
+        coordinator counts every data server live again."""
+        self._cluster.restart_data_server(i)
+        self._cluster.start_data_servers(0)
 
     @property
     def address(self):
@@ -230,9 +270,7 @@ class Cluster:
         return {k: int(leases.get(k, 0)) for k in ("granted", "completed", "expired", "returned")}
 
     def stop(self):
-        for s in self.data:
-            s.stop()
-        self.coordinator.stop()
+        self._cluster.stop()
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from google.protobuf import text_format
 from PIL import Image
 
 import sluice
-from conftest import BIN, Cluster, Server, _wait_for
+from conftest import BIN, Cluster, _wait_for
 from sample_data import photo_like_jpegs, write_jpeg_shards
 from sluice import transforms as T
 
@@ -89,10 +89,8 @@ def _ledger(lines, epoch, urls):
 
 
 def _restart_coordinator(cluster):
-    port = cluster.coordinator.address.rsplit(":", 1)[1]
     cluster.coordinator.stop()
-    cluster.coordinator = Server("sluice-coordinator", cluster.tmp, cluster.coordinator_flags,
-                                 port=int(port))
+    cluster.restart_coordinator()
     n = len(cluster.data)
     _wait_for(lambda: f"sluice_coordinator_data_servers {n}"
               in cluster.coordinator.metric_text(), 30, "data servers to register again")
@@ -232,7 +230,7 @@ def test_a_data_server_killed_mid_epoch_is_audited_as_the_readers_read(tmp_path)
         def on_sample(rank, s):
             ledgers[rank].append((s.shard_url, s.index, s.key))
             if rank == 0 and len(ledgers[0]) == 5:
-                by_address[s.data_server].proc.kill()
+                by_address[s.data_server].kill()
         readers = {}
 
         def make(rank):
@@ -429,7 +427,7 @@ def test_replay_gives_back_the_tensors_the_trainers_got(cluster, tmp_path):
     other = next(d for d in cluster.data if d.address != first)
     rank, position = picks[1]
     key, data, _ = got[rank][position]
-    hung.proc.send_signal(signal.SIGSTOP)
+    hung.signal(signal.SIGSTOP)
     try:
         again = sluice.replay(job, 0, rank=rank, position=position, transform=train,
                               coordinator=cluster.address, timeout=1.0)
@@ -440,18 +438,12 @@ def test_replay_gives_back_the_tensors_the_trainers_got(cluster, tmp_path):
                              timeout=1.0)
         assert lines == audited[rank]
     finally:
-        hung.proc.send_signal(signal.SIGCONT)
+        hung.signal(signal.SIGCONT)
     _wait_for(lambda: "sluice_coordinator_data_servers 2" in cluster.coordinator.metric_text(),
               30, "the resumed data server to be live again")
 
     # A data server restarted (a new process, a new port) replays the same.
-    old = cluster.data[0]
-    old.stop()
-    cluster.data[0] = Server("sluice-dataserver", cluster.tmp,
-                             [f"--roots={os.path.join(cluster.tmp, 'shards')}",
-                              f"--coordinator={cluster.coordinator.address}"])
-    _wait_for(lambda: "sluice_coordinator_data_servers 2" in cluster.coordinator.metric_text(),
-              30, "the restarted data server to register")
+    cluster.restart_data_server(0)
     for rank, position in picks[:5]:
         key, data, _ = got[rank][position]
         again = sluice.replay(job, 0, rank=rank, position=position, transform=train,

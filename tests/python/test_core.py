@@ -133,8 +133,8 @@ def test_a_timed_out_wait_is_not_final_and_counts_as_input_wait(cluster):
     # begins, then TimeoutError; the reader goes on once the server does,
     # and the time spent waiting is the loop's input wait.
     cluster.create_job("timeouts", world_size=1, epochs=1)
-    server = cluster.data[0].proc
-    server.send_signal(signal.SIGSTOP)
+    server = cluster.data[0]
+    server.signal(signal.SIGSTOP)
     try:
         with sluice.Reader(cluster.address, "timeouts") as reader:
             kinds = []
@@ -142,9 +142,27 @@ def test_a_timed_out_wait_is_not_final_and_counts_as_input_wait(cluster):
                 for _ in range(10):
                     kinds.append(reader.next_event(timeout=0.5).kind)
             assert kinds == ["epoch_begin"]
-            server.send_signal(signal.SIGCONT)
+            server.signal(signal.SIGCONT)
             got = [s.key for s in reader]
             assert len(got) == len(set(got)) == cluster.total
             assert reader.stats["input_wait_seconds"] >= 0.5, reader.stats
     finally:
-        server.send_signal(signal.SIGCONT)
+        server.signal(signal.SIGCONT)
+
+
+def test_message_modules_imported_after_the_binding_loaded_still_nest_messages():
+    # The binding's C++ copy of the .proto files must not shadow the Python
+    # modules imported after it: a fresh interpreter loads sluice._core first.
+    import subprocess
+    import sys
+    code = ("from sluice import _core\n"
+            "from sluice.v1 import common_pb2, coordinator_pb2, dataserver_pb2\n"
+            "spec = coordinator_pb2.JobSpec(manifest=common_pb2.Manifest(\n"
+            "    shards=[common_pb2.Shard(url='/a.tar', num_samples=3)]))\n"
+            "request = coordinator_pb2.CreateJobRequest(spec=spec)\n"
+            "read = dataserver_pb2.ReadRequest(lease=common_pb2.Lease(job='j'))\n"
+            "print(request.spec.manifest.shards[0].num_samples, read.lease.job)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "j"]

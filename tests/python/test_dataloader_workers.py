@@ -380,7 +380,6 @@ def test_four_dynamic_ranks_through_random_coordinator_kills_stay_exactly_once(t
     # stall (every reader ends), every epoch every served sample exactly
     # once, equal counts per rank.
     import random
-    from conftest import Server
     rng = random.Random(repeat)
     c = Cluster(tmp_path, shards=5, per_shard=41, data_servers=2, lease_secret=True)
     readers = []
@@ -392,14 +391,11 @@ def test_four_dynamic_ranks_through_random_coordinator_kills_stay_exactly_once(t
                 [os.path.join(BIN, "sluicectl"), "read", "--job=chaos", f"--rank={r}",
                  "--rate=150", "--progress_interval=100ms", f"--coordinator={c.address}"],
                 stdout=out, stderr=subprocess.PIPE, text=True)))
-        address = c.coordinator.address
         compaction = ["--journal_compact_bytes=16384"] if compact else []
         for _ in range(5 if compact else 3):
             time.sleep(rng.uniform(0.2, 1.2))  # a random moment of the run
-            c.coordinator.proc.send_signal(signal.SIGKILL)
-            c.coordinator.proc.wait()
-            c.coordinator = Server("sluice-coordinator", c.tmp, [
-                *c.coordinator_flags, f"--listen={address}", *compaction])
+            c.coordinator.kill()
+            c.restart_coordinator(compaction)
         for out, p in readers:
             _, err = p.communicate(timeout=90)
             out.close()

@@ -177,9 +177,9 @@ def test_a_coordinator_paused_past_the_lease_ttl_twice_expires_nothing_held(clus
                        max_samples_per_lease=5)
     cpp, py = _start_readers(cluster.address, job)
     _wait_for(lambda: len(cpp.lines) >= 40, 60, "40 samples read")
-    _pause(cluster.coordinator.proc.pid, PAUSE)
+    _pause(cluster.coordinator.pid, PAUSE)
     _wait_for(lambda: len(cpp.lines) >= 180, 60, "180 samples read")
-    _pause(cluster.coordinator.proc.pid, PAUSE)
+    _pause(cluster.coordinator.pid, PAUSE)
     ranks = [cpp.finish(180), py.finish(180)]
     _assert_exactly_once_and_balanced(ranks)
     assert cluster.lease_counts(job)["expired"] == 0
@@ -226,8 +226,8 @@ def test_a_paused_ha_leader_is_left_within_twice_the_election_ttl(tmp_path, run)
         for leader, after in ((0, 40), (1, 180)):
             _wait_for(lambda: len(cpp.lines) >= after, 60, f"{after} samples read")
             assert ready(coordinators[leader].address)
-            _pause(coordinators[leader].proc.pid, 10.0)
-            assert coordinators[leader].proc.wait(timeout=30) == 75
+            _pause(coordinators[leader].pid, 10.0)
+            assert coordinators[leader].wait(timeout=30) == 75
             assert ready(coordinators[1 - leader].address)
             coordinators[leader] = Server("sluice-coordinator", str(tmp_path / f"c{leader}"),
                                           journal, ports[leader])
@@ -289,7 +289,7 @@ def test_a_full_journal_disk_exits_for_the_supervisor_and_loses_nothing_acknowle
             os.close(fd)
         lost = create("lost", first, big)
         assert lost.returncode != 0, lost.stdout
-        assert first.proc.wait(timeout=30) == 74
+        assert first.wait(timeout=30) == 74
         log = open(tmp_path / "first" / "sluice-coordinator.log").read()
         assert "No space left on device" in log and "exiting with status 74" in log, log[-2000:]
         # The supervisor's restart, once there is room again.
@@ -356,7 +356,7 @@ def test_a_stopped_data_server_is_left_within_twice_the_stall_timeout(two_server
     # takes to be granted, so the reader's streams of its next units stall.
     serving = [d for d, b in zip(two_servers.data, served_before) if _samples_served(d) > b]
     assert len(serving) >= 1
-    stopped = serving[0].proc.pid
+    stopped = serving[0].pid
     os.kill(stopped, signal.SIGSTOP)
     try:
         got = lines.finish(180)

@@ -167,8 +167,8 @@ def test_hostile_requests_get_their_codes_and_the_servers_stay_healthy(probed):
                 assert f.read().strip() not in details, f"{what}: the secret leaked"
         for w in watches:
             assert w.worst < 1.0, f"Health took {w.worst:.2f}s during the probe"
-        assert _rss(probed.coordinator.proc.pid) < RSS_BOUND
-        assert _rss(probed.data[0].proc.pid) < RSS_BOUND
+        assert _rss(probed.coordinator.pid) < RSS_BOUND
+        assert _rss(probed.data[0].pid) < RSS_BOUND
     finally:
         for w in watches:
             w.close()

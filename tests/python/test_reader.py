@@ -101,8 +101,8 @@ def test_a_reader_given_both_coordinators_follows_the_leader_through_a_kill(tmp_
                 if e.kind == "sample":
                     seen[(e.sample.shard_index, e.sample.index)] += 1
                     if sum(seen.values()) == 40:
-                        leader.proc.kill()  # the leader dies mid-epoch
-                        leader.proc.wait()
+                        leader.kill()  # the leader dies mid-epoch
+                        leader.wait()
         assert len(seen) == 6 * 17
         assert set(seen.values()) == {1}
         assert ready(standby.address)
@@ -426,8 +426,8 @@ def test_a_data_server_killed_mid_stream_loses_and_repeats_nothing(tmp_path):
             def kill(sample, n):
                 if n == 10:
                     victim = _server_of(c, sample.data_server)
-                    victim.proc.kill()
-                    victim.proc.wait()
+                    victim.kill()
+                    victim.wait()
                     killed.append(sample.data_server)
             seen = _read_epoch(reader, kill)
             stats = collections.Counter(reader.stats)
@@ -451,7 +451,7 @@ def test_a_stalled_data_server_is_cut_after_stall_timeout(tmp_path):
             def stop(sample, n):
                 if n == 10:
                     victim = _server_of(c, sample.data_server)
-                    victim.proc.send_signal(signal.SIGSTOP)
+                    victim.signal(signal.SIGSTOP)
                     stopped.append(victim)
             start = time.monotonic()
             seen = _read_epoch(reader, stop)
@@ -463,7 +463,7 @@ def test_a_stalled_data_server_is_cut_after_stall_timeout(tmp_path):
         assert elapsed < 60, elapsed
     finally:
         for victim in stopped:
-            victim.proc.send_signal(signal.SIGCONT)
+            victim.signal(signal.SIGCONT)
         c.stop()
 
 
@@ -635,7 +635,7 @@ def test_ctrl_c_while_waiting_on_a_stalled_data_server_exits_at_once(tmp_path):
                                 stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert proc.stdout.readline().strip() == "reading"
-        c.data[0].proc.send_signal(signal.SIGSTOP)
+        c.data[0].signal(signal.SIGSTOP)
         # Until the consumer has drained what was sent and waits on the stream.
         sent = time.monotonic()
         deadline = sent + 30
@@ -647,7 +647,7 @@ def test_ctrl_c_while_waiting_on_a_stalled_data_server_exits_at_once(tmp_path):
         assert out.strip() == "interrupted"
         assert proc.returncode == 0
     finally:
-        c.data[0].proc.send_signal(signal.SIGCONT)
+        c.data[0].signal(signal.SIGCONT)
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()

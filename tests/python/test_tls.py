@@ -148,15 +148,8 @@ def tls_data_plain_coordinator(tmp_path_factory):
     setting does."""
     tmp = tmp_path_factory.mktemp("tls-data")
     pki = make_pki(str(tmp / "pki"))
-    c = Cluster(tmp, shards=2, per_shard=5)
-    tls_server = Server("sluice-dataserver", str(tmp / "tls-data"), [
-        f"--roots={os.path.join(c.tmp, 'shards')}", f"--coordinator={c.address}",
-        f"--tls_cert={pki['server.crt']}", f"--tls_key={pki['server.key']}"])
-    for plain in c.data:  # leave only the TLS data server
-        plain.stop()
-    c.data = [tls_server]
-    _wait_for(lambda: "sluice_coordinator_data_servers 1\n" in c.coordinator.metric_text(), 30,
-              "only the TLS data server to be live")
+    c = Cluster(tmp, shards=2, per_shard=5, data_servers=0)
+    c.start_data_servers(1, [f"--tls_cert={pki['server.crt']}", f"--tls_key={pki['server.key']}"])
     yield c
     c.stop()
 

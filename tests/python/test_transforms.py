@@ -20,7 +20,7 @@ import torchvision.transforms.functional as F
 import sluice
 from sluice import transforms as T
 
-from conftest import BIN, Cluster, Server, _wait_for
+from conftest import BIN, Cluster
 
 PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
 M32 = 0xFFFFFFFF
@@ -235,11 +235,7 @@ def test_the_same_sample_is_bit_identical_on_any_data_server_and_after_a_resume(
         create(images, "tf-one", images.photo_urls, seed=21)
         assert digest(read_all(images, "tf-one", tf)) == both
     finally:
-        images.data[0] = Server("sluice-dataserver", images.tmp,
-                                [f"--roots={os.path.join(images.tmp, 'shards')}",
-                                 f"--coordinator={images.address}"])
-        _wait_for(lambda: "sluice_coordinator_data_servers 2" in images.coordinator.metric_text(),
-                  30, "the data server to register again")
+        images.restart_data_server(0)
 
 
 def test_a_mask_gets_the_images_geometry_and_keeps_its_values(images):

@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/python/core/local_cluster_bindings.h"
 #include "server/common/grpc_status.h"
 #include "sluice/audit.h"
 #include "sluice/coordination.h"
@@ -868,6 +869,7 @@ PYBIND11_MODULE(_core, m) {
         "Lets gRPC's default event engine go on this thread before exit, "
         "waiting up to `timeout` seconds for reconnect timers to let go: "
         "'released', 'kept' (never destroyed) or 'unused'.");
+  sluice::BindLocalCluster(m, &sluice::NoteGrpcUse);
   m.def("tune_malloc", &sluice::TuneMallocForStreaming,
         "sluice::TuneMallocForStreaming(): glibc malloc settings for "
         "streaming; False where the allocator refuses them.");

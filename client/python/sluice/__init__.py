@@ -22,6 +22,17 @@ import os as _os
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 _os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
 
+# sluice._core carries the C++ code of the same .proto files, and with
+# Debian's protobuf (the C++ implementation under Python) loading it first
+# puts their C++ descriptors where a later `import sluice.v1.*_pb2` finds
+# them: its messages then refuse each other's sub-messages ("expected
+# sluice.v1.Manifest got sluice.v1.Manifest"). So every message module is
+# imported here, before anything can load sluice._core.
+from sluice.v1 import common_pb2 as _common_pb2  # noqa: F401,E402
+from sluice.v1 import coordinator_pb2 as _coordinator_pb2  # noqa: F401,E402
+from sluice.v1 import dataserver_pb2 as _dataserver_pb2  # noqa: F401,E402
+from sluice.grpc_health.v1 import health_pb2 as _health_pb2  # noqa: F401,E402
+
 from sluice._audit import audit, replay
 from sluice.coordination import BarrierTimeout, OnceFailed, barrier, once
 from sluice.reader import (DataLossError, Event, JobDoneError, Reader, ReaderError, Sample,
