@@ -365,21 +365,29 @@ int StatusCommand(const std::vector<std::string>& args) {
   }
   auto stub = CoordinatorStub(coordinators);
   std::vector<v1::Job> jobs;
+  // --json: one document. One job named: that Job; otherwise a
+  // ListJobsResponse, with the fleet (live and wanted data servers, pools)
+  // when no job is named.
+  const bool json = absl::GetFlag(FLAGS_json);
   if (args.empty()) {
     v1::ListJobsResponse response;
     absl::Status s =
         Rpc(stub->ListJobs(Deadline().get(), v1::ListJobsRequest(), &response),
             "status");
     if (!s.ok()) return Fail(s);
+    if (json) {
+      std::printf("%s", ToJson(response).c_str());
+      return kOk;
+    }
     jobs.assign(response.jobs().begin(), response.jobs().end());
-    if (jobs.empty() && !absl::GetFlag(FLAGS_json)) {
+    if (jobs.empty()) {
       std::printf(
           "no jobs; data servers: %s\n",
           response.live_data_servers().empty()
               ? "none live"
               : absl::StrJoin(response.live_data_servers(), ", ").c_str());
     }
-    if (response.desired_data_servers() >= 0 && !absl::GetFlag(FLAGS_json)) {
+    if (response.desired_data_servers() >= 0) {
       std::printf(
           "data servers wanted: %d (%d live; trainers waiting for input "
           "%.0f%% of the time)\n",
@@ -410,11 +418,17 @@ int StatusCommand(const std::vector<std::string>& args) {
       jobs.push_back(job);
     }
   }
-  for (const v1::Job& job : jobs) {
-    if (absl::GetFlag(FLAGS_json)) {
-      std::printf("%s", ToJson(job).c_str());
-      continue;
+  if (json) {
+    if (jobs.size() == 1) {
+      std::printf("%s", ToJson(jobs[0]).c_str());
+    } else {
+      v1::ListJobsResponse named;
+      for (v1::Job& job : jobs) *named.add_jobs() = std::move(job);
+      std::printf("%s", ToJson(named).c_str());
     }
+    return kOk;
+  }
+  for (const v1::Job& job : jobs) {
     PrintJob(job, false);
     std::printf(
         "  data servers: %s\n",

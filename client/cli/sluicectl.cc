@@ -146,7 +146,9 @@ const std::vector<CommandHelp>& Commands() {
        "lag behind the most advanced rank, leases, sessions, live data "
        "servers. Given several coordinators "
        "(--coordinator=a,b), first each one's role: leader, standby (naming "
-       "the leader) or unreachable.",
+       "the leader) or unreachable. --json: one JSON document, the Job for "
+       "one JOB, else a ListJobsResponse (without JOBs: every job and the "
+       "fleet: live and wanted data servers, pools).",
        {}},
       {"audit",
        "sluicectl audit JOB --epoch E [--rank R] [--worker W] [--from N] "

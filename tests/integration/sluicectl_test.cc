@@ -1,6 +1,7 @@
 // sluicectl as users run it: the demo end to end, index -> job create ->
 // read, health, and the error paths (exit codes and messages).
 #include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "server/common/loopback_port.h"
+#include "sluice/v1/coordinator.pb.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tar_writer.h"
 #include "tests/testing/temp_dir.h"
@@ -138,6 +140,38 @@ TEST(SluicectlTest, IndexCreateReadHealth) {
                         "returned"));
   CtlRun list = Ctl(dir, {"job", "list", "--json", c});
   EXPECT_THAT(list.output, HasSubstr("\"name\": \"small\""));
+
+  // status --json is one document: every job and the fleet, the named jobs,
+  // or the one job named.
+  v1::ListJobsResponse listed;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(list.output, &listed).ok());
+  CtlRun all = Ctl(dir, {"status", "--json", c});
+  ASSERT_EQ(all.code, 0) << all.output;
+  v1::ListJobsResponse fleet;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(all.output, &fleet).ok())
+      << all.output;
+  EXPECT_EQ(fleet.jobs_size(), listed.jobs_size());
+  EXPECT_GE(fleet.jobs_size(), 2);
+  EXPECT_THAT(fleet.live_data_servers(),
+              ::testing::ElementsAre(cluster.data_servers()[0].grpc_address));
+  CtlRun two = Ctl(dir, {"status", "--json", "small", "ordered", c});
+  ASSERT_EQ(two.code, 0) << two.output;
+  v1::ListJobsResponse named;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(two.output, &named).ok())
+      << two.output;
+  ASSERT_EQ(named.jobs_size(), 2);
+  EXPECT_EQ(named.jobs(0).spec().name(), "small");
+  EXPECT_EQ(named.jobs(1).spec().name(), "ordered");
+  EXPECT_EQ(named.live_data_servers_size(), 0);
+  CtlRun single = Ctl(dir, {"status", "--json", "small", c});
+  v1::Job job;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(single.output, &job).ok())
+      << single.output;
+  EXPECT_EQ(job.spec().name(), "small");
 }
 
 // Two datasets indexed into manifests and mixed by weight: the job's
