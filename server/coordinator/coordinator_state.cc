@@ -170,6 +170,10 @@ EpochPlan PlanInputs::Plan() const {
 void CoordinatorState::OfferPlan(const std::string& job, PreparedPlan plan) {
   auto it = jobs_.find(job);
   if (it == jobs_.end() || plan.epoch < it->second.epoch) return;
+  if (plan.shard_samples != it->second.shard_samples ||
+      plan.mix != it->second.mix) {
+    return;  // planned from another job of that name
+  }
   std::vector<PreparedPlan>& offers = offered_plans_[job];
   for (PreparedPlan& o : offers) {
     if (o.epoch == plan.epoch && o.options == plan.options) {

@@ -114,6 +114,10 @@ struct PreparedPlan {
   EpochPlan plan;
   // Chosen by whoever prepared it (> 0): the job's plan_serial once taken.
   uint64_t serial = 0;
+  // The PlanInputs' shard counts and mix it was planned from: a job
+  // re-created under the same name has others, and refuses the plan.
+  std::shared_ptr<const std::vector<int64_t>> shard_samples;
+  std::shared_ptr<const MixPlan> mix;
 };
 
 struct JobData {
@@ -219,8 +223,10 @@ class CoordinatorState {
   // advance, or the readers per rank set. Taken instead of planning again
   // (the same plan: planning is a pure function of its inputs); dropped
   // when the job is removed or re-created, or once the job plans a later
-  // epoch. Ignored for a job that does not exist or is past that epoch. A
-  // job keeps its kMaxOfferedPlans latest offers.
+  // epoch. Ignored for a job that does not exist or is past that epoch, or
+  // that is not the job it was planned for (a plan computed while the job
+  // was deleted and created again: other shards). A job keeps its
+  // kMaxOfferedPlans latest offers.
   void OfferPlan(const std::string& job, PreparedPlan plan);
   static constexpr size_t kMaxOfferedPlans = 4;
   // Whether a plan for `job`'s epoch `epoch` with `options` is on offer.

@@ -21,6 +21,8 @@ PlannedAhead PlanAhead(const PlanInputs& inputs, bool per_slot,
   out.prepared.options = inputs.options;
   out.prepared.epoch = inputs.epoch;
   out.prepared.serial = serial;
+  out.prepared.shard_samples = inputs.shard_samples;
+  out.prepared.mix = inputs.mix;
   out.prepared.plan = inputs.Plan();
   out.queues = FreshQueues(out.prepared.plan, per_slot);
   return out;

@@ -150,8 +150,12 @@ TEST(PlanAheadTest, AJobKeepsItsLatestOffers) {
   for (int32_t w = 1; w <= 5; ++w) {
     options.push_back(job->options);
     options.back().workers_per_rank = w;
-    state.OfferPlan(
-        "j", PreparedPlan{options.back(), 1, {}, static_cast<uint64_t>(w)});
+    state.OfferPlan("j", PreparedPlan{options.back(),
+                                      1,
+                                      {},
+                                      static_cast<uint64_t>(w),
+                                      job->shard_samples,
+                                      job->mix});
   }
   EXPECT_FALSE(state.HasOfferedPlan("j", options[0], 1));  // the oldest
   EXPECT_FALSE(state.HasOfferedSerial("j", 1));
@@ -160,7 +164,8 @@ TEST(PlanAheadTest, AJobKeepsItsLatestOffers) {
     EXPECT_TRUE(state.HasOfferedSerial("j", static_cast<uint64_t>(w))) << w;
   }
   // Offered again for the same epoch and options: replaced, not added.
-  state.OfferPlan("j", PreparedPlan{options[4], 1, {}, 9});
+  state.OfferPlan(
+      "j", PreparedPlan{options[4], 1, {}, 9, job->shard_samples, job->mix});
   EXPECT_FALSE(state.HasOfferedSerial("j", 5));
   EXPECT_TRUE(state.HasOfferedSerial("j", 9));
   EXPECT_TRUE(state.HasOfferedSerial("j", 2));
@@ -206,6 +211,31 @@ TEST(PlanAheadTest, AnOfferGoesWithItsJob) {
   const JobData* job = state.FindJob("j");
   EXPECT_EQ(job->plan_serial, 0u);
   EXPECT_EQ(job->plan.total_samples, 90);
+}
+
+// A plan computed ahead for a job that is deleted and created again under
+// its name (other shards, the same options) while the plan is computed is
+// the old job's: the new job refuses it and plans its epoch itself.
+TEST(PlanAheadTest, APlanComputedForADeletedJobIsNotItsSuccessors) {
+  CoordinatorState state;
+  ASSERT_OK(state.Apply(Created("j", 5, 2, v1::MODE_STATIC, 0)));
+  const PlanOptions options = state.FindJob("j")->options;
+  PlannedAhead stale =
+      PlanAhead(state.FindJob("j")->InputsFor(options, 1), true, 4);
+  JournalRecord deleted;
+  deleted.mutable_job_deleted()->set_job("j");
+  ASSERT_OK(state.Apply(deleted));
+  ASSERT_OK(state.Apply(Created("j", 9, 2, v1::MODE_STATIC, 0)));
+  const JobData* job = state.FindJob("j");
+  ASSERT_EQ(job->options, options);
+
+  state.OfferPlan("j", std::move(stale.prepared));
+  EXPECT_FALSE(state.HasOfferedPlan("j", options, 1));
+  EXPECT_FALSE(state.HasOfferedSerial("j", 4));
+  ASSERT_OK(state.Apply(Advanced("j", 1)));
+  EXPECT_EQ(job->plan_serial, 0u);
+  EXPECT_EQ(job->plan.total_samples, 90);
+  EXPECT_EQ(Units(job->plan), Units(job->PlanOf(options, 1)));
 }
 
 }  // namespace
