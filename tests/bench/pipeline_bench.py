@@ -189,7 +189,7 @@ def main():
                           TV.Compose([TV.RandomResizedCrop(224), TV.RandomHorizontalFlip(),
                                       TV.PILToTensor()])),
             }
-            pids = [coordinator.proc.pid, data.proc.pid]
+            pids = [coordinator.pid, data.pid]
             opened = []
             for name, (sluice_tf, tv_tf) in pipelines.items():
                 if args.transform and name not in args.transform:

@@ -85,12 +85,12 @@ def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes):
         for t in threads:
             t.start()
         start.wait()
-        cpu0 = cpu_seconds(data.proc.pid)
+        cpu0 = cpu_seconds(data.pid)
         t0 = time.monotonic()
         for t in threads:
             t.join()
         wall = time.monotonic() - t0
-        cpu = cpu_seconds(data.proc.pid) - cpu0
+        cpu = cpu_seconds(data.pid) - cpu0
         text = data.metric_text()
         hits = metric(text, r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)')
         misses = metric(text, r'sluice_dataserver_shared_decodes_total\{result="miss"\} (\S+)')

@@ -25,26 +25,21 @@ from conftest import BIN, Server, _wait_for, write_shards  # noqa: E402
 from rendered_pods import Pod, make_secrets, rendered  # noqa: E402
 
 import sluice  # noqa: E402
+from sluice import _core  # noqa: E402
 
 class LocalServer(Server):
     """Server, with the listeners' flags left to the rendered arguments."""
 
     def __init__(self, pod, workdir, args):
         os.makedirs(workdir, exist_ok=True)
-        self.port_file = os.path.join(workdir, "ports")
-        self.log = open(os.path.join(workdir, "log"), "ab")
-        self.proc = subprocess.Popen([os.path.join(BIN, pod.binary), f"--port_file={self.port_file}",
-                                      *args], stdout=self.log, stderr=subprocess.STDOUT)
-
-        def ports():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{pod.binary} exited with {self.proc.returncode}: "
-                                   + open(os.path.join(workdir, "log")).read())
-            if not os.path.exists(self.port_file):
-                return None
-            return dict(line.split("=", 1) for line in open(self.port_file).read().split())
-        self.ports = _wait_for(ports, 30, f"{pod.binary} to listen")
-        self.address, self.metrics = self.ports["grpc"], self.ports["metrics"]
+        port_file = os.path.join(workdir, "ports")
+        # The rendered --metrics_listen comes after the one start_server
+        # puts first, and wins.
+        super().__init__(handle=_core.start_server(
+            [os.path.join(BIN, pod.binary), *args], port_file=port_file,
+            log_path=os.path.join(workdir, "log"), timeout=30))
+        with open(port_file) as f:
+            self.ports = dict(line.split("=", 1) for line in f.read().split())
         # The address the kubelet's probe at manifest port P reaches.
         by_flag = {"--listen": "grpc", "--metrics_listen": "metrics", "--health_listen": "health"}
         self.by_manifest_port = {port: self.ports[by_flag[flag]]
