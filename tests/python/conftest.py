@@ -115,6 +115,11 @@ class Server:
     def log_path(self):
         return self._handle.log_path
 
+    @property
+    def argv(self):
+        """The command as started (without the flags start_server puts first)."""
+        return self._handle.argv
+
     def signal(self, signo):
         self._handle.signal(signo)
 

@@ -25,11 +25,11 @@ def _live(cluster):
 
 def test_a_restarted_data_server_is_a_new_process_with_the_same_flags(two):
     before = two.data[1]
-    pid, address, argv = before.pid, before.address, before._handle.argv
+    pid, address, argv = before.pid, before.address, before.argv
     two.restart_data_server(1)
     after = two.data[1]
     assert after.pid != pid and after.address != address
-    assert after._handle.argv == argv
+    assert after.argv == argv
     assert "--decode_threads=1" in argv
     # The old handle follows the slot: it names the new process.
     assert before.pid == after.pid
@@ -41,10 +41,10 @@ def test_a_restarted_coordinator_keeps_its_address_and_takes_the_extra_flags(two
     address, pid = two.coordinator.address, two.coordinator.pid
     two.restart_coordinator(["--heartbeat_interval=300ms"])
     assert two.coordinator.address == address and two.coordinator.pid != pid
-    assert two.coordinator._handle.argv[-1] == "--heartbeat_interval=300ms"
+    assert two.coordinator.argv[-1] == "--heartbeat_interval=300ms"
     # Without `extra` a restart keeps the flags it was last given.
     two.restart_coordinator()
-    assert two.coordinator._handle.argv[-1] == "--heartbeat_interval=300ms"
+    assert two.coordinator.argv[-1] == "--heartbeat_interval=300ms"
     _wait_for(lambda: _live(two) == ["sluice_coordinator_data_servers 2"], 30,
               "the data servers to register again")
     two.create_job("after-restarts", world_size=1)

@@ -1,7 +1,9 @@
 // sluice._core.LocalCluster, ServerProcess and start_server: the
 // local-cluster library (client/cli/local_cluster.h) for Python, which the
 // Python tests' fixtures (tests/python/conftest.py) start their servers
-// with. Calls that wait (start, restart, stop, wait) let the GIL go.
+// with. Calls that wait (start, restart, stop, wait) let the GIL go; as the
+// library itself, a cluster and its handles are driven by one thread at a
+// time.
 //
 //   c = _core.LocalCluster(dir="/tmp/c", bin_dir="build/bin",
 //                          shards_dir="/tmp/c/shards")
