@@ -13,7 +13,8 @@
 //     (--health_listen), for probes that cannot speak TLS (Kubernetes' gRPC
 //     probes) when the main listener is TLS;
 //   * on SIGTERM/SIGINT: readiness NOT_SERVING, the services' drain hooks,
-//     gRPC shutdown with a deadline (--drain_timeout).
+//     gRPC shutdown with a deadline (--drain_timeout); the client
+//     connections are closed as soon as no call is left.
 //
 // Typical main():
 //   BlockTerminationSignals();                 // before any thread starts
@@ -38,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/common/live_calls.h"
 
 namespace sluice {
 
@@ -121,6 +123,9 @@ class ServerHost {
   absl::Status WritePortFile() const;
   // Stops the metrics endpoint (prometheus-cpp's Exposer, on civetweb).
   void StopExposer();
+  // Runs while the gRPC server shuts down: closes its client connections
+  // once no call is live (see live_calls.h), until Shutdown returns.
+  void CloseConnectionsOnceIdle(absl::Time deadline);
 
   ServerConfig config_;
   std::unique_ptr<grpc::Server> server_;
@@ -130,6 +135,7 @@ class ServerHost {
   int metrics_port_ = 0;
   int health_port_ = 0;
   bool shut_down_ = false;
+  LiveCalls live_calls_;  // of server_
 };
 
 // What a server binary plugs into RunServerMain: its services, and how to

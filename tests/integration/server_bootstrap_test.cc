@@ -1,9 +1,13 @@
 // Both real server binaries: ports read back from --port_file, health and
 // readiness, reflection, /metrics, SIGTERM, bad flags, TLS and mutual TLS.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -104,6 +108,67 @@ TEST_P(ServerBootstrapTest, ServesHealthReflectionMetricsAndStopsOnSigterm) {
   EXPECT_EQ(*exit_code, 0);
   EXPECT_THAT(ReadWholeFile(server->log_path).value_or(""),
               HasSubstr("draining"));
+}
+
+// Opens a TCP connection to `address` (HOST:PORT), speaks the HTTP/2
+// client preface and an empty SETTINGS frame, and reads the server's first
+// frame header (so the server has set the connection up), then reads
+// nothing more: a client that is not polling its connection. Returns the
+// socket, or -1.
+int OpenSilentHttp2Connection(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port =
+      htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  if (inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr) != 1)
+    return -1;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  static constexpr char kPreface[] =
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+      "\0\0\0\x04\0\0\0\0\0";  // SETTINGS, length 0, stream 0
+  char header[9];
+  size_t got = 0;
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) != 0 ||
+      write(fd, kPreface, sizeof(kPreface) - 1) !=
+          static_cast<ssize_t>(sizeof(kPreface) - 1)) {
+    close(fd);
+    return -1;
+  }
+  while (got < sizeof(header)) {
+    const ssize_t n = read(fd, header + got, sizeof(header) - got);
+    if (n <= 0) {
+      close(fd);
+      return -1;
+    }
+    got += static_cast<size_t>(n);
+  }
+  return fd;
+}
+
+// gRPC's shutdown waits for each client to close its connection after the
+// server's GOAWAY; with no call left the server closes them itself, so a
+// client that does not read (an idle channel, polled every 5 s; a stopped
+// process) does not hold a draining server until --drain_timeout.
+TEST_P(ServerBootstrapTest, SigtermExitsWithoutWaitingForIdleConnections) {
+  TempDir dir;
+  auto server = testing::StartServer(GetParam().binary, dir.path(),
+                                     {"--drain_timeout=600s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int silent = OpenSilentHttp2Connection(server->grpc_address);
+  ASSERT_GE(silent, 0) << "cannot connect to " << server->grpc_address;
+  auto channel = grpc::CreateChannel(server->grpc_address,
+                                     grpc::InsecureChannelCredentials());
+  EXPECT_EQ(CheckHealth(channel, ""), HealthCheckResponse::SERVING);
+
+  server->process.Signal(SIGTERM);
+  // Without closing the connections: the server's keepalive (20 s + 10 s)
+  // would drop the silent one at the earliest.
+  auto exit_code = server->process.Wait(absl::Seconds(15));
+  close(silent);
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
 }
 
 TEST(CoordinatorAllocatorTest, RunsOnJemallocWhenBuiltWithIt) {
