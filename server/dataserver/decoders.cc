@@ -225,13 +225,25 @@ namespace {
 
 // libjpeg's error handling: errors jump back to the decoding call; the
 // first warning (corrupt data libjpeg would paper over with grey) is kept
-// and turns the result into an error too.
+// and turns the result into an error too. `progress` refuses a JPEG of
+// more than kMaxJpegScans scans.
 struct JpegErrors {
   jpeg_error_mgr manager;
+  jpeg_progress_mgr progress;
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
   bool warned;
 };
+
+// Called by libjpeg as it reads the scans of a progressive JPEG.
+void JpegCheckScans(j_common_ptr info) {
+  const auto* decompress = reinterpret_cast<j_decompress_ptr>(info);
+  if (decompress->input_scan_number <= kMaxJpegScans) return;
+  auto* errors = reinterpret_cast<JpegErrors*>(info->err);
+  std::snprintf(errors->message, sizeof(errors->message),
+                "progressive JPEG of more than %d scans", kMaxJpegScans);
+  std::longjmp(errors->jump, 1);
+}
 
 void JpegErrorExit(j_common_ptr info) {
   auto* errors = reinterpret_cast<JpegErrors*>(info->err);
@@ -270,6 +282,9 @@ absl::Status DecodeJpegWindow(const Payload& data, int scale_eighths, int x,
         absl::StrCat("undecodable JPEG: ", errors.message));
   }
   jpeg_create_decompress(&info);
+  errors.progress = jpeg_progress_mgr{};
+  errors.progress.progress_monitor = &JpegCheckScans;
+  info.progress = &errors.progress;
   jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(data.bytes.data()),
                static_cast<unsigned long>(data.bytes.size()));
   jpeg_read_header(&info, TRUE);
@@ -458,8 +473,9 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   // whole through TurboJPEG, then windowed.
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
     auto cmyk = AllocateBytes(static_cast<size_t>(scaled_w) * scaled_h * 4);
+    // TJFLAG_LIMITSCANS: kMaxJpegScans, as the libjpeg path above.
     if (tjDecompress2(handle, bytes, size, cmyk.get(), scaled_w, 0, scaled_h,
-                      TJPF_CMYK, 0) != 0) {
+                      TJPF_CMYK, TJFLAG_LIMITSCANS) != 0) {
       // Warnings too (a truncated file decodes to grey): that is not the
       // image the writer stored.
       return JpegError(handle, "data");

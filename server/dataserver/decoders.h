@@ -42,6 +42,13 @@ const char* CodecName(Codec codec);
 // PIL's DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS).
 inline constexpr int64_t kDefaultMaxImagePixels = 178956970;
 
+// A progressive JPEG may repeat valid scans without end, each one a pass
+// over every block: 100 KB of 2,000 scans over a 4096x4096 image take
+// seconds of CPU to decode, a megabyte minutes. One of more scans is a
+// corrupt sample; the limit is TurboJPEG's TJFLAG_LIMITSCANS (encoders
+// write about 10).
+inline constexpr int kMaxJpegScans = 500;
+
 class DecodedImageCache;
 class ImageTransforms;
 

@@ -10,6 +10,7 @@ import io
 import itertools
 import json
 import os
+import struct
 import subprocess
 import sys
 import tarfile
@@ -127,13 +128,41 @@ def _jpeg(seed):
     return out.getvalue()
 
 
-def _image_shard(path, count, corrupt):
+def _scan_bomb_jpeg(width, height, ac_scans):
+    """A grey progressive JPEG that repeats one valid first AC scan (every
+    block's coefficients zero) `ac_scans` times: a pass over every block per
+    scan to decode (tests/testing/image_fixtures.h, ScanBombJpeg)."""
+    def segment(marker, payload):
+        return struct.pack(">BBH", 0xFF, marker, len(payload) + 2) + payload
+
+    def scan(bits):
+        bits += "1" * (-len(bits) % 8)
+        data = int(bits, 2).to_bytes(len(bits) // 8, "big")
+        return data.replace(b"\xff", b"\xff\x00")
+
+    blocks = ((width + 7) // 8) * ((height + 7) // 8)
+    one_code = bytes([1] + [0] * 15)
+    out = b"\xff\xd8" + segment(0xDB, b"\x00" + bytes([1] * 64))
+    out += segment(0xC2, struct.pack(">BHHB", 8, height, width, 1) + b"\x01\x11\x00")
+    out += segment(0xC4, b"\x00" + one_code + b"\x00")  # DC: a zero difference
+    out += segment(0xC4, b"\x10" + one_code + b"\xe0")  # AC: an end-of-band run
+    out += segment(0xDA, b"\x01\x01\x00\x00\x00\x00") + scan("0" * blocks)
+    runs = (blocks + 32766) // 32767
+    for _ in range(ac_scans):
+        out += segment(0xDA, b"\x01\x01\x00\x01\x3f\x00") + scan(("0" + "1" * 14) * runs)
+    return out + b"\xff\xd9"
+
+
+def _image_shard(path, count, corrupt, bombs=()):
     """A WebDataset tar of `count` 8x8 JPEGs (key img_I: .jpg and .cls); the
-    images at `corrupt` are truncated or not JPEG at all."""
+    images at `corrupt` are truncated or not JPEG at all, those at `bombs`
+    progressive JPEGs of more scans than the data servers decode."""
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for i in range(count):
             jpg = _jpeg(i)
-            if i in corrupt:
+            if i in bombs:
+                jpg = _scan_bomb_jpeg(64, 48, 600)
+            elif i in corrupt:
                 jpg = jpg[:len(jpg) // 3] if i % 2 else b"this is not a jpeg" * 4
             for ext, data in (("jpg", jpg), ("cls", str(i).encode())):
                 info = tarfile.TarInfo(f"img_{i:03d}.{ext}")
@@ -143,12 +172,12 @@ def _image_shard(path, count, corrupt):
 
 def test_corrupt_images_are_skipped_with_equal_steps_under_ddp_with_workers(cluster, tmp_path):
     # 2 DDP ranks over gloo, 2 DataLoader workers each, default on_corrupt
-    # (skip): the corrupt images never reach the collate, every rank takes
-    # the same number of steps (a batch may be smaller), and the skipped
-    # samples are counted and named.
+    # (skip): the corrupt images (one a progressive JPEG of 601 scans) never
+    # reach the collate, every rank takes the same number of steps (a batch
+    # may be smaller), and the skipped samples are counted and named.
     shard = os.path.join(cluster.tmp, "shards", "images.tar")
-    corrupt = {5, 22, 23}
-    _image_shard(shard, 48, corrupt)
+    corrupt = {5, 22, 23, 30}
+    _image_shard(shard, 48, corrupt, bombs={30})
     job = f"corrupt-{next(_jobs)}"
     cluster.create_job(job, world_size=2, epochs=1, max_samples_per_lease=6,
                        shards=[(shard, 48)])
@@ -171,6 +200,7 @@ def test_corrupt_images_are_skipped_with_equal_steps_under_ddp_with_workers(clus
     logged = "".join(errs)
     for i in corrupt:
         assert f"'img_{i:03d}'" in logged, logged[-3000:]
+    assert "progressive JPEG of more than 500 scans" in logged, logged[-3000:]
     # The data servers count them by job and reason.
     counted = 0.0
     for server in cluster.data:

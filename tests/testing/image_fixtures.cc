@@ -28,6 +28,86 @@ std::string TestPixels(int width, int height, int channels, int seed) {
   return out;
 }
 
+namespace {
+
+// Entropy-coded bits, most significant first, with the 0xFF byte stuffing
+// of JPEG scans; Finish pads with 1 bits.
+class ScanBits {
+ public:
+  void Put(uint32_t value, int bits) {
+    for (int i = bits - 1; i >= 0; --i) {
+      byte_ = static_cast<uint8_t>((byte_ << 1) | ((value >> i) & 1));
+      if (++filled_ == 8) Flush();
+    }
+  }
+  std::string Finish() {
+    while (filled_ != 0) Put(1, 1);
+    return std::move(out_);
+  }
+
+ private:
+  void Flush() {
+    out_.push_back(static_cast<char>(byte_));
+    if (byte_ == 0xFF) out_.push_back('\0');
+    byte_ = 0;
+    filled_ = 0;
+  }
+  std::string out_;
+  uint8_t byte_ = 0;
+  int filled_ = 0;
+};
+
+// Marker `marker` with its length and `payload`.
+std::string Segment(uint8_t marker, const std::string& payload) {
+  const size_t length = payload.size() + 2;
+  std::string out = {'\xFF', static_cast<char>(marker),
+                     static_cast<char>(length >> 8),
+                     static_cast<char>(length & 0xFF)};
+  return out + payload;
+}
+
+}  // namespace
+
+std::string ScanBombJpeg(int width, int height, int ac_scans) {
+  const int64_t blocks =
+      static_cast<int64_t>((width + 7) / 8) * ((height + 7) / 8);
+  auto u16 = [](int v) {
+    return std::string{static_cast<char>(v >> 8), static_cast<char>(v & 0xFF)};
+  };
+  std::string out = "\xFF\xD8";
+  out += Segment(0xDB, std::string(1, '\0') + std::string(64, '\x01'));
+  // SOF2 (progressive): 8 bits, height, width, one component (id 1,
+  // sampling 1x1, quantisation table 0).
+  out += Segment(0xC2, "\x08" + u16(height) + u16(width) +
+                           std::string("\x01\x01\x11\x00", 4));
+  // Huffman tables with one 1-bit code each: DC table 0 codes category 0
+  // (a zero difference), AC table 0 codes 0xE0 (an end-of-band run of
+  // 2^14 + 14 more bits: up to 32,767 blocks).
+  std::string one_code(16, '\0');
+  one_code[0] = 1;
+  out +=
+      Segment(0xC4, std::string(1, '\x00') + one_code + std::string(1, '\x00'));
+  out +=
+      Segment(0xC4, std::string(1, '\x10') + one_code + std::string(1, '\xE0'));
+  ScanBits dc;
+  for (int64_t i = 0; i < blocks; ++i) dc.Put(0, 1);
+  // SOS: one component (1, tables 0/0), Ss 0, Se 0, Ah/Al 0.
+  out +=
+      Segment(0xDA, std::string("\x01\x01\x00\x00\x00\x00", 6)) + dc.Finish();
+  const int64_t runs = (blocks + 32766) / 32767;
+  for (int s = 0; s < ac_scans; ++s) {
+    ScanBits ac;
+    for (int64_t r = 0; r < runs; ++r) {
+      ac.Put(0, 1);
+      ac.Put(0x3FFF, 14);
+    }
+    // Ss 1, Se 63, Ah/Al 0: a first AC scan, valid again after itself.
+    out +=
+        Segment(0xDA, std::string("\x01\x01\x00\x01\x3F\x00", 6)) + ac.Finish();
+  }
+  return out + "\xFF\xD9";
+}
+
 std::string EncodeJpeg(const std::string& rgb, int width, int height,
                        int quality) {
   tjhandle h = tjInitCompress();

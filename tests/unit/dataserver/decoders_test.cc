@@ -123,6 +123,21 @@ TEST(JpegTest, ScaledDecodeThenResizeAndCrop) {
   EXPECT_NE(half->bytes.bytes, ReferenceJpeg(jpeg, 250, 188));
 }
 
+// A progressive JPEG that repeats a valid scan past the limit is refused
+// while its scans are read; at the limit (its DC scan and 499 AC scans) it
+// decodes, to grey 128 (every coefficient zero).
+TEST(JpegTest, AScanBombIsRefusedNamingTheLimit) {
+  const std::string at_limit = testing::ScanBombJpeg(64, 48, kMaxJpegScans - 1);
+  auto decoded = DecodeJpeg(P(at_limit), {});
+  ASSERT_OK(decoded.status());
+  EXPECT_THAT(decoded->shape, ElementsAre(48, 64, 3));
+  EXPECT_EQ(decoded->bytes.bytes, std::string(48 * 64 * 3, '\x80'));
+  const std::string bomb = testing::ScanBombJpeg(64, 48, kMaxJpegScans);
+  EXPECT_THAT(DecodeJpeg(P(bomb), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("progressive JPEG of more than 500 scans")));
+}
+
 TEST(JpegTest, TruncatedOrGarbageIsAnError) {
   std::string jpeg =
       testing::EncodeJpeg(testing::TestPixels(64, 64, 3), 64, 64);
