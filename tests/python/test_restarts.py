@@ -12,7 +12,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import tarfile
 
 import pytest
