@@ -291,6 +291,12 @@ int JobCommand(const std::vector<std::string>& args) {
       absl::Status s = Rpc(
           stub->DeleteJob(Deadline().get(), request, &response), "job delete");
       if (!s.ok()) return Fail(s);
+      for (const std::string& name : response.deleted()) {
+        if (name == args[1]) continue;
+        std::fprintf(stderr,
+                     "deleted job %s (its copy for another world size)\n",
+                     name.c_str());
+      }
       std::fprintf(stderr, "deleted job %s\n", args[1].c_str());
       return kOk;
     }

@@ -496,7 +496,7 @@ absl::StatusOr<std::vector<v1::Job>> CoordinatorService::ListJobs() {
       [&](JobsReply done) { ListJobs(std::move(done)); });
 }
 
-void CoordinatorService::DeleteJob(const std::string& name, StatusReply done) {
+void CoordinatorService::DeleteJob(const std::string& name, NamesReply done) {
   absl::Status refused;
   {
     ServiceLock lock(this);
@@ -518,7 +518,11 @@ void CoordinatorService::DeleteJob(const std::string& name, StatusReply done) {
       }
       if (refused.ok()) {
         UpdateGaugesLocked();
-        fx.replies.push_back(done);
+        fx.replies.push_back(
+            [done, doomed = std::move(doomed)](const absl::Status& s) {
+              if (s.ok()) return done(doomed);
+              done(s);
+            });
       }
       SubmitLocked(fx);
     }
@@ -550,9 +554,10 @@ absl::Status CoordinatorService::DeleteJobLocked(const std::string& name,
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorService::DeleteJob(const std::string& name) {
-  return AwaitReply<absl::Status>(
-      [&](StatusReply done) { DeleteJob(name, std::move(done)); });
+absl::StatusOr<std::vector<std::string>> CoordinatorService::DeleteJob(
+    const std::string& name) {
+  return AwaitReply<absl::StatusOr<std::vector<std::string>>>(
+      [&](NamesReply done) { DeleteJob(name, std::move(done)); });
 }
 
 void CoordinatorService::PersistOnceFinished(

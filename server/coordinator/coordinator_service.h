@@ -146,6 +146,8 @@ class CoordinatorService {
   using JobsReply = std::function<void(absl::StatusOr<std::vector<v1::Job>>)>;
   using AuditReply = std::function<void(absl::StatusOr<v1::AuditResponse>)>;
   using StatusReply = std::function<void(absl::Status)>;
+  using NamesReply =
+      std::function<void(absl::StatusOr<std::vector<std::string>>)>;
 
   // Creates a job (NormalizeJobSpec's errors; ALREADY_EXISTS for a name
   // taken by another spec; the same spec again is answered with the job).
@@ -168,9 +170,9 @@ class CoordinatorService {
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
   // Deletes the job and its copies for other world sizes (CopyJobName:
   // "<name>.w<N>", made for elastic runs), each with its leases and
-  // sessions.
-  void DeleteJob(const std::string& name, StatusReply done);
-  absl::Status DeleteJob(const std::string& name);
+  // sessions. Answers with the jobs deleted: the copies, then the job.
+  void DeleteJob(const std::string& name, NamesReply done);
+  absl::StatusOr<std::vector<std::string>> DeleteJob(const std::string& name);
   // The samples one reader acknowledged in an epoch (audit.h), once the
   // acknowledgements it names are durable. NOT_FOUND naming the job.
   void Audit(const v1::AuditRequest& request, AuditReply done);

@@ -527,16 +527,21 @@ grpc::ServerUnaryReactor* GrpcCoordinatorService::ListJobs(
 
 grpc::ServerUnaryReactor* GrpcCoordinatorService::DeleteJob(
     grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* req,
-    v1::DeleteJobResponse*) {
+    v1::DeleteJobResponse* resp) {
   CoordinatorService* service = gate_->leading();
   if (service == nullptr) return Refuse(ctx);
   if (absl::Status allowed = AuthorizeAdmin(ctx, "DeleteJob"); !allowed.ok()) {
     return Done(ctx, allowed);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  service->DeleteJob(req->name(), [reactor](absl::Status s) {
-    reactor->Finish(ToGrpcStatus(s));
-  });
+  service->DeleteJob(
+      req->name(),
+      [reactor, resp](absl::StatusOr<std::vector<std::string>> deleted) {
+        if (deleted.ok()) {
+          for (const std::string& name : *deleted) resp->add_deleted(name);
+        }
+        reactor->Finish(ToGrpcStatus(deleted.status()));
+      });
   return reactor;
 }
 

@@ -408,3 +408,16 @@ def test_a_run_of_another_world_size_reads_the_jobs_copy_for_it(cluster):
                           f"--coordinator={cluster.address}", "--copy_of=wide", "--world_size=3",
                           "--manifest=x.json"], capture_output=True, text=True)
     assert out.returncode == 2 and "--copy_of takes the data from that job" in out.stderr
+    # Deleting the job deletes its copies, and says which.
+    out = subprocess.run([os.path.join(os.environ["SLUICE_BIN_DIR"], "sluicectl"), "job", "delete",
+                          "wide", f"--coordinator={cluster.address}", *cluster.client_tls,
+                          *cluster.admin_token], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        "deleted job wide.w1 (its copy for another world size)",
+        "deleted job wide.w3 (its copy for another world size)",
+        "deleted job wide"], out.stderr
+    with grpc.insecure_channel(cluster.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        names = [j.spec.name for j in stub.ListJobs(coordinator_pb2.ListJobsRequest()).jobs]
+    assert not [n for n in names if n == "wide" or n.startswith("wide.w")], names

@@ -36,6 +36,7 @@ using ::sluice::testing::SimTrainer;
 using ::sluice::testing::Spec;
 using ::sluice::testing::StatusIs;
 using ::sluice::testing::Tally;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Job "j" (35 samples over 2 ranks, q = 17, units of 4): rank 0 reads 6
@@ -313,7 +314,9 @@ TEST(CoordinatorResumeTest, DeletingAJobDeletesItsCopiesAndOnlyThem) {
   SimTrainer on_copy(service, "four.w3", 0, "c0");
   ASSERT_FALSE(on_copy.held.empty());
 
-  ASSERT_OK(service.DeleteJob("four"));
+  auto deleted_names = service.DeleteJob("four");
+  ASSERT_OK(deleted_names);
+  EXPECT_THAT(*deleted_names, ElementsAre("four.w2", "four.w3", "four"));
   service.Flush();
   ASSERT_TRUE(on_copy.sink->finished.has_value());
   EXPECT_THAT(*on_copy.sink->finished,
