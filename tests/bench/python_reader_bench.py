@@ -75,7 +75,6 @@ def main():
         if not sluice.tune_malloc():
             sys.exit("--tune_malloc: the allocator refused glibc's mallopt settings")
         os.environ["SLUICE_TUNE_MALLOC"] = "1"  # the DataLoader's workers
-    import torch
     from torch.utils.data import DataLoader
     from sluice.torch import ShardLeaseDataset
 
@@ -119,13 +118,13 @@ def main():
                 # PyTorch's IPC instead).
                 loader = DataLoader(ds, batch_size=32, num_workers=2, persistent_workers=True)
 
-                def items():  # DataLoader epoch after epoch (each is the rank's share)
+                def items(loader):  # DataLoader epoch after epoch (each is the rank's share)
                     while True:
                         for batch in loader:
                             per_sample = batch["jpg"].numel() // len(batch["__key__"])
                             for _ in batch["__key__"]:
                                 yield per_sample
-                it = items()
+                it = items(loader)
                 timed(1.0, it)  # workers up and streaming
                 rate = timed(args.seconds, it)
                 it.close()

@@ -6,7 +6,6 @@ the others wait for it forever in the gradient all-reduce.
     naive_uneven_split.py SHARD_DIR    (under torchrun: RANK, WORLD_SIZE)
 """
 import glob
-import io
 import os
 import sys
 import tarfile

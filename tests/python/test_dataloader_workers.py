@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -118,7 +117,7 @@ def test_ddp_ranks_with_workers_train_the_epoch_once_in_equal_steps(two_servers,
     init = tmp_path / "init"
     procs = [subprocess.Popen(
         _loop_args(two_servers, job, tmp_path / f"ckpt{r}.json", 2, "fork", True, 0.05, 2,
-                   [f"--world=2", f"--rank={r}", f"--init={init}"]),
+                   ["--world=2", f"--rank={r}", f"--init={init}"]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()) for r in range(2)]
     results = []
     for p in procs:
