@@ -68,18 +68,29 @@ std::string Segment(uint8_t marker, const std::string& payload) {
 
 }  // namespace
 
-std::string ScanBombJpeg(int width, int height, int ac_scans) {
+std::string ScanBombJpeg(int width, int height, int ac_scans, int components) {
+  if (components != 1 && components != 4) {
+    throw std::invalid_argument("ScanBombJpeg: 1 or 4 components");
+  }
   const int64_t blocks =
       static_cast<int64_t>((width + 7) / 8) * ((height + 7) / 8);
   auto u16 = [](int v) {
     return std::string{static_cast<char>(v >> 8), static_cast<char>(v & 0xFF)};
   };
   std::string out = "\xFF\xD8";
+  if (components == 4) {
+    // APP14 "Adobe": version 100, flags 0, 0, transform 0 (CMYK as stored).
+    out += Segment(0xEE, std::string("Adobe\x00\x64\x00\x00\x00\x00\x00", 12));
+  }
   out += Segment(0xDB, std::string(1, '\0') + std::string(64, '\x01'));
-  // SOF2 (progressive): 8 bits, height, width, one component (id 1,
+  // SOF2 (progressive): 8 bits, height, width, the components (ids 1..n,
   // sampling 1x1, quantisation table 0).
-  out += Segment(0xC2, "\x08" + u16(height) + u16(width) +
-                           std::string("\x01\x01\x11\x00", 4));
+  std::string sof = "\x08" + u16(height) + u16(width) +
+                    std::string(1, static_cast<char>(components));
+  for (int c = 1; c <= components; ++c) {
+    sof += std::string{static_cast<char>(c), '\x11', '\x00'};
+  }
+  out += Segment(0xC2, sof);
   // Huffman tables with one 1-bit code each: DC table 0 codes category 0
   // (a zero difference), AC table 0 codes 0xE0 (an end-of-band run of
   // 2^14 + 14 more bits: up to 32,767 blocks).
@@ -90,10 +101,13 @@ std::string ScanBombJpeg(int width, int height, int ac_scans) {
   out +=
       Segment(0xC4, std::string(1, '\x10') + one_code + std::string(1, '\xE0'));
   ScanBits dc;
-  for (int64_t i = 0; i < blocks; ++i) dc.Put(0, 1);
-  // SOS: one component (1, tables 0/0), Ss 0, Se 0, Ah/Al 0.
-  out +=
-      Segment(0xDA, std::string("\x01\x01\x00\x00\x00\x00", 6)) + dc.Finish();
+  for (int64_t i = 0; i < blocks * components; ++i) dc.Put(0, 1);
+  // SOS: every component (interleaved, tables 0/0), Ss 0, Se 0, Ah/Al 0.
+  std::string dc_scan(1, static_cast<char>(components));
+  for (int c = 1; c <= components; ++c) {
+    dc_scan += std::string{static_cast<char>(c), '\x00'};
+  }
+  out += Segment(0xDA, dc_scan + std::string(3, '\0')) + dc.Finish();
   const int64_t runs = (blocks + 32766) / 32767;
   for (int s = 0; s < ac_scans; ++s) {
     ScanBits ac;
@@ -101,7 +115,8 @@ std::string ScanBombJpeg(int width, int height, int ac_scans) {
       ac.Put(0, 1);
       ac.Put(0x3FFF, 14);
     }
-    // Ss 1, Se 63, Ah/Al 0: a first AC scan, valid again after itself.
+    // Component 1, Ss 1, Se 63, Ah/Al 0: a first AC scan, valid again after
+    // itself.
     out +=
         Segment(0xDA, std::string("\x01\x01\x00\x01\x3F\x00", 6)) + ac.Finish();
   }

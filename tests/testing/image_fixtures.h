@@ -21,11 +21,14 @@ std::string EncodePng(const std::string& pixels, int width, int height,
 // applied it would change the values).
 std::string EncodePng16(const std::vector<uint16_t>& pixels, int width,
                         int height, int channels, double gamma = 0);
-// A grey progressive JPEG whose first scan sets every DC coefficient to 0
-// and whose `ac_scans` further scans each repeat the same (valid) first AC
-// scan, every block's coefficients zero (end-of-band runs): a few bytes per
-// scan, a pass over every block per scan to decode.
-std::string ScanBombJpeg(int width, int height, int ac_scans);
+// A progressive JPEG whose first scan sets every DC coefficient to 0 and
+// whose `ac_scans` further scans each repeat the same (valid) first AC scan
+// of the first component, every block's coefficients zero (end-of-band
+// runs): a few bytes per scan, a pass over every block per scan to decode.
+// Grey with `components` 1; CMYK as Adobe writes it (an APP14 marker, no
+// colour transform) with `components` 4.
+std::string ScanBombJpeg(int width, int height, int ac_scans,
+                         int components = 1);
 // A .npy file (format 1.0) with the given descr ("<f4"), shape and raw data.
 std::string MakeNpy(const std::string& descr, const std::vector<int64_t>& shape,
                     const std::string& data, bool fortran_order = false);

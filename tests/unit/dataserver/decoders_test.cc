@@ -138,6 +138,24 @@ TEST(JpegTest, AScanBombIsRefusedNamingTheLimit) {
                        HasSubstr("progressive JPEG of more than 500 scans")));
 }
 
+// The same limit on the CMYK path (decoded whole through TurboJPEG).
+TEST(JpegTest, ACmykScanBombIsRefusedNamingTheLimit) {
+  const std::string at_limit =
+      testing::ScanBombJpeg(64, 48, kMaxJpegScans - 1, /*components=*/4);
+  auto decoded = DecodeJpeg(P(at_limit), {});
+  ASSERT_OK(decoded.status());
+  EXPECT_THAT(decoded->shape, ElementsAre(48, 64, 3));
+  // Every CMYK sample 128: one colour throughout, as PIL converts it.
+  const std::string pixels(decoded->bytes.bytes);
+  ASSERT_EQ(pixels.size(), 48u * 64 * 3);
+  EXPECT_EQ(pixels, std::string(48 * 64 * 3, pixels[0]));
+  const std::string bomb =
+      testing::ScanBombJpeg(64, 48, kMaxJpegScans, /*components=*/4);
+  EXPECT_THAT(DecodeJpeg(P(bomb), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("more than 500 scans")));
+}
+
 TEST(JpegTest, TruncatedOrGarbageIsAnError) {
   std::string jpeg =
       testing::EncodeJpeg(testing::TestPixels(64, 64, 3), 64, 64);
