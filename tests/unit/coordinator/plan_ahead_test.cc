@@ -136,7 +136,8 @@ TEST(PlanAheadTest, AnEpochAdvanceInstallsTheMatchingOffer) {
   state.OfferPlan(
       "j", PlanAhead(job->InputsFor(job->options, 3), true, 10).prepared);
   EXPECT_FALSE(state.HasOfferedPlan("j", job->options, 3));
-  state.OfferPlan("none", PreparedPlan{job->options, 5, {}, 11});
+  state.OfferPlan("none",
+                  PreparedPlan{job->options, 5, {}, 11, nullptr, nullptr});
   EXPECT_FALSE(state.HasOfferedPlan("none", job->options, 5));
 }
 
