@@ -1,6 +1,7 @@
 // sluicectl read: a job's samples as JSON lines, through the C++ Reader.
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -43,8 +44,9 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, trainer_id, "",
           "read: trainer id (default host-pid-rank-worker).");
 ABSL_FLAG(double, rate, 0,
-          "read: at most this many samples/s (emulates a training step; 0 = as "
-          "fast as possible).");
+          "read: at most this many samples/s (emulates a training step of "
+          "1/N s per sample; time spent waiting for samples is not made up "
+          "later; 0 = as fast as possible).");
 ABSL_FLAG(absl::Duration, progress_interval, absl::Milliseconds(500),
           "read: longest time between delivering a sample and reporting it.");
 ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(60),
@@ -150,8 +152,10 @@ int ReadCommand(const std::vector<std::string>& args) {
   if (!reader.ok()) return Fail(reader.status());
   const int64_t max_epochs = absl::GetFlag(FLAGS_read_epochs);
   const double rate = absl::GetFlag(FLAGS_rate);
-  const absl::Time start = absl::Now();
-  int64_t delivered = 0, epochs_done = 0;
+  const absl::Duration step =
+      rate > 0 ? absl::Seconds(1 / rate) : absl::ZeroDuration();
+  absl::Time step_end = absl::InfinitePast();
+  int64_t epochs_done = 0;
   bool began =
       false;  // an epoch began for this reader (else a done job is an error)
   while (true) {
@@ -183,11 +187,13 @@ int ReadCommand(const std::vector<std::string>& args) {
     // One write per line: a reader killed mid-run leaves whole lines behind.
     if (write(STDOUT_FILENO, line.data(), line.size()) < 0)
       return Fail(absl::InternalError("stdout closed"));
-    ++delivered;
     if (rate > 0) {
-      absl::Time due = start + absl::Seconds(delivered / rate);
-      if (due > absl::Now())
-        absl::SleepFor(due - absl::Now());  // emulated training step
+      // An emulated training step: this sample's ends one step after the
+      // last one's. Time spent waiting for samples (leases, an epoch's
+      // end) is not saved up for a burst: at most one step of it counts.
+      const absl::Time now = absl::Now();
+      step_end = std::max(step_end, now - step) + step;
+      if (step_end > now) absl::SleepFor(step_end - now);
     }
   }
   ReaderStats stats = (*reader)->stats();
