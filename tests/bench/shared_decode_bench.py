@@ -5,8 +5,12 @@ A sweep of K = 4 trials over one dataset on one data server: four dynamic
 jobs with different seeds, transforms (RandomResizedCrop + flip at three
 sizes, Resize + CenterCrop) and step times read one epoch each, at once,
 through sluice.Reader in four threads. Measured in the same run, in
-alternating rounds on fresh servers: the data server's CPU seconds (utime +
-stime from /proc) per sample delivered across the four jobs with sharing on
+alternating rounds on fresh servers, each first warmed by the same four
+trials over two shards of their own (a server that has run a while keeps
+the memory its cache fills; a fresh one takes it from the kernel a page
+fault at a time; --cold measures without the warm-up): the data server's
+CPU seconds (utime + stime from /proc) per sample delivered across the four
+jobs with sharing on
 (--shared_decode_bytes=64 MiB on the data server, --steer_shared_shards
 on the coordinator) against sharing off
 (--shared_decode_bytes=0, --nosteer_shared_shards). Also reported: the
@@ -15,7 +19,7 @@ bound, and a bare TurboJPEG-free reference: the same four jobs' samples
 counted once (1/K is the ideal ratio). Goal: <= 0.4x (ideal 0.25x).
 Ends with one JSON line.
 
-usage: shared_decode_bench.py BIN_DIR [--rounds N] [--shards S] [--per_shard P]
+usage: shared_decode_bench.py BIN_DIR [--rounds N] [--shards S] [--per_shard P] [--cold]
 """
 import argparse
 import faulthandler
@@ -35,6 +39,7 @@ from sample_data import photo_like_jpegs, write_jpeg_shards  # noqa: E402
 
 K = 4
 STEPS = [0.0, 0.0005, 0.001, 0.0015]  # seconds per training step, per trial
+WARM_UP_SHARDS = 2  # with --warm_up, of --per_shard images each
 
 
 def cpu_seconds(pid):
@@ -47,7 +52,7 @@ def metric(text, pattern):
     return float(m.group(1)) if m else 0.0
 
 
-def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes):
+def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes, warm_up_urls):
     """Fresh servers; the K jobs read one epoch each at once. Returns the
     data server's CPU seconds per sample delivered, and the cache figures."""
     work = os.path.join(tmp, f"round{round_no}-{'on' if sharing else 'off'}")
@@ -66,39 +71,65 @@ def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes):
             T.Compose([T.Resize(256), T.CenterCrop(224)]),
             T.Compose([T.RandomResizedCrop(128), T.RandomHorizontalFlip()]),
         ]
-        for n in range(K):
-            cluster.create_job(f"trial{n}", mode="dynamic", seed=100 + n, shuffle_window=1,
-                               shards=urls)
-        counts = [0] * K
-        start = threading.Barrier(K + 1)
+        def run_trials(prefix, shards):
+            """The K trials read `shards` once, at once. Returns their
+            sample counts, the wall seconds and the data server's CPU
+            seconds from the moment all four readers are open."""
+            for n in range(K):
+                cluster.create_job(f"{prefix}{n}", mode="dynamic", seed=100 + n,
+                                   shuffle_window=1, shards=shards)
+            counts = [0] * K
+            start = threading.Barrier(K + 1)
 
-        def read(n):
-            with sluice.Reader(coordinator.address, f"trial{n}",
-                               transform=transforms[n]) as reader:
-                start.wait()
-                for _ in reader:
-                    counts[n] += 1
-                    if STEPS[n]:
-                        time.sleep(STEPS[n])
+            def read(n):
+                with sluice.Reader(coordinator.address, f"{prefix}{n}",
+                                   transform=transforms[n]) as reader:
+                    start.wait()
+                    for _ in reader:
+                        counts[n] += 1
+                        if STEPS[n]:
+                            time.sleep(STEPS[n])
 
-        threads = [threading.Thread(target=read, args=(n,)) for n in range(K)]
-        for t in threads:
-            t.start()
-        start.wait()
-        cpu0 = cpu_seconds(data.pid)
-        t0 = time.monotonic()
-        for t in threads:
-            t.join()
-        wall = time.monotonic() - t0
-        cpu = cpu_seconds(data.pid) - cpu0
+            threads = [threading.Thread(target=read, args=(n,)) for n in range(K)]
+            for t in threads:
+                t.start()
+            start.wait()
+            cpu0 = cpu_seconds(data.pid)
+            t0 = time.monotonic()
+            for t in threads:
+                t.join()
+            return counts, time.monotonic() - t0, cpu_seconds(data.pid) - cpu0
+
+        if warm_up_urls:
+            # A server that has run a while: its malloc arenas hold the
+            # memory the cache fills (the servers keep freed memory), which
+            # a fresh process first takes from the kernel a page fault at a
+            # time. Warmed by the same trials over shards of their own
+            # (other URLs: none of their cache entries is a measured hit).
+            run_trials("warm-up", warm_up_urls)
+            hits_before = metric(data.metric_text(),
+                                 r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)')
+            misses_before = metric(data.metric_text(),
+                                   r'sluice_dataserver_shared_decodes_total\{result="miss"\} (\S+)')
+            decode_before = metric(data.metric_text(),
+                                   r'^sluice_dataserver_decode_seconds_sum\{codec="jpeg"\} (\S+)')
+            resize_before = metric(data.metric_text(),
+                                   r'^sluice_dataserver_transform_seconds_sum\{op="resize"\} (\S+)')
+        else:
+            hits_before = misses_before = decode_before = resize_before = 0.0
+        counts, wall, cpu = run_trials("trial", urls)
         text = data.metric_text()
-        hits = metric(text, r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)')
-        misses = metric(text, r'sluice_dataserver_shared_decodes_total\{result="miss"\} (\S+)')
+        hits = metric(text, r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)') - \
+            hits_before
+        misses = metric(text, r'sluice_dataserver_shared_decodes_total\{result="miss"\} (\S+)') - \
+            misses_before
         held = metric(text, r"^sluice_dataserver_shared_decode_bytes (\S+)")
         # Where the CPU goes: a field's decode with its transforms (thread
         # time in DecodeField), and the resize steps alone.
-        decode_s = metric(text, r'^sluice_dataserver_decode_seconds_sum\{codec="jpeg"\} (\S+)')
-        resize_s = metric(text, r'^sluice_dataserver_transform_seconds_sum\{op="resize"\} (\S+)')
+        decode_s = metric(text, r'^sluice_dataserver_decode_seconds_sum\{codec="jpeg"\} (\S+)') - \
+            decode_before
+        resize_s = metric(text, r'^sluice_dataserver_transform_seconds_sum\{op="resize"\} (\S+)') - \
+            resize_before
         samples = sum(counts)
         expected = K * sum(n for _, n in urls)
         if samples != expected:
@@ -122,6 +153,9 @@ def main():
                              "its first fill of fresh memory costs page faults once per server, "
                              "so a bound near what the trials need keeps that out of a short "
                              "run")
+    parser.add_argument("--cold", action="store_true",
+                        help="measure fresh servers, without the warm-up trials over shards "
+                             "of their own that each round runs first")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(600, exit=True)  # never hang make bench
     os.environ["SLUICE_BIN_DIR"] = args.bin_dir
@@ -134,11 +168,13 @@ def main():
         # Every sample its own image (~500x375, like ImageNet's median).
         jpegs = photo_like_jpegs(args.shards * args.per_shard)
         urls = write_jpeg_shards(os.path.join(tmp, "shards"), args.shards, args.per_shard, jpegs)
+        warm_up_urls = [] if args.cold else write_jpeg_shards(
+            os.path.join(tmp, "shards"), WARM_UP_SHARDS, args.per_shard, jpegs, name="warm-up")
         on, off = [], []
         for r in range(args.rounds):
             for sharing in ((True, False) if r % 2 == 0 else (False, True)):
                 result = one_round(conftest, sluice, T, tmp, urls, sharing, r,
-                                   args.cache_mib << 20)
+                                   args.cache_mib << 20, warm_up_urls)
                 (on if sharing else off).append(result)
                 print(f"round {r} sharing {'on ' if sharing else 'off'}: "
                       f"{result['cpu_per_sample_ms']:.3f} ms CPU/sample, "
