@@ -19,7 +19,11 @@ from /proc and getrusage), each process's minor page faults per sample (about
 server's CPU per sample against the floor, a bare TurboJPEG decode of the
 same images (`transform_bench --floor_dir`). Ends with one JSON line.
 
-usage: pipeline_bench.py BIN_DIR [--samples N] [--rounds N]
+With --loop_parts it also measures the Sluice loop's CPU per sample taking
+the dataset's samples as they arrive (no DataLoader, no step) and collated
+batches without the step: the parts of the loop's figure.
+
+usage: pipeline_bench.py BIN_DIR [--samples N] [--rounds N] [--loop_parts]
 """
 import argparse
 import io
@@ -124,15 +128,17 @@ def self_cpu():
     return s.ru_utime + s.ru_stime, s.ru_minflt
 
 
-def measure(loader_fn, samples, server_pids):
-    """(samples/s, CPU-seconds per 1,000 samples, {process: CPU-s per 1,000})
-    over `samples` samples after one warm-up batch. DataLoader workers are
+def measure(loader_fn, samples, server_pids, step=True):
+    """(samples/s, CPU-seconds per 1,000 samples, {process: CPU-s per 1,000},
+    {process: page faults per sample}) over `samples` samples after one
+    warm-up batch, each batch through the step unless `step` is false
+    (then `loader_fn` may give single samples instead of batches). DataLoader workers are
     read from /proc while they run."""
     loader = loader_fn()
     it = iter(loader)
-    step = Step()
+    run = Step() if step else (lambda images, labels: None)
     images, labels = next(it)
-    step(images, labels)
+    run(images, labels)
     workers = [w.pid for w in getattr(it, "_workers", [])]
     procs = {"loop": self_cpu}
     for i, pid in enumerate(server_pids):
@@ -144,8 +150,8 @@ def measure(loader_fn, samples, server_pids):
     n = 0
     while n < samples:
         images, labels = next(it)
-        step(images, labels)
-        n += len(labels)
+        run(images, labels)
+        n += len(labels) if torch.is_tensor(labels) and labels.dim() else 1
     elapsed = time.monotonic() - t0
     after = {k: f() for k, f in procs.items()}
     per = {k: round(1000 * (after[k][0] - before[k][0]) / n, 3) for k in procs}
@@ -161,6 +167,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--transform", choices=("eval", "train"), action="append",
                         help="only these transforms (default: both)")
+    parser.add_argument("--loop_parts", action="store_true",
+                        help="also measure the Sluice loop taking single samples without the "
+                             "step, and collated batches without the step: what receiving, "
+                             "collating and the step each cost the loop")
     parser.add_argument("--pipeline", choices=("sluice", "baseline"), action="append",
                         help="only these pipelines (default: both)")
     args = parser.parse_args()
@@ -218,7 +228,7 @@ def main():
                     continue
                 jobs = iter(range(1000))
 
-                def sluice_loader(name=name, tf=sluice_tf):
+                def sluice_loader(name=name, tf=sluice_tf, batch_size=BATCH):
                     # A job per measurement: a reader left from the last one
                     # would hold leases, and epochs only end when every
                     # lease is done.
@@ -238,7 +248,9 @@ def main():
                             while True:  # epoch after epoch
                                 for item in ds:
                                     yield item["jpg"], item["cls"]
-                    return DataLoader(Batches(), batch_size=BATCH, num_workers=0)
+                    if batch_size is None:  # the samples as they arrive
+                        return Batches()
+                    return DataLoader(Batches(), batch_size=batch_size, num_workers=0)
 
                 def baseline_loader(tf=tv_tf):
                     class Forever(IterableDataset):
@@ -265,6 +277,14 @@ def main():
                             best[which] = (rate, cpu)
                             if which == "sluice":
                                 server_ms = per["dataserver"]
+                if args.loop_parts:
+                    for part, size in (("received", None), ("collated", BATCH)):
+                        _, _, per, _ = measure(lambda size=size: sluice_loader(batch_size=size),
+                                               args.samples, pids, step=False)
+                        while opened:
+                            opened.pop().close()
+                        print(f"{name:5s} sluice loop, {part} without the step: "
+                              f"{per['loop']:.3f} CPU-ms per sample", file=sys.stderr)
                 (s_rate, s_cpu), (b_rate, b_cpu) = best["sluice"], best["baseline"]
                 if not s_rate or not b_rate:
                     continue
