@@ -39,7 +39,16 @@ from sample_data import photo_like_jpegs, write_jpeg_shards  # noqa: E402
 
 K = 4
 STEPS = [0.0, 0.0005, 0.001, 0.0015]  # seconds per training step, per trial
-WARM_UP_SHARDS = 2  # with --warm_up, of --per_shard images each
+WARM_UP_SHARDS = 2  # unless --cold, of --per_shard images each
+# The data server's counters each round reads, by name.
+COUNTERS = {
+    "hits": r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)',
+    "misses": r'sluice_dataserver_shared_decodes_total\{result="miss"\} (\S+)',
+    # A field's decode with its transforms (thread time in DecodeField), and
+    # the resize steps alone.
+    "decode_s": r'^sluice_dataserver_decode_seconds_sum\{codec="jpeg"\} (\S+)',
+    "resize_s": r'^sluice_dataserver_transform_seconds_sum\{op="resize"\} (\S+)',
+}
 
 
 def cpu_seconds(pid):
@@ -107,36 +116,22 @@ def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes, wa
             # time. Warmed by the same trials over shards of their own
             # (other URLs: none of their cache entries is a measured hit).
             run_trials("warm-up", warm_up_urls)
-            hits_before = metric(data.metric_text(),
-                                 r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)')
-            misses_before = metric(data.metric_text(),
-                                   r'sluice_dataserver_shared_decodes_total\{result="miss"\} (\S+)')
-            decode_before = metric(data.metric_text(),
-                                   r'^sluice_dataserver_decode_seconds_sum\{codec="jpeg"\} (\S+)')
-            resize_before = metric(data.metric_text(),
-                                   r'^sluice_dataserver_transform_seconds_sum\{op="resize"\} (\S+)')
+            text = data.metric_text()
+            before = {k: metric(text, p) for k, p in COUNTERS.items()}
         else:
-            hits_before = misses_before = decode_before = resize_before = 0.0
+            before = dict.fromkeys(COUNTERS, 0.0)
         counts, wall, cpu = run_trials("trial", urls)
         text = data.metric_text()
-        hits = metric(text, r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)') - \
-            hits_before
-        misses = metric(text, r'sluice_dataserver_shared_decodes_total\{result="miss"\} (\S+)') - \
-            misses_before
+        got = {k: metric(text, p) - before[k] for k, p in COUNTERS.items()}
         held = metric(text, r"^sluice_dataserver_shared_decode_bytes (\S+)")
-        # Where the CPU goes: a field's decode with its transforms (thread
-        # time in DecodeField), and the resize steps alone.
-        decode_s = metric(text, r'^sluice_dataserver_decode_seconds_sum\{codec="jpeg"\} (\S+)') - \
-            decode_before
-        resize_s = metric(text, r'^sluice_dataserver_transform_seconds_sum\{op="resize"\} (\S+)') - \
-            resize_before
         samples = sum(counts)
         expected = K * sum(n for _, n in urls)
         if samples != expected:
             sys.exit(f"round {round_no}: {samples} samples delivered, expected {expected}")
         return {"cpu_per_sample_ms": 1000 * cpu / samples, "wall_s": wall,
-                "decode_ms": 1000 * decode_s / samples, "resize_ms": 1000 * resize_s / samples,
-                "hits": hits, "misses": misses, "held_bytes": held}
+                "decode_ms": 1000 * got["decode_s"] / samples,
+                "resize_ms": 1000 * got["resize_s"] / samples,
+                "hits": got["hits"], "misses": got["misses"], "held_bytes": held}
     finally:
         cluster.stop()
 
