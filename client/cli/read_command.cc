@@ -188,7 +188,7 @@ int ReadCommand(const std::vector<std::string>& args) {
     if (write(STDOUT_FILENO, line.data(), line.size()) < 0)
       return Fail(absl::InternalError("stdout closed"));
     if (rate > 0) {
-      // An emulated training step: this sample's ends one step after the
+      // An emulated training step: this sample's step ends one step after the
       // last one's. Time spent waiting for samples (leases, an epoch's
       // end) is not saved up for a burst: at most one step of it counts.
       const absl::Time now = absl::Now();
