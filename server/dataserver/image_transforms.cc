@@ -546,27 +546,61 @@ T RoundClip(float v, float max_value) {
   return static_cast<T>(std::min(max_value, std::max(0.0f, v + 0.5f)));
 }
 
+// PIL's taps for resizing an in_width x in_height image to out_width x
+// out_height, and how many output rows and columns at each end an edge cuts
+// off: computed once per size and shared by the image's planes.
+struct EdgeTaps {
+  int in_width = 0, in_height = 0, out_width = 0, out_height = 0;
+  int x_low = 0, x_high = 0, y_low = 0, y_high = 0;
+  AxisTaps xs, ys;
+
+  bool any() const { return x_low + x_high + y_low + y_high != 0; }
+};
+
+// The taps for these sizes: `cache` itself when it already holds them
+// (every image of an eval transform has the same sizes), else refilled.
+const EdgeTaps& EdgeTapsFor(int in_width, int in_height, int out_width,
+                            int out_height, EdgeTaps* cache) {
+  EdgeTaps& t = *cache;
+  if (t.in_width == in_width && t.in_height == in_height &&
+      t.out_width == out_width && t.out_height == out_height) {
+    return t;
+  }
+  t.in_width = in_width;
+  t.in_height = in_height;
+  t.out_width = out_width;
+  t.out_height = out_height;
+  TruncatedEnds(in_width, out_width, &t.x_low, &t.x_high);
+  TruncatedEnds(in_height, out_height, &t.y_low, &t.y_high);
+  if (t.any()) {
+    PilBilinearTaps(in_width, out_width, 0, out_width, &t.xs);
+    PilBilinearTaps(in_height, out_height, 0, out_height, &t.ys);
+  }
+  return t;
+}
+
 // Rewrites the output pixels whose filter an edge of `in` cuts off the way
 // PIL (and torchvision's antialiased bilinear) computes them: the truncated
 // filter renormalised over the pixels inside, a horizontal pass rounded to
 // the sample type, then a vertical one. libswscale instead repeats the edge
 // pixel, up to 16 levels away on the outermost rows and columns; the
-// interior is libswscale's (within a level or two of PIL's).
-template <typename T>
+// interior is libswscale's (within a level or two of PIL's). `taps`: from
+// EdgeTapsFor for in's size and out's. `kChannels`: in's channel count
+// when known at compile time (1: a plane), else 0.
+template <typename T, int kChannels>
 void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
-                       const ImageBuffer& out_shape) {
+                       const ImageBuffer& out_shape, const EdgeTaps& taps) {
   const ImageBuffer* out = &out_shape;
-  const int c = in.channels, w = out->width, h = out->height;
+  const int c = kChannels != 0 ? kChannels : in.channels;
+  const int w = out->width, h = out->height;
   const float max_value = sizeof(T) == 2 ? 65535.0f : 255.0f;
-  int x_low, x_high, y_low, y_high;
-  TruncatedEnds(in.width, w, &x_low, &x_high);
-  TruncatedEnds(in.height, h, &y_low, &y_high);
-  if (x_low + x_high + y_low + y_high == 0) return;
+  const int x_low = taps.x_low, x_high = taps.x_high;
+  const int y_low = taps.y_low, y_high = taps.y_high;
+  if (!taps.any()) return;
+  const AxisTaps& xs = taps.xs;
+  const AxisTaps& ys = taps.ys;
   // Per-thread scratch: the data path allocates nothing here once warm.
-  thread_local AxisTaps xs, ys;
   thread_local std::vector<float> band, column;
-  PilBilinearTaps(in.width, w, 0, w, &xs);
-  PilBilinearTaps(in.height, h, 0, h, &ys);
   auto in_row = [&](int y) {
     return reinterpret_cast<const T*>(in.data + y * in.stride);
   };
@@ -634,11 +668,13 @@ void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
 
 // `out_data`: the writable samples of `out` (its shape and stride).
 void MatchPilAtEdges(const ImageBuffer& in, uint8_t* out_data,
-                     const ImageBuffer& out) {
+                     const ImageBuffer& out, const EdgeTaps& taps) {
   if (in.sample_bytes == 2) {
-    MatchPilAtEdgesOf<uint16_t>(in, out_data, out);
+    MatchPilAtEdgesOf<uint16_t, 0>(in, out_data, out, taps);
+  } else if (in.channels == 1) {
+    MatchPilAtEdgesOf<uint8_t, 1>(in, out_data, out, taps);
   } else {
-    MatchPilAtEdgesOf<uint8_t>(in, out_data, out);
+    MatchPilAtEdgesOf<uint8_t, 0>(in, out_data, out, taps);
   }
 }
 
@@ -720,6 +756,10 @@ absl::StatusOr<std::vector<ImageBuffer>> ResizeToPlanes(
     in = SplitPlanes(image);
   }
   Planes out = AllocatePlanes(width, height, c, image.sample_bytes);
+  thread_local EdgeTaps edge_cache;
+  const EdgeTaps* edges = exact_edges ? &EdgeTapsFor(image.width, image.height,
+                                                     width, height, &edge_cache)
+                                      : nullptr;
   for (int ch = 0; ch < c; ++ch) {
     const ImageBuffer& from = in.planes[ch];
     const ImageBuffer& to = out.planes[ch];
@@ -729,7 +769,7 @@ absl::StatusOr<std::vector<ImageBuffer>> ResizeToPlanes(
     uint8_t* dst[1] = {to_data};
     const int dst_stride[1] = {static_cast<int>(to.stride)};
     sws_scale(cache.context, src, src_stride, 0, from.height, dst, dst_stride);
-    if (exact_edges) MatchPilAtEdges(from, to_data, to);
+    if (edges != nullptr) MatchPilAtEdges(from, to_data, to, *edges);
   }
   return std::move(out.planes);
 }
