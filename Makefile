@@ -195,7 +195,7 @@ image: image-deps
 # only; deploy.image_runtime_libraries keeps the in-image build's packages
 # in step). Not in `make test` (podman as root); .ci/run runs it after.
 test-image: build image-deps
-	$(SUDO) bash k8s/image/build.sh --prebuilt $(IMAGE)
+	$(SUDO) env BUILD_DIR=$(BUILD_DIR) bash k8s/image/build.sh --prebuilt $(IMAGE)
 	cd $(BUILD_DIR) && $(SUDO) env SLUICE_IMAGE=$(IMAGE) SLUICE_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
 	  PYTHONPATH=$(CURDIR)/$(BUILD_DIR)/python \
 	  /usr/bin/python3 $(CURDIR)/tests/python/run_pytest.py -q -p no:cacheprovider \

@@ -5,10 +5,13 @@
 # ulimits, host network). The Dockerfile's base images (debian:bookworm,
 # debian:bookworm-slim) are made from Debian's packages with mmdebstrap and
 # imported when podman does not have them yet; later builds reuse them.
-# With --prebuilt the binaries are the host's release build (build/bin, from
-# `make build` on bookworm) instead of a build inside the image: only the
-# runtime-base and prebuilt stages and their base image are made.
-#   usage: k8s/image/build.sh [--prebuilt] [TAG]   (default sluice:dev; run from anywhere)
+# With --prebuilt the binaries are the host's release build ($BUILD_DIR/bin,
+# default build/bin, from `make build` on bookworm) instead of a build inside
+# the image: only the runtime-base and prebuilt stages and their base image
+# are made.
+#   usage: [BUILD_DIR=DIR] k8s/image/build.sh [--prebuilt] [TAG]
+#   (default tag sluice:dev; BUILD_DIR relative to the repository or
+#   absolute; run from anywhere)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -39,13 +42,30 @@ base_image() {
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
     bookworm - http://deb.debian.org/debian | podman import - "$name" > /dev/null
 }
+context=$root
 if $prebuilt; then
+  build_dir=${BUILD_DIR:-build}
+  case $build_dir in
+    /*) ;;
+    *) build_dir=$root/$build_dir ;;
+  esac
   for binary in sluice-coordinator sluice-dataserver sluicectl; do
-    [ -x "$root/build/bin/$binary" ] || { echo "build.sh --prebuilt: build/bin/$binary not found (make build)"; exit 1; }
+    [ -x "$build_dir/bin/$binary" ] || { echo "build.sh --prebuilt: $build_dir/bin/$binary not found (make build)"; exit 1; }
   done
+  # The Dockerfile copies build/bin/*: a context holding only the three
+  # binaries at that path, in the build directory (hard links when the
+  # file system allows).
+  context=$build_dir/image-context
+  rm -rf "$context"
+  mkdir -p "$context/build/bin"
+  for binary in sluice-coordinator sluice-dataserver sluicectl; do
+    cp -l "$build_dir/bin/$binary" "$context/build/bin/" 2> /dev/null ||
+      cp "$build_dir/bin/$binary" "$context/build/bin/"
+  done
+  trap 'rm -rf "$context"' EXIT
   target=(--target prebuilt)
   ignore=Dockerfile.prebuilt.dockerignore
-  echo "building $tag from k8s/image/Dockerfile with build/bin's binaries"
+  echo "building $tag from k8s/image/Dockerfile with $build_dir/bin's binaries"
 else
   base_image localhost/debian:bookworm apt
   target=()
@@ -54,6 +74,6 @@ else
 fi
 base_image localhost/debian:bookworm-slim minbase
 podman build --pull=never --network=host "${target[@]}" \
-  --ignorefile "$here/$ignore" -f "$here/Dockerfile" -t "$tag" "$root"
+  --ignorefile "$here/$ignore" -f "$here/Dockerfile" -t "$tag" "$context"
 size=$(podman image inspect --format '{{.Size}}' "$tag")
 echo "image $tag: $((size / 1000000)) MB"
