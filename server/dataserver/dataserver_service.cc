@@ -53,7 +53,8 @@ DataServerService::DataServerService(DataServerOptions options)
   stream_context_.index = [this](const std::shared_ptr<const ShardData>& s) {
     return GetIndex(s);
   };
-  stream_context_.before_decode = options_.before_decode;
+  stream_context_.before_decode_for_testing =
+      options_.before_decode_for_testing;
   stream_context_.stream_ended = [this](const v1::Lease& lease) {
     {
       absl::MutexLock lock(&mu_);

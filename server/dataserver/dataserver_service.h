@@ -75,7 +75,7 @@ struct DataServerOptions {
   DataServerMetrics* metrics = nullptr;  // may be null
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard).
-  std::function<void(int64_t index)> before_decode;
+  std::function<void(int64_t index)> before_decode_for_testing;
 };
 
 class DataServerService {

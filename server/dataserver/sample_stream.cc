@@ -592,8 +592,8 @@ void SampleStream::DecodeSample(Slot& slot) {
   out.piece = slot.piece;
   out.fields.reserve(raw.fields.size());
   DataServerMetrics* metrics = context_->metrics;
-  if (params_.decode && context_->before_decode) {
-    context_->before_decode(raw.index);
+  if (params_.decode && context_->before_decode_for_testing) {
+    context_->before_decode_for_testing(raw.index);
   }
   // Every image field of the sample gets the geometry planned for the first
   // one (scaled to its own size), from the sample's stateless randomness.

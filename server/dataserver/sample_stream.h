@@ -65,7 +65,7 @@ struct StreamContext {
       index;
   // Tests: called on the decoding thread before a sample's fields are
   // decoded (with the sample's index in its shard). May be empty.
-  std::function<void(int64_t index)> before_decode;
+  std::function<void(int64_t index)> before_decode_for_testing;
   // Decoded images shared between jobs reading the same shard; null = none.
   DecodedImageCache* decoded_images = nullptr;
   // Called once by each stream as it is destroyed, with its lease. May be

@@ -182,7 +182,8 @@ void ShardCache::RemoveDoomed() {
     }
     if (doomed.empty()) return;
     for (const std::shared_ptr<Entry>& entry : doomed) {
-      if (options_.before_remove) options_.before_remove(entry->url);
+      if (options_.before_remove_for_testing)
+        options_.before_remove_for_testing(entry->url);
       directory_.Remove(entry->url);
     }
     int64_t free = FreeBytes();

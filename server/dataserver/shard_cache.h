@@ -76,7 +76,7 @@ struct ShardCacheOptions {
   DataServerMetrics* metrics = nullptr;  // may be null
   // Tests: runs before an evicted shard's files are removed (without the
   // cache's lock).
-  std::function<void(const std::string& url)> before_remove;
+  std::function<void(const std::string& url)> before_remove_for_testing;
   // False: the directory is this process's alone (DirLock on `dir`; a
   // second process is refused, naming the holder's PID). True: other
   // processes may use it at once (correct, but each counts only its own

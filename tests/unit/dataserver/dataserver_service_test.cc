@@ -141,7 +141,7 @@ class DataServerServiceTest : public ::testing::Test {
     options.lease_secret = secret;
     options.decode_threads = 2;
     options.metrics = &metrics_;
-    options.before_decode = std::move(before_decode);
+    options.before_decode_for_testing = std::move(before_decode);
     options.max_streams_per_tenant = max_streams_per_tenant_;
     auto service = DataServerService::Create(std::move(options));
     ASSERT_OK(service.status());

@@ -190,7 +190,7 @@ TEST(ShardCacheTest, ReplacedFilesGoOutsideTheLockAndOpensMeanwhileWait) {
   absl::Notification meanwhile_done;
   ShardCacheOptions options;
   options.dir = dir.path();
-  options.before_remove = [&](const std::string& u) {
+  options.before_remove_for_testing = [&](const std::string& u) {
     removed.push_back(u);
     EXPECT_THAT(cache->CachedUrls(), ::testing::IsEmpty());
     names_before_removal = testing::FileNames(dir.path());
