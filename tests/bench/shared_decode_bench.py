@@ -5,21 +5,21 @@ A sweep of K = 4 trials over one dataset on one data server: four dynamic
 jobs with different seeds, transforms (RandomResizedCrop + flip at three
 sizes, Resize + CenterCrop) and step times read one epoch each, at once,
 through sluice.Reader in four threads. Measured in the same run, in
-alternating rounds on fresh servers, each first warmed by the same four
-trials over two shards of their own (a server that has run a while keeps
-the memory its cache fills; a fresh one takes it from the kernel a page
-fault at a time; --cold measures without the warm-up): the data server's
-CPU seconds (utime + stime from /proc) per sample delivered across the four
-jobs with sharing on
-(--shared_decode_bytes=64 MiB on the data server, --steer_shared_shards
-on the coordinator) against sharing off
-(--shared_decode_bytes=0, --nosteer_shared_shards). Also reported: the
-shared decodes' hit rate and the decoded bytes held at the end against the
-bound, and a bare TurboJPEG-free reference: the same four jobs' samples
-counted once (1/K is the ideal ratio). Goal: <= 0.4x (ideal 0.25x).
-Ends with one JSON line.
+alternating rounds on fresh servers: the data server's CPU seconds (utime +
+stime from /proc) per sample delivered across the four jobs with sharing
+on (--shared_decode_bytes=256 MiB, the server's default, or --cache_mib;
+--steer_shared_shards on the coordinator) against sharing off
+(--shared_decode_bytes=0, --nosteer_shared_shards). Each round's server is
+first warmed by the same four trials over shards of their own, enough to
+pass the cache's bound through it: a server that has run a while keeps the
+memory its cache fills, while a fresh one takes it from the kernel a page
+fault at a time (--cold measures without the warm-up). Also reported: the
+data server's page faults per sample, the shared decodes' hit rate and the
+decoded bytes held at the end against the bound. Goal: <= 0.4x (ideal
+1/K = 0.25x). Ends with one JSON line.
 
-usage: shared_decode_bench.py BIN_DIR [--rounds N] [--shards S] [--per_shard P] [--cold]
+usage: shared_decode_bench.py BIN_DIR [--rounds N] [--shards S] [--per_shard P]
+       [--cache_mib M] [--cold]
 """
 import argparse
 import faulthandler
@@ -39,7 +39,7 @@ from sample_data import photo_like_jpegs, write_jpeg_shards  # noqa: E402
 
 K = 4
 STEPS = [0.0, 0.0005, 0.001, 0.0015]  # seconds per training step, per trial
-WARM_UP_SHARDS = 2  # unless --cold, of --per_shard images each
+DECODED_BYTES = 500 * 375 * 3  # one image decoded whole, as the cache holds it
 # The data server's counters each round reads, by name.
 COUNTERS = {
     "hits": r'sluice_dataserver_shared_decodes_total\{result="hit"\} (\S+)',
@@ -54,6 +54,10 @@ COUNTERS = {
 def cpu_seconds(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def minor_faults(pid):
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[7])
 
 
 def metric(text, pattern):
@@ -103,11 +107,12 @@ def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes, wa
             for t in threads:
                 t.start()
             start.wait()
-            cpu0 = cpu_seconds(data.pid)
+            cpu0, faults0 = cpu_seconds(data.pid), minor_faults(data.pid)
             t0 = time.monotonic()
             for t in threads:
                 t.join()
-            return counts, time.monotonic() - t0, cpu_seconds(data.pid) - cpu0
+            return (counts, time.monotonic() - t0, cpu_seconds(data.pid) - cpu0,
+                    minor_faults(data.pid) - faults0)
 
         if warm_up_urls:
             # A server that has run a while: its malloc arenas hold the
@@ -120,7 +125,7 @@ def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes, wa
             before = {k: metric(text, p) for k, p in COUNTERS.items()}
         else:
             before = dict.fromkeys(COUNTERS, 0.0)
-        counts, wall, cpu = run_trials("trial", urls)
+        counts, wall, cpu, faults = run_trials("trial", urls)
         text = data.metric_text()
         got = {k: metric(text, p) - before[k] for k, p in COUNTERS.items()}
         held = metric(text, r"^sluice_dataserver_shared_decode_bytes (\S+)")
@@ -129,6 +134,7 @@ def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes, wa
         if samples != expected:
             sys.exit(f"round {round_no}: {samples} samples delivered, expected {expected}")
         return {"cpu_per_sample_ms": 1000 * cpu / samples, "wall_s": wall,
+                "faults_per_sample": faults / samples,
                 "decode_ms": 1000 * got["decode_s"] / samples,
                 "resize_ms": 1000 * got["resize_s"] / samples,
                 "hits": got["hits"], "misses": got["misses"], "held_bytes": held}
@@ -143,11 +149,9 @@ def main():
                         help="alternating rounds with sharing on and off; medians compared")
     parser.add_argument("--shards", type=int, default=12)
     parser.add_argument("--per_shard", type=int, default=64)
-    parser.add_argument("--cache_mib", type=int, default=64,
-                        help="the data server's --shared_decode_bytes, in MiB, with sharing on: "
-                             "its first fill of fresh memory costs page faults once per server, "
-                             "so a bound near what the trials need keeps that out of a short "
-                             "run")
+    parser.add_argument("--cache_mib", type=int, default=256,
+                        help="the data server's --shared_decode_bytes, in MiB, with sharing on "
+                             "(default: the server's own default)")
     parser.add_argument("--cold", action="store_true",
                         help="measure fresh servers, without the warm-up trials over shards "
                              "of their own that each round runs first")
@@ -163,8 +167,10 @@ def main():
         # Every sample its own image (~500x375, like ImageNet's median).
         jpegs = photo_like_jpegs(args.shards * args.per_shard)
         urls = write_jpeg_shards(os.path.join(tmp, "shards"), args.shards, args.per_shard, jpegs)
+        # Warm-up shards whose images fill the cache's bound, and one more.
+        warm_up_shards = 1 + -(-(args.cache_mib << 20) // (args.per_shard * DECODED_BYTES))
         warm_up_urls = [] if args.cold else write_jpeg_shards(
-            os.path.join(tmp, "shards"), WARM_UP_SHARDS, args.per_shard, jpegs, name="warm-up")
+            os.path.join(tmp, "shards"), warm_up_shards, args.per_shard, jpegs, name="warm-up")
         on, off = [], []
         for r in range(args.rounds):
             for sharing in ((True, False) if r % 2 == 0 else (False, True)):
@@ -173,7 +179,8 @@ def main():
                 (on if sharing else off).append(result)
                 print(f"round {r} sharing {'on ' if sharing else 'off'}: "
                       f"{result['cpu_per_sample_ms']:.3f} ms CPU/sample, "
-                      f"{result['wall_s']:.1f} s, hits {result['hits']:.0f}, "
+                      f"{result['wall_s']:.1f} s, {result['faults_per_sample']:.1f} page "
+                      f"faults/sample, hits {result['hits']:.0f}, "
                       f"misses {result['misses']:.0f}; per sample: decode + transforms "
                       f"{result['decode_ms']:.3f} ms, of which resize {result['resize_ms']:.3f} ms",
                       flush=True)
