@@ -73,7 +73,16 @@ else
   echo "building $tag from k8s/image/Dockerfile"
 fi
 base_image localhost/debian:bookworm-slim minbase
+previous=$(podman image inspect --format '{{.Id}}' "$tag" 2> /dev/null || true)
 podman build --pull=never --network=host "${target[@]}" \
   --ignorefile "$here/$ignore" -f "$here/Dockerfile" -t "$tag" "$context"
 size=$(podman image inspect --format '{{.Size}}' "$tag")
 echo "image $tag: $((size / 1000000)) MB"
+# The image this tag named before: removed once no tag names it (not when
+# another tag still does; podman refuses while a container uses it).
+current=$(podman image inspect --format '{{.Id}}' "$tag")
+if [ -n "$previous" ] && [ "$previous" != "$current" ] &&
+  [ -z "$(podman image inspect --format '{{join .RepoTags " "}}' "$previous" 2> /dev/null)" ] &&
+  podman rmi "$previous" > /dev/null 2>&1; then
+  echo "removed the image $tag named before (${previous:0:12})"
+fi
