@@ -377,9 +377,9 @@ absl::Status DecodeJpegWindow(const Payload& data, int scale_eighths, int x,
 
 // For steps starting [Resize, Crop]: the window of the source (width x
 // height) that the crop's pixels depend on, with a margin past the resize
-// filter's reach (libswscale's bilinear reaches about one source pixel per
-// unit of reduction on each side, at least one); false when that is most
-// of the image anyway.
+// filter's reach (the bilinear filter reaches one source pixel per unit of
+// reduction on each side, at least one, plus rounding); false when that is
+// most of the image anyway.
 bool NeededForResizeThenCrop(const std::vector<GeometryStep>& steps, int width,
                              int height, int* x0, int* y0, int* x1, int* y1) {
   if (steps.size() < 2 || steps[0].kind != GeometryStep::Kind::kResize ||

@@ -14,6 +14,7 @@ extern "C" {
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
+#include "server/dataserver/pil_resample.h"
 
 namespace sluice::dataserver {
 namespace {
@@ -585,13 +586,12 @@ const EdgeTaps& EdgeTapsFor(int in_width, int in_height, int out_width,
 // the sample type, then a vertical one. libswscale instead repeats the edge
 // pixel, up to 16 levels away on the outermost rows and columns; the
 // interior is libswscale's (within a level or two of PIL's). `taps`: from
-// EdgeTapsFor for in's size and out's. `kChannels`: in's channel count
-// when known at compile time (1: a plane), else 0.
-template <typename T, int kChannels>
+// EdgeTapsFor for in's size and out's.
+template <typename T>
 void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
                        const ImageBuffer& out_shape, const EdgeTaps& taps) {
   const ImageBuffer* out = &out_shape;
-  const int c = kChannels != 0 ? kChannels : in.channels;
+  const int c = in.channels;
   const int w = out->width, h = out->height;
   const float max_value = sizeof(T) == 2 ? 65535.0f : 255.0f;
   const int x_low = taps.x_low, x_high = taps.x_high;
@@ -666,16 +666,11 @@ void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
   }
 }
 
-// `out_data`: the writable samples of `out` (its shape and stride).
+// `out_data`: the writable samples of `out` (its shape and stride): a
+// 16-bit plane (8-bit planes are Pillow's everywhere already).
 void MatchPilAtEdges(const ImageBuffer& in, uint8_t* out_data,
                      const ImageBuffer& out, const EdgeTaps& taps) {
-  if (in.sample_bytes == 2) {
-    MatchPilAtEdgesOf<uint16_t, 0>(in, out_data, out, taps);
-  } else if (in.channels == 1) {
-    MatchPilAtEdgesOf<uint8_t, 1>(in, out_data, out, taps);
-  } else {
-    MatchPilAtEdgesOf<uint8_t, 0>(in, out_data, out, taps);
-  }
+  MatchPilAtEdgesOf<uint16_t>(in, out_data, out, taps);
 }
 
 // One buffer of `channels` planes of width x height samples, packed one
@@ -730,24 +725,13 @@ Planes SplitPlanes(const ImageBuffer& image) {
 }
 
 // Antialiased bilinear resize of `image` (at least 2x2) to width x height,
-// written as one plane per channel: libswscale on each plane (GRAY8 /
-// GRAY16LE: no colour conversion, any channel count). SWS_BILINEAR widens
-// its filter by the downscaling factor: antialiased, as PIL's and
-// torchvision's bilinear. With `exact_edges`, the pixels whose filter an
-// edge cuts off are then PIL's.
+// written as one plane per channel, any channel count. 8-bit samples:
+// Pillow's resize on each plane (pil_resample.h), every byte Pillow's.
+// 16-bit: libswscale on each GRAY16LE plane, whose SWS_BILINEAR widens its
+// filter by the downscaling factor as PIL's bilinear does; with
+// `exact_edges`, the pixels whose filter an edge cuts off are then PIL's.
 absl::StatusOr<std::vector<ImageBuffer>> ResizeToPlanes(
     const ImageBuffer& image, int width, int height, bool exact_edges) {
-  thread_local SwsCache cache;
-  const AVPixelFormat format =
-      image.sample_bytes == 2 ? AV_PIX_FMT_GRAY16LE : AV_PIX_FMT_GRAY8;
-  cache.context = sws_getCachedContext(
-      cache.context, image.width, image.height, format, width, height, format,
-      SWS_BILINEAR | SWS_ACCURATE_RND, nullptr, nullptr, nullptr);
-  if (cache.context == nullptr) {
-    return absl::InternalError(absl::StrCat("libswscale cannot resize ",
-                                            image.width, "x", image.height,
-                                            " to ", width, "x", height));
-  }
   const int c = image.channels;
   Planes in;
   if (c == 1) {
@@ -756,6 +740,25 @@ absl::StatusOr<std::vector<ImageBuffer>> ResizeToPlanes(
     in = SplitPlanes(image);
   }
   Planes out = AllocatePlanes(width, height, c, image.sample_bytes);
+  if (image.sample_bytes == 1) {
+    for (int ch = 0; ch < c; ++ch) {
+      const ImageBuffer& from = in.planes[ch];
+      const ImageBuffer& to = out.planes[ch];
+      PilResizePlane(from.data, from.stride, from.width, from.height,
+                     const_cast<uint8_t*>(to.data), to.stride, width, height);
+    }
+    return std::move(out.planes);
+  }
+  thread_local SwsCache cache;
+  cache.context = sws_getCachedContext(
+      cache.context, image.width, image.height, AV_PIX_FMT_GRAY16LE, width,
+      height, AV_PIX_FMT_GRAY16LE, SWS_BILINEAR | SWS_ACCURATE_RND, nullptr,
+      nullptr, nullptr);
+  if (cache.context == nullptr) {
+    return absl::InternalError(absl::StrCat("libswscale cannot resize ",
+                                            image.width, "x", image.height,
+                                            " to ", width, "x", height));
+  }
   thread_local EdgeTaps edge_cache;
   const EdgeTaps* edges = exact_edges ? &EdgeTapsFor(image.width, image.height,
                                                      width, height, &edge_cache)

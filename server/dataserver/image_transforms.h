@@ -96,8 +96,9 @@ void ResizedSize(int width, int height, int shorter, int* out_width,
                  int* out_height);
 
 // Resizes `image` (antialiased bilinear, or nearest) to width x height.
-// Bilinear: the pixels whose filter an edge cuts off are PIL's exactly
-// unless `exact_edges` is false (the caller crops them away).
+// Bilinear, 8-bit: Pillow's resize, every byte (pil_resample.h). Bilinear,
+// 16-bit: libswscale, with the pixels whose filter an edge cuts off made
+// PIL's unless `exact_edges` is false (the caller crops them away).
 absl::StatusOr<ImageBuffer> ResizeImage(const ImageBuffer& image, int width,
                                         int height, Interpolation interpolation,
                                         bool exact_edges = true);
