@@ -26,7 +26,13 @@ inline uint8_t Clip8(int32_t sum) {
 thread_local bool scalar_only = false;
 
 #if SLUICE_PIL_RESAMPLE_X86
-const bool kCpuHasAvx2 = __builtin_cpu_supports("avx2") != 0;
+bool CpuHasAvx2() {
+  static const bool has = [] {
+    __builtin_cpu_init();  // may run before libgcc's own initialisation
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+}
 
 // Rows 0..15 of `in` (16 bytes each) become columns 0..15 of `out`.
 inline void Transpose16x16(const uint8_t* in, size_t in_stride, uint8_t* out,
@@ -99,7 +105,7 @@ __attribute__((target("avx2"))) int WeightedRowsAvx2(const uint8_t* const* rows,
 
 bool UseAvx2() {
 #if SLUICE_PIL_RESAMPLE_X86
-  return kCpuHasAvx2 && !scalar_only;
+  return !scalar_only && CpuHasAvx2();
 #else
   return false;
 #endif
