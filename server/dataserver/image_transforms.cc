@@ -523,6 +523,13 @@ void TruncatedEnds(int in, int out, int* low, int* high) {
   }
 }
 
+// Whether `crop` lies inside a width x height image (no padding).
+bool CropInside(const GeometryStep& crop, int width, int height) {
+  return crop.kind == GeometryStep::Kind::kCrop && crop.left >= 0 &&
+         crop.top >= 0 && crop.width > 0 && crop.height > 0 &&
+         crop.left + crop.width <= width && crop.top + crop.height <= height;
+}
+
 // Whether resize step `i` of `geometry`, on `image`, needs PIL's exact
 // edge pixels: not when a crop right after it drops every edge pixel
 // (Resize + CenterCrop).
@@ -722,6 +729,31 @@ Planes SplitPlanes(const ImageBuffer& image) {
     }
   }
   return out;
+}
+
+// The window `crop` (inside width x height) of an 8-bit `image` resized to
+// width x height, as one plane per channel: only the pixels the window
+// needs are computed (pil_resample.h), the bytes those of the whole resize
+// cropped.
+std::vector<ImageBuffer> ResizeWindowToPlanes(const ImageBuffer& image,
+                                              int width, int height,
+                                              const GeometryStep& crop) {
+  const int c = image.channels;
+  Planes in;
+  if (c == 1) {
+    in.planes.push_back(image);
+  } else {
+    in = SplitPlanes(image);
+  }
+  Planes out = AllocatePlanes(crop.width, crop.height, c, 1);
+  for (int ch = 0; ch < c; ++ch) {
+    const ImageBuffer& from = in.planes[ch];
+    const ImageBuffer& to = out.planes[ch];
+    PilResizePlaneWindow(from.data, from.stride, from.width, from.height,
+                         const_cast<uint8_t*>(to.data), to.stride, width,
+                         height, crop.left, crop.top, crop.width, crop.height);
+  }
+  return std::move(out.planes);
 }
 
 // Antialiased bilinear resize of `image` (at least 2x2) to width x height,
@@ -997,12 +1029,23 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
   if (planar && image.width >= 2 && image.height >= 2) {
     const GeometryStep& s = geometry.steps[last_resize];
     const Clock::time_point started = Clock::now();
-    ASSIGN_OR_RETURN(
-        std::vector<ImageBuffer> planes,
-        ResizeToPlanes(image, s.width, s.height,
-                       ExactEdgesNeeded(image, geometry, last_resize)));
+    // A resize and one crop inside it (Resize + CenterCrop): only the
+    // crop's pixels are computed.
+    const bool window =
+        last_resize + 2 == geometry.steps.size() &&
+        CropInside(geometry.steps[last_resize + 1], s.width, s.height);
+    std::vector<ImageBuffer> planes;
+    if (window) {
+      planes = ResizeWindowToPlanes(image, s.width, s.height,
+                                    geometry.steps[last_resize + 1]);
+    } else {
+      ASSIGN_OR_RETURN(planes, ResizeToPlanes(image, s.width, s.height,
+                                              ExactEdgesNeeded(image, geometry,
+                                                               last_resize)));
+    }
     if (times != nullptr) times->resize += since(started);
-    for (size_t i = last_resize + 1; i < geometry.steps.size(); ++i) {
+    for (size_t i = window ? geometry.steps.size() : last_resize + 1;
+         i < geometry.steps.size(); ++i) {
       const GeometryStep& crop = geometry.steps[i];
       const Clock::time_point crop_started = Clock::now();
       for (ImageBuffer& plane : planes) {

@@ -136,16 +136,17 @@ void Transpose(const uint8_t* in, size_t in_stride, int columns, int rows,
   }
 }
 
-// Row j of `out` (n bytes) = Clip8(half + sum over t of weight[j][t] *
-// source row (first[j] - row_offset + t)), for j < taps.out.
+// Row j - j0 of `out` (n bytes) = Clip8(half + sum over t of weight[j][t]
+// * source row (first[j] - row_offset + t)), for j in [j0, j1).
 void WeightedRows(const uint8_t* in, size_t in_stride, int row_offset, int n,
-                  const PilTaps& taps, uint8_t* out, size_t out_stride) {
+                  const PilTaps& taps, int j0, int j1, uint8_t* out,
+                  size_t out_stride) {
   thread_local std::vector<const uint8_t*> rows;
   thread_local std::vector<int32_t> weights;
   rows.resize(taps.stride);
   weights.resize(taps.stride);
   const bool avx2 = UseAvx2();
-  for (int j = 0; j < taps.out; ++j) {
+  for (int j = j0; j < j1; ++j) {
     const int32_t* k = &taps.coefficients[static_cast<size_t>(j) * taps.stride];
     int used = 0;
     for (int t = 0; t < taps.count[j]; ++t) {
@@ -153,7 +154,7 @@ void WeightedRows(const uint8_t* in, size_t in_stride, int row_offset, int n,
       rows[used] = in + (taps.first[j] - row_offset + t) * in_stride;
       weights[used++] = k[t];
     }
-    uint8_t* o = out + j * out_stride;
+    uint8_t* o = out + (j - j0) * out_stride;
     int x = 0;
 #if SLUICE_PIL_RESAMPLE_X86
     if (avx2) x = WeightedRowsAvx2(rows.data(), weights.data(), used, n, o);
@@ -221,38 +222,54 @@ void ComputePilTaps(int in, int out, PilTaps* taps) {
 void PilResizePlane(const uint8_t* in, size_t in_stride, int width, int height,
                     uint8_t* out, size_t out_stride, int out_width,
                     int out_height) {
+  PilResizePlaneWindow(in, in_stride, width, height, out, out_stride, out_width,
+                       out_height, 0, 0, out_width, out_height);
+}
+
+void PilResizePlaneWindow(const uint8_t* in, size_t in_stride, int width,
+                          int height, uint8_t* out, size_t out_stride,
+                          int out_width, int out_height, int left, int top,
+                          int window_width, int window_height) {
   thread_local PilTaps x_cache, y_cache;
   thread_local std::vector<uint8_t> transposed, resized, rows;
   const bool horizontal = out_width != width;
   const bool vertical = out_height != height;
+  const int right = left + window_width, bottom = top + window_height;
   const PilTaps* ys =
       vertical ? &CachedTaps(height, out_height, &y_cache) : nullptr;
-  // The source rows the vertical pass reads (Pillow's ybox).
-  const int y0 = vertical ? ys->first[0] : 0;
+  // The source rows the window's vertical pass reads (Pillow's ybox, for
+  // the window's rows).
+  const int y0 = vertical ? ys->first[top] : top;
   const int y1 =
-      vertical ? ys->first[out_height - 1] + ys->count[out_height - 1] : height;
+      vertical ? ys->first[bottom - 1] + ys->count[bottom - 1] : bottom;
   const int n = y1 - y0;
-  const uint8_t* src = in + static_cast<size_t>(y0) * in_stride;
+  const uint8_t* src = in + static_cast<size_t>(y0) * in_stride + left;
   size_t src_stride = in_stride;
   if (horizontal) {
     const PilTaps& xs = CachedTaps(width, out_width, &x_cache);
-    // Rows [y0, y1) transposed (width rows of n), the horizontal pass as
-    // weighted rows of that (out_width rows of n), transposed back.
-    transposed.resize(static_cast<size_t>(width) * n);
-    resized.resize(static_cast<size_t>(out_width) * n);
-    rows.resize(static_cast<size_t>(n) * out_width);
-    Transpose(src, in_stride, width, n, transposed.data(), n);
-    WeightedRows(transposed.data(), n, 0, n, xs, resized.data(), n);
-    Transpose(resized.data(), n, n, out_width, rows.data(), out_width);
+    // The columns the window's horizontal pass reads, rows [y0, y1),
+    // transposed (x1 - x0 rows of n); the horizontal pass as weighted rows
+    // of that (window_width rows of n), transposed back.
+    const int x0 = xs.first[left];
+    const int x1 = xs.first[right - 1] + xs.count[right - 1];
+    transposed.resize(static_cast<size_t>(x1 - x0) * n);
+    resized.resize(static_cast<size_t>(window_width) * n);
+    rows.resize(static_cast<size_t>(n) * window_width);
+    Transpose(in + static_cast<size_t>(y0) * in_stride + x0, in_stride, x1 - x0,
+              n, transposed.data(), n);
+    WeightedRows(transposed.data(), n, x0, n, xs, left, right, resized.data(),
+                 n);
+    Transpose(resized.data(), n, n, window_width, rows.data(), window_width);
     src = rows.data();
-    src_stride = out_width;
+    src_stride = window_width;
   }
   if (vertical) {
-    WeightedRows(src, src_stride, y0, out_width, *ys, out, out_stride);
+    WeightedRows(src, src_stride, y0, window_width, *ys, top, bottom, out,
+                 out_stride);
     return;
   }
-  for (int y = 0; y < out_height; ++y) {
-    std::memcpy(out + y * out_stride, src + y * src_stride, out_width);
+  for (int y = 0; y < window_height; ++y) {
+    std::memcpy(out + y * out_stride, src + y * src_stride, window_width);
   }
 }
 

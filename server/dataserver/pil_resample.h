@@ -45,6 +45,16 @@ void PilResizePlane(const uint8_t* in, size_t in_stride, int width, int height,
                     uint8_t* out, size_t out_stride, int out_width,
                     int out_height);
 
+// Only the window [left, left + window_width) x [top, top + window_height)
+// of PilResizePlane's out_width x out_height output, written at `out`: the
+// same bytes, computed from the source pixels the window needs (a Resize
+// followed by a CenterCrop computes only the crop). The window lies inside
+// the output.
+void PilResizePlaneWindow(const uint8_t* in, size_t in_stride, int width,
+                          int height, uint8_t* out, size_t out_stride,
+                          int out_width, int out_height, int left, int top,
+                          int window_width, int window_height);
+
 // Whether PilResizePlane's passes use AVX2 on this CPU (for the docs'
 // figures and tests; the bytes are the same either way).
 bool PilResampleUsesAvx2();

@@ -139,6 +139,40 @@ TEST_P(PilResampleTest, EveryByteIsPillowsOverRandomSizes) {
   }
 }
 
+TEST_P(PilResampleTest, AWindowIsThatPartOfTheWholeResize) {
+  std::mt19937 rng(5);
+  auto uniform = [&rng](int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng);
+  };
+  for (int i = 0; i < 100; ++i) {
+    const int w = uniform(1, 600), h = uniform(1, 500);
+    const int ow = i % 5 == 0 ? w : uniform(1, 400);
+    const int oh = i % 7 == 0 ? h : uniform(1, 400);
+    const int left = uniform(0, ow - 1), top = uniform(0, oh - 1);
+    const int ww = uniform(1, ow - left), wh = uniform(1, oh - top);
+    std::vector<uint8_t> in(static_cast<size_t>(w) * h);
+    for (uint8_t& v : in) v = static_cast<uint8_t>(uniform(0, 255));
+    std::string damage;
+    const std::vector<uint8_t> whole = Resize(in, w, h, ow, oh, 0, &damage);
+    const size_t stride = ww + 3;
+    std::vector<uint8_t> window(stride * wh, 0xA5);
+    PilResizePlaneWindow(in.data(), w, w, h, window.data(), stride, ow, oh,
+                         left, top, ww, wh);
+    const std::string what =
+        absl::StrCat(w, "x", h, " -> ", ow, "x", oh, " window ", left, ",", top,
+                     " ", ww, "x", wh);
+    for (int y = 0; y < wh; ++y) {
+      for (int x = 0; x < ww; ++x) {
+        ASSERT_EQ(window[y * stride + x], whole[(top + y) * ow + left + x])
+            << what << " at " << x << "," << y;
+      }
+      for (size_t x = ww; x < stride; ++x) {
+        ASSERT_EQ(window[y * stride + x], 0xA5) << what << ": padding written";
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(VectorisedAndScalar, PilResampleTest,
                          ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
