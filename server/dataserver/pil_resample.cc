@@ -69,37 +69,42 @@ inline void Transpose16x16(const uint8_t* in, size_t in_stride, uint8_t* out,
   }
 }
 
-// Output bytes [0, n rounded down to 16) of one row: AVX2, 16 at a time.
-// Returns how many it wrote.
+// 16 output bytes at `x` of one row: AVX2.
+__attribute__((target("avx2"))) inline void Weighted16Avx2(
+    const uint8_t* const* rows, const int32_t* weights, int taps, int x,
+    uint8_t* out) {
+  __m256i lo = _mm256_set1_epi32(kHalf), hi = lo;
+  for (int t = 0; t < taps; ++t) {
+    const __m128i px =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t] + x));
+    const __m256i w = _mm256_set1_epi32(weights[t]);
+    lo = _mm256_add_epi32(lo, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(px), w));
+    hi = _mm256_add_epi32(
+        hi, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(px, 8)), w));
+  }
+  // Clip8: shift (a negative sum stays negative), then saturating packs
+  // (negative -> 0, above 255 -> 255).
+  lo = _mm256_srai_epi32(lo, kPrecisionBits);
+  hi = _mm256_srai_epi32(hi, kPrecisionBits);
+  const __m256i words =
+      _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + x),
+                   _mm_packus_epi16(_mm256_castsi256_si128(words),
+                                    _mm256_extracti128_si256(words, 1)));
+}
+
+// Output bytes [0, n) of one row, 16 at a time, the last 16 overlapping
+// the ones before when n is not a multiple of 16 (the same bytes written
+// twice); n < 16 is left to the caller. Returns how many it wrote.
 __attribute__((target("avx2"))) int WeightedRowsAvx2(const uint8_t* const* rows,
                                                      const int32_t* weights,
                                                      int taps, int n,
                                                      uint8_t* out) {
-  const __m256i half = _mm256_set1_epi32(kHalf);
+  if (n < 16) return 0;
   int x = 0;
-  for (; x + 16 <= n; x += 16) {
-    __m256i lo = half, hi = half;
-    for (int t = 0; t < taps; ++t) {
-      const __m128i px =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t] + x));
-      const __m256i w = _mm256_set1_epi32(weights[t]);
-      lo =
-          _mm256_add_epi32(lo, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(px), w));
-      hi = _mm256_add_epi32(
-          hi,
-          _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(px, 8)), w));
-    }
-    // Clip8: shift (a negative sum stays negative), then saturating packs
-    // (negative -> 0, above 255 -> 255).
-    lo = _mm256_srai_epi32(lo, kPrecisionBits);
-    hi = _mm256_srai_epi32(hi, kPrecisionBits);
-    const __m256i words =
-        _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + x),
-                     _mm_packus_epi16(_mm256_castsi256_si128(words),
-                                      _mm256_extracti128_si256(words, 1)));
-  }
-  return x;
+  for (; x + 16 <= n; x += 16) Weighted16Avx2(rows, weights, taps, x, out);
+  if (x < n) Weighted16Avx2(rows, weights, taps, n - 16, out);
+  return n;
 }
 #endif  // SLUICE_PIL_RESAMPLE_X86
 
@@ -112,27 +117,29 @@ bool UseAvx2() {
 }
 
 // `out` (columns x rows, out_stride apart) = `in` (rows x columns,
-// in_stride apart) transposed.
+// in_stride apart) transposed. SSE2 16x16 blocks, the last block of each
+// axis overlapping the one before when the size is not a multiple of 16;
+// a side under 16 goes byte by byte.
 void Transpose(const uint8_t* in, size_t in_stride, int columns, int rows,
                uint8_t* out, size_t out_stride) {
-  int full_rows = 0, full_columns = 0;
 #if SLUICE_PIL_RESAMPLE_X86
-  if (!scalar_only) {
-    full_rows = rows & ~15;
-    full_columns = columns & ~15;
-    for (int y = 0; y < full_rows; y += 16) {
-      for (int x = 0; x < full_columns; x += 16) {
+  if (!scalar_only && rows >= 16 && columns >= 16) {
+    for (int y = 0;; y += 16) {
+      if (y > rows - 16) y = rows - 16;
+      for (int x = 0;; x += 16) {
+        if (x > columns - 16) x = columns - 16;
         Transpose16x16(in + y * in_stride + x, in_stride,
                        out + x * out_stride + y, out_stride);
+        if (x == columns - 16) break;
       }
+      if (y == rows - 16) break;
     }
+    return;
   }
 #endif
   for (int y = 0; y < rows; ++y) {
     const uint8_t* row = in + y * in_stride;
-    for (int x = y < full_rows ? full_columns : 0; x < columns; ++x) {
-      out[x * out_stride + y] = row[x];
-    }
+    for (int x = 0; x < columns; ++x) out[x * out_stride + y] = row[x];
   }
 }
 
