@@ -731,27 +731,30 @@ Planes SplitPlanes(const ImageBuffer& image) {
   return out;
 }
 
-// The window `crop` (inside width x height) of an 8-bit `image` resized to
-// width x height, as one plane per channel: only the pixels the window
-// needs are computed (pil_resample.h), the bytes those of the whole resize
-// cropped.
+// `image`'s channels as planes: the image itself when it has one channel.
+Planes PlanesOf(const ImageBuffer& image) {
+  if (image.channels > 1) return SplitPlanes(image);
+  Planes one;
+  one.planes.push_back(image);
+  return one;
+}
+
+// The window (left, top, window_width x window_height; inside width x
+// height) of an 8-bit `image` resized to width x height, as one plane per
+// channel: only the pixels the window needs are computed
+// (pil_resample.h), the bytes those of the whole resize cropped.
 std::vector<ImageBuffer> ResizeWindowToPlanes(const ImageBuffer& image,
-                                              int width, int height,
-                                              const GeometryStep& crop) {
-  const int c = image.channels;
-  Planes in;
-  if (c == 1) {
-    in.planes.push_back(image);
-  } else {
-    in = SplitPlanes(image);
-  }
-  Planes out = AllocatePlanes(crop.width, crop.height, c, 1);
-  for (int ch = 0; ch < c; ++ch) {
+                                              int width, int height, int left,
+                                              int top, int window_width,
+                                              int window_height) {
+  const Planes in = PlanesOf(image);
+  Planes out = AllocatePlanes(window_width, window_height, image.channels, 1);
+  for (int ch = 0; ch < image.channels; ++ch) {
     const ImageBuffer& from = in.planes[ch];
     const ImageBuffer& to = out.planes[ch];
     PilResizePlaneWindow(from.data, from.stride, from.width, from.height,
                          const_cast<uint8_t*>(to.data), to.stride, width,
-                         height, crop.left, crop.top, crop.width, crop.height);
+                         height, left, top, window_width, window_height);
   }
   return std::move(out.planes);
 }
@@ -764,23 +767,12 @@ std::vector<ImageBuffer> ResizeWindowToPlanes(const ImageBuffer& image,
 // `exact_edges`, the pixels whose filter an edge cuts off are then PIL's.
 absl::StatusOr<std::vector<ImageBuffer>> ResizeToPlanes(
     const ImageBuffer& image, int width, int height, bool exact_edges) {
-  const int c = image.channels;
-  Planes in;
-  if (c == 1) {
-    in.planes.push_back(image);
-  } else {
-    in = SplitPlanes(image);
-  }
-  Planes out = AllocatePlanes(width, height, c, image.sample_bytes);
   if (image.sample_bytes == 1) {
-    for (int ch = 0; ch < c; ++ch) {
-      const ImageBuffer& from = in.planes[ch];
-      const ImageBuffer& to = out.planes[ch];
-      PilResizePlane(from.data, from.stride, from.width, from.height,
-                     const_cast<uint8_t*>(to.data), to.stride, width, height);
-    }
-    return std::move(out.planes);
+    return ResizeWindowToPlanes(image, width, height, 0, 0, width, height);
   }
+  const int c = image.channels;
+  const Planes in = PlanesOf(image);
+  Planes out = AllocatePlanes(width, height, c, image.sample_bytes);
   thread_local SwsCache cache;
   cache.context = sws_getCachedContext(
       cache.context, image.width, image.height, AV_PIX_FMT_GRAY16LE, width,
@@ -1036,8 +1028,9 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
         CropInside(geometry.steps[last_resize + 1], s.width, s.height);
     std::vector<ImageBuffer> planes;
     if (window) {
-      planes = ResizeWindowToPlanes(image, s.width, s.height,
-                                    geometry.steps[last_resize + 1]);
+      const GeometryStep& crop = geometry.steps[last_resize + 1];
+      planes = ResizeWindowToPlanes(image, s.width, s.height, crop.left,
+                                    crop.top, crop.width, crop.height);
     } else {
       ASSIGN_OR_RETURN(planes, ResizeToPlanes(image, s.width, s.height,
                                               ExactEdgesNeeded(image, geometry,
