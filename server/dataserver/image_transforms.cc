@@ -466,9 +466,7 @@ struct SwsCache {
 };
 
 // PIL's bilinear weights along one axis of `in` source samples resized to
-// `out` (Resample.c's precompute_coeffs: the triangle filter widened by the
-// reduction, its taps inside the image renormalised to sum to 1), for the
-// output indices in [begin, end).
+// `out` (PilFilterWeights), as floats, for every output index.
 struct AxisTaps {
   int max_taps = 0;
   std::vector<int> first;      // per index: the first source sample
@@ -478,33 +476,19 @@ struct AxisTaps {
 
 // Fills `taps` (its vectors' capacity reused: no allocation per image once
 // warm).
-void PilBilinearTaps(int in, int out, int begin, int end, AxisTaps* out_taps) {
-  const double scale = static_cast<double>(in) / out;
-  const double filterscale = std::max(scale, 1.0);
-  const double support = filterscale;  // the triangle's support is 1
+void PilBilinearTaps(int in, int out, AxisTaps* out_taps) {
   AxisTaps& taps = *out_taps;
-  taps.max_taps = static_cast<int>(std::ceil(support)) * 2 + 1;
-  const int n = end - begin;
-  taps.first.resize(n);
-  taps.count.resize(n);
-  taps.weights.assign(static_cast<size_t>(n) * taps.max_taps, 0.0f);
-  for (int k = 0; k < n; ++k) {
-    const double center = (begin + k + 0.5) * scale;
-    const int xmin = std::max(0, static_cast<int>(center - support + 0.5));
-    const int xmax = std::min(in, static_cast<int>(center + support + 0.5));
-    double w[64];
-    double total = 0;
-    const int count = std::min(xmax - xmin, std::min(taps.max_taps, 64));
-    for (int i = 0; i < count; ++i) {
-      const double d = std::abs((xmin + i - center + 0.5) / filterscale);
-      w[i] = d < 1 ? 1 - d : 0;
-      total += w[i];
-    }
-    taps.first[k] = xmin;
-    taps.count[k] = count;
-    for (int i = 0; i < count; ++i) {
+  taps.max_taps = PilFilterSize(in, out);
+  taps.first.resize(out);
+  taps.count.resize(out);
+  taps.weights.assign(static_cast<size_t>(out) * taps.max_taps, 0.0f);
+  thread_local std::vector<double> w;
+  w.resize(taps.max_taps);
+  for (int k = 0; k < out; ++k) {
+    PilFilterWeights(in, out, k, &taps.first[k], &taps.count[k], w.data());
+    for (int i = 0; i < taps.count[k]; ++i) {
       taps.weights[static_cast<size_t>(k) * taps.max_taps + i] =
-          static_cast<float>(total != 0 ? w[i] / total : 0);
+          static_cast<float>(w[i]);
     }
   }
 }
@@ -581,8 +565,8 @@ const EdgeTaps& EdgeTapsFor(int in_width, int in_height, int out_width,
   TruncatedEnds(in_width, out_width, &t.x_low, &t.x_high);
   TruncatedEnds(in_height, out_height, &t.y_low, &t.y_high);
   if (t.any()) {
-    PilBilinearTaps(in_width, out_width, 0, out_width, &t.xs);
-    PilBilinearTaps(in_height, out_height, 0, out_height, &t.ys);
+    PilBilinearTaps(in_width, out_width, &t.xs);
+    PilBilinearTaps(in_height, out_height, &t.ys);
   }
   return t;
 }

@@ -185,44 +185,56 @@ const PilTaps& CachedTaps(int in, int out, PilTaps* cache) {
 
 }  // namespace
 
-void ComputePilTaps(int in, int out, PilTaps* taps) {
-  // Pillow's precompute_coeffs (bilinear: support 1) and
-  // normalize_coeffs_8bpc.
+int PilFilterSize(int in, int out) {
+  const double support = std::max(static_cast<double>(in) / out, 1.0);
+  return static_cast<int>(std::ceil(support)) * 2 + 1;
+}
+
+void PilFilterWeights(int in, int out, int i, int* first, int* count,
+                      double* weights) {
   const double scale = static_cast<double>(in) / out;
   const double filterscale = std::max(scale, 1.0);
-  const double support = filterscale;
+  const double support = filterscale;  // the triangle's support is 1
+  const double center = (i + 0.5) * scale;
+  const double ss = 1.0 / filterscale;
+  int xmin = static_cast<int>(center - support + 0.5);
+  if (xmin < 0) xmin = 0;
+  int xmax = static_cast<int>(center + support + 0.5);
+  if (xmax > in) xmax = in;
+  xmax -= xmin;
+  double ww = 0.0;
+  for (int x = 0; x < xmax; ++x) {
+    double d = (x + xmin - center + 0.5) * ss;
+    if (d < 0.0) d = -d;
+    weights[x] = d < 1.0 ? 1.0 - d : 0.0;
+    ww += weights[x];
+  }
+  if (ww != 0.0) {
+    for (int x = 0; x < xmax; ++x) weights[x] /= ww;
+  }
+  *first = xmin;
+  *count = xmax;
+}
+
+void ComputePilTaps(int in, int out, PilTaps* taps) {
+  // The filter's weights in fixed point, as Pillow's normalize_coeffs_8bpc.
   PilTaps& t = *taps;
   t.in = in;
   t.out = out;
-  t.stride = static_cast<int>(std::ceil(support)) * 2 + 1;
+  t.stride = PilFilterSize(in, out);
   t.first.resize(out);
   t.count.resize(out);
   t.coefficients.assign(static_cast<size_t>(out) * t.stride, 0);
   thread_local std::vector<double> w;
   w.resize(t.stride);
   for (int i = 0; i < out; ++i) {
-    const double center = (i + 0.5) * scale;
-    const double ss = 1.0 / filterscale;
-    int xmin = static_cast<int>(center - support + 0.5);
-    if (xmin < 0) xmin = 0;
-    int xmax = static_cast<int>(center + support + 0.5);
-    if (xmax > in) xmax = in;
-    xmax -= xmin;
-    double ww = 0.0;
-    for (int x = 0; x < xmax; ++x) {
-      double d = (x + xmin - center + 0.5) * ss;
-      if (d < 0.0) d = -d;
-      w[x] = d < 1.0 ? 1.0 - d : 0.0;
-      ww += w[x];
-    }
+    PilFilterWeights(in, out, i, &t.first[i], &t.count[i], w.data());
     int32_t* k = &t.coefficients[static_cast<size_t>(i) * t.stride];
-    for (int x = 0; x < xmax; ++x) {
-      const double v = ww != 0.0 ? w[x] / ww : w[x];
+    for (int x = 0; x < t.count[i]; ++x) {
+      const double v = w[x];
       k[x] = v < 0 ? static_cast<int32_t>(-0.5 + v * (1 << kPrecisionBits))
                    : static_cast<int32_t>(0.5 + v * (1 << kPrecisionBits));
     }
-    t.first[i] = xmin;
-    t.count[i] = xmax;
   }
 }
 

@@ -37,6 +37,15 @@ struct PilTaps {
 // Fills `taps` for `in` -> `out` (both >= 1), reusing its capacity.
 void ComputePilTaps(int in, int out, PilTaps* taps);
 
+// Pillow's bilinear filter (Resample.c's precompute_coeffs) for output
+// index `i` of `in` -> `out` samples: the triangle widened by the reduction,
+// its taps inside the image renormalised to sum to 1. Sets the first source
+// sample and how many follow, and writes their weights to
+// weights[0, *count); `weights` holds PilFilterSize(in, out).
+int PilFilterSize(int in, int out);
+void PilFilterWeights(int in, int out, int i, int* first, int* count,
+                      double* weights);
+
 // Resizes the width x height plane at `in` (rows in_stride bytes apart) to
 // out_width x out_height at `out` (rows out_stride bytes apart), as Pillow's
 // Image.resize(..., BILINEAR) does. Sizes >= 1. Per-thread scratch: once
