@@ -51,13 +51,10 @@ COUNTERS = {
 }
 
 
-def cpu_seconds(pid):
+def cpu_and_faults(pid):
+    """A process's CPU seconds (utime + stime) and minor page faults."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def minor_faults(pid):
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[7])
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 def metric(text, pattern):
@@ -107,12 +104,12 @@ def one_round(conftest, sluice, T, tmp, urls, sharing, round_no, cache_bytes, wa
             for t in threads:
                 t.start()
             start.wait()
-            cpu0, faults0 = cpu_seconds(data.pid), minor_faults(data.pid)
+            cpu0, faults0 = cpu_and_faults(data.pid)
             t0 = time.monotonic()
             for t in threads:
                 t.join()
-            return (counts, time.monotonic() - t0, cpu_seconds(data.pid) - cpu0,
-                    minor_faults(data.pid) - faults0)
+            cpu1, faults1 = cpu_and_faults(data.pid)
+            return counts, time.monotonic() - t0, cpu1 - cpu0, faults1 - faults0
 
         if warm_up_urls:
             # A server that has run a while: its malloc arenas hold the
