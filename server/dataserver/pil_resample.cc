@@ -292,8 +292,6 @@ void PilResizePlaneWindow(const uint8_t* in, size_t in_stride, int width,
   }
 }
 
-bool PilResampleUsesAvx2() { return UseAvx2(); }
-
 void SetPilResampleScalarForTesting(bool scalar) { scalar_only = scalar; }
 
 }  // namespace sluice::dataserver

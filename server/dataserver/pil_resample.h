@@ -64,10 +64,6 @@ void PilResizePlaneWindow(const uint8_t* in, size_t in_stride, int width,
                           int out_width, int out_height, int left, int top,
                           int window_width, int window_height);
 
-// Whether PilResizePlane's passes use AVX2 on this CPU (for the docs'
-// figures and tests; the bytes are the same either way).
-bool PilResampleUsesAvx2();
-
 // Tests: the portable scalar passes only, on this thread.
 void SetPilResampleScalarForTesting(bool scalar);
 
