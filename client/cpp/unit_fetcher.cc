@@ -140,6 +140,10 @@ void UnitFetcher::StartLocked(const std::shared_ptr<HeldUnit>& unit) {
   u.fetch_started = true;
   u.io_hold = unit;
   const std::string& address = u.lease.data_server();
+  // The coordinator routes nothing new to a leaving server, and the units
+  // held there unopened were handed back: a stream opening there was
+  // granted after it registered again.
+  leaving_.erase(address);
   if (address.empty()) {
     // No live data server: wait a little, then ask for a re-route.
     u.retry_error = "no live data server";
@@ -322,8 +326,13 @@ void UnitFetcher::OnFinished(HeldUnit& u) {
     EndFetchLocked(u, HeldUnit::Fetch::kDone, "");
   } else if (status.ok()) {
     EndFetchLocked(u, HeldUnit::Fetch::kFailed, "stream ended early");
-  } else if (HandedBack(status)) {
-    // The server drains: what it sent is good, the rest goes back.
+  } else if (HandedBack(status) ||
+             (leaving_.count(address) > 0 &&
+              (u.stalled || status.code() == absl::StatusCode::kUnavailable))) {
+    // The server drains: what it sent is good, the rest goes back. A
+    // stream that breaks or goes quiet on a server known to be leaving is
+    // its exit, not a fault: a server that has finished its calls can stop
+    // while the last batches still sit in the sockets between them.
     u.handed_back = true;
     EndFetchLocked(u, HeldUnit::Fetch::kFailed,
                    absl::StrCat(address, ": ", status.message()));
@@ -431,7 +440,8 @@ void UnitFetcher::HandBackUnopenedLocked(const std::string& address,
   // back without opening a stream (it may be gone when their turn comes),
   // and so do those waiting to open theirs there again (it was busy: its
   // retry could come after it left); open streams end with their own
-  // HandedBack.
+  // HandedBack, or break or go quiet as it exits (OnFinished).
+  leaving_.insert(address);
   for (auto& [id, o] : *units_) {
     if (o->dropped || o->lease.data_server() != address ||
         o->fetch != HeldUnit::Fetch::kRunning) {

@@ -75,7 +75,9 @@ class UnitFetcher final : public FetchEvents {
   void CancelLocked(HeldUnit& u);
   // Gives back (fails as handed back, unopened) the units held on the
   // draining data server at `address`: those waiting for their turn, and
-  // those waiting to open their stream there again after it was busy.
+  // those waiting to open their stream there again after it was busy. The
+  // streams open there are given back too if they break (UNAVAILABLE) or
+  // go quiet, until a stream opens there again.
   void HandBackUnopenedLocked(const std::string& address,
                               const std::string& why);
   // Cancels the streams silent for longer than the stall timeout at `now`;
@@ -123,6 +125,9 @@ class UnitFetcher final : public FetchEvents {
   // Streams that failed in a row, per (data server, unit key).
   RerouteBackoff reroute_backoff_;
   std::set<std::string> transport_checked_;
+  // Data servers draining (HandBackUnopenedLocked) that no stream has
+  // opened on since.
+  std::set<std::string> leaving_;
   std::vector<std::string> transport_checks_;
   std::vector<FetchTurnView> turn_views_;
 };

@@ -31,6 +31,8 @@ class ScriptedDataServer final : public v1::DataServer::Service {
     kOneThenSilent,  // one batch, then nothing until the test ends
     kCorrupt,        // DATA_LOSS at once
     kBusyOnce,       // RESOURCE_EXHAUSTED on the first call, then kServe
+    kOneThenBroken,  // one batch; UNAVAILABLE (a connection lost) once
+                     // Release is called
   };
 
   explicit ScriptedDataServer(Script script) : script_(script) {
@@ -41,8 +43,13 @@ class ScriptedDataServer final : public v1::DataServer::Service {
     server_ = builder.BuildAndStart();
   }
   ~ScriptedDataServer() override {
-    release_.Notify();
+    Release();
     server_->Shutdown();
+  }
+
+  // Lets the calls waiting in kOneThenSilent and kOneThenBroken end.
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
   }
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
@@ -75,6 +82,13 @@ class ScriptedDataServer final : public v1::DataServer::Service {
         writer->Write(batch);
         release_.WaitForNotification();
         return grpc::Status::OK;
+      }
+      case Script::kOneThenBroken: {
+        v1::SampleBatch batch;
+        batch.add_samples()->set_index(request->start());
+        writer->Write(batch);
+        release_.WaitForNotification();
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "Broken pipe");
       }
       case Script::kServe:
         break;
@@ -258,6 +272,45 @@ TEST_F(UnitFetcherTest, ARefusedStreamOpensAgainOnTheSameServer) {
   EXPECT_THAT(Indexes(u), ElementsAre(0, 1, 2, 3));
   EXPECT_EQ(u.busy_retries, 1);
   EXPECT_EQ(server_->calls(), 2);
+  EXPECT_TRUE(fatal_.ok());
+}
+
+// A data server that drains finishes its calls, then stops; the last
+// batches can still be in the sockets, and the reader's stream breaks. On a
+// server the coordinator said is leaving, that gives the rest of the unit
+// back (from the sample after the last one received): it is not a fault to
+// re-route around.
+TEST_F(UnitFetcherTest, AStreamBrokenByALeavingServerIsHandedBack) {
+  Start(ScriptedDataServer::Script::kOneThenBroken);
+  absl::MutexLock lock(&mu_);
+  HeldUnit& u = Hold("a", 4);
+  fetcher_->StartEligibleLocked();
+  AwaitLocked([&u] { return u.next_fetch == 1; });
+  fetcher_->HandBackUnopenedLocked(server_->address(), "draining");
+  server_->Release();
+  AwaitLocked([&u] { return u.fetch != HeldUnit::Fetch::kRunning; });
+  EXPECT_EQ(u.fetch, HeldUnit::Fetch::kFailed);
+  EXPECT_TRUE(u.handed_back);
+  EXPECT_THAT(u.fetch_error, HasSubstr("Broken pipe"));
+  EXPECT_THAT(Indexes(u), ElementsAre(0));
+  EXPECT_TRUE(fatal_.ok());
+}
+
+// A stream opening on a server that drained before means the coordinator
+// routes there again (it registered anew): its streams breaking are faults
+// again, re-routed.
+TEST_F(UnitFetcherTest, AServerThatRegisteredAgainAfterADrainIsNotLeaving) {
+  Start(ScriptedDataServer::Script::kOneThenBroken);
+  absl::MutexLock lock(&mu_);
+  fetcher_->HandBackUnopenedLocked(server_->address(), "draining");
+  HeldUnit& u = Hold("a", 4);
+  fetcher_->StartEligibleLocked();
+  AwaitLocked([&u] { return u.next_fetch == 1; });
+  server_->Release();
+  AwaitLocked([&u] { return u.fetch != HeldUnit::Fetch::kRunning; });
+  EXPECT_EQ(u.fetch, HeldUnit::Fetch::kFailed);
+  EXPECT_FALSE(u.handed_back);
+  EXPECT_THAT(u.fetch_error, HasSubstr("Broken pipe"));
   EXPECT_TRUE(fatal_.ok());
 }
 
