@@ -685,31 +685,18 @@ Planes AllocatePlanes(int width, int height, int channels, int sample_bytes) {
   return out;
 }
 
-// `image`'s channels as planes (libyuv's SIMD split for 8-bit RGB and
-// RGBA).
+// `image`'s channels as planes (16-bit images: the 8-bit resize splits
+// RGB as it transposes, pil_resample.h).
 Planes SplitPlanes(const ImageBuffer& image) {
   const int c = image.channels, sb = image.sample_bytes;
   const int w = image.width, h = image.height;
   Planes out = AllocatePlanes(w, h, c, sb);
-  auto at = [&out](int ch) {
-    return const_cast<uint8_t*>(out.planes[ch].data);
-  };
-  const int stride = static_cast<int>(image.stride);
-  if (sb == 1 && c == 3) {
-    libyuv::SplitRGBPlane(image.data, stride, at(0), w, at(1), w, at(2), w, w,
-                          h);
-  } else if (sb == 1 && c == 4) {
-    // libyuv's ARGB is bytes B, G, R, A: its "R" plane is byte 2.
-    libyuv::SplitARGBPlane(image.data, stride, at(2), w, at(1), w, at(0), w,
-                           at(3), w, w, h);
-  } else {
-    for (int ch = 0; ch < c; ++ch) {
-      for (int y = 0; y < h; ++y) {
-        const uint8_t* row = image.data + y * image.stride + ch * sb;
-        uint8_t* d = at(ch) + static_cast<size_t>(y) * w * sb;
-        for (int x = 0; x < w; ++x)
-          std::memcpy(d + x * sb, row + x * c * sb, sb);
-      }
+  for (int ch = 0; ch < c; ++ch) {
+    uint8_t* plane = const_cast<uint8_t*>(out.planes[ch].data);  // out owns it
+    for (int y = 0; y < h; ++y) {
+      const uint8_t* row = image.data + y * image.stride + ch * sb;
+      uint8_t* d = plane + static_cast<size_t>(y) * w * sb;
+      for (int x = 0; x < w; ++x) std::memcpy(d + x * sb, row + x * c * sb, sb);
     }
   }
   return out;
@@ -731,15 +718,14 @@ std::vector<ImageBuffer> ResizeWindowToPlanes(const ImageBuffer& image,
                                               int width, int height, int left,
                                               int top, int window_width,
                                               int window_height) {
-  const Planes in = PlanesOf(image);
   Planes out = AllocatePlanes(window_width, window_height, image.channels, 1);
-  for (int ch = 0; ch < image.channels; ++ch) {
-    const ImageBuffer& from = in.planes[ch];
-    const ImageBuffer& to = out.planes[ch];
-    PilResizePlaneWindow(from.data, from.stride, from.width, from.height,
-                         const_cast<uint8_t*>(to.data), to.stride, width,
-                         height, left, top, window_width, window_height);
+  std::vector<uint8_t*> to;
+  for (const ImageBuffer& plane : out.planes) {
+    to.push_back(const_cast<uint8_t*>(plane.data));  // out owns them
   }
+  PilResizeWindow(image.data, image.stride, image.channels, image.width,
+                  image.height, to.data(), out.planes[0].stride, width, height,
+                  left, top, window_width, window_height);
   return std::move(out.planes);
 }
 

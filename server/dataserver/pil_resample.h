@@ -11,8 +11,11 @@
 // How: both passes run as "vertical" passes, each output row a weighted
 // sum of whole source rows (vectorised across the row with AVX2 where the
 // CPU has it, else scalar), with the horizontal pass on the transposed
-// image (SSE2 16x16 byte transposes). The arithmetic is Pillow's integer
-// arithmetic in any order, so every path gives the same bytes.
+// image: AVX2 transposes of 32 x 16 byte blocks (two SSE2 16 x 16 networks
+// side by side, one per 128-bit lane), which for interleaved channels
+// split them into planes in the same pass (vpshufb), so an RGB image is
+// never split separately. The arithmetic is Pillow's integer arithmetic
+// in any order, so every path gives the same bytes.
 #ifndef SLUICE_SERVER_DATASERVER_PIL_RESAMPLE_H_
 #define SLUICE_SERVER_DATASERVER_PIL_RESAMPLE_H_
 
@@ -63,6 +66,15 @@ void PilResizePlaneWindow(const uint8_t* in, size_t in_stride, int width,
                           int height, uint8_t* out, size_t out_stride,
                           int out_width, int out_height, int left, int top,
                           int window_width, int window_height);
+
+// PilResizePlaneWindow for each channel of an image of `channels`
+// interleaved 8-bit samples a pixel (rows in_stride bytes apart), channel c
+// written at out[c] (rows out_stride bytes apart): the same bytes, with no
+// separate split into planes (the horizontal pass's transpose splits them).
+void PilResizeWindow(const uint8_t* in, size_t in_stride, int channels,
+                     int width, int height, uint8_t* const* out,
+                     size_t out_stride, int out_width, int out_height, int left,
+                     int top, int window_width, int window_height);
 
 // Tests: the portable scalar passes only, on this thread.
 void SetPilResampleScalarForTesting(bool scalar);

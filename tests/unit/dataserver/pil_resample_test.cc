@@ -173,6 +173,55 @@ TEST_P(PilResampleTest, AWindowIsThatPartOfTheWholeResize) {
   }
 }
 
+TEST_P(PilResampleTest, InterleavedChannelsAreEachResizedAsAPlane) {
+  std::mt19937 rng(7);
+  auto uniform = [&rng](int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng);
+  };
+  for (int i = 0; i < 120; ++i) {
+    const int channels = 1 + i % 4;
+    const int w = uniform(1, 500), h = uniform(1, 400);
+    const int ow = i % 5 == 0 ? w : uniform(1, 300);
+    const int oh = i % 7 == 0 ? h : uniform(1, 300);
+    const bool whole = i % 3 == 0;
+    const int left = whole ? 0 : uniform(0, ow - 1);
+    const int top = whole ? 0 : uniform(0, oh - 1);
+    const int ww = whole ? ow : uniform(1, ow - left);
+    const int wh = whole ? oh : uniform(1, oh - top);
+    // Interleaved rows with 5 bytes of padding, and each channel's plane.
+    const size_t in_stride = static_cast<size_t>(w) * channels + 5;
+    std::vector<uint8_t> in(in_stride * h, 0x5A);
+    std::vector<std::vector<uint8_t>> planes(
+        channels, std::vector<uint8_t>(static_cast<size_t>(w) * h));
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        for (int c = 0; c < channels; ++c) {
+          const uint8_t v = static_cast<uint8_t>(
+              i % 2 == 0 ? uniform(0, 255) : (x * (3 + c) + y * 5) % 256);
+          in[y * in_stride + x * channels + c] = v;
+          planes[c][y * w + x] = v;
+        }
+      }
+    }
+    const size_t out_stride = ww + 3;
+    std::vector<std::vector<uint8_t>> got(
+        channels, std::vector<uint8_t>(out_stride * wh, 0xA5));
+    std::vector<uint8_t*> out;
+    for (auto& g : got) out.push_back(g.data());
+    PilResizeWindow(in.data(), in_stride, channels, w, h, out.data(),
+                    out_stride, ow, oh, left, top, ww, wh);
+    const std::string what =
+        absl::StrCat(channels, " channels ", w, "x", h, " -> ", ow, "x", oh,
+                     " window ", left, ",", top, " ", ww, "x", wh);
+    for (int c = 0; c < channels; ++c) {
+      std::vector<uint8_t> want(out_stride * wh, 0xA5);
+      PilResizePlaneWindow(planes[c].data(), w, w, h, want.data(), out_stride,
+                           ow, oh, left, top, ww, wh);
+      ASSERT_EQ(got[c], want) << what << ", channel " << c;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(VectorisedAndScalar, PilResampleTest,
                          ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
