@@ -717,7 +717,8 @@ Planes PlanesOf(const ImageBuffer& image) {
 std::vector<ImageBuffer> ResizeWindowToPlanes(const ImageBuffer& image,
                                               int width, int height, int left,
                                               int top, int window_width,
-                                              int window_height) {
+                                              int window_height,
+                                              bool mirror = false) {
   Planes out = AllocatePlanes(window_width, window_height, image.channels, 1);
   std::vector<uint8_t*> to;
   for (const ImageBuffer& plane : out.planes) {
@@ -725,7 +726,7 @@ std::vector<ImageBuffer> ResizeWindowToPlanes(const ImageBuffer& image,
   }
   PilResizeWindow(image.data, image.stride, image.channels, image.width,
                   image.height, to.data(), out.planes[0].stride, width, height,
-                  left, top, window_width, window_height);
+                  left, top, window_width, window_height, mirror);
   return std::move(out.planes);
 }
 
@@ -898,7 +899,8 @@ void ImageTransforms::WriteFloats(const uint8_t* bytes, int c, size_t plane,
 }
 
 absl::StatusOr<DecodedField> ImageTransforms::OutputPlanes(
-    const std::vector<ImageBuffer>& planes, const Geometry& geometry) const {
+    const std::vector<ImageBuffer>& planes, bool flip_horizontal,
+    bool flip_vertical) const {
   const int c = static_cast<int>(planes.size());
   const int w = planes[0].width, h = planes[0].height;
   const size_t plane = static_cast<size_t>(w) * h;
@@ -913,8 +915,7 @@ absl::StatusOr<DecodedField> ImageTransforms::OutputPlanes(
   }
   // The resize's own planes, uncropped and unflipped: handed over as they
   // are.
-  bool as_is =
-      !to_float_ && !geometry.flip_horizontal && !geometry.flip_vertical;
+  bool as_is = !to_float_ && !flip_horizontal && !flip_vertical;
   for (int ch = 0; ch < c && as_is; ++ch) {
     as_is = planes[ch].stride == static_cast<size_t>(w) &&
             planes[ch].data == planes[0].data + ch * plane;
@@ -934,11 +935,11 @@ absl::StatusOr<DecodedField> ImageTransforms::OutputPlanes(
   EightBitStaging staging(count, to_float_, out.get());
   uint8_t* bytes = staging.bytes;
   // libyuv: a negative height writes the rows bottom-up.
-  const int signed_h = geometry.flip_vertical ? -h : h;
+  const int signed_h = flip_vertical ? -h : h;
   for (int ch = 0; ch < c; ++ch) {
     const ImageBuffer& p = planes[ch];
     uint8_t* dst = bytes + ch * plane;
-    if (geometry.flip_horizontal) {
+    if (flip_horizontal) {
       libyuv::MirrorPlane(p.data, static_cast<int>(p.stride), dst, w, w,
                           signed_h);
     } else {
@@ -996,11 +997,18 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
     const bool window =
         last_resize + 2 == geometry.steps.size() &&
         CropInside(geometry.steps[last_resize + 1], s.width, s.height);
+    // When nothing is cropped after the resize, it writes the horizontal
+    // flip too (the flip comes last in the geometry).
+    const bool whole = last_resize + 1 == geometry.steps.size();
+    const bool mirror = geometry.flip_horizontal && (window || whole);
     std::vector<ImageBuffer> planes;
     if (window) {
       const GeometryStep& crop = geometry.steps[last_resize + 1];
       planes = ResizeWindowToPlanes(image, s.width, s.height, crop.left,
-                                    crop.top, crop.width, crop.height);
+                                    crop.top, crop.width, crop.height, mirror);
+    } else if (whole) {
+      planes = ResizeWindowToPlanes(image, s.width, s.height, 0, 0, s.width,
+                                    s.height, mirror);
     } else {
       ASSIGN_OR_RETURN(planes, ResizeToPlanes(image, s.width, s.height,
                                               ExactEdgesNeeded(image, geometry,
@@ -1017,7 +1025,8 @@ absl::StatusOr<DecodedField> ImageTransforms::Finish(
       if (times != nullptr) times->crop += since(crop_started);
     }
     const Clock::time_point output_started = Clock::now();
-    absl::StatusOr<DecodedField> field = OutputPlanes(planes, geometry);
+    absl::StatusOr<DecodedField> field = OutputPlanes(
+        planes, geometry.flip_horizontal && !mirror, geometry.flip_vertical);
     if (times != nullptr) times->output += since(output_started);
     return field;
   }

@@ -60,7 +60,8 @@ class ImageTransforms {
  private:
   // The output of one plane per channel (8-bit, CHW): flips, then floats.
   absl::StatusOr<DecodedField> OutputPlanes(
-      const std::vector<ImageBuffer>& planes, const Geometry& geometry) const;
+      const std::vector<ImageBuffer>& planes, bool flip_horizontal,
+      bool flip_vertical) const;
   // `bytes` (8-bit samples in the output layout, `plane` pixels per
   // channel) as the float32 or float16 values to_float asks for, in `out`.
   void WriteFloats(const uint8_t* bytes, int c, size_t plane,

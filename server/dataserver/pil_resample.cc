@@ -319,10 +319,11 @@ void TransposeChannels(const uint8_t* in, size_t in_stride, int channels,
 }
 
 // Row j - j0 of `out` (n bytes) = Clip8(half + sum over t of weight[j][t]
-// * source row (first[j] - row_offset + t)), for j in [j0, j1).
+// * source row (first[j] - row_offset + t)), for j in [j0, j1); with
+// `reverse`, that row is written at j1 - 1 - j.
 void WeightedRows(const uint8_t* in, size_t in_stride, int row_offset, int n,
                   const PilTaps& taps, int j0, int j1, uint8_t* out,
-                  size_t out_stride) {
+                  size_t out_stride, bool reverse = false) {
   thread_local std::vector<const uint8_t*> rows;
   thread_local std::vector<int32_t> weights;
   rows.resize(taps.stride);
@@ -336,7 +337,7 @@ void WeightedRows(const uint8_t* in, size_t in_stride, int row_offset, int n,
       rows[used] = in + (taps.first[j] - row_offset + t) * in_stride;
       weights[used++] = k[t];
     }
-    uint8_t* o = out + (j - j0) * out_stride;
+    uint8_t* o = out + (reverse ? j1 - 1 - j : j - j0) * out_stride;
     int x = 0;
 #if SLUICE_PIL_RESAMPLE_X86
     if (avx2) x = WeightedRowsAvx2(rows.data(), weights.data(), used, n, o);
@@ -431,7 +432,8 @@ void PilResizePlaneWindow(const uint8_t* in, size_t in_stride, int width,
 void PilResizeWindow(const uint8_t* in, size_t in_stride, int channels,
                      int width, int height, uint8_t* const* out,
                      size_t out_stride, int out_width, int out_height, int left,
-                     int top, int window_width, int window_height) {
+                     int top, int window_width, int window_height,
+                     bool mirror) {
   thread_local PilTaps x_cache, y_cache;
   thread_local std::vector<uint8_t> transposed, resized, rows;
   thread_local std::vector<uint8_t*> planes;
@@ -465,7 +467,8 @@ void PilResizeWindow(const uint8_t* in, size_t in_stride, int channels,
     resized.resize(static_cast<size_t>(window_width) * n);
     rows.resize(static_cast<size_t>(n) * window_width);
     for (int c = 0; c < channels; ++c) {
-      WeightedRows(planes[c], n, x0, n, xs, left, right, resized.data(), n);
+      WeightedRows(planes[c], n, x0, n, xs, left, right, resized.data(), n,
+                   mirror);
       Transpose(resized.data(), n, n, window_width, rows.data(), window_width);
       if (vertical) {
         WeightedRows(rows.data(), window_width, y0, window_width, *ys, top,
@@ -495,13 +498,14 @@ void PilResizeWindow(const uint8_t* in, size_t in_stride, int channels,
   }
   for (int y = 0; y < window_height; ++y) {
     const uint8_t* row = src + y * src_stride;
-    if (channels == 1) {
+    if (channels == 1 && !mirror) {
       std::memcpy(out[0] + y * out_stride, row, window_width);
       continue;
     }
     for (int x = 0; x < window_width; ++x) {
+      const int to = mirror ? window_width - 1 - x : x;
       for (int c = 0; c < channels; ++c) {
-        out[c][y * out_stride + x] = row[x * channels + c];
+        out[c][y * out_stride + to] = row[x * channels + c];
       }
     }
   }

@@ -71,10 +71,13 @@ void PilResizePlaneWindow(const uint8_t* in, size_t in_stride, int width,
 // interleaved 8-bit samples a pixel (rows in_stride bytes apart), channel c
 // written at out[c] (rows out_stride bytes apart): the same bytes, with no
 // separate split into planes (the horizontal pass's transpose splits them).
+// With `mirror`, the window is written flipped left to right (at no cost:
+// the horizontal pass writes its columns in reverse order).
 void PilResizeWindow(const uint8_t* in, size_t in_stride, int channels,
                      int width, int height, uint8_t* const* out,
                      size_t out_stride, int out_width, int out_height, int left,
-                     int top, int window_width, int window_height);
+                     int top, int window_width, int window_height,
+                     bool mirror = false);
 
 // Tests: the portable scalar passes only, on this thread.
 void SetPilResampleScalarForTesting(bool scalar);

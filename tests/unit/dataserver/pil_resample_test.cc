@@ -1,5 +1,6 @@
 #include "server/dataserver/pil_resample.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -173,7 +174,7 @@ TEST_P(PilResampleTest, AWindowIsThatPartOfTheWholeResize) {
   }
 }
 
-TEST_P(PilResampleTest, InterleavedChannelsAreEachResizedAsAPlane) {
+TEST_P(PilResampleTest, InterleavedChannelsAreEachResizedAsAPlaneOrMirrored) {
   std::mt19937 rng(7);
   auto uniform = [&rng](int lo, int hi) {
     return std::uniform_int_distribution<int>(lo, hi)(rng);
@@ -208,15 +209,22 @@ TEST_P(PilResampleTest, InterleavedChannelsAreEachResizedAsAPlane) {
         channels, std::vector<uint8_t>(out_stride * wh, 0xA5));
     std::vector<uint8_t*> out;
     for (auto& g : got) out.push_back(g.data());
+    const bool mirror = i % 4 >= 2;
     PilResizeWindow(in.data(), in_stride, channels, w, h, out.data(),
-                    out_stride, ow, oh, left, top, ww, wh);
-    const std::string what =
-        absl::StrCat(channels, " channels ", w, "x", h, " -> ", ow, "x", oh,
-                     " window ", left, ",", top, " ", ww, "x", wh);
+                    out_stride, ow, oh, left, top, ww, wh, mirror);
+    const std::string what = absl::StrCat(
+        channels, " channels ", w, "x", h, " -> ", ow, "x", oh, " window ",
+        left, ",", top, " ", ww, "x", wh, mirror ? " mirrored" : "");
     for (int c = 0; c < channels; ++c) {
       std::vector<uint8_t> want(out_stride * wh, 0xA5);
       PilResizePlaneWindow(planes[c].data(), w, w, h, want.data(), out_stride,
                            ow, oh, left, top, ww, wh);
+      if (mirror) {
+        for (int y = 0; y < wh; ++y) {
+          std::reverse(want.begin() + y * out_stride,
+                       want.begin() + y * out_stride + ww);
+        }
+      }
       ASSERT_EQ(got[c], want) << what << ", channel " << c;
     }
   }
