@@ -440,11 +440,12 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   // ...at the smallest DCT scale (1/8, 1/4 or 1/2) that keeps it at least
   // twice as large as the resize that follows, which then finishes the job
   // with its antialiasing filter: DCT scaling is a sharper low-pass than
-  // torchvision's bilinear, so scaling all the way with it would drift from
-  // the pixels torchvision computes (mean 2.4, max 69 levels at 2x on a
-  // photo, against 0.16 and 1 with the margin).
+  // torchvision's bilinear, so scaling all the way with it would drift
+  // further from the pixels torchvision computes (mean 2.4, max 69 levels
+  // at 2x on a photo; with the margin, mean 0.1-1.0 and max 14-43, see
+  // README.md "Resampling"). Unless the job asks for exact pixels.
   int eighths = 8;
-  if (first < steps.size() &&
+  if (!r.transforms->exact_pixels() && first < steps.size() &&
       steps[first].kind == GeometryStep::Kind::kResize) {
     for (int n : {1, 2, 4}) {
       if ((static_cast<int64_t>(ww) * n + 7) / 8 >=

@@ -279,6 +279,7 @@ absl::StatusOr<ImageTransforms> ImageTransforms::FromSpec(
     }
     t.nearest_.insert(name);
   }
+  t.exact_pixels_ = spec.exact_pixels();
   return t;
 }
 

@@ -38,6 +38,8 @@ class ImageTransforms {
   // True when images come out exactly as decoded.
   bool identity() const;
   bool random() const { return random_; }
+  // DecodeSpec.exact_pixels: JPEGs are never decoded DCT-scaled.
+  bool exact_pixels() const { return exact_pixels_; }
 
   // The geometry for an image of width x height.
   Geometry Plan(int width, int height, const SampleRandom& random) const;
@@ -90,6 +92,7 @@ class ImageTransforms {
   std::vector<float> std_;
   absl::flat_hash_set<std::string> nearest_;
   bool random_ = false;
+  bool exact_pixels_ = false;
 };
 
 // Size of an image whose shorter side is resized to `shorter`.

@@ -167,6 +167,31 @@ def test_eval_transform_matches_torchvision(images):
         assert_same_pixels(img, ref(photo(images.photo_urls[shard][0], index)), f"{shard}/{index}")
 
 
+def test_exact_pixels_decodes_at_full_size_where_the_default_scales_the_dct(images):
+    # Resize(64) of crops at least 200 pixels on their shorter side: by
+    # default the JPEG is decoded at 1/2 or 1/4 scale first (faster, a few
+    # levels off); with exact_pixels every byte is torchvision's.
+    create(images, "tf-exact", images.photo_urls[:1])
+    create(images, "tf-scaled", images.photo_urls[:1])
+    ref = TV.Compose([TV.Resize(64), TV.CenterCrop(64)])
+    exact = read_all(images, "tf-exact",
+                     T.Compose([T.Resize(64), T.CenterCrop(64)], exact_pixels=True))
+    scaled = read_all(images, "tf-scaled", T.Compose([T.Resize(64), T.CenterCrop(64)]))
+    assert len(exact) == len(scaled) == 12
+    scalable = differing = 0
+    for key, s in exact.items():
+        src = photo(images.photo_urls[0][0], key[2])
+        want = np.asarray(ref(src))
+        assert_same_pixels(s.fields["jpg"], want, f"exact {key}")
+        # Half the shorter side still twice the 64 pixels it is resized to.
+        if min(src.size) // 2 >= 128:
+            scalable += 1
+            differing += int(not np.array_equal(scaled[key].fields["jpg"], want))
+        else:
+            assert_same_pixels(scaled[key].fields["jpg"], want, f"not scaled {key}")
+    assert scalable >= 6 and differing == scalable
+
+
 def test_random_resized_crop_and_flip_match_torchvision_on_the_same_window(images):
     seed = 11
     create(images, "tf-train", images.photo_urls, seed=seed, epochs=2)
