@@ -534,9 +534,8 @@ bool ExactEdgesNeeded(const ImageBuffer& image, const Geometry& geometry,
            crop.top + crop.height <= s.height - y_high);
 }
 
-template <typename T>
-T RoundClip(float v, float max_value) {
-  return static_cast<T>(std::min(max_value, std::max(0.0f, v + 0.5f)));
+uint16_t RoundClip16(float v, float max_value) {
+  return static_cast<uint16_t>(std::min(max_value, std::max(0.0f, v + 0.5f)));
 }
 
 // PIL's taps for resizing an in_width x in_height image to out_width x
@@ -578,14 +577,15 @@ const EdgeTaps& EdgeTapsFor(int in_width, int in_height, int out_width,
 // the sample type, then a vertical one. libswscale instead repeats the edge
 // pixel, up to 16 levels away on the outermost rows and columns; the
 // interior is libswscale's (within a level or two of PIL's). `taps`: from
-// EdgeTapsFor for in's size and out's.
-template <typename T>
-void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
-                       const ImageBuffer& out_shape, const EdgeTaps& taps) {
+// EdgeTapsFor for in's size and out's. `in` and `out` are 16-bit planes
+// (8-bit ones are Pillow's everywhere already); `out_data`: the writable
+// samples of `out_shape` (its shape and stride).
+void MatchPilAtEdges(const ImageBuffer& in, uint8_t* out_data,
+                     const ImageBuffer& out_shape, const EdgeTaps& taps) {
   const ImageBuffer* out = &out_shape;
   const int c = in.channels;
   const int w = out->width, h = out->height;
-  const float max_value = sizeof(T) == 2 ? 65535.0f : 255.0f;
+  constexpr float max_value = 65535.0f;
   const int x_low = taps.x_low, x_high = taps.x_high;
   const int y_low = taps.y_low, y_high = taps.y_high;
   if (!taps.any()) return;
@@ -594,20 +594,20 @@ void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
   // Per-thread scratch: the data path allocates nothing here once warm.
   thread_local std::vector<float> band, column;
   auto in_row = [&](int y) {
-    return reinterpret_cast<const T*>(in.data + y * in.stride);
+    return reinterpret_cast<const uint16_t*>(in.data + y * in.stride);
   };
   auto out_row = [&](int y) {
-    return reinterpret_cast<T*>(out_data + y * out->stride);
+    return reinterpret_cast<uint16_t*>(out_data + y * out->stride);
   };
   // The horizontal pass of source row `sy` at output column x, rounded.
   auto horizontal = [&](int sy, int x, int ch) {
-    const T* row = in_row(sy);
+    const uint16_t* row = in_row(sy);
     const float* wx = &xs.weights[static_cast<size_t>(x) * xs.max_taps];
     const int first = xs.first[x];
     float v = 0;
     for (int i = 0; i < xs.count[x]; ++i)
       v += wx[i] * row[(first + i) * c + ch];
-    return static_cast<float>(RoundClip<T>(v, max_value));
+    return static_cast<float>(RoundClip16(v, max_value));
   };
   // Edge rows: every column.
   for (int y = 0; y < h; ++y) {
@@ -623,14 +623,14 @@ void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
         }
       }
     }
-    T* o = out_row(y);
+    uint16_t* o = out_row(y);
     for (int x = 0; x < w; ++x) {
       for (int ch = 0; ch < c; ++ch) {
         float v = 0;
         for (int j = 0; j < n; ++j) {
           v += wy[j] * band[(static_cast<size_t>(j) * w + x) * c + ch];
         }
-        o[x * c + ch] = RoundClip<T>(v, max_value);
+        o[x * c + ch] = RoundClip16(v, max_value);
       }
     }
   }
@@ -652,17 +652,10 @@ void MatchPilAtEdgesOf(const ImageBuffer& in, uint8_t* out_data,
         for (int j = 0; j < n; ++j) {
           v += wy[j] * column[static_cast<size_t>(first + j) * c + ch];
         }
-        out_row(y)[x * c + ch] = RoundClip<T>(v, max_value);
+        out_row(y)[x * c + ch] = RoundClip16(v, max_value);
       }
     }
   }
-}
-
-// `out_data`: the writable samples of `out` (its shape and stride): a
-// 16-bit plane (8-bit planes are Pillow's everywhere already).
-void MatchPilAtEdges(const ImageBuffer& in, uint8_t* out_data,
-                     const ImageBuffer& out, const EdgeTaps& taps) {
-  MatchPilAtEdgesOf<uint16_t>(in, out_data, out, taps);
 }
 
 // One buffer of `channels` planes of width x height samples, packed one

@@ -86,9 +86,24 @@ std::vector<uint8_t> Resize(const std::vector<uint8_t>& in, int w, int h,
   return out;
 }
 
+// Param: the scalar passes only (true), or the vectorised ones, which
+// need a CPU with AVX2.
 class PilResampleTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override { SetPilResampleScalarForTesting(GetParam()); }
+  void SetUp() override {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") != 0;
+#else
+    const bool avx2 = false;
+#endif
+    if (!GetParam() && !avx2) {
+      GTEST_SKIP() << "no AVX2 on this CPU: the weighted sums and the "
+                      "channel split would run the scalar code the Scalar "
+                      "variant tests";
+    }
+    SetPilResampleScalarForTesting(GetParam());
+  }
   void TearDown() override { SetPilResampleScalarForTesting(false); }
 };
 
