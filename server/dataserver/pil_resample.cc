@@ -489,6 +489,11 @@ void PilResizeWindow(const uint8_t* in, size_t in_stride, int channels,
   const uint8_t* src = in + static_cast<size_t>(y0) * in_stride +
                        static_cast<size_t>(left) * channels;
   size_t src_stride = in_stride;
+  if (vertical && channels == 1 && !mirror) {  // nothing to split
+    WeightedRows(src, in_stride, y0, window_width, *ys, top, bottom, out[0],
+                 out_stride);
+    return;
+  }
   if (vertical) {
     rows.resize(row_bytes * window_height);
     WeightedRows(src, in_stride, y0, static_cast<int>(row_bytes), *ys, top,
