@@ -443,7 +443,8 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   // torchvision's bilinear, so scaling all the way with it would drift
   // further from the pixels torchvision computes (mean 2.4, max 69 levels
   // at 2x on a photo; with the margin, mean 0.1-1.0 and max 14-43, see
-  // README.md "Resampling"). Unless the job asks for exact pixels.
+  // README.md "Geometry and decoding"). Unless the job asks for exact
+  // pixels.
   int eighths = 8;
   if (!r.transforms->exact_pixels() && first < steps.size() &&
       steps[first].kind == GeometryStep::Kind::kResize) {
