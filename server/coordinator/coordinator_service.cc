@@ -904,6 +904,15 @@ v1::Lease CoordinatorService::LeaseToProtoLocked(const LeaseEntry& lease,
                                                  const JobData& job) {
   // Empty for a job without windows (not copied: this runs per grant).
   v1::Lease out = LeaseToProto(lease, job, queues_.Windows(job));
+  // Trials of a sweep: another job with readers open reads the same shards.
+  if (job.shards_fingerprint != 0 &&
+      sessions_.AnyOtherJobOpen(job.spec.name(), [&](const std::string& name) {
+        const JobData* other = state_.FindJob(name);
+        return other != nullptr && !other->done &&
+               other->shards_fingerprint == job.shards_fingerprint;
+      })) {
+    out.set_shared_shards(true);
+  }
   if (!options_.lease_secret.empty()) {
     out.set_token(SignLease(out, options_.lease_secret));
     leases_.SetTokenExpiry(lease.lease_id,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
 
@@ -86,6 +87,12 @@ void InitShape(JobData& job) {
   job.shard_samples = std::move(shard_samples);
   job.options = PlanOptionsFromSpec(job.spec);
   job.mix = MixPlanFromSpec(job.spec, job.options);
+  // A sum of the URLs' hashes: the same for any order of the same shards.
+  job.shards_fingerprint = 0;
+  if (job.mix == nullptr) {
+    for (const v1::Shard& s : job.spec.manifest().shards())
+      job.shards_fingerprint += absl::Hash<std::string>{}(s.url());
+  }
   job.consumed_per_source.assign(
       job.mix != nullptr ? job.mix->sources().size() : 0, 0);
 }

@@ -124,6 +124,9 @@ struct JobData {
   v1::JobSpec spec;  // defaults filled, manifest inline
   // Per shard of the manifest, its sample count (never null).
   std::shared_ptr<const std::vector<int64_t>> shard_samples;
+  // The set of the manifest's shard URLs, hashed (in any order; this
+  // process's hash, not journaled); 0 for a job with sources.
+  uint64_t shards_fingerprint = 0;
   PlanOptions options;
   // Jobs with sources: their epochs (shard_samples is then empty).
   std::shared_ptr<const MixPlan> mix;

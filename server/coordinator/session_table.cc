@@ -110,6 +110,15 @@ std::map<std::string, int64_t> SessionTable::OpenCounts() const {
   return counts;
 }
 
+bool SessionTable::AnyOtherJobOpen(
+    const std::string& job,
+    absl::FunctionRef<bool(const std::string& other)> matches) const {
+  for (const auto& [other, open] : open_) {
+    if (other != job && !open.all.empty() && matches(other)) return true;
+  }
+  return false;
+}
+
 std::vector<int64_t> SessionTable::Ids() const {
   std::vector<int64_t> ids;
   ids.reserve(sessions_.size());

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "server/coordinator/durable_outbox.h"
 #include "server/coordinator/unreachable_servers.h"
 
@@ -88,6 +89,10 @@ class SessionTable {
   void SetWanting(const Session& s, bool wanting);
   // Every job with an open session, and how many.
   std::map<std::string, int64_t> OpenCounts() const;
+  // Whether `matches` holds for a job other than `job` with an open session.
+  bool AnyOtherJobOpen(
+      const std::string& job,
+      absl::FunctionRef<bool(const std::string& other)> matches) const;
   // Every session's id, in order.
   std::vector<int64_t> Ids() const;
 

@@ -13,9 +13,12 @@
 // image's decode time, never more) instead of decoding it again.
 //
 // It is used only while it can help: for a sample of a shard that another
-// job also has a stream open on (StreamOpened / StreamClosed keep count).
-// A job reading a shard alone decodes only the windows it needs, as without
-// the cache. Thread-safe.
+// job also has a stream open on (StreamOpened / StreamClosed keep count),
+// and for every sample of a lease whose shards the coordinator says another
+// job reads too (Lease.shared_shards: trials of a sweep, from their first
+// samples, before they read any shard at the same time). A job reading
+// alone decodes only the windows it needs, as without the cache.
+// Thread-safe.
 #ifndef SLUICE_SERVER_DATASERVER_DECODED_IMAGE_CACHE_H_
 #define SLUICE_SERVER_DATASERVER_DECODED_IMAGE_CACHE_H_
 

@@ -638,13 +638,15 @@ void SampleStream::DecodeSample(Slot& slot) {
         image.geometry = &field_geometry;
         image.interpolation = transforms.InterpolationFor(field.name);
         image.times = &times;
-        // Another job reads this shard now: the image is decoded once for
-        // both (decoded_image_cache.h).
+        // Another job reads the same shards (the coordinator says so) or
+        // this shard now: the image is decoded once for both
+        // (decoded_image_cache.h).
         const std::string& url =
             params_.pieces[static_cast<size_t>(slot.piece)].ref.url;
         if (context_->decoded_images != nullptr &&
-            context_->decoded_images->SharedWithOtherJob(url,
-                                                         params_.lease.job())) {
+            (params_.lease.shared_shards() ||
+             context_->decoded_images->SharedWithOtherJob(
+                 url, params_.lease.job()))) {
           shared.cache = context_->decoded_images;
           shared.key = DecodedImageCache::ImageKey(url, raw.index, field.name,
                                                    f.data.bytes);

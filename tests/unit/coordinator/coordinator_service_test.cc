@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <limits>
@@ -361,6 +362,44 @@ TEST_F(CoordinatorServiceTest, DynamicModeRespectsQuotas) {
       EXPECT_EQ(m.waiting().kind(), v1::WAITING_QUOTA_REACHED);
     }
   }
+}
+
+// A lease says its shards are shared while another job over the same set
+// of shards (in any order) has a reader open; not for a job over other
+// shards, nor once the other job's readers are gone.
+TEST_F(CoordinatorServiceTest, LeasesSayTheirShardsAreSharedWhileATrialReads) {
+  v1::JobSpec a = Spec("a", {10, 10, 10, 10, 10, 10}, 0, 1);
+  v1::JobSpec b = Spec("b", {10, 10, 10, 10, 10, 10}, 0, 1);
+  std::reverse(b.mutable_manifest()->mutable_shards()->begin(),
+               b.mutable_manifest()->mutable_shards()->end());
+  v1::JobSpec other = Spec("other", {10, 10}, 0, 1);
+  for (v1::JobSpec* spec : {&a, &b, &other}) {
+    spec->set_mode(v1::MODE_DYNAMIC);
+    ASSERT_OK(service_->CreateJob(*spec));
+  }
+  const auto grant = [&](const std::string& job, const std::string& trainer) {
+    auto sink = std::make_shared<RecordingSink>();
+    const int64_t id = service_->OpenSession(sink);
+    service_->OnMessage(id, Hello(job, 0, trainer));
+    service_->OnMessage(id, Want(1));
+    std::vector<v1::Lease> leases = sink->TakeGrants();
+    EXPECT_EQ(leases.size(), 1u) << job;
+    return std::make_pair(id, leases.empty() ? v1::Lease() : leases[0]);
+  };
+  auto [a1, alone] = grant("a", "t1");
+  EXPECT_FALSE(alone.shared_shards());  // no other job has a reader
+  auto [o1, unrelated] = grant("other", "t1");
+  EXPECT_FALSE(unrelated.shared_shards());
+  auto [a2, beside_other] = grant("a", "t2");
+  EXPECT_FALSE(beside_other.shared_shards());  // other's shards differ
+  auto [b1, trial] = grant("b", "t1");
+  EXPECT_TRUE(trial.shared_shards());
+  auto [a3, with_trial] = grant("a", "t3");
+  EXPECT_TRUE(with_trial.shared_shards());
+  service_->CloseSession(b1);
+  auto [a4, after] = grant("a", "t4");
+  EXPECT_FALSE(after.shared_shards());
+  for (int64_t id : {a1, o1, a2, a3, a4}) service_->CloseSession(id);
 }
 
 TEST_F(CoordinatorServiceTest, SyncIsAnsweredAfterEarlierMessages) {

@@ -254,6 +254,38 @@ TEST_F(DataServerServiceTest, DecodedFieldsAndSelection) {
   EXPECT_EQ(s.fields(1).int_value(), 2);
 }
 
+// A lease that says another job reads the same shards decodes through the
+// shared cache though no other job has a stream open; a lease that does not
+// say so decodes alone. Either way the tensors are the same.
+TEST_F(DataServerServiceTest, ALeaseOfSharedShardsDecodesThroughTheCache) {
+  auto alone = Request(0, 3);
+  alone.mutable_decode()->set_decode(true);
+  alone.add_fields("jpg");
+  auto first = Read(alone);
+  ASSERT_OK(first.status());
+  ASSERT_NE(service_->decoded_images(), nullptr);
+  EXPECT_EQ(service_->decoded_images()->stats().misses, 0);
+  auto shared = alone;
+  shared.mutable_lease()->set_shared_shards(true);
+  auto second = Read(shared);
+  ASSERT_OK(second.status());
+  EXPECT_EQ(service_->decoded_images()->stats().misses, 3);
+  EXPECT_EQ(service_->decoded_images()->stats().hits, 0);
+  shared.mutable_lease()->set_job("k");
+  shared.mutable_lease()->set_lease_id("k/e0/u1/f1");
+  auto third = Read(shared);
+  ASSERT_OK(third.status());
+  EXPECT_EQ(service_->decoded_images()->stats().hits, 3);
+  ASSERT_EQ(first->size(), 3u);
+  for (const auto* got : {&*second, &*third}) {
+    ASSERT_EQ(got->size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ((*got)[i].fields(0).tensor().data(),
+                (*first)[i].fields(0).tensor().data());
+    }
+  }
+}
+
 TEST_F(DataServerServiceTest, SmallBatchesStayUnderTheLimit) {
   auto r = Request(0, 20);
   r.set_max_batch_bytes(3 * 1024);
