@@ -7,14 +7,18 @@
 
 namespace sluice::dataserver {
 
-std::string DecodedImageCache::ImageKey(absl::string_view url, int64_t index,
+std::string DecodedImageCache::ImageKey(absl::string_view url,
+                                        const ShardData& shard, int64_t index,
                                         absl::string_view field,
                                         absl::string_view encoded) {
-  // A NUL cannot occur in a URL or a field name.
-  return absl::StrCat(url, absl::string_view("\0", 1), index,
-                      absl::string_view("\0", 1), field,
-                      absl::string_view("\0", 1), encoded.size(), ":",
-                      absl::Hash<absl::string_view>{}(encoded));
+  // A NUL cannot occur in a URL, a version or a field name.
+  const absl::string_view nul("\0", 1);
+  std::string key = absl::StrCat(url, nul, shard.version(), nul, index, nul,
+                                 field, nul, encoded.size());
+  if (shard.in_memory()) {
+    absl::StrAppend(&key, ":", absl::Hash<absl::string_view>{}(encoded));
+  }
+  return key;
 }
 
 void DecodedImageCache::StreamOpened(const std::string& url,

@@ -5,8 +5,8 @@
 // An entry is a whole image decoded at one DCT scale (a JPEG's window
 // decode equals the same window cropped from a whole decode at that scale,
 // bit for bit, so every job crops and transforms its own view of the entry
-// and gets the tensor it would get alone). Keys name the image (shard URL,
-// sample index, field, size and hash of the encoded bytes) and the scale.
+// and gets the tensor it would get alone). Keys name the image (shard URL
+// and version, sample index, field, encoded size) and the scale.
 // The cache holds at most `capacity_bytes` of pixels and evicts the least
 // recently used entries. A decode in flight is shared too: a caller asking
 // for an image another caller is decoding waits for that one decode (one
@@ -33,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/dataserver/image_types.h"
+#include "server/format/shard_store.h"
 
 namespace sluice::dataserver {
 
@@ -43,11 +44,12 @@ class DecodedImageCache {
   DecodedImageCache(const DecodedImageCache&) = delete;
   DecodedImageCache& operator=(const DecodedImageCache&) = delete;
 
-  // The key of one image: a field of a sample of a shard, with the size and
-  // a hash of its encoded bytes (a shard rewritten under the same URL gets
-  // other keys).
-  static std::string ImageKey(absl::string_view url, int64_t index,
-                              absl::string_view field,
+  // The key of one image: a field of a sample of `shard` (read as `url`),
+  // with the shard's version (ShardData::version(): a file rewritten under
+  // the same URL gets other keys) and the size of the field's encoded bytes
+  // (`encoded`), and for an in-memory shard a hash of them.
+  static std::string ImageKey(absl::string_view url, const ShardData& shard,
+                              int64_t index, absl::string_view field,
                               absl::string_view encoded);
 
   // A stream of `job` reads shard `url` from now on / no longer.

@@ -41,6 +41,8 @@ struct SampleStream::Slot {
   RawSample raw;
   int32_t piece = 0;        // of the unit's pieces
   int32_t shard_index = 0;  // the sample's shard in the manifest
+  // The piece's shard, once `raw` is read from it (the stream keeps it).
+  const ShardData* shard = nullptr;
   absl::StatusOr<OutSample> out = absl::UnknownError("not decoded");
   bool done = false;
   // Decode memory granted for this sample; given back when the slot goes
@@ -467,6 +469,7 @@ void SampleStream::Produce() {
       raw.fields = std::move(kept);
     }
     slot->raw = std::move(raw);
+    slot->shard = piece.shard.get();
     // Samples that need a real decoder go to the pool, one task each; the
     // rest are done here.
     bool heavy = false;
@@ -643,13 +646,13 @@ void SampleStream::DecodeSample(Slot& slot) {
         // (decoded_image_cache.h).
         const std::string& url =
             params_.pieces[static_cast<size_t>(slot.piece)].ref.url;
-        if (context_->decoded_images != nullptr &&
+        if (context_->decoded_images != nullptr && slot.shard != nullptr &&
             (params_.lease.shared_shards() ||
              context_->decoded_images->SharedWithOtherJob(
                  url, params_.lease.job()))) {
           shared.cache = context_->decoded_images;
-          shared.key = DecodedImageCache::ImageKey(url, raw.index, field.name,
-                                                   f.data.bytes);
+          shared.key = DecodedImageCache::ImageKey(url, *slot.shard, raw.index,
+                                                   field.name, f.data.bytes);
           image.shared = &shared;
         }
         decoded = DecodeField(codec, f.data, image);

@@ -59,6 +59,8 @@ class ShardData {
   // Changes when the file behind the path changes (size + mtime + inode),
   // so a cached index of an older version is not reused.
   const std::string& version() const { return version_; }
+  // An in-memory shard (FromString): its version names only its size.
+  bool in_memory() const { return !owned_.empty(); }
 
  private:
   ShardData() = default;

@@ -195,6 +195,8 @@ double FourJobsCpuMs(const std::vector<std::string>& jpegs, bool shared,
   jobs.push_back(*ImageTransforms::FromSpec(Spec(false)));
   constexpr int64_t kCacheBytes = int64_t{32} << 20;
   DecodedImageCache cache(kCacheBytes);
+  const std::shared_ptr<const ShardData> bench_shard =
+      ShardData::FromString("bench", "bench.tar");
   int64_t n = 0;
   auto one_image = [&] {
     const std::string& jpeg = jpegs[n % jpegs.size()];
@@ -206,8 +208,8 @@ double FourJobsCpuMs(const std::vector<std::string>& jpegs, bool shared,
       SharedDecode shared_decode;
       if (shared) {
         shared_decode.cache = &cache;
-        shared_decode.key =
-            DecodedImageCache::ImageKey("bench.tar", n, "jpg", jpeg);
+        shared_decode.key = DecodedImageCache::ImageKey(
+            "bench.tar", *bench_shard, n, "jpg", jpeg);
         options.shared = &shared_decode;
       }
       if (!DecodeJpeg(Payload{jpeg, nullptr}, options).ok()) std::abort();

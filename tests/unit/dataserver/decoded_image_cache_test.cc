@@ -1,5 +1,7 @@
 #include "server/dataserver/decoded_image_cache.h"
 
+#include <fcntl.h>
+
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -10,8 +12,11 @@
 #include "server/dataserver/augment_random.h"
 #include "server/dataserver/decoders.h"
 #include "server/dataserver/image_transforms.h"
+#include "server/format/shard_store.h"
 #include "tests/testing/image_fixtures.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tar_writer.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
 namespace sluice::dataserver {
@@ -134,13 +139,33 @@ TEST(DecodedImageCacheTest, ShardsAreSharedWhileAnotherJobHasAStreamOnThem) {
   EXPECT_FALSE(cache.SharedWithOtherJob("s0.tar", "b"));
 }
 
-TEST(DecodedImageCacheTest, KeysTellRewrittenBytesApart) {
-  const std::string a = DecodedImageCache::ImageKey("s.tar", 3, "jpg", "xyz");
-  EXPECT_EQ(a, DecodedImageCache::ImageKey("s.tar", 3, "jpg", "xyz"));
-  EXPECT_NE(a, DecodedImageCache::ImageKey("s.tar", 3, "jpg", "xyw"));
-  EXPECT_NE(a, DecodedImageCache::ImageKey("s.tar", 4, "jpg", "xyz"));
-  EXPECT_NE(a, DecodedImageCache::ImageKey("s.tar", 3, "png", "xyz"));
-  EXPECT_NE(a, DecodedImageCache::ImageKey("t.tar", 3, "jpg", "xyz"));
+// Keys of images of a mapped file name its version (size, mtime, inode)
+// and the image's encoded size; of an in-memory shard, the bytes' hash.
+TEST(DecodedImageCacheTest, KeysTellRewrittenShardsApart) {
+  testing::TempDir dir;
+  const auto mapped = [&](const std::string& bytes) {
+    const std::string path = dir.File("s.tar");
+    testing::WriteFile(path, bytes);
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    EXPECT_GE(fd, 0);
+    auto shard = ShardData::Map(fd, path);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    return *std::move(shard);
+  };
+  const auto v1 = mapped("version one");
+  const std::string a =
+      DecodedImageCache::ImageKey("s.tar", *v1, 3, "jpg", "xyz");
+  EXPECT_EQ(a, DecodedImageCache::ImageKey("s.tar", *v1, 3, "jpg", "xyw"));
+  EXPECT_NE(a, DecodedImageCache::ImageKey("s.tar", *v1, 3, "jpg", "xyzw"));
+  EXPECT_NE(a, DecodedImageCache::ImageKey("s.tar", *v1, 4, "jpg", "xyz"));
+  EXPECT_NE(a, DecodedImageCache::ImageKey("s.tar", *v1, 3, "png", "xyz"));
+  EXPECT_NE(a, DecodedImageCache::ImageKey("t.tar", *v1, 3, "jpg", "xyz"));
+  // The file rewritten (another size and mtime).
+  const auto v2 = mapped("version two, longer");
+  EXPECT_NE(a, DecodedImageCache::ImageKey("s.tar", *v2, 3, "jpg", "xyz"));
+  const auto in_memory = ShardData::FromString("abc", "s.tar");
+  EXPECT_NE(DecodedImageCache::ImageKey("s.tar", *in_memory, 3, "jpg", "xyz"),
+            DecodedImageCache::ImageKey("s.tar", *in_memory, 3, "jpg", "xyw"));
 }
 
 v1::Transform RandomResizedCrop(int size) {
@@ -173,7 +198,8 @@ int SharedEqualsAlone(Decode decode, const std::string& encoded, int w, int h,
       EXPECT_OK(alone.status());
       SharedDecode shared;
       shared.cache = &cache;
-      shared.key = DecodedImageCache::ImageKey("s.tar", 9, "image", encoded);
+      shared.key = DecodedImageCache::ImageKey(
+          "s.tar", *ShardData::FromString("s", "s.tar"), 9, "image", encoded);
       options.shared = &shared;
       auto together = decode(payload, options);
       EXPECT_OK(together.status());
@@ -256,7 +282,8 @@ TEST(DecodedImageCacheTest, SharedPngDecodesGiveTheTensorsOfADecodeAlone) {
   auto alone = DecodePng(payload, options);
   SharedDecode shared;
   shared.cache = &cache;
-  shared.key = DecodedImageCache::ImageKey("s.tar", 4, "png", damaged);
+  shared.key = DecodedImageCache::ImageKey(
+      "s.tar", *ShardData::FromString("s", "s.tar"), 4, "png", damaged);
   options.shared = &shared;
   auto together = DecodePng(payload, options);
   ASSERT_FALSE(alone.ok());
