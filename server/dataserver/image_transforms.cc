@@ -11,6 +11,7 @@ extern "C" {
 #include <Imath/half.h>
 #include <libyuv/planar_functions.h>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
@@ -714,7 +715,7 @@ std::vector<ImageBuffer> ResizeWindowToPlanes(const ImageBuffer& image,
                                               int window_height,
                                               bool mirror = false) {
   Planes out = AllocatePlanes(window_width, window_height, image.channels, 1);
-  std::vector<uint8_t*> to;
+  absl::InlinedVector<uint8_t*, 4> to;  // no allocation per image
   for (const ImageBuffer& plane : out.planes) {
     to.push_back(const_cast<uint8_t*>(plane.data));  // out owns them
   }
