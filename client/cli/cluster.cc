@@ -292,7 +292,8 @@ int UpCommand(const std::vector<std::string>& args) {
        .coordinator_flags = args,
        .data_server_flags = absl::GetFlag(FLAGS_data_server_flags),
        .ha = ha,
-       .credentials = Credentials()});
+       .credentials = Credentials(),
+       .unset_env = {}});
   absl::Status s = cluster.StartCoordinator();
   if (s.ok()) s = cluster.StartDataServers(servers);
   if (!s.ok()) {

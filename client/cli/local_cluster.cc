@@ -78,20 +78,22 @@ std::string JoinHostPort(const std::string& host, int port) {
   return absl::StrCat(v6 ? "[" : "", host, v6 ? "]" : "", ":", port);
 }
 
-absl::StatusOr<ServerProcess> StartServer(std::vector<std::string> argv,
-                                          const std::string& port_file,
-                                          const std::string& log_path,
-                                          absl::Duration timeout) {
+absl::StatusOr<ServerProcess> StartServer(
+    std::vector<std::string> argv, const std::string& port_file,
+    const std::string& log_path, absl::Duration timeout,
+    const std::vector<std::string>& unset_env) {
   unlink(port_file.c_str());  // an earlier run's file names old ports
   if (argv.empty()) return absl::InvalidArgumentError("no server to start");
   ServerProcess server;
   server.argv = argv;
   server.log_path = log_path;
   server.port_file = port_file;
+  server.unset_env = unset_env;
   // Right after the binary: a flag the caller gives wins.
   argv.insert(argv.begin() + 1,
               {"--metrics_listen=127.0.0.1:0", "--port_file=" + port_file});
-  ASSIGN_OR_RETURN(server.process, Subprocess::Spawn(argv, "", log_path));
+  ASSIGN_OR_RETURN(server.process,
+                   Subprocess::Spawn(argv, "", log_path, false, unset_env));
   absl::StatusOr<std::map<std::string, std::string>> ports =
       WaitForPortFile(port_file, server.process, timeout);
   if (!ports.ok()) return WithLastLogLine(ports.status(), log_path);
@@ -115,7 +117,8 @@ absl::StatusOr<ServerProcess> LocalCluster::StartCoordinatorProcess(
               options_.coordinator_flags.end());
   argv.insert(argv.end(), coordinator_extra_.begin(), coordinator_extra_.end());
   return StartServer(argv, absl::StrCat(options_.dir, "/", name, ".ports"),
-                     absl::StrCat(options_.dir, "/logs/", name, ".log"));
+                     absl::StrCat(options_.dir, "/logs/", name, ".log"),
+                     absl::Seconds(20), options_.unset_env);
 }
 
 absl::Status LocalCluster::StartCoordinator(
@@ -184,7 +187,8 @@ absl::Status LocalCluster::AddDataServer(
   ASSIGN_OR_RETURN(
       ServerProcess server,
       StartServer(argv, absl::StrCat(options_.dir, "/dataserver-", i, ".ports"),
-                  absl::StrCat(options_.dir, "/logs/dataserver-", i, ".log")));
+                  absl::StrCat(options_.dir, "/logs/dataserver-", i, ".log"),
+                  absl::Seconds(20), options_.unset_env));
   data_.push_back(std::move(server));
   return absl::OkStatus();
 }
@@ -224,7 +228,9 @@ absl::Status LocalCluster::RestartDataServer(size_t i) {
   ServerProcess& server = data_[i];
   server.process.Stop(absl::Seconds(15));
   const std::string port_file = server.port_file, log = server.log_path;
-  ASSIGN_OR_RETURN(server, StartServer(server.argv, port_file, log));
+  const std::vector<std::string> unset_env = server.unset_env;
+  ASSIGN_OR_RETURN(server, StartServer(server.argv, port_file, log,
+                                       absl::Seconds(20), unset_env));
   return absl::OkStatus();
 }
 

@@ -40,20 +40,23 @@ struct ServerProcess {
   // The command as started, without the flags StartServer puts first (what
   // a restart runs again).
   std::vector<std::string> argv;
-  std::string grpc_address;     // "HOST:PORT"
-  std::string metrics_address;  // "127.0.0.1:PORT"
-  std::string log_path;         // its stdout and stderr
-  std::string port_file;        // its --port_file
+  std::string grpc_address;            // "HOST:PORT"
+  std::string metrics_address;         // "127.0.0.1:PORT"
+  std::string log_path;                // its stdout and stderr
+  std::string port_file;               // its --port_file
+  std::vector<std::string> unset_env;  // not passed on (Subprocess::Spawn)
 };
 
 // Starts `argv` (a server binary's path, its --listen and other flags) with
 // --metrics_listen=127.0.0.1:0 and --port_file=`port_file` put first (a flag
 // in `argv` wins), its output appended to `log_path`, and waits until the port
 // file names its addresses. An error carries the last line of the log (a port
-// in use, a bad flag).
+// in use, a bad flag). The environment variables named in `unset_env` are
+// not passed on (to it, nor to it restarted).
 absl::StatusOr<ServerProcess> StartServer(
     std::vector<std::string> argv, const std::string& port_file,
-    const std::string& log_path, absl::Duration timeout = absl::Seconds(20));
+    const std::string& log_path, absl::Duration timeout = absl::Seconds(20),
+    const std::vector<std::string>& unset_env = {});
 
 // "host:port", brackets around an IPv6 host.
 std::string JoinHostPort(const std::string& host, int port);
@@ -79,6 +82,10 @@ struct LocalClusterOptions {
   // to the coordinator with; null: plaintext. A coordinator given TLS flags
   // needs the matching client credentials here.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Environment variables of this process the servers do not inherit: the
+  // Python client's own gRPC settings (sluice/__init__.py), which a server
+  // started by hand or by Kubernetes does not have either.
+  std::vector<std::string> unset_env;
 };
 
 class LocalCluster {

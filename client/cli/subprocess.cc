@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -26,12 +27,22 @@ namespace sluice::cli {
 
 absl::StatusOr<Subprocess> Subprocess::Spawn(
     const std::vector<std::string>& argv, const std::string& stdout_path,
-    const std::string& stderr_path, bool die_with_parent) {
+    const std::string& stderr_path, bool die_with_parent,
+    const std::vector<std::string>& unset_env) {
   if (argv.empty()) return absl::InvalidArgumentError("no command to run");
   std::vector<char*> args;
   for (const std::string& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The environment, less `unset_env` ("NAME=value" entries).
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    if (std::find(unset_env.begin(), unset_env.end(), name) == unset_env.end())
+      env.push_back(*e);
+  }
+  env.push_back(nullptr);
   auto open_out = [](const std::string& path) {
     return path.empty() ? -1
                         : open(path.c_str(),
@@ -60,7 +71,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
     const int failed =
-        posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+        posix_spawnp(&pid, args[0], &actions, &attr, args.data(), env.data());
     posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&actions);
     if (out >= 0) close(out);
@@ -84,7 +95,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (out >= 0) dup2(out, STDOUT_FILENO);
     if (err >= 0) dup2(err, STDERR_FILENO);
-    execvp(args[0], args.data());
+    execvpe(args[0], args.data(), env.data());
     (void)!write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
     _exit(127);
   }

@@ -27,11 +27,12 @@ class Subprocess {
   // child is SIGKILLed when the thread that spawned it ends
   // (PR_SET_PDEATHSIG, set between fork and exec): for a command run in the
   // foreground, from the main thread; one that cannot be run then exits
-  // 127, saying so on its stderr.
-  static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
-                                          const std::string& stdout_path,
-                                          const std::string& stderr_path,
-                                          bool die_with_parent = false);
+  // 127, saying so on its stderr. The child gets this process's environment
+  // without the variables named in `unset_env`.
+  static absl::StatusOr<Subprocess> Spawn(
+      const std::vector<std::string>& argv, const std::string& stdout_path,
+      const std::string& stderr_path, bool die_with_parent = false,
+      const std::vector<std::string>& unset_env = {});
   Subprocess() = default;
   Subprocess(Subprocess&& o) noexcept { *this = std::move(o); }
   Subprocess& operator=(Subprocess&& o) noexcept;

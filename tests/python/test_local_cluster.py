@@ -37,6 +37,23 @@ def test_a_restarted_data_server_is_a_new_process_with_the_same_flags(two):
     assert os.path.exists(after.log_path)
 
 
+def _environ(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+
+
+def test_servers_do_not_inherit_the_grpc_settings_sluice_made_for_this_process(two):
+    import sluice
+    if "GRPC_POLL_STRATEGY" not in sluice._GRPC_ENV_SET_BY_SLUICE:
+        pytest.skip("GRPC_POLL_STRATEGY was set before sluice was imported")
+    assert os.environ["GRPC_POLL_STRATEGY"] == "poll"  # this process polls with poll()
+    two.restart_data_server(0)  # a restarted server too
+    for server in (two.coordinator, two.data[0], two.data[1]):
+        env = _environ(server.pid)
+        assert b"GRPC_POLL_STRATEGY" not in env and b"GRPC_ENABLE_FORK_SUPPORT" not in env
+        assert env[b"PATH"] == os.environ["PATH"].encode()  # the rest is inherited
+
+
 def test_a_restarted_coordinator_keeps_its_address_and_takes_the_extra_flags(two):
     address, pid = two.coordinator.address, two.coordinator.pid
     two.restart_coordinator(["--heartbeat_interval=300ms"])

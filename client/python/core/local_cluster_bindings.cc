@@ -77,6 +77,15 @@ class PyServer {
   size_t index_ = 0;
 };
 
+// The environment variables `import sluice` set for this process's gRPC
+// (sluice/__init__.py): the servers started here do not inherit them, as
+// servers started any other way would not have them.
+std::vector<std::string> SetBySluice() {
+  return py::module_::import("sluice")
+      .attr("_GRPC_ENV_SET_BY_SLUICE")
+      .cast<std::vector<std::string>>();
+}
+
 std::shared_ptr<LocalCluster> MakeCluster(
     const std::string& dir, const std::string& bin_dir,
     const std::string& shards_dir,
@@ -91,6 +100,7 @@ std::shared_ptr<LocalCluster> MakeCluster(
   options.coordinator_flags = coordinator_flags;
   options.data_server_flags = data_server_flags;
   options.ha = ha;
+  options.unset_env = SetBySluice();
   if (!ca_cert.empty()) {
     ClientTlsFiles files;
     files.ca = ca_cert, files.cert = client_cert, files.key = client_key;
@@ -164,10 +174,11 @@ void BindLocalCluster(py::module_& m, void (*note_grpc_use)()) {
       [](const std::vector<std::string>& argv, const std::string& port_file,
          const std::string& log_path, double timeout) {
         absl::StatusOr<ServerProcess> server;
+        const std::vector<std::string> unset_env = SetBySluice();
         {
           py::gil_scoped_release unlocked;
           server = cli::StartServer(argv, port_file, log_path,
-                                    absl::Seconds(timeout));
+                                    absl::Seconds(timeout), unset_env);
         }
         Check(server.status());
         return PyServer(*std::move(server));
@@ -177,7 +188,8 @@ void BindLocalCluster(py::module_& m, void (*note_grpc_use)()) {
       "Starts a server binary (argv: its path and flags) with "
       "--metrics_listen=127.0.0.1:0 and --port_file put first, its output "
       "appended to log_path, and waits until it listens "
-      "(client/cli/local_cluster.h: StartServer).");
+      "(client/cli/local_cluster.h: StartServer); without the environment "
+      "variables `import sluice` set for its own gRPC.");
 
   using Role = PyServer::Role;
   py::class_<LocalCluster, std::shared_ptr<LocalCluster>>(

@@ -19,6 +19,10 @@ import os as _os
 # gets a fresh gRPC core; without it the child's streams fail or stall. Both
 # must be set before grpc is first imported (an application that imports grpc
 # before sluice should set them itself).
+# They are this process's settings: the servers sluice._core.LocalCluster
+# starts do not inherit the ones set here (a server's gRPC polls with epoll).
+_GRPC_ENV_SET_BY_SLUICE = [name for name in ("GRPC_ENABLE_FORK_SUPPORT", "GRPC_POLL_STRATEGY")
+                           if name not in _os.environ]
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 _os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
 
