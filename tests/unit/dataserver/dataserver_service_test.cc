@@ -1010,9 +1010,12 @@ TEST_F(DataServerServiceTest,
   std::weak_ptr<SampleStream> weak = *stream;
   stream->reset();
   release.Notify();
+  // The last owner (a decode task) may still be inside the stream's
+  // destructor, which ends the count, once the weak pointer has expired.
   auto deadline = absl::Now() + absl::Seconds(20);
-  while (!weak.expired() && absl::Now() < deadline)
-    absl::SleepFor(absl::Milliseconds(1));
+  while ((!weak.expired() || service_->active_streams() != 0) &&
+         absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(1));  // poll with a deadline
   EXPECT_TRUE(weak.expired());
   EXPECT_EQ(service_->active_streams(), 0);
   EXPECT_EQ(decodes.load(), 2);
