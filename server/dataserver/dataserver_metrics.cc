@@ -122,6 +122,13 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r,
               .Help("Time in the transform steps of one image field, by op "
                     "(resize, crop, output).")
               .Register(r)),
+      decoder_cpu_seconds_(
+          prometheus::BuildCounter()
+              .Name("sluice_dataserver_decoder_cpu_seconds_total")
+              .Help("Thread CPU seconds in the image decoders themselves, by "
+                    "codec (jpeg, png): transforms excluded; an image shared "
+                    "between jobs counted once.")
+              .Register(r)),
       skipped_(Counters(
           r, "sluice_dataserver_samples_skipped_total",
           "Samples reported as skipped (on_corrupt=skip), by reason and "
@@ -139,7 +146,7 @@ DataServerMetrics::DataServerMetrics(prometheus::Registry& r,
                    "Corrupt samples found, under either policy, by reason.")),
       shared_decodes_(Counters(
           r, "sluice_dataserver_shared_decodes_total",
-          "JPEG fields of shards that other jobs read at the same time: hit "
+          "Image fields of shards that other jobs read at the same time: hit "
           "= decoded once for another job and reused, miss = decoded by this "
           "job and kept for the others.")),
       shared_decode_hits_(shared_decodes_.Add({{"result", "hit"}})),
@@ -213,6 +220,10 @@ prometheus::Histogram& DataServerMetrics::TransformSeconds(const char* op) {
       {{"op", op}}, prometheus::Histogram::BucketBoundaries{
                         0.000005, 0.00001, 0.00005, 0.0001, 0.00025, 0.0005,
                         0.001, 0.0025, 0.005, 0.01});
+}
+
+prometheus::Counter& DataServerMetrics::DecoderCpuSeconds(const char* codec) {
+  return decoder_cpu_seconds_.Add({{"codec", codec}});
 }
 
 prometheus::Counter& DataServerMetrics::Skipped(CorruptReason reason,

@@ -44,6 +44,10 @@ class DataServerMetrics {
   // Time in transform steps of one image field, by op: "resize", "crop",
   // "output" (flips, layout, float conversion).
   prometheus::Histogram& TransformSeconds(const char* op);
+  // Thread CPU seconds in the image decoder libraries themselves, by codec
+  // (jpeg, png): without the transforms, and with an image shared between
+  // jobs counted once, by the call that decoded it.
+  prometheus::Counter& DecoderCpuSeconds(const char* codec);
   // Skipped samples by reason, and by job when `job` is given (a series
   // per job appears with its first skip; the job-less series are exported
   // from start-up at 0).
@@ -110,6 +114,7 @@ class DataServerMetrics {
   std::map<std::string, HeldJob> jobs_ ABSL_GUARDED_BY(jobs_mu_);
   prometheus::Family<prometheus::Histogram>& decode_seconds_;
   prometheus::Family<prometheus::Histogram>& transform_seconds_;
+  prometheus::Family<prometheus::Counter>& decoder_cpu_seconds_;
   prometheus::Family<prometheus::Counter>& skipped_;
   prometheus::Family<prometheus::Counter>& job_samples_;
   prometheus::Family<prometheus::Counter>& job_cpu_seconds_;

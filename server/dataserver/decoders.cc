@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/stubs/common.h"
 #include "server/common/status_macros.h"
+#include "server/common/thread_cpu.h"
 #include "server/dataserver/decoded_image_cache.h"
 #include "server/dataserver/image_transforms.h"
 
@@ -31,6 +32,23 @@ std::shared_ptr<uint8_t> AllocateBytes(size_t n) {
   return std::shared_ptr<uint8_t>(new uint8_t[std::max<size_t>(n, 1)],
                                   std::default_delete<uint8_t[]>());
 }
+
+// Adds the thread CPU time of its scope to `times->decoder_cpu` (when
+// `times` is non-null): wraps the calls into the decoder libraries.
+class DecoderCpu {
+ public:
+  explicit DecoderCpu(TransformTimes* times)
+      : times_(times), start_(times != nullptr ? ThreadCpuSeconds() : 0) {}
+  DecoderCpu(const DecoderCpu&) = delete;
+  DecoderCpu& operator=(const DecoderCpu&) = delete;
+  ~DecoderCpu() {
+    if (times_ != nullptr) times_->decoder_cpu += ThreadCpuSeconds() - start_;
+  }
+
+ private:
+  TransformTimes* const times_;
+  const double start_;
+};
 
 // The transforms and geometry for an image of width x height: the caller's,
 // or those of the shorthand resize/crop options.
@@ -475,9 +493,14 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   // whole through TurboJPEG, then windowed.
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
     auto cmyk = AllocateBytes(static_cast<size_t>(scaled_w) * scaled_h * 4);
-    // TJFLAG_LIMITSCANS: kMaxJpegScans, as the libjpeg path above.
-    if (tjDecompress2(handle, bytes, size, cmyk.get(), scaled_w, 0, scaled_h,
-                      TJPF_CMYK, TJFLAG_LIMITSCANS) != 0) {
+    int failed = 0;
+    {
+      DecoderCpu cpu(options.times);
+      // TJFLAG_LIMITSCANS: kMaxJpegScans, as the libjpeg path above.
+      failed = tjDecompress2(handle, bytes, size, cmyk.get(), scaled_w, 0,
+                             scaled_h, TJPF_CMYK, TJFLAG_LIMITSCANS);
+    }
+    if (failed != 0) {
       // Warnings too (a truncated file decodes to grey): that is not the
       // image the writer stored.
       return JpegError(handle, "data");
@@ -500,6 +523,7 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
     absl::StatusOr<ImageBuffer> whole = options.shared->cache->GetOrDecode(
         options.shared->key, eighths,
         [&]() -> absl::StatusOr<ImageBuffer> {
+          DecoderCpu cpu(options.times);
           ImageBuffer image;
           RETURN_IF_ERROR(DecodeJpegWindow(data, eighths, 0, 0, scaled_w,
                                            scaled_h, false, &image));
@@ -518,12 +542,22 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
     // columns the crop needs (with the resize filter's reach) into a
     // zeroed frame; the resize runs over the frame as over a full decode,
     // and the pixels it takes from the zeros are the ones cropped away.
-    RETURN_IF_ERROR(DecodeJpegWindow(data, 8, nx0, ny0, nx1 - nx0, ny1 - ny0,
-                                     true, &window));
+    absl::Status decoded;
+    {
+      DecoderCpu cpu(options.times);
+      decoded = DecodeJpegWindow(data, 8, nx0, ny0, nx1 - nx0, ny1 - ny0, true,
+                                 &window);
+    }
+    RETURN_IF_ERROR(decoded);
     return Transform(window, r, 0, options);
   }
-  RETURN_IF_ERROR(DecodeJpegWindow(data, eighths, x0, y0, x1 - x0, y1 - y0,
-                                   false, &window));
+  absl::Status decoded;
+  {
+    DecoderCpu cpu(options.times);
+    decoded = DecodeJpegWindow(data, eighths, x0, y0, x1 - x0, y1 - y0, false,
+                               &window);
+  }
+  RETURN_IF_ERROR(decoded);
   return Transform(window, r, first, options);
 }
 
@@ -757,6 +791,7 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     absl::StatusOr<ImageBuffer> whole = options.shared->cache->GetOrDecode(
         options.shared->key, 8,
         [&]() -> absl::StatusOr<ImageBuffer> {
+          DecoderCpu cpu(options.times);
           return DecodeWholePng(data, &image);
         },
         &options.shared->hit);
@@ -778,8 +813,12 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     std::shared_ptr<uint8_t> rows;
     int row_channels = 0;
     bool eligible = false;
-    absl::Status read = ReadPng8Rows(data, crop.top, crop.top + crop.height,
-                                     &rows, &row_channels, &eligible);
+    absl::Status read;
+    {
+      DecoderCpu cpu(options.times);
+      read = ReadPng8Rows(data, crop.top, crop.top + crop.height, &rows,
+                          &row_channels, &eligible);
+    }
     if (!read.ok() || (eligible && row_channels == channels)) {
       png_image_free(&image);
     }
@@ -796,8 +835,13 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
                        r, 1, options);
     }
   }
-  ASSIGN_OR_RETURN(ImageBuffer whole, DecodeWholePng(data, &image));
-  return Transform(whole, r, 0, options);
+  absl::StatusOr<ImageBuffer> whole;
+  {
+    DecoderCpu cpu(options.times);
+    whole = DecodeWholePng(data, &image);
+  }
+  if (!whole.ok()) return whole.status();
+  return Transform(*whole, r, 0, options);
 }
 
 absl::StatusOr<DecodedField> DecodeNpy(const Payload& data) {

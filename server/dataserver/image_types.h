@@ -52,6 +52,10 @@ struct TransformTimes {
   double resize = 0;
   double crop = 0;
   double output = 0;  // flips, layout, float conversion
+  // Thread CPU seconds in the image decoder itself (libjpeg-turbo, libpng)
+  // for the pixels this call decoded: 0 for a shared image another call
+  // decoded.
+  double decoder_cpu = 0;
 };
 
 }  // namespace sluice::dataserver

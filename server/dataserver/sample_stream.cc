@@ -1,7 +1,5 @@
 #include "server/dataserver/sample_stream.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 
@@ -11,6 +9,7 @@
 #include "server/common/logging.h"
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
+#include "server/common/thread_cpu.h"
 
 namespace sluice::dataserver {
 namespace {
@@ -101,19 +100,6 @@ SampleStream::SampleStream(const StreamContext* context, Params params)
     job_cpu_seconds_ = series.cpu_seconds;
   }
 }
-
-namespace {
-
-// CPU time of the calling thread (what a task cost the server, whether or
-// not other processes took the core from it meanwhile).
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) +
-         1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-}  // namespace
 
 void SampleStream::Schedule(std::function<void()> task) {
   if (job_cpu_seconds_ == nullptr) {
@@ -674,6 +660,10 @@ void SampleStream::DecodeSample(Slot& slot) {
           .Observe(std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - started)
                        .count());
+      if (is_image) {
+        metrics->DecoderCpuSeconds(CodecName(codec))
+            .Increment(times.decoder_cpu);
+      }
       if (is_image && !transforms.identity() && decoded.ok()) {
         metrics->images_transformed.Increment();
         metrics->TransformSeconds("resize").Observe(times.resize);

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/v1/dataserver.grpc.pb.h"
 #include "tests/testing/http.h"
@@ -94,6 +95,17 @@ TEST_F(DataServerBinaryTest, StreamsRawAndDecodedSamples) {
   EXPECT_THAT(
       metrics->body,
       HasSubstr("sluice_dataserver_decode_seconds_count{codec=\"jpeg\"} 5"));
+  // The decoder library's own CPU time, apart from the transforms.
+  const std::string cpu =
+      "sluice_dataserver_decoder_cpu_seconds_total{codec=\"jpeg\"} ";
+  const size_t at = metrics->body.find(cpu);
+  ASSERT_NE(at, std::string::npos) << metrics->body;
+  const size_t from = at + cpu.size();
+  double seconds = 0;
+  ASSERT_TRUE(absl::SimpleAtod(
+      metrics->body.substr(from, metrics->body.find('\n', from) - from),
+      &seconds));
+  EXPECT_GT(seconds, 0.0);
 }
 
 // The transforms through the real binary: RandomResizedCrop + flip to a

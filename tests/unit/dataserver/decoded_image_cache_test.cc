@@ -176,8 +176,10 @@ v1::Transform RandomResizedCrop(int size) {
 }
 
 // Decodes `encoded` (w x h) with `decode` under each of `specs` and
-// `seeds` seeds, alone and through `cache`, expecting the same tensor;
-// returns how many of the shared decodes found the image decoded already.
+// `seeds` seeds, alone and through `cache`, expecting the same tensor, and
+// decoder CPU time counted for every call that decoded pixels and for none
+// that found them decoded; returns how many of the shared decodes found the
+// image decoded already.
 template <typename Decode>
 int SharedEqualsAlone(Decode decode, const std::string& encoded, int w, int h,
                       const std::vector<v1::DecodeSpec>& specs, int seeds,
@@ -194,8 +196,13 @@ int SharedEqualsAlone(Decode decode, const std::string& encoded, int w, int h,
       ImageOptions options;
       options.transforms = &*transforms;
       options.geometry = &geometry;
+      TransformTimes alone_times;
+      options.times = &alone_times;
       auto alone = decode(payload, options);
       EXPECT_OK(alone.status());
+      EXPECT_GT(alone_times.decoder_cpu, 0.0);
+      TransformTimes shared_times;
+      options.times = &shared_times;
       SharedDecode shared;
       shared.cache = &cache;
       shared.key = DecodedImageCache::ImageKey(
@@ -205,6 +212,11 @@ int SharedEqualsAlone(Decode decode, const std::string& encoded, int w, int h,
       EXPECT_OK(together.status());
       if (!alone.ok() || !together.ok()) return hits;
       hits += shared.hit ? 1 : 0;
+      if (shared.hit) {
+        EXPECT_EQ(shared_times.decoder_cpu, 0.0) << "spec " << s;
+      } else {
+        EXPECT_GT(shared_times.decoder_cpu, 0.0) << "spec " << s;
+      }
       EXPECT_EQ(together->shape, alone->shape) << "spec " << s;
       EXPECT_EQ(together->dtype, alone->dtype);
       EXPECT_TRUE(together->bytes.bytes == alone->bytes.bytes)
