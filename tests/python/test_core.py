@@ -13,6 +13,7 @@ import pytest
 
 import sluice
 from sluice import _core
+from sluice._types import core_status
 from sluice.v1 import common_pb2, dataserver_pb2
 
 
@@ -103,6 +104,18 @@ def test_the_readers_errors_carry_the_status_code(cluster):
             reader.next_event()
     assert e.value.code == grpc.StatusCode.NOT_FOUND
     assert "no_such_job" in e.value.message
+
+
+def test_the_bindings_errors_are_read_back_as_a_code_and_a_message(cluster):
+    with pytest.raises(RuntimeError) as e:
+        _core.Reader(coordinator=cluster.address, job="no_such_job").next()
+    code, message = core_status(e.value)
+    assert code == grpc.StatusCode.NOT_FOUND
+    assert "no_such_job" in message and not message.startswith("NOT_FOUND")
+    # Text that names no status code stays whole, as UNKNOWN.
+    assert core_status(RuntimeError("NOPE: not a code")) == (grpc.StatusCode.UNKNOWN,
+                                                            "NOPE: not a code")
+    assert core_status(RuntimeError("plain")) == (grpc.StatusCode.UNKNOWN, "plain")
 
 
 def test_want_zero_takes_no_new_work_until_asked_again(cluster):

@@ -19,11 +19,15 @@ keeps a job's current epoch and the one before it. These are the C++
 client's sluice::Audit and sluice::Replay (sluice/audit.h) through
 sluice._core.
 """
+import grpc
+
+from sluice._types import core_status
 from sluice.coordination import _address, _core, _tls
 
-_ERRORS = {"UNAVAILABLE": ConnectionError, "NOT_FOUND": LookupError,
-           "FAILED_PRECONDITION": LookupError, "OUT_OF_RANGE": LookupError,
-           "INVALID_ARGUMENT": ValueError}
+_ERRORS = {grpc.StatusCode.UNAVAILABLE: ConnectionError, grpc.StatusCode.NOT_FOUND: LookupError,
+           grpc.StatusCode.FAILED_PRECONDITION: LookupError,
+           grpc.StatusCode.OUT_OF_RANGE: LookupError,
+           grpc.StatusCode.INVALID_ARGUMENT: ValueError}
 
 
 def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch_size=None,
@@ -60,7 +64,7 @@ def audit(job, epoch, *, rank=0, worker=0, start=0, count=None, step=None, batch
             decode=b"" if transform is None else transform.decode_spec().SerializeToString(),
             fields=list(fields or ()), timeout=timeout, **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
-        raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"audit {job}: {e}") from None
+        raise _ERRORS.get(core_status(e)[0], RuntimeError)(f"audit {job}: {e}") from None
     return samples
 
 
@@ -94,4 +98,4 @@ def replay(job, epoch, *, key=None, rank=0, worker=0, position=None, transform=N
             data_server=data_server or "", timeout=timeout,
             **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
-        raise _ERRORS.get(str(e).partition(":")[0], RuntimeError)(f"replay {job}: {e}") from None
+        raise _ERRORS.get(core_status(e)[0], RuntimeError)(f"replay {job}: {e}") from None

@@ -2,6 +2,17 @@
 import grpc
 
 
+def core_status(error):
+    """(grpc.StatusCode, message) of an error sluice._core raised, whose text
+    is the C++ status's ("NOT_FOUND: job \"x\" ..."); (UNKNOWN, the whole
+    text) when it names no code."""
+    name, _, message = str(error).partition(": ")
+    code = getattr(grpc.StatusCode, name, None)
+    if not isinstance(code, grpc.StatusCode):
+        return grpc.StatusCode.UNKNOWN, str(error)
+    return code, message
+
+
 class ReaderError(Exception):
     """A final error: unknown job, coordinator unreachable past the timeout,
     corrupt data under on_corrupt=fail, a bad resume cursor. `code` is the

@@ -31,7 +31,10 @@ import os
 import socket
 import warnings
 
+import grpc
+
 from sluice import _launcher, tls
+from sluice._types import core_status
 
 
 class OnceFailed(Exception):
@@ -149,8 +152,8 @@ def barrier(name, *, participants, participant=None, coordinator=None, scope=Non
             participants=participants, timeout=timeout,
             **_tls(ca_cert, client_cert, client_key))
     except RuntimeError as e:
-        code = str(e).partition(":")[0]
-        if code in ("UNAVAILABLE", "FAILED_PRECONDITION"):
+        code, _ = core_status(e)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION):
             raise ConnectionError(f"barrier {scope}/{name}: {e}") from None
         raise RuntimeError(f"barrier {scope}/{name}: {e}") from None
     if status != "OK":

@@ -39,7 +39,8 @@ import socket
 import grpc
 
 from sluice import _launcher, _lifecycle, tls
-from sluice._types import DataLossError, Event, JobDoneError, ReaderError, Sample
+from sluice._types import (DataLossError, Event, JobDoneError, ReaderError, Sample,
+                           core_status)
 from sluice.v1 import common_pb2, dataserver_pb2
 
 __all__ = ["Event", "JobDoneError", "Reader", "ReaderError", "Sample", "merge_cursors",
@@ -56,11 +57,8 @@ def _core():
 
 
 def _reader_error(error):
-    """The ReaderError for the C++ Reader's status ("CODE: message")."""
-    name, _, message = str(error).partition(": ")
-    code = getattr(grpc.StatusCode, name, None)
-    if code is None:
-        return ReaderError(grpc.StatusCode.UNKNOWN, str(error))
+    """The ReaderError for the C++ Reader's status."""
+    code, message = core_status(error)
     if code == grpc.StatusCode.DATA_LOSS:
         return DataLossError(message)
     return ReaderError(code, message)
