@@ -33,22 +33,16 @@ std::shared_ptr<uint8_t> AllocateBytes(size_t n) {
                                   std::default_delete<uint8_t[]>());
 }
 
-// Adds the thread CPU time of its scope to `times->decoder_cpu` (when
-// `times` is non-null): wraps the calls into the decoder libraries.
-class DecoderCpu {
- public:
-  explicit DecoderCpu(TransformTimes* times)
-      : times_(times), start_(times != nullptr ? ThreadCpuSeconds() : 0) {}
-  DecoderCpu(const DecoderCpu&) = delete;
-  DecoderCpu& operator=(const DecoderCpu&) = delete;
-  ~DecoderCpu() {
-    if (times_ != nullptr) times_->decoder_cpu += ThreadCpuSeconds() - start_;
-  }
-
- private:
-  TransformTimes* const times_;
-  const double start_;
-};
+// decode(), a call into a decoder library, with its thread CPU time added
+// to `times->decoder_cpu` when `times` is non-null.
+template <typename Decode>
+auto DecoderCall(TransformTimes* times, Decode decode) {
+  if (times == nullptr) return decode();
+  const double start = ThreadCpuSeconds();
+  auto result = decode();
+  times->decoder_cpu += ThreadCpuSeconds() - start;
+  return result;
+}
 
 // The transforms and geometry for an image of width x height: the caller's,
 // or those of the shorthand resize/crop options.
@@ -493,14 +487,11 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
   // whole through TurboJPEG, then windowed.
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
     auto cmyk = AllocateBytes(static_cast<size_t>(scaled_w) * scaled_h * 4);
-    int failed = 0;
-    {
-      DecoderCpu cpu(options.times);
-      // TJFLAG_LIMITSCANS: kMaxJpegScans, as the libjpeg path above.
-      failed = tjDecompress2(handle, bytes, size, cmyk.get(), scaled_w, 0,
-                             scaled_h, TJPF_CMYK, TJFLAG_LIMITSCANS);
-    }
-    if (failed != 0) {
+    // TJFLAG_LIMITSCANS: kMaxJpegScans, as the libjpeg path above.
+    if (DecoderCall(options.times, [&] {
+          return tjDecompress2(handle, bytes, size, cmyk.get(), scaled_w, 0,
+                               scaled_h, TJPF_CMYK, TJFLAG_LIMITSCANS);
+        }) != 0) {
       // Warnings too (a truncated file decodes to grey): that is not the
       // image the writer stored.
       return JpegError(handle, "data");
@@ -523,10 +514,11 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
     absl::StatusOr<ImageBuffer> whole = options.shared->cache->GetOrDecode(
         options.shared->key, eighths,
         [&]() -> absl::StatusOr<ImageBuffer> {
-          DecoderCpu cpu(options.times);
           ImageBuffer image;
-          RETURN_IF_ERROR(DecodeJpegWindow(data, eighths, 0, 0, scaled_w,
-                                           scaled_h, false, &image));
+          RETURN_IF_ERROR(DecoderCall(options.times, [&] {
+            return DecodeJpegWindow(data, eighths, 0, 0, scaled_w, scaled_h,
+                                    false, &image);
+          }));
           return image;
         },
         &options.shared->hit);
@@ -542,22 +534,16 @@ absl::StatusOr<DecodedField> DecodeJpeg(const Payload& data,
     // columns the crop needs (with the resize filter's reach) into a
     // zeroed frame; the resize runs over the frame as over a full decode,
     // and the pixels it takes from the zeros are the ones cropped away.
-    absl::Status decoded;
-    {
-      DecoderCpu cpu(options.times);
-      decoded = DecodeJpegWindow(data, 8, nx0, ny0, nx1 - nx0, ny1 - ny0, true,
-                                 &window);
-    }
-    RETURN_IF_ERROR(decoded);
+    RETURN_IF_ERROR(DecoderCall(options.times, [&] {
+      return DecodeJpegWindow(data, 8, nx0, ny0, nx1 - nx0, ny1 - ny0, true,
+                              &window);
+    }));
     return Transform(window, r, 0, options);
   }
-  absl::Status decoded;
-  {
-    DecoderCpu cpu(options.times);
-    decoded = DecodeJpegWindow(data, eighths, x0, y0, x1 - x0, y1 - y0, false,
-                               &window);
-  }
-  RETURN_IF_ERROR(decoded);
+  RETURN_IF_ERROR(DecoderCall(options.times, [&] {
+    return DecodeJpegWindow(data, eighths, x0, y0, x1 - x0, y1 - y0, false,
+                            &window);
+  }));
   return Transform(window, r, first, options);
 }
 
@@ -791,8 +777,8 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     absl::StatusOr<ImageBuffer> whole = options.shared->cache->GetOrDecode(
         options.shared->key, 8,
         [&]() -> absl::StatusOr<ImageBuffer> {
-          DecoderCpu cpu(options.times);
-          return DecodeWholePng(data, &image);
+          return DecoderCall(options.times,
+                             [&] { return DecodeWholePng(data, &image); });
         },
         &options.shared->hit);
     if (options.shared->hit) png_image_free(&image);
@@ -813,12 +799,10 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
     std::shared_ptr<uint8_t> rows;
     int row_channels = 0;
     bool eligible = false;
-    absl::Status read;
-    {
-      DecoderCpu cpu(options.times);
-      read = ReadPng8Rows(data, crop.top, crop.top + crop.height, &rows,
+    const absl::Status read = DecoderCall(options.times, [&] {
+      return ReadPng8Rows(data, crop.top, crop.top + crop.height, &rows,
                           &row_channels, &eligible);
-    }
+    });
     if (!read.ok() || (eligible && row_channels == channels)) {
       png_image_free(&image);
     }
@@ -835,13 +819,10 @@ absl::StatusOr<DecodedField> DecodePng(const Payload& data,
                        r, 1, options);
     }
   }
-  absl::StatusOr<ImageBuffer> whole;
-  {
-    DecoderCpu cpu(options.times);
-    whole = DecodeWholePng(data, &image);
-  }
-  if (!whole.ok()) return whole.status();
-  return Transform(*whole, r, 0, options);
+  ASSIGN_OR_RETURN(ImageBuffer whole, DecoderCall(options.times, [&] {
+                     return DecodeWholePng(data, &image);
+                   }));
+  return Transform(whole, r, 0, options);
 }
 
 absl::StatusOr<DecodedField> DecodeNpy(const Payload& data) {
